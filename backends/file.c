@@ -1,0 +1,411 @@
+/*
+ * file:///absolute/dir: local lock files, the embedded default.
+ *
+ * One file per lock name in the directory, locked whole with an
+ * open-file-description lock (F_OFD_SETLK/F_OFD_SETLKW). The kernel
+ * releases it when the holder closes the file or dies, and wakes the next
+ * waiter itself: since Linux 5.0 blocked requests queue behind one another,
+ * so a release wakes one waiter, in arrival order, however many wait.
+ *
+ * The file holds the name's fencing token (20 decimal digits), bumped while
+ * the lock is held, so it increases across processes and restarts. Files
+ * are never deleted: deleting a lock file races with a process that has
+ * just opened it. A holder checks after locking that the file it locked is
+ * still the one at the path.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "backends/file.h"
+#include "core/internal.h"
+#include "core/sha256.h"
+
+/* Encoded names longer than this are shortened with a hash. */
+#define ENCODED_KEEP 120
+#define TOKEN_DIGITS 20
+
+struct file_conn {
+    dlock_conn base;
+    int dirfd;
+    int fsync;
+    char *dir;
+};
+
+struct file_held {
+    dlock_held base;
+    int fd;
+};
+
+static const char *const file_schemes[] = {"file", NULL};
+static const char *const file_options[] = {"fsync", NULL};
+
+static int keep_byte(unsigned char c, size_t pos)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '-' || c == '_' || (c == '.' && pos > 0);
+}
+
+int dlock_file_encode_name(const char *name, size_t len, char *out, size_t outsz)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t o = 0, i, need = 0;
+    for (i = 0; i < len; i++)
+        need += keep_byte((unsigned char)name[i], i) ? 1 : 3;
+    if (need <= DLOCK_FILE_ENCODED_MAX) {
+        if (outsz < need + sizeof ".lock")
+            return DLOCK_EINVAL;
+        for (i = 0; i < len; i++) {
+            unsigned char c = (unsigned char)name[i];
+            if (keep_byte(c, i)) {
+                out[o++] = (char)c;
+            } else {
+                out[o++] = '%';
+                out[o++] = hex[c >> 4];
+                out[o++] = hex[c & 15];
+            }
+        }
+        memcpy(out + o, ".lock", sizeof ".lock");
+        return 0;
+    }
+    /* Too long for one path component: a readable prefix, '~' (which short
+     * encodings never contain), then SHA-256 of the whole name. */
+    unsigned char digest[DLOCK_SHA256_LEN];
+    if (outsz < ENCODED_KEEP + 1 + 2 * DLOCK_SHA256_LEN + sizeof ".lock")
+        return DLOCK_EINVAL;
+    for (i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)name[i];
+        size_t w = keep_byte(c, i) ? 1 : 3;
+        if (o + w > ENCODED_KEEP)
+            break;
+        if (w == 1) {
+            out[o++] = (char)c;
+        } else {
+            out[o++] = '%';
+            out[o++] = hex[c >> 4];
+            out[o++] = hex[c & 15];
+        }
+    }
+    out[o++] = '~';
+    dlock_sha256(name, len, digest);
+    dlock_hex(digest, sizeof digest, out + o);
+    o += 2 * DLOCK_SHA256_LEN;
+    memcpy(out + o, ".lock", sizeof ".lock");
+    return 0;
+}
+
+/* mkdir -p with 0700 for every directory we create. */
+static int make_dirs(dlock_client *c, const char *path)
+{
+    char *p = strdup(path);
+    if (!p)
+        return DLOCK_ENOMEM;
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s != '\0')
+            continue;
+        char saved = *s;
+        *s = '\0';
+        if (mkdir(p, 0700) < 0 && errno != EEXIST) {
+            int e = errno;
+            int rc = dlock_seterr(c, DLOCK_EIO, "cannot create directory '%.150s': %s", p,
+                                  strerror(e));
+            free(p);
+            return rc;
+        }
+        *s = saved;
+        if (saved == '\0')
+            break;
+    }
+    free(p);
+    return 0;
+}
+
+static int file_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
+{
+    const char *path = dlock_uri_path(uri);
+    struct file_conn *fc;
+    int fsync_tokens = 0, rc;
+
+    if (dlock_uri_user(uri))
+        return dlock_seterr(c, DLOCK_EBADURI, "file:// URIs take no user or password");
+    if (dlock_uri_host_count(uri) > 1 ||
+        (dlock_uri_host_count(uri) == 1 &&
+         (strcmp(dlock_uri_host(uri, 0), "localhost") != 0 || dlock_uri_port(uri, 0))))
+        return dlock_seterr(c, DLOCK_EBADURI,
+                            "file:// URIs name a local directory: use file:///absolute/dir");
+    if (path[0] != '/' || path[1] == '\0')
+        return dlock_seterr(c, DLOCK_EBADURI,
+                            "file:// URI needs an absolute directory, as in file:///run/myapp/locks");
+    if ((rc = dlock_uri_param_bool(c, uri, "fsync", &fsync_tokens)) != 0)
+        return rc;
+    if ((rc = make_dirs(c, path)) != 0)
+        return rc;
+    fc = calloc(1, sizeof *fc);
+    if (!fc || !(fc->dir = strdup(path))) {
+        free(fc);
+        return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
+    }
+    fc->fsync = fsync_tokens;
+    fc->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fc->dirfd < 0) {
+        int e = errno;
+        free(fc->dir);
+        free(fc);
+        return dlock_seterr(c, e == ENOTDIR ? DLOCK_EBADURI : DLOCK_EIO,
+                            "cannot open lock directory '%.150s': %s", path, strerror(e));
+    }
+    *connp = &fc->base;
+    return 0;
+}
+
+static void file_close(dlock_conn *conn)
+{
+    struct file_conn *fc = (struct file_conn *)conn;
+    close(fc->dirfd);
+    free(fc->dir);
+    free(fc);
+}
+
+static void whole_file(struct flock *fl)
+{
+    memset(fl, 0, sizeof *fl);
+    fl->l_type = F_WRLCK;
+    fl->l_whence = SEEK_SET;
+}
+
+/* A blocked F_OFD_SETLKW has no timeout of its own, so a deadline wait runs
+ * it in a helper thread and cancels that thread (fcntl with a waiting
+ * command is a cancellation point) when the deadline passes. */
+struct waiter {
+    int fd;
+    int done, err;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+static void *waiter_main(void *arg)
+{
+    struct waiter *w = arg;
+    struct flock fl;
+    int r;
+    whole_file(&fl);
+    do
+        r = fcntl(w->fd, F_OFD_SETLKW, &fl);
+    while (r < 0 && errno == EINTR);
+    int e = r < 0 ? errno : 0;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+    pthread_mutex_lock(&w->mu);
+    w->done = 1;
+    w->err = e;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* Returns 0 once locked, DLOCK_ETIMEDOUT, or an errno-derived failure in
+ * *sys_errno (with DLOCK_EIO). On timeout the caller must close fd: that
+ * drops a lock granted in the instant the thread was cancelled. */
+static int wait_until(int fd, uint64_t deadline_ns, int *sys_errno)
+{
+    struct waiter w = {.fd = fd};
+    pthread_condattr_t ca;
+    pthread_t th;
+    struct timespec ts;
+    int done, err, r;
+
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w.cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&w.mu, NULL);
+    if ((r = pthread_create(&th, NULL, waiter_main, &w)) != 0) {
+        pthread_cond_destroy(&w.cv);
+        pthread_mutex_destroy(&w.mu);
+        *sys_errno = r;
+        return DLOCK_EIO;
+    }
+    dlock_ns_to_timespec(deadline_ns, &ts);
+    pthread_mutex_lock(&w.mu);
+    while (!w.done)
+        if (pthread_cond_timedwait(&w.cv, &w.mu, &ts) == ETIMEDOUT)
+            break;
+    done = w.done;
+    err = w.err;
+    pthread_mutex_unlock(&w.mu);
+    if (!done)
+        pthread_cancel(th);
+    pthread_join(th, NULL);
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mu);
+    if (!done)
+        return DLOCK_ETIMEDOUT;
+    *sys_errno = err;
+    return err ? DLOCK_EIO : 0;
+}
+
+static int lock_fd(dlock_client *c, int fd, const dlock_request *req)
+{
+    struct flock fl;
+    int e = 0, rc;
+    whole_file(&fl);
+    if (fcntl(fd, F_OFD_SETLK, &fl) == 0)
+        return 0;
+    if (errno != EAGAIN && errno != EACCES) {
+        e = errno;
+        goto syserr;
+    }
+    switch (req->wait) {
+    case DLOCK_WAIT_TRY:
+        return dlock_seterr(c, DLOCK_EBUSY, "the lock is held by another owner");
+    case DLOCK_WAIT_FOREVER:
+        if (fcntl(fd, F_OFD_SETLKW, &fl) == 0)
+            return 0;
+        e = errno;
+        if (e == EINTR)
+            return dlock_seterr(c, DLOCK_EINTR, "a signal interrupted the wait");
+        goto syserr;
+    case DLOCK_WAIT_DEADLINE:
+        rc = wait_until(fd, req->deadline_ns, &e);
+        if (rc == DLOCK_ETIMEDOUT)
+            return dlock_seterr(c, rc, "the deadline passed with the lock still held elsewhere");
+        if (rc == 0)
+            return 0;
+        goto syserr;
+    }
+    return dlock_seterr(c, DLOCK_EINVAL, "unknown wait mode");
+syserr:
+    if (e == EDEADLK)
+        return dlock_seterr(c, DLOCK_EDEADLK, "the kernel detected a deadlock");
+    if (e == ENOLCK)
+        return dlock_seterr(c, DLOCK_ENOMEM, "the kernel has no lock records left");
+    return dlock_seterr(c, DLOCK_EIO, "fcntl lock on the lock file failed: %s", strerror(e));
+}
+
+/* Still ours only while the file we locked is the one at the path. */
+static int still_linked(int dirfd, const char *fname, int fd)
+{
+    struct stat a, b;
+    if (fstat(fd, &a) < 0 || fstatat(dirfd, fname, &b, AT_SYMLINK_NOFOLLOW) < 0)
+        return 0;
+    return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+static int bump_token(struct file_conn *fc, int fd, const dlock_request *req,
+                      uint64_t *tokenp)
+{
+    dlock_client *c = fc->base.client;
+    char buf[128];
+    uint64_t token = 0;
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    if (n < 0)
+        return dlock_seterr(c, DLOCK_EIO, "cannot read the lock file: %s", strerror(errno));
+    if (n > 0) {
+        int i;
+        for (i = 0; i < TOKEN_DIGITS && i < n && buf[i] >= '0' && buf[i] <= '9'; i++)
+            token = token * 10 + (uint64_t)(buf[i] - '0');
+        if (i != TOKEN_DIGITS || n <= TOKEN_DIGITS || buf[TOKEN_DIGITS] != '\n')
+            return dlock_seterr(c, DLOCK_EPROTO,
+                                "the lock file does not start with a %d-digit token",
+                                TOKEN_DIGITS);
+    }
+    if (token == UINT64_MAX)
+        return dlock_seterr(c, DLOCK_EPROTO, "the fencing token is exhausted");
+    token++;
+    int len = snprintf(buf, sizeof buf, "%020" PRIu64 "\nowner=%s pid=%10ld\n", token,
+                       req->owner_hex, (long)getpid());
+    if (pwrite(fd, buf, (size_t)len, 0) != len)
+        return dlock_seterr(c, DLOCK_EIO, "cannot write the fencing token: %s", strerror(errno));
+    if (fc->fsync && fdatasync(fd) < 0)
+        return dlock_seterr(c, DLOCK_EIO, "cannot sync the fencing token: %s", strerror(errno));
+    *tokenp = token;
+    return 0;
+}
+
+static int file_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
+{
+    struct file_conn *fc = (struct file_conn *)conn;
+    dlock_client *c = conn->client;
+    char fname[DLOCK_FILE_ENCODED_MAX + 80];
+    struct file_held *h;
+    uint64_t token = 0;
+    int fd, rc;
+
+    if ((rc = dlock_file_encode_name(req->name, req->name_len, fname, sizeof fname)) != 0)
+        return dlock_seterr(c, rc, "cannot encode the lock name");
+    for (;;) {
+        fd = openat(fc->dirfd, fname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0)
+            return dlock_seterr(c, DLOCK_EIO, "cannot open lock file in '%.150s': %s",
+                                fc->dir, strerror(errno));
+        if ((rc = lock_fd(c, fd, req)) != 0) {
+            close(fd);
+            return rc;
+        }
+        if (still_linked(fc->dirfd, fname, fd))
+            break;
+        close(fd); /* someone removed or replaced the file: lock the new one */
+    }
+    if ((rc = bump_token(fc, fd, req, &token)) != 0) {
+        close(fd);
+        return rc;
+    }
+    h = calloc(1, sizeof *h);
+    if (!h) {
+        close(fd);
+        return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
+    }
+    h->base.token = token;
+    h->fd = fd;
+    *heldp = &h->base;
+    return 0;
+}
+
+static int check_held(dlock_conn *conn, struct file_held *h)
+{
+    struct stat st;
+    if (fstat(h->fd, &st) < 0)
+        return dlock_seterr(conn->client, DLOCK_EIO, "cannot stat the lock file: %s",
+                            strerror(errno));
+    if (st.st_nlink == 0)
+        return dlock_seterr(conn->client, DLOCK_ELOST,
+                            "the lock file was removed while the lock was held");
+    return 0;
+}
+
+static int file_release(dlock_conn *conn, dlock_held *held)
+{
+    struct file_held *h = (struct file_held *)held;
+    int rc = check_held(conn, h);
+    close(h->fd); /* closing the open file description drops the lock */
+    free(h);
+    return rc;
+}
+
+/* File locks have no lease: renew only confirms the lock is still held. */
+static int file_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
+{
+    (void)ttl_ms;
+    return check_held(conn, (struct file_held *)held);
+}
+
+const dlock_backend dlock_file_backend = {
+    .version = DLOCK_BACKEND_VERSION,
+    .name = "file",
+    .schemes = file_schemes,
+    .caps = DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE |
+            DLOCK_CAP_HOLDER_DEATH,
+    .options = file_options,
+    .open = file_open,
+    .close = file_close,
+    .acquire = file_acquire,
+    .release = file_release,
+    .renew = file_renew,
+    .ping = NULL,
+};

@@ -1,0 +1,314 @@
+/* `dlock bench URI...`: options, then every measurement on every store. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "bench_int.h"
+
+static const char usage_text[] =
+    "usage: dlock bench [options] URI [URI...]\n"
+    "\n"
+    "Measures, for each store: its round trip (ping), uncontended\n"
+    "acquire+release, the release-to-next-holder handoff (two clients in\n"
+    "ping-pong, then queues of waiters), throughput with many contenders, and\n"
+    "checks mutual exclusion throughout. Latencies are in microseconds.\n"
+    "\n"
+    "options:\n"
+    "  --iterations N    uncontended and ping samples (default 2000)\n"
+    "  --handoffs N      ping-pong handoffs (default 500)\n"
+    "  --contenders N    throughput threads, one client each (default 8)\n"
+    "  --seconds S       duration of each throughput run (default 1)\n"
+    "  --waiters LIST    waiter counts for queued handoffs (default 2,20,200)\n"
+    "  --json            print one JSON object instead of the table\n"
+    "  -h, --help        show this help\n"
+    "\n"
+    "exit status: 0 ok, 1 mutual-exclusion violation, 64 usage or bad URI,\n"
+    "70 other error.\n";
+
+static int usage_error(const char *what, const char *arg)
+{
+    fprintf(stderr, "dlock bench: %s%s\n(see dlock bench --help)\n", what, arg);
+    return BENCH_EXIT_USAGE;
+}
+
+static int parse_size(const char *s, size_t min, size_t max, size_t *out)
+{
+    char *end;
+    unsigned long long v;
+
+    if (*s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno || *end || v < min || v > max)
+        return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+static int parse_seconds(const char *s, double *out)
+{
+    char *end;
+    double v;
+
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= 0.01 && v <= 3600))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_waiters(const char *s, bench_opts *o)
+{
+    char buf[128], *save, *tok;
+
+    if (strlen(s) >= sizeof buf)
+        return -1;
+    strcpy(buf, s);
+    o->n_waiters = 0;
+    for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (o->n_waiters == BENCH_MAX_WAITER_SETS ||
+            parse_size(tok, 2, BENCH_MAX_THREADS, &o->waiters[o->n_waiters]))
+            return -1;
+        o->n_waiters++;
+    }
+    return o->n_waiters ? 0 : -1;
+}
+
+/* The value of --opt=V or --opt V; NULL when missing. */
+static const char *opt_value(const char *arg, size_t len, int argc,
+                             char **argv, int *i)
+{
+    if (arg[len] == '=')
+        return arg + len + 1;
+    return *i + 1 < argc ? argv[++*i] : NULL;
+}
+
+static int option_is(const char *arg, const char *name)
+{
+    size_t len = strlen(name);
+
+    return strncmp(arg, name, len) == 0 && (arg[len] == '\0' || arg[len] == '=');
+}
+
+/* Reads one option at argv[*i]. Returns 0, an exit status, or -1 for help. */
+static int parse_option(int argc, char **argv, int *i, bench_opts *o)
+{
+    static const struct {
+        const char *name;
+        size_t min, max;
+        size_t offset;
+    } counts[] = {
+        { "--iterations", 1, 10000000, offsetof(bench_opts, iterations) },
+        { "--handoffs", 1, 1000000, offsetof(bench_opts, handoffs) },
+        { "--contenders", 1, BENCH_MAX_THREADS, offsetof(bench_opts, contenders) },
+    };
+    const char *arg = argv[*i], *val;
+
+    if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0)
+        return -1;
+    if (strcmp(arg, "--json") == 0) {
+        o->json = 1;
+        return 0;
+    }
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        if (!option_is(arg, counts[k].name))
+            continue;
+        val = opt_value(arg, strlen(counts[k].name), argc, argv, i);
+        if (!val || parse_size(val, counts[k].min, counts[k].max,
+                               (size_t *)((char *)o + counts[k].offset)))
+            return usage_error("bad or missing number for ", counts[k].name);
+        return 0;
+    }
+    if (option_is(arg, "--seconds")) {
+        val = opt_value(arg, strlen("--seconds"), argc, argv, i);
+        if (!val || parse_seconds(val, &o->seconds))
+            return usage_error("--seconds wants a number between 0.01 and 3600",
+                               "");
+        return 0;
+    }
+    if (option_is(arg, "--waiters")) {
+        val = opt_value(arg, strlen("--waiters"), argc, argv, i);
+        if (!val || parse_waiters(val, o))
+            return usage_error("--waiters wants up to 8 comma-separated "
+                               "counts, each 2 to 1000", "");
+        return 0;
+    }
+    return usage_error("unknown option ", arg);
+}
+
+/* Fills o and collects the URIs into *urisp. Returns 0, -1 after printing
+ * the help, or an exit status. */
+static int parse_args(int argc, char **argv, bench_opts *o, char ***urisp,
+                      size_t *n_uris)
+{
+    char **uris = calloc((size_t)argc + 1, sizeof *uris);
+    int only_uris = 0;
+
+    *o = (bench_opts){ .iterations = 2000, .handoffs = 500, .contenders = 8,
+                       .seconds = 1, .waiters = { 2, 20, 200 }, .n_waiters = 3 };
+    *urisp = uris;
+    *n_uris = 0;
+    if (!uris) {
+        fprintf(stderr, "dlock bench: out of memory\n");
+        return BENCH_EXIT_ERROR;
+    }
+    for (int i = 1; i < argc; i++) {
+        int rc;
+
+        if (only_uris || argv[i][0] != '-' || argv[i][1] == '\0') {
+            uris[(*n_uris)++] = argv[i];
+        } else if (strcmp(argv[i], "--") == 0) {
+            only_uris = 1;
+        } else if ((rc = parse_option(argc, argv, &i, o)) != 0) {
+            if (rc < 0)
+                fputs(usage_text, stdout);
+            return rc;
+        }
+    }
+    if (*n_uris == 0)
+        return usage_error("no URI given", "");
+    return 0;
+}
+
+/* "bench-<pid>-<random>": no two runs share a lock name. */
+static void make_prefix(char *buf, size_t len)
+{
+    uint32_t r;
+
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+        r = (uint32_t)dlock_monotonic_ns();
+    snprintf(buf, len, "bench-%ld-%08x", (long)getpid(), (unsigned int)r);
+}
+
+static int open_status(int rc)
+{
+    return rc == DLOCK_EBADURI || rc == DLOCK_ESCHEME ||
+                   rc == DLOCK_ENOBACKEND || rc == DLOCK_EINVAL
+               ? BENCH_EXIT_USAGE
+               : BENCH_EXIT_ERROR;
+}
+
+/* Opens a client per URI up front, so that a typo fails before any run. */
+static int open_all(char **uris, size_t n, dlock_client **clients,
+                    bench_result *rs)
+{
+    for (size_t i = 0; i < n; i++) {
+        int rc;
+
+        rs[i].uri_shown = bench_uri_mask(uris[i]);
+        if (!rs[i].uri_shown) {
+            fprintf(stderr, "dlock bench: out of memory\n");
+            return BENCH_EXIT_ERROR;
+        }
+        rc = dlock_client_open(uris[i], &clients[i]);
+        if (rc != 0) {
+            fprintf(stderr, "dlock bench: %s: %s: %s\n", rs[i].uri_shown,
+                    dlock_err_name(rc), dlock_errmsg(clients[i]));
+            return open_status(rc);
+        }
+        snprintf(rs[i].backend, sizeof rs[i].backend, "%s",
+                 dlock_client_backend(clients[i]));
+        rs[i].caps = dlock_client_caps(clients[i]);
+    }
+    return 0;
+}
+
+/* Every measurement on one store, stopping at the first error. */
+static int run_uri(const char *uri, dlock_client *c, const char *prefix,
+                   const bench_opts *o, bench_result *r, bench_ctx *ctx)
+{
+    char name[96];
+    int rc;
+
+    if ((rc = bench_run_ping(c, o, r, ctx)) != 0)
+        return rc;
+    snprintf(name, sizeof name, "%s-solo", prefix);
+    if ((rc = bench_run_uncontended(c, name, o, r, ctx)) != 0)
+        return rc;
+    snprintf(name, sizeof name, "%s-pingpong", prefix);
+    if ((rc = bench_run_pingpong(uri, name, o, r, ctx)) != 0)
+        return rc;
+    for (size_t i = 0; i < o->n_waiters; i++) {
+        atomic_store(&ctx->stop, 0);
+        snprintf(name, sizeof name, "%s-queue%zu", prefix, o->waiters[i]);
+        rc = bench_run_waiters(uri, name, o->waiters[i], &r->waiters[i], r, ctx);
+        if (rc != 0)
+            return rc;
+        r->n_waiters = i + 1;
+    }
+    atomic_store(&ctx->stop, 0);
+    snprintf(name, sizeof name, "%s-crowd", prefix);
+    if ((rc = bench_run_throughput(uri, name, 0, o, r, ctx)) != 0)
+        return rc;
+    atomic_store(&ctx->stop, 0);
+    snprintf(name, sizeof name, "%s-own", prefix);
+    return bench_run_throughput(uri, name, 1, o, r, ctx);
+}
+
+static int run_all(char **uris, size_t n, dlock_client **clients,
+                   const bench_opts *o, bench_result *rs)
+{
+    char prefix[32], uprefix[64];
+    uint64_t violations = 0;
+
+    make_prefix(prefix, sizeof prefix);
+    if (!o->json)
+        bench_print_header(o);
+    for (size_t i = 0; i < n; i++) {
+        bench_ctx ctx;
+        int rc;
+
+        snprintf(uprefix, sizeof uprefix, "%s-%zu", prefix, i);
+        bench_ctx_init(&ctx);
+        rc = run_uri(uris[i], clients[i], uprefix, o, &rs[i], &ctx);
+        violations += rs[i].violations;
+        if (rc != 0)
+            fprintf(stderr, "dlock bench: %s: %s\n", rs[i].uri_shown, ctx.msg);
+        bench_ctx_destroy(&ctx);
+        if (rc != 0)
+            return violations ? BENCH_EXIT_VIOLATION : BENCH_EXIT_ERROR;
+        if (!o->json)
+            bench_print_table(o, &rs[i]);
+        fflush(stdout);
+    }
+    if (o->json)
+        bench_print_json(o, rs, n);
+    return violations ? BENCH_EXIT_VIOLATION : BENCH_EXIT_OK;
+}
+
+int dlock_bench_main(int argc, char **argv)
+{
+    bench_opts o;
+    char **uris;
+    size_t n = 0;
+    dlock_client **clients = NULL;
+    bench_result *rs = NULL;
+    int rc = parse_args(argc, argv, &o, &uris, &n);
+
+    if (rc != 0) {
+        free(uris);
+        return rc < 0 ? BENCH_EXIT_OK : rc;
+    }
+    clients = calloc(n, sizeof *clients);
+    rs = calloc(n, sizeof *rs);
+    if (!clients || !rs) {
+        fprintf(stderr, "dlock bench: out of memory\n");
+        rc = BENCH_EXIT_ERROR;
+    } else if ((rc = open_all(uris, n, clients, rs)) == 0) {
+        rc = run_all(uris, n, clients, &o, rs);
+    }
+    for (size_t i = 0; clients && rs && i < n; i++) {
+        dlock_client_close(clients[i]);
+        free(rs[i].uri_shown);
+    }
+    free(rs);
+    free(clients);
+    free(uris);
+    return rc;
+}

@@ -1,0 +1,148 @@
+/* Private to bench/: options, samples, results and the measurement runs. */
+#ifndef DLOCK_BENCH_INT_H
+#define DLOCK_BENCH_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dlock.h"
+
+/*
+ * The store's own round trip. Declared weak so that `dlock bench` still runs
+ * against a libdlock that does not export it: the ping row then says so
+ * instead of the link failing. DLOCK_ENOTSUP when the backend has no ping.
+ */
+int dlock_client_ping(dlock_client *client) __attribute__((weak));
+
+#define BENCH_EXIT_OK 0
+#define BENCH_EXIT_VIOLATION 1
+#define BENCH_EXIT_USAGE 64
+#define BENCH_EXIT_ERROR 70
+
+#define BENCH_MAX_WAITER_SETS 8
+#define BENCH_MAX_THREADS 1000
+/* Every loop stops by itself: by count, and by these time bounds. */
+#define BENCH_PHASE_CAP_NS (20ull * 1000000000ull)  /* one measurement */
+#define BENCH_WAIT_NS (10ull * 1000000000ull)       /* one acquire, one peer */
+#define BENCH_WAITER_HANDOFFS 300                   /* samples per waiter set */
+
+typedef struct bench_opts {
+    size_t iterations;
+    size_t handoffs;
+    size_t contenders;
+    double seconds;
+    size_t waiters[BENCH_MAX_WAITER_SETS];
+    size_t n_waiters;
+    int json;
+} bench_opts;
+
+/* Durations in ns, filled by one thread or by many through an atomic slot. */
+typedef struct bench_samples {
+    uint64_t *ns;
+    size_t cap;
+    atomic_size_t n;
+} bench_samples;
+
+/* Summary of a sample set, in microseconds. */
+typedef struct bench_stats {
+    size_t n;
+    double p50, p99, mean, max;
+} bench_stats;
+
+/* Shared state a holder checks: see bench_crit_enter(). */
+typedef struct bench_crit {
+    atomic_int inside;
+    atomic_uint_fast64_t counter;
+    atomic_uint_fast64_t violations;
+} bench_crit;
+
+/* One measurement's stop flag and its first error. */
+typedef struct bench_ctx {
+    atomic_int stop;
+    pthread_mutex_t mu;
+    int err;
+    char msg[DLOCK_ERRMSG_MAX + 128];
+} bench_ctx;
+
+typedef enum bench_ping_state {
+    BENCH_PING_OK,
+    BENCH_PING_NOTSUP,  /* the backend has no ping */
+    BENCH_PING_NOHOOK,  /* the library does not export dlock_client_ping */
+} bench_ping_state;
+
+typedef struct bench_waiter_result {
+    size_t waiters;
+    bench_stats handoff;
+    uint64_t self;     /* grants that went back to the thread that released */
+    uint64_t timeouts;
+} bench_waiter_result;
+
+typedef struct bench_tput {
+    double rate;           /* acquisitions per second */
+    uint64_t acquisitions;
+    uint64_t timeouts;     /* acquires that gave up after BENCH_WAIT_NS */
+} bench_tput;
+
+typedef struct bench_result {
+    char *uri_shown;   /* password masked */
+    char backend[32];
+    unsigned int caps;
+    bench_ping_state ping_state;
+    bench_stats ping;
+    bench_stats uncontended;
+    bench_stats handoff;
+    bench_tput tput_one;  /* all contenders on one name */
+    bench_tput tput_own;  /* each contender on its own name */
+    bench_waiter_result waiters[BENCH_MAX_WAITER_SETS];
+    size_t n_waiters;
+    uint64_t violations;
+} bench_result;
+
+/* bench_util.c */
+uint64_t bench_now(void);
+void bench_sleep_ns(uint64_t ns);
+int bench_samples_init(bench_samples *s, size_t cap);
+void bench_samples_free(bench_samples *s);
+int bench_samples_add(bench_samples *s, uint64_t ns);
+void bench_samples_stats(bench_samples *s, bench_stats *out);
+void bench_crit_init(bench_crit *c);
+void bench_crit_enter(bench_crit *c);
+void bench_crit_leave(bench_crit *c);
+void bench_ctx_init(bench_ctx *ctx);
+void bench_ctx_destroy(bench_ctx *ctx);
+int bench_stopped(bench_ctx *ctx);
+void bench_ctx_fail(bench_ctx *ctx, int err, const dlock_client *client,
+                    const char *what);
+int bench_wait_value(bench_ctx *ctx, atomic_size_t *v, size_t want,
+                     const char *what);
+int bench_open_clients(const char *uri, dlock_client **clients, size_t n,
+                       bench_ctx *ctx);
+void bench_close_clients(dlock_client **clients, size_t n);
+size_t bench_spawn(pthread_t *tids, size_t n, void *(*fn)(void *),
+                   void *args, size_t arg_size, bench_ctx *ctx);
+void bench_join(pthread_t *tids, size_t n);
+int bench_acquire(dlock_client *c, const char *name, dlock_lock **lockp);
+
+/* bench_solo.c: one client, then two in strict ping-pong. */
+int bench_run_ping(dlock_client *c, const bench_opts *o, bench_result *r,
+                   bench_ctx *ctx);
+int bench_run_uncontended(dlock_client *c, const char *name,
+                          const bench_opts *o, bench_result *r, bench_ctx *ctx);
+int bench_run_pingpong(const char *uri, const char *name, const bench_opts *o,
+                       bench_result *r, bench_ctx *ctx);
+
+/* bench_crowd.c: many clients at once. */
+int bench_run_throughput(const char *uri, const char *prefix, int own_names,
+                         const bench_opts *o, bench_result *r, bench_ctx *ctx);
+int bench_run_waiters(const char *uri, const char *name, size_t waiters,
+                      bench_waiter_result *wr, bench_result *r, bench_ctx *ctx);
+
+/* bench_report.c */
+char *bench_uri_mask(const char *uri);
+void bench_print_header(const bench_opts *o);
+void bench_print_table(const bench_opts *o, const bench_result *r);
+void bench_print_json(const bench_opts *o, const bench_result *rs, size_t n);
+
+#endif

@@ -1,0 +1,242 @@
+/* Output: the human table and the JSON record, and what they say about the
+ * machine. Figures are microseconds with one decimal. */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include "bench_int.h"
+#include "dlock_backend.h"
+
+static const struct {
+    unsigned int bit;
+    const char *name;
+} cap_names[] = {
+    { DLOCK_CAP_LEASE, "lease" },       { DLOCK_CAP_RENEW, "renew" },
+    { DLOCK_CAP_FENCING, "fencing" },   { DLOCK_CAP_FIFO, "fifo" },
+    { DLOCK_CAP_BLOCKING, "blocking" }, { DLOCK_CAP_SHARED, "shared" },
+    { DLOCK_CAP_DEADLINE, "deadline" }, { DLOCK_CAP_HOLDER_DEATH, "holder-death" },
+};
+#define N_CAPS (sizeof cap_names / sizeof cap_names[0])
+
+/*
+ * Copy of uri with the password of a user:password@ segment replaced by
+ * "***", for display only. NULL when out of memory.
+ */
+char *bench_uri_mask(const char *uri)
+{
+    const char *auth = strstr(uri, "://"), *at = NULL, *colon;
+    size_t auth_len;
+    char *out;
+
+    if (auth) {
+        auth += 3;
+        auth_len = strcspn(auth, "/?#");
+        for (const char *p = auth; p < auth + auth_len; p++)
+            if (*p == '@')
+                at = p;
+    }
+    colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
+    if (!colon)
+        return strdup(uri);
+    out = malloc(strlen(uri) + 4);
+    if (out)
+        sprintf(out, "%.*s***%s", (int)(colon + 1 - uri), uri, at);
+    return out;
+}
+
+/* Like `nproc`: the CPUs this process may run on. */
+static long cpu_count(void)
+{
+    cpu_set_t set;
+
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        return CPU_COUNT(&set);
+    return sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+/* Like `uname -srm`. */
+static void machine_name(char *buf, size_t len)
+{
+    struct utsname u;
+
+    if (uname(&u) != 0)
+        snprintf(buf, len, "unknown");
+    else
+        snprintf(buf, len, "%s %s %s", u.sysname, u.release, u.machine);
+}
+
+static void print_caps(FILE *f, unsigned int caps, const char *sep,
+                       const char *quote)
+{
+    const char *s = "";
+
+    for (size_t i = 0; i < N_CAPS; i++) {
+        if (caps & cap_names[i].bit) {
+            fprintf(f, "%s%s%s%s", s, quote, cap_names[i].name, quote);
+            s = sep;
+        }
+    }
+}
+
+static void print_waiter_list(FILE *f, const bench_opts *o)
+{
+    for (size_t i = 0; i < o->n_waiters; i++)
+        fprintf(f, "%s%zu", i ? "," : "", o->waiters[i]);
+}
+
+void bench_print_header(const bench_opts *o)
+{
+    char machine[256];
+
+    machine_name(machine, sizeof machine);
+    printf("dlock bench: libdlock %s, %s, %ld CPUs\n", dlock_version(),
+           machine, cpu_count());
+    printf("options: --iterations %zu --handoffs %zu --contenders %zu "
+           "--seconds %g --waiters ",
+           o->iterations, o->handoffs, o->contenders, o->seconds);
+    print_waiter_list(stdout, o);
+    printf("\n");
+}
+
+static void row(const char *label, const bench_stats *s, const char *note)
+{
+    printf("  %-32s %7zu %9.1f %9.1f %9.1f %9.1f%s\n", label, s->n, s->p50,
+           s->p99, s->mean, s->max, note);
+}
+
+static const char *ping_na(bench_ping_state st)
+{
+    return st == BENCH_PING_NOHOOK ? "n/a (library lacks dlock_client_ping)"
+                                   : "n/a (backend has no ping)";
+}
+
+static void tput_row(size_t contenders, const char *what, const bench_tput *t)
+{
+    printf("  %zu contenders, %-18s %12.1f %14llu", contenders, what, t->rate,
+           (unsigned long long)t->acquisitions);
+    if (t->timeouts)
+        printf("  (%llu acquires timed out)", (unsigned long long)t->timeouts);
+    printf("\n");
+}
+
+void bench_print_table(const bench_opts *o, const bench_result *r)
+{
+    char label[64], note[96];
+
+    printf("\n%s  (backend %s; caps ", r->uri_shown, r->backend);
+    print_caps(stdout, r->caps, ",", "");
+    printf(")\n  %-32s %7s %9s %9s %9s %9s\n", "latency, us", "n", "p50",
+           "p99", "mean", "max");
+    if (r->ping_state == BENCH_PING_OK)
+        row("store round trip (ping)", &r->ping, "");
+    else
+        printf("  %-32s %s\n", "store round trip (ping)", ping_na(r->ping_state));
+    row("acquire+release, uncontended", &r->uncontended, "");
+    row("handoff, ping-pong", &r->handoff, "");
+    for (size_t i = 0; i < r->n_waiters; i++) {
+        const bench_waiter_result *w = &r->waiters[i];
+
+        snprintf(label, sizeof label, "handoff, %zu waiters", w->waiters);
+        note[0] = '\0';
+        if (w->self || w->timeouts)
+            snprintf(note, sizeof note, "  (%llu re-grants to the releaser, "
+                     "%llu timeouts)", (unsigned long long)w->self,
+                     (unsigned long long)w->timeouts);
+        row(label, &w->handoff, note);
+    }
+    printf("  %-32s %12s %14s\n", "throughput", "acq/s", "acquisitions");
+    tput_row(o->contenders, "one name", &r->tput_one);
+    tput_row(o->contenders, "own names", &r->tput_own);
+    printf("  mutual exclusion: %llu violations\n",
+           (unsigned long long)r->violations);
+}
+
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void json_stats(FILE *f, const char *key, const bench_stats *s)
+{
+    fprintf(f, "\"%s\":{\"n\":%zu,\"p50\":%.1f,\"p99\":%.1f,\"mean\":%.1f,"
+               "\"max\":%.1f}",
+            key, s->n, s->p50, s->p99, s->mean, s->max);
+}
+
+static void json_tput(FILE *f, const char *key, const bench_tput *t)
+{
+    fprintf(f, "\"%s\":{\"per_second\":%.1f,\"acquisitions\":%llu,"
+               "\"timeouts\":%llu}",
+            key, t->rate, (unsigned long long)t->acquisitions,
+            (unsigned long long)t->timeouts);
+}
+
+static void json_result(FILE *f, const bench_opts *o, const bench_result *r)
+{
+    fprintf(f, "{\"uri\":");
+    json_string(f, r->uri_shown);
+    fprintf(f, ",\"backend\":");
+    json_string(f, r->backend);
+    fprintf(f, ",\"caps\":[");
+    print_caps(f, r->caps, ",", "\"");
+    fprintf(f, "],");
+    if (r->ping_state == BENCH_PING_OK)
+        json_stats(f, "ping_us", &r->ping);
+    else
+        fprintf(f, "\"ping_us\":null");
+    fprintf(f, ",");
+    json_stats(f, "uncontended_us", &r->uncontended);
+    fprintf(f, ",");
+    json_stats(f, "handoff_pingpong_us", &r->handoff);
+    fprintf(f, ",\"handoff_waiters\":[");
+    for (size_t i = 0; i < r->n_waiters; i++) {
+        const bench_waiter_result *w = &r->waiters[i];
+
+        fprintf(f, "%s{\"waiters\":%zu,", i ? "," : "", w->waiters);
+        json_stats(f, "handoff_us", &w->handoff);
+        fprintf(f, ",\"regrants_to_releaser\":%llu,\"timeouts\":%llu}",
+                (unsigned long long)w->self, (unsigned long long)w->timeouts);
+    }
+    fprintf(f, "],\"throughput\":{\"contenders\":%zu,\"seconds\":%g,",
+            o->contenders, o->seconds);
+    json_tput(f, "one_name", &r->tput_one);
+    fprintf(f, ",");
+    json_tput(f, "own_names", &r->tput_own);
+    fprintf(f, "},\"violations\":%llu}", (unsigned long long)r->violations);
+}
+
+void bench_print_json(const bench_opts *o, const bench_result *rs, size_t n)
+{
+    char machine[256];
+
+    machine_name(machine, sizeof machine);
+    printf("{\"tool\":\"dlock bench\",\"units\":\"us\",\"machine\":{\"uname\":");
+    json_string(stdout, machine);
+    printf(",\"nproc\":%ld,\"dlock_version\":", cpu_count());
+    json_string(stdout, dlock_version());
+    printf("},\"options\":{\"iterations\":%zu,\"handoffs\":%zu,"
+           "\"contenders\":%zu,\"seconds\":%g,\"waiters\":[",
+           o->iterations, o->handoffs, o->contenders, o->seconds);
+    print_waiter_list(stdout, o);
+    printf("]},\"results\":[");
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            printf(",");
+        json_result(stdout, o, &rs[i]);
+    }
+    printf("]}\n");
+}

@@ -1,0 +1,251 @@
+/* Store round trip, uncontended latency, and the two-client ping-pong. */
+#include <stdlib.h>
+
+#include "bench_int.h"
+
+/* The ping-pong holder waits this long after the waiter said it is about to
+ * block, so that the release finds it blocked in dlock_acquire(). */
+#define BENCH_PINGPONG_HOLD_NS 1000000u
+
+static size_t warmup_count(size_t iterations)
+{
+    size_t w = iterations / 10;
+
+    return w < 10 ? 10 : w > 1000 ? 1000 : w;
+}
+
+static int ping_once(dlock_client *c, bench_ctx *ctx)
+{
+    int rc = dlock_client_ping(c);
+
+    if (rc != 0)
+        bench_ctx_fail(ctx, rc, c, "ping");
+    return rc;
+}
+
+int bench_run_ping(dlock_client *c, const bench_opts *o, bench_result *r,
+                   bench_ctx *ctx)
+{
+    bench_samples s;
+    uint64_t cap;
+    int rc;
+
+    if (!dlock_client_ping) {
+        r->ping_state = BENCH_PING_NOHOOK;
+        return 0;
+    }
+    rc = dlock_client_ping(c);
+    if (rc == DLOCK_ENOTSUP) {
+        r->ping_state = BENCH_PING_NOTSUP;
+        return 0;
+    }
+    r->ping_state = BENCH_PING_OK;
+    if (rc != 0) {
+        bench_ctx_fail(ctx, rc, c, "ping");
+        return rc;
+    }
+    for (size_t i = warmup_count(o->iterations); i > 0; i--)
+        if ((rc = ping_once(c, ctx)) != 0)
+            return rc;
+    if ((rc = bench_samples_init(&s, o->iterations)) != 0) {
+        bench_ctx_fail(ctx, rc, NULL, "ping samples");
+        return rc;
+    }
+    cap = bench_now() + BENCH_PHASE_CAP_NS;
+    for (size_t i = 0; i < o->iterations && bench_now() < cap; i++) {
+        uint64_t t = bench_now();
+
+        if ((rc = ping_once(c, ctx)) != 0)
+            break;
+        bench_samples_add(&s, bench_now() - t);
+    }
+    bench_samples_stats(&s, &r->ping);
+    bench_samples_free(&s);
+    return rc;
+}
+
+/* One try-mode acquire and its release on a name nobody else uses. */
+static int try_pair(dlock_client *c, const char *name, bench_ctx *ctx)
+{
+    dlock_acquire_opts opts = DLOCK_ACQUIRE_OPTS_INIT;
+    dlock_lock *lock;
+    int rc;
+
+    opts.wait = DLOCK_WAIT_TRY;
+    if ((rc = dlock_acquire(c, name, &opts, &lock)) != 0) {
+        bench_ctx_fail(ctx, rc, c, "uncontended acquire");
+        return rc;
+    }
+    if ((rc = dlock_release(lock)) != 0)
+        bench_ctx_fail(ctx, rc, c, "uncontended release");
+    return rc;
+}
+
+int bench_run_uncontended(dlock_client *c, const char *name,
+                          const bench_opts *o, bench_result *r, bench_ctx *ctx)
+{
+    bench_samples s;
+    uint64_t cap;
+    int rc = 0;
+
+    for (size_t i = warmup_count(o->iterations); i > 0; i--)
+        if ((rc = try_pair(c, name, ctx)) != 0)
+            return rc;
+    if ((rc = bench_samples_init(&s, o->iterations)) != 0) {
+        bench_ctx_fail(ctx, rc, NULL, "uncontended samples");
+        return rc;
+    }
+    cap = bench_now() + BENCH_PHASE_CAP_NS;
+    for (size_t i = 0; i < o->iterations && bench_now() < cap; i++) {
+        uint64_t t = bench_now();
+
+        if ((rc = try_pair(c, name, ctx)) != 0)
+            break;
+        bench_samples_add(&s, bench_now() - t);
+    }
+    bench_samples_stats(&s, &r->uncontended);
+    bench_samples_free(&s);
+    return rc;
+}
+
+/*
+ * Strict ping-pong between two threads. Round k is held by thread k % 2 and
+ * ends when it hands the lock to the other one. `holding` and `announced`
+ * count rounds plus one, so that 0 means "not yet".
+ */
+typedef struct pingpong {
+    bench_ctx *ctx;
+    const char *name;
+    size_t rounds;
+    uint64_t cap_ns;
+    atomic_size_t holding;   /* k + 1: the holder of round k holds the lock */
+    atomic_size_t announced; /* k + 1: its waiter is about to block */
+    atomic_uint_fast64_t t0; /* stamped by the holder right before release */
+    atomic_size_t grants;
+    bench_samples samples;
+    bench_crit crit;
+} pingpong;
+
+typedef struct pingpong_thread {
+    pingpong *pp;
+    dlock_client *client;
+    size_t id;
+} pingpong_thread;
+
+/* Holder of round k: waits for the waiter, then hands over. */
+static int pingpong_hand_over(pingpong_thread *t, size_t k, dlock_lock **lockp)
+{
+    pingpong *pp = t->pp;
+    int rc;
+
+    if (bench_wait_value(pp->ctx, &pp->announced, k + 1,
+                         "ping-pong: the waiter thread did not show up"))
+        return 1;
+    bench_sleep_ns(BENCH_PINGPONG_HOLD_NS);
+    bench_crit_leave(&pp->crit);
+    atomic_store(&pp->t0, bench_now());
+    rc = dlock_release(*lockp);
+    *lockp = NULL;
+    if (rc != 0)
+        bench_ctx_fail(pp->ctx, rc, t->client, "ping-pong release");
+    return rc;
+}
+
+/* Waiter of round k: blocks until the holder hands over, stamps the handoff. */
+static int pingpong_take(pingpong_thread *t, size_t k, dlock_lock **lockp)
+{
+    pingpong *pp = t->pp;
+    uint64_t t1;
+    int rc;
+
+    /* Acquiring before the holder of round k holds would race it for the
+     * lock that the previous round just released. */
+    if (bench_wait_value(pp->ctx, &pp->holding, k + 1,
+                         "ping-pong: the holder thread did not take the lock"))
+        return 1;
+    atomic_store(&pp->announced, k + 1);
+    rc = bench_acquire(t->client, pp->name, lockp);
+    t1 = bench_now();
+    if (rc != 0) {
+        bench_ctx_fail(pp->ctx, rc, t->client, "ping-pong acquire");
+        return rc;
+    }
+    bench_crit_enter(&pp->crit);
+    atomic_fetch_add(&pp->grants, 1);
+    /* A stopped holder releases without waiting for us: not a sample. */
+    if (!bench_stopped(pp->ctx))
+        bench_samples_add(&pp->samples, t1 - atomic_load(&pp->t0));
+    atomic_store(&pp->holding, k + 2);
+    return 0;
+}
+
+static void *pingpong_main(void *arg)
+{
+    pingpong_thread *t = arg;
+    pingpong *pp = t->pp;
+    dlock_lock *lock = NULL;
+
+    if (t->id == 0) {
+        int rc = bench_acquire(t->client, pp->name, &lock);
+
+        if (rc != 0) {
+            bench_ctx_fail(pp->ctx, rc, t->client, "ping-pong first acquire");
+            return NULL;
+        }
+        bench_crit_enter(&pp->crit);
+        atomic_fetch_add(&pp->grants, 1);
+        atomic_store(&pp->holding, 1);
+    }
+    for (size_t k = 0; k < pp->rounds; k++) {
+        if (bench_now() > pp->cap_ns)
+            atomic_store(&pp->ctx->stop, 1);
+        if (k % 2 == t->id ? pingpong_hand_over(t, k, &lock)
+                           : pingpong_take(t, k, &lock))
+            break;
+    }
+    if (lock) {
+        int rc;
+
+        bench_crit_leave(&pp->crit);
+        if ((rc = dlock_release(lock)) != 0)
+            bench_ctx_fail(pp->ctx, rc, t->client, "ping-pong final release");
+    }
+    return NULL;
+}
+
+int bench_run_pingpong(const char *uri, const char *name, const bench_opts *o,
+                       bench_result *r, bench_ctx *ctx)
+{
+    pingpong pp = { .ctx = ctx, .name = name, .rounds = o->handoffs };
+    pingpong_thread th[2];
+    dlock_client *clients[2] = { NULL, NULL };
+    pthread_t tids[2];
+    size_t started;
+    int rc;
+
+    atomic_init(&pp.holding, 0);
+    atomic_init(&pp.announced, 0);
+    atomic_init(&pp.t0, 0);
+    atomic_init(&pp.grants, 0);
+    bench_crit_init(&pp.crit);
+    if ((rc = bench_samples_init(&pp.samples, o->handoffs)) != 0) {
+        bench_ctx_fail(ctx, rc, NULL, "ping-pong samples");
+        return rc;
+    }
+    if ((rc = bench_open_clients(uri, clients, 2, ctx)) != 0) {
+        bench_samples_free(&pp.samples);
+        return rc;
+    }
+    for (size_t i = 0; i < 2; i++)
+        th[i] = (pingpong_thread){ &pp, clients[i], i };
+    pp.cap_ns = bench_now() + BENCH_PHASE_CAP_NS;
+    started = bench_spawn(tids, 2, pingpong_main, th, sizeof th[0], ctx);
+    bench_join(tids, started);
+    bench_close_clients(clients, 2);
+    bench_samples_stats(&pp.samples, &r->handoff);
+    bench_samples_free(&pp.samples);
+    r->violations += atomic_load(&pp.crit.violations);
+    if (atomic_load(&pp.crit.counter) != atomic_load(&pp.grants))
+        r->violations++;
+    return ctx->err;
+}

@@ -1,0 +1,215 @@
+/*
+ * dlock: distributed locks over several coordination stores.
+ *
+ * Users' API. Everything here is an opaque handle, a plain options struct
+ * with an _INIT initialiser, or a function returning an int error code
+ * (0 on success, a negative DLOCK_E* value on failure).
+ *
+ * Thread-safety
+ *   A dlock_client, and every dlock_lock it handed out, may be used by one
+ *   thread at a time: calls on the same client (or on its locks) must be
+ *   serialised by the caller. Different clients are independent and may be
+ *   used from different threads in parallel. dlock_strerror(),
+ *   dlock_err_name(), dlock_version() and dlock_monotonic_ns() are safe from
+ *   any thread at any time.
+ *
+ * Ownership
+ *   Strings returned by this API belong to the library; none is ever to be
+ *   freed by the caller. Their lifetimes are stated at each function.
+ */
+#ifndef DLOCK_H
+#define DLOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(DLOCK_BUILDING) && defined(__GNUC__)
+#define DLOCK_API __attribute__((visibility("default")))
+#else
+#define DLOCK_API
+#endif
+
+#define DLOCK_VERSION_MAJOR 0
+#define DLOCK_VERSION_MINOR 1
+#define DLOCK_VERSION_PATCH 0
+#define DLOCK_VERSION_STRING "0.1.0"
+
+/* Longest lock name accepted, in bytes. Names are arbitrary bytes except NUL. */
+#define DLOCK_NAME_MAX 4096
+/* Longest URI accepted, in bytes. */
+#define DLOCK_URI_MAX 8192
+/* Size of the per-client error detail buffer, terminating NUL included. */
+#define DLOCK_ERRMSG_MAX 256
+
+/*
+ * The error table. Numbers are part of the ABI: they are never renumbered
+ * and new codes are only appended.
+ */
+#define DLOCK_ERRNO_MAP(XX)                                                    \
+    XX(EINVAL, -1, "invalid argument")                                         \
+    XX(EBADURI, -2, "malformed URI")                                           \
+    XX(ESCHEME, -3, "unknown URI scheme")                                      \
+    XX(ENOBACKEND, -4, "backend not built into this library")                  \
+    XX(ECONNECT, -5, "cannot connect to the store")                            \
+    XX(EAUTH, -6, "authentication failed")                                     \
+    XX(EBUSY, -7, "lock is held by another owner")                             \
+    XX(ETIMEDOUT, -8, "timed out waiting for the lock")                        \
+    XX(ELOST, -9, "lock was lost")                                             \
+    XX(ENOTOWNER, -10, "not the owner of the lock")                            \
+    XX(ENOTSUP, -11, "operation not supported by this backend")                \
+    XX(EPROTO, -12, "protocol error")                                          \
+    XX(ENOMEM, -13, "out of memory")                                           \
+    XX(EIO, -14, "input/output error")                                         \
+    XX(EALREADY, -15, "lock already held by this client")                      \
+    XX(EDEADLK, -16, "deadlock detected")                                      \
+    XX(EINTR, -17, "interrupted by a signal")                                  \
+    XX(ESTORE, -18, "the store reported an error")                             \
+    XX(EVERSION, -19, "incompatible ABI version")                              \
+    XX(EEXIST, -20, "already registered")
+
+typedef enum dlock_errno {
+    DLOCK_OK = 0,
+#define DLOCK_ERRNO_ENUM_(name, num, text) DLOCK_##name = (num),
+    DLOCK_ERRNO_MAP(DLOCK_ERRNO_ENUM_)
+#undef DLOCK_ERRNO_ENUM_
+} dlock_errno;
+
+/* Static text for an error code; never NULL ("unknown error" if unknown). */
+DLOCK_API const char *dlock_strerror(int err);
+/* Static name of an error code, e.g. "DLOCK_EBUSY"; never NULL. */
+DLOCK_API const char *dlock_err_name(int err);
+
+/* Version of the library actually linked, e.g. "0.1.0". Static string. */
+DLOCK_API const char *dlock_version(void);
+
+/* Now on CLOCK_MONOTONIC, in nanoseconds: the clock every deadline uses. */
+DLOCK_API uint64_t dlock_monotonic_ns(void);
+
+typedef struct dlock_client dlock_client;
+typedef struct dlock_lock dlock_lock;
+
+/*
+ * Opens a client for the store named by uri, e.g. "file:///run/myapp/locks",
+ * "redis://host:6379/0". The URI is parsed and checked strictly (an unknown
+ * option is an error naming it) before anything is contacted.
+ *
+ * On success, *clientp is a connected client. On failure, *clientp is set to
+ * a client that carries the error detail for dlock_errmsg() (or to NULL when
+ * even that could not be allocated); pass it to dlock_client_close() either
+ * way.
+ */
+DLOCK_API int dlock_client_open(const char *uri, dlock_client **clientp);
+
+/*
+ * Closes a client. Locks it still holds are released and their handles freed:
+ * they must not be used afterwards. NULL is accepted and ignored.
+ */
+DLOCK_API void dlock_client_close(dlock_client *client);
+
+/*
+ * Detail text of the client's last error, naming what went wrong (never a
+ * password). Empty string if the last call succeeded. Owned by the client and
+ * valid until its next call or close. dlock_errmsg(NULL) reports out of memory.
+ */
+DLOCK_API const char *dlock_errmsg(const dlock_client *client);
+
+/* The backend's name, e.g. "file" or "redis". Owned by the library. */
+DLOCK_API const char *dlock_client_backend(const dlock_client *client);
+
+/* Capability bits (DLOCK_CAP_*, see dlock_backend.h) of the client's backend. */
+DLOCK_API unsigned int dlock_client_caps(const dlock_client *client);
+
+/*
+ * One round trip to the store with its cheapest command (PING, SELECT 1...):
+ * the floor that lock latencies are compared with. DLOCK_ENOTSUP when the
+ * backend has no store to ask (file).
+ */
+DLOCK_API int dlock_client_ping(dlock_client *client);
+
+/* How an acquire waits when the lock is held by someone else. */
+typedef enum dlock_wait {
+    DLOCK_WAIT_TRY = 0,      /* one attempt; DLOCK_EBUSY if held */
+    DLOCK_WAIT_DEADLINE = 1, /* wait until .deadline_ns; then DLOCK_ETIMEDOUT */
+    DLOCK_WAIT_FOREVER = 2,  /* wait until granted */
+} dlock_wait;
+
+#define DLOCK_ACQUIRE_OPTS_VERSION 1
+#define DLOCK_TTL_DEFAULT_MS 30000u
+
+typedef struct dlock_acquire_opts {
+    unsigned int version; /* DLOCK_ACQUIRE_OPTS_VERSION */
+    /* Lease in milliseconds on backends with DLOCK_CAP_LEASE: a holder that
+     * neither renews nor releases loses the lock after this long. Must be > 0.
+     * Backends without leases ignore it. */
+    uint32_t ttl_ms;
+    dlock_wait wait;
+    /* Absolute CLOCK_MONOTONIC time in ns (see dlock_monotonic_ns()), read
+     * only with DLOCK_WAIT_DEADLINE. A deadline already past means one attempt
+     * that fails with DLOCK_ETIMEDOUT rather than DLOCK_EBUSY. */
+    uint64_t deadline_ns;
+} dlock_acquire_opts;
+
+#define DLOCK_ACQUIRE_OPTS_INIT                                                \
+    { DLOCK_ACQUIRE_OPTS_VERSION, DLOCK_TTL_DEFAULT_MS, DLOCK_WAIT_FOREVER, 0 }
+
+/* Fills *opts with the defaults of DLOCK_ACQUIRE_OPTS_INIT. */
+DLOCK_API void dlock_acquire_opts_init(dlock_acquire_opts *opts);
+
+/*
+ * Acquires the lock called name (a NUL-terminated string of 1 to
+ * DLOCK_NAME_MAX bytes). opts may be NULL for the defaults (wait forever,
+ * DLOCK_TTL_DEFAULT_MS). On success *lockp is the held lock, owned by the
+ * caller until dlock_release() or dlock_client_close().
+ *
+ * A client holds a given name at most once: acquiring a name it already
+ * holds fails at once with DLOCK_EALREADY (locks never silently stack).
+ *
+ * Errors: DLOCK_EBUSY (try), DLOCK_ETIMEDOUT (deadline), DLOCK_EINTR (a signal
+ * interrupted the wait), DLOCK_EINVAL (bad name or options), connection and
+ * store errors. Detail in dlock_errmsg(client).
+ */
+DLOCK_API int dlock_acquire(dlock_client *client, const char *name,
+                            const dlock_acquire_opts *opts, dlock_lock **lockp);
+
+/* As dlock_acquire(), with a counted name that must not contain NUL bytes. */
+DLOCK_API int dlock_acquire_n(dlock_client *client, const char *name,
+                              size_t name_len, const dlock_acquire_opts *opts,
+                              dlock_lock **lockp);
+
+/*
+ * Releases the lock and frees its handle, whatever the result. Ownership is
+ * proven atomically by the store: if the lease expired or another owner took
+ * the lock, nothing of theirs is touched and DLOCK_ELOST is returned.
+ * NULL is DLOCK_EINVAL.
+ */
+DLOCK_API int dlock_release(dlock_lock *lock);
+
+/*
+ * Resets the lease to ttl_ms from now (never adds to what is left, never
+ * re-creates an expired lock). DLOCK_ELOST if the lock is no longer ours.
+ * On backends without leases it only checks the lock is still held.
+ */
+DLOCK_API int dlock_renew(dlock_lock *lock, uint32_t ttl_ms);
+
+/*
+ * The fencing token of this grant: strictly greater than every token handed
+ * out earlier for the same name on the same store. Pass it to the protected
+ * resource so it can refuse a holder that was paused past its lease.
+ */
+DLOCK_API uint64_t dlock_lock_token(const dlock_lock *lock);
+
+/* The lock's name (NUL-terminated copy) and its length. Owned by the lock. */
+DLOCK_API const char *dlock_lock_name(const dlock_lock *lock, size_t *lenp);
+
+/* The client the lock belongs to. */
+DLOCK_API dlock_client *dlock_lock_client(const dlock_lock *lock);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DLOCK_H */

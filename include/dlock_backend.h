@@ -1,0 +1,165 @@
+/*
+ * dlock backend ABI: what a store backend implements and what the core
+ * offers it. Users of locks need only dlock.h; this header is for backend
+ * authors (the built-in backends use it too).
+ *
+ * A backend is a dlock_backend vtable. The core parses and checks the URI,
+ * then hands the backend a dlock_uri to read through getters: backends never
+ * parse raw URI strings. Deadlines arrive as absolute CLOCK_MONOTONIC times.
+ *
+ * Versioning: `version` is the first field and methods are only ever
+ * appended. The core reads a method only when the backend's version is new
+ * enough to have it, and treats a NULL optional method as "not supported".
+ */
+#ifndef DLOCK_BACKEND_H
+#define DLOCK_BACKEND_H
+
+#include <stdarg.h>
+
+#include "dlock.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DLOCK_BACKEND_VERSION 1
+
+/* Capability bits: what a backend guarantees. */
+enum {
+    DLOCK_CAP_LEASE = 1u << 0,    /* locks expire after their TTL unless renewed */
+    DLOCK_CAP_RENEW = 1u << 1,    /* renew resets the lease */
+    DLOCK_CAP_FENCING = 1u << 2,  /* tokens strictly increase per name */
+    DLOCK_CAP_FIFO = 1u << 3,     /* waiters are served first-come first-served */
+    DLOCK_CAP_BLOCKING = 1u << 4, /* the store wakes waiters: no polling */
+    DLOCK_CAP_SHARED = 1u << 5,   /* shared (reader) locks */
+    DLOCK_CAP_DEADLINE = 1u << 6, /* waits honour a deadline */
+    DLOCK_CAP_HOLDER_DEATH = 1u << 7, /* a dead holder's lock is freed at once
+                                         (not only after its lease) */
+};
+
+/* A parsed URI. Opaque; read through the getters below. */
+typedef struct dlock_uri dlock_uri;
+
+/* Lower-cased scheme, e.g. "redis". */
+DLOCK_API const char *dlock_uri_scheme(const dlock_uri *uri);
+/* Percent-decoded user name and password; NULL when absent. */
+DLOCK_API const char *dlock_uri_user(const dlock_uri *uri);
+DLOCK_API const char *dlock_uri_password(const dlock_uri *uri);
+/* Hosts of the comma-separated host list; IPv6 without its brackets. A URI
+ * with an empty authority ("file:///dir") has 0 hosts. */
+DLOCK_API size_t dlock_uri_host_count(const dlock_uri *uri);
+DLOCK_API const char *dlock_uri_host(const dlock_uri *uri, size_t i);
+/* Port of host i; 0 when the URI gave none. */
+DLOCK_API unsigned int dlock_uri_port(const dlock_uri *uri, size_t i);
+/* Percent-decoded path, "" when absent; otherwise starts with '/'. */
+DLOCK_API const char *dlock_uri_path(const dlock_uri *uri);
+/* Query parameters in URI order (keys may repeat), percent-decoded. */
+DLOCK_API size_t dlock_uri_param_count(const dlock_uri *uri);
+DLOCK_API const char *dlock_uri_param_key(const dlock_uri *uri, size_t i);
+DLOCK_API const char *dlock_uri_param_value(const dlock_uri *uri, size_t i);
+/* Value of the last parameter called key; NULL when absent. */
+DLOCK_API const char *dlock_uri_param(const dlock_uri *uri, const char *key);
+/* The URI with its password replaced by "***": safe for messages.
+ * Owned by the uri. */
+DLOCK_API const char *dlock_uri_redacted(const dlock_uri *uri);
+
+/*
+ * Typed parameter readers. Each leaves *out untouched when the key is absent
+ * and returns 0; on a malformed or out-of-range value it records an error
+ * naming the key on client and returns DLOCK_EBADURI.
+ */
+DLOCK_API int dlock_uri_param_uint(dlock_client *client, const dlock_uri *uri,
+                                   const char *key, uint64_t min, uint64_t max,
+                                   uint64_t *out);
+/* Accepts 1/0, true/false, yes/no, on/off. */
+DLOCK_API int dlock_uri_param_bool(dlock_client *client, const dlock_uri *uri,
+                                   const char *key, int *out);
+
+/*
+ * Records an error on client (printf-style detail) and returns code, so that
+ * backends can write `return dlock_seterr(c, DLOCK_ECONNECT, "...", ...)`.
+ * The detail is truncated to DLOCK_ERRMSG_MAX - 1 bytes, and any occurrence
+ * of the client's URI password is masked.
+ */
+DLOCK_API int dlock_seterr(dlock_client *client, int code, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+DLOCK_API int dlock_vseterr(dlock_client *client, int code, const char *fmt,
+                            va_list ap);
+
+typedef struct dlock_backend dlock_backend;
+
+/* A backend's connection: embed as the first member of the backend's own
+ * struct. The core fills both fields after open() returns. */
+typedef struct dlock_conn {
+    const dlock_backend *backend;
+    dlock_client *client; /* for dlock_seterr() */
+} dlock_conn;
+
+/* A backend's held lock: embed as the first member of the backend's own
+ * struct. The backend sets token on a successful acquire. */
+typedef struct dlock_held {
+    uint64_t token;
+} dlock_held;
+
+/* One acquire, as checked and completed by the core. */
+typedef struct dlock_request {
+    const char *name;       /* NUL-terminated, no embedded NUL */
+    size_t name_len;        /* 1 .. DLOCK_NAME_MAX */
+    uint32_t ttl_ms;        /* > 0 */
+    dlock_wait wait;
+    uint64_t deadline_ns;   /* absolute CLOCK_MONOTONIC; DLOCK_WAIT_DEADLINE only */
+    unsigned char owner[16];/* 128 random bits, fresh for every acquire */
+    char owner_hex[33];     /* the same, as lower-case hex */
+} dlock_request;
+
+struct dlock_backend {
+    unsigned int version; /* DLOCK_BACKEND_VERSION the backend was built for */
+    const char *name;     /* short name, e.g. "redis" */
+    /* URI schemes served, NULL-terminated, lower case, e.g. {"redis", NULL}. */
+    const char *const *schemes;
+    unsigned int caps;    /* DLOCK_CAP_* */
+    /* Query keys accepted, NULL-terminated. The core rejects any other key
+     * before open() is called. */
+    const char *const *options;
+
+    /* Required. Connects; on failure records detail with dlock_seterr() and
+     * returns its code, leaving *connp untouched. */
+    int (*open)(dlock_client *client, const dlock_uri *uri, dlock_conn **connp);
+    /* Required. Releases what the connection still holds and frees it. */
+    void (*close)(dlock_conn *conn);
+    /* Required. Returns 0 with *heldp set, or DLOCK_EBUSY (try),
+     * DLOCK_ETIMEDOUT (deadline passed), or another error. A waiter that
+     * gives up must leave nothing behind in the store. */
+    int (*acquire)(dlock_conn *conn, const dlock_request *req,
+                   dlock_held **heldp);
+    /* Required. Releases if still ours (DLOCK_ELOST otherwise) and frees held
+     * whatever the result. */
+    int (*release)(dlock_conn *conn, dlock_held *held);
+    /* Optional (NULL: DLOCK_ENOTSUP). Resets the lease to ttl_ms, or fails with
+     * DLOCK_ELOST without re-creating an expired lock. */
+    int (*renew)(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms);
+    /* Optional. The store's own round trip (PING, SELECT 1...), for
+     * benchmarks comparing lock latency with the store's floor. */
+    int (*ping)(dlock_conn *conn);
+};
+
+/*
+ * Adds a backend to the registry (the built-in ones are registered once, on
+ * first use). Fails with DLOCK_EVERSION when backend->version is 0 or newer
+ * than this library, DLOCK_EINVAL when a required field is missing, and
+ * DLOCK_EEXIST when one of its schemes is already served. The backend struct
+ * must outlive every client using it (normally a static).
+ */
+DLOCK_API int dlock_backend_register(const dlock_backend *backend);
+
+/* The registered backend serving scheme (case-insensitive), or NULL. */
+DLOCK_API const dlock_backend *dlock_backend_find(const char *scheme);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DLOCK_BACKEND_H */

@@ -1,0 +1,315 @@
+#!/usr/bin/env bash
+# TAP tests of the dlock CLI over the file backend, in a fresh directory.
+# Usage: test_cli.sh PATH/TO/dlock
+set -u
+
+DLOCK=${1:?usage: test_cli.sh PATH/TO/dlock}
+dir=$(mktemp -d "${TMPDIR:-/tmp}/dlock-cli.XXXXXX") || exit 1
+uri="file://$dir/locks"
+n=0
+failed=0
+bg_pids=()
+
+cleanup() {
+    local pid
+    for pid in "${bg_pids[@]}"; do
+        kill -KILL "$pid" 2>/dev/null
+    done
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+
+# check STATUS DESC: one TAP line; on failure the last run's output as diagnostics.
+check() {
+    n=$((n + 1))
+    if [ "$1" -eq 0 ]; then
+        echo "ok $n - $2"
+    else
+        echo "not ok $n - $2"
+        failed=$((failed + 1))
+        echo "#   last exit status: ${rc-}"
+        sed 's/^/#   stderr: /' "$dir/err" 2>/dev/null
+    fi
+}
+
+# dl ARGS...: runs dlock; leaves $rc, $out and $err.
+dl() {
+    "$DLOCK" "$@" </dev/null >"$dir/out" 2>"$dir/err"
+    rc=$?
+    out=$(<"$dir/out")
+    err=$(<"$dir/err")
+}
+
+now_ms() { date +%s%3N; }
+
+# wait_for FILE: up to 10 s for FILE to appear.
+wait_for() {
+    local i
+    for ((i = 0; i < 200; i++)); do
+        [ -e "$1" ] && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+# one_line: dlock's stderr is exactly one "dlock: ..." line.
+one_line() {
+    [ "$(wc -l <"$dir/err")" -eq 1 ] && [[ $err == "dlock: "* ]]
+}
+
+# A command that marks it holds the lock, then holds it until FILE.go exists.
+hold_until() { echo "touch '$1.ready'; while [ ! -e '$1.go' ]; do sleep 0.05; done"; }
+
+# --- version, help, usage ---------------------------------------------------
+dl --version
+[ $rc -eq 0 ] && [[ $out =~ ^dlock\ [0-9]+\.[0-9]+\.[0-9]+$ ]]
+check $? "--version prints 'dlock X.Y.Z' ($out)"
+
+dl
+[ $rc -eq 64 ] && [[ $err == *Usage:* ]] && [ -z "$out" ]
+check $? "no arguments: usage on stderr, exit 64"
+
+dl help
+[ $rc -eq 0 ] && [[ $out == *"dlock run"* ]]
+check $? "'dlock help' prints usage, exit 0"
+
+dl run --help
+[ $rc -eq 0 ] && [[ $out == *"--nonblock"* ]]
+check $? "'dlock run --help' prints usage, exit 0"
+
+dl frobnicate
+[ $rc -eq 64 ] && one_line && [[ $err == *frobnicate* ]]
+check $? "unknown subcommand: exit 64 naming it"
+
+# --- malformed URIs ---------------------------------------------------------
+for bad in foo file:// nosuch://x/y; do
+    dl run "$bad" name -- true
+    [ $rc -eq 64 ] && one_line
+    check $? "URI '$bad': exit 64 with one message line"
+done
+
+dl run 'file:///x?bogus=1' name -- true
+[ $rc -eq 64 ] && one_line && [[ $err == *bogus* ]]
+check $? "URI with an unknown option: exit 64 naming 'bogus'"
+
+dl run nosuch://x/y name -- true
+[[ $err == *nosuch* ]]
+check $? "unknown scheme: message names the scheme"
+
+for bad in 'file://user:s3cret@/x' 'nosuch://user:s3cret@host/x' 'file://user:s3cret@'; do
+    dl run "$bad" name -- true
+    [ $rc -eq 64 ] && [ -n "$err" ] && [[ $err != *s3cret* ]]
+    check $? "URI '$bad': exit 64, the password is not shown"
+done
+
+# --- option and argument errors ----------------------------------------------
+dl run "$uri" name true
+[ $rc -eq 64 ] && one_line && [[ $err == *--* ]]
+check $? "missing '--': exit 64"
+
+dl run "$uri" name --
+[ $rc -eq 64 ] && one_line
+check $? "missing COMMAND: exit 64"
+
+dl run -- true
+[ $rc -eq 64 ] && one_line
+check $? "missing NAME: exit 64"
+
+dl run a b c -- true
+[ $rc -eq 64 ] && one_line
+check $? "three positional arguments: exit 64"
+
+for w in abc 1x nan inf -1 ''; do
+    dl run -w "$w" "$uri" name -- true
+    [ $rc -eq 64 ] && one_line
+    check $? "-w '$w': exit 64"
+done
+
+dl run -n -w 1 "$uri" name -- true
+[ $rc -eq 64 ] && one_line
+check $? "-n with -w: exit 64"
+
+for t in 0 -1 4294967296 12ms; do
+    dl run --ttl "$t" "$uri" name -- true
+    [ $rc -eq 64 ] && one_line
+    check $? "--ttl '$t': exit 64"
+done
+
+dl run --bogus "$uri" name -- true
+[ $rc -eq 64 ] && one_line && [[ $err == *--bogus* ]]
+check $? "unknown option: exit 64 naming it"
+
+dl run "$uri" name -- echo hi
+[ $rc -eq 0 ] && [ "$out" = hi ] && [ -z "$err" ]
+check $? "a plain run succeeds quietly"
+
+dl run --ttl 5000 -w 2.5 "$uri" name -- true
+[ $rc -eq 0 ]
+check $? "--ttl and -w on a free lock: runs, exit 0"
+
+dl run --wait=0 --ttl=1 "$uri" name -- true
+[ $rc -eq 0 ]
+check $? "--wait=0 on a free lock: runs, exit 0"
+
+# --- the command's status ----------------------------------------------------
+dl run "$uri" name -- sh -c 'exit 7'
+[ $rc -eq 7 ]
+check $? "command exit status 7 is propagated"
+
+dl run "$uri" name -- sh -c 'kill -TERM $$'
+[ $rc -eq 143 ]
+check $? "command killed by SIGTERM: exit 128+15"
+
+dl run "$uri" name -- sh -c 'kill -KILL $$'
+[ $rc -eq 137 ]
+check $? "command killed by SIGKILL: exit 128+9"
+
+dl run "$uri" name -- "$dir/no such command"
+[ $rc -eq 127 ] && one_line && [[ $err == *"no such command"* ]]
+check $? "nonexistent command: exit 127 naming it"
+
+: >"$dir/not-executable"
+dl run "$uri" name -- "$dir/not-executable"
+[ $rc -eq 126 ] && one_line
+check $? "non-executable command: exit 126"
+
+dl run "$uri" name -- sh -c 'echo out; echo errline >&2'
+[ $rc -eq 0 ] && [ "$out" = out ] && [ "$err" = errline ]
+check $? "the command's stdout and stderr pass through untouched"
+
+out=$(echo piped | "$DLOCK" run "$uri" name -- cat 2>"$dir/err")
+rc=$?
+[ $rc -eq 0 ] && [ "$out" = piped ]
+check $? "the command inherits stdin"
+
+fds=$(sh -c 'ls /proc/self/fd | wc -l' </dev/null)
+dl run "$uri" name -- sh -c 'ls /proc/self/fd | wc -l'
+[ $rc -eq 0 ] && [ "$out" = "$fds" ]
+check $? "no lock or pipe descriptor leaks into the command ($out fds, $fds without dlock)"
+
+# --- DLOCK_TOKEN and DLOCK_NAME -------------------------------------------------
+dl run "$uri" 'tok name' -- sh -c 'printf "%s|%s" "$DLOCK_TOKEN" "$DLOCK_NAME"'
+first=${out%%|*}
+[ $rc -eq 0 ] && [ "${out#*|}" = 'tok name' ]
+check $? "DLOCK_NAME is the lock name"
+[[ $first =~ ^[0-9]+$ ]]
+check $? "DLOCK_TOKEN is a decimal number ($first)"
+dl run "$uri" 'tok name' -- sh -c 'printf "%s" "$DLOCK_TOKEN"'
+[[ $out =~ ^[0-9]+$ ]] && [[ $first =~ ^[0-9]+$ ]] && [ "$out" -gt "$first" ]
+check $? "DLOCK_TOKEN strictly increases across runs ($first then $out)"
+
+# --- mutual exclusion -----------------------------------------------------------
+log="$dir/serial.log"
+pids=()
+for i in 1 2 3; do
+    "$DLOCK" run "$uri" serial -- sh -c "echo start >>'$log'; sleep 0.2; echo end >>'$log'" \
+        </dev/null 2>>"$dir/serial.err" &
+    pids+=($!)
+done
+bg_pids+=("${pids[@]}")
+status=0
+for pid in "${pids[@]}"; do
+    wait "$pid" || status=1
+done
+[ $status -eq 0 ] && [ "$(tr '\n' ' ' <"$log")" = "start end start end start end " ]
+check $? "three concurrent runs on one name are serialised"
+
+# --- a held lock: -n, -w, and a waiter ----------------------------------------
+h="$dir/held"
+"$DLOCK" run "$uri" held -- sh -c "$(hold_until "$h")" </dev/null &
+holder=$!
+bg_pids+=("$holder")
+wait_for "$h.ready"
+check $? "a holder takes the lock"
+
+t0=$(now_ms)
+dl run -n "$uri" held -- touch "$dir/n-ran"
+t1=$(now_ms)
+[ $rc -eq 75 ] && one_line && [[ $err == *held* ]] && [ ! -e "$dir/n-ran" ]
+check $? "-n on a held lock: exit 75, one line, command not run"
+[ $((t1 - t0)) -lt 2000 ]
+check $? "-n on a held lock returns promptly ($((t1 - t0)) ms)"
+
+t0=$(now_ms)
+dl run -w 0.3 "$uri" held -- touch "$dir/w-ran"
+t1=$(now_ms)
+[ $rc -eq 75 ] && one_line && [[ $err == *"timed out"* ]] && [ ! -e "$dir/w-ran" ]
+check $? "-w 0.3 on a held lock: exit 75 with a timeout message"
+[ $((t1 - t0)) -ge 250 ] && [ $((t1 - t0)) -lt 5000 ]
+check $? "-w 0.3 waits about that long ($((t1 - t0)) ms)"
+
+dl run "$uri" other -- true
+[ $rc -eq 0 ]
+check $? "another name is not blocked by the held one"
+
+"$DLOCK" run "$uri" held -- touch "$dir/waiter-ran" </dev/null &
+waiter=$!
+bg_pids+=("$waiter")
+sleep 0.3
+[ ! -e "$dir/waiter-ran" ]
+check $? "a waiter does not run while the lock is held"
+touch "$h.go"
+wait "$holder"
+hrc=$?
+wait "$waiter"
+rc=$?
+[ $hrc -eq 0 ] && [ $rc -eq 0 ] && [ -e "$dir/waiter-ran" ]
+check $? "the waiter runs once the holder's command ends"
+
+# --- signals -------------------------------------------------------------------
+s="$dir/sig"
+"$DLOCK" run "$uri" sig -- sh -c "trap 'echo TERM >\"$s.marker\"; exit 3' TERM; touch '$s.ready'; while :; do sleep 0.05; done" \
+    </dev/null &
+dpid=$!
+bg_pids+=("$dpid")
+wait_for "$s.ready"
+kill -TERM "$dpid"
+wait "$dpid"
+rc=$?
+[ $rc -eq 3 ] && [ "$(cat "$s.marker" 2>/dev/null)" = TERM ]
+check $? "SIGTERM to dlock reaches the command, dlock exits with its status"
+dl run -n "$uri" sig -- true
+[ $rc -eq 0 ]
+check $? "the lock is free after the forwarded SIGTERM"
+
+k="$dir/kill"
+"$DLOCK" run "$uri" kill -- sh -c "echo \$\$ >'$k.pid'; touch '$k.ready'; exec sleep 60" </dev/null &
+dpid=$!
+bg_pids+=("$dpid")
+wait_for "$k.ready"
+child=$(cat "$k.pid")
+kill -KILL "$dpid"
+wait "$dpid" 2>/dev/null
+gone=1
+for ((i = 0; i < 100; i++)); do
+    kill -0 "$child" 2>/dev/null || { gone=0; break; }
+    sleep 0.05
+done
+[ $gone -eq 0 ]
+check $? "the command dies with dlock (SIGKILL to dlock)"
+kill -KILL "$child" 2>/dev/null
+dl run -n "$uri" kill -- true
+[ $rc -eq 0 ]
+check $? "the lock is free after dlock was killed"
+
+# --- default URI ---------------------------------------------------------------
+env_dir="$dir/from env"
+DLOCK_URI="file://${env_dir// /%20}" "$DLOCK" run envname -- true </dev/null
+rc=$?
+[ $rc -eq 0 ] && [ -d "$env_dir" ]
+check $? "DLOCK_URI is used when the URI is omitted"
+
+xdg="$dir/xdg 50%"
+mkdir -p "$xdg"
+env -u DLOCK_URI XDG_RUNTIME_DIR="$xdg" "$DLOCK" run xdgname -- true </dev/null
+rc=$?
+[ $rc -eq 0 ] && [ -d "$xdg/dlock" ]
+check $? "without DLOCK_URI the store is \$XDG_RUNTIME_DIR/dlock (even with ' ' and '%')"
+
+DLOCK_URI="file://$dir/env-unused" "$DLOCK" run "file://$dir/explicit" argname -- true </dev/null
+rc=$?
+[ $rc -eq 0 ] && [ -d "$dir/explicit" ] && [ ! -e "$dir/env-unused" ]
+check $? "an explicit URI wins over DLOCK_URI"
+
+echo "1..$n"
+[ $failed -eq 0 ]

@@ -1,0 +1,339 @@
+/*
+ * The core against a fake backend that counts calls, records what it was
+ * asked, and fails on demand: registration, strict options, name and option
+ * checks, stacking, deadlines, error detail and redaction, close.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dlock_backend.h"
+#include "tests/tap.h"
+
+static struct {
+    int open, opened, close, acquire, release, renew, ping;
+    int fail_open, fail_acquire, fail_release, silent_fail;
+    dlock_request last;
+    char last_name[DLOCK_NAME_MAX + 1];
+    uint64_t next_token;
+    const char *echo_in_error; /* put this text into the next error */
+} fake;
+
+struct fake_conn {
+    dlock_conn base;
+    int held;
+};
+
+static int fake_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
+{
+    struct fake_conn *fc;
+    fake.open++;
+    if (fake.fail_open)
+        return dlock_seterr(c, fake.fail_open, "fake open failed for %s (password %s)",
+                            dlock_uri_redacted(uri),
+                            dlock_uri_password(uri) ? dlock_uri_password(uri) : "-");
+    fc = calloc(1, sizeof *fc);
+    fake.opened++;
+    *connp = &fc->base;
+    return 0;
+}
+
+static void fake_close(dlock_conn *conn)
+{
+    fake.close++;
+    free(conn);
+}
+
+static int fake_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
+{
+    dlock_held *h;
+    fake.acquire++;
+    fake.last = *req;
+    memcpy(fake.last_name, req->name, req->name_len + 1);
+    if (fake.fail_acquire) {
+        if (fake.silent_fail)
+            return fake.fail_acquire;
+        return dlock_seterr(conn->client, fake.fail_acquire, "fake acquire failed: %s",
+                            fake.echo_in_error ? fake.echo_in_error : "");
+    }
+    h = calloc(1, sizeof *h);
+    h->token = ++fake.next_token;
+    ((struct fake_conn *)conn)->held++;
+    *heldp = h;
+    return 0;
+}
+
+static int fake_release(dlock_conn *conn, dlock_held *held)
+{
+    fake.release++;
+    ((struct fake_conn *)conn)->held--;
+    free(held);
+    return fake.fail_release;
+}
+
+static int fake_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
+{
+    (void)conn, (void)held, (void)ttl_ms;
+    fake.renew++;
+    return 0;
+}
+
+static int fake_ping(dlock_conn *conn)
+{
+    (void)conn;
+    fake.ping++;
+    return 0;
+}
+
+static const char *const fake_schemes[] = {"fake", "fake2", NULL};
+static const char *const fake_options[] = {"alpha", "beta", NULL};
+
+static dlock_backend fake_backend = {
+    .version = DLOCK_BACKEND_VERSION,
+    .name = "fake",
+    .schemes = fake_schemes,
+    .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW,
+    .options = fake_options,
+    .open = fake_open,
+    .close = fake_close,
+    .acquire = fake_acquire,
+    .release = fake_release,
+    .renew = fake_renew,
+    .ping = fake_ping,
+};
+
+static void test_registry(void)
+{
+    dlock_backend b = fake_backend;
+    is_int(dlock_backend_register(NULL), DLOCK_EINVAL, "register(NULL)");
+    b.version = 0;
+    is_int(dlock_backend_register(&b), DLOCK_EVERSION, "version 0 refused");
+    b.version = DLOCK_BACKEND_VERSION + 1;
+    is_int(dlock_backend_register(&b), DLOCK_EVERSION, "newer version refused");
+    b = fake_backend;
+    b.acquire = NULL;
+    is_int(dlock_backend_register(&b), DLOCK_EINVAL, "missing required method refused");
+    b = fake_backend;
+    b.options = NULL;
+    is_int(dlock_backend_register(&b), DLOCK_EINVAL, "missing option list refused");
+    is_int(dlock_backend_register(&fake_backend), 0, "fake backend registers");
+    is_int(dlock_backend_register(&fake_backend), DLOCK_EEXIST, "second registration refused");
+    static const char *const file_again[] = {"FILE", NULL};
+    b = fake_backend;
+    b.schemes = file_again;
+    is_int(dlock_backend_register(&b), DLOCK_EEXIST, "a built-in scheme cannot be taken over");
+    ok(dlock_backend_find("FAKE2") == &fake_backend, "lookup is case-insensitive");
+    ok(dlock_backend_find("file") != NULL, "the file backend is built in");
+    ok(dlock_backend_find("nosuch") == NULL, "unknown scheme not found");
+}
+
+static void test_open_errors(void)
+{
+    dlock_client *c = NULL;
+    int opens = fake.open;
+
+    is_int(dlock_client_open("fake://h/?alpha=1&gamma=2", &c), DLOCK_EBADURI, "unknown option");
+    ok(strstr(dlock_errmsg(c), "'gamma'") != NULL, "message names the option: %s", dlock_errmsg(c));
+    is_int(fake.open, opens, "backend not called for a bad option");
+    dlock_client_close(c);
+
+    is_int(dlock_client_open("nosuch://h/", &c), DLOCK_ESCHEME, "unknown scheme");
+    ok(strstr(dlock_errmsg(c), "nosuch") != NULL, "message names the scheme");
+    dlock_client_close(c);
+
+    is_int(dlock_client_open("zookeeper://h/", &c), DLOCK_ENOBACKEND, "known scheme not built");
+    dlock_client_close(c);
+
+    is_int(dlock_client_open("fake:/x", &c), DLOCK_EBADURI, "malformed URI");
+    ok(dlock_errmsg(c)[0] != '\0', "malformed URI has a message");
+    dlock_client_close(c);
+
+    is_int(dlock_client_open(NULL, &c), DLOCK_EBADURI, "NULL URI");
+    dlock_client_close(c);
+    is_int(dlock_client_open("fake://h/", NULL), DLOCK_EINVAL, "NULL out pointer");
+
+    fake.fail_open = DLOCK_EAUTH;
+    is_int(dlock_client_open("fake://bob:sekrit-pass@h/", &c), DLOCK_EAUTH,
+           "backend open error is passed through");
+    ok(strstr(dlock_errmsg(c), "fake open failed") != NULL, "backend detail kept");
+    ok(strstr(dlock_errmsg(c), "sekrit-pass") == NULL, "password masked in backend detail: %s",
+       dlock_errmsg(c));
+    is_int(dlock_acquire(c, "x", NULL, &(dlock_lock *){0}), DLOCK_EINVAL,
+           "a failed client refuses acquire");
+    dlock_client_close(c);
+    fake.fail_open = 0;
+
+    is_str(dlock_errmsg(NULL), "out of memory", "errmsg(NULL)");
+    dlock_client_close(NULL);
+    ok(1, "close(NULL) is harmless");
+}
+
+static void test_acquire_checks(dlock_client *c)
+{
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    dlock_lock *l = (dlock_lock *)1;
+    char big[DLOCK_NAME_MAX + 2];
+    int calls = fake.acquire;
+
+    is_int(dlock_acquire(c, "", NULL, &l), DLOCK_EINVAL, "empty name");
+    ok(l == NULL, "*lockp cleared on failure");
+    is_int(dlock_acquire(c, NULL, NULL, &l), DLOCK_EINVAL, "NULL name");
+    is_int(dlock_acquire_n(c, "a\0b", 3, NULL, &l), DLOCK_EINVAL, "embedded NUL");
+    ok(strstr(dlock_errmsg(c), "NUL") != NULL, "message says NUL");
+    memset(big, 'n', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    is_int(dlock_acquire(c, big, NULL, &l), DLOCK_EINVAL, "name over DLOCK_NAME_MAX");
+    big[DLOCK_NAME_MAX] = '\0';
+    is_int(dlock_acquire(c, big, NULL, &l), 0, "name of exactly DLOCK_NAME_MAX bytes");
+    is_int(fake.last.name_len, DLOCK_NAME_MAX, "backend sees the full length");
+    dlock_release(l);
+    calls = fake.acquire;
+
+    o.ttl_ms = 0;
+    is_int(dlock_acquire(c, "a", &o, &l), DLOCK_EINVAL, "ttl 0");
+    o = (dlock_acquire_opts)DLOCK_ACQUIRE_OPTS_INIT;
+    o.version = 99;
+    is_int(dlock_acquire(c, "a", &o, &l), DLOCK_EINVAL, "unknown options version");
+    o = (dlock_acquire_opts)DLOCK_ACQUIRE_OPTS_INIT;
+    o.wait = (dlock_wait)7;
+    is_int(dlock_acquire(c, "a", &o, &l), DLOCK_EINVAL, "unknown wait mode");
+    is_int(fake.acquire, calls, "no invalid request reached the backend");
+    is_int(dlock_acquire(c, "a", NULL, NULL), DLOCK_EINVAL, "NULL lockp");
+}
+
+static void test_acquire_flow(dlock_client *c)
+{
+    dlock_acquire_opts o;
+    dlock_lock *a = NULL, *b = NULL, *again = NULL;
+    char owner1[33];
+
+    dlock_acquire_opts_init(&o);
+    is_int(o.version, DLOCK_ACQUIRE_OPTS_VERSION, "opts_init sets the version");
+    is_int(o.wait, DLOCK_WAIT_FOREVER, "default wait is forever");
+    is_int(o.ttl_ms, DLOCK_TTL_DEFAULT_MS, "default TTL");
+    o.ttl_ms = 1234;
+    is_int(dlock_acquire(c, "job/a", &o, &a), 0, "acquire");
+    is_int(fake.last.ttl_ms, 1234, "TTL passed down");
+    is_int(fake.last.wait, DLOCK_WAIT_FOREVER, "wait passed down");
+    is_int(strlen(fake.last.owner_hex), 32, "owner id is 32 hex digits");
+    strcpy(owner1, fake.last.owner_hex);
+    is_str(dlock_errmsg(c), "", "errmsg empty after success");
+    ok(dlock_lock_token(a) > 0, "token from backend");
+    size_t len = 0;
+    is_str(dlock_lock_name(a, &len), "job/a", "lock name");
+    is_int(len, 5, "lock name length");
+    ok(dlock_lock_client(a) == c, "lock's client");
+
+    int calls = fake.acquire;
+    is_int(dlock_acquire(c, "job/a", NULL, &again), DLOCK_EALREADY, "no stacking on one client");
+    is_int(fake.acquire, calls, "stacking refused before the backend");
+
+    is_int(dlock_acquire(c, "job/b", NULL, &b), 0, "second name");
+    ok(strcmp(owner1, fake.last.owner_hex) != 0, "every acquire gets a fresh owner id");
+    ok(dlock_lock_token(b) > dlock_lock_token(a), "tokens increase");
+
+    int renews = fake.renew;
+    is_int(dlock_renew(a, 500), 0, "renew");
+    is_int(fake.renew, renews + 1, "renew reached the backend");
+    is_int(dlock_renew(a, 0), DLOCK_EINVAL, "renew with ttl 0");
+    is_int(dlock_renew(NULL, 10), DLOCK_EINVAL, "renew(NULL)");
+
+    int rel = fake.release;
+    is_int(dlock_release(a), 0, "release");
+    is_int(fake.release, rel + 1, "release reached the backend");
+    is_int(dlock_acquire(c, "job/a", NULL, &a), 0, "released name can be taken again");
+
+    fake.fail_release = DLOCK_ELOST;
+    is_int(dlock_release(a), DLOCK_ELOST, "release reports a lost lock");
+    ok(dlock_errmsg(c)[0] != '\0', "lost release has detail even if the backend gave none");
+    fake.fail_release = 0;
+    is_int(dlock_release(NULL), DLOCK_EINVAL, "release(NULL)");
+
+    /* Deadline already past: one try, reported as a timeout. */
+    o.wait = DLOCK_WAIT_DEADLINE;
+    o.deadline_ns = dlock_monotonic_ns() - 1;
+    fake.fail_acquire = DLOCK_EBUSY;
+    is_int(dlock_acquire(c, "job/c", &o, &a), DLOCK_ETIMEDOUT, "past deadline → ETIMEDOUT");
+    is_int(fake.last.wait, DLOCK_WAIT_TRY, "past deadline reaches the backend as a try");
+    o.deadline_ns = dlock_monotonic_ns() + 1000000000ull;
+    fake.fail_acquire = DLOCK_ETIMEDOUT;
+    is_int(dlock_acquire(c, "job/c", &o, &a), DLOCK_ETIMEDOUT, "future deadline passed through");
+    is_int(fake.last.wait, DLOCK_WAIT_DEADLINE, "future deadline stays a deadline");
+    fake.silent_fail = 1;
+    fake.fail_acquire = DLOCK_ECONNECT;
+    is_int(dlock_acquire(c, "job/c", NULL, &a), DLOCK_ECONNECT, "silent backend error");
+    is_str(dlock_errmsg(c), dlock_strerror(DLOCK_ECONNECT), "core fills in a message");
+    fake.silent_fail = 0;
+    fake.fail_acquire = 0;
+
+    int pings = fake.ping;
+    is_int(dlock_client_ping(c), 0, "ping");
+    is_int(fake.ping, pings + 1, "ping reached the backend");
+    is_str(dlock_client_backend(c), "fake", "backend name");
+    is_int(dlock_client_caps(c), DLOCK_CAP_LEASE | DLOCK_CAP_RENEW, "caps");
+    (void)b; /* b stays held: close must release it */
+}
+
+static void test_close_releases(void)
+{
+    dlock_client *c = NULL;
+    dlock_lock *l1, *l2;
+    is_int(dlock_client_open("fake://h/", &c), 0, "open");
+    dlock_acquire(c, "x", NULL, &l1);
+    dlock_acquire(c, "y", NULL, &l2);
+    int rel = fake.release, closes = fake.close;
+    dlock_client_close(c);
+    is_int(fake.release - rel, 2, "close releases every held lock");
+    is_int(fake.close - closes, 1, "close closes the connection");
+}
+
+static void test_optional_methods(void)
+{
+    static dlock_backend minimal;
+    static const char *const schemes[] = {"minimal", NULL};
+    dlock_client *c = NULL;
+    dlock_lock *l = NULL;
+    minimal = fake_backend;
+    minimal.schemes = schemes;
+    minimal.renew = NULL;
+    minimal.ping = NULL;
+    is_int(dlock_backend_register(&minimal), 0, "backend without optional methods");
+    is_int(dlock_client_open("minimal://h/", &c), 0, "open minimal");
+    is_int(dlock_acquire(c, "x", NULL, &l), 0, "acquire on minimal");
+    is_int(dlock_renew(l, 100), DLOCK_ENOTSUP, "renew NULL → ENOTSUP");
+    is_int(dlock_client_ping(c), DLOCK_ENOTSUP, "ping NULL → ENOTSUP");
+    dlock_release(l);
+    dlock_client_close(c);
+}
+
+static void test_redaction_in_backend_errors(void)
+{
+    dlock_client *c = NULL;
+    dlock_lock *l;
+    is_int(dlock_client_open("fake://bob:correct-horse@h/", &c), 0, "open with a password");
+    fake.fail_acquire = DLOCK_ESTORE;
+    fake.echo_in_error = "server said: bad auth correct-horse and correct-horse";
+    dlock_acquire(c, "x", NULL, &l);
+    ok(strstr(dlock_errmsg(c), "correct-horse") == NULL, "every copy masked: %s", dlock_errmsg(c));
+    ok(strstr(dlock_errmsg(c), "bad auth ***") != NULL, "masked with ***");
+    fake.fail_acquire = 0;
+    fake.echo_in_error = NULL;
+    dlock_client_close(c);
+}
+
+int main(void)
+{
+    dlock_client *c = NULL;
+    test_registry();
+    test_open_errors();
+    is_int(dlock_client_open("fake://h/?alpha=1&beta=2&alpha=3", &c), 0, "open fake");
+    test_acquire_checks(c);
+    test_acquire_flow(c);
+    int rel = fake.release;
+    dlock_client_close(c);
+    is_int(fake.release - rel, 1, "close released the lock left held");
+    test_close_releases();
+    test_optional_methods();
+    test_redaction_in_backend_errors();
+    is_int(fake.opened, fake.close, "every opened connection was closed");
+    return done_testing();
+}

@@ -1,0 +1,164 @@
+/* URI parser: valid forms, malformed ones, limits, IPv6, percent-encoding,
+ * and that no message ever carries the password. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/uri.h"
+#include "tests/tap.h"
+
+static dlock_uri *parse_ok(const char *s)
+{
+    dlock_uri *u = NULL;
+    char err[256];
+    int rc = dlock_uri_parse(s, &u, err, sizeof err);
+    ok(rc == 0 && u, "parses: %s", s);
+    if (rc)
+        diag("error: %s", err);
+    return u;
+}
+
+/* Malformed: must fail with EBADURI, name the problem (want), and never
+ * contain secret. */
+static void parse_bad(const char *s, const char *want, const char *secret)
+{
+    dlock_uri *u = (dlock_uri *)1;
+    char err[256] = "";
+    int rc = dlock_uri_parse(s, &u, err, sizeof err);
+    ok(rc == DLOCK_EBADURI && u == NULL, "rejects '%.60s'", s);
+    ok(strstr(err, want) != NULL, "message for '%.40s' mentions '%s' (got: %s)", s, want, err);
+    if (secret)
+        ok(strstr(err, secret) == NULL, "message for '%.40s' hides the password", s);
+}
+
+static void test_basic(void)
+{
+    dlock_uri *u = parse_ok("REDIS://alice:pw@host1:6379,host2,[::1]:7000/3?prefix=app&timeout=5&prefix=b");
+    if (!u)
+        return;
+    is_str(dlock_uri_scheme(u), "redis", "scheme is lower-cased");
+    is_str(dlock_uri_user(u), "alice", "user");
+    is_str(dlock_uri_password(u), "pw", "password");
+    is_int(dlock_uri_host_count(u), 3, "three hosts");
+    is_str(dlock_uri_host(u, 0), "host1", "host 1");
+    is_int(dlock_uri_port(u, 0), 6379, "port 1");
+    is_str(dlock_uri_host(u, 1), "host2", "host 2");
+    is_int(dlock_uri_port(u, 1), 0, "no port gives 0");
+    is_str(dlock_uri_host(u, 2), "::1", "IPv6 host without brackets");
+    is_int(dlock_uri_port(u, 2), 7000, "IPv6 port");
+    ok(dlock_uri_host(u, 3) == NULL, "host out of range is NULL");
+    is_str(dlock_uri_path(u), "/3", "path");
+    is_int(dlock_uri_param_count(u), 3, "repeated keys are all kept");
+    is_str(dlock_uri_param_key(u, 0), "prefix", "first key");
+    is_str(dlock_uri_param_value(u, 0), "app", "first value");
+    is_str(dlock_uri_param(u, "prefix"), "b", "lookup returns the last value");
+    ok(dlock_uri_param(u, "nope") == NULL, "absent key is NULL");
+    is_str(dlock_uri_redacted(u),
+           "REDIS://alice:***@host1:6379,host2,[::1]:7000/3?prefix=app&timeout=5&prefix=b",
+           "redacted form masks the password");
+    dlock_uri_free(u);
+}
+
+static void test_file_and_decoding(void)
+{
+    dlock_uri *u = parse_ok("file:///var/lib/my%20locks");
+    if (u) {
+        is_int(dlock_uri_host_count(u), 0, "file:/// has no host");
+        is_str(dlock_uri_path(u), "/var/lib/my locks", "path is percent-decoded");
+        ok(dlock_uri_user(u) == NULL && dlock_uri_password(u) == NULL, "no userinfo");
+        dlock_uri_free(u);
+    }
+    u = parse_ok("redis://us%40er:p%3Aw%2F@h/?k%26=v%3D1&flag");
+    if (u) {
+        is_str(dlock_uri_user(u), "us@er", "user is decoded");
+        is_str(dlock_uri_password(u), "p:w/", "password is decoded");
+        is_str(dlock_uri_param_key(u, 0), "k&", "key is decoded");
+        is_str(dlock_uri_param_value(u, 0), "v=1", "value is decoded");
+        is_str(dlock_uri_param(u, "flag"), "", "key without '=' has an empty value");
+        dlock_uri_free(u);
+    }
+    u = parse_ok("redis://user:p@ss@host");
+    if (u) {
+        is_str(dlock_uri_password(u), "p@ss", "the last '@' ends the userinfo");
+        is_str(dlock_uri_host(u, 0), "host", "host after the last '@'");
+        is_str(dlock_uri_redacted(u), "redis://user:***@host", "redacted with '@' in password");
+        dlock_uri_free(u);
+    }
+    u = parse_ok("postgresql://[2001:db8::7]/db");
+    if (u) {
+        is_str(dlock_uri_host(u, 0), "2001:db8::7", "IPv6 without port");
+        dlock_uri_free(u);
+    }
+    u = parse_ok("redis://:onlypass@h:1");
+    if (u) {
+        is_str(dlock_uri_user(u), "", "empty user with a password");
+        is_str(dlock_uri_password(u), "onlypass", "password alone");
+        dlock_uri_free(u);
+    }
+}
+
+static void test_malformed(void)
+{
+    parse_bad("", "empty", NULL);
+    parse_bad("foo", "scheme", NULL);
+    parse_bad("://host", "scheme", NULL);
+    parse_bad("1redis://h", "scheme", NULL);
+    parse_bad("redis:/h", "//", NULL);
+    parse_bad("redis://h:0", "out of range", NULL);
+    parse_bad("redis://h:65536", "out of range", NULL);
+    parse_bad("redis://h:12a", "not a number", NULL);
+    parse_bad("redis://h:", "empty port", NULL);
+    parse_bad("redis://a,,b", "empty host 2", NULL);
+    parse_bad("redis://a,", "empty host 2", NULL);
+    parse_bad("redis://[::1", "closing", NULL);
+    parse_bad("redis://[zz::1]:5", "IPv6", NULL);
+    parse_bad("redis://[::1]x", "after the address", NULL);
+    parse_bad("redis://h/p#frag", "fragment", NULL);
+    parse_bad("redis://h/a b", "space", NULL);
+    parse_bad("redis://h/a\tb", "control", NULL);
+    parse_bad("redis://h/%zz", "path", NULL);
+    parse_bad("redis://h/%4", "path", NULL);
+    parse_bad("redis://h/a%00b", "NUL", NULL);
+    parse_bad("redis://h/?=v", "empty option name", NULL);
+    parse_bad("redis://h/?a=%G1", "option values", NULL);
+    parse_bad("redis://h_a$b/", "not allowed", NULL);
+    parse_bad("redis://@h", "empty user", NULL);
+    parse_bad("redis://bob:hunter2secret%zz@h", "password", "hunter2secret");
+    parse_bad("redis://bob:topsecretpw@h:99999", "out of range", "topsecretpw");
+    parse_bad("redis://bob:topsecretpw@[::1/", "closing", "topsecretpw");
+}
+
+static void test_limits(void)
+{
+    size_t n = DLOCK_URI_MAX + 100;
+    char *s = malloc(n + 1);
+    dlock_uri *u = NULL;
+    char err[256];
+    memcpy(s, "file:///", 8);
+    memset(s + 8, 'a', n - 8);
+    s[n] = '\0';
+    parse_bad(s, "longer than", NULL);
+
+    s[DLOCK_URI_MAX] = '\0'; /* exactly at the limit: accepted */
+    is_int(dlock_uri_parse(s, &u, err, sizeof err), 0, "a URI of exactly DLOCK_URI_MAX bytes parses");
+    dlock_uri_free(u);
+
+    /* 65 hosts: over the host-list limit. */
+    strcpy(s, "redis://");
+    for (int i = 0; i < 65; i++)
+        strcat(s, i ? ",h" : "h");
+    parse_bad(s, "more than", NULL);
+    free(s);
+
+    is_int(dlock_uri_parse(NULL, &u, err, sizeof err), DLOCK_EBADURI, "NULL URI is EBADURI");
+    dlock_uri_free(NULL);
+    ok(1, "dlock_uri_free(NULL) is harmless");
+}
+
+int main(void)
+{
+    test_basic();
+    test_file_and_decoding();
+    test_malformed();
+    test_limits();
+    return done_testing();
+}
