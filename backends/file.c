@@ -382,8 +382,16 @@ static int check_held(dlock_conn *conn, struct file_held *h)
 static int file_release(dlock_conn *conn, dlock_held *held)
 {
     struct file_held *h = (struct file_held *)held;
+    struct flock fl;
     int rc = check_held(conn, h);
-    close(h->fd); /* closing the open file description drops the lock */
+    /* Unlock explicitly: a child forked while we held the lock shares the
+     * open file description, and close() alone would leave it locked. */
+    whole_file(&fl);
+    fl.l_type = F_UNLCK;
+    if (fcntl(h->fd, F_OFD_SETLK, &fl) < 0 && rc == 0)
+        rc = dlock_seterr(conn->client, DLOCK_EIO, "cannot unlock the lock file: %s",
+                          strerror(errno));
+    close(h->fd);
     free(h);
     return rc;
 }

@@ -1,0 +1,12 @@
+#!/bin/sh
+# Installs what dlock needs to build and test on Debian 12, from Debian's
+# packages only. Idempotent; needs root (or sudo).
+set -eu
+SUDO=
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+    build-essential meson ninja-build pkg-config python3 \
+    >/dev/null
+echo "install-deps: build dependencies present"

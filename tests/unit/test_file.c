@@ -1,0 +1,160 @@
+/* What only the file backend has: its URI rules, its directory, the token
+ * kept in the lock file, and OFD-lock details (fork, removed files). */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backends/file.h"
+#include "dlock.h"
+#include "tests/tap.h"
+
+static char dir[64], uri[128];
+
+static dlock_client *open_ok(const char *u)
+{
+    dlock_client *c = NULL;
+    int rc = dlock_client_open(u, &c);
+    ok(rc == 0, "open %s", u);
+    if (rc)
+        diag("%s", dlock_errmsg(c));
+    return c;
+}
+
+static void bad_uri(const char *u, int want, const char *text)
+{
+    dlock_client *c = NULL;
+    is_int(dlock_client_open(u, &c), want, "rejects %s", u);
+    ok(strstr(dlock_errmsg(c), text) != NULL, "message says '%s': %s", text, dlock_errmsg(c));
+    dlock_client_close(c);
+}
+
+static void test_uris(void)
+{
+    char u[256];
+    bad_uri("file://", DLOCK_EBADURI, "absolute");
+    bad_uri("file:///", DLOCK_EBADURI, "absolute");
+    bad_uri("file://otherhost/tmp/x", DLOCK_EBADURI, "local directory");
+    bad_uri("file://localhost:5/tmp/x", DLOCK_EBADURI, "local directory");
+    bad_uri("file://user:pa55word@/tmp/x", DLOCK_EBADURI, "no user");
+    bad_uri("file:///tmp/x?fsync=maybe", DLOCK_EBADURI, "fsync");
+    bad_uri("file:///tmp/x?ttl=5", DLOCK_EBADURI, "'ttl'");
+    bad_uri("file:///proc/self/status/x", DLOCK_EIO, "cannot create");
+    snprintf(u, sizeof u, "file://%s/plainfile", dir);
+    close(open(u + 7, O_CREAT | O_WRONLY, 0600));
+    bad_uri(u, DLOCK_EBADURI, "plainfile");
+    dlock_client *c = NULL;
+    dlock_client_open("file://u:hunter2hunter2@/tmp/x", &c);
+    ok(strstr(dlock_errmsg(c), "hunter2hunter2") == NULL, "no password in the message");
+    dlock_client_close(c);
+
+    snprintf(u, sizeof u, "file://localhost%s/a/b/c?fsync=1", dir);
+    c = open_ok(u);
+    struct stat st;
+    snprintf(u, sizeof u, "%s/a/b/c", dir);
+    ok(stat(u, &st) == 0 && S_ISDIR(st.st_mode), "nested directory created");
+    is_int(st.st_mode & 0777, 0700, "created with mode 0700");
+    dlock_lock *l = NULL;
+    is_int(dlock_acquire(c, "synced", NULL, &l), 0, "acquire with fsync=1");
+    dlock_release(l);
+    dlock_client_close(c);
+}
+
+static void test_token_file(void)
+{
+    char path[512], fname[DLOCK_FILE_ENCODED_MAX + 80], buf[128];
+    dlock_client *c = open_ok(uri);
+    dlock_lock *l = NULL;
+    uint64_t t1, t2;
+    dlock_acquire(c, "tok/en", NULL, &l);
+    t1 = dlock_lock_token(l);
+    dlock_release(l);
+    dlock_client_close(c);
+    c = open_ok(uri); /* a "restart": a new client, the same files */
+    dlock_acquire(c, "tok/en", NULL, &l);
+    t2 = dlock_lock_token(l);
+    ok(t2 == t1 + 1, "token continues across clients (%llu then %llu)",
+       (unsigned long long)t1, (unsigned long long)t2);
+    dlock_release(l);
+
+    dlock_file_encode_name("tok/en", 6, fname, sizeof fname);
+    snprintf(path, sizeof path, "%s/%s", dir, fname);
+    FILE *f = fopen(path, "r");
+    ok(f && fgets(buf, sizeof buf, f) && strtoull(buf, NULL, 10) == t2,
+       "lock file starts with the token in decimal");
+    if (f)
+        fclose(f);
+
+    f = fopen(path, "w"); /* corrupt it */
+    fputs("garbage\n", f);
+    fclose(f);
+    is_int(dlock_acquire(c, "tok/en", NULL, &l), DLOCK_EPROTO, "malformed token → DLOCK_EPROTO");
+    dlock_lock *l2 = NULL;
+    dlock_client *c2 = open_ok(uri);
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    o.wait = DLOCK_WAIT_TRY;
+    is_int(dlock_acquire(c2, "tok/en", &o, &l2), DLOCK_EPROTO,
+           "the failed acquire did not keep the lock (error again, not busy)");
+    dlock_client_close(c2);
+
+    f = fopen(path, "w");
+    fputs("18446744073709551615\n", f); /* UINT64_MAX */
+    fclose(f);
+    is_int(dlock_acquire(c, "tok/en", NULL, &l), DLOCK_EPROTO, "exhausted token refused");
+    dlock_client_close(c);
+}
+
+static void test_fork_and_removal(void)
+{
+    char fname[DLOCK_FILE_ENCODED_MAX + 80], path[512];
+    dlock_client *a = open_ok(uri), *b = open_ok(uri);
+    dlock_lock *l = NULL, *lb = NULL;
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    o.wait = DLOCK_WAIT_TRY;
+    int p[2];
+
+    is_int(dlock_acquire(a, "forked", NULL, &l), 0, "acquire");
+    if (pipe(p) < 0)
+        abort();
+    pid_t pid = fork();
+    if (pid == 0) { /* keeps the inherited descriptor open until told */
+        char ch;
+        close(p[1]);
+        _exit(read(p[0], &ch, 1) < 0);
+    }
+    close(p[0]);
+    is_int(dlock_release(l), 0, "release while a forked child still has the file open");
+    is_int(dlock_acquire(b, "forked", &o, &lb), 0, "the lock is free despite the child's copy");
+    dlock_release(lb);
+    close(p[1]);
+    waitpid(pid, NULL, 0);
+
+    is_int(dlock_acquire(a, "removed", NULL, &l), 0, "acquire 'removed'");
+    dlock_file_encode_name("removed", 7, fname, sizeof fname);
+    snprintf(path, sizeof path, "%s/%s", dir, fname);
+    unlink(path);
+    is_int(dlock_renew(l, 1000), DLOCK_ELOST, "renew sees the lock file removed");
+    is_int(dlock_release(l), DLOCK_ELOST, "release reports the lock lost");
+    is_int(dlock_acquire(b, "removed", &o, &lb), 0, "a new file is created and locked");
+    dlock_release(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/dlock-test-file-%d", (int)getpid());
+    snprintf(uri, sizeof uri, "file://%s", dir);
+    mkdir(dir, 0700);
+    test_uris();
+    test_token_file();
+    test_fork_and_removal();
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        diag("could not remove %s", dir);
+    return done_testing();
+}
