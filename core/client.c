@@ -176,7 +176,9 @@ const char *dlock_client_backend(const dlock_client *c)
 
 unsigned int dlock_client_caps(const dlock_client *c)
 {
-    return c && c->backend ? c->backend->caps : 0;
+    if (!c || !c->backend)
+        return 0;
+    return c->conn && c->conn->caps ? c->conn->caps : c->backend->caps;
 }
 
 /* A client whose open failed carries its error and nothing else. */

@@ -56,6 +56,9 @@ static void register_builtins(void)
 {
     pthread_rwlock_wrlock(&registry_lock);
     register_locked(&dlock_file_backend);
+#if HAVE_REDIS
+    register_locked(&dlock_redis_backend);
+#endif
     pthread_rwlock_unlock(&registry_lock);
 }
 

@@ -92,10 +92,14 @@ DLOCK_API int dlock_vseterr(dlock_client *client, int code, const char *fmt,
 typedef struct dlock_backend dlock_backend;
 
 /* A backend's connection: embed as the first member of the backend's own
- * struct. The core fills both fields after open() returns. */
+ * struct. The core fills backend and client after open() returns. */
 typedef struct dlock_conn {
     const dlock_backend *backend;
     dlock_client *client; /* for dlock_seterr() */
+    /* Capabilities of this connection when they differ from the backend's
+     * (e.g. Redlock over several hosts is not FIFO); 0 means backend->caps.
+     * Set by open(). */
+    unsigned int caps;
 } dlock_conn;
 
 /* A backend's held lock: embed as the first member of the backend's own

@@ -1,0 +1,111 @@
+/*
+ * The one Lua script behind every Redis lock operation, loaded once per
+ * connection (SCRIPT LOAD) and called by SHA (EVALSHA, EVAL on NOSCRIPT).
+ *
+ * Keys:   KEYS[1] lock   (string "<owner>:<token>", PX lease)
+ *         KEYS[2] fence  (integer counter, never expires)
+ *         KEYS[3] queue  (list of waiting entries "<owner>|<ttl>|<channel>")
+ * ARGV[1] is the operation:
+ *   acquire owner ttl channel mode  → {1, token} granted, or {0, pttl}
+ *                                     (mode "wait" queues the caller once)
+ *   release owner                   → 1 released, 0 not ours (lost)
+ *   renew   owner ttl               → 1 renewed,  0 not ours (lost)
+ *   cancel  owner entry             → 1 it had been handed to us (now
+ *                                     released again), 0 otherwise
+ *   grab    owner ttl               → {1, token} or {0, pttl}: SET NX PX
+ *                                     and INCR only, no queue (Redlock)
+ *   fence   owner floor             → raises the counter to floor while
+ *                                     the lock is ours (Redlock), 1/0
+ *   drop    owner channel           → like release, then PUBLISH channel
+ *                                     (Redlock's wake-up for all waiters)
+ *
+ * A release hands the lock straight to the first waiter that is still
+ * subscribed to its channel (PUBSUB NUMSUB: a killed waiter's connection is
+ * gone, so it is skipped) and publishes one message to that waiter alone:
+ * first-come first-served, one message per handoff however many wait.
+ * A lock found free with waiters queued (its holder died and the lease ran
+ * out) is handed the same way before the caller may take it.
+ */
+#ifndef DLOCK_BACKENDS_REDIS_SCRIPT_H
+#define DLOCK_BACKENDS_REDIS_SCRIPT_H
+
+static const char dlock_redis_lua[] =
+    "local lock, fence, queue = KEYS[1], KEYS[2], KEYS[3]\n"
+    "local op, owner = ARGV[1], ARGV[2]\n"
+    "local function grant(o, ttl)\n"
+    "  local token = redis.call('INCR', fence)\n"
+    "  redis.call('SET', lock, o .. ':' .. token, 'PX', ttl)\n"
+    "  return token\n"
+    "end\n"
+    "local function ours()\n"
+    "  local v = redis.call('GET', lock)\n"
+    "  if v and string.sub(v, 1, 32) == owner then\n"
+    "    return tonumber(string.sub(v, 34))\n"
+    "  end\n"
+    "  return nil\n"
+    "end\n"
+    /* Hands a free lock to the first live waiter; returns its owner or nil. */
+    "local function handoff()\n"
+    "  while true do\n"
+    "    local e = redis.call('LPOP', queue)\n"
+    "    if not e then return nil end\n"
+    "    local o, ttl, ch = string.match(e, '^(%x+)|(%d+)|(.+)$')\n"
+    "    if o and redis.call('PUBSUB', 'NUMSUB', ch)[2] > 0 then\n"
+    "      local token = grant(o, ttl)\n"
+    "      redis.call('PUBLISH', ch, o .. ':' .. token)\n"
+    "      return o\n"
+    "    end\n"
+    "  end\n"
+    "end\n"
+    "local function unlock()\n"
+    "  redis.call('DEL', lock)\n"
+    "  handoff()\n"
+    "end\n"
+    "if op == 'acquire' then\n"
+    "  local ttl, ch, mode = ARGV[3], ARGV[4], ARGV[5]\n"
+    "  local mine = ours()\n"
+    "  if mine then return {1, mine} end\n"
+    "  if redis.call('EXISTS', lock) == 0 then\n"
+    "    local o = handoff()\n"
+    "    if o == nil then return {1, grant(owner, ttl)} end\n"
+    "    if o == owner then return {1, ours()} end\n"
+    "  end\n"
+    "  if mode == 'wait' then\n"
+    "    local e = owner .. '|' .. ttl .. '|' .. ch\n"
+    "    if not redis.call('LPOS', queue, e) then redis.call('RPUSH', queue, e) end\n"
+    "  end\n"
+    "  return {0, redis.call('PTTL', lock)}\n"
+    "elseif op == 'release' then\n"
+    "  if not ours() then return 0 end\n"
+    "  unlock()\n"
+    "  return 1\n"
+    "elseif op == 'renew' then\n"
+    "  if not ours() then return 0 end\n"
+    "  redis.call('PEXPIRE', lock, ARGV[3])\n"
+    "  return 1\n"
+    "elseif op == 'cancel' then\n"
+    "  redis.call('LREM', queue, 0, ARGV[3])\n"
+    "  if not ours() then return 0 end\n"
+    "  unlock()\n"
+    "  return 1\n"
+    "elseif op == 'grab' then\n"
+    "  local mine = ours()\n"
+    "  if mine then return {1, mine} end\n"
+    "  if redis.call('EXISTS', lock) == 0 then return {1, grant(owner, ARGV[3])} end\n"
+    "  return {0, redis.call('PTTL', lock)}\n"
+    "elseif op == 'fence' then\n"
+    "  if not ours() then return 0 end\n"
+    "  local floor = tonumber(ARGV[3])\n"
+    "  if tonumber(redis.call('GET', fence) or '0') < floor then\n"
+    "    redis.call('SET', fence, ARGV[3])\n"
+    "  end\n"
+    "  return 1\n"
+    "elseif op == 'drop' then\n"
+    "  if not ours() then return 0 end\n"
+    "  redis.call('DEL', lock)\n"
+    "  redis.call('PUBLISH', ARGV[3], 'released')\n"
+    "  return 1\n"
+    "end\n"
+    "return redis.error_reply('dlock: unknown operation ' .. tostring(op))\n";
+
+#endif
