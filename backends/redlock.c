@@ -200,6 +200,7 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
     uint64_t max_token = 0, start = dlock_monotonic_ns();
     int64_t shortest = -1;
 
+    dlock_clearerr(cl(rc));
     snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
     const char *args[3] = {"grab", h->owner, ttl};
     const size_t lens[3] = {4, 32, strlen(ttl)};
@@ -234,6 +235,13 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
     }
     if (granted > 0)
         drop_all(rc, h);
+    if (granted >= quorum(rc)) {
+        dlock_seterr(cl(rc), DLOCK_EBUSY,
+                     "a quorum granted the lock but its validity ran out (lease %" PRIu32
+                     " ms too short for the nodes' latency)",
+                     h->ttl_ms);
+        return 0;
+    }
     if (answered < quorum(rc))
         return dlock_seterr(cl(rc), DLOCK_ECONNECT,
                             "only %zu of %zu Redlock nodes answered (quorum %zu)", answered,
@@ -345,7 +353,9 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
         if (err != 0)
             break;
         if (req->wait == DLOCK_WAIT_TRY) {
-            err = dlock_seterr(cl(rc), DLOCK_EBUSY, "the lock is held by another owner");
+            if (cl(rc)->err != DLOCK_EBUSY)
+                dlock_seterr(cl(rc), DLOCK_EBUSY, "the lock is held by another owner");
+            err = DLOCK_EBUSY;
             break;
         }
         uint64_t now = dlock_monotonic_ns();

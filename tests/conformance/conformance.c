@@ -6,9 +6,14 @@
  * a missing behaviour is never a silent pass. Holders and waiters are
  * separate processes (fork), as in real use.
  *
- * Optional environment, for stores with credentials and ports:
- *   DLOCK_TEST_BADAUTH_URI  same store, wrong password  → DLOCK_EAUTH
- *   DLOCK_TEST_CLOSED_URI   same scheme, a closed port  → DLOCK_ECONNECT
+ * Usage: conformance [--auth-env VAR] (URI | --env VAR)
+ *   --env VAR       read the URI from the environment variable VAR (a
+ *                   missing variable fails the run: no silent skip)
+ *   --auth-env VAR  VAR holds a URI of the same store type with a correct
+ *                   password: the suite checks it works and that a wrong
+ *                   one is refused with DLOCK_EAUTH
+ * For networked stores the suite also points the URI at a closed loopback
+ * port and expects DLOCK_ECONNECT.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,10 +27,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "core/uri.h"
 #include "dlock_backend.h"
 #include "tests/tap.h"
 
 static const char *uri;
+static const char *auth_uri;
 static unsigned int caps;
 static char prefix[64]; /* per-run name prefix: runs never collide */
 
@@ -133,6 +143,53 @@ static int holder_finish(struct holder *h)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/* A loopback port with nothing listening (bound, then closed). */
+static int closed_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    bind(s, (struct sockaddr *)&a, sizeof a);
+    getsockname(s, (struct sockaddr *)&a, &alen);
+    close(s);
+    return ntohs(a.sin_port);
+}
+
+/*
+ * Rewrites a networked URI: with port, every host becomes 127.0.0.1:port;
+ * with password, the password is replaced. Keeps user, path and query.
+ * Returns -1 for URIs without hosts (file://).
+ */
+static int derive_uri(const char *src, int port, const char *password, char *out, size_t len)
+{
+    dlock_uri *u = NULL;
+    char err[256], hosts[512] = "";
+    size_t o = 0;
+    if (dlock_uri_parse(src, &u, err, sizeof err) != 0 || dlock_uri_host_count(u) == 0) {
+        dlock_uri_free(u);
+        return -1;
+    }
+    for (size_t i = 0; i < dlock_uri_host_count(u); i++) {
+        const char *h = dlock_uri_host(u, i);
+        unsigned p = dlock_uri_port(u, i);
+        int v6 = strchr(h, ':') != NULL;
+        if (port)
+            o += (size_t)snprintf(hosts + o, sizeof hosts - o, "%s127.0.0.1:%d", i ? "," : "", port);
+        else
+            o += (size_t)snprintf(hosts + o, sizeof hosts - o, "%s%s%s%s", i ? "," : "",
+                                  v6 ? "[" : "", h, v6 ? "]" : "");
+        if (p && !port)
+            o += (size_t)snprintf(hosts + o, sizeof hosts - o, ":%u", p);
+    }
+    const char *q = strchr(src, '?');
+    const char *user = dlock_uri_user(u), *pw = password ? password : dlock_uri_password(u);
+    snprintf(out, len, "%s://%s%s%s%s%s%s%s", dlock_uri_scheme(u), user ? user : "",
+             pw ? ":" : "", pw ? pw : "", user || pw ? "@" : "", hosts, dlock_uri_path(u),
+             q ? q : "");
+    dlock_uri_free(u);
+    return 0;
+}
+
 static void test_open_and_options(void)
 {
     dlock_client *c = NULL;
@@ -142,31 +199,34 @@ static void test_open_and_options(void)
     ok(strstr(dlock_errmsg(c), "dlock_no_such_option") != NULL, "message names the option");
     dlock_client_close(c);
 
-    const char *badauth = getenv("DLOCK_TEST_BADAUTH_URI");
-    if (badauth) {
+    if (auth_uri) {
         c = NULL;
-        is_int(dlock_client_open(badauth, &c), DLOCK_EAUTH, "wrong password → DLOCK_EAUTH");
-        const char *pw = strrchr(badauth, '@') ? strchr(strstr(badauth, "://") + 3, ':') : NULL;
-        char secret[128] = "";
-        if (pw && strchr(pw, '@'))
-            snprintf(secret, sizeof secret, "%.*s", (int)(strchr(pw, '@') - pw - 1), pw + 1);
-        ok(!secret[0] || !strstr(dlock_errmsg(c), secret), "auth error hides the password: %s",
-           dlock_errmsg(c));
+        is_int(dlock_client_open(auth_uri, &c), 0, "the right password opens");
         dlock_client_close(c);
+        if (derive_uri(auth_uri, 0, "wrong-password-x9", bad, sizeof bad) != 0) {
+            ok(0, "cannot derive a wrong-password URI from %s", auth_uri);
+        } else {
+            c = NULL;
+            is_int(dlock_client_open(bad, &c), DLOCK_EAUTH, "wrong password → DLOCK_EAUTH");
+            ok(!strstr(dlock_errmsg(c), "wrong-password-x9"), "auth error hides the password: %s",
+               dlock_errmsg(c));
+            dlock_client_close(c);
+        }
     } else {
-        skip("this store takes no credentials (no DLOCK_TEST_BADAUTH_URI)",
-             "wrong password → DLOCK_EAUTH");
+        skip("this store takes no credentials (no --auth-env)", "the right password opens");
+        skip("this store takes no credentials (no --auth-env)", "wrong password → DLOCK_EAUTH");
     }
-    const char *closed = getenv("DLOCK_TEST_CLOSED_URI");
-    if (closed) {
+    char closed[1024];
+    if (derive_uri(uri, closed_port(), NULL, closed, sizeof closed) == 0) {
         uint64_t t0 = dlock_monotonic_ns();
         c = NULL;
         is_int(dlock_client_open(closed, &c), DLOCK_ECONNECT, "closed port → DLOCK_ECONNECT");
         ok(dlock_monotonic_ns() - t0 < 10000 * MS, "connect failure reported within 10 s");
+        ok(strstr(dlock_errmsg(c), "127.0.0.1") != NULL, "the message names the host: %s",
+           dlock_errmsg(c));
         dlock_client_close(c);
     } else {
-        skip("this store has no network endpoint (no DLOCK_TEST_CLOSED_URI)",
-             "closed port → DLOCK_ECONNECT");
+        skip("this store has no network endpoint", "closed port → DLOCK_ECONNECT");
     }
 }
 
@@ -520,14 +580,33 @@ static void test_leases(void)
     dlock_client_close(b);
 }
 
+static const char *env_or_bail(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) {
+        printf("Bail out! %s is not set (start the stores with scripts/stores/start.sh)\n", name);
+        exit(1);
+    }
+    return v;
+}
+
 int main(int argc, char **argv)
 {
     dlock_client *c;
-    if (argc != 2) {
-        fprintf(stderr, "usage: conformance URI\n");
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--env") == 0 && i + 1 < argc)
+            uri = env_or_bail(argv[++i]);
+        else if (strcmp(argv[i], "--auth-env") == 0 && i + 1 < argc)
+            auth_uri = env_or_bail(argv[++i]);
+        else if (argv[i][0] != '-' && !uri)
+            uri = argv[i];
+        else
+            uri = NULL, i = argc;
+    }
+    if (!uri) {
+        fprintf(stderr, "usage: conformance [--auth-env VAR] (URI | --env VAR)\n");
         return 64;
     }
-    uri = argv[1];
     setvbuf(stdout, NULL, _IOLBF, 0);
     unsigned int seed = (unsigned int)(dlock_monotonic_ns() ^ (uint64_t)getpid());
     snprintf(prefix, sizeof prefix, "conf-%d-%08x/", (int)getpid(), seed);
