@@ -19,10 +19,13 @@ static const char usage_text[] =
     "\n"
     "options:\n"
     "  --iterations N    uncontended and ping samples (default 2000)\n"
-    "  --handoffs N      ping-pong handoffs (default 500)\n"
+    "  --handoffs N      ping-pong handoffs (default 500); each waiter run\n"
+    "                    takes min(N, 300)\n"
     "  --contenders N    throughput threads, one client each (default 8)\n"
     "  --seconds S       duration of each throughput run (default 1)\n"
     "  --waiters LIST    waiter counts for queued handoffs (default 2,20,200)\n"
+    "  --wait MODE       how contended acquires wait: deadline (default; each\n"
+    "                    gives up after 10 s) or forever\n"
     "  --json            print one JSON object instead of the table\n"
     "  -h, --help        show this help\n"
     "\n"
@@ -132,6 +135,16 @@ static int parse_option(int argc, char **argv, int *i, bench_opts *o)
                                "");
         return 0;
     }
+    if (option_is(arg, "--wait")) {
+        val = opt_value(arg, strlen("--wait"), argc, argv, i);
+        if (val && strcmp(val, "deadline") == 0)
+            o->wait = DLOCK_WAIT_DEADLINE;
+        else if (val && strcmp(val, "forever") == 0)
+            o->wait = DLOCK_WAIT_FOREVER;
+        else
+            return usage_error("--wait wants deadline or forever", "");
+        return 0;
+    }
     if (option_is(arg, "--waiters")) {
         val = opt_value(arg, strlen("--waiters"), argc, argv, i);
         if (!val || parse_waiters(val, o))
@@ -151,7 +164,8 @@ static int parse_args(int argc, char **argv, bench_opts *o, char ***urisp,
     int only_uris = 0;
 
     *o = (bench_opts){ .iterations = 2000, .handoffs = 500, .contenders = 8,
-                       .seconds = 1, .waiters = { 2, 20, 200 }, .n_waiters = 3 };
+                       .seconds = 1, .waiters = { 2, 20, 200 }, .n_waiters = 3,
+                       .wait = DLOCK_WAIT_DEADLINE };
     *urisp = uris;
     *n_uris = 0;
     if (!uris) {
@@ -219,36 +233,54 @@ static int open_all(char **uris, size_t n, dlock_client **clients,
     return 0;
 }
 
+/* Per phase: clear the stop flag and give the watchdog a budget. A phase
+ * stops itself within BENCH_PHASE_CAP_NS plus a few BENCH_WAIT_NS waits. */
+static void phase(bench_watchdog *wd, const bench_result *r, const char *what,
+                  double extra_s, bench_ctx *ctx)
+{
+    atomic_store(&ctx->stop, 0);
+    bench_watchdog_arm(wd, r->uri_shown, what,
+                       BENCH_PHASE_CAP_NS + 4 * BENCH_WAIT_NS +
+                           (uint64_t)(extra_s * 1e9));
+}
+
 /* Every measurement on one store, stopping at the first error. */
 static int run_uri(const char *uri, dlock_client *c, const char *prefix,
-                   const bench_opts *o, bench_result *r, bench_ctx *ctx)
+                   const bench_opts *o, bench_result *r, bench_ctx *ctx,
+                   bench_watchdog *wd)
 {
     char name[96];
     int rc;
 
+    phase(wd, r, "ping", 0, ctx);
     if ((rc = bench_run_ping(c, o, r, ctx)) != 0)
         return rc;
+    phase(wd, r, "uncontended acquire+release", 0, ctx);
     snprintf(name, sizeof name, "%s-solo", prefix);
     if ((rc = bench_run_uncontended(c, name, o, r, ctx)) != 0)
         return rc;
+    phase(wd, r, "ping-pong handoff", 0, ctx);
     snprintf(name, sizeof name, "%s-pingpong", prefix);
     if ((rc = bench_run_pingpong(uri, name, o, r, ctx)) != 0)
         return rc;
+    phase(wd, r, "throughput on one name", o->seconds, ctx);
+    snprintf(name, sizeof name, "%s-crowd", prefix);
+    if ((rc = bench_run_throughput(uri, name, 0, o, r, ctx)) != 0)
+        return rc;
+    phase(wd, r, "throughput on own names", o->seconds, ctx);
+    snprintf(name, sizeof name, "%s-own", prefix);
+    if ((rc = bench_run_throughput(uri, name, 1, o, r, ctx)) != 0)
+        return rc;
     for (size_t i = 0; i < o->n_waiters; i++) {
-        atomic_store(&ctx->stop, 0);
+        phase(wd, r, "handoff with waiters", 0, ctx);
         snprintf(name, sizeof name, "%s-queue%zu", prefix, o->waiters[i]);
-        rc = bench_run_waiters(uri, name, o->waiters[i], &r->waiters[i], r, ctx);
+        rc = bench_run_waiters(uri, name, o->waiters[i], o, &r->waiters[i], r,
+                               ctx);
         if (rc != 0)
             return rc;
         r->n_waiters = i + 1;
     }
-    atomic_store(&ctx->stop, 0);
-    snprintf(name, sizeof name, "%s-crowd", prefix);
-    if ((rc = bench_run_throughput(uri, name, 0, o, r, ctx)) != 0)
-        return rc;
-    atomic_store(&ctx->stop, 0);
-    snprintf(name, sizeof name, "%s-own", prefix);
-    return bench_run_throughput(uri, name, 1, o, r, ctx);
+    return 0;
 }
 
 static int run_all(char **uris, size_t n, dlock_client **clients,
@@ -256,7 +288,13 @@ static int run_all(char **uris, size_t n, dlock_client **clients,
 {
     char prefix[32], uprefix[64];
     uint64_t violations = 0;
+    bench_watchdog wd;
+    int status = BENCH_EXIT_OK;
 
+    if (bench_watchdog_start(&wd) != 0) {
+        fprintf(stderr, "dlock bench: cannot start the watchdog thread\n");
+        return BENCH_EXIT_ERROR;
+    }
     make_prefix(prefix, sizeof prefix);
     if (!o->json)
         bench_print_header(o);
@@ -266,20 +304,29 @@ static int run_all(char **uris, size_t n, dlock_client **clients,
 
         snprintf(uprefix, sizeof uprefix, "%s-%zu", prefix, i);
         bench_ctx_init(&ctx);
-        rc = run_uri(uris[i], clients[i], uprefix, o, &rs[i], &ctx);
+        rc = run_uri(uris[i], clients[i], uprefix, o, &rs[i], &ctx, &wd);
+        bench_watchdog_arm(&wd, "", "", 0);
         violations += rs[i].violations;
         if (rc != 0)
             fprintf(stderr, "dlock bench: %s: %s\n", rs[i].uri_shown, ctx.msg);
         bench_ctx_destroy(&ctx);
-        if (rc != 0)
-            return violations ? BENCH_EXIT_VIOLATION : BENCH_EXIT_ERROR;
+        if (rc != 0) {
+            status = BENCH_EXIT_ERROR;
+            break;
+        }
         if (!o->json)
             bench_print_table(o, &rs[i]);
         fflush(stdout);
     }
-    if (o->json)
+    bench_watchdog_stop(&wd);
+    if (status == BENCH_EXIT_OK && o->json)
         bench_print_json(o, rs, n);
-    return violations ? BENCH_EXIT_VIOLATION : BENCH_EXIT_OK;
+    if (violations) {
+        fprintf(stderr, "dlock bench: mutual exclusion was violated %llu "
+                "times\n", (unsigned long long)violations);
+        status = BENCH_EXIT_VIOLATION;
+    }
+    return status;
 }
 
 int dlock_bench_main(int argc, char **argv)

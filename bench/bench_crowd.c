@@ -14,6 +14,7 @@ typedef struct tput_thread {
     atomic_size_t *go;
     dlock_client *client;
     bench_crit *crit;
+    dlock_wait wait;
     char name[128];
     uint64_t count, timeouts, end_ns;
 } tput_thread;
@@ -26,7 +27,7 @@ static void *tput_main(void *arg)
         return NULL;
     while (!bench_stopped(t->ctx) && t->count < BENCH_TPUT_MAX_PER_THREAD) {
         dlock_lock *lock;
-        int rc = bench_acquire(t->client, t->name, &lock);
+        int rc = bench_acquire(t->client, t->name, t->wait, &lock);
 
         if (rc == DLOCK_ETIMEDOUT) {
             t->timeouts++;
@@ -110,7 +111,8 @@ int bench_run_throughput(const char *uri, const char *prefix, int own_names,
     for (size_t i = 0; i < n; i++) {
         bench_crit_init(&crits[i]);
         th[i] = (tput_thread){ .ctx = ctx, .go = &go, .client = clients[i],
-                               .crit = &crits[own_names ? i : 0] };
+                               .crit = &crits[own_names ? i : 0],
+                               .wait = o->wait };
         if (own_names)
             snprintf(th[i].name, sizeof th[i].name, "%s-%zu", prefix, i);
         else
@@ -140,6 +142,7 @@ out:
 typedef struct waitq {
     bench_ctx *ctx;
     const char *name;
+    dlock_wait wait;
     size_t waiters;
     size_t max_grants;
     uint64_t cap_ns;
@@ -187,7 +190,7 @@ static int waitq_turn(waitq_thread *t)
     int rc;
 
     atomic_fetch_add(&q->queued, 1);
-    rc = bench_acquire(t->client, q->name, &lock);
+    rc = bench_acquire(t->client, q->name, q->wait, &lock);
     t1 = bench_now();
     if (rc == DLOCK_ETIMEDOUT) {
         /* A store that lets some waiter starve: count it, up to the cap. */
@@ -239,10 +242,13 @@ static void waitq_collect(waitq *q, bench_waiter_result *wr, bench_result *r)
 }
 
 int bench_run_waiters(const char *uri, const char *name, size_t waiters,
-                      bench_waiter_result *wr, bench_result *r, bench_ctx *ctx)
+                      const bench_opts *o, bench_waiter_result *wr,
+                      bench_result *r, bench_ctx *ctx)
 {
-    waitq q = { .ctx = ctx, .name = name, .waiters = waiters,
-                .max_grants = 10 * BENCH_WAITER_HANDOFFS + waiters };
+    size_t handoffs = o->handoffs < BENCH_WAITER_HANDOFFS ? o->handoffs
+                                                          : BENCH_WAITER_HANDOFFS;
+    waitq q = { .ctx = ctx, .name = name, .wait = o->wait, .waiters = waiters,
+                .max_grants = 10 * handoffs + waiters };
     waitq_thread *th = calloc(waiters, sizeof *th);
     dlock_client **clients = calloc(waiters, sizeof *clients);
     pthread_t *tids = calloc(waiters, sizeof *tids);
@@ -257,7 +263,7 @@ int bench_run_waiters(const char *uri, const char *name, size_t waiters,
     atomic_init(&q.self, 0);
     atomic_init(&q.timeouts, 0);
     bench_crit_init(&q.crit);
-    rc = bench_samples_init(&q.samples, BENCH_WAITER_HANDOFFS);
+    rc = bench_samples_init(&q.samples, handoffs);
     if (rc != 0 || !th || !clients || !tids) {
         bench_ctx_fail(ctx, DLOCK_ENOMEM, NULL, "waiters setup");
         rc = DLOCK_ENOMEM;

@@ -9,13 +9,6 @@
 
 #include "dlock.h"
 
-/*
- * The store's own round trip. Declared weak so that `dlock bench` still runs
- * against a libdlock that does not export it: the ping row then says so
- * instead of the link failing. DLOCK_ENOTSUP when the backend has no ping.
- */
-int dlock_client_ping(dlock_client *client) __attribute__((weak));
-
 #define BENCH_EXIT_OK 0
 #define BENCH_EXIT_VIOLATION 1
 #define BENCH_EXIT_USAGE 64
@@ -26,7 +19,7 @@ int dlock_client_ping(dlock_client *client) __attribute__((weak));
 /* Every loop stops by itself: by count, and by these time bounds. */
 #define BENCH_PHASE_CAP_NS (20ull * 1000000000ull)  /* one measurement */
 #define BENCH_WAIT_NS (10ull * 1000000000ull)       /* one acquire, one peer */
-#define BENCH_WAITER_HANDOFFS 300                   /* samples per waiter set */
+#define BENCH_WAITER_HANDOFFS 300  /* most samples per waiter set */
 
 typedef struct bench_opts {
     size_t iterations;
@@ -35,8 +28,20 @@ typedef struct bench_opts {
     double seconds;
     size_t waiters[BENCH_MAX_WAITER_SETS];
     size_t n_waiters;
+    dlock_wait wait;  /* DLOCK_WAIT_DEADLINE (bounded) or DLOCK_WAIT_FOREVER */
     int json;
 } bench_opts;
+
+/* Ends the process with status 70 when a phase overruns its time budget:
+ * the last resort against a wait that never returns. */
+typedef struct bench_watchdog {
+    pthread_t tid;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int quit;
+    uint64_t deadline_ns;  /* 0: disarmed */
+    const char *uri, *what;
+} bench_watchdog;
 
 /* Durations in ns, filled by one thread or by many through an atomic slot. */
 typedef struct bench_samples {
@@ -66,12 +71,6 @@ typedef struct bench_ctx {
     char msg[DLOCK_ERRMSG_MAX + 128];
 } bench_ctx;
 
-typedef enum bench_ping_state {
-    BENCH_PING_OK,
-    BENCH_PING_NOTSUP,  /* the backend has no ping */
-    BENCH_PING_NOHOOK,  /* the library does not export dlock_client_ping */
-} bench_ping_state;
-
 typedef struct bench_waiter_result {
     size_t waiters;
     bench_stats handoff;
@@ -89,7 +88,7 @@ typedef struct bench_result {
     char *uri_shown;   /* password masked */
     char backend[32];
     unsigned int caps;
-    bench_ping_state ping_state;
+    int ping_supported;  /* 0: the backend has no ping */
     bench_stats ping;
     bench_stats uncontended;
     bench_stats handoff;
@@ -123,7 +122,12 @@ void bench_close_clients(dlock_client **clients, size_t n);
 size_t bench_spawn(pthread_t *tids, size_t n, void *(*fn)(void *),
                    void *args, size_t arg_size, bench_ctx *ctx);
 void bench_join(pthread_t *tids, size_t n);
-int bench_acquire(dlock_client *c, const char *name, dlock_lock **lockp);
+int bench_acquire(dlock_client *c, const char *name, dlock_wait wait,
+                  dlock_lock **lockp);
+int bench_watchdog_start(bench_watchdog *wd);
+void bench_watchdog_arm(bench_watchdog *wd, const char *uri, const char *what,
+                        uint64_t budget_ns);
+void bench_watchdog_stop(bench_watchdog *wd);
 
 /* bench_solo.c: one client, then two in strict ping-pong. */
 int bench_run_ping(dlock_client *c, const bench_opts *o, bench_result *r,
@@ -137,7 +141,8 @@ int bench_run_pingpong(const char *uri, const char *name, const bench_opts *o,
 int bench_run_throughput(const char *uri, const char *prefix, int own_names,
                          const bench_opts *o, bench_result *r, bench_ctx *ctx);
 int bench_run_waiters(const char *uri, const char *name, size_t waiters,
-                      bench_waiter_result *wr, bench_result *r, bench_ctx *ctx);
+                      const bench_opts *o, bench_waiter_result *wr,
+                      bench_result *r, bench_ctx *ctx);
 
 /* bench_report.c */
 char *bench_uri_mask(const char *uri);

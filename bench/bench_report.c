@@ -73,6 +73,8 @@ static void print_caps(FILE *f, unsigned int caps, const char *sep,
 {
     const char *s = "";
 
+    if (!caps && !*quote)
+        fprintf(f, "none");
     for (size_t i = 0; i < N_CAPS; i++) {
         if (caps & cap_names[i].bit) {
             fprintf(f, "%s%s%s%s", s, quote, cap_names[i].name, quote);
@@ -87,6 +89,11 @@ static void print_waiter_list(FILE *f, const bench_opts *o)
         fprintf(f, "%s%zu", i ? "," : "", o->waiters[i]);
 }
 
+static const char *wait_name(const bench_opts *o)
+{
+    return o->wait == DLOCK_WAIT_FOREVER ? "forever" : "deadline";
+}
+
 void bench_print_header(const bench_opts *o)
 {
     char machine[256];
@@ -95,8 +102,8 @@ void bench_print_header(const bench_opts *o)
     printf("dlock bench: libdlock %s, %s, %ld CPUs\n", dlock_version(),
            machine, cpu_count());
     printf("options: --iterations %zu --handoffs %zu --contenders %zu "
-           "--seconds %g --waiters ",
-           o->iterations, o->handoffs, o->contenders, o->seconds);
+           "--seconds %g --wait %s --waiters ",
+           o->iterations, o->handoffs, o->contenders, o->seconds, wait_name(o));
     print_waiter_list(stdout, o);
     printf("\n");
 }
@@ -105,12 +112,6 @@ static void row(const char *label, const bench_stats *s, const char *note)
 {
     printf("  %-32s %7zu %9.1f %9.1f %9.1f %9.1f%s\n", label, s->n, s->p50,
            s->p99, s->mean, s->max, note);
-}
-
-static const char *ping_na(bench_ping_state st)
-{
-    return st == BENCH_PING_NOHOOK ? "n/a (library lacks dlock_client_ping)"
-                                   : "n/a (backend has no ping)";
 }
 
 static void tput_row(size_t contenders, const char *what, const bench_tput *t)
@@ -130,10 +131,11 @@ void bench_print_table(const bench_opts *o, const bench_result *r)
     print_caps(stdout, r->caps, ",", "");
     printf(")\n  %-32s %7s %9s %9s %9s %9s\n", "latency, us", "n", "p50",
            "p99", "mean", "max");
-    if (r->ping_state == BENCH_PING_OK)
+    if (r->ping_supported)
         row("store round trip (ping)", &r->ping, "");
     else
-        printf("  %-32s %s\n", "store round trip (ping)", ping_na(r->ping_state));
+        printf("  %-32s %7s  (the backend has no ping)\n",
+               "store round trip (ping)", "n/a");
     row("acquire+release, uncontended", &r->uncontended, "");
     row("handoff, ping-pong", &r->handoff, "");
     for (size_t i = 0; i < r->n_waiters; i++) {
@@ -194,7 +196,7 @@ static void json_result(FILE *f, const bench_opts *o, const bench_result *r)
     fprintf(f, ",\"caps\":[");
     print_caps(f, r->caps, ",", "\"");
     fprintf(f, "],");
-    if (r->ping_state == BENCH_PING_OK)
+    if (r->ping_supported)
         json_stats(f, "ping_us", &r->ping);
     else
         fprintf(f, "\"ping_us\":null");
@@ -229,8 +231,8 @@ void bench_print_json(const bench_opts *o, const bench_result *rs, size_t n)
     printf(",\"nproc\":%ld,\"dlock_version\":", cpu_count());
     json_string(stdout, dlock_version());
     printf("},\"options\":{\"iterations\":%zu,\"handoffs\":%zu,"
-           "\"contenders\":%zu,\"seconds\":%g,\"waiters\":[",
-           o->iterations, o->handoffs, o->contenders, o->seconds);
+           "\"contenders\":%zu,\"seconds\":%g,\"wait\":\"%s\",\"waiters\":[",
+           o->iterations, o->handoffs, o->contenders, o->seconds, wait_name(o));
     print_waiter_list(stdout, o);
     printf("]},\"results\":[");
     for (size_t i = 0; i < n; i++) {

@@ -30,16 +30,10 @@ int bench_run_ping(dlock_client *c, const bench_opts *o, bench_result *r,
     uint64_t cap;
     int rc;
 
-    if (!dlock_client_ping) {
-        r->ping_state = BENCH_PING_NOHOOK;
-        return 0;
-    }
     rc = dlock_client_ping(c);
-    if (rc == DLOCK_ENOTSUP) {
-        r->ping_state = BENCH_PING_NOTSUP;
+    if (rc == DLOCK_ENOTSUP)
         return 0;
-    }
-    r->ping_state = BENCH_PING_OK;
+    r->ping_supported = 1;
     if (rc != 0) {
         bench_ctx_fail(ctx, rc, c, "ping");
         return rc;
@@ -116,6 +110,7 @@ int bench_run_uncontended(dlock_client *c, const char *name,
 typedef struct pingpong {
     bench_ctx *ctx;
     const char *name;
+    dlock_wait wait;
     size_t rounds;
     uint64_t cap_ns;
     atomic_size_t holding;   /* k + 1: the holder of round k holds the lock */
@@ -164,7 +159,7 @@ static int pingpong_take(pingpong_thread *t, size_t k, dlock_lock **lockp)
                          "ping-pong: the holder thread did not take the lock"))
         return 1;
     atomic_store(&pp->announced, k + 1);
-    rc = bench_acquire(t->client, pp->name, lockp);
+    rc = bench_acquire(t->client, pp->name, pp->wait, lockp);
     t1 = bench_now();
     if (rc != 0) {
         bench_ctx_fail(pp->ctx, rc, t->client, "ping-pong acquire");
@@ -186,7 +181,7 @@ static void *pingpong_main(void *arg)
     dlock_lock *lock = NULL;
 
     if (t->id == 0) {
-        int rc = bench_acquire(t->client, pp->name, &lock);
+        int rc = bench_acquire(t->client, pp->name, pp->wait, &lock);
 
         if (rc != 0) {
             bench_ctx_fail(pp->ctx, rc, t->client, "ping-pong first acquire");
@@ -216,7 +211,8 @@ static void *pingpong_main(void *arg)
 int bench_run_pingpong(const char *uri, const char *name, const bench_opts *o,
                        bench_result *r, bench_ctx *ctx)
 {
-    pingpong pp = { .ctx = ctx, .name = name, .rounds = o->handoffs };
+    pingpong pp = { .ctx = ctx, .name = name, .wait = o->wait,
+                    .rounds = o->handoffs };
     pingpong_thread th[2];
     dlock_client *clients[2] = { NULL, NULL };
     pthread_t tids[2];

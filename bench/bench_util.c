@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench_int.h"
 
@@ -43,6 +44,10 @@ void bench_samples_free(bench_samples *s)
  * n may count past cap; readers clamp it. */
 int bench_samples_add(bench_samples *s, uint64_t ns)
 {
+    /* ns wraps when two holders overlapped (t1 before t0): the violation is
+     * counted elsewhere, keep the statistics readable. */
+    if (ns > UINT64_MAX / 2)
+        ns = 0;
     size_t i = atomic_fetch_add(&s->n, 1);
 
     if (i >= s->cap)
@@ -233,12 +238,81 @@ void bench_join(pthread_t *tids, size_t n)
         pthread_join(tids[i], NULL);
 }
 
-/* An acquire that cannot hang: it gives up after BENCH_WAIT_NS. */
-int bench_acquire(dlock_client *c, const char *name, dlock_lock **lockp)
+/* A blocking acquire; with DLOCK_WAIT_DEADLINE it gives up after
+ * BENCH_WAIT_NS, with DLOCK_WAIT_FOREVER only the watchdog bounds it. */
+int bench_acquire(dlock_client *c, const char *name, dlock_wait wait,
+                  dlock_lock **lockp)
 {
     dlock_acquire_opts opts = DLOCK_ACQUIRE_OPTS_INIT;
 
-    opts.wait = DLOCK_WAIT_DEADLINE;
+    opts.wait = wait;
     opts.deadline_ns = bench_now() + BENCH_WAIT_NS;
     return dlock_acquire(c, name, &opts, lockp);
+}
+
+static void *watchdog_main(void *arg)
+{
+    bench_watchdog *wd = arg;
+
+    pthread_mutex_lock(&wd->mu);
+    while (!wd->quit) {
+        uint64_t now = bench_now();
+        struct timespec ts;
+        uint64_t until = wd->deadline_ns ? wd->deadline_ns : now + BENCH_WAIT_NS;
+
+        if (wd->deadline_ns && now >= wd->deadline_ns) {
+            fprintf(stderr, "dlock bench: %s: %s overran its time budget; "
+                    "giving up\n", wd->uri, wd->what);
+            fflush(NULL);
+            _exit(BENCH_EXIT_ERROR);
+        }
+        ts.tv_sec = (time_t)(until / 1000000000u);
+        ts.tv_nsec = (long)(until % 1000000000u);
+        pthread_cond_timedwait(&wd->cv, &wd->mu, &ts);
+    }
+    pthread_mutex_unlock(&wd->mu);
+    return NULL;
+}
+
+int bench_watchdog_start(bench_watchdog *wd)
+{
+    pthread_condattr_t ca;
+    int e;
+
+    wd->quit = 0;
+    wd->deadline_ns = 0;
+    wd->uri = wd->what = "";
+    pthread_mutex_init(&wd->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&wd->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if ((e = pthread_create(&wd->tid, NULL, watchdog_main, wd)) != 0) {
+        pthread_cond_destroy(&wd->cv);
+        pthread_mutex_destroy(&wd->mu);
+    }
+    return e;
+}
+
+/* Arms for budget_ns from now; 0 disarms. uri and what must outlive it. */
+void bench_watchdog_arm(bench_watchdog *wd, const char *uri, const char *what,
+                        uint64_t budget_ns)
+{
+    pthread_mutex_lock(&wd->mu);
+    wd->uri = uri;
+    wd->what = what;
+    wd->deadline_ns = budget_ns ? bench_now() + budget_ns : 0;
+    pthread_cond_signal(&wd->cv);
+    pthread_mutex_unlock(&wd->mu);
+}
+
+void bench_watchdog_stop(bench_watchdog *wd)
+{
+    pthread_mutex_lock(&wd->mu);
+    wd->quit = 1;
+    pthread_cond_signal(&wd->cv);
+    pthread_mutex_unlock(&wd->mu);
+    pthread_join(wd->tid, NULL);
+    pthread_cond_destroy(&wd->cv);
+    pthread_mutex_destroy(&wd->mu);
 }

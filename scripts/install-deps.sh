@@ -7,6 +7,6 @@ SUDO=
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-    build-essential meson ninja-build pkg-config python3 \
+    build-essential meson ninja-build pkg-config python3 libhiredis-dev \
     >/dev/null
 echo "install-deps: build dependencies present"

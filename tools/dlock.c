@@ -105,7 +105,7 @@ static void print_usage(FILE *f)
 /* Help and version go to stdout: a full disk or closed pipe is an error. */
 static int finish_stdout(void)
 {
-    return fclose(stdout) == 0 ? EX_OK : EX_IOERR;
+    return fclose(stdout) == 0 ? EX_OK : EX_SOFTWARE;
 }
 
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -292,15 +292,18 @@ static const char *default_uri(char *buf, size_t len)
     const char *xdg = getenv("XDG_RUNTIME_DIR");
     char dir[DLOCK_URI_MAX];
     struct stat st;
+    int n;
 
     if (env && *env)
         return env;
     /* A relative or stale XDG_RUNTIME_DIR must not scatter locks around. */
     if (xdg && xdg[0] == '/' && stat(xdg, &st) == 0 && S_ISDIR(st.st_mode))
-        snprintf(dir, sizeof dir, "%s/dlock", xdg);
+        n = snprintf(dir, sizeof dir, "%s/dlock", xdg);
     else
-        snprintf(dir, sizeof dir, "/tmp/dlock-%lu", (unsigned long)getuid());
-    return file_uri(buf, len, dir) == 0 ? buf : NULL;
+        n = snprintf(dir, sizeof dir, "/tmp/dlock-%lu", (unsigned long)getuid());
+    if (n < 0 || (size_t)n >= sizeof dir || file_uri(buf, len, dir) != 0)
+        return NULL;
+    return buf;
 }
 
 static int exit_status_for(int err)
@@ -428,7 +431,7 @@ static int export_lock(const dlock_lock *lock, const char *name)
     snprintf(token, sizeof token, "%" PRIu64, dlock_lock_token(lock));
     if (setenv("DLOCK_TOKEN", token, 1) != 0 || setenv("DLOCK_NAME", name, 1) != 0) {
         say("cannot set the environment: %s", strerror(errno));
-        return EX_OSERR;
+        return EX_SOFTWARE;
     }
     return PROCEED;
 }
@@ -537,7 +540,7 @@ static int run_command(struct job *job)
         return status;
     if (pipe2(errpipe, O_CLOEXEC) != 0) {
         say("cannot create a pipe: %s", strerror(errno));
-        return EX_OSERR;
+        return EX_SOFTWARE;
     }
     install_handlers(&waitmask);
     fflush(NULL);
@@ -548,7 +551,7 @@ static int run_command(struct job *job)
     if (pid < 0) {
         say("cannot fork: %s", strerror(errno));
         close(errpipe[0]);
-        return EX_OSERR;
+        return EX_SOFTWARE;
     }
     child_pid = pid;
     report_exec_error(errpipe[0]);
@@ -556,7 +559,7 @@ static int run_command(struct job *job)
     status = wait_child(pid, job, &waitmask);
     child_pid = 0;
     if (status < 0)
-        return EX_OSERR;
+        return EX_SOFTWARE;
     if (WIFSIGNALED(status))
         return 128 + WTERMSIG(status);
     return WEXITSTATUS(status);
@@ -590,6 +593,7 @@ static int cmd_run(int argc, char **argv)
     status = parse_run_args(argc, argv, &ra);
     if (status != PROCEED)
         return status;
+    /* Before the library runs: it may start threads or change dispositions. */
     save_signal_state();
     uri = ra.uri ? ra.uri : default_uri(uribuf, sizeof uribuf);
     if (!uri)

@@ -1,0 +1,303 @@
+# shellcheck shell=bash
+# Common code for scripts/stores/*.sh: sourced, not run.
+#
+# Layout under $DIR (default ${DLOCK_STORES_DIR:-/tmp/dlock-stores}), one
+# subdirectory per server instance:
+#   redis/ redis-auth/ redlock-1..5/ postgres/ mariadb/ zookeeper/ zk-1..3/
+# each holding: pid (pidfile), port, comm (expected process name), log
+# (server log) and the server's data.
+
+: "${DLOCK_REDIS_PORT:=6390}"
+: "${DLOCK_REDIS_AUTH_PORT:=6396}"
+: "${DLOCK_REDLOCK_PORTS:=6391 6392 6393 6394 6395}"
+: "${DLOCK_POSTGRES_PORT:=5440}"
+: "${DLOCK_MARIADB_PORT:=3310}"
+: "${DLOCK_ZK_PORT:=2181}"
+: "${DLOCK_ZK_ENSEMBLE_PORTS:=2191 2192 2193}"
+: "${DLOCK_ZK_QUORUM_BASE:=2890}"    # ensemble node N: quorum port BASE+N
+: "${DLOCK_ZK_ELECTION_BASE:=3890}"  # ensemble node N: election port BASE+N
+: "${DLOCK_STORES_TIMEOUT:=60}"      # seconds to wait for each server
+: "${DLOCK_PG_BIN:=/usr/lib/postgresql/15/bin}"
+: "${DLOCK_ZK_HEAP:=256m}"
+
+# Credentials (fixed: tests and docs rely on them).
+STORE_PASSWORD=dlock-secret-pw
+STORE_USER=dlock          # postgres superuser / mariadb user / database name
+STORE_PG_PW_USER=dlock_pw # postgres role that must authenticate with a password
+
+ALL_STORES="redis redlock postgres mariadb zookeeper zk-ensemble"
+
+DIR=${DLOCK_STORES_DIR:-/tmp/dlock-stores}
+
+log() { printf '%s\n' "stores: $*" >&2; }
+die() { printf '%s\n' "stores: error: $*" >&2; exit 1; }
+
+# Parses "--dir DIR", "--dir=DIR" and "--clean" (when allowed) out of the
+# arguments; the remaining ones are left in the array ARGS.
+CLEAN=
+parse_args() { # allow_clean args...
+    local allow_clean=$1; shift
+    ARGS=()
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --dir) [ $# -ge 2 ] || die "--dir needs an argument"; DIR=$2; shift ;;
+            --dir=*) DIR=${1#--dir=} ;;
+            --clean) [ -n "$allow_clean" ] || die "unknown option --clean"; CLEAN=1 ;;
+            -h|--help) usage; exit 0 ;;
+            -*) die "unknown option $1" ;;
+            *) ARGS+=("$1") ;;
+        esac
+        shift
+    done
+    case $DIR in /*) ;; *) DIR=$PWD/$DIR ;; esac
+}
+
+# Expands store names (with "all" and aliases) to the canonical list.
+expand_names() {
+    local n out=()
+    [ $# -gt 0 ] || set -- all
+    for n in "$@"; do
+        case $n in
+            all) out+=($ALL_STORES) ;;
+            redis|redlock|postgres|mariadb|zookeeper|zk-ensemble) out+=("$n") ;;
+            postgresql|pg) out+=(postgres) ;;
+            mysql) out+=(mariadb) ;;
+            zk) out+=(zookeeper) ;;
+            *) die "unknown store '$n' (want: all $ALL_STORES)" ;;
+        esac
+    done
+    # de-duplicate, keep order
+    local seen=" " r=()
+    for n in "${out[@]}"; do
+        case $seen in *" $n "*) ;; *) seen="$seen$n "; r+=("$n") ;; esac
+    done
+    printf '%s\n' "${r[@]}"
+}
+
+# Instance directories for a store name.
+instances_of() {
+    local i
+    case $1 in
+        redis) echo redis; echo redis-auth ;;
+        redlock) i=1; for _ in $DLOCK_REDLOCK_PORTS; do echo "redlock-$i"; i=$((i + 1)); done ;;
+        postgres) echo postgres ;;
+        mariadb) echo mariadb ;;
+        zookeeper) echo zookeeper ;;
+        zk-ensemble) i=1; for _ in $DLOCK_ZK_ENSEMBLE_PORTS; do echo "zk-$i"; i=$((i + 1)); done ;;
+    esac
+}
+
+nth() { # N words... -> the Nth word (1-based)
+    local n=$1; shift
+    [ "$n" -ge 1 ] && [ "$n" -le $# ] || return 1
+    eval "echo \${$n}"
+}
+
+# ---- process bookkeeping -------------------------------------------------
+
+# True if process $1 exists and is not a zombie (an orphaned server that
+# exits stays a zombie until init reaps it; in containers init may not).
+alive() {
+    local st
+    kill -0 "$1" 2>/dev/null || return 1
+    st=$(sed 's/^.*) \(.\).*/\1/' "/proc/$1/stat" 2>/dev/null) || return 1
+    [ "$st" != Z ] && [ "$st" != X ]
+}
+
+# Prints the pid of instance $1 if its pidfile names a live process with the
+# expected command name; returns 1 otherwise.
+inst_pid() {
+    local d=$DIR/$1 pid comm
+    [ -r "$d/pid" ] || return 1
+    pid=$(head -n1 "$d/pid" 2>/dev/null) || return 1
+    case $pid in ''|*[!0-9]*) return 1 ;; esac
+    alive "$pid" || return 1
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
+    [ "$comm" = "$(cat "$d/comm" 2>/dev/null)" ] || return 1
+    echo "$pid"
+}
+
+inst_port() { cat "$DIR/$1/port" 2>/dev/null; }
+
+# True if something accepts TCP connections on 127.0.0.1:$1.
+port_open() {
+    timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null
+}
+
+# Refuses to start on a port that another (foreign) process listens on.
+check_port_free() { # inst port
+    if port_open "$2"; then
+        die "$1: port $2 on 127.0.0.1 is already in use by a process not started from $DIR (override the port with the DLOCK_*_PORT variables)"
+    fi
+}
+
+# Starts "$@" in the background, detached (own session, stdin from
+# /dev/null, output appended to the instance's log) and records its pid.
+launch() { # inst comm cmd...
+    local inst=$1 comm=$2; shift 2
+    local d=$DIR/$inst
+    echo "$comm" >"$d/comm"
+    # 9>&- : do not leak start.sh's lock fd into the server.
+    setsid "$@" </dev/null >>"$d/log" 2>&1 9>&- &
+    echo $! >"$d/pid"
+}
+
+# Waits until "$@" succeeds, at most $DLOCK_STORES_TIMEOUT seconds; on
+# timeout or if the process died, prints the log's tail and fails.
+wait_ready() { # inst cmd...
+    local inst=$1; shift
+    local d=$DIR/$inst deadline=$((SECONDS + DLOCK_STORES_TIMEOUT))
+    while :; do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        if ! inst_pid "$inst" >/dev/null; then
+            log "$inst: server process exited; last lines of $d/log:"
+            tail -n 30 "$d/log" >&2 2>/dev/null || true
+            die "$inst did not start"
+        fi
+        if [ $SECONDS -ge $deadline ]; then
+            log "$inst: not ready after ${DLOCK_STORES_TIMEOUT}s; last lines of $d/log:"
+            tail -n 30 "$d/log" >&2 2>/dev/null || true
+            die "$inst did not become ready"
+        fi
+        sleep 0.2
+    done
+}
+
+# Stops one instance: SIGTERM (SIGINT for postgres: fast shutdown), waits up
+# to 30 s, then SIGKILL. No-op if not running.
+stop_inst() { # inst
+    local inst=$1 pid sig=TERM i
+    pid=$(inst_pid "$inst") || { rm -f "$DIR/$inst/pid"; return 0; }
+    [ "$(cat "$DIR/$inst/comm")" = postgres ] && sig=INT
+    log "stopping $inst (pid $pid)"
+    kill -s "$sig" "$pid" 2>/dev/null || true
+    for i in $(seq 1 150); do
+        alive "$pid" || break
+        sleep 0.2
+    done
+    if alive "$pid"; then
+        log "$inst: still alive after 30s, sending SIGKILL"
+        kill -s KILL "$pid" 2>/dev/null || true
+        for i in $(seq 1 50); do alive "$pid" || break; sleep 0.1; done
+    fi
+    rm -f "$DIR/$inst/pid"
+}
+
+# Sets the array AS_USER to the command prefix that runs a command as the
+# unprivileged user $1 when we are root (postgres and mariadbd refuse to run
+# as root); empty when we are not root. setpriv exec's, so the pid of a
+# backgrounded "${AS_USER[@]}" server is the server's pid.
+as_user() { # user
+    if [ "$(id -u)" -eq 0 ]; then
+        AS_USER=(env HOME=/tmp "USER=$1" "LOGNAME=$1"
+                 setpriv "--reuid=$1" "--regid=$(id -g "$1")" --init-groups --)
+    else
+        AS_USER=()
+    fi
+}
+
+# Makes $1 (a directory) owned by $2 when we are root.
+own_dir() { # dir user
+    if [ "$(id -u)" -eq 0 ]; then chown -R "$2:$(id -g "$2")" "$1"; fi
+}
+
+# When root, make sure user $1 can reach $DIR (every parent must be
+# searchable), otherwise postgres/mariadb fail with obscure errors.
+check_reachable() { # user
+    [ "$(id -u)" -eq 0 ] || return 0
+    setpriv "--reuid=$1" "--regid=$(id -g "$1")" --init-groups -- test -x "$DIR" -a -w "$DIR/$2" ||
+        die "user $1 cannot access $DIR/$2: use a --dir whose parents are world-searchable (e.g. under /tmp)"
+}
+
+# ---- readiness probes ----------------------------------------------------
+
+redis_ping() { # port [password]
+    local out
+    if [ -n "${2:-}" ]; then
+        out=$(REDISCLI_AUTH=$2 timeout 5 redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null) || return 1
+    else
+        out=$(timeout 5 redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null) || return 1
+    fi
+    [ "$out" = PONG ]
+}
+
+# Sends a ZooKeeper four-letter word to 127.0.0.1:$1 and prints the answer.
+zk4lw() { # port word
+    timeout 5 bash -c '
+        exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+        printf %s "$2" >&3
+        cat <&3' _ "$1" "$2" 2>/dev/null
+}
+
+zk_ruok() { [ "$(zk4lw "$1" ruok)" = imok ]; }
+
+# Prints leader/follower/standalone, or fails if not serving.
+zk_mode() {
+    local m
+    m=$(zk4lw "$1" srvr | sed -n 's/^Mode: //p')
+    [ -n "$m" ] || return 1
+    echo "$m"
+}
+
+zk_serving() { zk_mode "$1" >/dev/null; }
+
+pg_select1() { # port
+    PGCONNECT_TIMEOUT=5 "$DLOCK_PG_BIN/psql" -X -w -q -At -h 127.0.0.1 -p "$1" -U "$STORE_USER" -d postgres \
+        -c 'SELECT 1' 2>/dev/null | grep -qx 1
+}
+
+maria_select1() { # port
+    timeout 10 mariadb --no-defaults --protocol=TCP -h 127.0.0.1 -P "$1" -u "$STORE_USER" \
+        "-p$STORE_PASSWORD" --connect-timeout=5 -N -B -e 'SELECT 1' "$STORE_USER" 2>/dev/null | grep -qx 1
+}
+
+# ---- URIs ----------------------------------------------------------------
+
+# Prints the eval-able assignments for the given (running) stores.
+print_env() { # names...
+    local n i p list
+    for n in "$@"; do
+        case $n in
+            redis)
+                if p=$(inst_port redis) && inst_pid redis >/dev/null; then
+                    echo "DLOCK_REDIS_URI=redis://127.0.0.1:$p/0"
+                fi
+                if p=$(inst_port redis-auth) && inst_pid redis-auth >/dev/null; then
+                    echo "DLOCK_REDIS_AUTH_URI=redis://:$STORE_PASSWORD@127.0.0.1:$p/0"
+                fi ;;
+            redlock|zk-ensemble)
+                list=
+                for i in $(instances_of "$n"); do
+                    p=$(inst_port "$i") && inst_pid "$i" >/dev/null || { list=; break; }
+                    list=${list:+$list,}127.0.0.1:$p
+                done
+                [ -z "$list" ] || case $n in
+                    redlock) echo "DLOCK_REDLOCK_URI=redis://$list/0" ;;
+                    zk-ensemble) echo "DLOCK_ZK_ENSEMBLE_URI=zookeeper://$list/dlock" ;;
+                esac ;;
+            postgres)
+                if p=$(inst_port postgres) && inst_pid postgres >/dev/null; then
+                    echo "DLOCK_POSTGRES_URI=postgresql://$STORE_USER@127.0.0.1:$p/$STORE_USER"
+                    echo "DLOCK_POSTGRES_AUTH_URI=postgresql://$STORE_PG_PW_USER:$STORE_PASSWORD@127.0.0.1:$p/$STORE_USER"
+                fi ;;
+            mariadb)
+                if p=$(inst_port mariadb) && inst_pid mariadb >/dev/null; then
+                    echo "DLOCK_MYSQL_URI=mysql://$STORE_USER:$STORE_PASSWORD@127.0.0.1:$p/$STORE_USER"
+                fi ;;
+            zookeeper)
+                if p=$(inst_port zookeeper) && inst_pid zookeeper >/dev/null; then
+                    echo "DLOCK_ZK_URI=zookeeper://127.0.0.1:$p/dlock"
+                fi ;;
+        esac
+    done
+    echo "DLOCK_STORES_DIR=$DIR"
+}
+
+# print_env, followed by one "export NAME..." line so that
+# eval "$(scripts/stores/start.sh)" makes the variables visible to children.
+emit_env() { # names...
+    local out
+    out=$(print_env "$@")
+    printf '%s\n' "$out"
+    printf 'export %s\n' "$(printf '%s\n' "$out" | sed 's/=.*//' | tr '\n' ' ' | sed 's/ $//')"
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Stops stores started by start.sh: SIGTERM (postgres: SIGINT, fast
+# shutdown), waits up to 30 s, then SIGKILL. Only processes recorded in
+# DIR's pidfiles are signalled. Idempotent.
+#
+#   scripts/stores/stop.sh [--dir DIR] [--clean] [redis|redlock|postgres|mariadb|zookeeper|zk-ensemble|all ...]
+#
+# --clean also removes DIR (only when stopping all stores).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+usage() { sed -n '2,/^set -eu/{/^set -eu/d;s/^# \{0,1\}//;p}' "$0" >&2; }
+
+parse_args 1 "$@"
+names=$(expand_names "${ARGS[@]+"${ARGS[@]}"}")
+if [ ! -d "$DIR" ]; then
+    log "nothing to stop: $DIR does not exist"
+    exit 0
+fi
+exec 9>"$DIR/.lock"
+flock -w 600 9 || die "could not lock $DIR/.lock"
+# Stop the instances of each store in parallel (a shutdown can take seconds).
+pids=()
+for n in $names; do
+    for inst in $(instances_of "$n"); do
+        [ -d "$DIR/$inst" ] || continue
+        stop_inst "$inst" 9>&- &
+        pids+=($!)
+    done
+done
+rc=0
+for p in "${pids[@]+"${pids[@]}"}"; do wait "$p" || rc=1; done
+[ "$rc" -eq 0 ] || die "some stores could not be stopped"
+if [ -n "$CLEAN" ]; then
+    if [ "$(echo $names)" != "$(echo $ALL_STORES)" ]; then
+        die "--clean removes all of $DIR: use it with 'all' (the default)"
+    fi
+    # Make sure nothing of ours is left before removing the data.
+    for inst in "$DIR"/*/; do
+        inst=$(basename "$inst")
+        if inst_pid "$inst" >/dev/null; then die "$inst is still running; not removing $DIR"; fi
+    done
+    exec 9>&-
+    rm -rf "$DIR"
+    log "removed $DIR"
+fi

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# TAP test: the coordination stores started by scripts/stores/start.sh answer
+# on the URIs it printed, and reject bad credentials.
+#
+#   eval "$(scripts/stores/start.sh)"
+#   bash tests/stores/test_stores.sh
+#
+# Every check needs its DLOCK_*_URI variable: a missing one is a failure,
+# never a skip. Needs redis-cli, psql, mariadb (scripts/stores/install.sh).
+set -u
+
+n=0
+failed=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+not_ok() {
+    n=$((n + 1)); failed=$((failed + 1))
+    echo "not ok $n - $1"
+    shift
+    local l
+    for l in "$@"; do printf '%s\n' "$l" | sed 's/^/#   /'; done
+}
+# check DESCRIPTION COMMAND...: ok if COMMAND succeeds; its output is shown
+# as a diagnostic otherwise.
+check() {
+    local desc=$1 out; shift
+    if out=$("$@" 2>&1); then ok "$desc"; else not_ok "$desc" "$out"; fi
+}
+need() { # var description -> fails the case if the variable is missing
+    if [ -z "${!1:-}" ]; then
+        not_ok "$2" "$1 is not set (run: eval \"\$(scripts/stores/start.sh)\")"
+        return 1
+    fi
+}
+
+# "scheme://[user[:pw]@]h1:p1,h2:p2/db" -> "h1:p1 h2:p2"
+uri_hosts() {
+    local r=${1#*://}
+    r=${r%%/*}
+    r=${r##*@}
+    echo "${r//,/ }"
+}
+
+# ---- redis ---------------------------------------------------------------
+
+redis_cmd() { # host:port [password] -- command...
+    local hp=$1 pw=$2; shift 2
+    if [ -n "$pw" ]; then
+        REDISCLI_AUTH=$pw timeout 10 redis-cli -h "${hp%:*}" -p "${hp##*:}" "$@"
+    else
+        env -u REDISCLI_AUTH timeout 10 redis-cli -h "${hp%:*}" -p "${hp##*:}" "$@"
+    fi
+}
+expect_out() { # expected command... : the command's output must be exactly "expected"
+    local want=$1 got; shift
+    got=$("$@" 2>&1)
+    [ "$got" = "$want" ] || { echo "expected '$want', got '$got'"; return 1; }
+}
+expect_match() { # regex command... : the command's output must match
+    local re=$1 got; shift
+    got=$("$@" 2>&1)
+    printf '%s\n' "$got" | grep -Eq "$re" || { echo "expected /$re/, got '$got'"; return 1; }
+}
+
+if need DLOCK_REDIS_URI "redis PING"; then
+    check "redis PING on $(uri_hosts "$DLOCK_REDIS_URI")" \
+        expect_out PONG redis_cmd "$(uri_hosts "$DLOCK_REDIS_URI")" "" ping
+fi
+
+if need DLOCK_REDLOCK_URI "redlock: 5 instances"; then
+    read -r -a hosts <<<"$(uri_hosts "$DLOCK_REDLOCK_URI")"
+    if [ "${#hosts[@]}" -eq 5 ]; then ok "redlock: 5 instances in DLOCK_REDLOCK_URI"
+    else not_ok "redlock: 5 instances in DLOCK_REDLOCK_URI" "got ${#hosts[@]}: $DLOCK_REDLOCK_URI"; fi
+    for hp in "${hosts[@]}"; do
+        check "redlock PING on $hp" expect_out PONG redis_cmd "$hp" "" ping
+    done
+fi
+
+if need DLOCK_REDIS_AUTH_URI "redis auth instance"; then
+    a=$(uri_hosts "$DLOCK_REDIS_AUTH_URI")
+    pw=${DLOCK_REDIS_AUTH_URI#redis://}
+    pw=${pw%%@*}
+    pw=${pw#*:}
+    check "redis auth instance on $a rejects a client without password" \
+        expect_match NOAUTH redis_cmd "$a" "" ping
+    check "redis auth instance rejects a wrong password" \
+        expect_match 'WRONGPASS|invalid password' redis_cmd "$a" "wrong-$pw" ping
+    check "redis auth instance accepts the password" \
+        expect_out PONG redis_cmd "$a" "$pw" ping
+fi
+
+# ---- postgres ------------------------------------------------------------
+
+pg() { # uri sql   (ignores ~/.pgpass and PGPASSWORD; never prompts)
+    env -u PGPASSWORD PGPASSFILE=/nonexistent/dlock-no-pgpass PGCONNECT_TIMEOUT=10 \
+        psql -X -w -q -At -d "$1" -c "$2"
+}
+
+if need DLOCK_POSTGRES_URI "postgres SELECT 1 as dlock"; then
+    check "postgres SELECT 1 as dlock on $(uri_hosts "$DLOCK_POSTGRES_URI")" \
+        expect_out 1 pg "$DLOCK_POSTGRES_URI" 'SELECT 1'
+    check "postgres: dlock is a superuser in database dlock" \
+        expect_out 't|dlock' pg "$DLOCK_POSTGRES_URI" \
+        "SELECT rolsuper, current_database() FROM pg_roles WHERE rolname = current_user"
+fi
+
+if need DLOCK_POSTGRES_AUTH_URI "postgres password role"; then
+    u=$DLOCK_POSTGRES_AUTH_URI
+    check "postgres: dlock_pw with its password can SELECT 1" \
+        expect_out 1 pg "$u" 'SELECT 1'
+    wrong=$(printf '%s' "$u" | sed 's#^\(postgresql://[^:]*:\)[^@]*@#\1wrong-password@#')
+    check "postgres: dlock_pw with a wrong password is refused" \
+        expect_match 'password authentication failed' pg "$wrong" 'SELECT 1'
+    nopw=$(printf '%s' "$u" | sed 's#^\(postgresql://[^:]*\):[^@]*@#\1@#')
+    check "postgres: dlock_pw without a password is refused" \
+        expect_match 'password|authentication' pg "$nopw" 'SELECT 1'
+fi
+
+# ---- mariadb -------------------------------------------------------------
+
+# mysql://user:pw@host:port/db
+my() { # uri password-override|"" sql
+    local r=${1#mysql://} user pw hp db
+    user=${r%%:*}
+    pw=${r#*:}; pw=${pw%%@*}
+    hp=${r#*@}; hp=${hp%%/*}
+    db=${r##*/}
+    [ -z "$2" ] || pw=$2
+    timeout 20 mariadb --no-defaults --protocol=TCP -h "${hp%:*}" -P "${hp##*:}" -u "$user" \
+        "-p$pw" --connect-timeout=10 -N -B -e "$3" "$db"
+}
+
+if need DLOCK_MYSQL_URI "mariadb SELECT 1 as dlock"; then
+    check "mariadb SELECT 1 as dlock on $(uri_hosts "$DLOCK_MYSQL_URI")" \
+        expect_out 1 my "$DLOCK_MYSQL_URI" "" 'SELECT 1'
+    check "mariadb: dlock can create a table and take GET_LOCK in database dlock" \
+        expect_out 1 my "$DLOCK_MYSQL_URI" "" \
+        "CREATE TABLE IF NOT EXISTS dlock_stores_probe (k INT); DROP TABLE dlock_stores_probe; SELECT GET_LOCK('dlock-stores-probe', 1)"
+    check "mariadb: a wrong password is refused" \
+        expect_match 'Access denied' my "$DLOCK_MYSQL_URI" wrong-password 'SELECT 1'
+fi
+
+# ---- zookeeper -----------------------------------------------------------
+
+zk4lw() { # host:port word
+    timeout 10 bash -c '
+        exec 3<>"/dev/tcp/$1/$2" || exit 1
+        printf %s "$3" >&3
+        cat <&3' _ "${1%:*}" "${1##*:}" "$2"
+}
+zk_mode() { zk4lw "$1" srvr | sed -n 's/^Mode: //p'; }
+
+if need DLOCK_ZK_URI "zookeeper ruok"; then
+    z=$(uri_hosts "$DLOCK_ZK_URI")
+    check "zookeeper $z: ruok -> imok" expect_out imok zk4lw "$z" ruok
+    check "zookeeper $z: srvr Mode: standalone" expect_out standalone zk_mode "$z"
+fi
+
+if need DLOCK_ZK_ENSEMBLE_URI "zookeeper ensemble"; then
+    read -r -a zs <<<"$(uri_hosts "$DLOCK_ZK_ENSEMBLE_URI")"
+    leaders=0 followers=0 modes=
+    for z in "${zs[@]}"; do
+        check "zookeeper ensemble member $z: ruok -> imok" expect_out imok zk4lw "$z" ruok
+        m=$(zk_mode "$z" 2>/dev/null)
+        modes="$modes $z=${m:-down}"
+        case $m in leader) leaders=$((leaders + 1)) ;; follower) followers=$((followers + 1)) ;; esac
+    done
+    if [ "${#zs[@]}" -eq 3 ] && [ $leaders -eq 1 ] && [ $followers -eq 2 ]; then
+        ok "zookeeper ensemble: one leader, two followers"
+    else
+        not_ok "zookeeper ensemble: one leader, two followers" "modes:$modes"
+    fi
+fi
+
+echo "1..$n"
+if [ $failed -ne 0 ]; then
+    echo "# $failed of $n failed"
+    exit 1
+fi
