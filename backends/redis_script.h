@@ -63,6 +63,14 @@ static const char dlock_redis_lua[] =
     "end\n"
     "if op == 'acquire' then\n"
     "  local ttl, ch, mode = ARGV[3], ARGV[4], ARGV[5]\n"
+    /* Fast path, nobody queued: the counter may skip a number when the
+     * lock turns out to be held; tokens only need to increase. */
+    "  if redis.call('EXISTS', queue) == 0 then\n"
+    "    local token = redis.call('INCR', fence)\n"
+    "    if redis.call('SET', lock, owner .. ':' .. token, 'NX', 'PX', ttl) then\n"
+    "      return {1, token}\n"
+    "    end\n"
+    "  end\n"
     "  local mine = ours()\n"
     "  if mine then return {1, mine} end\n"
     "  if redis.call('EXISTS', lock) == 0 then\n"
