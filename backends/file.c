@@ -5,7 +5,9 @@
  * open-file-description lock (F_OFD_SETLK/F_OFD_SETLKW). The kernel
  * releases it when the holder closes the file or dies, and wakes the next
  * waiter itself: since Linux 5.0 blocked requests queue behind one another,
- * so a release wakes one waiter, in arrival order, however many wait.
+ * so a release wakes one waiter, in arrival order, however many wait. The
+ * woken waiter still has to take the lock, and a new arrival that asks in
+ * that instant gets it first (barging): so no DLOCK_CAP_FIFO.
  *
  * The file holds the name's fencing token (20 decimal digits), bumped while
  * the lock is held, so it increases across processes and restarts. Files
@@ -407,8 +409,7 @@ const dlock_backend dlock_file_backend = {
     .version = DLOCK_BACKEND_VERSION,
     .name = "file",
     .schemes = file_schemes,
-    .caps = DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE |
-            DLOCK_CAP_HOLDER_DEATH,
+    .caps = DLOCK_CAP_FENCING | DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH,
     .options = file_options,
     .open = file_open,
     .close = file_close,

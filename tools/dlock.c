@@ -49,8 +49,13 @@ struct job {
     const struct run_args *ra;
     dlock_lock *lock;
     int renew_failing; /* a renew failure was reported; do not repeat it */
-    int lost;          /* the loss was reported */
+    int lost;          /* the loss was reported and the command told to stop */
+    uint64_t lease_end; /* when the lease runs out unless renewed */
+    uint64_t kill_at;   /* SIGKILL the command then (0: not stopping it) */
 };
+
+/* After a lost lock the command gets SIGTERM, and SIGKILL this much later. */
+#define STOP_GRACE_NS (5 * 1000000000ull)
 
 static const int forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
@@ -81,7 +86,7 @@ static void print_usage(FILE *f)
 {
     fputs("Usage:\n"
           "  dlock run [-w SECONDS | -n] [--ttl MS] [URI] NAME -- COMMAND [ARGS...]\n"
-          "  dlock bench [OPTIONS...] [URI...]    (see 'dlock bench --help')\n"
+          "  dlock bench [OPTIONS...] URI [URI...]    (see 'dlock bench --help')\n"
           "  dlock help | --help | --version\n"
           "\n"
           "Run COMMAND while holding the lock NAME of the store named by URI.\n"
@@ -467,20 +472,32 @@ static void report_exec_error(int fd)
         say("cannot run '%s': %s", shown_cmd, strerror(err));
 }
 
+/* The lock is gone: the command no longer runs under it, so it is stopped
+ * (SIGTERM now, SIGKILL after STOP_GRACE_NS) rather than left running. */
 static void report_lost(struct job *job)
 {
-    if (!job->lost)
-        say("lock '%s' was lost while '%s' ran", shown_name, shown_cmd);
+    if (job->lost)
+        return;
     job->lost = 1;
+    if (child_pid > 0) {
+        say("lock '%s' was lost while '%s' ran: stopping it", shown_name, shown_cmd);
+        kill(child_pid, SIGTERM);
+        job->kill_at = dlock_monotonic_ns() + STOP_GRACE_NS;
+    } else {
+        say("lock '%s' was lost while '%s' ran", shown_name, shown_cmd);
+    }
 }
 
 static void renew(struct job *job)
 {
+    uint64_t start = dlock_monotonic_ns();
     int err = dlock_renew(job->lock, job->ra->acq.ttl_ms);
 
     if (err == 0) {
         job->renew_failing = 0;
-    } else if (err == DLOCK_ELOST) {
+        job->lease_end = start + (uint64_t)job->ra->acq.ttl_ms * 1000000u;
+    } else if (err == DLOCK_ELOST || dlock_monotonic_ns() >= job->lease_end) {
+        /* Not renewed before the lease ran out: someone else may hold it. */
         report_lost(job);
     } else if (!job->renew_failing) {
         say("cannot renew lock '%s': %s", shown_name,
@@ -510,16 +527,27 @@ static int wait_child(pid_t pid, struct job *job, const sigset_t *waitmask)
     pid_t r;
 
     while ((r = waitpid(pid, &status, WNOHANG)) == 0) {
-        uint64_t now = dlock_monotonic_ns();
+        uint64_t now = dlock_monotonic_ns(), until = 0;
 
         if (interval && !job->lost && now >= next) {
             renew(job);
-            next = (now = dlock_monotonic_ns()) + interval;
+            /* Retry a failed renewal sooner, while the lease still runs. */
+            next = (now = dlock_monotonic_ns()) + (job->renew_failing ? interval / 4 : interval);
         }
-        ts.tv_sec = (time_t)((next - now) / 1000000000u);
-        ts.tv_nsec = (long)((next - now) % 1000000000u);
+        if (job->kill_at && now >= job->kill_at) {
+            kill(pid, SIGKILL);
+            job->kill_at = 0;
+        }
+        if (interval && !job->lost)
+            until = next;
+        if (job->kill_at && (!until || job->kill_at < until))
+            until = job->kill_at;
+        if (until) {
+            ts.tv_sec = (time_t)((until - now) / 1000000000u);
+            ts.tv_nsec = (long)((until - now) % 1000000000u);
+        }
         /* Signals are taken only here: SIGCHLD ends the wait with EINTR. */
-        ppoll(NULL, 0, interval && !job->lost ? &ts : NULL, waitmask);
+        ppoll(NULL, 0, until ? &ts : NULL, waitmask);
     }
     if (r < 0) {
         say("cannot wait for '%s': %s", shown_cmd, strerror(errno));
@@ -576,7 +604,9 @@ static int release(struct job *job, int status)
         report_lost(job);
     else if (err != 0)
         say("cannot release lock '%s': %s", shown_name, detail(client, err));
-    if ((err != 0 || job->lost) && status == 0)
+    if (job->lost)
+        return EX_SOFTWARE; /* the command was stopped: its status is ours */
+    if (err != 0 && status == 0)
         return EX_SOFTWARE;
     return status;
 }
@@ -599,8 +629,11 @@ static int cmd_run(int argc, char **argv)
     if (!uri)
         return usage_error("default lock directory path too long; set DLOCK_URI");
     status = open_client(uri, &client);
-    if (status == PROCEED)
+    if (status == PROCEED) {
         status = acquire(&ra, client, &job.lock);
+        /* The lease began at the grant, at most a reply's flight earlier. */
+        job.lease_end = dlock_monotonic_ns() + (uint64_t)ra.acq.ttl_ms * 1000000u;
+    }
     if (status == PROCEED)
         status = release(&job, run_command(&job));
     dlock_client_close(client);

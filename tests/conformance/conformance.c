@@ -453,6 +453,14 @@ static void test_fifo(void)
                 _exit(3);
             sleep_ms(20);
             dlock_release(l);
+            /* Straight back for more: with waiters still queued, first-come
+             * first-served must refuse us (no barging). */
+            dlock_acquire_opts t = try_once();
+            if (i < N - 1 && dlock_acquire(c, name, &t, &l) == 0) {
+                if (write(fd, "B", 1) != 1)
+                    _exit(3);
+                dlock_release(l);
+            }
             dlock_client_close(c);
             _exit(0);
         }
@@ -465,11 +473,11 @@ static void test_fifo(void)
         waitpid(pids[i], &st, 0);
         clean &= WIFEXITED(st) && WEXITSTATUS(st) == 0;
     }
-    char order[N + 1] = "";
-    ssize_t n = pread(fd, order, N, 0);
+    char order[2 * N + 1] = "";
+    ssize_t n = pread(fd, order, 2 * N, 0);
     order[n > 0 ? n : 0] = '\0';
     ok(clean, "all waiters got the lock");
-    is_str(order, "01234", "waiters served in arrival order");
+    is_str(order, "01234", "waiters served in arrival order, none barging back in (B)");
     close(fd);
     unlink(path);
 }
