@@ -12,6 +12,7 @@ struct redis_node {
     int port;
     redisContext *cmd; /* NULL until connected, and again after an I/O error */
     redisContext *sub; /* subscriber connection, opened on the first wait */
+    unsigned stale;    /* replies still to come for calls we stopped waiting for */
 };
 
 struct redis_conn {

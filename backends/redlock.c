@@ -47,20 +47,72 @@ static size_t quorum(struct redis_conn *rc)
     return rc->nnodes / 2 + 1;
 }
 
+static size_t connected(struct redis_conn *rc)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < rc->nnodes; i++)
+        n += rc->nodes[i].cmd != NULL;
+    return n;
+}
+
+/* A reply that says "yes": integer 1, or {1, token}. */
+static int positive(const redisReply *r)
+{
+    if (!r)
+        return 0;
+    if (r->type == REDIS_REPLY_INTEGER)
+        return r->integer == 1;
+    return r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+           r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 1;
+}
+
+/* Gives up waiting for node n's reply: it is skipped when it comes. A node
+ * that owes too many is reconnected instead. */
+static void abandon(struct redis_conn *rc, struct redis_node *n)
+{
+    if (++n->stale > 8) {
+        redisFree(n->cmd);
+        n->cmd = NULL;
+        n->stale = 0;
+    }
+    (void)rc;
+}
+
+/* Next reply of node n that is not owed to an abandoned call; NULL if none
+ * is buffered yet; sets *broken on a connection error. */
+static redisReply *next_reply(struct redis_conn *rc, struct redis_node *n, int *broken)
+{
+    for (;;) {
+        void *r = NULL;
+        if (redisGetReplyFromReader(n->cmd, &r) != REDIS_OK) {
+            dlock_redis_ctx_error(rc, n, &n->cmd, "reading");
+            n->stale = 0;
+            *broken = 1;
+            return NULL;
+        }
+        if (!r || n->stale == 0)
+            return r;
+        freeReplyObject(r);
+        n->stale--;
+    }
+}
+
 /*
  * Sends the same script call to every node, then collects the replies in
- * parallel until the node timeout; replies[i] is NULL for a node that
- * failed or did not answer (its connection is dropped and reopened later).
+ * parallel until timeout_ns, or as soon as `need` positive replies
+ * are in (0: wait for all), or as soon as `need` can no longer be reached.
+ * replies[i] is NULL for a node that failed or was not waited for.
  */
 static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **args,
-                      const size_t *lens, size_t nargs, redisReply **replies)
+                      const size_t *lens, size_t nargs, redisReply **replies, size_t need,
+                      uint64_t timeout_ns)
 {
     const char *argv[16];
     size_t argvlen[16];
     size_t argc = dlock_redis_script_argv(rc, &h->keys, args, lens, nargs, argv, argvlen);
-    uint64_t until = dlock_monotonic_ns() + node_timeout_ns(rc);
+    uint64_t until = dlock_monotonic_ns() + timeout_ns;
     int pending[MAX_NODES] = {0};
-    size_t npending = 0;
+    size_t npending = 0, yes = 0, no = 0;
 
     for (size_t i = 0; i < rc->nnodes; i++) {
         struct redis_node *n = &rc->nodes[i];
@@ -75,30 +127,36 @@ static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **
                 break;
         if (!done) {
             dlock_redis_ctx_error(rc, n, &n->cmd, "sending");
+            n->stale = 0;
             continue;
         }
         pending[i] = 1;
         npending++;
     }
+    no = rc->nnodes - npending;
     while (npending > 0) {
         struct pollfd pfd[MAX_NODES];
         size_t idx[MAX_NODES], np = 0;
         for (size_t i = 0; i < rc->nnodes; i++) {
             if (!pending[i])
                 continue;
-            void *r = NULL;
-            if (redisGetReplyFromReader(rc->nodes[i].cmd, &r) != REDIS_OK) {
-                dlock_redis_ctx_error(rc, &rc->nodes[i], &rc->nodes[i].cmd, "reading");
-            } else if (r) {
-                replies[i] = r;
-            } else {
+            int broken = 0;
+            redisReply *r = next_reply(rc, &rc->nodes[i], &broken);
+            if (!r && !broken) {
                 pfd[np] = (struct pollfd){.fd = rc->nodes[i].cmd->fd, .events = POLLIN};
                 idx[np++] = i;
                 continue;
             }
+            replies[i] = r;
             pending[i] = 0;
             npending--;
+            if (positive(r))
+                yes++;
+            else
+                no++;
         }
+        if (need && (yes >= need || rc->nnodes - no < need))
+            break; /* decided: the rest are skipped when they answer */
         if (np == 0)
             break;
         uint64_t now = dlock_monotonic_ns();
@@ -108,13 +166,14 @@ static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **
             dlock_ns_to_timespec(until - now, &ts);
             pr = ppoll(pfd, np, &ts, NULL);
         }
-        if (pr <= 0 && !(pr < 0 && errno == EINTR)) {
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0) {
             for (size_t k = 0; k < np; k++) { /* no answer in time */
                 struct redis_node *n = &rc->nodes[idx[k]];
                 dlock_seterr(cl(rc), DLOCK_ECONNECT, "redis %s:%d: no reply within node_timeout",
                              n->host, n->port);
-                redisFree(n->cmd);
-                n->cmd = NULL;
+                abandon(rc, n);
                 pending[idx[k]] = 0;
                 npending--;
             }
@@ -123,17 +182,23 @@ static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **
         for (size_t k = 0; k < np; k++)
             if (pfd[k].revents && redisBufferRead(rc->nodes[idx[k]].cmd) != REDIS_OK) {
                 dlock_redis_ctx_error(rc, &rc->nodes[idx[k]], &rc->nodes[idx[k]].cmd, "reading");
+                rc->nodes[idx[k]].stale = 0;
                 pending[idx[k]] = 0;
                 npending--;
+                no++;
             }
     }
+    for (size_t i = 0; i < rc->nnodes; i++)
+        if (pending[i])
+            abandon(rc, &rc->nodes[i]);
     /* A node that lost its script cache answers NOSCRIPT: redo it there. */
     for (size_t i = 0; i < rc->nnodes; i++) {
         redisReply *r = replies[i];
         if (r && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0) {
             freeReplyObject(r);
             replies[i] = NULL;
-            dlock_redis_script(rc, &rc->nodes[i], argc, argv, argvlen, &replies[i]);
+            if (rc->nodes[i].stale == 0) /* a synchronous call must not meet a stale reply */
+                dlock_redis_script(rc, &rc->nodes[i], argc, argv, argvlen, &replies[i]);
         }
     }
 }
@@ -167,21 +232,28 @@ static const char *release_channel(struct redis_held *h, size_t *len, char **buf
     return *buf;
 }
 
-/* Releases on every node and wakes waiters; returns how many were ours. */
-static size_t drop_all(struct redis_conn *rc, struct redis_held *h)
+/* Releases on every node and wakes waiters. *ours counts the nodes where
+ * it was still ours, *not_ours those that said it was not (the rest did not
+ * answer in time). A release is not latency-bound like a grant, so it waits
+ * up to the connect timeout rather than node_timeout. */
+static void drop_all(struct redis_conn *rc, struct redis_held *h, size_t *ours, size_t *not_ours)
 {
     redisReply *replies[MAX_NODES];
     char *chan = NULL;
-    size_t chan_len = 0, n;
+    size_t chan_len = 0;
+    uint64_t bound = (uint64_t)rc->connect_tv.tv_sec * 1000000000u +
+                     (uint64_t)rc->connect_tv.tv_usec * 1000u;
+    *ours = *not_ours = 0;
     if (!release_channel(h, &chan_len, &chan))
-        return 0;
+        return;
     const char *args[3] = {"drop", h->owner, chan};
     const size_t lens[3] = {4, 32, chan_len};
-    all_nodes(rc, h, args, lens, 3, replies);
-    n = count_ones(rc, replies);
+    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), bound);
+    for (size_t i = 0; i < rc->nnodes; i++)
+        if (replies[i] && replies[i]->type == REDIS_REPLY_INTEGER)
+            replies[i]->integer == 1 ? (*ours)++ : (*not_ours)++;
     free_replies(rc, replies);
     free(chan);
-    return n;
 }
 
 static int64_t validity_ms(uint64_t start_ns, uint32_t ttl_ms)
@@ -197,23 +269,24 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
     redisReply *replies[MAX_NODES];
     char ttl[16], floor[24];
     size_t granted = 0, answered = 0;
-    uint64_t max_token = 0, start = dlock_monotonic_ns();
+    uint64_t max_token = 0, min_token = 0, start = dlock_monotonic_ns();
     int64_t shortest = -1;
 
     dlock_clearerr(cl(rc));
     snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
     const char *args[3] = {"grab", h->owner, ttl};
     const size_t lens[3] = {4, 32, strlen(ttl)};
-    all_nodes(rc, h, args, lens, 3, replies);
+    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc));
     for (size_t i = 0; i < rc->nnodes; i++) {
         redisReply *r = replies[i];
         if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2)
             continue;
         answered++;
         if (r->element[0]->integer == 1) {
+            uint64_t t = (uint64_t)r->element[1]->integer;
             granted++;
-            if ((uint64_t)r->element[1]->integer > max_token)
-                max_token = (uint64_t)r->element[1]->integer;
+            max_token = t > max_token ? t : max_token;
+            min_token = !min_token || t < min_token ? t : min_token;
         } else if (shortest < 0 || r->element[1]->integer < shortest) {
             shortest = r->element[1]->integer;
         }
@@ -221,20 +294,27 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
     free_replies(rc, replies);
     *wait_ms = shortest;
     if (granted >= quorum(rc) && validity_ms(start, h->ttl_ms) > 0) {
-        snprintf(floor, sizeof floor, "%" PRIu64, max_token);
-        const char *fargs[3] = {"fence", h->owner, floor};
-        const size_t flens[3] = {5, 32, strlen(floor)};
-        all_nodes(rc, h, fargs, flens, 3, replies);
-        size_t fenced = count_ones(rc, replies);
-        free_replies(rc, replies);
+        /* Counters in step (the usual case): the quorum already holds M. */
+        size_t fenced = granted;
+        if (min_token != max_token) {
+            snprintf(floor, sizeof floor, "%" PRIu64, max_token);
+            const char *fargs[3] = {"fence", h->owner, floor};
+            const size_t flens[3] = {5, 32, strlen(floor)};
+            all_nodes(rc, h, fargs, flens, 3, replies, quorum(rc), node_timeout_ns(rc));
+            fenced = count_ones(rc, replies);
+            free_replies(rc, replies);
+        }
         if (fenced >= quorum(rc) && validity_ms(start, h->ttl_ms) > 0) {
             h->base.token = max_token;
             dlock_clearerr(cl(rc));
             return 1;
         }
     }
-    if (granted > 0)
-        drop_all(rc, h);
+    /* Undo on every node unless all refused: a node we stopped waiting for
+     * may have granted too. */
+    size_t ours, not_ours;
+    if (granted > 0 || answered < rc->nnodes)
+        drop_all(rc, h, &ours, &not_ours);
     if (granted >= quorum(rc)) {
         dlock_seterr(cl(rc), DLOCK_EBUSY,
                      "a quorum granted the lock but its validity ran out (lease %" PRIu32
@@ -344,12 +424,24 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
     char *chan = NULL;
     size_t chan_len = 0;
     int64_t wait_ms = -1;
+    unsigned losses = 0;
     int subscribed = 0, err;
 
     if (rc->nnodes > MAX_NODES)
         return dlock_seterr(cl(rc), DLOCK_EBADURI, "Redlock takes at most %d hosts", MAX_NODES);
     for (;;) {
         err = attempt(rc, h, &wait_ms);
+        /* Nodes that are connected but slow to answer (overload, a herd of
+         * waiters) do not end a wait: it goes on until its deadline. */
+        if (err == DLOCK_ECONNECT && req->wait != DLOCK_WAIT_TRY && connected(rc) >= quorum(rc)) {
+            if (req->wait == DLOCK_WAIT_DEADLINE && dlock_monotonic_ns() >= req->deadline_ns) {
+                err = dlock_seterr(cl(rc), DLOCK_ETIMEDOUT,
+                                   "the deadline passed; too few Redlock nodes answered in time");
+                break;
+            }
+            wait_ms = (int64_t)(node_timeout_ns(rc) / 1000000u);
+            err = 0;
+        }
         if (err != 0)
             break;
         if (req->wait == DLOCK_WAIT_TRY) {
@@ -374,19 +466,25 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
             continue;
         }
         /* Until a release is published, or the shortest lease seen runs
-         * out; a little random spread keeps woken waiters from splitting
-         * the vote in lockstep. */
-        unsigned char jitter = 0;
-        dlock_random_bytes(&jitter, 1);
+         * out. Every waiter hears a release, so a waiter that keeps losing
+         * the race then steps back by a random delay whose range doubles
+         * with each loss (1 ms up to 64 ms): the herd spreads out instead
+         * of splitting the vote in lockstep. */
         uint64_t bound = (uint64_t)(wait_ms > 0 ? wait_ms : 1) * 1000000u;
-        uint64_t until = now + bound + (uint64_t)jitter * 4000u;
+        uint64_t until = now + bound;
         if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until)
             until = req->deadline_ns;
         wait_release(rc, until);
-        if (jitter & 1) { /* half the woken waiters step back briefly */
-            struct timespec ts = {0, (long)jitter * 4000};
-            nanosleep(&ts, NULL);
-        }
+        uint32_t rnd = 0;
+        dlock_random_bytes(&rnd, sizeof rnd);
+        uint64_t spread_ns = 1000000ull << (losses < 6 ? losses : 6);
+        uint64_t backoff = rnd % spread_ns, woke = dlock_monotonic_ns();
+        if (req->wait == DLOCK_WAIT_DEADLINE && woke + backoff > req->deadline_ns)
+            backoff = woke < req->deadline_ns ? req->deadline_ns - woke : 0;
+        struct timespec ts;
+        dlock_ns_to_timespec(backoff, &ts);
+        nanosleep(&ts, NULL);
+        losses++;
     }
     if (subscribed)
         subscribe_all(rc, "UNSUBSCRIBE", chan, chan_len);
@@ -396,12 +494,18 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
 
 int dlock_redlock_release(struct redis_conn *rc, struct redis_held *h)
 {
-    size_t ours = drop_all(rc, h);
+    size_t ours, not_ours;
+    drop_all(rc, h, &ours, &not_ours);
     if (ours >= quorum(rc))
         return 0;
-    return dlock_seterr(cl(rc), DLOCK_ELOST,
-                        "the lock was ours on only %zu of %zu Redlock nodes (quorum %zu)", ours,
-                        rc->nnodes, quorum(rc));
+    /* Lost only when the nodes that answered prove no quorum was ours. */
+    if (rc->nnodes - not_ours < quorum(rc))
+        return dlock_seterr(cl(rc), DLOCK_ELOST,
+                            "the lock was no longer ours on %zu of %zu Redlock nodes (quorum %zu)",
+                            not_ours, rc->nnodes, quorum(rc));
+    return dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                        "release confirmed on %zu of %zu Redlock nodes, the others did not answer",
+                        ours, rc->nnodes);
 }
 
 int dlock_redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t ttl_ms)
@@ -412,7 +516,7 @@ int dlock_redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t tt
     snprintf(ttl, sizeof ttl, "%" PRIu32, ttl_ms);
     const char *args[3] = {"renew", h->owner, ttl};
     const size_t lens[3] = {5, 32, strlen(ttl)};
-    all_nodes(rc, h, args, lens, 3, replies);
+    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc));
     size_t ours = count_ones(rc, replies);
     free_replies(rc, replies);
     if (ours >= quorum(rc) && validity_ms(start, ttl_ms) > 0) {
@@ -420,7 +524,8 @@ int dlock_redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t tt
         dlock_clearerr(cl(rc));
         return 0;
     }
-    drop_all(rc, h); /* a minority is no lock: free it for others */
+    size_t dropped, not_ours;
+    drop_all(rc, h, &dropped, &not_ours); /* a minority is no lock: free it for others */
     return dlock_seterr(cl(rc), DLOCK_ELOST,
                         "renewed on only %zu of %zu Redlock nodes (quorum %zu)", ours,
                         rc->nnodes, quorum(rc));

@@ -226,8 +226,11 @@ static void test_redlock(const char *uri)
                                      "ffffffffffffffffffffffffffffffff:1"));
     o = opts(DLOCK_WAIT_TRY, 0, 10000);
     is_int(dlock_acquire(c, name, &o, &l), DLOCK_EBUSY, "3 of 5 held elsewhere → EBUSY");
-    is_int(raw_int(node[3], "EXISTS %s", key) + raw_int(node[4], "EXISTS %s", key), 0,
-           "our grants on the 2 free nodes were released");
+    /* The undo is sent before acquire returns; give it a moment to land. */
+    long long left3 = 1;
+    for (int i = 0; i < 100 && left3; i++, sleep_ms(i ? 10 : 0))
+        left3 = raw_int(node[3], "EXISTS %s", key) + raw_int(node[4], "EXISTS %s", key);
+    is_int(left3, 0, "our grants on the 2 free nodes were released");
     freeReplyObject(redisCommand(node[2], "DEL %s", key));
     is_int(dlock_acquire(c, name, &o, &l), 0, "2 of 5 held elsewhere: quorum of 3 → granted");
     uint64_t t1 = dlock_lock_token(l);
@@ -236,16 +239,22 @@ static void test_redlock(const char *uri)
     freeReplyObject(redisCommand(node[1], "DEL %s", key));
 
     /* Tokens increase across quorums that differ: node 4's counter runs
-     * far ahead, then a quorum without node 4 must still go higher. */
+     * far ahead and nodes 0-1 are busy, so the quorum is nodes 2-4; then
+     * a quorum without node 4 (nodes 0-2) must still go higher. */
     snprintf(name, sizeof name, "%sfence", prefix);
     char fence[192];
     snprintf(fence, sizeof fence, "dlock:%s:fence", name);
+    lock_key(key, sizeof key, name);
     freeReplyObject(redisCommand(node[4], "SET %s 1000", fence));
-    is_int(dlock_acquire(c, name, &o, &l), 0, "acquire with node 4 ahead");
+    for (int i = 0; i < 2; i++)
+        freeReplyObject(redisCommand(node[i], "SET %s %s PX 20000", key,
+                                     "ffffffffffffffffffffffffffffffff:1"));
+    is_int(dlock_acquire(c, name, &o, &l), 0, "acquire on nodes 2-4, node 4 ahead");
     uint64_t ta = dlock_lock_token(l);
     ok(ta > 1000, "token is the quorum's maximum (%llu)", (unsigned long long)ta);
     dlock_release(l);
-    lock_key(key, sizeof key, name);
+    for (int i = 0; i < 2; i++)
+        freeReplyObject(redisCommand(node[i], "DEL %s", key));
     freeReplyObject(redisCommand(node[4], "SET %s %s PX 20000", key,
                                  "ffffffffffffffffffffffffffffffff:1"));
     freeReplyObject(redisCommand(node[3], "SET %s %s PX 20000", key,
@@ -264,9 +273,12 @@ static void test_redlock(const char *uri)
     o = opts(DLOCK_WAIT_TRY, 0, 1);
     is_int(dlock_acquire(c, name, &o, &l), DLOCK_EBUSY, "validity <= 0 (1 ms lease) fails");
     ok(strstr(dlock_errmsg(c), "validity") != NULL, "and says why: %s", dlock_errmsg(c));
-    long long left = 0;
-    for (int i = 0; i < N; i++)
-        left += raw_int(node[i], "EXISTS %s", key);
+    long long left = 1;
+    for (int k = 0; k < 100 && left; k++, sleep_ms(10)) {
+        left = 0;
+        for (int i = 0; i < N; i++)
+            left += raw_int(node[i], "EXISTS %s", key);
+    }
     is_int(left, 0, "and left no key behind");
 
     /* Release of an expired lock: at once, reported lost. */
