@@ -31,6 +31,9 @@ void dlock_clearerr(dlock_client *client);
 /* The built-in backends, registered once on first use. */
 extern const dlock_backend dlock_file_backend;
 extern const dlock_backend dlock_redis_backend;
+extern const dlock_backend dlock_postgres_backend;
+extern const dlock_backend dlock_mysql_backend;
+extern const dlock_backend dlock_zookeeper_backend;
 void dlock_registry_init(void);
 
 #endif

@@ -59,6 +59,15 @@ static void register_builtins(void)
 #if HAVE_REDIS
     register_locked(&dlock_redis_backend);
 #endif
+#if HAVE_POSTGRES
+    register_locked(&dlock_postgres_backend);
+#endif
+#if HAVE_MYSQL
+    register_locked(&dlock_mysql_backend);
+#endif
+#if HAVE_ZOOKEEPER
+    register_locked(&dlock_zookeeper_backend);
+#endif
     pthread_rwlock_unlock(&registry_lock);
 }
 
