@@ -1,0 +1,551 @@
+/*
+ * postgresql://[user[:password]@]host[:port][,host...]/database[?options]:
+ * session-level advisory locks (libpq).
+ *
+ * Key: a name becomes the bigint key the first 8 bytes of
+ * SHA-256(namespace || 0x00 || name), big-endian, as a signed 64-bit
+ * integer (without a namespace: SHA-256(name)). Other languages can
+ * compute the same key.
+ *
+ * Sessions: every held lock has a session of its own, taken from a small
+ * per-client pool, because the session is the lease: the session's
+ * idle_session_timeout is set to the lock's TTL, so a holder that stops
+ * talking to the server (paused, partitioned, dead) loses its session and
+ * with it the lock after the TTL; renew is a statement on that session.
+ *
+ * Waiting: a blocking pg_advisory_lock() waits in the server's lock queue
+ * (first-come first-served, woken at once), bounded by lock_timeout for a
+ * deadline. The lock and the fencing-token bump travel in one statement, so
+ * an uncontended acquire is one round trip.
+ */
+#include <inttypes.h>
+#include <libpq-fe.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "core/internal.h"
+#include "core/sha256.h"
+
+#define DEFAULT_CONNECT_MS 5000
+#define DEFAULT_TABLE "dlock_fence"
+#define POOL_MAX 64
+
+static const char *const pg_schemes[] = {"postgresql", "postgres", NULL};
+static const char *const pg_options[] = {
+    "connect_timeout", "sslmode", "application_name", "namespace", "table", NULL,
+};
+
+struct pg_session {
+    PGconn *pg;
+    int busy;             /* holds a lock */
+    uint32_t idle_ms;     /* idle_session_timeout currently set (0 = off) */
+};
+
+struct pg_conn {
+    dlock_conn base;
+    const char *keys[16];
+    const char *values[16];
+    char connect_s[24];
+    char *hosts, *ports;  /* comma-separated, as libpq takes them */
+    char *namespace;
+    char table[64];
+    struct pg_session pool[POOL_MAX];
+};
+
+struct pg_held {
+    dlock_held base;
+    int64_t key;
+    struct pg_session *s;
+};
+
+static dlock_client *cl(struct pg_conn *pc)
+{
+    return pc->base.client;
+}
+
+int64_t dlock_pg_key(const char *ns, const char *name, size_t len);
+
+int64_t dlock_pg_key(const char *ns, const char *name, size_t len)
+{
+    unsigned char d[DLOCK_SHA256_LEN];
+    uint64_t k = 0;
+    if (ns) {
+        size_t nlen = strlen(ns);
+        unsigned char *buf = malloc(nlen + 1 + len);
+        if (!buf)
+            return 0;
+        memcpy(buf, ns, nlen);
+        buf[nlen] = 0;
+        memcpy(buf + nlen + 1, name, len);
+        dlock_sha256(buf, nlen + 1 + len, d);
+        free(buf);
+    } else {
+        dlock_sha256(name, len, d);
+    }
+    for (int i = 0; i < 8; i++)
+        k = k << 8 | d[i];
+    return (int64_t)k;
+}
+
+/* libpq puts no password in its messages; they may span lines, and dlock's
+ * detail is one line. */
+static int pg_error(struct pg_conn *pc, int code, const char *what, const char *msg)
+{
+    char flat[DLOCK_ERRMSG_MAX];
+    size_t o = 0;
+    for (const char *p = msg; *p && o + 1 < sizeof flat; p++) {
+        char ch = (*p == '\n' || *p == '\t') ? ' ' : *p;
+        if (ch == ' ' && (o == 0 || flat[o - 1] == ' '))
+            continue;
+        flat[o++] = ch;
+    }
+    while (o && flat[o - 1] == ' ')
+        o--;
+    flat[o] = '\0';
+    return dlock_seterr(cl(pc), code, "postgresql: %s: %s", what, flat);
+}
+
+static int conn_error(struct pg_conn *pc, PGconn *pg, const char *what)
+{
+    const char *msg = PQerrorMessage(pg);
+    int code = DLOCK_ECONNECT;
+    if (strstr(msg, "password authentication failed") || strstr(msg, "no password supplied") ||
+        strstr(msg, "authentication failed") || PQconnectionNeedsPassword(pg))
+        code = DLOCK_EAUTH;
+    else if (strstr(msg, "does not exist")) /* database or role */
+        code = DLOCK_EAUTH;
+    return pg_error(pc, code, what, msg);
+}
+
+/* Maps a failed result by SQLSTATE; a dead session is a connection error. */
+static int result_error(struct pg_conn *pc, PGconn *pg, PGresult *r, const char *what)
+{
+    const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+    const char *msg = r ? PQresultErrorMessage(r) : PQerrorMessage(pg);
+    int code = DLOCK_ESTORE;
+    if (PQstatus(pg) != CONNECTION_OK)
+        code = DLOCK_ECONNECT;
+    else if (state && strcmp(state, "55P03") == 0)
+        code = DLOCK_ETIMEDOUT;
+    else if (state && strcmp(state, "40P01") == 0)
+        code = DLOCK_EDEADLK;
+    else if (state && strncmp(state, "28", 2) == 0)
+        code = DLOCK_EAUTH;
+    return pg_error(pc, code, what, msg && *msg ? msg : "no result");
+}
+
+static void quiet_notices(void *arg, const PGresult *r)
+{
+    (void)arg, (void)r; /* e.g. "you don't own a lock": reported by result */
+}
+
+static int session_open(struct pg_conn *pc, struct pg_session *s)
+{
+    s->pg = PQconnectdbParams(pc->keys, pc->values, 0);
+    if (!s->pg)
+        return dlock_seterr(cl(pc), DLOCK_ENOMEM, "out of memory");
+    if (PQstatus(s->pg) != CONNECTION_OK) {
+        int err = conn_error(pc, s->pg, "cannot connect");
+        PQfinish(s->pg);
+        s->pg = NULL;
+        return err;
+    }
+    PQsetNoticeReceiver(s->pg, quiet_notices, NULL);
+    s->idle_ms = 0;
+    return 0;
+}
+
+static void session_close(struct pg_session *s)
+{
+    if (s->pg)
+        PQfinish(s->pg);
+    s->pg = NULL;
+    s->busy = 0;
+}
+
+/* An idle session with a live connection, opening one if needed. */
+static int session_take(struct pg_conn *pc, struct pg_session **out)
+{
+    struct pg_session *fresh = NULL;
+    for (size_t i = 0; i < POOL_MAX; i++) {
+        struct pg_session *s = &pc->pool[i];
+        if (s->busy)
+            continue;
+        if (s->pg && PQstatus(s->pg) == CONNECTION_OK) {
+            *out = s;
+            return 0;
+        }
+        session_close(s);
+        if (!fresh)
+            fresh = s;
+    }
+    if (!fresh)
+        return dlock_seterr(cl(pc), DLOCK_ENOMEM, "more than %d locks held by one client",
+                            POOL_MAX);
+    int err = session_open(pc, fresh);
+    if (err == 0)
+        *out = fresh;
+    return err;
+}
+
+/*
+ * Sends sql (one or more statements) and returns the result of statement
+ * `want` (0-based) in *out, or the first error. The caller clears *out.
+ */
+static int run(struct pg_conn *pc, struct pg_session *s, const char *sql, int want,
+               PGresult **out, const char *what)
+{
+    PGresult *r, *keep = NULL, *bad = NULL;
+    int i = 0, err = 0;
+    if (!PQsendQuery(s->pg, sql))
+        return result_error(pc, s->pg, NULL, what);
+    while ((r = PQgetResult(s->pg)) != NULL) {
+        ExecStatusType st = PQresultStatus(r);
+        if ((st == PGRES_FATAL_ERROR || st == PGRES_NONFATAL_ERROR) && !bad) {
+            bad = r;
+            continue;
+        }
+        if (i++ == want && !keep)
+            keep = r;
+        else
+            PQclear(r);
+    }
+    if (bad) {
+        err = result_error(pc, s->pg, bad, what);
+        PQclear(bad);
+        PQclear(keep);
+        return err;
+    }
+    if (!keep)
+        return result_error(pc, s->pg, NULL, what);
+    *out = keep;
+    return 0;
+}
+
+static int valid_identifier(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 63 || !((s[0] >= 'a' && s[0] <= 'z') || s[0] == '_'))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+            return 0;
+    return 1;
+}
+
+/* Comma-joins host i's name or port into a new string. */
+static char *join_hosts(const dlock_uri *uri, int ports)
+{
+    size_t n = dlock_uri_host_count(uri), len = 1;
+    for (size_t i = 0; i < n; i++)
+        len += strlen(dlock_uri_host(uri, i)) + 8;
+    char *out = malloc(len), *p = out;
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            *p++ = ',';
+        if (ports) {
+            unsigned port = dlock_uri_port(uri, i);
+            p += sprintf(p, "%u", port ? port : 5432);
+        } else {
+            p += sprintf(p, "%s", dlock_uri_host(uri, i));
+        }
+    }
+    *p = '\0';
+    return out;
+}
+
+static int parse_params(dlock_client *c, const dlock_uri *uri, struct pg_conn *pc)
+{
+    uint64_t connect_ms = DEFAULT_CONNECT_MS;
+    const char *path = dlock_uri_path(uri), *v;
+    size_t k = 0;
+    int err;
+    if ((err = dlock_uri_param_uint(c, uri, "connect_timeout", 1, 3600000, &connect_ms)) != 0)
+        return err;
+    if (dlock_uri_host_count(uri) == 0)
+        return dlock_seterr(c, DLOCK_EBADURI,
+                            "a postgresql:// URI needs a host, as in postgresql://user@127.0.0.1:5432/db");
+    v = dlock_uri_param(uri, "table");
+    if (v && !valid_identifier(v))
+        return dlock_seterr(c, DLOCK_EBADURI,
+                            "option 'table' must be a lower-case SQL identifier of at most 63 bytes");
+    snprintf(pc->table, sizeof pc->table, "%s", v ? v : DEFAULT_TABLE);
+    if ((v = dlock_uri_param(uri, "namespace")) != NULL && !(pc->namespace = strdup(v)))
+        return DLOCK_ENOMEM;
+    pc->hosts = join_hosts(uri, 0);
+    pc->ports = join_hosts(uri, 1);
+    if (!pc->hosts || !pc->ports)
+        return DLOCK_ENOMEM;
+    /* libpq counts whole seconds, and treats 1 as 2. */
+    snprintf(pc->connect_s, sizeof pc->connect_s, "%" PRIu64,
+             connect_ms < 2000 ? 2 : (connect_ms + 999) / 1000);
+    pc->keys[k] = "host", pc->values[k++] = pc->hosts;
+    pc->keys[k] = "port", pc->values[k++] = pc->ports;
+    pc->keys[k] = "connect_timeout", pc->values[k++] = pc->connect_s;
+    if (path[0] && path[1])
+        pc->keys[k] = "dbname", pc->values[k++] = path + 1;
+    if (dlock_uri_user(uri) && dlock_uri_user(uri)[0])
+        pc->keys[k] = "user", pc->values[k++] = dlock_uri_user(uri);
+    if (dlock_uri_password(uri))
+        pc->keys[k] = "password", pc->values[k++] = dlock_uri_password(uri);
+    if ((v = dlock_uri_param(uri, "sslmode")) != NULL)
+        pc->keys[k] = "sslmode", pc->values[k++] = v;
+    pc->keys[k] = "application_name";
+    pc->values[k++] = (v = dlock_uri_param(uri, "application_name")) ? v : "dlock";
+    /* Notice a dead server or a cut network on an idle holder's socket. */
+    pc->keys[k] = "keepalives", pc->values[k++] = "1";
+    pc->keys[k] = "keepalives_idle", pc->values[k++] = "5";
+    pc->keys[k] = "keepalives_interval", pc->values[k++] = "2";
+    pc->keys[k] = "keepalives_count", pc->values[k++] = "3";
+    pc->keys[k] = NULL, pc->values[k] = NULL;
+    return 0;
+}
+
+static void pg_close(dlock_conn *conn)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    for (size_t i = 0; i < POOL_MAX; i++)
+        session_close(&pc->pool[i]);
+    free(pc->hosts);
+    free(pc->ports);
+    free(pc->namespace);
+    free(pc);
+}
+
+static int create_table(struct pg_conn *pc, struct pg_session *s)
+{
+    char sql[256];
+    PGresult *r = NULL;
+    snprintf(sql, sizeof sql,
+             "CREATE TABLE IF NOT EXISTS %s (key bigint PRIMARY KEY, token bigint NOT NULL)",
+             pc->table);
+    int err = run(pc, s, sql, 0, &r, "creating the fencing table");
+    if (err == DLOCK_ESTORE) { /* two clients creating it at once: one wins */
+        dlock_clearerr(cl(pc));
+        err = run(pc, s, sql, 0, &r, "creating the fencing table");
+    }
+    PQclear(r);
+    return err;
+}
+
+static int pg_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
+{
+    struct pg_conn *pc = calloc(1, sizeof *pc);
+    int err;
+    if (!pc)
+        return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
+    pc->base.client = c;
+    if ((err = parse_params(c, uri, pc)) != 0)
+        goto fail;
+    if ((err = session_open(pc, &pc->pool[0])) != 0 ||
+        (err = create_table(pc, &pc->pool[0])) != 0)
+        goto fail;
+    *connp = &pc->base;
+    return 0;
+fail:
+    if (err == DLOCK_ENOMEM && !cl(pc)->errmsg[0])
+        dlock_seterr(c, err, "out of memory");
+    pg_close(&pc->base);
+    return err;
+}
+
+/* "SET idle_session_timeout = ttl;" when the session's differs, else "". */
+static void idle_clause(struct pg_session *s, uint32_t ttl_ms, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    if (s->idle_ms != ttl_ms)
+        snprintf(buf, len, "SET idle_session_timeout = %" PRIu32 "; ", ttl_ms);
+}
+
+/* Was the lock granted to us in the instant lock_timeout fired? If so it
+ * is still ours (session locks outlive the failed statement): unlock. */
+static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t key)
+{
+    char sql[320];
+    PGresult *r = NULL;
+    uint64_t u = (uint64_t)key;
+    snprintf(sql, sizeof sql,
+             "SELECT pg_advisory_unlock(%" PRId64 ") FROM pg_locks WHERE locktype = 'advisory'"
+             " AND pid = pg_backend_pid() AND classid = %" PRIu64 " AND objid = %" PRIu64
+             " AND objsubid = 1 AND granted",
+             key, u >> 32, u & 0xffffffffu);
+    char saved[DLOCK_ERRMSG_MAX];
+    int code = cl(pc)->err;
+    memcpy(saved, cl(pc)->errmsg, sizeof saved);
+    if (run(pc, s, sql, 0, &r, "checking for a late grant") == 0)
+        PQclear(r);
+    cl(pc)->err = code;
+    memcpy(cl(pc)->errmsg, saved, sizeof saved);
+}
+
+static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_request *req,
+                      int64_t key, uint64_t *token)
+{
+    char sql[768], idle[64], timeout[64] = "";
+    PGresult *r = NULL;
+    int stmt = 0, err;
+    idle_clause(s, req->ttl_ms, idle, sizeof idle);
+    stmt += idle[0] != '\0';
+    if (req->wait != DLOCK_WAIT_TRY) {
+        uint64_t ms = 0;
+        if (req->wait == DLOCK_WAIT_DEADLINE) {
+            uint64_t now = dlock_monotonic_ns();
+            ms = req->deadline_ns > now ? (req->deadline_ns - now + 999999) / 1000000 : 1;
+            if (ms > INT32_MAX)
+                ms = 0; /* too far to matter: wait without a limit */
+        }
+        snprintf(timeout, sizeof timeout, "SET lock_timeout = %" PRIu64 "; ", ms);
+        stmt++;
+    }
+    /* The lock and the counter bump in one statement: the CTE runs once
+     * (MATERIALIZED), and the INSERT only where the lock was granted. */
+    snprintf(sql, sizeof sql,
+             "%s%sWITH l AS MATERIALIZED (SELECT %s(%" PRId64 ") AS got), "
+             "f AS (INSERT INTO %s (key, token) SELECT %" PRId64 ", 1 FROM l WHERE %s "
+             "ON CONFLICT (key) DO UPDATE SET token = %s.token + 1 RETURNING token) "
+             "SELECT (SELECT token FROM f)",
+             idle, timeout, req->wait == DLOCK_WAIT_TRY ? "pg_try_advisory_lock" : "pg_advisory_lock",
+             key, pc->table, key, req->wait == DLOCK_WAIT_TRY ? "got" : "true", pc->table);
+    err = run(pc, s, sql, stmt, &r, "acquire");
+    if (err == DLOCK_ETIMEDOUT) {
+        undo_late_grant(pc, s, key);
+        return dlock_seterr(cl(pc), DLOCK_ETIMEDOUT,
+                            "the deadline passed with the lock still held elsewhere");
+    }
+    if (err)
+        return err;
+    if (idle[0])
+        s->idle_ms = req->ttl_ms;
+    if (PQntuples(r) != 1 || PQgetisnull(r, 0, 0)) {
+        PQclear(r);
+        if (req->wait == DLOCK_WAIT_TRY)
+            return dlock_seterr(cl(pc), DLOCK_EBUSY, "the lock is held by another owner");
+        return dlock_seterr(cl(pc), DLOCK_EPROTO, "no fencing token returned");
+    }
+    *token = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return 0;
+}
+
+static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    struct pg_session *s = NULL;
+    struct pg_held *h;
+    uint64_t token = 0;
+    int64_t key = dlock_pg_key(pc->namespace, req->name, req->name_len);
+    int err = session_take(pc, &s);
+    if (err)
+        return err;
+    s->busy = 1; /* while we wait too */
+    err = acquire_on(pc, s, req, key, &token);
+    if (err) {
+        s->busy = 0;
+        if (PQstatus(s->pg) != CONNECTION_OK)
+            session_close(s);
+        return err;
+    }
+    h = calloc(1, sizeof *h);
+    if (!h) {
+        session_close(s); /* ending the session frees the lock */
+        return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
+    }
+    h->base.token = token;
+    h->key = key;
+    h->s = s;
+    *heldp = &h->base;
+    return 0;
+}
+
+/* The lock is gone with its session (idle_session_timeout, killed, cut). */
+static int session_lost(struct pg_conn *pc, struct pg_held *h)
+{
+    session_close(h->s);
+    return dlock_seterr(cl(pc), DLOCK_ELOST,
+                        "the session holding the lock ended (lease ran out or connection lost)");
+}
+
+static int pg_release(dlock_conn *conn, dlock_held *held)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    struct pg_held *h = (struct pg_held *)held;
+    char sql[160];
+    PGresult *r = NULL;
+    int err;
+    /* Unlock, and stop the idle timer so the pooled session survives. */
+    snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%" PRId64 ")%s", h->key,
+             h->s->idle_ms ? "; SET idle_session_timeout = 0" : "");
+    err = run(pc, h->s, sql, 0, &r, "release");
+    if (err && PQstatus(h->s->pg) != CONNECTION_OK) {
+        err = session_lost(pc, h);
+    } else if (err == 0) {
+        int mine = PQgetvalue(r, 0, 0)[0] == 't';
+        PQclear(r);
+        h->s->idle_ms = 0;
+        h->s->busy = 0;
+        if (!mine)
+            err = dlock_seterr(conn->client, DLOCK_ELOST, "the session no longer held the lock");
+    } else {
+        h->s->busy = 0;
+    }
+    free(h);
+    return err;
+}
+
+static int pg_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    struct pg_held *h = (struct pg_held *)held;
+    char sql[320];
+    PGresult *r = NULL;
+    uint64_t u = (uint64_t)h->key;
+    if (!h->s->pg)
+        return dlock_seterr(conn->client, DLOCK_ELOST, "the session holding the lock ended");
+    /* Any statement restarts the idle timer; the SET gives it the new TTL. */
+    snprintf(sql, sizeof sql,
+             "SET idle_session_timeout = %" PRIu32 "; SELECT count(*) FROM pg_locks WHERE"
+             " locktype = 'advisory' AND pid = pg_backend_pid() AND classid = %" PRIu64
+             " AND objid = %" PRIu64 " AND objsubid = 1 AND granted",
+             ttl_ms, u >> 32, u & 0xffffffffu);
+    int err = run(pc, h->s, sql, 1, &r, "renew");
+    if (err && PQstatus(h->s->pg) != CONNECTION_OK)
+        return session_lost(pc, h);
+    if (err)
+        return err;
+    h->s->idle_ms = ttl_ms;
+    int held_now = strcmp(PQgetvalue(r, 0, 0), "1") == 0;
+    PQclear(r);
+    return held_now ? 0 : dlock_seterr(conn->client, DLOCK_ELOST, "the session no longer holds the lock");
+}
+
+static int pg_ping(dlock_conn *conn)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    struct pg_session *s = NULL;
+    PGresult *r = NULL;
+    int err = session_take(pc, &s);
+    if (err == 0 && (err = run(pc, s, "SELECT 1", 0, &r, "ping")) == 0)
+        PQclear(r);
+    if (err && s && PQstatus(s->pg) != CONNECTION_OK)
+        session_close(s);
+    return err;
+}
+
+const dlock_backend dlock_postgres_backend = {
+    .version = DLOCK_BACKEND_VERSION,
+    .name = "postgres",
+    .schemes = pg_schemes,
+    .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
+            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH,
+    .options = pg_options,
+    .open = pg_open,
+    .close = pg_close,
+    .acquire = pg_acquire,
+    .release = pg_release,
+    .renew = pg_renew,
+    .ping = pg_ping,
+};

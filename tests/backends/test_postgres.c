@@ -1,0 +1,314 @@
+/*
+ * PostgreSQL-only cases, against a real server: the documented key formula
+ * (checked against the server's own sha256()), the lock_timeout grant race,
+ * a terminated session reported as lost, no stacking, deadlocks, options.
+ *
+ * Environment: DLOCK_POSTGRES_URI (scripts/stores/start.sh prints it); a
+ * missing variable fails the run.
+ */
+#include <libpq-fe.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/uri.h"
+#include "dlock_backend.h"
+#include "tests/tap.h"
+
+#define MS 1000000ull
+
+int64_t dlock_pg_key(const char *ns, const char *name, size_t len);
+
+static const char *uri;
+static char prefix[64];
+static PGconn *raw; /* a plain libpq session, to look behind the library */
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static dlock_client *open_ok(const char *u)
+{
+    dlock_client *c = NULL;
+    if (dlock_client_open(u, &c) != 0) {
+        printf("Bail out! cannot open %s: %s\n", u, dlock_errmsg(c));
+        exit(1);
+    }
+    return c;
+}
+
+static PGconn *raw_connect(void)
+{
+    dlock_uri *u = NULL;
+    char err[256], conninfo[512];
+    dlock_uri_parse(uri, &u, err, sizeof err);
+    snprintf(conninfo, sizeof conninfo, "host=%s port=%u dbname=%s user=%s", dlock_uri_host(u, 0),
+             dlock_uri_port(u, 0), dlock_uri_path(u) + 1, dlock_uri_user(u));
+    dlock_uri_free(u);
+    PGconn *pg = PQconnectdb(conninfo);
+    if (PQstatus(pg) != CONNECTION_OK) {
+        printf("Bail out! raw connection: %s\n", PQerrorMessage(pg));
+        exit(1);
+    }
+    return pg;
+}
+
+/* First column of the first row of sql, as a new string ("" on error). */
+static char *q1(PGconn *pg, const char *sql)
+{
+    PGresult *r = PQexec(pg, sql);
+    char *v = strdup(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0
+                         ? PQgetvalue(r, 0, 0)
+                         : "");
+    if (PQresultStatus(r) != PGRES_TUPLES_OK && PQresultStatus(r) != PGRES_COMMAND_OK)
+        diag("sql failed: %s", PQresultErrorMessage(r));
+    PQclear(r);
+    return v;
+}
+
+static int key_free(int64_t key)
+{
+    char sql[128];
+    snprintf(sql, sizeof sql, "SELECT pg_try_advisory_lock(%lld)", (long long)key);
+    char *v = q1(raw, sql);
+    int free_ = v[0] == 't';
+    free(v);
+    if (free_) {
+        snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%lld)", (long long)key);
+        free(q1(raw, sql));
+    }
+    return free_;
+}
+
+static dlock_acquire_opts opts(dlock_wait wait, uint64_t wait_ms)
+{
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    o.wait = wait;
+    o.deadline_ns = dlock_monotonic_ns() + wait_ms * MS;
+    return o;
+}
+
+static void test_key_formula(void)
+{
+    char sql[256];
+    int64_t k = dlock_pg_key(NULL, "job", 3);
+    snprintf(sql, sizeof sql,
+             "SELECT ('x' || substr(encode(sha256('job'::bytea), 'hex'), 1, 16))::bit(64)::bigint");
+    char *v = q1(raw, sql);
+    is_int(strtoll(v, NULL, 10), k, "key = first 8 bytes of SHA-256(name), as the server computes it");
+    free(v);
+    k = dlock_pg_key("ns", "job", 3);
+    snprintf(sql, sizeof sql,
+             "SELECT ('x' || substr(encode(sha256('ns'::bytea || '\\x00'::bytea || 'job'::bytea),"
+             " 'hex'), 1, 16))::bit(64)::bigint");
+    v = q1(raw, sql);
+    is_int(strtoll(v, NULL, 10), k, "with a namespace: SHA-256(namespace || 0x00 || name)");
+    free(v);
+    ok(dlock_pg_key("a", "b", 1) != dlock_pg_key(NULL, "b", 1), "the namespace changes the key");
+
+    /* And it is the key dlock actually locks. */
+    dlock_client *c = open_ok(uri);
+    dlock_lock *l = NULL;
+    char name[128];
+    snprintf(name, sizeof name, "%skey", prefix);
+    int64_t key = dlock_pg_key(NULL, name, strlen(name));
+    is_int(dlock_acquire(c, name, NULL, &l), 0, "acquire");
+    ok(!key_free(key), "the advisory lock on that key is held");
+    dlock_release(l);
+    ok(key_free(key), "and free after release");
+    dlock_client_close(c);
+}
+
+/* The counter row is locked elsewhere, so the advisory lock is granted and
+ * then lock_timeout fires within the same statement: the session would keep
+ * the lock unless the backend notices and unlocks it. */
+static void test_grant_timeout_race(void)
+{
+    char name[128], sql[256];
+    snprintf(name, sizeof name, "%srace", prefix);
+    int64_t key = dlock_pg_key(NULL, name, strlen(name));
+    dlock_client *c = open_ok(uri);
+    dlock_lock *l = NULL;
+    is_int(dlock_acquire(c, name, NULL, &l), 0, "first acquire creates the counter row");
+    dlock_release(l);
+
+    PGconn *blocker = raw_connect();
+    free(q1(blocker, "BEGIN"));
+    snprintf(sql, sizeof sql, "SELECT token FROM dlock_fence WHERE key = %lld FOR UPDATE",
+             (long long)key);
+    free(q1(blocker, sql));
+    dlock_acquire_opts o = opts(DLOCK_WAIT_DEADLINE, 300);
+    is_int(dlock_acquire(c, name, &o, &l), DLOCK_ETIMEDOUT,
+           "lock granted, then lock_timeout fires in the same statement → ETIMEDOUT");
+    ok(key_free(key), "and the late grant was undone: the advisory lock is free");
+    free(q1(blocker, "ROLLBACK"));
+    PQfinish(blocker);
+    o = opts(DLOCK_WAIT_TRY, 0);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "the same client acquires normally afterwards");
+    dlock_release(l);
+    dlock_client_close(c);
+}
+
+static void test_terminated_session(void)
+{
+    char name[128], sql[320];
+    snprintf(name, sizeof name, "%sterminated", prefix);
+    int64_t key = dlock_pg_key(NULL, name, strlen(name));
+    uint64_t u = (uint64_t)key;
+    dlock_client *c = open_ok(uri), *other = open_ok(uri);
+    dlock_lock *l = NULL, *l2 = NULL;
+    is_int(dlock_acquire(c, name, NULL, &l), 0, "acquire");
+    snprintf(sql, sizeof sql,
+             "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+             " AND classid = %llu AND objid = %llu AND objsubid = 1 AND granted",
+             (unsigned long long)(u >> 32), (unsigned long long)(u & 0xffffffffu));
+    char *v = q1(raw, sql);
+    is_str(v, "t", "the holder's backend is terminated");
+    free(v);
+    sleep_ms(100);
+    dlock_acquire_opts o = opts(DLOCK_WAIT_DEADLINE, 3000);
+    is_int(dlock_acquire(other, name, &o, &l2), 0, "another client gets the lock");
+    is_int(dlock_renew(l, 5000), DLOCK_ELOST, "the old holder's renew → DLOCK_ELOST");
+    ok(strstr(dlock_errmsg(c), "session") != NULL, "saying why: %s", dlock_errmsg(c));
+    is_int(dlock_release(l), DLOCK_ELOST, "its release → DLOCK_ELOST");
+    is_int(dlock_release(l2), 0, "the new holder releases normally");
+    o = opts(DLOCK_WAIT_TRY, 0);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "the first client recovers with a new session");
+    dlock_release(l);
+    dlock_client_close(c);
+    dlock_client_close(other);
+}
+
+static void test_no_stacking(void)
+{
+    char name[128], sql[320];
+    snprintf(name, sizeof name, "%sstack", prefix);
+    uint64_t u = (uint64_t)dlock_pg_key(NULL, name, strlen(name));
+    dlock_client *c = open_ok(uri);
+    dlock_lock *l = NULL, *again = NULL;
+    is_int(dlock_acquire(c, name, NULL, &l), 0, "acquire");
+    is_int(dlock_acquire(c, name, NULL, &again), DLOCK_EALREADY, "again on the same client → EALREADY");
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %llu"
+             " AND objid = %llu AND objsubid = 1 AND granted",
+             (unsigned long long)(u >> 32), (unsigned long long)(u & 0xffffffffu));
+    char *v = q1(raw, sql);
+    is_str(v, "1", "the server shows one lock, not a stack");
+    free(v);
+    dlock_release(l);
+    v = q1(raw, sql);
+    is_str(v, "0", "one release frees it");
+    free(v);
+    dlock_client_close(c);
+}
+
+/* A holds x and wants y while B holds y and wants x. Each dlock lock has a
+ * session of its own, so the sessions that wait are not the ones that hold
+ * and the server sees no cycle: the deadline is what breaks it. A gives up
+ * at 1 s and releases x; B, waiting up to 10 s, then gets it. */
+static void test_cycle_broken_by_deadline(void)
+{
+    char x[128], y[128];
+    int p[2], q[2];
+    snprintf(x, sizeof x, "%sdl-x", prefix);
+    snprintf(y, sizeof y, "%sdl-y", prefix);
+    if (pipe(p) < 0 || pipe(q) < 0)
+        abort();
+    pid_t kids[2];
+    for (int i = 0; i < 2; i++) {
+        kids[i] = fork();
+        if (kids[i] == 0) {
+            dlock_client *c = open_ok(uri);
+            dlock_lock *first = NULL, *second = NULL;
+            char ch = 0;
+            dlock_acquire(c, i ? y : x, NULL, &first);
+            if (write(i ? q[1] : p[1], "1", 1) != 1 || read(i ? p[0] : q[0], &ch, 1) != 1)
+                _exit(9);
+            dlock_acquire_opts o = opts(DLOCK_WAIT_DEADLINE, i ? 10000 : 1000);
+            int rc = dlock_acquire(c, i ? x : y, &o, &second);
+            if (rc == 0)
+                dlock_release(second);
+            dlock_release(first); /* lets the other one through */
+            dlock_client_close(c);
+            _exit(rc == DLOCK_ETIMEDOUT ? 1 : rc == 0 ? 0 : 2);
+        }
+    }
+    int st;
+    waitpid(kids[0], &st, 0);
+    is_int(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 1, "the side with the 1 s deadline times out");
+    waitpid(kids[1], &st, 0);
+    is_int(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 0, "and the other side then gets its lock");
+}
+
+static void test_options(void)
+{
+    char u[512];
+    dlock_client *c = NULL, *d = NULL;
+    dlock_lock *l = NULL, *l2 = NULL;
+    const char *q = strchr(uri, '?') ? "&" : "?";
+    snprintf(u, sizeof u, "%s%stable=Bad-Name", uri, q);
+    is_int(dlock_client_open(u, &c), DLOCK_EBADURI, "bad table name → EBADURI");
+    ok(strstr(dlock_errmsg(c), "table") != NULL, "naming the option");
+    dlock_client_close(c);
+    snprintf(u, sizeof u, "%s%stable=dlock_fence_alt&application_name=dlock-test", uri, q);
+    c = open_ok(u);
+    char name[128];
+    snprintf(name, sizeof name, "%salt", prefix);
+    is_int(dlock_acquire(c, name, NULL, &l), 0, "a custom fencing table works");
+    char *v = q1(raw, "SELECT count(*) > 0 FROM dlock_fence_alt");
+    is_str(v, "t", "and the counter lives there");
+    free(v);
+    v = q1(raw, "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name = 'dlock-test'");
+    is_str(v, "t", "application_name reaches the server");
+    free(v);
+    dlock_release(l);
+    dlock_client_close(c);
+
+    char ua[512], ub[512];
+    snprintf(ua, sizeof ua, "%s%snamespace=alpha", uri, q);
+    snprintf(ub, sizeof ub, "%s%snamespace=beta", uri, q);
+    c = open_ok(ua);
+    d = open_ok(ub);
+    dlock_acquire_opts o = opts(DLOCK_WAIT_TRY, 0);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "namespace alpha");
+    is_int(dlock_acquire(d, name, &o, &l2), 0, "the same name in namespace beta is another lock");
+    dlock_release(l);
+    dlock_release(l2);
+    dlock_client_close(c);
+    dlock_client_close(d);
+
+    c = NULL;
+    snprintf(u, sizeof u, "postgresql://dlock@127.0.0.1:1/dlock?connect_timeout=notanumber");
+    is_int(dlock_client_open(u, &c), DLOCK_EBADURI, "malformed connect_timeout → EBADURI");
+    dlock_client_close(c);
+    c = NULL;
+    is_int(dlock_client_open("postgresql:///dlock", &c), DLOCK_EBADURI, "no host → EBADURI");
+    dlock_client_close(c);
+}
+
+int main(void)
+{
+    uri = getenv("DLOCK_POSTGRES_URI");
+    if (!uri || !*uri) {
+        printf("Bail out! DLOCK_POSTGRES_URI is not set: start the stores with scripts/stores/start.sh\n");
+        return 1;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    snprintf(prefix, sizeof prefix, "pg-test-%d-%llu/", (int)getpid(),
+             (unsigned long long)(dlock_monotonic_ns() % 1000000007ull));
+    raw = raw_connect();
+    test_key_formula();
+    test_grant_timeout_race();
+    test_terminated_session();
+    test_no_stacking();
+    test_cycle_broken_by_deadline();
+    test_options();
+    PQfinish(raw);
+    return done_testing();
+}
