@@ -146,8 +146,8 @@ static int handshake(struct redis_conn *rc, struct redis_node *n, redisContext *
     return command(rc, n, ctxp, NULL, 2, argv, lens, "SELECT");
 }
 
-static int connect_ctx(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp,
-                       const struct timeval *tv)
+int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp,
+                            const struct timeval *tv)
 {
     redisContext *ctx = redisConnectWithTimeout(n->host, n->port, *tv);
     if (!ctx)
@@ -157,7 +157,7 @@ static int connect_ctx(struct redis_conn *rc, struct redis_node *n, redisContext
         return dlock_redis_ctx_error(rc, n, ctxp, "cannot connect");
     /* Command replies are bounded too: a server that accepts and never
      * answers must not hang the caller. */
-    if (redisSetTimeout(ctx, rc->nnodes > 1 ? *tv : rc->cmd_tv) != REDIS_OK)
+    if (redisSetTimeout(ctx, rc->cmd_tv) != REDIS_OK)
         return dlock_redis_ctx_error(rc, n, ctxp, "cannot set the reply timeout");
     int err = handshake(rc, n, ctxp);
     if (err && *ctxp) {
@@ -174,7 +174,7 @@ int dlock_redis_node_connect(struct redis_conn *rc, struct redis_node *n,
     int err;
     if (n->cmd)
         return 0;
-    if ((err = connect_ctx(rc, n, &n->cmd, tv)) != 0)
+    if ((err = dlock_redis_connect_ctx(rc, n, &n->cmd, tv)) != 0)
         return err;
     err = command(rc, n, &n->cmd, &r, 3, (const char *[]){"SCRIPT", "LOAD", dlock_redis_lua},
                   (size_t[]){6, 4, sizeof dlock_redis_lua - 1}, "SCRIPT LOAD");
@@ -211,7 +211,7 @@ int dlock_redis_script(struct redis_conn *rc, struct redis_node *n, size_t argc,
     const char *av[16];
     size_t al[16];
     int err;
-    if ((err = dlock_redis_node_connect(rc, n, &rc->cmd_tv)) != 0)
+    if ((err = dlock_redis_node_connect(rc, n, rc->nnodes > 1 ? &rc->cmd_tv : &rc->connect_tv)) != 0)
         return err;
     redisReply *r = redisCommandArgv(n->cmd, (int)argc, argv, argvlen);
     if (!r)
@@ -338,6 +338,8 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
                 up++;
             else if (!first_err)
                 first_err = err;
+            if (err)
+                rc->nodes[i].retry_at = dlock_monotonic_ns() + 1000000000ull;
         }
         if (up < n / 2 + 1) {
             err = first_err ? first_err : DLOCK_ECONNECT;
@@ -369,19 +371,22 @@ static int ensure_subscribed(struct redis_conn *rc, struct redis_node *n)
     int err;
     if (n->sub)
         return 0;
-    if ((err = connect_ctx(rc, n, &n->sub, &rc->connect_tv)) != 0)
+    if ((err = dlock_redis_connect_ctx(rc, n, &n->sub, &rc->connect_tv)) != 0)
         return err;
     err = command(rc, n, &n->sub, &r, 2, (const char *[]){"SUBSCRIBE", rc->channel},
                   (size_t[]){9, rc->channel_len}, "SUBSCRIBE");
-    if (err)
-        return err;
-    int okay = r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+    int okay = err == 0 && r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
                r->element[0]->type == REDIS_REPLY_STRING &&
                strcmp(r->element[0]->str, "subscribe") == 0;
-    freeReplyObject(r);
-    if (!okay)
-        return dlock_seterr(cl(rc), DLOCK_EPROTO, "unexpected SUBSCRIBE reply");
-    return 0;
+    if (r)
+        freeReplyObject(r);
+    if (okay)
+        return 0;
+    /* A connection that is not subscribed must not pass for one. */
+    if (n->sub)
+        redisFree(n->sub);
+    n->sub = NULL;
+    return err ? err : dlock_seterr(cl(rc), DLOCK_EPROTO, "unexpected SUBSCRIBE reply");
 }
 
 /* A handoff message is "<owner>:<token>"; others' (stale) ones are skipped. */
@@ -474,7 +479,8 @@ static int simple_op(struct redis_conn *rc, struct redis_held *h, const char *op
     size_t lens[3] = {strlen(op), 32, arg3 ? strlen(arg3) : 0};
     redisReply *r = NULL;
     int err = run_op(rc, h, args, lens, arg3 ? 3 : 2, &r);
-    if (err == DLOCK_ECONNECT)
+    rc->retried = err == DLOCK_ECONNECT;
+    if (rc->retried)
         err = run_op(rc, h, args, lens, arg3 ? 3 : 2, &r);
     if (err)
         return err;
@@ -497,9 +503,28 @@ static void cancel_wait(struct redis_conn *rc, struct redis_held *h)
     int saved = cl(rc)->err;
     char msg[DLOCK_ERRMSG_MAX];
     memcpy(msg, cl(rc)->errmsg, sizeof msg);
-    simple_op(rc, h, "cancel", entry, &res);
+    if (simple_op(rc, h, "cancel", entry, &res) != 0 && rc->nodes[0].sub) {
+        /* Still queued: drop the subscription, so that the queue entry
+         * reads as a dead waiter (PUBSUB NUMSUB 0) and is skipped. */
+        redisFree(rc->nodes[0].sub);
+        rc->nodes[0].sub = NULL;
+    }
     cl(rc)->err = saved; /* report the original failure, not the cleanup */
     memcpy(cl(rc)->errmsg, msg, sizeof msg);
+}
+
+/* A deadline bounds each call too, not only the wait between calls. */
+static void bound_replies(struct redis_conn *rc, struct redis_node *n, uint64_t deadline_ns)
+{
+    uint64_t now = dlock_monotonic_ns(), left = deadline_ns > now ? deadline_ns - now : 0;
+    uint64_t cmd = (uint64_t)rc->cmd_tv.tv_sec * 1000000000u + (uint64_t)rc->cmd_tv.tv_usec * 1000u;
+    struct timeval tv;
+    if (!n->cmd || left >= cmd)
+        return;
+    left = left < 1000000u ? 1000000u : left; /* at least 1 ms: 0 means no limit */
+    tv.tv_sec = (time_t)(left / 1000000000u);
+    tv.tv_usec = (suseconds_t)(left % 1000000000u / 1000u);
+    redisSetTimeout(n->cmd, tv);
 }
 
 static int acquire_single(struct redis_conn *rc, const dlock_request *req, struct redis_held *h)
@@ -516,7 +541,11 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
     if ((err = ensure_subscribed(rc, n)) != 0)
         return err;
     for (;;) {
+        if (req->wait == DLOCK_WAIT_DEADLINE)
+            bound_replies(rc, n, req->deadline_ns);
         err = try_acquire(rc, h, "wait", &pttl);
+        if (req->wait == DLOCK_WAIT_DEADLINE && n->cmd)
+            redisSetTimeout(n->cmd, rc->cmd_tv);
         if (err == 1)
             return 0;
         if (err < 0)
@@ -592,7 +621,9 @@ static int redis_release(dlock_conn *conn, dlock_held *held)
         err = dlock_redlock_release(rc, h);
     else if ((err = simple_op(rc, h, "release", NULL, &res)) == 0 && res != 1)
         err = dlock_seterr(conn->client, DLOCK_ELOST,
-                           "the lease had expired or another owner holds the lock");
+                           "the lease had expired or another owner holds the lock%s",
+                           rc->retried ? " (or a release whose reply was lost had already done it)"
+                                   : "");
     held_free(h);
     return err;
 }
@@ -620,6 +651,11 @@ static int redis_ping(dlock_conn *conn)
 {
     struct redis_conn *rc = (struct redis_conn *)conn;
     struct redis_node *n = &rc->nodes[0];
+    /* Redlock: a node still owed abandoned replies would answer with one. */
+    for (size_t i = 0; i < rc->nnodes && n->stale; i++)
+        n = &rc->nodes[i];
+    if (n->stale)
+        return dlock_seterr(conn->client, DLOCK_ECONNECT, "no Redlock node is ready to ping");
     int err = dlock_redis_node_connect(rc, n, &rc->connect_tv);
     if (err)
         return err;

@@ -13,6 +13,7 @@ struct redis_node {
     redisContext *cmd; /* NULL until connected, and again after an I/O error */
     redisContext *sub; /* subscriber connection, opened on the first wait */
     unsigned stale;    /* replies still to come for calls we stopped waiting for */
+    uint64_t retry_at; /* after a failed connect, not before (CLOCK_MONOTONIC ns) */
 };
 
 struct redis_conn {
@@ -26,6 +27,7 @@ struct redis_conn {
     char sha[41];       /* SHA1 of the script, as SCRIPT LOAD returned it */
     char channel[96];   /* this connection's wake-up channel (single) */
     size_t channel_len;
+    int retried;        /* the last call was sent again after a lost reply */
 };
 
 /* Keys of one lock name: "<prefix><name>:lock", ":fence", ":queue". */
@@ -47,6 +49,10 @@ struct redis_held {
 int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
                      struct redis_keys *keys);
 void dlock_redis_keys_free(struct redis_keys *keys);
+/* Connects *ctxp to node n within tv, with replies bounded by the command
+ * (single) or node (Redlock) timeout, and authenticates. */
+int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp,
+                            const struct timeval *tv);
 /* Connects node n's command connection if needed (AUTH, SELECT, SCRIPT LOAD). */
 int dlock_redis_node_connect(struct redis_conn *rc, struct redis_node *n,
                              const struct timeval *tv);

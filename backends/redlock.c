@@ -31,6 +31,7 @@
 #include "core/internal.h"
 
 #define MAX_NODES 64
+#define RECONNECT_BACKOFF_NS 1000000000ull
 
 static dlock_client *cl(struct redis_conn *rc)
 {
@@ -110,7 +111,7 @@ static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **
     const char *argv[16];
     size_t argvlen[16];
     size_t argc = dlock_redis_script_argv(rc, &h->keys, args, lens, nargs, argv, argvlen);
-    uint64_t until = dlock_monotonic_ns() + timeout_ns;
+    uint64_t until;
     int pending[MAX_NODES] = {0};
     size_t npending = 0, yes = 0, no = 0;
 
@@ -118,8 +119,14 @@ static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **
         struct redis_node *n = &rc->nodes[i];
         int done = 0;
         replies[i] = NULL;
-        if (dlock_redis_node_connect(rc, n, &rc->cmd_tv) != 0)
+        /* A node that just failed to connect is left alone for a while, so
+         * one dead or silent node does not cost every call a connect. */
+        if (!n->cmd && dlock_monotonic_ns() < n->retry_at)
             continue;
+        if (dlock_redis_node_connect(rc, n, &rc->cmd_tv) != 0) {
+            n->retry_at = dlock_monotonic_ns() + RECONNECT_BACKOFF_NS;
+            continue;
+        }
         if (redisAppendCommandArgv(n->cmd, (int)argc, argv, argvlen) != REDIS_OK)
             continue;
         while (!done)
@@ -133,6 +140,8 @@ static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **
         pending[i] = 1;
         npending++;
     }
+    /* The reply clock starts once everything is sent. */
+    until = dlock_monotonic_ns() + timeout_ns;
     no = rc->nnodes - npending;
     while (npending > 0) {
         struct pollfd pfd[MAX_NODES];
@@ -160,12 +169,11 @@ static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **
         if (np == 0)
             break;
         uint64_t now = dlock_monotonic_ns();
-        struct timespec ts;
-        int pr = 0;
-        if (now < until) {
+        struct timespec ts = {0, 0};
+        /* Past the clock, still one look at what already arrived. */
+        if (now < until)
             dlock_ns_to_timespec(until - now, &ts);
-            pr = ppoll(pfd, np, &ts, NULL);
-        }
+        int pr = ppoll(pfd, np, &ts, NULL);
         if (pr < 0 && errno == EINTR)
             continue;
         if (pr <= 0) {
@@ -329,48 +337,74 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
     return 0;
 }
 
-/* SUBSCRIBE (or UNSUBSCRIBE) on every reachable node's subscriber connection. */
+static void drop_sub(struct redis_node *n)
+{
+    if (n->sub)
+        redisFree(n->sub);
+    n->sub = NULL;
+}
+
+/* Reads node n's subscriber replies until the confirmation for chan (each
+ * read bounded by node_timeout); 0 once subscribed. */
+static int confirm_subscribed(struct redis_node *n, const char *chan, size_t len)
+{
+    for (;;) {
+        void *v = NULL;
+        if (redisGetReply(n->sub, &v) != REDIS_OK || !v)
+            return -1;
+        redisReply *r = v;
+        int confirmed = r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+                        r->element[0]->type == REDIS_REPLY_STRING &&
+                        strcmp(r->element[0]->str, "subscribe") == 0 &&
+                        r->element[1]->type == REDIS_REPLY_STRING &&
+                        r->element[1]->len == len && memcmp(r->element[1]->str, chan, len) == 0;
+        int error = r->type == REDIS_REPLY_ERROR;
+        freeReplyObject(r);
+        if (confirmed)
+            return 0;
+        if (error)
+            return -1;
+        /* older "message" / "unsubscribe" replies: skip */
+    }
+}
+
+/* SUBSCRIBE (confirmed, so that no release published after we retry can be
+ * missed) or UNSUBSCRIBE on every reachable node's subscriber connection. */
 static void subscribe_all(struct redis_conn *rc, const char *cmd, const char *chan, size_t len)
 {
+    int subscribing = strcmp(cmd, "SUBSCRIBE") == 0;
+    int sent[MAX_NODES] = {0};
     for (size_t i = 0; i < rc->nnodes; i++) {
         struct redis_node *n = &rc->nodes[i];
         if (!n->sub) {
-            if (strcmp(cmd, "SUBSCRIBE") != 0)
+            if (!subscribing || dlock_monotonic_ns() < n->retry_at)
                 continue;
-            n->sub = redisConnectWithTimeout(n->host, n->port, rc->connect_tv);
-            if (!n->sub || n->sub->err) {
-                if (n->sub)
-                    redisFree(n->sub);
-                n->sub = NULL;
+            if (dlock_redis_connect_ctx(rc, n, &n->sub, &rc->cmd_tv) != 0) {
+                n->retry_at = dlock_monotonic_ns() + RECONNECT_BACKOFF_NS;
                 continue;
-            }
-            if (rc->password) {
-                redisReply *r = rc->user && rc->user[0]
-                                    ? redisCommand(n->sub, "AUTH %s %s", rc->user, rc->password)
-                                    : redisCommand(n->sub, "AUTH %s", rc->password);
-                int bad = !r || r->type == REDIS_REPLY_ERROR;
-                if (r)
-                    freeReplyObject(r);
-                if (bad) {
-                    redisFree(n->sub);
-                    n->sub = NULL;
-                    continue;
-                }
             }
         }
         const char *argv[2] = {cmd, chan};
         const size_t lens[2] = {strlen(cmd), len};
         int done = 0;
-        if (redisAppendCommandArgv(n->sub, 2, argv, lens) != REDIS_OK)
+        if (redisAppendCommandArgv(n->sub, 2, argv, lens) != REDIS_OK) {
+            drop_sub(n);
             continue;
+        }
         while (!done)
             if (redisBufferWrite(n->sub, &done) != REDIS_OK)
                 break;
-        if (!done) {
-            redisFree(n->sub);
-            n->sub = NULL;
-        }
+        if (!done)
+            drop_sub(n);
+        else
+            sent[i] = 1;
     }
+    if (!subscribing)
+        return; /* confirmations are skipped when they arrive */
+    for (size_t i = 0; i < rc->nnodes; i++)
+        if (sent[i] && confirm_subscribed(&rc->nodes[i], chan, len) != 0)
+            drop_sub(&rc->nodes[i]);
+    dlock_clearerr(cl(rc));
 }
 
 /* Waits for a "released" message on any node, or until until_ns. Replies
@@ -412,10 +446,8 @@ static void wait_release(struct redis_conn *rc, uint64_t until_ns)
         if (ppoll(pfd, np, &ts, NULL) <= 0)
             return;
         for (size_t k = 0; k < np; k++)
-            if (pfd[k].revents && redisBufferRead(rc->nodes[idx[k]].sub) != REDIS_OK) {
-                redisFree(rc->nodes[idx[k]].sub);
-                rc->nodes[idx[k]].sub = NULL;
-            }
+            if (pfd[k].revents && redisBufferRead(rc->nodes[idx[k]].sub) != REDIS_OK)
+                drop_sub(&rc->nodes[idx[k]]);
     }
 }
 
@@ -496,8 +528,10 @@ int dlock_redlock_release(struct redis_conn *rc, struct redis_held *h)
 {
     size_t ours, not_ours;
     drop_all(rc, h, &ours, &not_ours);
-    if (ours >= quorum(rc))
+    if (ours >= quorum(rc)) {
+        dlock_clearerr(cl(rc));
         return 0;
+    }
     /* Lost only when the nodes that answered prove no quorum was ours. */
     if (rc->nnodes - not_ours < quorum(rc))
         return dlock_seterr(cl(rc), DLOCK_ELOST,

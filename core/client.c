@@ -38,12 +38,20 @@ static void redact(char *msg, const char *secret)
 
 int dlock_vseterr(dlock_client *c, int code, const char *fmt, va_list ap)
 {
+    /* Redact before truncating, so that no prefix of a password cut off at
+     * the buffer's end can slip through. */
+    char full[4 * DLOCK_ERRMSG_MAX];
     if (!c)
         return code;
     c->err = code;
-    vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
+    vsnprintf(full, sizeof full, fmt, ap);
     if (c->uri)
-        redact(c->errmsg, dlock_uri_password(c->uri));
+        redact(full, dlock_uri_password(c->uri));
+    size_t n = strlen(full);
+    if (n >= sizeof c->errmsg)
+        n = sizeof c->errmsg - 1;
+    memcpy(c->errmsg, full, n);
+    c->errmsg[n] = '\0';
     return code;
 }
 

@@ -101,7 +101,7 @@ EOF
 
 # ---- dlock test settings (scripts/stores/start.sh) ----
 shared_buffers = 16MB
-max_connections = 200
+max_connections = 600
 password_encryption = scram-sha-256
 fsync = off
 synchronous_commit = off

@@ -318,6 +318,44 @@ static void test_redlock_nodes_down(const char *uri)
     is_int(dlock_acquire(c, name, &o, &l), 0, "2 of 5 nodes down: still granted");
     is_int(dlock_release(l), 0, "and released");
     dlock_client_close(c);
+
+    /* Two nodes that accept connections and never answer (a stopped or
+     * half-dead server): the three live ones must still make a quorum,
+     * promptly, call after call. */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int silent[2], sport[2];
+    for (int i = 0; i < 2; i++) {
+        socklen_t alen = sizeof a;
+        a.sin_port = 0;
+        silent[i] = socket(AF_INET, SOCK_STREAM, 0);
+        bind(silent[i], (struct sockaddr *)&a, sizeof a);
+        listen(silent[i], 64);
+        getsockname(silent[i], (struct sockaddr *)&a, &alen);
+        sport[i] = ntohs(a.sin_port);
+    }
+    char mute[512];
+    dlock_uri_parse(uri, &u, err, sizeof err);
+    snprintf(mute, sizeof mute, "redis://127.0.0.1:%d,%s:%u,%s:%u,127.0.0.1:%d,%s:%u/0", sport[0],
+             dlock_uri_host(u, 0), dlock_uri_port(u, 0), dlock_uri_host(u, 1), dlock_uri_port(u, 1),
+             sport[1], dlock_uri_host(u, 2), dlock_uri_port(u, 2));
+    dlock_uri_free(u);
+    c = open_ok(mute);
+    int good = 0;
+    uint64_t t0 = dlock_monotonic_ns();
+    for (int i = 0; i < 10; i++) {
+        o = opts(DLOCK_WAIT_DEADLINE, 2000, 5000);
+        if (dlock_acquire(c, name, &o, &l) == 0 && dlock_release(l) == 0)
+            good++;
+        else
+            diag("round %d: %s", i, dlock_errmsg(c));
+    }
+    is_int(good, 10, "2 of 5 nodes silent: every acquire and release still succeeds");
+    ok(dlock_monotonic_ns() - t0 < 5000 * MS, "10 rounds in %.0f ms (bound 5 s)",
+       (dlock_monotonic_ns() - t0) / 1e6);
+    dlock_client_close(c);
+    close(silent[0]);
+    close(silent[1]);
+
     c = NULL;
     is_int(dlock_client_open(three, &c), DLOCK_ECONNECT, "3 of 5 nodes down: open fails");
     ok(strstr(dlock_errmsg(c), "127.0.0.1") != NULL, "naming a node: %s", dlock_errmsg(c));
