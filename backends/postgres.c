@@ -17,6 +17,11 @@
  * (first-come first-served, woken at once), bounded by lock_timeout for a
  * deadline. The lock and the fencing-token bump travel in one statement, so
  * an uncontended acquire is one round trip.
+ *
+ * Token: by default a per-name row in a table (key, token) bumped with
+ * INSERT ... ON CONFLICT DO UPDATE, which a protected resource in the same
+ * database can read; token=sequence uses nextval() of one sequence instead,
+ * cheaper (no row update) but shared by all names.
  */
 #include <inttypes.h>
 #include <libpq-fe.h>
@@ -34,7 +39,7 @@
 
 static const char *const pg_schemes[] = {"postgresql", "postgres", NULL};
 static const char *const pg_options[] = {
-    "connect_timeout", "sslmode", "application_name", "namespace", "table", NULL,
+    "connect_timeout", "sslmode", "application_name", "namespace", "table", "token", NULL,
 };
 
 struct pg_session {
@@ -51,6 +56,7 @@ struct pg_conn {
     char *hosts, *ports;  /* comma-separated, as libpq takes them */
     char *namespace;
     char table[64];
+    int use_sequence; /* token=sequence: one global sequence, not per-name rows */
     struct pg_session pool[POOL_MAX];
 };
 
@@ -165,10 +171,13 @@ static void session_close(struct pg_session *s)
     s->busy = 0;
 }
 
-/* An idle session with a live connection, opening one if needed. */
-static int session_take(struct pg_conn *pc, struct pg_session **out)
+/* An idle session with a live connection, opening one if needed; *opened
+ * says which. A pooled session may still turn out dead on its next
+ * statement (its idle_session_timeout ran out while pooled). */
+static int session_take(struct pg_conn *pc, struct pg_session **out, int *opened)
 {
     struct pg_session *fresh = NULL;
+    *opened = 0;
     for (size_t i = 0; i < POOL_MAX; i++) {
         struct pg_session *s = &pc->pool[i];
         if (s->busy)
@@ -185,8 +194,10 @@ static int session_take(struct pg_conn *pc, struct pg_session **out)
         return dlock_seterr(cl(pc), DLOCK_ENOMEM, "more than %d locks held by one client",
                             POOL_MAX);
     int err = session_open(pc, fresh);
-    if (err == 0)
+    if (err == 0) {
         *out = fresh;
+        *opened = 1;
+    }
     return err;
 }
 
@@ -270,9 +281,13 @@ static int parse_params(dlock_client *c, const dlock_uri *uri, struct pg_conn *p
         return dlock_seterr(c, DLOCK_EBADURI,
                             "a postgresql:// URI needs a host, as in postgresql://user@127.0.0.1:5432/db");
     v = dlock_uri_param(uri, "table");
-    if (v && !valid_identifier(v))
+    if (v && (!valid_identifier(v) || strlen(v) > 59))
         return dlock_seterr(c, DLOCK_EBADURI,
-                            "option 'table' must be a lower-case SQL identifier of at most 63 bytes");
+                            "option 'table' must be a lower-case SQL identifier of at most 59 bytes");
+    const char *tok = dlock_uri_param(uri, "token");
+    if (tok && strcmp(tok, "table") != 0 && strcmp(tok, "sequence") != 0)
+        return dlock_seterr(c, DLOCK_EBADURI, "option 'token' must be 'table' or 'sequence'");
+    pc->use_sequence = tok && strcmp(tok, "sequence") == 0;
     snprintf(pc->table, sizeof pc->table, "%s", v ? v : DEFAULT_TABLE);
     if ((v = dlock_uri_param(uri, "namespace")) != NULL && !(pc->namespace = strdup(v)))
         return DLOCK_ENOMEM;
@@ -320,9 +335,12 @@ static int create_table(struct pg_conn *pc, struct pg_session *s)
 {
     char sql[256];
     PGresult *r = NULL;
-    snprintf(sql, sizeof sql,
-             "CREATE TABLE IF NOT EXISTS %s (key bigint PRIMARY KEY, token bigint NOT NULL)",
-             pc->table);
+    if (pc->use_sequence)
+        snprintf(sql, sizeof sql, "CREATE SEQUENCE IF NOT EXISTS %s_seq", pc->table);
+    else
+        snprintf(sql, sizeof sql,
+                 "CREATE TABLE IF NOT EXISTS %s (key bigint PRIMARY KEY, token bigint NOT NULL)",
+                 pc->table);
     int err = run(pc, s, sql, 0, &r, "creating the fencing table");
     if (err == DLOCK_ESTORE) { /* two clients creating it at once: one wins */
         dlock_clearerr(cl(pc));
@@ -402,14 +420,22 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
         stmt++;
     }
     /* The lock and the counter bump in one statement: the CTE runs once
-     * (MATERIALIZED), and the INSERT only where the lock was granted. */
-    snprintf(sql, sizeof sql,
+     * (MATERIALIZED), and the INSERT (or nextval) only where the lock was
+     * granted. */
+    const char *fn = req->wait == DLOCK_WAIT_TRY ? "pg_try_advisory_lock" : "pg_advisory_lock";
+    if (pc->use_sequence)
+        snprintf(sql, sizeof sql,
+                 "%s%sWITH l AS MATERIALIZED (SELECT %s(%" PRId64 ") AS got) "
+                 "SELECT CASE WHEN %s THEN nextval('%s_seq') END FROM l",
+                 idle, timeout, fn, key, req->wait == DLOCK_WAIT_TRY ? "got" : "true", pc->table);
+    else
+        snprintf(sql, sizeof sql,
              "%s%sWITH l AS MATERIALIZED (SELECT %s(%" PRId64 ") AS got), "
              "f AS (INSERT INTO %s (key, token) SELECT %" PRId64 ", 1 FROM l WHERE %s "
              "ON CONFLICT (key) DO UPDATE SET token = %s.token + 1 RETURNING token) "
              "SELECT (SELECT token FROM f)",
-             idle, timeout, req->wait == DLOCK_WAIT_TRY ? "pg_try_advisory_lock" : "pg_advisory_lock",
-             key, pc->table, key, req->wait == DLOCK_WAIT_TRY ? "got" : "true", pc->table);
+             idle, timeout, fn, key, pc->table, key, req->wait == DLOCK_WAIT_TRY ? "got" : "true",
+             pc->table);
     err = run(pc, s, sql, stmt, &r, "acquire");
     if (err == DLOCK_ETIMEDOUT) {
         undo_late_grant(pc, s, key);
@@ -438,16 +464,23 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     struct pg_held *h;
     uint64_t token = 0;
     int64_t key = dlock_pg_key(pc->namespace, req->name, req->name_len);
-    int err = session_take(pc, &s);
-    if (err)
-        return err;
-    s->busy = 1; /* while we wait too */
-    err = acquire_on(pc, s, req, key, &token);
-    if (err) {
+    int err, opened;
+    for (int attempt = 0;; attempt++) {
+        if ((err = session_take(pc, &s, &opened)) != 0)
+            return err;
+        s->busy = 1; /* while we wait too */
+        err = acquire_on(pc, s, req, key, &token);
+        if (err == 0)
+            break;
         s->busy = 0;
-        if (PQstatus(s->pg) != CONNECTION_OK)
-            session_close(s);
-        return err;
+        if (PQstatus(s->pg) == CONNECTION_OK)
+            return err;
+        session_close(s);
+        /* A pooled session that had died while idle ran nothing: retry
+         * once on a new one. */
+        if (opened || attempt > 0)
+            return err;
+        dlock_clearerr(conn->client);
     }
     h = calloc(1, sizeof *h);
     if (!h) {
@@ -476,16 +509,16 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
     char sql[160];
     PGresult *r = NULL;
     int err;
-    /* Unlock, and stop the idle timer so the pooled session survives. */
-    snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%" PRId64 ")%s", h->key,
-             h->s->idle_ms ? "; SET idle_session_timeout = 0" : "");
+    /* The idle timer stays set: the pooled session may die of it while
+     * unused, which the next acquire notices and survives; resetting it
+     * here would cost every release a statement. */
+    snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%" PRId64 ")", h->key);
     err = run(pc, h->s, sql, 0, &r, "release");
     if (err && PQstatus(h->s->pg) != CONNECTION_OK) {
         err = session_lost(pc, h);
     } else if (err == 0) {
         int mine = PQgetvalue(r, 0, 0)[0] == 't';
         PQclear(r);
-        h->s->idle_ms = 0;
         h->s->busy = 0;
         if (!mine)
             err = dlock_seterr(conn->client, DLOCK_ELOST, "the session no longer held the lock");
@@ -527,11 +560,18 @@ static int pg_ping(dlock_conn *conn)
     struct pg_conn *pc = (struct pg_conn *)conn;
     struct pg_session *s = NULL;
     PGresult *r = NULL;
-    int err = session_take(pc, &s);
-    if (err == 0 && (err = run(pc, s, "SELECT 1", 0, &r, "ping")) == 0)
-        PQclear(r);
-    if (err && s && PQstatus(s->pg) != CONNECTION_OK)
-        session_close(s);
+    int err, opened = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if ((err = session_take(pc, &s, &opened)) != 0)
+            return err;
+        if ((err = run(pc, s, "SELECT 1", 0, &r, "ping")) == 0) {
+            PQclear(r);
+            return 0;
+        }
+        if (PQstatus(s->pg) == CONNECTION_OK || opened)
+            break;
+        session_close(s); /* died while pooled: once more on a new one */
+    }
     return err;
 }
 

@@ -246,6 +246,59 @@ static void test_cycle_broken_by_deadline(void)
     is_int(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 0, "and the other side then gets its lock");
 }
 
+/* The idle timer stays set on pooled sessions; one that died of it while
+ * pooled must not fail the next acquire. */
+static void test_pooled_session_expired(void)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%spooled", prefix);
+    dlock_client *c = open_ok(uri);
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = opts(DLOCK_WAIT_TRY, 0);
+    o.ttl_ms = 300;
+    is_int(dlock_acquire(c, name, &o, &l), 0, "acquire with a 300 ms lease");
+    is_int(dlock_release(l), 0, "release: the session goes back to the pool");
+    sleep_ms(800); /* the pooled session's idle_session_timeout ends it */
+    o.ttl_ms = 5000;
+    is_int(dlock_acquire(c, name, &o, &l), 0, "the next acquire survives the dead pooled session");
+    is_str(dlock_errmsg(c), "", "with no error left behind");
+    is_int(dlock_client_ping(c), 0, "ping works too");
+    dlock_release(l);
+    dlock_client_close(c);
+}
+
+static void test_sequence_tokens(void)
+{
+    char u[512], name[128];
+    snprintf(u, sizeof u, "%s%stoken=sequence", uri, strchr(uri, '?') ? "&" : "?");
+    snprintf(name, sizeof name, "%sseq", prefix);
+    dlock_client *a = open_ok(u), *b = open_ok(u);
+    dlock_lock *l = NULL;
+    uint64_t last = 0;
+    int increasing = 1;
+    for (int i = 0; i < 10; i++) {
+        dlock_client *c = i % 2 ? a : b;
+        dlock_acquire_opts o = opts(DLOCK_WAIT_DEADLINE, 3000);
+        if (dlock_acquire(c, name, &o, &l) != 0) {
+            increasing = 0;
+            break;
+        }
+        increasing &= dlock_lock_token(l) > last;
+        last = dlock_lock_token(l);
+        dlock_release(l);
+    }
+    ok(increasing, "token=sequence: tokens strictly increase across two clients");
+    char *v = q1(raw, "SELECT last_value FROM dlock_fence_seq");
+    ok(strtoull(v, NULL, 10) >= last, "and come from the sequence dlock_fence_seq (%s)", v);
+    free(v);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client *c = NULL;
+    snprintf(u, sizeof u, "%s%stoken=counter", uri, strchr(uri, '?') ? "&" : "?");
+    is_int(dlock_client_open(u, &c), DLOCK_EBADURI, "token=counter → EBADURI");
+    dlock_client_close(c);
+}
+
 static void test_options(void)
 {
     char u[512];
@@ -308,6 +361,8 @@ int main(void)
     test_terminated_session();
     test_no_stacking();
     test_cycle_broken_by_deadline();
+    test_pooled_session_expired();
+    test_sequence_tokens();
     test_options();
     PQfinish(raw);
     return done_testing();
