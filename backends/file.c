@@ -44,6 +44,7 @@ struct file_conn {
 struct file_held {
     dlock_held base;
     int fd;
+    char fname[DLOCK_FILE_ENCODED_MAX + 80];
 };
 
 static const char *const file_schemes[] = {"file", NULL};
@@ -365,19 +366,19 @@ static int file_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     }
     h->base.token = token;
     h->fd = fd;
+    memcpy(h->fname, fname, sizeof h->fname);
     *heldp = &h->base;
     return 0;
 }
 
+/* Removed, renamed away or replaced: another process may have created and
+ * locked a new file at the path, so ours no longer excludes anyone. */
 static int check_held(dlock_conn *conn, struct file_held *h)
 {
-    struct stat st;
-    if (fstat(h->fd, &st) < 0)
-        return dlock_seterr(conn->client, DLOCK_EIO, "cannot stat the lock file: %s",
-                            strerror(errno));
-    if (st.st_nlink == 0)
+    struct file_conn *fc = (struct file_conn *)conn;
+    if (!still_linked(fc->dirfd, h->fname, h->fd))
         return dlock_seterr(conn->client, DLOCK_ELOST,
-                            "the lock file was removed while the lock was held");
+                            "the lock file was removed or replaced while the lock was held");
     return 0;
 }
 

@@ -140,6 +140,16 @@ static void test_fork_and_removal(void)
     is_int(dlock_release(l), DLOCK_ELOST, "release reports the lock lost");
     is_int(dlock_acquire(b, "removed", &o, &lb), 0, "a new file is created and locked");
     dlock_release(lb);
+
+    char moved[600];
+    is_int(dlock_acquire(a, "renamed", NULL, &l), 0, "acquire 'renamed'");
+    dlock_file_encode_name("renamed", 7, fname, sizeof fname);
+    snprintf(path, sizeof path, "%s/%s", dir, fname);
+    snprintf(moved, sizeof moved, "%s.moved", path);
+    if (rename(path, moved) != 0)
+        diag("rename failed");
+    is_int(dlock_renew(l, 1000), DLOCK_ELOST, "renew sees the lock file renamed away");
+    is_int(dlock_release(l), DLOCK_ELOST, "release reports it lost");
     dlock_client_close(a);
     dlock_client_close(b);
 }
