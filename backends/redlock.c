@@ -409,7 +409,7 @@ static void subscribe_all(struct redis_conn *rc, const char *cmd, const char *ch
 
 /* Waits for a "released" message on any node, or until until_ns. Replies
  * that are only (un)subscribe confirmations are consumed on the way. */
-static void wait_release(struct redis_conn *rc, uint64_t until_ns)
+static int wait_release(struct redis_conn *rc, uint64_t until_ns)
 {
     for (;;) {
         struct pollfd pfd[MAX_NODES];
@@ -427,24 +427,22 @@ static void wait_release(struct redis_conn *rc, uint64_t until_ns)
                 freeReplyObject(r);
                 r = NULL;
                 if (msg)
-                    return;
+                    return 0;
             }
             pfd[np] = (struct pollfd){.fd = n->sub->fd, .events = POLLIN};
             idx[np++] = i;
         }
         uint64_t now = dlock_monotonic_ns();
-        if (np == 0 || now >= until_ns) {
-            if (np == 0 && now < until_ns) { /* no subscriber: wait out the bound */
-                struct timespec ts;
-                dlock_ns_to_timespec(until_ns - now, &ts);
-                ppoll(NULL, 0, &ts, NULL);
-            }
-            return;
-        }
+        if (now >= until_ns)
+            return 0;
         struct timespec ts;
         dlock_ns_to_timespec(until_ns - now, &ts);
-        if (ppoll(pfd, np, &ts, NULL) <= 0)
-            return;
+        /* With no subscriber left this just waits out the bound. */
+        int pr = ppoll(np ? pfd : NULL, np, &ts, NULL);
+        if (pr < 0 && errno == EINTR)
+            return DLOCK_EINTR;
+        if (pr <= 0)
+            return 0;
         for (size_t k = 0; k < np; k++)
             if (pfd[k].revents && redisBufferRead(rc->nodes[idx[k]].sub) != REDIS_OK)
                 drop_sub(&rc->nodes[idx[k]]);
@@ -506,7 +504,10 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
         uint64_t until = now + bound;
         if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until)
             until = req->deadline_ns;
-        wait_release(rc, until);
+        if (wait_release(rc, until) == DLOCK_EINTR) {
+            err = dlock_seterr(cl(rc), DLOCK_EINTR, "a signal interrupted the wait");
+            break;
+        }
         uint32_t rnd = 0;
         dlock_random_bytes(&rnd, sizeof rnd);
         uint64_t spread_ns = 1000000ull << (losses < 6 ? losses : 6);
