@@ -18,6 +18,7 @@
 #include "core/uri.h"
 #include "dlock_backend.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 #define MS 1000000ull
 
@@ -27,11 +28,6 @@ static const char *uri;
 static char prefix[64];
 static PGconn *raw; /* a plain libpq session, to look behind the library */
 
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static dlock_client *open_ok(const char *u)
 {

@@ -22,6 +22,7 @@
 #include "core/uri.h"
 #include "dlock_backend.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 #define MS 1000000ull
 
@@ -37,11 +38,6 @@ static const char *need_env(const char *name)
     return v;
 }
 
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static dlock_client *open_ok(const char *uri)
 {
@@ -189,16 +185,6 @@ static void test_auth(const char *auth_uri)
     dlock_client_close(c);
 }
 
-static int closed_port(void)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof a;
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    bind(s, (struct sockaddr *)&a, sizeof a);
-    getsockname(s, (struct sockaddr *)&a, &alen);
-    close(s);
-    return ntohs(a.sin_port);
-}
 
 static void lock_key(char *buf, size_t len, const char *name)
 {

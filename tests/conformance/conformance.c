@@ -33,6 +33,7 @@
 #include "core/uri.h"
 #include "dlock_backend.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 static const char *uri;
 static const char *auth_uri;
@@ -73,12 +74,6 @@ static dlock_acquire_opts try_once(void)
     return o;
 }
 
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
 
 /*
  * A holder in another process: acquires name (waiting up to 10 s), writes
@@ -143,17 +138,6 @@ static int holder_finish(struct holder *h)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-/* A loopback port with nothing listening (bound, then closed). */
-static int closed_port(void)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof a;
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    bind(s, (struct sockaddr *)&a, sizeof a);
-    getsockname(s, (struct sockaddr *)&a, &alen);
-    close(s);
-    return ntohs(a.sin_port);
-}
 
 /*
  * Rewrites a networked URI: with port, every host becomes 127.0.0.1:port;
