@@ -208,7 +208,7 @@ EOF
     launch mariadb mariadbd "${AS_USER[@]}" /usr/sbin/mariadbd --no-defaults \
         --datadir="$d/data" --tmpdir="$d/tmp" --socket="$d/mysqld.sock" \
         --pid-file="$d/mariadbd.pid" --port="$port" --bind-address=127.0.0.1 \
-        --skip-name-resolve --max-connections=200 --init-file="$d/init.sql" \
+        --skip-name-resolve --max-connections=1000 --init-file="$d/init.sql" \
         "${MARIADB_OPTS[@]}"
 }
 

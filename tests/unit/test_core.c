@@ -3,6 +3,7 @@
  * asked, and fails on demand: registration, strict options, name and option
  * checks, stacking, deadlines, error detail and redaction, close.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,8 +141,23 @@ static void test_open_errors(void)
     ok(strstr(dlock_errmsg(c), "nosuch") != NULL, "message names the scheme");
     dlock_client_close(c);
 
-    is_int(dlock_client_open("zookeeper://h/", &c), DLOCK_ENOBACKEND, "known scheme not built");
+    /* A scheme dlock knows whose backend this build left out, if any. */
+    static const char *const known[] = {"zookeeper", "mysql", "postgresql", "redis"};
+    const char *missing = NULL;
+    for (size_t i = 0; i < 4 && !missing; i++)
+        if (!dlock_backend_find(known[i]))
+            missing = known[i];
+    if (missing) {
+        char u[64];
+        snprintf(u, sizeof u, "%s://h/", missing);
+        is_int(dlock_client_open(u, &c), DLOCK_ENOBACKEND, "known scheme not built (%s)", missing);
+        ok(strstr(dlock_errmsg(c), "not built") != NULL, "message says so: %s", dlock_errmsg(c));
+    } else {
+        skip("every backend dlock knows is built in", "known scheme not built → ENOBACKEND");
+        skip("every backend dlock knows is built in", "message says so");
+    }
     dlock_client_close(c);
+    c = NULL;
 
     is_int(dlock_client_open("fake:/x", &c), DLOCK_EBADURI, "malformed URI");
     ok(dlock_errmsg(c)[0] != '\0', "malformed URI has a message");
