@@ -44,8 +44,12 @@ flags=$(pc --cflags --libs)
 libdir=$(pc --variable=libdir)
 check "a program builds with pkg-config flags" cc -std=c11 -Wall -Werror -o "$dest/use" "$dest/use.c" $flags
 check "and runs against the installed shared library" env LD_LIBRARY_PATH="$libdir" "$dest/use" "file://$dest/locks"
-check "a static build links with --static flags" cc -std=c11 -o "$dest/use-static" "$dest/use.c" \
-    $(pc --cflags) "$libdir/libdlock.a" $(pc --static --libs | sed "s/-ldlock//")
+# libdlock.a itself, with the libraries it needs (hiredis, libpq...) taken
+# as shared ones: Debian ships no static libpq dependencies (-lpgcommon).
+private_libs=$(sed -n 's/^Libs.private: //p' "$pc")
+deps=$(pc --print-requires-private | awk '{print $1}')
+check "libdlock.a links into a program" cc -std=c11 -o "$dest/use-static" "$dest/use.c" \
+    $(pc --cflags) "$libdir/libdlock.a" ${deps:+$(pkg-config --libs $deps)} $private_libs
 check "and runs" "$dest/use-static" "file://$dest/locks"
 check "dlock(1) man page installed" test -n "$(find "$dest" -name dlock.1)"
 check "dlock CLI installed and runs" "$(find "$dest" -name dlock -type f -perm -u+x | head -n1)" --version
