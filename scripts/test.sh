@@ -12,7 +12,7 @@ BUILD=${DLOCK_BUILD_DIR:-build-test}
 export DLOCK_STORES_DIR=${DLOCK_STORES_DIR:-/tmp/dlock-stores}
 # Backends whose code has landed are required: a missing library must fail
 # the run, not quietly build without the backend.
-opts="-Dwerror=true -Dredis=enabled -Dpostgres=enabled -Dmysql=enabled"
+opts="-Dwerror=true -Dredis=enabled -Dpostgres=enabled -Dmysql=enabled -Dzookeeper=enabled"
 if [ -f "$BUILD/build.ninja" ]; then
     meson setup --reconfigure "$BUILD" $opts >/dev/null
 else
