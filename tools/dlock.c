@@ -52,6 +52,7 @@ struct job {
     int lost;          /* the loss was reported and the command told to stop */
     uint64_t lease_end; /* when the lease runs out unless renewed */
     uint64_t kill_at;   /* SIGKILL the command then (0: not stopping it) */
+    int no_checks;      /* the backend has no renew: nothing to check */
 };
 
 /* After a lost lock the command gets SIGTERM, and SIGKILL this much later. */
@@ -496,6 +497,8 @@ static void renew(struct job *job)
     if (err == 0) {
         job->renew_failing = 0;
         job->lease_end = start + (uint64_t)job->ra->acq.ttl_ms * 1000000u;
+    } else if (err == DLOCK_ENOTSUP) {
+        job->no_checks = 1; /* a backend that cannot even check ownership */
     } else if (err == DLOCK_ELOST || dlock_monotonic_ns() >= job->lease_end) {
         /* Not renewed before the lease ran out: someone else may hold it. */
         report_lost(job);
@@ -506,14 +509,19 @@ static void renew(struct job *job)
     }
 }
 
-/* Leases run out unless renewed; other stores hold the lock as long as dlock. */
+/* Leases run out unless renewed (every third of the TTL). Locks without a
+ * lease can still be lost (a ZooKeeper session expiring, a lock file
+ * removed): renew then only checks ownership, once a second. */
+#define CHECK_INTERVAL_NS 1000000000ull
+
 static uint64_t renew_interval_ns(const struct job *job)
 {
     unsigned int caps = dlock_client_caps(dlock_lock_client(job->lock));
+    uint64_t third = (uint64_t)job->ra->acq.ttl_ms * 1000000u / 3;
 
-    if (!(caps & DLOCK_CAP_LEASE) || !(caps & DLOCK_CAP_RENEW))
-        return 0;
-    return (uint64_t)job->ra->acq.ttl_ms * 1000000u / 3;
+    if ((caps & DLOCK_CAP_LEASE) && (caps & DLOCK_CAP_RENEW))
+        return third;
+    return third < CHECK_INTERVAL_NS ? third : CHECK_INTERVAL_NS;
 }
 
 /* Waits for the child, renewing the lease meanwhile; returns its wait status,
@@ -529,6 +537,8 @@ static int wait_child(pid_t pid, struct job *job, const sigset_t *waitmask)
     while ((r = waitpid(pid, &status, WNOHANG)) == 0) {
         uint64_t now = dlock_monotonic_ns(), until = 0;
 
+        if (job->no_checks)
+            interval = 0;
         if (interval && !job->lost && now >= next) {
             renew(job);
             /* Retry a failed renewal sooner, while the lease still runs. */

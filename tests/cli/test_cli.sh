@@ -311,5 +311,23 @@ rc=$?
 [ $rc -eq 0 ] && [ -d "$dir/explicit" ] && [ ! -e "$dir/env-unused" ]
 check $? "an explicit URI wins over DLOCK_URI"
 
+# --- a lock lost while the command runs ----------------------------------------
+# Removing the lock file breaks the lock (another process could lock a new
+# file at the path): dlock checks once a second, stops the command, exits 70.
+lostdir="$dir/lost"
+"$DLOCK" run "file://$lostdir" lostname -- sh -c \
+    "trap 'touch \"$lostdir.stopped\"; exit 0' TERM; touch \"$lostdir.ready\"; while :; do sleep 0.05; done" \
+    </dev/null 2>"$dir/err" &
+lostpid=$!
+wait_for "$lostdir.ready"
+rm -f "$lostdir"/lostname.lock
+t0=$(now_ms)
+wait $lostpid
+rc=$?
+elapsed=$(( $(now_ms) - t0 ))
+err=$(<"$dir/err")
+[ $rc -eq 70 ] && [ -e "$lostdir.stopped" ] && [[ $err == *"was lost"* ]] && [ $elapsed -lt 5000 ]
+check $? "lock file removed under the command: stopped, exit 70, noticed in ${elapsed} ms"
+
 echo "1..$n"
 [ $failed -eq 0 ]
