@@ -78,15 +78,13 @@ int64_t dlock_pg_key(const char *ns, const char *name, size_t len)
     unsigned char d[DLOCK_SHA256_LEN];
     uint64_t k = 0;
     if (ns) {
-        size_t nlen = strlen(ns);
-        unsigned char *buf = malloc(nlen + 1 + len);
-        if (!buf)
-            return 0;
+        /* Bounded by the URI and name limits: no allocation to fail. */
+        unsigned char buf[DLOCK_URI_MAX + 1 + DLOCK_NAME_MAX];
+        size_t nlen = strnlen(ns, DLOCK_URI_MAX);
         memcpy(buf, ns, nlen);
         buf[nlen] = 0;
         memcpy(buf + nlen + 1, name, len);
         dlock_sha256(buf, nlen + 1 + len, d);
-        free(buf);
     } else {
         dlock_sha256(name, len, d);
     }
@@ -473,8 +471,15 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
         if (err == 0)
             break;
         s->busy = 0;
-        if (PQstatus(s->pg) == CONNECTION_OK)
+        if (PQstatus(s->pg) == CONNECTION_OK) {
+            /* Busy and timed out leave nothing held (a late grant was
+             * undone). Any other failure may have come after the lock was
+             * granted in the same statement, and session locks outlive the
+             * rollback: end the session, which frees whatever it held. */
+            if (err != DLOCK_EBUSY && err != DLOCK_ETIMEDOUT)
+                session_close(s);
             return err;
+        }
         session_close(s);
         /* A pooled session that had died while idle ran nothing: retry
          * once on a new one. */
@@ -494,10 +499,13 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     return 0;
 }
 
-/* The lock is gone with its session (idle_session_timeout, killed, cut). */
+/* The lock is gone with its session (idle_session_timeout, killed, cut).
+ * The pool slot is freed for reuse, so the handle lets go of it. */
 static int session_lost(struct pg_conn *pc, struct pg_held *h)
 {
-    session_close(h->s);
+    if (h->s)
+        session_close(h->s);
+    h->s = NULL;
     return dlock_seterr(cl(pc), DLOCK_ELOST,
                         "the session holding the lock ended (lease ran out or connection lost)");
 }
@@ -512,6 +520,11 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
     /* The idle timer stays set: the pooled session may die of it while
      * unused, which the next acquire notices and survives; resetting it
      * here would cost every release a statement. */
+    if (!h->s) { /* already lost, and reported by a renew */
+        free(h);
+        return dlock_seterr(conn->client, DLOCK_ELOST,
+                            "the session holding the lock ended (lease ran out or connection lost)");
+    }
     snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%" PRId64 ")", h->key);
     err = run(pc, h->s, sql, 0, &r, "release");
     if (err && PQstatus(h->s->pg) != CONNECTION_OK) {
@@ -523,7 +536,9 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
         if (!mine)
             err = dlock_seterr(conn->client, DLOCK_ELOST, "the session no longer held the lock");
     } else {
-        h->s->busy = 0;
+        /* Unlock failed on a live session: it may still hold the lock, so
+         * it must not go back to the pool. */
+        session_close(h->s);
     }
     free(h);
     return err;
@@ -536,8 +551,8 @@ static int pg_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     char sql[320];
     PGresult *r = NULL;
     uint64_t u = (uint64_t)h->key;
-    if (!h->s->pg)
-        return dlock_seterr(conn->client, DLOCK_ELOST, "the session holding the lock ended");
+    if (!h->s || !h->s->pg)
+        return session_lost(pc, h);
     /* Any statement restarts the idle timer; the SET gives it the new TTL. */
     snprintf(sql, sizeof sql,
              "SET idle_session_timeout = %" PRIu32 "; SELECT count(*) FROM pg_locks WHERE"

@@ -181,6 +181,50 @@ static void test_terminated_session(void)
     dlock_client_close(other);
 }
 
+/* A lost lock's handle must let go of its pool slot: renewing or releasing
+ * it later must not touch the lock that now uses the slot. */
+static void test_lost_handle_detached(void)
+{
+    char a[128], b[128], sql[320];
+    snprintf(a, sizeof a, "%sdetach-a", prefix);
+    snprintf(b, sizeof b, "%sdetach-b", prefix);
+    uint64_t u = (uint64_t)dlock_pg_key(NULL, a, strlen(a));
+    dlock_client *c = open_ok(uri);
+    dlock_lock *la = NULL, *lb = NULL;
+    is_int(dlock_acquire(c, a, NULL, &la), 0, "acquire A");
+    snprintf(sql, sizeof sql,
+             "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+             " AND classid = %llu AND objid = %llu AND objsubid = 1 AND granted",
+             (unsigned long long)(u >> 32), (unsigned long long)(u & 0xffffffffu));
+    free(q1(raw, sql));
+    sleep_ms(100);
+    is_int(dlock_renew(la, 300), DLOCK_ELOST, "A's session was ended: renew → ELOST");
+    is_int(dlock_acquire(c, b, NULL, &lb), 0, "acquire B (reusing the freed pool slot)");
+    is_int(dlock_renew(la, 300), DLOCK_ELOST, "renewing A again still says lost");
+    is_int(dlock_release(la), DLOCK_ELOST, "and releasing A too");
+    sleep_ms(700); /* had A's renew set B's session's lease to 300 ms, B would be gone */
+    is_int(dlock_renew(lb, 5000), 0, "B's lock and lease were not touched");
+    ok(!key_free(dlock_pg_key(NULL, b, strlen(b))), "B is still held on the server");
+    dlock_release(lb);
+    dlock_client_close(c);
+}
+
+/* The lock is granted, then the token bump fails (here a CHECK constraint):
+ * the session would keep the lock after the failed statement. */
+static void test_error_after_grant(void)
+{
+    char u[512], name[128];
+    free(q1(raw, "CREATE TABLE IF NOT EXISTS dlock_fence_chk (key bigint PRIMARY KEY,"
+                 " token bigint NOT NULL CHECK (token < 0))"));
+    snprintf(u, sizeof u, "%s%stable=dlock_fence_chk", uri, strchr(uri, '?') ? "&" : "?");
+    snprintf(name, sizeof name, "%safter-grant", prefix);
+    dlock_client *c = open_ok(u);
+    dlock_lock *l = NULL;
+    is_int(dlock_acquire(c, name, NULL, &l), DLOCK_ESTORE, "token bump fails after the grant → ESTORE");
+    ok(key_free(dlock_pg_key(NULL, name, strlen(name))), "and the advisory lock is not left held");
+    dlock_client_close(c);
+}
+
 static void test_no_stacking(void)
 {
     char name[128], sql[320];
@@ -355,6 +399,8 @@ int main(void)
     test_key_formula();
     test_grant_timeout_race();
     test_terminated_session();
+    test_lost_handle_detached();
+    test_error_after_grant();
     test_no_stacking();
     test_cycle_broken_by_deadline();
     test_pooled_session_expired();
