@@ -643,6 +643,8 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
     }
 }
 
+static int hold_failed(struct mysql_conn *mc, struct mysql_held *h, const char *what);
+
 static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
@@ -662,6 +664,22 @@ static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     h->expires_ns = dlock_monotonic_ns() + (uint64_t)req->ttl_ms * 1000000u;
     if ((err = record_grant(mc, h, req)) != 0) {
         rollback_and_pool(mc, h->s);
+        free(h);
+        return err;
+    }
+    /* The token was bumped on the control session, so it belongs to this
+     * grant only if our lock session, and with it the row lock, lived
+     * through the bump: had the server dropped it meanwhile (KILL,
+     * wait_timeout), another holder may already be using a lower token.
+     * One round trip on the lock session proves it is still there. */
+    if (mysql_real_query(h->s->db, "DO 0", 4) != 0) {
+        err = hold_failed(mc, h, "confirming the grant");
+        if (h->s)
+            rollback_and_pool(mc, h->s);
+        else
+            err = dlock_seterr(cl(mc), DLOCK_ELOST,
+                               "mysql %s: the session holding the new lock ended before its "
+                               "token was recorded: not acquired", mc->where);
         free(h);
         return err;
     }
