@@ -503,10 +503,17 @@ static void create_and_list(struct zk_acq *a, struct zk_pipe *p)
     memset(p, 0, sizeof *p);
     p->zc = zc;
     p->pending = 1;
-    p->create_rc = zoo_acreate2(zc->zh, a->prefix, NULL, -1, zc->acl, ZOO_EPHEMERAL_SEQUENTIAL,
-                                on_created, p);
-    if (p->create_rc != ZOK)
+    /* The completion may run before zoo_acreate2() returns: only it writes
+     * p->create_rc, unless the request was never queued. */
+    int rc = zoo_acreate2(zc->zh, a->prefix, NULL, -1, zc->acl, ZOO_EPHEMERAL_SEQUENTIAL,
+                          on_created, p);
+    if (rc != ZOK) {
+        pthread_mutex_lock(&zc->mu);
+        p->create_rc = rc;
+        p->pending = 0;
+        pthread_mutex_unlock(&zc->mu);
         return;
+    }
     p->list_rc = zoo_get_children(zc->zh, a->parent, 0, &sv);
     if (p->list_rc == ZOK) {
         if (kids_from(&sv, &p->kids) != 0)
