@@ -169,6 +169,22 @@ static void session_close(struct pg_session *s)
     s->busy = 0;
 }
 
+/* After a failure that may have left a lock on a live session (session
+ * locks outlive a failed statement): free everything it holds, at once and
+ * synchronously, and pool it; close it if even that fails. A session holds
+ * at most one dlock lock, so nothing else is lost. */
+static void session_scrub(struct pg_conn *pc, struct pg_session *s)
+{
+    PGresult *r = PQexec(s->pg, "SELECT pg_advisory_unlock_all()");
+    int ok = r && PQresultStatus(r) == PGRES_TUPLES_OK;
+    PQclear(r);
+    (void)pc;
+    if (ok)
+        s->busy = 0;
+    else
+        session_close(s);
+}
+
 /* An idle session with a live connection, opening one if needed; *opened
  * says which. A pooled session may still turn out dead on its next
  * statement (its idle_session_timeout ran out while pooled). */
@@ -474,10 +490,9 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
         if (PQstatus(s->pg) == CONNECTION_OK) {
             /* Busy and timed out leave nothing held (a late grant was
              * undone). Any other failure may have come after the lock was
-             * granted in the same statement, and session locks outlive the
-             * rollback: end the session, which frees whatever it held. */
+             * granted in the same statement. */
             if (err != DLOCK_EBUSY && err != DLOCK_ETIMEDOUT)
-                session_close(s);
+                session_scrub(pc, s);
             return err;
         }
         session_close(s);
@@ -536,9 +551,8 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
         if (!mine)
             err = dlock_seterr(conn->client, DLOCK_ELOST, "the session no longer held the lock");
     } else {
-        /* Unlock failed on a live session: it may still hold the lock, so
-         * it must not go back to the pool. */
-        session_close(h->s);
+        /* Unlock failed on a live session: it may still hold the lock. */
+        session_scrub(pc, h->s);
     }
     free(h);
     return err;

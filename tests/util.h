@@ -4,10 +4,14 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "dlock.h"
 
 static inline void sleep_ms(unsigned ms)
 {
@@ -26,6 +30,29 @@ static inline int closed_port(void)
     getsockname(s, (struct sockaddr *)&a, &alen);
     close(s);
     return ntohs(a.sin_port);
+}
+
+/* The value of an environment variable the test cannot run without: a
+ * missing one ends the run as a failure (TAP "Bail out!"), never a skip. */
+static inline const char *need_env(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) {
+        printf("Bail out! %s is not set: start the stores with scripts/stores/start.sh\n", name);
+        exit(1);
+    }
+    return v;
+}
+
+/* A client for uri, or the end of the run. */
+static inline dlock_client *open_ok(const char *uri)
+{
+    dlock_client *c = NULL;
+    if (dlock_client_open(uri, &c) != 0) {
+        printf("Bail out! cannot open %s: %s\n", uri, dlock_errmsg(c));
+        exit(1);
+    }
+    return c;
 }
 
 #endif

@@ -23,6 +23,7 @@
 #include "core/uri.h"
 #include "dlock_backend.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 #define MS 1000000ull
 
@@ -30,36 +31,13 @@ static const char *uri;
 static char prefix[64];
 static MYSQL *raw; /* a session of our own, to look behind the library */
 
-static const char *need_env(const char *name)
-{
-    const char *v = getenv(name);
-    if (!v || !*v) {
-        printf("Bail out! %s is not set: start the stores with scripts/stores/start.sh\n", name);
-        exit(1);
-    }
-    return v;
-}
 
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static double ms_since(uint64_t t0)
 {
     return (double)(dlock_monotonic_ns() - t0) / 1e6;
 }
 
-static dlock_client *open_ok(const char *u)
-{
-    dlock_client *c = NULL;
-    if (dlock_client_open(u, &c) != 0) {
-        printf("Bail out! cannot open %s: %s\n", u, dlock_errmsg(c));
-        exit(1);
-    }
-    return c;
-}
 
 static dlock_acquire_opts opts(dlock_wait wait, uint64_t wait_ms, uint32_t ttl)
 {

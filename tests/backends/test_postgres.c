@@ -29,15 +29,6 @@ static char prefix[64];
 static PGconn *raw; /* a plain libpq session, to look behind the library */
 
 
-static dlock_client *open_ok(const char *u)
-{
-    dlock_client *c = NULL;
-    if (dlock_client_open(u, &c) != 0) {
-        printf("Bail out! cannot open %s: %s\n", u, dlock_errmsg(c));
-        exit(1);
-    }
-    return c;
-}
 
 static PGconn *raw_connect(void)
 {
@@ -52,6 +43,7 @@ static PGconn *raw_connect(void)
         printf("Bail out! raw connection: %s\n", PQerrorMessage(pg));
         exit(1);
     }
+    PQclear(PQexec(pg, "SET client_min_messages = warning"));
     return pg;
 }
 
@@ -387,11 +379,7 @@ static void test_options(void)
 
 int main(void)
 {
-    uri = getenv("DLOCK_POSTGRES_URI");
-    if (!uri || !*uri) {
-        printf("Bail out! DLOCK_POSTGRES_URI is not set: start the stores with scripts/stores/start.sh\n");
-        return 1;
-    }
+    uri = need_env("DLOCK_POSTGRES_URI");
     setvbuf(stdout, NULL, _IOLBF, 0);
     snprintf(prefix, sizeof prefix, "pg-test-%d-%llu/", (int)getpid(),
              (unsigned long long)(dlock_monotonic_ns() % 1000000007ull));

@@ -28,26 +28,8 @@
 
 static char prefix[64];
 
-static const char *need_env(const char *name)
-{
-    const char *v = getenv(name);
-    if (!v || !*v) {
-        printf("Bail out! %s is not set: start the stores with scripts/stores/start.sh\n", name);
-        exit(1);
-    }
-    return v;
-}
 
 
-static dlock_client *open_ok(const char *uri)
-{
-    dlock_client *c = NULL;
-    if (dlock_client_open(uri, &c) != 0) {
-        printf("Bail out! cannot open %s: %s\n", uri, dlock_errmsg(c));
-        exit(1);
-    }
-    return c;
-}
 
 /* Direct connection to host i of uri, for looking behind the library. */
 static redisContext *raw(const char *uri, size_t i)

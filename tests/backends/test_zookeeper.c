@@ -35,38 +35,15 @@
 #include "core/uri.h"
 #include "dlock_backend.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 #define MS 1000000ull
 
 static char prefix[64]; /* per-run name prefix */
 static const char *single_uri, *ensemble_uri;
 
-static const char *need_env(const char *name)
-{
-    const char *v = getenv(name);
-    if (!v || !*v) {
-        printf("Bail out! %s is not set: start the stores with scripts/stores/start.sh\n", name);
-        exit(1);
-    }
-    return v;
-}
 
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
 
-static dlock_client *open_ok(const char *uri)
-{
-    dlock_client *c = NULL;
-    if (dlock_client_open(uri, &c) != 0) {
-        printf("Bail out! cannot open %s: %s\n", uri, dlock_errmsg(c));
-        exit(1);
-    }
-    return c;
-}
 
 static dlock_acquire_opts opts(dlock_wait wait, uint64_t wait_ms)
 {

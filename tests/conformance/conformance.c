@@ -572,24 +572,15 @@ static void test_leases(void)
     dlock_client_close(b);
 }
 
-static const char *env_or_bail(const char *name)
-{
-    const char *v = getenv(name);
-    if (!v || !*v) {
-        printf("Bail out! %s is not set (start the stores with scripts/stores/start.sh)\n", name);
-        exit(1);
-    }
-    return v;
-}
 
 int main(int argc, char **argv)
 {
     dlock_client *c;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--env") == 0 && i + 1 < argc)
-            uri = env_or_bail(argv[++i]);
+            uri = need_env(argv[++i]);
         else if (strcmp(argv[i], "--auth-env") == 0 && i + 1 < argc)
-            auth_uri = env_or_bail(argv[++i]);
+            auth_uri = need_env(argv[++i]);
         else if (argv[i][0] != '-' && !uri)
             uri = argv[i];
         else
