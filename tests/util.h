@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/uri.h"
 #include "dlock.h"
 
 static inline void sleep_ms(unsigned ms)
@@ -44,12 +45,28 @@ static inline const char *need_env(const char *name)
     return v;
 }
 
+/* uri with its password masked, for test output (credentials are never
+ * printed, not even the test stores'). */
+static inline const char *shown_uri(const char *uri, char *buf, size_t len)
+{
+    dlock_uri *u = NULL;
+    char err[256];
+    if (dlock_uri_parse(uri, &u, err, sizeof err) != 0)
+        snprintf(buf, len, "(malformed URI)");
+    else
+        snprintf(buf, len, "%s", dlock_uri_redacted(u));
+    dlock_uri_free(u);
+    return buf;
+}
+
 /* A client for uri, or the end of the run. */
 static inline dlock_client *open_ok(const char *uri)
 {
     dlock_client *c = NULL;
+    char shown[1024];
     if (dlock_client_open(uri, &c) != 0) {
-        printf("Bail out! cannot open %s: %s\n", uri, dlock_errmsg(c));
+        printf("Bail out! cannot open %s: %s\n", shown_uri(uri, shown, sizeof shown),
+               dlock_errmsg(c));
         exit(1);
     }
     return c;

@@ -52,7 +52,9 @@ static dlock_client *client(void)
     dlock_client *c = NULL;
     int rc = dlock_client_open(uri, &c);
     if (rc) {
-        fprintf(stderr, "conformance: cannot open %s: %s (%s)\n", uri, dlock_errmsg(c),
+        char shown[1024];
+        fprintf(stderr, "conformance: cannot open %s: %s (%s)\n",
+                shown_uri(uri, shown, sizeof shown), dlock_errmsg(c),
                 dlock_err_name(rc));
         exit(99);
     }
@@ -595,7 +597,9 @@ int main(int argc, char **argv)
     snprintf(prefix, sizeof prefix, "conf-%d-%08x/", (int)getpid(), seed);
     c = client();
     caps = dlock_client_caps(c);
-    diag("backend %s, caps 0x%x, uri %s", dlock_client_backend(c), caps, uri);
+    char shown[1024];
+    diag("backend %s, caps 0x%x, uri %s", dlock_client_backend(c), caps,
+         shown_uri(uri, shown, sizeof shown));
     dlock_client_close(c);
 
     test_open_and_options();
