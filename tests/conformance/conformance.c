@@ -411,6 +411,46 @@ static void test_holder_killed(void)
     dlock_client_close(c);
 }
 
+/* A waiter killed while queued must not hold up the one behind it: the
+ * store frees its place at once or, at worst, when its session times out. */
+static void test_dead_waiter(void)
+{
+    char name[128];
+    name_of(name, sizeof name, "dead-waiter");
+    struct holder h = spawn_holder(name, 30000);
+    ok(holder_token(&h) > 0, "holder process acquired");
+    pid_t doomed = fork();
+    if (doomed == 0) {
+        dlock_client *c = client();
+        dlock_lock *l = NULL;
+        dlock_acquire_opts o = wait_for(30000);
+        dlock_acquire(c, name, &o, &l); /* queued, then killed */
+        _exit(0);
+    }
+    sleep_ms(200);
+    pid_t next = fork();
+    if (next == 0) {
+        dlock_client *c = client();
+        dlock_lock *l = NULL;
+        dlock_acquire_opts o = wait_for(15000);
+        int rc = dlock_acquire(c, name, &o, &l);
+        if (rc == 0)
+            dlock_release(l);
+        dlock_client_close(c);
+        _exit(rc == 0 ? 0 : 1);
+    }
+    sleep_ms(200);
+    kill(doomed, SIGKILL);
+    waitpid(doomed, NULL, 0);
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(holder_finish(&h), 0, "holder released");
+    int st;
+    waitpid(next, &st, 0);
+    is_int(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 0,
+           "the waiter behind a killed waiter gets the lock (bound 15 s)");
+    diag("after %.1f ms", (dlock_monotonic_ns() - t0) / 1e6);
+}
+
 /* Waiters queue one by one (each surely blocked before the next starts);
  * they must be served in that order. */
 static void test_fifo(void)
@@ -609,6 +649,7 @@ int main(int argc, char **argv)
     test_mutual_exclusion(8, 150);
     test_holder_killed();
     test_fifo();
+    test_dead_waiter();
     test_names();
     test_leases();
     return done_testing();
