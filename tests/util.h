@@ -33,6 +33,18 @@ static inline int closed_port(void)
     return ntohs(a.sin_port);
 }
 
+/* Options waiting as told, up to wait_ms from now, with a lease of ttl_ms
+ * (0: the default). */
+static inline dlock_acquire_opts wait_opts(dlock_wait wait, uint64_t wait_ms, uint32_t ttl_ms)
+{
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    o.wait = wait;
+    o.deadline_ns = dlock_monotonic_ns() + wait_ms * 1000000u;
+    if (ttl_ms)
+        o.ttl_ms = ttl_ms;
+    return o;
+}
+
 /* The value of an environment variable the test cannot run without: a
  * missing one ends the run as a failure (TAP "Bail out!"), never a skip. */
 static inline const char *need_env(const char *name)

@@ -39,18 +39,10 @@ static double ms_since(uint64_t t0)
 }
 
 
-static dlock_acquire_opts opts(dlock_wait wait, uint64_t wait_ms, uint32_t ttl)
-{
-    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
-    o.wait = wait;
-    o.deadline_ns = dlock_monotonic_ns() + wait_ms * MS;
-    o.ttl_ms = ttl;
-    return o;
-}
 
 static int try_lock(dlock_client *c, const char *name, dlock_lock **l)
 {
-    dlock_acquire_opts o = opts(DLOCK_WAIT_TRY, 0, 30000);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 30000);
     *l = NULL;
     return dlock_acquire(c, name, &o, l);
 }
@@ -163,7 +155,7 @@ static void test_timeout_rollback(void)
 
     for (int round = 0; round < 2; round++) {
         uint64_t want = round ? 1500 : 200, t0 = dlock_monotonic_ns();
-        o = opts(DLOCK_WAIT_DEADLINE, want, 30000);
+        o = wait_opts(DLOCK_WAIT_DEADLINE, want, 30000);
         is_int(dlock_acquire(waiter, name, &o, &wl), DLOCK_ETIMEDOUT,
                "a %llu ms wait times out", (unsigned long long)want);
         double el = ms_since(t0);
@@ -227,7 +219,7 @@ static void test_lease(void)
     char name[128];
     dlock_client *a = open_ok(uri), *b = open_ok(uri);
     dlock_lock *la = NULL, *lb = NULL;
-    dlock_acquire_opts o = opts(DLOCK_WAIT_TRY, 0, 1000);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 1000);
     name_of(name, sizeof name, "lease");
     is_int(dlock_acquire(a, name, &o, &la), 0, "A acquires with a 1000 ms lease");
     int held = 1;
@@ -240,7 +232,7 @@ static void test_lease(void)
     }
     ok(held, "renewing every 400 ms keeps a 1000 ms lease for 2.4 s");
     uint64_t t0 = dlock_monotonic_ns();
-    o = opts(DLOCK_WAIT_DEADLINE, 6000, 30000);
+    o = wait_opts(DLOCK_WAIT_DEADLINE, 6000, 30000);
     is_int(dlock_acquire(b, name, &o, &lb), 0, "once A stops renewing, B gets the lock");
     double el = ms_since(t0);
     ok(el >= 900 && el < 2600, "about a TTL after the last renewal (%.0f ms; TTL 1000 ms)", el);
@@ -301,7 +293,7 @@ static void test_token_after_death(void)
     waitpid(pid, NULL, 0);
     dlock_client *c = open_ok(uri);
     dlock_lock *l = NULL;
-    dlock_acquire_opts o = opts(DLOCK_WAIT_DEADLINE, 5000, 30000);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, 30000);
     is_int(dlock_acquire(c, name, &o, &l), 0, "the killed holder's lock is free");
     ok(l && dlock_lock_token(l) > dead_token, "the next token is higher (%llu > %llu)",
        (unsigned long long)(l ? dlock_lock_token(l) : 0), (unsigned long long)dead_token);

@@ -74,13 +74,6 @@ static int key_free(int64_t key)
     return free_;
 }
 
-static dlock_acquire_opts opts(dlock_wait wait, uint64_t wait_ms)
-{
-    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
-    o.wait = wait;
-    o.deadline_ns = dlock_monotonic_ns() + wait_ms * MS;
-    return o;
-}
 
 static void test_key_formula(void)
 {
@@ -131,13 +124,13 @@ static void test_grant_timeout_race(void)
     snprintf(sql, sizeof sql, "SELECT token FROM dlock_fence WHERE key = %lld FOR UPDATE",
              (long long)key);
     free(q1(blocker, sql));
-    dlock_acquire_opts o = opts(DLOCK_WAIT_DEADLINE, 300);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 300, 0);
     is_int(dlock_acquire(c, name, &o, &l), DLOCK_ETIMEDOUT,
            "lock granted, then lock_timeout fires in the same statement → ETIMEDOUT");
     ok(key_free(key), "and the late grant was undone: the advisory lock is free");
     free(q1(blocker, "ROLLBACK"));
     PQfinish(blocker);
-    o = opts(DLOCK_WAIT_TRY, 0);
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
     is_int(dlock_acquire(c, name, &o, &l), 0, "the same client acquires normally afterwards");
     dlock_release(l);
     dlock_client_close(c);
@@ -160,13 +153,13 @@ static void test_terminated_session(void)
     is_str(v, "t", "the holder's backend is terminated");
     free(v);
     sleep_ms(100);
-    dlock_acquire_opts o = opts(DLOCK_WAIT_DEADLINE, 3000);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 3000, 0);
     is_int(dlock_acquire(other, name, &o, &l2), 0, "another client gets the lock");
     is_int(dlock_renew(l, 5000), DLOCK_ELOST, "the old holder's renew → DLOCK_ELOST");
     ok(strstr(dlock_errmsg(c), "session") != NULL, "saying why: %s", dlock_errmsg(c));
     is_int(dlock_release(l), DLOCK_ELOST, "its release → DLOCK_ELOST");
     is_int(dlock_release(l2), 0, "the new holder releases normally");
-    o = opts(DLOCK_WAIT_TRY, 0);
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
     is_int(dlock_acquire(c, name, &o, &l), 0, "the first client recovers with a new session");
     dlock_release(l);
     dlock_client_close(c);
@@ -262,7 +255,7 @@ static void test_cycle_broken_by_deadline(void)
             dlock_acquire(c, i ? y : x, NULL, &first);
             if (write(i ? q[1] : p[1], "1", 1) != 1 || read(i ? p[0] : q[0], &ch, 1) != 1)
                 _exit(9);
-            dlock_acquire_opts o = opts(DLOCK_WAIT_DEADLINE, i ? 10000 : 1000);
+            dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, i ? 10000 : 1000, 0);
             int rc = dlock_acquire(c, i ? x : y, &o, &second);
             if (rc == 0)
                 dlock_release(second);
@@ -286,7 +279,7 @@ static void test_pooled_session_expired(void)
     snprintf(name, sizeof name, "%spooled", prefix);
     dlock_client *c = open_ok(uri);
     dlock_lock *l = NULL;
-    dlock_acquire_opts o = opts(DLOCK_WAIT_TRY, 0);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
     o.ttl_ms = 300;
     is_int(dlock_acquire(c, name, &o, &l), 0, "acquire with a 300 ms lease");
     is_int(dlock_release(l), 0, "release: the session goes back to the pool");
@@ -310,7 +303,7 @@ static void test_sequence_tokens(void)
     int increasing = 1;
     for (int i = 0; i < 10; i++) {
         dlock_client *c = i % 2 ? a : b;
-        dlock_acquire_opts o = opts(DLOCK_WAIT_DEADLINE, 3000);
+        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 3000, 0);
         if (dlock_acquire(c, name, &o, &l) != 0) {
             increasing = 0;
             break;
@@ -360,7 +353,7 @@ static void test_options(void)
     snprintf(ub, sizeof ub, "%s%snamespace=beta", uri, q);
     c = open_ok(ua);
     d = open_ok(ub);
-    dlock_acquire_opts o = opts(DLOCK_WAIT_TRY, 0);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
     is_int(dlock_acquire(c, name, &o, &l), 0, "namespace alpha");
     is_int(dlock_acquire(d, name, &o, &l2), 0, "the same name in namespace beta is another lock");
     dlock_release(l);

@@ -56,14 +56,6 @@ static long long raw_int(redisContext *ctx, const char *fmt, const char *arg)
     return v;
 }
 
-static dlock_acquire_opts opts(dlock_wait wait, uint64_t wait_ms, uint32_t ttl)
-{
-    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
-    o.wait = wait;
-    o.deadline_ns = dlock_monotonic_ns() + wait_ms * MS;
-    o.ttl_ms = ttl;
-    return o;
-}
 
 static void test_noscript(const char *uri)
 {
@@ -103,7 +95,7 @@ static void test_dead_waiter(const char *uri)
     if (next == 0) {
         dlock_client *w = open_ok(uri);
         dlock_lock *wl = NULL;
-        dlock_acquire_opts o = opts(DLOCK_WAIT_DEADLINE, 15000, 30000);
+        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 15000, 30000);
         if (dlock_acquire(w, name, &o, &wl) != 0)
             _exit(2);
         uint64_t waited = dlock_monotonic_ns() - *released;
@@ -192,7 +184,7 @@ static void test_redlock(const char *uri)
     for (int i = 0; i < 3; i++)
         freeReplyObject(redisCommand(node[i], "SET %s %s PX 20000", key,
                                      "ffffffffffffffffffffffffffffffff:1"));
-    o = opts(DLOCK_WAIT_TRY, 0, 10000);
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 10000);
     is_int(dlock_acquire(c, name, &o, &l), DLOCK_EBUSY, "3 of 5 held elsewhere → EBUSY");
     /* The undo is sent before acquire returns; give it a moment to land. */
     long long left3 = 1;
@@ -238,7 +230,7 @@ static void test_redlock(const char *uri)
     /* A lease shorter than the clock drift allowance: validity <= 0. */
     snprintf(name, sizeof name, "%svalidity", prefix);
     lock_key(key, sizeof key, name);
-    o = opts(DLOCK_WAIT_TRY, 0, 1);
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 1);
     is_int(dlock_acquire(c, name, &o, &l), DLOCK_EBUSY, "validity <= 0 (1 ms lease) fails");
     ok(strstr(dlock_errmsg(c), "validity") != NULL, "and says why: %s", dlock_errmsg(c));
     long long left = 1;
@@ -251,7 +243,7 @@ static void test_redlock(const char *uri)
 
     /* Release of an expired lock: at once, reported lost. */
     snprintf(name, sizeof name, "%sexpired", prefix);
-    o = opts(DLOCK_WAIT_TRY, 0, 200);
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 200);
     is_int(dlock_acquire(c, name, &o, &l), 0, "acquire with a 200 ms lease");
     sleep_ms(400);
     uint64_t t0 = dlock_monotonic_ns();
@@ -282,7 +274,7 @@ static void test_redlock_nodes_down(const char *uri)
     dlock_lock *l = NULL;
     char name[128];
     snprintf(name, sizeof name, "%sdown", prefix);
-    dlock_acquire_opts o = opts(DLOCK_WAIT_TRY, 0, 5000);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 5000);
     is_int(dlock_acquire(c, name, &o, &l), 0, "2 of 5 nodes down: still granted");
     is_int(dlock_release(l), 0, "and released");
     dlock_client_close(c);
@@ -311,7 +303,7 @@ static void test_redlock_nodes_down(const char *uri)
     int good = 0;
     uint64_t t0 = dlock_monotonic_ns();
     for (int i = 0; i < 10; i++) {
-        o = opts(DLOCK_WAIT_DEADLINE, 2000, 5000);
+        o = wait_opts(DLOCK_WAIT_DEADLINE, 2000, 5000);
         if (dlock_acquire(c, name, &o, &l) == 0 && dlock_release(l) == 0)
             good++;
         else

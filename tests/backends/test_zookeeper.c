@@ -45,13 +45,6 @@ static const char *single_uri, *ensemble_uri;
 
 
 
-static dlock_acquire_opts opts(dlock_wait wait, uint64_t wait_ms)
-{
-    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
-    o.wait = wait;
-    o.deadline_ns = dlock_monotonic_ns() + wait_ms * MS;
-    return o;
-}
 
 /* ---- looking behind the library: a raw client ---------------------------- */
 
@@ -307,13 +300,13 @@ static void test_timed_out_waiter(const char *uri)
     dlock_client *a = open_ok(uri), *b = open_ok(uri);
     zhandle_t *zh = raw_open(uri);
     dlock_lock *la = NULL, *lb = NULL;
-    dlock_acquire_opts o = opts(DLOCK_WAIT_TRY, 0);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
     snprintf(name, sizeof name, "%stimed-out", prefix);
     is_int(dlock_acquire(a, name, &o, &la), 0, "A acquires");
-    o = opts(DLOCK_WAIT_DEADLINE, 300);
+    o = wait_opts(DLOCK_WAIT_DEADLINE, 300, 0);
     is_int(dlock_acquire(b, name, &o, &lb), DLOCK_ETIMEDOUT, "B's 300 ms wait times out");
     is_int(count_nodes(zh, "/dlock", name), 1, "B's node is gone: only A's remains");
-    o = opts(DLOCK_WAIT_TRY, 0);
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
     is_int(dlock_acquire(b, name, &o, &lb), DLOCK_EBUSY, "B's try is refused");
     is_int(count_nodes(zh, "/dlock", name), 1, "and leaves no node either");
     is_int(dlock_release(la), 0, "A releases");
@@ -338,14 +331,14 @@ static void test_protected_create(const char *uri, struct proxy *p)
     dlock_client *c = open_ok(puri), *other = open_ok(uri);
     zhandle_t *zh = raw_open(uri);
     dlock_lock *l = NULL, *lo = NULL;
-    dlock_acquire_opts o = opts(DLOCK_WAIT_DEADLINE, 10000);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, 0);
     snprintf(name, sizeof name, "%sprotected", prefix);
     int cuts = p->cuts;
     p->mode = PROXY_CUT_NEXT;
     is_int(dlock_acquire(c, name, &o, &l), 0, "acquire through a connection cut mid-create");
     is_int(p->cuts, cuts + 1, "the proxy did cut the create's reply");
     is_int(count_nodes(zh, "/dlock", name), 1, "exactly one lock node: ours was found, not re-made");
-    o = opts(DLOCK_WAIT_TRY, 0);
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
     is_int(dlock_acquire(other, name, &o, &lo), DLOCK_EBUSY, "the lock is held against others");
     is_int(dlock_release(l), 0, "release");
     is_int(count_nodes(zh, "/dlock", name), 0, "no orphan left behind");
@@ -356,7 +349,7 @@ static void test_protected_create(const char *uri, struct proxy *p)
     dlock_lock *lh = NULL;
     is_int(dlock_acquire(other, name, &o, &lh), 0, "another client holds");
     p->mode = PROXY_CUT_NEXT;
-    o = opts(DLOCK_WAIT_DEADLINE, 1500);
+    o = wait_opts(DLOCK_WAIT_DEADLINE, 1500, 0);
     is_int(dlock_acquire(c, name, &o, &l), DLOCK_ETIMEDOUT, "a waiter cut mid-create times out");
     is_int(count_nodes(zh, "/dlock", name), 1, "and leaves neither its node nor an orphan");
     dlock_release(lh);
@@ -374,7 +367,7 @@ static void test_suspended(const char *uri, struct proxy *p)
     proxied_uri(p, "?session_timeout=6000", puri, sizeof puri);
     dlock_client *c = open_ok(puri), *other = open_ok(uri);
     dlock_lock *l = NULL, *lo = NULL;
-    dlock_acquire_opts o = opts(DLOCK_WAIT_TRY, 0);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
     snprintf(name, sizeof name, "%ssuspended", prefix);
     is_int(dlock_acquire(c, name, &o, &l), 0, "acquire through the proxy");
     p->mode = PROXY_DOWN;
@@ -406,7 +399,7 @@ static void test_session_expiry(const char *uri, struct proxy *p)
     proxied_uri(p, "?session_timeout=2000", puri, sizeof puri);
     dlock_client *c = open_ok(puri), *other = open_ok(uri);
     dlock_lock *l = NULL, *lo = NULL;
-    dlock_acquire_opts o = opts(DLOCK_WAIT_TRY, 0);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
     snprintf(name, sizeof name, "%sexpiry", prefix);
     is_int(dlock_acquire(c, name, &o, &l), 0, "acquire with a 2 s session");
     p->mode = PROXY_DOWN;
@@ -422,14 +415,14 @@ static void test_session_expiry(const char *uri, struct proxy *p)
     ok(saw_suspended, "renew said DLOCK_ECONNECT while suspended");
     is_int(rc, DLOCK_ELOST, "then DLOCK_ELOST once the session timed out (after %.0f ms)",
            (dlock_monotonic_ns() - t0) / 1e6);
-    o = opts(DLOCK_WAIT_DEADLINE, 10000);
+    o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, 0);
     t0 = dlock_monotonic_ns();
     is_int(dlock_acquire(other, name, &o, &lo), 0, "the ensemble expired the session: lock free");
     diag("another client got it %.0f ms later", (dlock_monotonic_ns() - t0) / 1e6);
     p->mode = PROXY_PASS;
     is_int(dlock_release(l), DLOCK_ELOST, "the old holder's release → DLOCK_ELOST");
     dlock_release(lo);
-    o = opts(DLOCK_WAIT_DEADLINE, 10000);
+    o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, 0);
     is_int(dlock_acquire(c, name, &o, &l), 0, "the old holder's client works again (new session)");
     dlock_release(l);
     dlock_client_close(c);
@@ -459,13 +452,13 @@ static void test_timeout_while_disconnected(const char *uri, struct proxy *p)
     dlock_client *c = open_ok(puri), *holder = open_ok(uri);
     zhandle_t *zh = raw_open(uri);
     dlock_lock *l = NULL, *lh = NULL;
-    dlock_acquire_opts o = opts(DLOCK_WAIT_TRY, 0);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
     struct later down = {p, 400, PROXY_DOWN};
     pthread_t t;
     snprintf(name, sizeof name, "%sdisconnected-waiter", prefix);
     is_int(dlock_acquire(holder, name, &o, &lh), 0, "holder acquires");
     pthread_create(&t, NULL, set_mode_later, &down);
-    o = opts(DLOCK_WAIT_DEADLINE, 1200);
+    o = wait_opts(DLOCK_WAIT_DEADLINE, 1200, 0);
     is_int(dlock_acquire(c, name, &o, &l), DLOCK_ETIMEDOUT,
            "a waiter disconnected 400 ms into its wait times out at 1200 ms");
     pthread_join(t, NULL);
@@ -577,7 +570,7 @@ static void leader_kill_waiter(const char *uri, const char *name, struct electio
 {
     dlock_client *c = open_ok(uri);
     dlock_lock *l = NULL;
-    dlock_acquire_opts o = opts(DLOCK_WAIT_DEADLINE, 60000);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 60000, 0);
     if (dlock_acquire(c, name, &o, &l) != 0) {
         fprintf(stderr, "waiter: %s\n", dlock_errmsg(c));
         _exit(2);
@@ -646,7 +639,7 @@ static void test_leader_killed(const char *uri)
     dlock_client *h = open_ok(uri);
     zhandle_t *zh = raw_open(uri);
     dlock_lock *l = NULL;
-    dlock_acquire_opts o = opts(DLOCK_WAIT_DEADLINE, 10000);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, 0);
     pid_t pids[W];
     snprintf(name, sizeof name, "%sleader-kill", prefix);
     is_int(dlock_acquire(h, name, &o, &l), 0, "holder acquires on the ensemble");
@@ -691,7 +684,7 @@ static void test_leader_killed(const char *uri)
         increasing &= s->tokens[i] > s->tokens[i - 1];
     ok(increasing, "tokens strictly increase in grant order (holder %llu, last waiter %llu)",
        (unsigned long long)t_holder, (unsigned long long)s->tokens[W - 1]);
-    o = opts(DLOCK_WAIT_DEADLINE, 10000);
+    o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, 0);
     if (dlock_acquire(h, name, &o, &l) == 0) {
         uint64_t t = dlock_lock_token(l);
         ok(t > s->tokens[W - 1] && (t >> 32) > (t_holder >> 32),
