@@ -5,6 +5,7 @@
  * URI checking, name and option validation, owner ids, the "a client holds
  * a name at most once" rule, deadline handling and error detail.
  */
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,22 +37,41 @@ static void redact(char *msg, const char *secret)
     }
 }
 
+/* On the keeper's threads, detail goes to the keeper's own buffer: the
+ * application's thread may be reading or writing the client's. */
+static _Thread_local dlock_errsave *err_sink;
+
+void dlock_err_redirect(dlock_errsave *sink)
+{
+    err_sink = sink;
+}
+
+static int *err_slot(dlock_client *c, char **msg)
+{
+    if (err_sink) {
+        *msg = err_sink->msg;
+        return &err_sink->err;
+    }
+    *msg = c->errmsg;
+    return &c->err;
+}
+
 int dlock_vseterr(dlock_client *c, int code, const char *fmt, va_list ap)
 {
     /* Redact before truncating, so that no prefix of a password cut off at
      * the buffer's end can slip through. */
-    char full[4 * DLOCK_ERRMSG_MAX];
+    char full[4 * DLOCK_ERRMSG_MAX], *msg;
     if (!c)
         return code;
-    c->err = code;
+    *err_slot(c, &msg) = code;
     vsnprintf(full, sizeof full, fmt, ap);
     if (c->uri)
         redact(full, dlock_uri_password(c->uri));
     size_t n = strlen(full);
-    if (n >= sizeof c->errmsg)
-        n = sizeof c->errmsg - 1;
-    memcpy(c->errmsg, full, n);
-    c->errmsg[n] = '\0';
+    if (n >= DLOCK_ERRMSG_MAX)
+        n = DLOCK_ERRMSG_MAX - 1;
+    memcpy(msg, full, n);
+    msg[n] = '\0';
     return code;
 }
 
@@ -64,10 +84,31 @@ int dlock_seterr(dlock_client *c, int code, const char *fmt, ...)
     return code;
 }
 
-void dlock_clearerr(dlock_client *c)
+void dlock_err_clear(dlock_client *c)
 {
-    c->err = 0;
-    c->errmsg[0] = '\0';
+    char *msg;
+    if (!c)
+        return;
+    *err_slot(c, &msg) = 0;
+    msg[0] = '\0';
+}
+
+void dlock_err_save(dlock_client *c, dlock_errsave *save)
+{
+    char *msg;
+    if (!c)
+        return;
+    save->err = *err_slot(c, &msg);
+    memcpy(save->msg, msg, sizeof save->msg);
+}
+
+void dlock_err_restore(dlock_client *c, const dlock_errsave *save)
+{
+    char *msg;
+    if (!c)
+        return;
+    *err_slot(c, &msg) = save->err;
+    memcpy(msg, save->msg, sizeof save->msg);
 }
 
 /* Backends may return a code without detail; never leave the text empty. */
@@ -163,8 +204,10 @@ static void lock_unlink(dlock_lock *lock)
 
 void dlock_client_close(dlock_client *c)
 {
-    if (!c)
+    if (!c || dlock_keeper_on_thread())
         return;
+    /* The keeper stops before anything it renews goes away. */
+    dlock_keeper_stop(c);
     while (c->locks) {
         dlock_lock *lock = c->locks;
         c->locks = lock->next;
@@ -218,6 +261,24 @@ void dlock_acquire_opts_init(dlock_acquire_opts *opts)
         *opts = defaults;
 }
 
+/* The held lock called name, or NULL. */
+static dlock_lock *find_held(dlock_client *c, const char *name, size_t len)
+{
+    for (dlock_lock *l = c->locks; l; l = l->next)
+        if (l->name_len == len && memcmp(l->name, name, len) == 0)
+            return l;
+    return NULL;
+}
+
+/* Calls that wait for the keeper would deadlock on its own threads. */
+static int not_on_keeper(dlock_client *c)
+{
+    if (dlock_keeper_on_thread())
+        return DLOCK_EINVAL; /* the client's detail belongs to its own thread */
+    (void)c;
+    return 0;
+}
+
 static int check_request(dlock_client *c, const char *name, size_t len,
                          const dlock_acquire_opts *o)
 {
@@ -237,11 +298,25 @@ static int check_request(dlock_client *c, const char *name, size_t len,
     if (o->wait != DLOCK_WAIT_TRY && o->wait != DLOCK_WAIT_DEADLINE &&
         o->wait != DLOCK_WAIT_FOREVER)
         return dlock_seterr(c, DLOCK_EINVAL, "unknown wait mode %d", (int)o->wait);
-    for (dlock_lock *l = c->locks; l; l = l->next)
-        if (l->name_len == len && memcmp(l->name, name, len) == 0)
-            return dlock_seterr(c, DLOCK_EALREADY,
-                                "this client already holds the lock (locks do not stack)");
+    if (o->version >= 2 && o->keep) {
+        const dlock_backend *b = c->backend;
+        if (!dlock_backend_v2(b) || !b->keep)
+            return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot keep locks", b->name);
+    }
+    if (o->version >= 2 && o->on_lost && !o->keep)
+        return dlock_seterr(c, DLOCK_EINVAL, "on_lost needs keep: only kept locks are watched");
     return 0;
+}
+
+/* A lock's lease end after a call sent at sent_ns (see dlock_held). */
+uint64_t dlock_lease_end(const dlock_client *c, const dlock_held *held, uint64_t sent_ns,
+                         uint32_t ttl_ms)
+{
+    if (!(dlock_client_caps(c) & DLOCK_CAP_LEASE))
+        return UINT64_MAX;
+    if (dlock_backend_v2(c->backend) && held->lease_end_ns)
+        return held->lease_end_ns;
+    return sent_ns + (uint64_t)ttl_ms * 1000000u;
 }
 
 int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
@@ -253,8 +328,9 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
     dlock_lock *lock;
     int rc;
 
-    if (!c || !lockp)
-        return c ? dlock_seterr(c, DLOCK_EINVAL, "no place to store the lock") : DLOCK_EINVAL;
+    if (!c || !lockp || not_on_keeper(c))
+        return c && lockp ? dlock_seterr(c, DLOCK_EINVAL, "no place to store the lock")
+                          : DLOCK_EINVAL;
     *lockp = NULL;
     if ((rc = check_usable(c)) != 0)
         return rc;
@@ -262,6 +338,16 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
         opts = &defaults;
     if ((rc = check_request(c, name, len, opts)) != 0)
         return rc;
+    if ((lock = find_held(c, name, len)) != NULL) {
+        if (opts->version < 2 || !opts->reentrant)
+            return dlock_seterr(c, DLOCK_EALREADY,
+                                "this client already holds the lock (locks do not stack)");
+        if (lock->holds == UINT_MAX)
+            return dlock_seterr(c, DLOCK_EINVAL, "the lock's hold count is at its maximum");
+        lock->holds++;
+        *lockp = lock;
+        return 0;
+    }
 
     lock = malloc(sizeof *lock + len + 1);
     if (!lock)
@@ -270,6 +356,11 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
     lock->name[len] = '\0';
     lock->name_len = len;
     lock->client = c;
+    lock->kept = NULL;
+    lock->holds = 1;
+    lock->ttl_ms = opts->ttl_ms;
+    atomic_init(&lock->lost, 0);
+    atomic_init(&lock->expires_ns, 0);
 
     memset(&req, 0, sizeof req);
     req.name = lock->name;
@@ -286,6 +377,7 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
     int expired = req.wait == DLOCK_WAIT_DEADLINE && req.deadline_ns <= dlock_monotonic_ns();
     if (expired)
         req.wait = DLOCK_WAIT_TRY;
+    uint64_t sent = dlock_monotonic_ns();
     rc = c->backend->acquire(c->conn, &req, &held);
     if (rc == DLOCK_EBUSY && expired)
         rc = dlock_seterr(c, DLOCK_ETIMEDOUT, "the deadline passed with the lock still held elsewhere");
@@ -294,6 +386,16 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
         return finish(c, rc);
     }
     lock->held = held;
+    atomic_store(&lock->expires_ns, dlock_lease_end(c, held, sent, req.ttl_ms));
+    if (opts->version >= 2 && opts->keep &&
+        (rc = dlock_keeper_add(c, lock, opts->on_lost, opts->on_lost_user)) != 0) {
+        dlock_errsave why;
+        dlock_err_save(c, &why);
+        c->backend->release(c->conn, held);
+        free(lock);
+        dlock_err_restore(c, &why);
+        return finish(c, rc);
+    }
     lock->next = c->locks;
     c->locks = lock;
     *lockp = lock;
@@ -308,16 +410,33 @@ int dlock_acquire(dlock_client *c, const char *name, const dlock_acquire_opts *o
     return dlock_acquire_n(c, name, len, opts, lockp);
 }
 
+/* The loss the keeper reported, as the client's error. */
+static int report_lost(dlock_client *c, dlock_lock *lock)
+{
+    return dlock_seterr(c, DLOCK_ELOST, "the lock was lost: %s",
+                        dlock_keeper_lost_detail(lock));
+}
+
 int dlock_release(dlock_lock *lock)
 {
     dlock_client *c;
     int rc;
-    if (!lock)
+    if (!lock || not_on_keeper(lock->client))
         return DLOCK_EINVAL;
     c = lock->client;
     dlock_clearerr(c);
+    if (lock->holds > 1) {
+        lock->holds--;
+        return atomic_load(&lock->lost) ? report_lost(c, lock) : 0;
+    }
+    dlock_keeper_remove(lock);
     lock_unlink(lock);
+    if (dlock_backend_v2(c->backend))
+        lock->held->lease_end_ns = 0;
     rc = c->backend->release(c->conn, lock->held);
+    /* The store may not know (a Redlock quorum gone): the keeper did. */
+    if (rc == 0 && atomic_load(&lock->lost) == DLOCK_ELOST)
+        rc = report_lost(c, lock);
     free(lock);
     return finish(c, rc);
 }
@@ -325,7 +444,8 @@ int dlock_release(dlock_lock *lock)
 int dlock_renew(dlock_lock *lock, uint32_t ttl_ms)
 {
     dlock_client *c;
-    if (!lock)
+    int rc;
+    if (!lock || not_on_keeper(lock->client))
         return DLOCK_EINVAL;
     c = lock->client;
     dlock_clearerr(c);
@@ -333,7 +453,21 @@ int dlock_renew(dlock_lock *lock, uint32_t ttl_ms)
         return dlock_seterr(c, DLOCK_EINVAL, "lease TTL must be at least 1 ms");
     if (!c->backend->renew)
         return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot renew", c->backend->name);
-    return finish(c, c->backend->renew(c->conn, lock->held, ttl_ms));
+    if (atomic_load(&lock->lost))
+        return report_lost(c, lock); /* never revive a grant reported lost */
+    dlock_keeper_hold(lock);
+    uint64_t sent = dlock_monotonic_ns();
+    if (dlock_backend_v2(c->backend))
+        lock->held->lease_end_ns = 0;
+    rc = c->backend->renew(c->conn, lock->held, ttl_ms);
+    if (rc == 0) {
+        lock->ttl_ms = ttl_ms;
+        if (!atomic_load(&lock->lost))
+            atomic_store(&lock->expires_ns, dlock_lease_end(c, lock->held, sent, ttl_ms));
+    }
+    rc = finish(c, rc);
+    dlock_keeper_unhold(lock, rc);
+    return rc;
 }
 
 uint64_t dlock_lock_token(const dlock_lock *lock)
@@ -353,4 +487,29 @@ const char *dlock_lock_name(const dlock_lock *lock, size_t *lenp)
 dlock_client *dlock_lock_client(const dlock_lock *lock)
 {
     return lock ? lock->client : NULL;
+}
+
+uint64_t dlock_lock_expires_ns(const dlock_lock *lock)
+{
+    return lock ? atomic_load(&((dlock_lock *)lock)->expires_ns) : 0;
+}
+
+int dlock_lock_lost(const dlock_lock *lock)
+{
+    return lock ? atomic_load(&((dlock_lock *)lock)->lost) : DLOCK_EINVAL;
+}
+
+int dlock_lock_lost_fd(dlock_lock *lock)
+{
+    return lock ? dlock_keeper_lost_fd(lock) : DLOCK_EINVAL;
+}
+
+const char *dlock_lock_lost_detail(const dlock_lock *lock)
+{
+    return lock ? dlock_keeper_lost_detail(lock) : "";
+}
+
+unsigned int dlock_lock_holds(const dlock_lock *lock)
+{
+    return lock ? lock->holds : 0;
 }

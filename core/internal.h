@@ -2,15 +2,21 @@
 #ifndef DLOCK_CORE_INTERNAL_H
 #define DLOCK_CORE_INTERNAL_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 
 #include "dlock_backend.h"
+
+struct dlock_keeper;
+struct dlock_kept;
 
 struct dlock_client {
     const dlock_backend *backend;
     dlock_conn *conn;       /* NULL when open failed */
     dlock_uri *uri;         /* NULL when the URI did not parse */
     struct dlock_lock *locks; /* held locks, for close and for EALREADY */
+    struct dlock_keeper *keeper; /* NULL until the first kept lock */
     int err;
     char errmsg[DLOCK_ERRMSG_MAX];
 };
@@ -19,6 +25,12 @@ struct dlock_lock {
     dlock_client *client;
     dlock_held *held;
     struct dlock_lock *next;
+    struct dlock_kept *kept; /* NULL unless acquired with keep */
+    unsigned int holds;      /* > 1 only for reentrant acquires */
+    uint32_t ttl_ms;
+    /* Read from any thread: see dlock.h "Thread-safety". */
+    _Atomic uint64_t expires_ns;
+    _Atomic int lost;
     size_t name_len;
     char name[]; /* NUL-terminated copy */
 };
@@ -26,7 +38,33 @@ struct dlock_lock {
 void dlock_ns_to_timespec(uint64_t ns, struct timespec *ts);
 int dlock_random_bytes(void *buf, size_t len);
 int dlock_owner_new(unsigned char owner[16], char hex[33]);
-void dlock_clearerr(dlock_client *client);
+#define dlock_clearerr dlock_err_clear
+
+/* Backend version gates: v2 added held->lease_end_ns and keep(). */
+static inline int dlock_backend_v2(const dlock_backend *b)
+{
+    return b->version >= 2;
+}
+
+/* The lease end a backend reported for held, or fallback. */
+uint64_t dlock_lease_end(const dlock_client *c, const dlock_held *held, uint64_t sent_ns,
+                         uint32_t ttl_ms);
+
+/* Error detail redirection for the keeper's threads (core/client.c). */
+void dlock_err_redirect(dlock_errsave *sink);
+
+/* The keeper (core/keeper.c). */
+int dlock_keeper_add(dlock_client *c, dlock_lock *lock, dlock_lost_fn on_lost, void *user);
+/* Stops watching lock, after any keep call or callback on it has returned. */
+void dlock_keeper_remove(dlock_lock *lock);
+/* Around an application renew of a kept lock: no keep call on it between. */
+void dlock_keeper_hold(dlock_lock *lock);
+void dlock_keeper_unhold(dlock_lock *lock, int rc);
+/* Joins the keeper's threads and frees it (every kept lock removed first). */
+void dlock_keeper_stop(dlock_client *c);
+int dlock_keeper_on_thread(void);
+int dlock_keeper_lost_fd(dlock_lock *lock);
+const char *dlock_keeper_lost_detail(const dlock_lock *lock);
 
 /* The built-in backends, registered once on first use. */
 extern const dlock_backend dlock_file_backend;

@@ -7,11 +7,30 @@
  *
  * Thread-safety
  *   A dlock_client, and every dlock_lock it handed out, may be used by one
- *   thread at a time: calls on the same client (or on its locks) must be
- *   serialised by the caller. Different clients are independent and may be
- *   used from different threads in parallel. dlock_strerror(),
- *   dlock_err_name(), dlock_version() and dlock_monotonic_ns() are safe from
- *   any thread at any time.
+ *   application thread at a time: calls on the same client (or on its locks)
+ *   must be serialised by the caller. Different clients are independent and
+ *   may be used from different threads in parallel.
+ *
+ *   A client that holds a lock acquired with .keep also runs two threads of
+ *   its own, the keeper (see "Keeping leases" below), on a connection of its
+ *   own: they renew and watch kept locks while the application's thread is
+ *   blocked in any other call on the same client, such as waiting for
+ *   another lock. The keeper never touches the client's error detail.
+ *
+ *   Safe from any thread at any time, also while another thread is inside a
+ *   call on the same client: dlock_lock_lost(), dlock_lock_expires_ns(),
+ *   dlock_lock_lost_fd() (of a lock that is not being released),
+ *   dlock_lock_token(), dlock_lock_name(), dlock_strerror(),
+ *   dlock_err_name(), dlock_version() and dlock_monotonic_ns().
+ *
+ *   A process that forks keeps its clients in the parent only: a child must
+ *   open its own (the keeper's threads do not survive fork()).
+ *
+ * Signals
+ *   No dlock call can kill the program with SIGPIPE: a write to a connection
+ *   the peer has reset fails with DLOCK_ECONNECT, whatever the application's
+ *   SIGPIPE disposition, which dlock never changes. The keeper's threads
+ *   block every signal, so signals reach the application's own threads.
  *
  * Ownership
  *   Strings returned by this API belong to the library; none is ever to be
@@ -69,7 +88,8 @@ extern "C" {
     XX(EINTR, -17, "interrupted by a signal")                                  \
     XX(ESTORE, -18, "the store reported an error")                             \
     XX(EVERSION, -19, "incompatible ABI version")                              \
-    XX(EEXIST, -20, "already registered")
+    XX(EEXIST, -20, "already registered")                                      \
+    XX(EEXPIRED, -21, "lease ran out without a confirmed renewal")
 
 typedef enum dlock_errno {
     DLOCK_OK = 0,
@@ -137,24 +157,79 @@ typedef enum dlock_wait {
     DLOCK_WAIT_FOREVER = 2,  /* wait until granted */
 } dlock_wait;
 
-#define DLOCK_ACQUIRE_OPTS_VERSION 1
+#define DLOCK_ACQUIRE_OPTS_VERSION 2
 #define DLOCK_TTL_DEFAULT_MS 30000u
+
+/*
+ * Keeping leases. An acquire with .keep = 1 hands the lease to the client's
+ * keeper, which renews it on its own threads and connection every
+ * DLOCK_KEEP_INTERVAL_DIV-th of the TTL (10 s for the default 30 s TTL),
+ * resetting the lease to the TTL (never adding to it, never re-creating an
+ * expired lock) until dlock_release() or dlock_client_close(). A renewal that
+ * fails without proof of loss (store unreachable, timed out) is retried
+ * every DLOCK_KEEP_RETRY_DIV-th of the TTL while the lease lasts.
+ *
+ * On stores without leases (file, ZooKeeper) the keeper instead checks the
+ * lock every min(TTL / 3, DLOCK_KEEP_CHECK_MAX_MS): lock file removed or
+ * replaced; ZooKeeper session expired, or disconnected for longer than a
+ * third of the session timeout (it may already have expired on the servers).
+ *
+ * The lock is lost, and on_lost is called once, from a keeper thread, as
+ * soon as the keeper knows or must assume it: the store refused a renewal,
+ * or the lease end passed without a confirmed renewal. The lease end is
+ * measured on CLOCK_MONOTONIC from the moment the last successful renewal
+ * was *sent* (dlock_lock_expires_ns()), with an absolute timer: a process
+ * resumed after a pause (SIGSTOP, a VM stall) reports the loss at once,
+ * before anything else the keeper does.
+ *
+ * The callback must return quickly. It may call dlock_lock_token(),
+ * dlock_lock_name(), dlock_lock_lost() and dlock_lock_expires_ns(), and
+ * signal the application's own threads; it must not call dlock_release(),
+ * dlock_renew(), dlock_acquire() or dlock_client_close() (they fail with
+ * DLOCK_EINVAL from a keeper thread). The lock stays allocated until the
+ * application releases it (dlock_release() then returns DLOCK_ELOST).
+ */
+#define DLOCK_KEEP_INTERVAL_DIV 3
+#define DLOCK_KEEP_RETRY_DIV 10
+#define DLOCK_KEEP_CHECK_MAX_MS 500u
+
+/* Called once per grant when the lock is known, or must be assumed, lost.
+ * err is DLOCK_ELOST (the store said so: renewal refused, session expired,
+ * lock file replaced) or DLOCK_EEXPIRED (the lease end passed without a
+ * confirmed renewal, or a ZooKeeper connection stayed down too long: the
+ * lock may be free in the store, so it must be treated as gone). */
+typedef void (*dlock_lost_fn)(dlock_lock *lock, int err, void *user);
 
 typedef struct dlock_acquire_opts {
     unsigned int version; /* DLOCK_ACQUIRE_OPTS_VERSION */
     /* Lease in milliseconds on backends with DLOCK_CAP_LEASE: a holder that
      * neither renews nor releases loses the lock after this long. Must be > 0.
-     * Backends without leases ignore it. */
+     * Backends without leases ignore it (the keeper's check interval aside). */
     uint32_t ttl_ms;
     dlock_wait wait;
     /* Absolute CLOCK_MONOTONIC time in ns (see dlock_monotonic_ns()), read
      * only with DLOCK_WAIT_DEADLINE. A deadline already past means one attempt
      * that fails with DLOCK_ETIMEDOUT rather than DLOCK_EBUSY. */
     uint64_t deadline_ns;
+    /* Version 2. */
+    /* 1: the client's keeper renews (or checks) the lock until it is
+     * released; see "Keeping leases" above. DLOCK_ENOTSUP on a backend that
+     * cannot be kept. */
+    int keep;
+    /* Called once if a kept lock is lost (only with keep); NULL for none.
+     * on_lost_user is passed to it unchanged. */
+    dlock_lost_fn on_lost;
+    void *on_lost_user;
+    /* 1: acquiring a name this client already holds returns the same
+     * handle, token and grant with its hold count raised by one, at once and
+     * without asking the store; dlock_release() lowers the count and
+     * releases in the store only at zero. 0 (the default): DLOCK_EALREADY. */
+    int reentrant;
 } dlock_acquire_opts;
 
 #define DLOCK_ACQUIRE_OPTS_INIT                                                \
-    { DLOCK_ACQUIRE_OPTS_VERSION, DLOCK_TTL_DEFAULT_MS, DLOCK_WAIT_FOREVER, 0 }
+    { DLOCK_ACQUIRE_OPTS_VERSION, DLOCK_TTL_DEFAULT_MS, DLOCK_WAIT_FOREVER, 0, \
+      0, NULL, NULL, 0 }
 
 /* Fills *opts with the defaults of DLOCK_ACQUIRE_OPTS_INIT. */
 DLOCK_API void dlock_acquire_opts_init(dlock_acquire_opts *opts);
@@ -166,7 +241,8 @@ DLOCK_API void dlock_acquire_opts_init(dlock_acquire_opts *opts);
  * caller until dlock_release() or dlock_client_close().
  *
  * A client holds a given name at most once: acquiring a name it already
- * holds fails at once with DLOCK_EALREADY (locks never silently stack).
+ * holds fails at once with DLOCK_EALREADY (locks never silently stack),
+ * unless the acquire asks for .reentrant.
  *
  * Errors: DLOCK_EBUSY (try), DLOCK_ETIMEDOUT (deadline), DLOCK_EINTR (a signal
  * interrupted the wait), DLOCK_EINVAL (bad name or options), connection and
@@ -184,6 +260,8 @@ DLOCK_API int dlock_acquire_n(dlock_client *client, const char *name,
  * Releases the lock and frees its handle, whatever the result. Ownership is
  * proven atomically by the store: if the lease expired or another owner took
  * the lock, nothing of theirs is touched and DLOCK_ELOST is returned.
+ * A lock held more than once (.reentrant) only has its hold count lowered
+ * (the handle stays valid; DLOCK_ELOST if the lock is known lost).
  * NULL is DLOCK_EINVAL.
  */
 DLOCK_API int dlock_release(dlock_lock *lock);
@@ -207,6 +285,41 @@ DLOCK_API const char *dlock_lock_name(const dlock_lock *lock, size_t *lenp);
 
 /* The client the lock belongs to. */
 DLOCK_API dlock_client *dlock_lock_client(const dlock_lock *lock);
+
+/*
+ * The latest CLOCK_MONOTONIC instant (ns) until which the lock is
+ * guaranteed to be still ours: the time the request that granted or last
+ * renewed the lease was sent, plus its TTL (less the clock drift allowance
+ * on Redlock). A grant handed over while waiting counts from the moment the
+ * handoff reached the client. UINT64_MAX on stores without leases while no
+ * loss is known; 0 once the lock is known lost.
+ */
+DLOCK_API uint64_t dlock_lock_expires_ns(const dlock_lock *lock);
+
+/*
+ * 0 while the lock is not known to be lost; otherwise the error its loss
+ * was reported with (DLOCK_ELOST or DLOCK_EEXPIRED, see dlock_lost_fn).
+ * Only kept locks are watched: for the others, loss is learnt from
+ * dlock_renew() and dlock_release().
+ */
+DLOCK_API int dlock_lock_lost(const dlock_lock *lock);
+
+/*
+ * A file descriptor that becomes readable when the kept lock is lost, for
+ * event loops (poll, epoll, libuv): at once if it already is. Owned by the
+ * lock and closed by dlock_release(); do not read or close it. Returns the
+ * descriptor, or DLOCK_EINVAL if the lock was not acquired with .keep,
+ * DLOCK_EIO if no descriptor could be made.
+ */
+DLOCK_API int dlock_lock_lost_fd(dlock_lock *lock);
+
+/* Why the kept lock was lost, once dlock_lock_lost() is non-zero (the
+ * store's detail, or the last renewal error before the lease ran out);
+ * "" before. Owned by the lock; safe to read from the on_lost callback. */
+DLOCK_API const char *dlock_lock_lost_detail(const dlock_lock *lock);
+
+/* How many times this client holds the lock (1 unless .reentrant). */
+DLOCK_API unsigned int dlock_lock_holds(const dlock_lock *lock);
 
 #ifdef __cplusplus
 }

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define DLOCK_BACKEND_VERSION 1
+#define DLOCK_BACKEND_VERSION 2
 
 /* Capability bits: what a backend guarantees. */
 enum {
@@ -79,7 +79,8 @@ DLOCK_API int dlock_uri_param_bool(dlock_client *client, const dlock_uri *uri,
  * Records an error on client (printf-style detail) and returns code, so that
  * backends can write `return dlock_seterr(c, DLOCK_ECONNECT, "...", ...)`.
  * The detail is truncated to DLOCK_ERRMSG_MAX - 1 bytes, and any occurrence
- * of the client's URI password is masked.
+ * of the client's URI password is masked. On a keeper thread the detail goes
+ * to the keeper's own buffer, not to the client.
  */
 DLOCK_API int dlock_seterr(dlock_client *client, int code, const char *fmt, ...)
 #ifdef __GNUC__
@@ -103,9 +104,17 @@ typedef struct dlock_conn {
 } dlock_conn;
 
 /* A backend's held lock: embed as the first member of the backend's own
- * struct. The backend sets token on a successful acquire. */
+ * struct, zeroed. The backend sets token on a successful acquire. */
 typedef struct dlock_held {
     uint64_t token;
+    /* Version 2. CLOCK_MONOTONIC instant until which the lease is known to
+     * be ours, when the backend knows better than the core, which otherwise
+     * takes the start of the acquire or renew call plus the TTL. Set it on
+     * acquire when the grant may come long after the call started (a handoff
+     * after a wait: the moment the grant reached the client, plus the TTL)
+     * and on Redlock (validity less drift). 0: not set. The core reads it
+     * after acquire, renew and keep, and zeroes it before each. */
+    uint64_t lease_end_ns;
 } dlock_held;
 
 /* One acquire, as checked and completed by the core. */
@@ -148,7 +157,52 @@ struct dlock_backend {
     /* Optional. The store's own round trip (PING, SELECT 1...), for
      * benchmarks comparing lock latency with the store's floor. */
     int (*ping)(dlock_conn *conn);
+
+    /* Version 2. */
+
+    /* Optional (NULL: an acquire with .keep fails with DLOCK_ENOTSUP).
+     * Called on the client's keeper thread to reset held's lease to ttl_ms
+     * (as renew does), or on stores without leases to check that it is
+     * still held. It runs while the application's thread may be inside any
+     * other method on the same conn (acquire, ping, release or renew of
+     * other locks); the core never runs it at the same time as release or
+     * renew of the same held, nor during or after close. So it must use a
+     * connection of its own, or only what it knows to be safe to share (a
+     * lock's own session, state under the backend's mutex), and it must
+     * return within a bound the backend documents. Errors recorded with
+     * dlock_seterr() on this thread go to the keeper, never to the client.
+     * Returns 0, DLOCK_ELOST (the lock is gone: reported at once),
+     * DLOCK_EEXPIRED (must be assumed gone: reported at once), or another
+     * code (transient: tried again while the lease lasts). */
+    int (*keep)(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms);
 };
+
+/*
+ * Saving and restoring the detail around a cleanup whose own failure must
+ * not replace the error being reported (e.g. leaving a wait queue after a
+ * timeout). Both follow the keeper-thread redirection of dlock_seterr().
+ */
+typedef struct dlock_errsave {
+    int err;
+    char msg[DLOCK_ERRMSG_MAX];
+} dlock_errsave;
+DLOCK_API void dlock_err_save(dlock_client *client, dlock_errsave *save);
+DLOCK_API void dlock_err_restore(dlock_client *client, const dlock_errsave *save);
+/* Forgets the detail (after a failure the backend recovered from). */
+DLOCK_API void dlock_err_clear(dlock_client *client);
+
+/*
+ * Runs around a write to a socket whose library may raise SIGPIPE (hiredis
+ * writes with write(2)): blocks SIGPIPE in the calling thread, and on the way
+ * out consumes a SIGPIPE that the write raised, restoring the thread's mask.
+ * The process's disposition is never changed. Not needed for libraries that
+ * send with MSG_NOSIGNAL (libpq, libmariadb).
+ */
+typedef struct dlock_sigpipe {
+    int was_pending, was_blocked;
+} dlock_sigpipe;
+DLOCK_API void dlock_sigpipe_block(dlock_sigpipe *state);
+DLOCK_API void dlock_sigpipe_restore(const dlock_sigpipe *state);
 
 /*
  * Adds a backend to the registry (the built-in ones are registered once, on
