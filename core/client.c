@@ -212,6 +212,7 @@ void dlock_client_close(dlock_client *c)
         dlock_lock *lock = c->locks;
         c->locks = lock->next;
         c->backend->release(c->conn, lock->held);
+        free(lock->lost_detail);
         free(lock);
     }
     if (c->conn)
@@ -357,6 +358,7 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
     lock->name_len = len;
     lock->client = c;
     lock->kept = NULL;
+    lock->lost_detail = NULL;
     lock->holds = 1;
     lock->ttl_ms = opts->ttl_ms;
     atomic_init(&lock->lost, 0);
@@ -411,32 +413,35 @@ int dlock_acquire(dlock_client *c, const char *name, const dlock_acquire_opts *o
 }
 
 /* The loss the keeper reported, as the client's error. */
-static int report_lost(dlock_client *c, dlock_lock *lock)
+static int report_lost(dlock_client *c, const char *detail)
 {
-    return dlock_seterr(c, DLOCK_ELOST, "the lock was lost: %s",
-                        dlock_keeper_lost_detail(lock));
+    return dlock_seterr(c, DLOCK_ELOST, "the lock was lost: %s", detail);
 }
 
 int dlock_release(dlock_lock *lock)
 {
     dlock_client *c;
-    int rc;
+    char lost_detail[DLOCK_ERRMSG_MAX];
+    int rc, lost;
     if (!lock || not_on_keeper(lock->client))
         return DLOCK_EINVAL;
     c = lock->client;
     dlock_clearerr(c);
     if (lock->holds > 1) {
         lock->holds--;
-        return atomic_load(&lock->lost) ? report_lost(c, lock) : 0;
+        return atomic_load(&lock->lost) ? report_lost(c, dlock_keeper_lost_detail(lock)) : 0;
     }
-    dlock_keeper_remove(lock);
+    dlock_keeper_remove(lock); /* no keeper call on it from here on */
+    lost = atomic_load(&lock->lost);
+    snprintf(lost_detail, sizeof lost_detail, "%s", dlock_keeper_lost_detail(lock));
     lock_unlink(lock);
     if (dlock_backend_v2(c->backend))
         lock->held->lease_end_ns = 0;
     rc = c->backend->release(c->conn, lock->held);
     /* The store may not know (a Redlock quorum gone): the keeper did. */
-    if (rc == 0 && atomic_load(&lock->lost) == DLOCK_ELOST)
-        rc = report_lost(c, lock);
+    if (rc == 0 && lost == DLOCK_ELOST)
+        rc = report_lost(c, lost_detail);
+    free(lock->lost_detail);
     free(lock);
     return finish(c, rc);
 }
@@ -453,8 +458,8 @@ int dlock_renew(dlock_lock *lock, uint32_t ttl_ms)
         return dlock_seterr(c, DLOCK_EINVAL, "lease TTL must be at least 1 ms");
     if (!c->backend->renew)
         return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot renew", c->backend->name);
-    if (atomic_load(&lock->lost))
-        return report_lost(c, lock); /* never revive a grant reported lost */
+    if (atomic_load(&lock->lost)) /* never revive a grant reported lost */
+        return report_lost(c, dlock_keeper_lost_detail(lock));
     dlock_keeper_hold(lock);
     uint64_t sent = dlock_monotonic_ns();
     if (dlock_backend_v2(c->backend))

@@ -31,6 +31,7 @@ struct dlock_lock {
     /* Read from any thread: see dlock.h "Thread-safety". */
     _Atomic uint64_t expires_ns;
     _Atomic int lost;
+    char *lost_detail;       /* copied from the keeper when it lets go */
     size_t name_len;
     char name[]; /* NUL-terminated copy */
 };

@@ -305,6 +305,9 @@ void dlock_keeper_remove(dlock_lock *lock)
     pthread_mutex_unlock(&kp->mu);
     if (k->fd >= 0)
         close(k->fd);
+    /* The detail outlives the keeper's watch: the release reports it. */
+    if (atomic_load(&lock->lost))
+        lock->lost_detail = strdup(k->detail);
     free(k);
     lock->kept = NULL;
 }
@@ -383,7 +386,9 @@ int dlock_keeper_lost_fd(dlock_lock *lock)
 const char *dlock_keeper_lost_detail(const dlock_lock *lock)
 {
     /* Written once, before `lost` is set, never again. */
-    if (!lock->kept || !atomic_load(&lock->lost))
+    if (!atomic_load(&((dlock_lock *)lock)->lost))
         return "";
-    return lock->kept->detail;
+    if (lock->kept)
+        return lock->kept->detail;
+    return lock->lost_detail ? lock->lost_detail : "";
 }

@@ -1,0 +1,395 @@
+/*
+ * The keeper against a fake backend whose keep() succeeds, refuses, fails
+ * for a while, or blocks on demand: renewal cadence, loss reports
+ * (callback, descriptor, detail, expiry), the watchdog firing while a
+ * renewal is stuck, reentrant holds, and the calls the callback may not
+ * make. Timing checks use generous slack: they catch a keeper that never
+ * renews or never reports, not a slow machine.
+ */
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dlock_backend.h"
+#include "tests/tap.h"
+#include "tests/util.h"
+
+#define MS 1000000ull
+
+enum keep_mode { KEEP_OK, KEEP_LOST, KEEP_FAIL, KEEP_BLOCK };
+
+static struct {
+    atomic_int keeps, releases, acquires, renews;
+    atomic_int mode;
+    atomic_int block_ms;
+    atomic_int wrong_thread; /* keep() ran on the application's thread */
+    pthread_t main_thread;
+    uint64_t lease_end; /* set on held by acquire when non-zero */
+} fake;
+
+static int fake_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
+{
+    (void)c, (void)uri;
+    *connp = calloc(1, sizeof(dlock_conn));
+    return 0;
+}
+
+static void fake_close(dlock_conn *conn)
+{
+    free(conn);
+}
+
+static int fake_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
+{
+    static uint64_t token;
+    (void)conn, (void)req;
+    dlock_held *h = calloc(1, sizeof *h);
+    h->token = ++token;
+    h->lease_end_ns = fake.lease_end;
+    fake.acquires++;
+    *heldp = h;
+    return 0;
+}
+
+static int fake_release(dlock_conn *conn, dlock_held *held)
+{
+    (void)conn;
+    fake.releases++;
+    free(held);
+    return 0;
+}
+
+static int fake_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
+{
+    (void)conn, (void)held, (void)ttl_ms;
+    fake.renews++;
+    return 0;
+}
+
+static int fake_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
+{
+    (void)held, (void)ttl_ms;
+    fake.keeps++;
+    if (pthread_equal(pthread_self(), fake.main_thread))
+        fake.wrong_thread = 1;
+    switch (fake.mode) {
+    case KEEP_LOST:
+        return dlock_seterr(conn->client, DLOCK_ELOST, "fake store: not the owner any more");
+    case KEEP_FAIL:
+        return dlock_seterr(conn->client, DLOCK_ECONNECT, "fake store: unreachable");
+    case KEEP_BLOCK:
+        sleep_ms((unsigned)fake.block_ms);
+        return dlock_seterr(conn->client, DLOCK_ECONNECT, "fake store: no reply");
+    }
+    return 0;
+}
+
+static const char *const schemes[] = {"kfake", NULL};
+static const char *const nolease_schemes[] = {"kfake-nolease", NULL};
+static const char *const v1_schemes[] = {"kfake-v1", NULL};
+static const char *const no_options[] = {NULL};
+
+static dlock_backend fake_backend = {
+    .version = DLOCK_BACKEND_VERSION,
+    .name = "kfake",
+    .schemes = schemes,
+    .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW,
+    .options = no_options,
+    .open = fake_open,
+    .close = fake_close,
+    .acquire = fake_acquire,
+    .release = fake_release,
+    .renew = fake_renew,
+    .keep = fake_keep,
+};
+
+/* What the loss callback saw. */
+static struct {
+    atomic_int calls, err;
+    atomic_uint_fast64_t at;
+    atomic_int release_rc, acquire_rc;
+    dlock_lock *lock;
+    char detail[DLOCK_ERRMSG_MAX];
+} seen;
+
+static void on_lost(dlock_lock *lock, int err, void *user)
+{
+    seen.calls++;
+    seen.err = err;
+    seen.at = dlock_monotonic_ns();
+    seen.lock = lock;
+    snprintf(seen.detail, sizeof seen.detail, "%s", dlock_lock_lost_detail(lock));
+    if (user) { /* try what the callback must not do */
+        dlock_lock *other = NULL;
+        seen.release_rc = dlock_release(lock);
+        seen.acquire_rc = dlock_acquire(dlock_lock_client(lock), "other", NULL, &other);
+    }
+}
+
+static void reset(enum keep_mode mode)
+{
+    fake.mode = mode;
+    fake.keeps = 0;
+    fake.block_ms = 0;
+    fake.lease_end = 0;
+    memset((void *)&seen, 0, sizeof seen);
+}
+
+static dlock_acquire_opts kept(uint32_t ttl_ms, void *user)
+{
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    o.ttl_ms = ttl_ms;
+    o.keep = 1;
+    o.on_lost = on_lost;
+    o.on_lost_user = user;
+    return o;
+}
+
+static void wait_calls(int n, unsigned max_ms)
+{
+    for (unsigned t = 0; t < max_ms && seen.calls < n; t += 5)
+        sleep_ms(5);
+}
+
+static void test_renews(dlock_client *c)
+{
+    dlock_acquire_opts o = kept(300, NULL);
+    dlock_lock *l = NULL;
+    reset(KEEP_OK);
+    is_int(dlock_acquire(c, "renewed", &o, &l), 0, "kept acquire");
+    uint64_t t0 = dlock_monotonic_ns();
+    sleep_ms(1200); /* four TTLs: a lease nobody renewed would be gone */
+    ok(fake.keeps >= 4, "the keeper renewed on its own (%d renewals in 4 TTLs, ~12 expected)",
+       (int)fake.keeps);
+    ok(!fake.wrong_thread, "keep() never ran on the application's thread");
+    is_int(seen.calls, 0, "no loss reported");
+    is_int(dlock_lock_lost(l), 0, "dlock_lock_lost() is 0");
+    ok(dlock_lock_expires_ns(l) > dlock_monotonic_ns(), "expires_ns is in the future");
+    ok(dlock_lock_expires_ns(l) <= dlock_monotonic_ns() + 300 * MS,
+       "expires_ns never past now + TTL");
+    ok(dlock_lock_expires_ns(l) > t0, "expires_ns moved forward with the renewals");
+    is_str(dlock_errmsg(c), "", "the keeper left the client's detail alone");
+    int keeps = fake.keeps;
+    is_int(dlock_release(l), 0, "release");
+    sleep_ms(250);
+    is_int(fake.keeps, keeps, "no renewal after release");
+}
+
+static void test_refused(dlock_client *c)
+{
+    dlock_acquire_opts o = kept(300, NULL);
+    dlock_lock *l = NULL;
+    struct pollfd pfd;
+    reset(KEEP_OK);
+    is_int(dlock_acquire(c, "refused", &o, &l), 0, "kept acquire");
+    int fd = dlock_lock_lost_fd(l);
+    ok(fd >= 0, "a loss descriptor");
+    pfd = (struct pollfd){.fd = fd, .events = POLLIN};
+    is_int(poll(&pfd, 1, 0), 0, "not readable while held");
+    uint64_t t0 = dlock_monotonic_ns();
+    fake.mode = KEEP_LOST;
+    wait_calls(1, 2000);
+    is_int(seen.calls, 1, "on_lost called");
+    is_int(seen.err, DLOCK_ELOST, "with DLOCK_ELOST");
+    ok(seen.at - t0 < 300 * MS, "at the first refused renewal (%llu ms)",
+       (unsigned long long)((seen.at - t0) / MS));
+    ok(strstr(seen.detail, "not the owner") != NULL, "detail is the store's: %s", seen.detail);
+    ok(seen.lock == l, "callback gets the lock");
+    is_int(poll(&pfd, 1, 1000), 1, "descriptor readable after the loss");
+    is_int(dlock_lock_lost(l), DLOCK_ELOST, "dlock_lock_lost() reports it");
+    is_int(dlock_lock_expires_ns(l), 0, "expires_ns is 0 once lost");
+    is_str(dlock_errmsg(c), "", "the client's detail untouched by the keeper");
+    int keeps = fake.keeps;
+    sleep_ms(300);
+    is_int(fake.keeps, keeps, "a lost lock is not renewed again");
+    is_int(seen.calls, 1, "called once per grant");
+    is_int(dlock_renew(l, 300), DLOCK_ELOST, "renew of a lock reported lost fails");
+    is_int(dlock_release(l), DLOCK_ELOST, "release reports the loss");
+    ok(strstr(dlock_errmsg(c), "not the owner") != NULL, "with the keeper's detail: %s",
+       dlock_errmsg(c));
+}
+
+static void test_expired_while_failing(dlock_client *c)
+{
+    dlock_acquire_opts o = kept(400, NULL);
+    dlock_lock *l = NULL;
+    reset(KEEP_FAIL);
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_acquire(c, "failing", &o, &l), 0, "kept acquire");
+    wait_calls(1, 3000);
+    is_int(seen.calls, 1, "on_lost called when renewals keep failing");
+    is_int(seen.err, DLOCK_EEXPIRED, "with DLOCK_EEXPIRED");
+    uint64_t after = (seen.at - t0) / MS;
+    ok(after >= 395 && after < 400 + 250, "at the lease end (%llu ms after acquire, TTL 400)",
+       (unsigned long long)after);
+    ok(fake.keeps >= 3, "renewal was retried (%d tries)", (int)fake.keeps);
+    ok(strstr(seen.detail, "unreachable") != NULL, "detail names the last failure: %s",
+       seen.detail);
+    dlock_release(l);
+}
+
+static void test_expired_while_blocked(dlock_client *c)
+{
+    dlock_acquire_opts o = kept(300, NULL);
+    dlock_lock *l = NULL;
+    reset(KEEP_BLOCK);
+    fake.block_ms = 1500;
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_acquire(c, "stuck", &o, &l), 0, "kept acquire");
+    wait_calls(1, 3000);
+    uint64_t after = (seen.at - t0) / MS;
+    is_int(seen.err, DLOCK_EEXPIRED, "a renewal stuck past the lease end is a loss");
+    ok(after < 300 + 250, "reported at the lease end, not when the stuck call returns (%llu ms)",
+       (unsigned long long)after);
+    uint64_t r0 = dlock_monotonic_ns();
+    dlock_release(l); /* waits for the stuck keep() to return */
+    ok(dlock_monotonic_ns() - r0 < 2000 * MS, "release waited for the renewal, bounded");
+}
+
+static void test_backend_lease_end(dlock_client *c)
+{
+    dlock_acquire_opts o = kept(10000, NULL);
+    dlock_lock *l = NULL;
+    reset(KEEP_OK);
+    fake.lease_end = dlock_monotonic_ns() + 200 * MS;
+    is_int(dlock_acquire(c, "short", &o, &l), 0, "kept acquire whose backend knows its lease end");
+    ok(dlock_lock_expires_ns(l) == fake.lease_end, "expires_ns is the backend's lease end");
+    fake.mode = KEEP_FAIL;
+    wait_calls(1, 2000);
+    is_int(seen.err, DLOCK_EEXPIRED, "the watchdog judged by the backend's lease end");
+    dlock_release(l);
+    fake.lease_end = 0;
+}
+
+static void test_callback_limits(dlock_client *c)
+{
+    dlock_acquire_opts o = kept(200, (void *)1);
+    dlock_lock *l = NULL;
+    reset(KEEP_LOST);
+    is_int(dlock_acquire(c, "limits", &o, &l), 0, "kept acquire");
+    wait_calls(1, 2000);
+    is_int(seen.release_rc, DLOCK_EINVAL, "release from the callback refused");
+    is_int(seen.acquire_rc, DLOCK_EINVAL, "acquire from the callback refused");
+    is_int(dlock_release(l), DLOCK_ELOST, "the application releases it afterwards");
+}
+
+static void test_app_renew(dlock_client *c)
+{
+    dlock_acquire_opts o = kept(300, NULL);
+    dlock_lock *l = NULL;
+    reset(KEEP_OK);
+    is_int(dlock_acquire(c, "app-renew", &o, &l), 0, "kept acquire");
+    int renews = fake.renews;
+    is_int(dlock_renew(l, 600), 0, "the application may renew a kept lock too");
+    is_int(fake.renews, renews + 1, "its renew reached the backend");
+    ok(dlock_lock_expires_ns(l) > dlock_monotonic_ns() + 400 * MS, "with the new TTL");
+    sleep_ms(700);
+    is_int(seen.calls, 0, "the keeper went on with the new TTL");
+    dlock_release(l);
+}
+
+static void test_reentrant(dlock_client *c)
+{
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    dlock_lock *a = NULL, *b = NULL;
+    int acq = fake.acquires, rel = fake.releases;
+    o.reentrant = 1;
+    is_int(dlock_acquire(c, "re", &o, &a), 0, "reentrant acquire");
+    is_int(dlock_acquire(c, "re", &o, &b), 0, "again on the same client");
+    ok(a == b, "same handle");
+    is_int(dlock_lock_holds(a), 2, "hold count 2");
+    is_int(fake.acquires, acq + 1, "the store was asked once");
+    is_int(dlock_acquire(c, "re", NULL, &b), DLOCK_EALREADY,
+           "a plain acquire of a held name is still DLOCK_EALREADY");
+    is_int(dlock_release(a), 0, "first release");
+    is_int(fake.releases, rel, "nothing released in the store yet");
+    is_int(dlock_lock_holds(a), 1, "hold count 1");
+    is_int(dlock_release(a), 0, "second release");
+    is_int(fake.releases, rel + 1, "released in the store at zero");
+}
+
+static void test_refusals(void)
+{
+    static dlock_backend v1, nolease;
+    dlock_client *c = NULL;
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = kept(1000, NULL);
+
+    v1 = fake_backend;
+    v1.version = 1;
+    v1.schemes = v1_schemes;
+    v1.keep = NULL;
+    is_int(dlock_backend_register(&v1), 0, "a version 1 backend still registers");
+    is_int(dlock_client_open("kfake-v1://h/", &c), 0, "open it");
+    is_int(dlock_acquire(c, "x", &o, &l), DLOCK_ENOTSUP, "keep on a backend without keep()");
+    ok(strstr(dlock_errmsg(c), "cannot keep") != NULL, "says so: %s", dlock_errmsg(c));
+    o.keep = 0;
+    is_int(dlock_acquire(c, "x", &o, &l), DLOCK_EINVAL, "on_lost without keep");
+    o.on_lost = NULL;
+    is_int(dlock_acquire(c, "x", &o, &l), 0, "plain acquire on the version 1 backend");
+    is_int(dlock_lock_lost_fd(l), DLOCK_EINVAL, "no loss descriptor for a lock not kept");
+    ok(dlock_lock_expires_ns(l) > dlock_monotonic_ns(), "expires_ns from the call and the TTL");
+    dlock_release(l);
+    dlock_client_close(c);
+
+    /* Stores without leases: checked, never expired by the clock. */
+    nolease = fake_backend;
+    nolease.schemes = nolease_schemes;
+    nolease.caps = DLOCK_CAP_RENEW;
+    is_int(dlock_backend_register(&nolease), 0, "lease-less fake registers");
+    is_int(dlock_client_open("kfake-nolease://h/", &c), 0, "open it");
+    reset(KEEP_FAIL);
+    o = kept(300, NULL);
+    is_int(dlock_acquire(c, "y", &o, &l), 0, "kept acquire without a lease");
+    is_int((long long)(dlock_lock_expires_ns(l) == UINT64_MAX), 1, "expires_ns is UINT64_MAX");
+    sleep_ms(600);
+    ok(fake.keeps >= 2, "checked (%d times)", (int)fake.keeps);
+    is_int(seen.calls, 0, "failed checks without a lease are not a loss");
+    fake.mode = KEEP_LOST;
+    wait_calls(1, 2000);
+    is_int(seen.err, DLOCK_ELOST, "a check that proves the loss is");
+    dlock_release(l);
+    dlock_client_close(c);
+}
+
+static void test_close_stops(void)
+{
+    dlock_client *c = NULL;
+    dlock_lock *l1 = NULL, *l2 = NULL;
+    dlock_acquire_opts o = kept(200, NULL);
+    reset(KEEP_OK);
+    is_int(dlock_client_open("kfake://h/", &c), 0, "open");
+    is_int(dlock_acquire(c, "c1", &o, &l1), 0, "kept lock 1");
+    is_int(dlock_acquire(c, "c2", &o, &l2), 0, "kept lock 2 on the same keeper");
+    int rel = fake.releases;
+    sleep_ms(300);
+    dlock_client_close(c);
+    is_int(fake.releases - rel, 2, "close released both");
+    int keeps = fake.keeps;
+    sleep_ms(300);
+    is_int(fake.keeps, keeps, "no renewal after close");
+}
+
+int main(void)
+{
+    dlock_client *c = NULL;
+    fake.main_thread = pthread_self();
+    is_int(dlock_backend_register(&fake_backend), 0, "register the fake");
+    is_int(dlock_client_open("kfake://h/", &c), 0, "open");
+    test_renews(c);
+    test_refused(c);
+    test_expired_while_failing(c);
+    test_expired_while_blocked(c);
+    test_backend_lease_end(c);
+    test_callback_limits(c);
+    test_app_renew(c);
+    test_reentrant(c);
+    dlock_client_close(c);
+    test_refusals();
+    test_close_stops();
+    return done_testing();
+}
