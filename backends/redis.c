@@ -13,10 +13,13 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "config.h"
 #include "backends/redis_conn.h"
@@ -28,6 +31,14 @@
 #define DEFAULT_CONNECT_MS 2000
 #define DEFAULT_TIMEOUT_MS 5000
 #define DEFAULT_NODE_TIMEOUT_MS 100
+#define MS 1000000ull
+/* TCP keepalive on every connection: a peer that went silent (host down,
+ * network cut) is noticed by an idle connection, such as a waiter's
+ * subscriber, within IDLE + CNT * INTVL = 8 s. hiredis's own
+ * redisEnableKeepAlive() would take 15 + 3 * 5 = 30 s. */
+#define KEEPALIVE_IDLE_S 5
+#define KEEPALIVE_INTVL_S 1
+#define KEEPALIVE_CNT 3
 
 static const char *const redis_schemes[] = {"redis", NULL};
 static const char *const redis_options[] = {
@@ -43,6 +54,90 @@ static void ms_to_tv(uint64_t ms, struct timeval *tv)
 static dlock_client *cl(struct redis_conn *rc)
 {
     return rc->base.client;
+}
+
+static uint64_t tv_ns(const struct timeval *tv)
+{
+    return (uint64_t)tv->tv_sec * 1000000000u + (uint64_t)tv->tv_usec * 1000u;
+}
+
+static void ns_to_tv(uint64_t ns, struct timeval *tv)
+{
+    tv->tv_sec = (time_t)(ns / 1000000000u);
+    tv->tv_usec = (suseconds_t)(ns % 1000000000u / 1000u);
+}
+
+/* What is left of the connection's deadline, capped at cap_ns; at least
+ * 1 ms (0 would mean no limit to hiredis). cap_ns when there is none. */
+static uint64_t time_left(struct redis_conn *rc, uint64_t cap_ns)
+{
+    uint64_t now = dlock_monotonic_ns(), left;
+    if (!rc->deadline_ns)
+        return cap_ns;
+    left = rc->deadline_ns > now ? rc->deadline_ns - now : 0;
+    if (left > cap_ns)
+        left = cap_ns;
+    return left < MS ? MS : left;
+}
+
+/* Bounds the next reply by the deadline, if the connection has one. */
+static void arm(struct redis_conn *rc, redisContext *ctx)
+{
+    struct timeval tv;
+    if (!rc->deadline_ns)
+        return;
+    ns_to_tv(time_left(rc, tv_ns(&rc->cmd_tv)), &tv);
+    redisSetTimeout(ctx, tv);
+}
+
+redisReply *dlock_redis_call(struct redis_conn *rc, redisContext *ctx, size_t argc,
+                             const char **argv, const size_t *argvlen)
+{
+    dlock_sigpipe sp;
+    arm(rc, ctx);
+    dlock_sigpipe_block(&sp);
+    redisReply *r = redisCommandArgv(ctx, (int)argc, argv, argvlen);
+    dlock_sigpipe_restore(&sp);
+    return r;
+}
+
+int dlock_redis_send(struct redis_conn *rc, redisContext *ctx, size_t argc, const char **argv,
+                     const size_t *argvlen)
+{
+    dlock_sigpipe sp;
+    int done = 0, ok;
+    (void)rc;
+    if (redisAppendCommandArgv(ctx, (int)argc, argv, argvlen) != REDIS_OK)
+        return REDIS_ERR;
+    dlock_sigpipe_block(&sp);
+    while ((ok = redisBufferWrite(ctx, &done)) == REDIS_OK && !done)
+        ;
+    dlock_sigpipe_restore(&sp);
+    return ok == REDIS_OK && done ? REDIS_OK : REDIS_ERR;
+}
+
+int dlock_redis_get_reply(struct redis_conn *rc, redisContext *ctx, void **reply)
+{
+    dlock_sigpipe sp;
+    arm(rc, ctx);
+    dlock_sigpipe_block(&sp);
+    int ok = redisGetReply(ctx, reply);
+    dlock_sigpipe_restore(&sp);
+    return ok;
+}
+
+/* Errors are ignored: keepalive only shortens how long a dead peer goes
+ * unnoticed; calls are bounded by their timeouts without it. */
+static void keepalive(redisContext *ctx)
+{
+    int on = 1;
+    setsockopt(ctx->fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+#if defined(TCP_KEEPIDLE) && defined(TCP_KEEPINTVL) && defined(TCP_KEEPCNT)
+    int idle = KEEPALIVE_IDLE_S, intvl = KEEPALIVE_INTVL_S, cnt = KEEPALIVE_CNT;
+    setsockopt(ctx->fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(ctx->fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(ctx->fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+#endif
 }
 
 int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
@@ -106,7 +201,7 @@ static int command(struct redis_conn *rc, struct redis_node *n, redisContext **c
                    redisReply **out, size_t argc, const char **argv, const size_t *argvlen,
                    const char *what)
 {
-    redisReply *r = redisCommandArgv(*ctxp, (int)argc, argv, argvlen);
+    redisReply *r = dlock_redis_call(rc, *ctxp, argc, argv, argvlen);
     if (!r)
         return dlock_redis_ctx_error(rc, n, ctxp, what);
     if (r->type == REDIS_REPLY_ERROR) {
@@ -149,12 +244,15 @@ static int handshake(struct redis_conn *rc, struct redis_node *n, redisContext *
 int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp,
                             const struct timeval *tv)
 {
-    redisContext *ctx = redisConnectWithTimeout(n->host, n->port, *tv);
+    struct timeval bound;
+    ns_to_tv(time_left(rc, tv_ns(tv)), &bound);
+    redisContext *ctx = redisConnectWithTimeout(n->host, n->port, bound);
     if (!ctx)
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
     *ctxp = ctx;
     if (ctx->err)
         return dlock_redis_ctx_error(rc, n, ctxp, "cannot connect");
+    keepalive(ctx);
     /* Command replies are bounded too: a server that accepts and never
      * answers must not hang the caller. */
     if (redisSetTimeout(ctx, rc->cmd_tv) != REDIS_OK)
@@ -167,13 +265,31 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
     return err;
 }
 
+static int node_connect(struct redis_conn *rc, struct redis_node *n, const struct timeval *tv);
+
 int dlock_redis_node_connect(struct redis_conn *rc, struct redis_node *n,
                              const struct timeval *tv)
 {
-    redisReply *r = NULL;
-    int err;
     if (n->cmd)
         return 0;
+    if (!rc->parent)
+        return node_connect(rc, n, tv);
+    /* The keeper's: tv bounds the whole connect, handshake included, so
+     * that a silent node costs one tv per keep call. */
+    uint64_t saved = rc->deadline_ns, until = dlock_monotonic_ns() + tv_ns(tv);
+    if (!saved || until < saved)
+        rc->deadline_ns = until;
+    int err = node_connect(rc, n, tv);
+    rc->deadline_ns = saved;
+    if (n->cmd)
+        redisSetTimeout(n->cmd, rc->cmd_tv);
+    return err;
+}
+
+static int node_connect(struct redis_conn *rc, struct redis_node *n, const struct timeval *tv)
+{
+    redisReply *r = NULL;
+    int err;
     if ((err = dlock_redis_connect_ctx(rc, n, &n->cmd, tv)) != 0)
         return err;
     err = command(rc, n, &n->cmd, &r, 3, (const char *[]){"SCRIPT", "LOAD", dlock_redis_lua},
@@ -213,7 +329,7 @@ int dlock_redis_script(struct redis_conn *rc, struct redis_node *n, size_t argc,
     int err;
     if ((err = dlock_redis_node_connect(rc, n, rc->nnodes > 1 ? &rc->cmd_tv : &rc->connect_tv)) != 0)
         return err;
-    redisReply *r = redisCommandArgv(n->cmd, (int)argc, argv, argvlen);
+    redisReply *r = dlock_redis_call(rc, n->cmd, argc, argv, argvlen);
     if (!r)
         return dlock_redis_ctx_error(rc, n, &n->cmd, "script call");
     if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0) {
@@ -223,7 +339,7 @@ int dlock_redis_script(struct redis_conn *rc, struct redis_node *n, size_t argc,
         memcpy(al, argvlen, argc * sizeof *al);
         av[0] = "EVAL", al[0] = 4;
         av[1] = dlock_redis_lua, al[1] = sizeof dlock_redis_lua - 1;
-        r = redisCommandArgv(n->cmd, (int)argc, av, al);
+        r = dlock_redis_call(rc, n->cmd, argc, av, al);
         if (!r)
             return dlock_redis_ctx_error(rc, n, &n->cmd, "script call");
     }
@@ -241,16 +357,54 @@ static char *dup_or_null(const char *s)
     return s ? strdup(s) : NULL;
 }
 
-static void redis_close(dlock_conn *conn)
+static void free_sockets(struct redis_conn *rc)
 {
-    struct redis_conn *rc = (struct redis_conn *)conn;
-    for (size_t i = 0; i < rc->nnodes; i++) {
+    for (size_t i = 0; rc->nodes && i < rc->nnodes; i++) {
         if (rc->nodes[i].cmd)
             redisFree(rc->nodes[i].cmd);
         if (rc->nodes[i].sub)
             redisFree(rc->nodes[i].sub);
-        free(rc->nodes[i].host);
     }
+}
+
+/* The keeper's connection: a copy of rc's settings with sockets of its
+ * own, borrowing rc's strings. Nothing is connected until used. */
+static struct redis_conn *keeper_conn_new(struct redis_conn *rc)
+{
+    struct redis_conn *kc = calloc(1, sizeof *kc);
+    if (!kc || !(kc->nodes = calloc(rc->nnodes, sizeof *kc->nodes))) {
+        free(kc);
+        return NULL;
+    }
+    kc->base = rc->base;
+    kc->parent = rc;
+    kc->user = rc->user;
+    kc->password = rc->password;
+    kc->prefix = rc->prefix;
+    kc->db = rc->db;
+    kc->connect_tv = rc->connect_tv;
+    kc->cmd_tv = rc->cmd_tv;
+    kc->nnodes = rc->nnodes;
+    for (size_t i = 0; i < rc->nnodes; i++) {
+        kc->nodes[i].host = rc->nodes[i].host;
+        kc->nodes[i].port = rc->nodes[i].port;
+    }
+    return kc;
+}
+
+static void redis_close(dlock_conn *conn)
+{
+    struct redis_conn *rc = (struct redis_conn *)conn;
+    /* The core never runs keep() during or after close: the keeper's
+     * thread is gone, and so is any use of rc->keeper. */
+    if (rc->keeper) {
+        free_sockets(rc->keeper);
+        free(rc->keeper->nodes);
+        free(rc->keeper);
+    }
+    free_sockets(rc);
+    for (size_t i = 0; rc->nodes && i < rc->nnodes; i++)
+        free(rc->nodes[i].host);
     if (rc->password)
         explicit_bzero(rc->password, strlen(rc->password));
     free(rc->nodes);
@@ -404,12 +558,23 @@ static int handoff_for(redisReply *r, const char *owner, uint64_t *token)
 }
 
 /*
- * Waits until a handoff for owner arrives (1, *token set) or until_ns
- * passes (0). Negative: error, connection dropped.
+ * Waits until a handoff for owner arrives (1, *token set, *read_ns when
+ * its bytes were read) or until_ns passes (0). Negative: error, connection
+ * dropped.
+ *
+ * The wait may last as long as the holder's lease. A subscriber that has
+ * heard nothing for `timeout` sends a PING (allowed while subscribed), and
+ * one that gets no answer within another `timeout` is dropped with
+ * DLOCK_ECONNECT: a server that hangs (or a network that stops carrying
+ * anything) ends the wait within 2 * timeout, not the lease. A dead peer
+ * is also noticed by TCP keepalive (see keepalive()).
  */
 static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const char *owner,
-                        uint64_t until_ns, uint64_t *token)
+                        uint64_t until_ns, uint64_t *token, uint64_t *read_ns)
 {
+    uint64_t quiet = tv_ns(&rc->cmd_tv), heard = dlock_monotonic_ns(), ping_by = 0;
+    /* What the reader holds was read by an earlier call, no later than now. */
+    *read_ns = heard;
     for (;;) {
         void *reply = NULL;
         if (redisGetReplyFromReader(n->sub, &reply) != REDIS_OK)
@@ -424,14 +589,34 @@ static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const char 
         uint64_t now = dlock_monotonic_ns();
         if (now >= until_ns)
             return 0;
+        if (ping_by && now >= ping_by) {
+            dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                         "redis %s:%d: the wake-up channel did not answer a PING within %" PRIu64
+                         " ms (timeout)", n->host, n->port, (uint64_t)(quiet / MS));
+            redisFree(n->sub);
+            n->sub = NULL;
+            return DLOCK_ECONNECT;
+        }
+        if (!ping_by && now - heard >= quiet) {
+            if (dlock_redis_send(rc, n->sub, 1, (const char *[]){"PING"}, (size_t[]){4}) != REDIS_OK)
+                return dlock_redis_ctx_error(rc, n, &n->sub, "writing to the wake-up channel");
+            ping_by = now + quiet;
+        }
+        uint64_t wake = ping_by ? ping_by : heard + quiet;
+        if (wake > until_ns)
+            wake = until_ns;
         struct pollfd pfd = {.fd = n->sub->fd, .events = POLLIN};
         struct timespec ts;
-        dlock_ns_to_timespec(until_ns - now, &ts);
+        dlock_ns_to_timespec(wake > now ? wake - now : 0, &ts);
         int pr = ppoll(&pfd, 1, &ts, NULL);
         if (pr < 0 && errno == EINTR)
             return dlock_seterr(cl(rc), DLOCK_EINTR, "a signal interrupted the wait");
-        if (pr > 0 && redisBufferRead(n->sub) != REDIS_OK)
-            return dlock_redis_ctx_error(rc, n, &n->sub, "reading the wake-up channel");
+        if (pr > 0) {
+            if (redisBufferRead(n->sub) != REDIS_OK)
+                return dlock_redis_ctx_error(rc, n, &n->sub, "reading the wake-up channel");
+            *read_ns = heard = dlock_monotonic_ns();
+            ping_by = 0;
+        }
     }
 }
 
@@ -455,6 +640,9 @@ static int try_acquire(struct redis_conn *rc, struct redis_held *h, const char *
     snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
     const char *args[] = {"acquire", h->owner, ttl, rc->channel, mode};
     const size_t lens[] = {7, 32, strlen(ttl), rc->channel_len, strlen(mode)};
+    /* A grant's lease starts on the server after this instant, even when
+     * the reply that says so is the retry's. */
+    uint64_t sent = dlock_monotonic_ns();
     err = run_op(rc, h, args, lens, 5, &r);
     if (err == DLOCK_ECONNECT) /* a lost reply: the owner id makes a retry safe */
         err = run_op(rc, h, args, lens, 5, &r);
@@ -466,6 +654,9 @@ static int try_acquire(struct redis_conn *rc, struct redis_held *h, const char *
         return err;
     if (granted) {
         h->base.token = (uint64_t)value;
+        /* Not the acquire call's start, which may be long before, after
+         * waiting. */
+        h->base.lease_end_ns = sent + (uint64_t)h->ttl_ms * MS;
         return 1;
     }
     *pttl = value;
@@ -499,18 +690,23 @@ static void cancel_wait(struct redis_conn *rc, struct redis_held *h)
 {
     char entry[160];
     long long res;
+    dlock_errsave saved;
     snprintf(entry, sizeof entry, "%s|%" PRIu32 "|%s", h->owner, h->ttl_ms, rc->channel);
-    int saved = cl(rc)->err;
-    char msg[DLOCK_ERRMSG_MAX];
-    memcpy(msg, cl(rc)->errmsg, sizeof msg);
-    if (simple_op(rc, h, "cancel", entry, &res) != 0 && rc->nodes[0].sub) {
+    dlock_err_save(cl(rc), &saved);
+    /* Cleanup after a failure must not multiply it: one `timeout` in all,
+     * a reconnection included. */
+    rc->deadline_ns = dlock_monotonic_ns() + tv_ns(&rc->cmd_tv);
+    int err = simple_op(rc, h, "cancel", entry, &res);
+    rc->deadline_ns = 0;
+    if (rc->nodes[0].cmd)
+        redisSetTimeout(rc->nodes[0].cmd, rc->cmd_tv);
+    if (err != 0 && rc->nodes[0].sub) {
         /* Still queued: drop the subscription, so that the queue entry
          * reads as a dead waiter (PUBSUB NUMSUB 0) and is skipped. */
         redisFree(rc->nodes[0].sub);
         rc->nodes[0].sub = NULL;
     }
-    cl(rc)->err = saved; /* report the original failure, not the cleanup */
-    memcpy(cl(rc)->errmsg, msg, sizeof msg);
+    dlock_err_restore(cl(rc), &saved); /* report the original failure, not the cleanup */
 }
 
 /* A deadline bounds each call too, not only the wait between calls. */
@@ -555,10 +751,14 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
         uint64_t until = now + (uint64_t)(pttl > 0 ? pttl : 1) * 1000000u + 1000000u;
         if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until)
             until = req->deadline_ns;
-        uint64_t token = 0;
-        err = wait_handoff(rc, n, h->owner, until, &token);
+        uint64_t token = 0, read_ns = 0;
+        err = wait_handoff(rc, n, h->owner, until, &token, &read_ns);
         if (err == 1) {
+            /* The lease started when the releaser's script handed it
+             * over, a one-way trip before we read the message; the call's
+             * start may be far older. */
             h->base.token = token;
+            h->base.lease_end_ns = read_ns + (uint64_t)h->ttl_ms * MS;
             return 0;
         }
         if (err < 0)
@@ -647,6 +847,37 @@ static int redis_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     return 0;
 }
 
+/*
+ * The keeper's renewal: the renew script on the keeper's own connection,
+ * made here at the first call and never shared with the application's
+ * thread. One Redis: bounded as a whole by the `timeout` option (a
+ * reconnection included). Redlock: see dlock_redlock_keep().
+ */
+static int redis_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
+{
+    struct redis_conn *rc = (struct redis_conn *)conn, *kc;
+    struct redis_held *h = (struct redis_held *)held;
+    char ttl[16];
+    long long res = 0;
+    int err;
+    if (!rc->keeper && !(rc->keeper = keeper_conn_new(rc)))
+        return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
+    kc = rc->keeper;
+    if (rc->nnodes > 1)
+        return dlock_redlock_keep(kc, h, ttl_ms);
+    snprintf(ttl, sizeof ttl, "%" PRIu32, ttl_ms);
+    kc->deadline_ns = dlock_monotonic_ns() + tv_ns(&kc->cmd_tv);
+    err = simple_op(kc, h, "renew", ttl, &res);
+    kc->deadline_ns = 0;
+    if (err)
+        return err;
+    if (res != 1)
+        return dlock_seterr(conn->client, DLOCK_ELOST,
+                            "the keeper's renewal was refused: the lease had expired or "
+                            "another owner holds the lock");
+    return 0;
+}
+
 static int redis_ping(dlock_conn *conn)
 {
     struct redis_conn *rc = (struct redis_conn *)conn;
@@ -675,4 +906,5 @@ const dlock_backend dlock_redis_backend = {
     .release = redis_release,
     .renew = redis_renew,
     .ping = redis_ping,
+    .keep = redis_keep,
 };

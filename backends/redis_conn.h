@@ -28,6 +28,16 @@ struct redis_conn {
     char channel[96];   /* this connection's wake-up channel (single) */
     size_t channel_len;
     int retried;        /* the last call was sent again after a lost reply */
+    /* The keeper's own connection(s), made on the keeper's thread at its
+     * first keep() and freed by close: same nodes, credentials and prefix,
+     * none of this struct's sockets. NULL until then. */
+    struct redis_conn *keeper;
+    struct redis_conn *parent; /* set on a keeper connection: it borrows the
+                                  parent's strings */
+    /* CLOCK_MONOTONIC ns; when set, every synchronous step (connect, each
+     * command) waits at most what is left of it: a keeper's call, or a
+     * waiter's cleanup. 0: each step has its own timeout. */
+    uint64_t deadline_ns;
 };
 
 /* Keys of one lock name: "<prefix><name>:lock", ":fence", ":queue". */
@@ -59,6 +69,22 @@ int dlock_redis_node_connect(struct redis_conn *rc, struct redis_node *n,
 /* Drops a connection after an I/O error, recording why; returns the code. */
 int dlock_redis_ctx_error(struct redis_conn *rc, struct redis_node *n,
                           redisContext **ctxp, const char *what);
+/*
+ * Every hiredis call that may write to a socket goes through these three:
+ * hiredis writes with write(2), so each runs with SIGPIPE blocked in the
+ * calling thread (dlock_sigpipe_block), and a keeper connection's deadline
+ * bounds the reply.
+ */
+/* redisCommandArgv: NULL on an I/O error (ctx->err says which). */
+redisReply *dlock_redis_call(struct redis_conn *rc, redisContext *ctx, size_t argc,
+                             const char **argv, const size_t *argvlen);
+/* redisAppendCommandArgv and a write of the whole buffer; REDIS_OK or
+ * REDIS_ERR (ctx->err says which). */
+int dlock_redis_send(struct redis_conn *rc, redisContext *ctx, size_t argc, const char **argv,
+                     const size_t *argvlen);
+/* redisGetReply (which first writes what is still buffered). */
+int dlock_redis_get_reply(struct redis_conn *rc, redisContext *ctx, void **reply);
+
 /* Builds EVALSHA argv: sha, 3 keys, then the n extra args. */
 size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *keys,
                                const char **extra, const size_t *extra_len, size_t n,
@@ -72,5 +98,8 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req,
                           struct redis_held *h);
 int dlock_redlock_release(struct redis_conn *rc, struct redis_held *h);
 int dlock_redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t ttl_ms);
+/* The keeper's renewal, on the keeper's connection kc: 0, DLOCK_ELOST when
+ * the nodes that answered rule out a quorum, else a transient error. */
+int dlock_redlock_keep(struct redis_conn *kc, struct redis_held *h, uint32_t ttl_ms);
 
 #endif

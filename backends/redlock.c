@@ -32,6 +32,10 @@
 
 #define MAX_NODES 64
 #define RECONNECT_BACKOFF_NS 1000000000ull
+/* Longest a waiter goes without an attempt, however long the holder's
+ * lease: nodes that went silent are noticed by the attempts (see
+ * dlock_redlock_acquire()), not only when the lease runs out. */
+#define WAIT_SLICE_NS 5000000000ull
 
 static dlock_client *cl(struct redis_conn *rc)
 {
@@ -117,7 +121,6 @@ static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **
 
     for (size_t i = 0; i < rc->nnodes; i++) {
         struct redis_node *n = &rc->nodes[i];
-        int done = 0;
         replies[i] = NULL;
         /* A node that just failed to connect is left alone for a while, so
          * one dead or silent node does not cost every call a connect. */
@@ -127,12 +130,9 @@ static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **
             n->retry_at = dlock_monotonic_ns() + RECONNECT_BACKOFF_NS;
             continue;
         }
-        if (redisAppendCommandArgv(n->cmd, (int)argc, argv, argvlen) != REDIS_OK)
-            continue;
-        while (!done)
-            if (redisBufferWrite(n->cmd, &done) != REDIS_OK)
-                break;
-        if (!done) {
+        /* A node restarted since our last call has reset the connection:
+         * the write fails (EPIPE), and never kills us with SIGPIPE. */
+        if (dlock_redis_send(rc, n->cmd, argc, argv, argvlen) != REDIS_OK) {
             dlock_redis_ctx_error(rc, n, &n->cmd, "sending");
             n->stale = 0;
             continue;
@@ -264,11 +264,22 @@ static void drop_all(struct redis_conn *rc, struct redis_held *h, size_t *ours, 
     free(chan);
 }
 
+static int64_t drift_ms(uint32_t ttl_ms)
+{
+    return (int64_t)ttl_ms / 100 + 2;
+}
+
 static int64_t validity_ms(uint64_t start_ns, uint32_t ttl_ms)
 {
     int64_t elapsed = (int64_t)((dlock_monotonic_ns() - start_ns) / 1000000u);
-    int64_t drift = (int64_t)ttl_ms / 100 + 2;
-    return (int64_t)ttl_ms - elapsed - drift;
+    return (int64_t)ttl_ms - elapsed - drift_ms(ttl_ms);
+}
+
+/* Until when a grant or renewal sent at start_ns is ours: its validity
+ * measured from the start (only called with a positive validity). */
+static uint64_t lease_end(uint64_t start_ns, uint32_t ttl_ms)
+{
+    return start_ns + (uint64_t)((int64_t)ttl_ms - drift_ms(ttl_ms)) * 1000000u;
 }
 
 /* One attempt: 1 won, 0 refused (*wait_ms: shortest PTTL seen), <0 error. */
@@ -314,6 +325,7 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
         }
         if (fenced >= quorum(rc) && validity_ms(start, h->ttl_ms) > 0) {
             h->base.token = max_token;
+            h->base.lease_end_ns = lease_end(start, h->ttl_ms);
             dlock_clearerr(cl(rc));
             return 1;
         }
@@ -346,11 +358,12 @@ static void drop_sub(struct redis_node *n)
 
 /* Reads node n's subscriber replies until the confirmation for chan (each
  * read bounded by node_timeout); 0 once subscribed. */
-static int confirm_subscribed(struct redis_node *n, const char *chan, size_t len)
+static int confirm_subscribed(struct redis_conn *rc, struct redis_node *n, const char *chan,
+                              size_t len)
 {
     for (;;) {
         void *v = NULL;
-        if (redisGetReply(n->sub, &v) != REDIS_OK || !v)
+        if (dlock_redis_get_reply(rc, n->sub, &v) != REDIS_OK || !v)
             return -1;
         redisReply *r = v;
         int confirmed = r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
@@ -386,15 +399,7 @@ static void subscribe_all(struct redis_conn *rc, const char *cmd, const char *ch
         }
         const char *argv[2] = {cmd, chan};
         const size_t lens[2] = {strlen(cmd), len};
-        int done = 0;
-        if (redisAppendCommandArgv(n->sub, 2, argv, lens) != REDIS_OK) {
-            drop_sub(n);
-            continue;
-        }
-        while (!done)
-            if (redisBufferWrite(n->sub, &done) != REDIS_OK)
-                break;
-        if (!done)
+        if (dlock_redis_send(rc, n->sub, 2, argv, lens) != REDIS_OK)
             drop_sub(n);
         else
             sent[i] = 1;
@@ -402,7 +407,7 @@ static void subscribe_all(struct redis_conn *rc, const char *cmd, const char *ch
     if (!subscribing)
         return; /* confirmations are skipped when they arrive */
     for (size_t i = 0; i < rc->nnodes; i++)
-        if (sent[i] && confirm_subscribed(&rc->nodes[i], chan, len) != 0)
+        if (sent[i] && confirm_subscribed(rc, &rc->nodes[i], chan, len) != 0)
             drop_sub(&rc->nodes[i]);
     dlock_clearerr(cl(rc));
 }
@@ -475,7 +480,9 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
         if (err != 0)
             break;
         if (req->wait == DLOCK_WAIT_TRY) {
-            if (cl(rc)->err != DLOCK_EBUSY)
+            dlock_errsave why; /* keep attempt()'s detail when it said why */
+            dlock_err_save(cl(rc), &why);
+            if (why.err != DLOCK_EBUSY)
                 dlock_seterr(cl(rc), DLOCK_EBUSY, "the lock is held by another owner");
             err = DLOCK_EBUSY;
             break;
@@ -501,6 +508,8 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
          * with each loss (1 ms up to 64 ms): the herd spreads out instead
          * of splitting the vote in lockstep. */
         uint64_t bound = (uint64_t)(wait_ms > 0 ? wait_ms : 1) * 1000000u;
+        if (bound > WAIT_SLICE_NS)
+            bound = WAIT_SLICE_NS;
         uint64_t until = now + bound;
         if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until)
             until = req->deadline_ns;
@@ -556,6 +565,7 @@ int dlock_redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t tt
     free_replies(rc, replies);
     if (ours >= quorum(rc) && validity_ms(start, ttl_ms) > 0) {
         h->ttl_ms = ttl_ms;
+        h->base.lease_end_ns = lease_end(start, ttl_ms);
         dlock_clearerr(cl(rc));
         return 0;
     }
@@ -564,4 +574,49 @@ int dlock_redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t tt
     return dlock_seterr(cl(rc), DLOCK_ELOST,
                         "renewed on only %zu of %zu Redlock nodes (quorum %zu)", ours,
                         rc->nnodes, quorum(rc));
+}
+
+/*
+ * The keeper's renewal on its own connections kc: the renew script on every
+ * node at once, like dlock_redlock_renew(), but it never releases. A quorum
+ * of renewals within the validity is a new lease (its end: start + TTL -
+ * drift). Nodes that answered "not ours" in such numbers that no quorum
+ * can be ours prove the loss: DLOCK_ELOST. Anything else (nodes silent,
+ * down, slow) is not a proof: a transient error, tried again while the
+ * lease lasts. Bounded by node_timeout for the replies, plus node_timeout
+ * for each node whose connection has to be made again (a node that failed
+ * to connect is tried at most once a second).
+ */
+int dlock_redlock_keep(struct redis_conn *kc, struct redis_held *h, uint32_t ttl_ms)
+{
+    redisReply *replies[MAX_NODES];
+    char ttl[16];
+    size_t ours = 0, not_ours = 0;
+    uint64_t start = dlock_monotonic_ns();
+    if (kc->nnodes > MAX_NODES)
+        return dlock_seterr(cl(kc), DLOCK_EBADURI, "Redlock takes at most %d hosts", MAX_NODES);
+    snprintf(ttl, sizeof ttl, "%" PRIu32, ttl_ms);
+    const char *args[3] = {"renew", h->owner, ttl};
+    const size_t lens[3] = {5, 32, strlen(ttl)};
+    all_nodes(kc, h, args, lens, 3, replies, quorum(kc), node_timeout_ns(kc));
+    for (size_t i = 0; i < kc->nnodes; i++)
+        if (replies[i] && replies[i]->type == REDIS_REPLY_INTEGER)
+            replies[i]->integer == 1 ? ours++ : not_ours++;
+    free_replies(kc, replies);
+    if (ours >= quorum(kc) && validity_ms(start, ttl_ms) > 0) {
+        h->base.lease_end_ns = lease_end(start, ttl_ms);
+        return 0;
+    }
+    if (kc->nnodes - not_ours < quorum(kc))
+        return dlock_seterr(cl(kc), DLOCK_ELOST,
+                            "the keeper's renewal was refused on %zu of %zu Redlock nodes "
+                            "(quorum %zu): the lease had expired or another owner holds it",
+                            not_ours, kc->nnodes, quorum(kc));
+    if (ours >= quorum(kc))
+        return dlock_seterr(cl(kc), DLOCK_ETIMEDOUT,
+                            "renewed on a quorum, but too late to count (validity spent)");
+    return dlock_seterr(cl(kc), DLOCK_ECONNECT,
+                        "renewed on only %zu of %zu Redlock nodes (quorum %zu), %zu refused, "
+                        "the others did not answer in time",
+                        ours, kc->nnodes, quorum(kc), not_ours);
 }

@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +60,8 @@ struct zk_pending {
 
 enum session_status { SESSION_UP, SESSION_SUSPENDED, SESSION_DEAD };
 
+struct zk_held;
+
 struct zk_conn {
     dlock_conn base;
     char *hosts;      /* "h1:p1,h2:p2" as the C client wants it */
@@ -66,6 +69,8 @@ struct zk_conn {
     char *auth;       /* "user:password" for the digest scheme, or NULL */
     struct ACL_vector *acl;
     int session_ms, connect_ms;
+    /* Both written by the application's thread only, under mu (the
+     * keeper reads gen under mu, and never uses zh). */
     zhandle_t *zh;    /* NULL between a dead session and the next call */
     unsigned gen;     /* counts sessions: a held lock belongs to one */
     struct zk_pending *pending;
@@ -77,12 +82,15 @@ struct zk_conn {
     uint64_t events;          /* counts every watch and session event */
     uint64_t suspended_since; /* when the connection dropped; 0 while up */
     int negotiated_ms;        /* the timeout the server granted */
+    struct zk_held *watched;  /* held locks whose node is watched, under mu */
 };
 
 struct zk_held {
     dlock_held base;
     unsigned gen;
-    char path[]; /* our lock node */
+    struct zk_held *next; /* on zc->watched, under mu */
+    int deleted;          /* our node was deleted (not by us), under mu */
+    char path[];          /* our lock node */
 };
 
 /* One acquire in progress. */
@@ -140,8 +148,14 @@ static void silent_log(const char *message)
 static void on_event(zhandle_t *zh, int type, int state, const char *path, void *ctx)
 {
     struct zk_conn *zc = ctx;
-    (void)path;
     pthread_mutex_lock(&zc->mu);
+    if (type == ZOO_DELETED_EVENT && path) {
+        /* Our release takes a lock off the list before deleting its node:
+         * a held lock still listed lost its node to someone else. */
+        for (struct zk_held *h = zc->watched; h; h = h->next)
+            if (strcmp(h->path, path) == 0)
+                h->deleted = 1;
+    }
     if (type == ZOO_SESSION_EVENT) {
         zc->state = state;
         if (state == ZOO_CONNECTED_STATE) {
@@ -225,12 +239,17 @@ static void pending_free(struct zk_conn *zc)
  * close, else when it expires the session). */
 static void session_end(struct zk_conn *zc)
 {
-    if (zc->zh) {
-        zookeeper_close(zc->zh);
-        zc->zh = NULL;
-    }
-    pending_free(zc);
+    zhandle_t *zh = zc->zh;
+    /* The keeper reads gen under mu: a lock of the old session reads as
+     * lost from here on. The close runs unlocked: it joins the client's
+     * threads, whose callbacks take mu. */
+    pthread_mutex_lock(&zc->mu);
+    zc->zh = NULL;
     zc->gen++;
+    pthread_mutex_unlock(&zc->mu);
+    if (zh)
+        zookeeper_close(zh);
+    pending_free(zc);
 }
 
 static void auth_done(int rc, const void *data)
@@ -246,11 +265,24 @@ static int session_start(struct zk_conn *zc)
     zc->suspended_since = 0;
     zc->negotiated_ms = 0;
     pthread_mutex_unlock(&zc->mu);
-    zc->zh = zookeeper_init2(zc->hosts, on_event, zc->session_ms, NULL, zc, 0, silent_log);
-    if (!zc->zh)
-        return dlock_seterr(cl(zc), errno == ENOMEM ? DLOCK_ENOMEM : DLOCK_EBADURI,
+    /* The client's I/O and completion threads start here and inherit a
+     * mask blocking every signal: the application's signals reach its own
+     * threads (a wait's EINTR stays theirs), and a SIGPIPE could never
+     * kill the process from there (the client sends with MSG_NOSIGNAL
+     * anyway). */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    zhandle_t *zh = zookeeper_init2(zc->hosts, on_event, zc->session_ms, NULL, zc, 0, silent_log);
+    int saved_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!zh)
+        return dlock_seterr(cl(zc), saved_errno == ENOMEM ? DLOCK_ENOMEM : DLOCK_EBADURI,
                             "zookeeper %s: the client refused the host list: %s", zc->hosts,
-                            strerror(errno));
+                            strerror(saved_errno));
+    pthread_mutex_lock(&zc->mu);
+    zc->zh = zh;
+    pthread_mutex_unlock(&zc->mu);
     /* By default the client's I/O thread resolves the host names at every
      * poll. Besides the DNS traffic, a process that forks while that thread
      * is inside getaddrinfo() leaves the child with glibc's resolver lock
@@ -729,6 +761,61 @@ static int acquire_paths(struct zk_acq *a)
     return a->prefix ? 0 : oom(a->zc);
 }
 
+/* A watch on a held lock's node, so that keep() learns of its deletion
+ * by someone else without asking the server. */
+struct zk_watch_req {
+    struct zk_conn *zc;
+    char path[];
+};
+
+static void on_watch_set(int rc, const struct Stat *st, const void *data)
+{
+    struct zk_watch_req *w = (struct zk_watch_req *)data;
+    (void)st;
+    if (rc == ZNONODE) { /* gone before the watch reached the server */
+        pthread_mutex_lock(&w->zc->mu);
+        for (struct zk_held *h = w->zc->watched; h; h = h->next)
+            if (strcmp(h->path, w->path) == 0)
+                h->deleted = 1;
+        pthread_mutex_unlock(&w->zc->mu);
+    }
+    free(w);
+}
+
+/* Lists h and sets the watch: asynchronous, no round trip added to the
+ * acquire. The client sets its watches again after a reconnection. Best
+ * effort: if the request itself fails (the connection dropped before the
+ * server had it), there is no watch; release and renew still ask the
+ * server. */
+static void watch_held(struct zk_conn *zc, struct zk_held *h)
+{
+    size_t len = strlen(h->path) + 1;
+    struct zk_watch_req *w = malloc(sizeof *w + len);
+    pthread_mutex_lock(&zc->mu);
+    h->next = zc->watched;
+    zc->watched = h;
+    pthread_mutex_unlock(&zc->mu);
+    if (!w)
+        return;
+    w->zc = zc;
+    memcpy(w->path, h->path, len);
+    /* Every queued request's completion runs, if only with ZCLOSING when
+     * the session is closed: that frees w. */
+    if (zoo_aexists(zc->zh, h->path, 1, on_watch_set, w) != ZOK)
+        free(w);
+}
+
+static void unwatch_held(struct zk_conn *zc, struct zk_held *h)
+{
+    pthread_mutex_lock(&zc->mu);
+    for (struct zk_held **pp = &zc->watched; *pp; pp = &(*pp)->next)
+        if (*pp == h) {
+            *pp = h->next;
+            break;
+        }
+    pthread_mutex_unlock(&zc->mu);
+}
+
 static int zk_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
 {
     struct zk_conn *zc = (struct zk_conn *)conn;
@@ -753,9 +840,11 @@ static int zk_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
         size_t len = strlen(a.node) + 1;
         struct zk_held *h = malloc(sizeof *h + len);
         if (h) {
+            memset(h, 0, sizeof *h);
             h->base.token = a.czxid;
             h->gen = a.gen;
             memcpy(h->path, a.node, len);
+            watch_held(zc, h);
             *heldp = &h->base;
         } else {
             err = oom(zc);
@@ -806,6 +895,7 @@ static int zk_release(dlock_conn *conn, dlock_held *held)
 {
     struct zk_conn *zc = (struct zk_conn *)conn;
     struct zk_held *h = (struct zk_held *)held;
+    unwatch_held(zc, h);
     int err = release_node(zc, h);
     free(h);
     return err;
@@ -844,6 +934,47 @@ static int zk_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     if (id && st.ephemeralOwner != id->client_id)
         return lost(zc, "the lock node belongs to another session");
     return 0;
+}
+
+/*
+ * The keeper's check: no I/O, only what the client's event thread recorded,
+ * read under mu, so it may run while the application's thread is inside
+ * any other call (even one that replaces the session). A few microseconds.
+ * DLOCK_ELOST: the lock's session ended or expired, or its node was deleted
+ * by someone else. DLOCK_EEXPIRED: disconnected for a third of the session
+ * timeout or longer (Curator's advice): the servers may have expired the
+ * session already without the client hearing of it.
+ */
+static int zk_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
+{
+    struct zk_conn *zc = (struct zk_conn *)conn;
+    struct zk_held *h = (struct zk_held *)held;
+    const char *why = NULL;
+    int err = 0, timeout;
+    uint64_t down_ns = 0;
+    (void)ttl_ms;
+    pthread_mutex_lock(&zc->mu);
+    timeout = zc->negotiated_ms > 0 ? zc->negotiated_ms : zc->session_ms;
+    if (zc->suspended_since)
+        down_ns = dlock_monotonic_ns() - zc->suspended_since;
+    if (h->gen != zc->gen)
+        err = DLOCK_ELOST, why = "the session that held the lock has ended";
+    else if (zc->state == ZOO_EXPIRED_SESSION_STATE)
+        err = DLOCK_ELOST, why = "the session expired: the lock was lost";
+    else if (zc->state == ZOO_AUTH_FAILED_STATE)
+        err = DLOCK_ELOST, why = "the servers refused the credentials: the session is closed";
+    else if (h->deleted)
+        err = DLOCK_ELOST, why = "the lock node was deleted by someone else";
+    else if (down_ns >= (uint64_t)timeout * MS / 3)
+        err = DLOCK_EEXPIRED;
+    pthread_mutex_unlock(&zc->mu);
+    if (err == DLOCK_EEXPIRED)
+        return dlock_seterr(cl(zc), err,
+                            "zookeeper %s: disconnected for %" PRIu64 " ms, a third of the "
+                            "session timeout (%d ms) or more: the session may have expired on "
+                            "the servers",
+                            zc->hosts, (uint64_t)(down_ns / MS), timeout);
+    return err ? lost(zc, why) : 0;
 }
 
 /* The floor for an acquire + release: a create and a delete of a scratch
@@ -1011,4 +1142,5 @@ const dlock_backend dlock_zookeeper_backend = {
     .release = zk_release,
     .renew = zk_renew,
     .ping = zk_ping,
+    .keep = zk_keep,
 };

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -69,6 +70,120 @@ static inline const char *shown_uri(const char *uri, char *buf, size_t len)
         snprintf(buf, len, "%s", dlock_uri_redacted(u));
     dlock_uri_free(u);
     return buf;
+}
+
+/* Appends s to out at *o, percent-encoding every byte that is not
+ * unreserved (nor in keep); -1 when it does not fit. */
+static inline int uri_put_(char *out, size_t len, size_t *o, const char *s, const char *keep)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        int plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    strchr("-._~", c) || (keep && strchr(keep, c));
+        if (*o + (plain ? 1 : 3) >= len)
+            return -1;
+        if (plain) {
+            out[(*o)++] = (char)c;
+        } else {
+            out[(*o)++] = '%';
+            out[(*o)++] = hex[c >> 4];
+            out[(*o)++] = hex[c & 15];
+        }
+    }
+    out[*o] = '\0';
+    return 0;
+}
+
+/* Appends raw text; -1 when it does not fit. */
+static inline int uri_raw_(char *out, size_t len, size_t *o, const char *s)
+{
+    size_t n = strlen(s);
+    if (*o + n >= len)
+        return -1;
+    memcpy(out + *o, s, n + 1);
+    *o += n;
+    return 0;
+}
+
+/* Is key one of the "k=v&k2=v2" params? */
+static inline int uri_has_param_(const char *params, const char *key)
+{
+    size_t kl = strlen(key);
+    for (const char *s = params; s && *s;) {
+        if (strncmp(s, key, kl) == 0 && s[kl] == '=')
+            return 1;
+        s = strchr(s, '&');
+        s = s ? s + 1 : NULL;
+    }
+    return 0;
+}
+
+/*
+ * Rebuilds the store URI src (parsed with dlock_uri_parse) into out, with
+ * every host i replaced by 127.0.0.1:ports[i] when ports is given (nports
+ * must then equal the host count), the password replaced when password is
+ * given, and params ("k=v&k2=v2", plain text, NULL for none) added, each
+ * replacing the URI's own parameter of that name. User, password, path and
+ * parameters are percent-encoded again. Returns 0, or -1 when src does not
+ * parse, has no hosts (file://) while ports are given, or out is too small.
+ */
+static inline int uri_rewrite(const char *src, const int *ports, int nports, const char *password,
+                              const char *params, char *out, size_t len)
+{
+    dlock_uri *u = NULL;
+    char err[256], num[16];
+    size_t o = 0, nhosts;
+    int bad = 0;
+    if (len == 0 || dlock_uri_parse(src, &u, err, sizeof err) != 0)
+        return -1;
+    nhosts = dlock_uri_host_count(u);
+    if (ports && (nhosts == 0 || (size_t)nports != nhosts)) {
+        dlock_uri_free(u);
+        return -1;
+    }
+    const char *user = dlock_uri_user(u), *pw = password ? password : dlock_uri_password(u);
+    bad |= uri_raw_(out, len, &o, dlock_uri_scheme(u));
+    bad |= uri_raw_(out, len, &o, "://");
+    if (user || pw) {
+        bad |= uri_put_(out, len, &o, user ? user : "", NULL);
+        if (pw) {
+            bad |= uri_raw_(out, len, &o, ":");
+            bad |= uri_put_(out, len, &o, pw, NULL);
+        }
+        bad |= uri_raw_(out, len, &o, "@");
+    }
+    for (size_t i = 0; i < nhosts; i++) {
+        const char *h = ports ? "127.0.0.1" : dlock_uri_host(u, i);
+        unsigned port = ports ? (unsigned)ports[i] : dlock_uri_port(u, i);
+        int v6 = strchr(h, ':') != NULL;
+        if (i)
+            bad |= uri_raw_(out, len, &o, ",");
+        bad |= uri_raw_(out, len, &o, v6 ? "[" : "");
+        bad |= uri_raw_(out, len, &o, h);
+        bad |= uri_raw_(out, len, &o, v6 ? "]" : "");
+        if (port) {
+            snprintf(num, sizeof num, ":%u", port);
+            bad |= uri_raw_(out, len, &o, num);
+        }
+    }
+    bad |= uri_put_(out, len, &o, dlock_uri_path(u), "/");
+    char sep = '?';
+    for (size_t i = 0; i < dlock_uri_param_count(u); i++) {
+        if (uri_has_param_(params, dlock_uri_param_key(u, i)))
+            continue;
+        bad |= uri_raw_(out, len, &o, sep == '?' ? "?" : "&");
+        sep = '&';
+        bad |= uri_put_(out, len, &o, dlock_uri_param_key(u, i), NULL);
+        bad |= uri_raw_(out, len, &o, "=");
+        bad |= uri_put_(out, len, &o, dlock_uri_param_value(u, i), NULL);
+    }
+    if (params && *params) {
+        bad |= uri_raw_(out, len, &o, sep == '?' ? "?" : "&");
+        bad |= uri_raw_(out, len, &o, params);
+    }
+    dlock_uri_free(u);
+    return bad ? -1 : 0;
 }
 
 /* A client for uri, or the end of the run. */

@@ -1,7 +1,9 @@
 /*
  * Redis-only cases, against real servers: the script cache lost, a killed
- * waiter in the queue, a server that never answers, authentication, and
- * Redlock's partial grants, validity, expiry and unreachable nodes.
+ * waiter in the queue, a server that never answers, authentication,
+ * Redlock's partial grants, validity, expiry and unreachable nodes, a write
+ * to a reset connection (no SIGPIPE death), and the keeper (its own
+ * connection, kept while the client waits, waited grants, refused renewals).
  *
  * Environment (scripts/stores/start.sh prints it):
  *   DLOCK_REDIS_URI, DLOCK_REDLOCK_URI, DLOCK_REDIS_AUTH_URI
@@ -9,6 +11,8 @@
  */
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,9 +31,6 @@
 #define MS 1000000ull
 
 static char prefix[64];
-
-
-
 
 /* Direct connection to host i of uri, for looking behind the library. */
 static redisContext *raw(const char *uri, size_t i)
@@ -163,6 +164,405 @@ static void test_auth(const char *auth_uri)
 static void lock_key(char *buf, size_t len, const char *name)
 {
     snprintf(buf, len, "dlock:%s:lock", name);
+}
+
+/* ---- SIGPIPE ------------------------------------------------------------ */
+
+/* Reads one RESP command (an array of bulk strings) from fd into buf;
+ * returns its first word, upper-cased, or NULL at EOF or on a timeout. */
+static const char *fake_command(int fd, char *buf, size_t cap, char *word, size_t wcap)
+{
+    size_t have = 0;
+    for (;;) {
+        /* Complete? "*N\r\n" then N times "$L\r\n<L bytes>\r\n". */
+        char *p = buf, *end = buf + have;
+        long n = -1;
+        if (have > 0 && buf[0] == '*' && memchr(buf, '\n', have)) {
+            n = strtol(buf + 1, &p, 10);
+            p += 2;
+            for (long i = 0; i < n && p < end; i++) {
+                char *nl = memchr(p, '\n', (size_t)(end - p));
+                if (!nl)
+                    break;
+                long len = strtol(p + 1, NULL, 10);
+                if (i == 0) {
+                    size_t w = (size_t)len < wcap - 1 ? (size_t)len : wcap - 1;
+                    if (nl + 1 + w <= end) {
+                        for (size_t k = 0; k < w; k++)
+                            word[k] = (char)(nl[1 + k] >= 'a' && nl[1 + k] <= 'z' ? nl[1 + k] - 32 : nl[1 + k]);
+                        word[w] = '\0';
+                    }
+                }
+                p = nl + 1 + len + 2;
+                if (i == n - 1 && p <= end)
+                    return word;
+            }
+        }
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (have == cap || poll(&pfd, 1, 5000) <= 0)
+            return NULL;
+        ssize_t got = read(fd, buf + have, cap - have);
+        if (got <= 0)
+            return NULL;
+        have += (size_t)got;
+    }
+}
+
+/*
+ * A fake Redis node on listener lfd: serves one connection's handshake
+ * (PING or AUTH, SELECT, SCRIPT LOAD), then leaves it so that the client's
+ * next write fails with EPIPE, raising SIGPIPE: it sends FIN (the client's
+ * socket goes to CLOSE_WAIT), then RST (SO_LINGER 0), as a node killed
+ * and restarted does. Returns 1 once done.
+ */
+static int fake_node_reset(int lfd)
+{
+    static char buf[16384];
+    char word[32];
+    struct pollfd pfd = {.fd = lfd, .events = POLLIN};
+    if (poll(&pfd, 1, 10000) <= 0)
+        return 0;
+    int fd = accept(lfd, NULL, NULL);
+    if (fd < 0)
+        return 0;
+    int served = 0;
+    while (!served && fake_command(fd, buf, sizeof buf, word, sizeof word)) {
+        const char *reply = "+OK\r\n";
+        if (strcmp(word, "PING") == 0)
+            reply = "+PONG\r\n";
+        else if (strcmp(word, "SCRIPT") == 0)
+            reply = "$40\r\n0123456789abcdef0123456789abcdef01234567\r\n", served = 1;
+        if (write(fd, reply, strlen(reply)) < 0)
+            break;
+    }
+    shutdown(fd, SHUT_WR);
+    sleep_ms(50);
+    struct linger lg = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(fd);
+    return served;
+}
+
+static int listen_loopback(int *port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    bind(s, (struct sockaddr *)&a, sizeof a);
+    listen(s, 16);
+    getsockname(s, (struct sockaddr *)&a, &alen);
+    *port = ntohs(a.sin_port);
+    return s;
+}
+
+/* Waits at most ms for pid; kills it past that. Its status, or -1. */
+static int wait_child(pid_t pid, unsigned ms)
+{
+    int st;
+    for (unsigned waited = 0; waited < ms; waited += 10) {
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return st;
+        sleep_ms(10);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
+static void describe_exit(int st, char *buf, size_t len)
+{
+    if (st == -1)
+        snprintf(buf, len, "hung (killed after the bound)");
+    else if (WIFSIGNALED(st))
+        snprintf(buf, len, "killed by signal %d%s", WTERMSIG(st),
+                 WTERMSIG(st) == SIGPIPE ? " (SIGPIPE)" : "");
+    else
+        snprintf(buf, len, "exit %d", WEXITSTATUS(st));
+}
+
+/*
+ * A client whose node reset the connection writes its next command there,
+ * with SIGPIPE at its default disposition (death): it must get an error
+ * (one Redis: want DLOCK_ECONNECT) or carry on with the other nodes
+ * (Redlock: want 0), never die. The fake node goes first in the host list,
+ * followed by `others` ("h:p,h:p", real nodes), or alone.
+ */
+static void test_sigpipe(const char *what, const char *others, int want)
+{
+    int port, lfd = listen_loopback(&port);
+    char uri[512], name[128], shown[64];
+    snprintf(uri, sizeof uri, "redis://127.0.0.1:%d%s%s/0?connect_timeout=1000&timeout=1000",
+             port, others ? "," : "", others ? others : "");
+    snprintf(name, sizeof name, "%ssigpipe", prefix);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGPIPE, SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        dlock_client *c = NULL;
+        if (dlock_client_open(uri, &c) != 0)
+            _exit(10);
+        sleep_ms(300); /* the node has reset the connection by now */
+        dlock_lock *l = NULL;
+        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 5000);
+        int rc = dlock_acquire(c, name, &o, &l);
+        if (rc == 0)
+            rc = dlock_release(l);
+        dlock_client_close(c);
+        _exit(rc == want ? 0 : 11);
+    }
+    int served = fake_node_reset(lfd);
+    close(lfd); /* reconnecting finds the port closed */
+    int st = wait_child(pid, 20000);
+    describe_exit(st, shown, sizeof shown);
+    ok(served, "%s: the fake node served the handshake, then reset the connection", what);
+    ok(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+       "%s: a write to the reset connection with SIGPIPE at SIG_DFL → %s, the process "
+       "lives (%s)", what, want ? dlock_err_name(want) : "granted by the others", shown);
+}
+
+/* ---- keeper --------------------------------------------------------------- */
+
+/* A MONITOR connection to host 0 of uri. */
+static redisContext *monitor(const char *uri)
+{
+    redisContext *m = raw(uri, 0);
+    redisReply *r = redisCommand(m, "MONITOR");
+    if (r)
+        freeReplyObject(r);
+    return m;
+}
+
+/* Commands MONITOR saw: how many, and from which client addresses. */
+struct seen {
+    char addr[8][64];
+    int naddr, lines;
+};
+
+static void seen_add(struct seen *s, const char *line)
+{
+    const char *lb = strchr(line, '['), *sp = lb ? strchr(lb, ' ') : NULL,
+               *rb = sp ? strchr(sp, ']') : NULL;
+    char addr[64];
+    s->lines++;
+    if (!rb || rb - sp - 1 >= (long)sizeof addr)
+        return;
+    memcpy(addr, sp + 1, (size_t)(rb - sp - 1));
+    addr[rb - sp - 1] = '\0';
+    for (int i = 0; i < s->naddr; i++)
+        if (strcmp(s->addr[i], addr) == 0)
+            return;
+    if (s->naddr < 8)
+        snprintf(s->addr[s->naddr++], sizeof s->addr[0], "%s", addr);
+}
+
+/* Reads what MONITOR saw until it is quiet for 300 ms: lines naming key_a
+ * and op_a go to a, lines naming key_b and op_b to b. */
+static void monitor_read(redisContext *m, const char *key_a, const char *op_a,
+                         struct seen *a, const char *key_b, const char *op_b, struct seen *b)
+{
+    struct timeval tv = {0, 300000};
+    redisSetTimeout(m, tv);
+    for (int i = 0; i < 200000; i++) {
+        void *v = NULL;
+        if (redisGetReply(m, &v) != REDIS_OK || !v)
+            break;
+        redisReply *r = v;
+        if (r->type == REDIS_REPLY_STATUS && r->str) {
+            if (strstr(r->str, key_a) && strstr(r->str, op_a))
+                seen_add(a, r->str);
+            if (strstr(r->str, key_b) && strstr(r->str, op_b))
+                seen_add(b, r->str);
+        }
+        freeReplyObject(r);
+    }
+}
+
+static int shares_addr(const struct seen *a, const struct seen *b)
+{
+    for (int i = 0; i < a->naddr; i++)
+        for (int j = 0; j < b->naddr; j++)
+            if (strcmp(a->addr[i], b->addr[j]) == 0)
+                return 1;
+    return 0;
+}
+
+/*
+ * A lock kept with a 1 s lease survives 5 s while the same client blocks
+ * in an acquire of another name held elsewhere; the keeper's renewals come
+ * from a connection of their own, never the one the client waits on.
+ */
+static void test_keep_while_waiting(const char *what, const char *uri, int redlock)
+{
+    dlock_client *c = open_ok(uri), *other = open_ok(uri), *probe = open_ok(uri);
+    dlock_lock *a = NULL, *b = NULL, *l = NULL;
+    char na[128], nb[128], ka[192], kb[192];
+    snprintf(na, sizeof na, "%skept-%s", prefix, what);
+    snprintf(nb, sizeof nb, "%sheld-elsewhere-%s", prefix, what);
+    lock_key(ka, sizeof ka, na);
+    lock_key(kb, sizeof kb, nb);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 30000);
+    is_int(dlock_acquire(other, nb, &o, &b), 0, "%s: another client holds B", what);
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 1000);
+    o.keep = 1;
+    is_int(dlock_acquire(c, na, &o, &a), 0, "%s: A acquired with keep, 1 s lease", what);
+    redisContext *m = monitor(uri);
+
+    o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, 1000);
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_acquire(c, nb, &o, &l), DLOCK_ETIMEDOUT,
+           "%s: the same client waits 5 s for B → ETIMEDOUT", what);
+    double waited = (dlock_monotonic_ns() - t0) / 1e6;
+    ok(waited >= 4900, "%s: it did wait (%.0f ms)", what, waited);
+    is_int(dlock_lock_lost(a), 0, "%s: A is not lost after 5 × its lease", what);
+    ok(dlock_lock_expires_ns(a) > dlock_monotonic_ns(), "%s: and its lease end is ahead (%.0f ms)",
+       what, ((double)dlock_lock_expires_ns(a) - (double)dlock_monotonic_ns()) / 1e6);
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 1000);
+    is_int(dlock_acquire(probe, na, &o, &l), DLOCK_EBUSY, "%s: the store still has A held", what);
+
+    struct seen renew = {0}, wait = {0};
+    monitor_read(m, ka, "\"renew\"", &renew, kb, redlock ? "\"grab\"" : "\"acquire\"", &wait);
+    redisFree(m);
+    ok(renew.lines >= 10, "%s: the keeper renewed A %d times in 5 s (every 333 ms)", what,
+       renew.lines);
+    ok(wait.lines >= 1, "%s: the waiting acquire's own calls were seen (%d)", what, wait.lines);
+    is_int(renew.naddr, 1, "%s: renewals all came from one connection (%s)", what,
+           renew.naddr ? renew.addr[0] : "none");
+    ok(renew.naddr && wait.naddr && !shares_addr(&renew, &wait),
+       "%s: the keeper's connection (%s) is not the client's (%s)", what,
+       renew.naddr ? renew.addr[0] : "none", wait.naddr ? wait.addr[0] : "none");
+
+    is_int(dlock_release(a), 0, "%s: A released", what);
+    dlock_release(b);
+    dlock_client_close(probe);
+    dlock_client_close(other);
+    dlock_client_close(c);
+}
+
+struct later_release {
+    dlock_lock *lock;
+    unsigned ms;
+};
+
+static void *release_later(void *arg)
+{
+    struct later_release *r = arg;
+    sleep_ms(r->ms);
+    dlock_release(r->lock);
+    return NULL;
+}
+
+/*
+ * A kept lock granted after waiting longer than its lease (by handoff on
+ * one Redis, by a new attempt on Redlock) counts its lease from the grant,
+ * not from the start of the call: it is not reported lost.
+ */
+static void test_keep_waited_grant(const char *what, const char *uri)
+{
+    dlock_client *c = open_ok(uri), *other = open_ok(uri), *probe = open_ok(uri);
+    dlock_lock *held = NULL, *l = NULL, *p = NULL;
+    char name[128];
+    pthread_t th;
+    snprintf(name, sizeof name, "%swaited-%s", prefix, what);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 30000);
+    is_int(dlock_acquire(other, name, &o, &held), 0, "%s: another client holds the lock", what);
+    struct later_release rel = {held, 2500};
+    pthread_create(&th, NULL, release_later, &rel);
+    o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, 1000);
+    o.keep = 1;
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_acquire(c, name, &o, &l), 0, "%s: a kept acquire (1 s lease) waits and is granted",
+           what);
+    uint64_t now = dlock_monotonic_ns();
+    pthread_join(th, NULL);
+    ok(now - t0 >= 2400 * MS, "%s: after waiting %.0f ms, longer than the lease", what,
+       (now - t0) / 1e6);
+    if (!l) {
+        dlock_client_close(probe), dlock_client_close(other), dlock_client_close(c);
+        return;
+    }
+    ok(dlock_lock_expires_ns(l) > now + 500 * MS,
+       "%s: its lease end counts from the grant (%.0f ms ahead)", what,
+       ((double)dlock_lock_expires_ns(l) - (double)now) / 1e6);
+    sleep_ms(1500);
+    is_int(dlock_lock_lost(l), 0, "%s: 1.5 s later it is not reported lost (%s)", what,
+           dlock_lock_lost_detail(l));
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 1000);
+    is_int(dlock_acquire(probe, name, &o, &p), DLOCK_EBUSY, "%s: and the store has it held", what);
+    is_int(dlock_release(l), 0, "%s: released", what);
+    dlock_client_close(probe);
+    dlock_client_close(other);
+    dlock_client_close(c);
+}
+
+struct lost_seen {
+    pthread_mutex_t mu;
+    int calls, err;
+};
+
+static void on_lost_cb(dlock_lock *lock, int err, void *user)
+{
+    struct lost_seen *s = user;
+    (void)lock;
+    pthread_mutex_lock(&s->mu);
+    s->calls++;
+    s->err = err;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* A renewal the store refuses (the key was deleted behind our back) is a
+ * proven loss: DLOCK_ELOST at the next renewal, through the callback. */
+static void test_keep_refused(const char *what, const char *uri, int nodes)
+{
+    dlock_client *c = open_ok(uri);
+    dlock_lock *l = NULL;
+    char name[128], key[192];
+    struct lost_seen seen = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    snprintf(name, sizeof name, "%srefused-%s", prefix, what);
+    lock_key(key, sizeof key, name);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 1500);
+    o.keep = 1;
+    o.on_lost = on_lost_cb;
+    o.on_lost_user = &seen;
+    is_int(dlock_acquire(c, name, &o, &l), 0, "%s: kept lock, 1.5 s lease", what);
+    for (int i = 0; i < nodes; i++) {
+        redisContext *r = raw(uri, (size_t)i);
+        freeReplyObject(redisCommand(r, "DEL %s", key));
+        redisFree(r);
+    }
+    uint64_t t0 = dlock_monotonic_ns();
+    while (!dlock_lock_lost(l) && dlock_monotonic_ns() - t0 < 3000 * MS)
+        sleep_ms(10);
+    double el = (dlock_monotonic_ns() - t0) / 1e6;
+    is_int(dlock_lock_lost(l), DLOCK_ELOST, "%s: the refused renewal reports DLOCK_ELOST", what);
+    ok(el < 700, "%s: within one renewal interval (500 ms) and its call: %.0f ms, bound 700",
+       what, el);
+    ok(strstr(dlock_lock_lost_detail(l), "refused") != NULL, "%s: detail: %s", what,
+       dlock_lock_lost_detail(l));
+    sleep_ms(50);
+    pthread_mutex_lock(&seen.mu);
+    is_int(seen.calls, 1, "%s: on_lost called once", what);
+    is_int(seen.err, DLOCK_ELOST, "%s: with DLOCK_ELOST", what);
+    pthread_mutex_unlock(&seen.mu);
+    is_int(dlock_release(l), DLOCK_ELOST, "%s: release then says DLOCK_ELOST", what);
+    dlock_client_close(c);
+}
+
+/* The hosts of uri from index `from` on, "h:p,h:p". */
+static void hosts_of(const char *uri, size_t from, size_t count, char *buf, size_t len)
+{
+    dlock_uri *u = NULL;
+    char err[256];
+    size_t o = 0;
+    buf[0] = '\0';
+    if (dlock_uri_parse(uri, &u, err, sizeof err) != 0)
+        exit(1);
+    for (size_t i = from; i < from + count && i < dlock_uri_host_count(u); i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%s:%u", o ? "," : "", dlock_uri_host(u, i),
+                              dlock_uri_port(u, i));
+    dlock_uri_free(u);
 }
 
 static void test_redlock(const char *uri)
@@ -336,5 +736,17 @@ int main(void)
     test_auth(auth);
     test_redlock(redlock);
     test_redlock_nodes_down(redlock);
+
+    char two[256];
+    hosts_of(redlock, 0, 2, two, sizeof two);
+    test_sigpipe("one Redis", NULL, DLOCK_ECONNECT);
+    test_sigpipe("Redlock, 1 of 3 nodes reset", two, 0);
+
+    test_keep_while_waiting("redis", single, 0);
+    test_keep_while_waiting("redlock", redlock, 1);
+    test_keep_waited_grant("redis handoff", single);
+    test_keep_waited_grant("redlock", redlock);
+    test_keep_refused("redis", single, 1);
+    test_keep_refused("redlock", redlock, 5);
     return done_testing();
 }

@@ -34,6 +34,7 @@
 
 #include "core/uri.h"
 #include "dlock_backend.h"
+#include "tests/proxy.h"
 #include "tests/tap.h"
 #include "tests/util.h"
 
@@ -106,139 +107,6 @@ static int count_nodes(zhandle_t *zh, const char *root, const char *name)
     int n = sv.count;
     deallocate_String_vector(&sv);
     return n;
-}
-
-/* ---- a TCP proxy for connection faults ------------------------------------ */
-
-enum proxy_mode { PROXY_PASS, PROXY_CUT_NEXT, PROXY_DOWN };
-
-struct proxy {
-    int lfd, port, upstream;
-    volatile int mode, cuts, stop;
-    pthread_t thread;
-    struct {
-        int c, s;
-        uint64_t cut_at; /* replies dropped from then; closed 300 ms later */
-    } pair[16];
-    int npairs;
-};
-
-static void pair_close(struct proxy *p, int i)
-{
-    close(p->pair[i].c);
-    close(p->pair[i].s);
-    p->pair[i] = p->pair[--p->npairs];
-}
-
-static int write_all(int fd, const char *b, ssize_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, b, (size_t)n);
-        if (w <= 0)
-            return -1;
-        b += w, n -= w;
-    }
-    return 0;
-}
-
-static void proxy_accept(struct proxy *p)
-{
-    int c = accept(p->lfd, NULL, NULL);
-    if (c < 0)
-        return;
-    if (p->mode == PROXY_DOWN || p->npairs == 16) {
-        close(c);
-        return;
-    }
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->upstream),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(s, (struct sockaddr *)&a, sizeof a) < 0) {
-        close(s), close(c);
-        return;
-    }
-    p->pair[p->npairs].c = c;
-    p->pair[p->npairs].s = s;
-    p->pair[p->npairs++].cut_at = 0;
-}
-
-/* Moves one chunk; 0 to keep the pair, -1 to close it. */
-static int proxy_move(struct proxy *p, int i, int from_client)
-{
-    char buf[65536];
-    int src = from_client ? p->pair[i].c : p->pair[i].s;
-    int dst = from_client ? p->pair[i].s : p->pair[i].c;
-    ssize_t n = read(src, buf, sizeof buf);
-    if (n <= 0)
-        return -1;
-    if (p->pair[i].cut_at)
-        return 0; /* cut: the server's replies (and anything more) are dropped */
-    if (write_all(dst, buf, n) < 0)
-        return -1;
-    /* Pings are 12 bytes: the first bigger request is the one to lose the
-     * reply of, after the server has had time to carry it out. */
-    if (from_client && p->mode == PROXY_CUT_NEXT && n >= 20) {
-        p->pair[i].cut_at = dlock_monotonic_ns();
-        p->mode = PROXY_PASS;
-        p->cuts++;
-    }
-    return 0;
-}
-
-static void *proxy_run(void *arg)
-{
-    struct proxy *p = arg;
-    while (!p->stop) {
-        struct pollfd fds[33];
-        int n = 0;
-        fds[n++] = (struct pollfd){.fd = p->lfd, .events = POLLIN};
-        for (int i = 0; i < p->npairs; i++) {
-            fds[n++] = (struct pollfd){.fd = p->pair[i].c, .events = POLLIN};
-            fds[n++] = (struct pollfd){.fd = p->pair[i].s, .events = POLLIN};
-        }
-        int np = p->npairs;
-        if (poll(fds, (nfds_t)n, 20) < 0)
-            continue;
-        for (int i = np - 1; i >= 0; i--) {
-            int drop = 0;
-            if (fds[1 + 2 * i].revents)
-                drop |= proxy_move(p, i, 1) < 0;
-            if (!drop && fds[2 + 2 * i].revents)
-                drop |= proxy_move(p, i, 0) < 0;
-            if (p->pair[i].cut_at && dlock_monotonic_ns() - p->pair[i].cut_at > 300 * MS)
-                drop = 1;
-            if (drop || p->mode == PROXY_DOWN)
-                pair_close(p, i);
-        }
-        if (fds[0].revents)
-            proxy_accept(p);
-    }
-    while (p->npairs)
-        pair_close(p, 0);
-    return NULL;
-}
-
-static void proxy_start(struct proxy *p, int upstream)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof a;
-    memset(p, 0, sizeof *p);
-    p->upstream = upstream;
-    p->lfd = socket(AF_INET, SOCK_STREAM, 0);
-    if (bind(p->lfd, (struct sockaddr *)&a, sizeof a) < 0 || listen(p->lfd, 16) < 0 ||
-        getsockname(p->lfd, (struct sockaddr *)&a, &alen) < 0) {
-        printf("Bail out! cannot start the test proxy: %s\n", strerror(errno));
-        exit(1);
-    }
-    p->port = ntohs(a.sin_port);
-    pthread_create(&p->thread, NULL, proxy_run, p);
-}
-
-static void proxy_stop(struct proxy *p)
-{
-    p->stop = 1;
-    pthread_join(p->thread, NULL);
-    close(p->lfd);
 }
 
 /* ---- cases ------------------------------------------------------------- */
@@ -333,10 +201,10 @@ static void test_protected_create(const char *uri, struct proxy *p)
     dlock_lock *l = NULL, *lo = NULL;
     dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, 0);
     snprintf(name, sizeof name, "%sprotected", prefix);
-    int cuts = p->cuts;
-    p->mode = PROXY_CUT_NEXT;
+    int cuts = proxy_cuts(p);
+    proxy_set(p, PROXY_CUT_NEXT);
     is_int(dlock_acquire(c, name, &o, &l), 0, "acquire through a connection cut mid-create");
-    is_int(p->cuts, cuts + 1, "the proxy did cut the create's reply");
+    is_int(proxy_cuts(p), cuts + 1, "the proxy did cut the create's reply");
     is_int(count_nodes(zh, "/dlock", name), 1, "exactly one lock node: ours was found, not re-made");
     o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
     is_int(dlock_acquire(other, name, &o, &lo), DLOCK_EBUSY, "the lock is held against others");
@@ -348,7 +216,7 @@ static void test_protected_create(const char *uri, struct proxy *p)
     /* The same cut on a waiter's create: it must queue once, not twice. */
     dlock_lock *lh = NULL;
     is_int(dlock_acquire(other, name, &o, &lh), 0, "another client holds");
-    p->mode = PROXY_CUT_NEXT;
+    proxy_set(p, PROXY_CUT_NEXT);
     o = wait_opts(DLOCK_WAIT_DEADLINE, 1500, 0);
     is_int(dlock_acquire(c, name, &o, &l), DLOCK_ETIMEDOUT, "a waiter cut mid-create times out");
     is_int(count_nodes(zh, "/dlock", name), 1, "and leaves neither its node nor an orphan");
@@ -370,12 +238,12 @@ static void test_suspended(const char *uri, struct proxy *p)
     dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
     snprintf(name, sizeof name, "%ssuspended", prefix);
     is_int(dlock_acquire(c, name, &o, &l), 0, "acquire through the proxy");
-    p->mode = PROXY_DOWN;
+    proxy_set(p, PROXY_DOWN);
     sleep_ms(500);
     is_int(dlock_renew(l, 1000), DLOCK_ECONNECT, "suspended: renew → DLOCK_ECONNECT");
     diag("%s", dlock_errmsg(c));
     is_int(dlock_acquire(other, name, &o, &lo), DLOCK_EBUSY, "the lock stays held meanwhile");
-    p->mode = PROXY_PASS;
+    proxy_set(p, PROXY_PASS);
     int rc = DLOCK_ECONNECT;
     uint64_t t0 = dlock_monotonic_ns();
     while (rc == DLOCK_ECONNECT && dlock_monotonic_ns() - t0 < 5000 * MS) {
@@ -402,7 +270,7 @@ static void test_session_expiry(const char *uri, struct proxy *p)
     dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
     snprintf(name, sizeof name, "%sexpiry", prefix);
     is_int(dlock_acquire(c, name, &o, &l), 0, "acquire with a 2 s session");
-    p->mode = PROXY_DOWN;
+    proxy_set(p, PROXY_DOWN);
     uint64_t t0 = dlock_monotonic_ns();
     int rc = 0, saw_suspended = 0;
     while (dlock_monotonic_ns() - t0 < 8000 * MS) {
@@ -419,7 +287,7 @@ static void test_session_expiry(const char *uri, struct proxy *p)
     t0 = dlock_monotonic_ns();
     is_int(dlock_acquire(other, name, &o, &lo), 0, "the ensemble expired the session: lock free");
     diag("another client got it %.0f ms later", (dlock_monotonic_ns() - t0) / 1e6);
-    p->mode = PROXY_PASS;
+    proxy_set(p, PROXY_PASS);
     is_int(dlock_release(l), DLOCK_ELOST, "the old holder's release → DLOCK_ELOST");
     dlock_release(lo);
     o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, 0);
@@ -439,7 +307,7 @@ static void *set_mode_later(void *arg)
 {
     struct later *l = arg;
     sleep_ms(l->ms);
-    l->p->mode = l->mode;
+    proxy_set(l->p, l->mode);
     return NULL;
 }
 
@@ -463,7 +331,7 @@ static void test_timeout_while_disconnected(const char *uri, struct proxy *p)
            "a waiter disconnected 400 ms into its wait times out at 1200 ms");
     pthread_join(t, NULL);
     is_int(count_nodes(zh, "/dlock", name), 2, "its node is still there (no connection to delete it)");
-    p->mode = PROXY_PASS;
+    proxy_set(p, PROXY_PASS);
     int rc = DLOCK_ECONNECT;
     for (int i = 0; i < 100 && rc != 0; i++, sleep_ms(50))
         rc = dlock_client_ping(c);

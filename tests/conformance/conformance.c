@@ -14,6 +14,16 @@
  *                   one is refused with DLOCK_EAUTH
  * For networked stores the suite also points the URI at a closed loopback
  * port and expects DLOCK_ECONNECT.
+ *
+ * Kept locks (opts.keep): a lock outlives 5 TTLs while its client blocks in
+ * another acquire; a grant after a long wait is not reported lost; a holder
+ * whose network goes silent (tests/proxy.h in PROXY_BLACKHOLE) is told
+ * within its bound and another client then acquires with a higher token; a
+ * holder stopped (SIGSTOP of its process group) past its lease is told on
+ * resume; on_lost cannot release; lost_fd becomes readable. Reentrant
+ * holds. A silent store: open, and every call after a good open, returns
+ * within its bound. The cases that mostly wait run at the same time, in
+ * processes of their own (run_parallel), to keep the run short.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -28,10 +38,14 @@
 #include <unistd.h>
 
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 
+#include "backends/file.h"
 #include "core/uri.h"
 #include "dlock_backend.h"
+#include "tests/proxy.h"
 #include "tests/tap.h"
 #include "tests/util.h"
 
@@ -39,6 +53,8 @@ static const char *uri;
 static const char *auth_uri;
 static unsigned int caps;
 static char prefix[64]; /* per-run name prefix: runs never collide */
+static char backend[32]; /* "file", "redis", "redlock", "postgres", ... */
+static int nhosts;       /* 0: no network (file) */
 
 #define MS 1000000ull
 
@@ -141,41 +157,6 @@ static int holder_finish(struct holder *h)
 }
 
 
-/*
- * Rewrites a networked URI: with port, every host becomes 127.0.0.1:port;
- * with password, the password is replaced. Keeps user, path and query.
- * Returns -1 for URIs without hosts (file://).
- */
-static int derive_uri(const char *src, int port, const char *password, char *out, size_t len)
-{
-    dlock_uri *u = NULL;
-    char err[256], hosts[512] = "";
-    size_t o = 0;
-    if (dlock_uri_parse(src, &u, err, sizeof err) != 0 || dlock_uri_host_count(u) == 0) {
-        dlock_uri_free(u);
-        return -1;
-    }
-    for (size_t i = 0; i < dlock_uri_host_count(u); i++) {
-        const char *h = dlock_uri_host(u, i);
-        unsigned p = dlock_uri_port(u, i);
-        int v6 = strchr(h, ':') != NULL;
-        if (port)
-            o += (size_t)snprintf(hosts + o, sizeof hosts - o, "%s127.0.0.1:%d", i ? "," : "", port);
-        else
-            o += (size_t)snprintf(hosts + o, sizeof hosts - o, "%s%s%s%s", i ? "," : "",
-                                  v6 ? "[" : "", h, v6 ? "]" : "");
-        if (p && !port)
-            o += (size_t)snprintf(hosts + o, sizeof hosts - o, ":%u", p);
-    }
-    const char *q = strchr(src, '?');
-    const char *user = dlock_uri_user(u), *pw = password ? password : dlock_uri_password(u);
-    snprintf(out, len, "%s://%s%s%s%s%s%s%s", dlock_uri_scheme(u), user ? user : "",
-             pw ? ":" : "", pw ? pw : "", user || pw ? "@" : "", hosts, dlock_uri_path(u),
-             q ? q : "");
-    dlock_uri_free(u);
-    return 0;
-}
-
 static void test_open_and_options(void)
 {
     dlock_client *c = NULL;
@@ -189,7 +170,7 @@ static void test_open_and_options(void)
         c = NULL;
         is_int(dlock_client_open(auth_uri, &c), 0, "the right password opens");
         dlock_client_close(c);
-        if (derive_uri(auth_uri, 0, "wrong-password-x9", bad, sizeof bad) != 0) {
+        if (uri_rewrite(auth_uri, NULL, 0, "wrong-password-x9", NULL, bad, sizeof bad) != 0) {
             ok(0, "cannot derive a wrong-password URI from %s", auth_uri);
         } else {
             c = NULL;
@@ -202,8 +183,18 @@ static void test_open_and_options(void)
         skip("this store takes no credentials (no --auth-env)", "the right password opens");
         skip("this store takes no credentials (no --auth-env)", "wrong password → DLOCK_EAUTH");
     }
+}
+
+/* A closed port: DLOCK_ECONNECT, naming the host, with the default
+ * connect_timeout. */
+static void test_closed_port(void)
+{
+    dlock_client *c = NULL;
     char closed[1024];
-    if (derive_uri(uri, closed_port(), NULL, closed, sizeof closed) == 0) {
+    int ports[PROXY_MAX_UP];
+    for (int i = 0; i < PROXY_MAX_UP; i++)
+        ports[i] = closed_port();
+    if (nhosts && uri_rewrite(uri, ports, nhosts, NULL, NULL, closed, sizeof closed) == 0) {
         uint64_t t0 = dlock_monotonic_ns();
         c = NULL;
         is_int(dlock_client_open(closed, &c), DLOCK_ECONNECT, "closed port → DLOCK_ECONNECT");
@@ -461,8 +452,10 @@ static void test_fifo(void)
         skip("the backend does not declare DLOCK_CAP_FIFO", "waiters are served first-come first-served");
         return;
     }
-    int fd = mkstemp(path);
+    int fd = mkstemp(path), ready[2];
     pid_t pids[N];
+    if (pipe(ready) < 0)
+        abort();
     name_of(name, sizeof name, "fifo");
     struct holder h = spawn_holder(name, 30000);
     ok(holder_token(&h) > 0, "holder process acquired");
@@ -473,6 +466,8 @@ static void test_fifo(void)
             dlock_lock *l = NULL;
             dlock_acquire_opts o = wait_for(20000);
             char ch = (char)('0' + i);
+            if (write(ready[1], "r", 1) != 1) /* connected: about to queue */
+                _exit(3);
             if (dlock_acquire(c, name, &o, &l) != 0)
                 _exit(2);
             if (write(fd, &ch, 1) != 1)
@@ -490,8 +485,17 @@ static void test_fifo(void)
             dlock_client_close(c);
             _exit(0);
         }
-        sleep_ms(150); /* let waiter i block before waiter i+1 arrives */
+        /* Let waiter i block before waiter i+1 arrives: counted from its
+         * open, which can take long on a loaded machine. */
+        char r;
+        struct pollfd pr = {.fd = ready[0], .events = POLLIN};
+        if (poll(&pr, 1, 20000) == 1 && read(ready[0], &r, 1) == 1)
+            sleep_ms(150);
+        else
+            diag("waiter %d did not connect within 20 s", i);
     }
+    close(ready[0]);
+    close(ready[1]);
     holder_finish(&h);
     int clean = 1;
     for (int i = 0; i < N; i++) {
@@ -615,6 +619,780 @@ static void test_leases(void)
 }
 
 
+/* ---- keeping leases, loss, reentrancy, bounded calls ----------------------
+ *
+ * Times are generous (SLACK_MS on top of every stated bound: CI machines are
+ * small and busy) and every wait has a bound, so a hang is a failure, not a
+ * stuck run. Holders whose lease is to be lost run in child processes that
+ * report through a pipe. */
+
+#define SLACK_MS 1500u
+
+static int is(const char *name)
+{
+    return strcmp(backend, name) == 0;
+}
+
+/* Leases of the keep cases; MySQL's wait_timeout counts whole seconds. */
+static uint32_t keep_ttl(void)
+{
+    return is("mysql") ? 2000 : 1000;
+}
+
+static uint32_t fault_ttl(void)
+{
+    return is("mysql") ? 2000 : 1500;
+}
+
+/* ZooKeeper session timeouts the fault cases set (the test servers allow
+ * 2 s to 20 s: tickTime 1000). */
+#define ZK_CUT_SESSION_MS 3000u
+#define ZK_PAUSE_SESSION_MS 2000u
+
+/* The keeper's period for a lock of ttl ms (dlock.h, "Keeping leases"). */
+static uint64_t keep_interval_ms(uint32_t ttl)
+{
+    if (caps & DLOCK_CAP_LEASE)
+        return ttl / DLOCK_KEEP_INTERVAL_DIV;
+    return ttl / 3 < DLOCK_KEEP_CHECK_MAX_MS ? ttl / 3 : DLOCK_KEEP_CHECK_MAX_MS;
+}
+
+/* Client-side timeouts the silent-store cases set, and their bounds. */
+static const char *timeout_params(void)
+{
+    if (is("postgres")) /* libpq counts whole seconds, at least 2 */
+        return "connect_timeout=2000&timeout=1000";
+    if (is("zookeeper"))
+        return "connect_timeout=1000&session_timeout=2000";
+    return "connect_timeout=1000&timeout=1000";
+}
+
+static uint64_t open_bound_ms(void)
+{
+    return is("postgres") ? 2000 : 1000;
+}
+
+/* One call on a network gone silent after the open: the reply timeout,
+ * then (a reply lost) one repeat on a new connection: connect_timeout and
+ * the timeout again. ZooKeeper: the client notices the silence after 2/3 of
+ * the session timeout, then waits connect_timeout for the connection, or
+ * the session timeout. */
+static uint64_t call_bound_ms(void)
+{
+    return 3000;
+}
+
+/* A report from a child process: one write, so one read gets it whole. */
+struct msg {
+    int kind, a, b, c;
+    uint64_t t, u;
+    char text[DLOCK_ERRMSG_MAX];
+};
+
+static void msg_send(int fd, int kind, int a, int b, int c, uint64_t t, uint64_t u,
+                     const char *text)
+{
+    struct msg m = {kind, a, b, c, t, u, ""};
+    if (text)
+        snprintf(m.text, sizeof m.text, "%s", text);
+    if (write(fd, &m, sizeof m) != (ssize_t)sizeof m) {
+        /* the parent gave up on us */
+    }
+}
+
+/* The next report, waiting until the absolute time deadline (ns): 0, or -1
+ * when none came (time out, or the child is gone). */
+static int msg_recv(int fd, struct msg *m, uint64_t deadline)
+{
+    for (;;) {
+        uint64_t now = dlock_monotonic_ns();
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (now >= deadline)
+            return -1;
+        int n = poll(&p, 1, (int)((deadline - now) / MS) + 1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            continue;
+        return read(fd, m, sizeof *m) == (ssize_t)sizeof *m ? 0 : -1;
+    }
+}
+
+/* Ends a child process group for good and reaps its leader. */
+static void kill_group(pid_t pid)
+{
+    if (pid <= 0)
+        return;
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+static double ms_since(uint64_t t0, uint64_t t)
+{
+    return t >= t0 ? (t - t0) / 1e6 : -((t0 - t) / 1e6);
+}
+
+static int lost_code(int err)
+{
+    return err == DLOCK_ELOST || err == DLOCK_EEXPIRED;
+}
+
+/* on_lost in the same process: counts. */
+static void count_lost(dlock_lock *l, int err, void *user)
+{
+    (void)l, (void)err;
+    __atomic_add_fetch((int *)user, 1, __ATOMIC_SEQ_CST);
+}
+
+struct lost_ctx {
+    int fd, calls;
+};
+
+/* on_lost of the kept holders: reports to the parent, and tries to release
+ * from the callback, which must be refused. */
+static void lost_to_parent(dlock_lock *l, int err, void *user)
+{
+    struct lost_ctx *x = user;
+    uint64_t now = dlock_monotonic_ns(), exp = dlock_lock_expires_ns(l);
+    int calls = __atomic_add_fetch(&x->calls, 1, __ATOMIC_SEQ_CST);
+    int rel = dlock_release(l);
+    msg_send(x->fd, 'C', err, rel, calls, now, exp, dlock_lock_lost_detail(l));
+}
+
+/*
+ * A kept holder in a child process, in a process group of its own: opens
+ * curi, acquires name with keep, ttl and on_lost, and reports through the
+ * pipe *rfd: 'A' after the acquire (a = rc, u = token, text = error), 'C'
+ * from on_lost (a = err, b = dlock_release() from the callback, c = calls,
+ * t = when, u = dlock_lock_expires_ns()), and 'F' once dlock_lock_lost_fd()
+ * became readable (a = readable, b = dlock_lock_lost(), c = callbacks by
+ * then, t = when, u = dlock_lock_expires_ns()). It never releases: it ends
+ * killed, as a holder cut off or frozen would.
+ */
+static pid_t spawn_kept(const char *curi, const char *name, uint32_t ttl, int *rfd)
+{
+    int p[2];
+    if (pipe(p) < 0)
+        abort();
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        abort();
+    if (pid == 0) {
+        static struct lost_ctx ctx;
+        dlock_client *c = NULL;
+        dlock_lock *l = NULL;
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(p[0]);
+        ctx.fd = p[1];
+        int rc = dlock_client_open(curi, &c);
+        if (rc == 0) {
+            dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, ttl);
+            o.keep = 1;
+            o.on_lost = lost_to_parent;
+            o.on_lost_user = &ctx;
+            rc = dlock_acquire(c, name, &o, &l);
+        }
+        msg_send(p[1], 'A', rc, 0, 0, dlock_monotonic_ns(), rc ? 0 : dlock_lock_token(l),
+                 rc ? dlock_errmsg(c) : "");
+        if (rc)
+            _exit(1);
+        int fd = dlock_lock_lost_fd(l), n;
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        while ((n = poll(&pf, 1, 120000)) < 0 && errno == EINTR)
+            ;
+        uint64_t when = dlock_monotonic_ns();
+        sleep_ms(300); /* a second callback would come now */
+        msg_send(p[1], 'F', fd >= 0 && n == 1 && (pf.revents & POLLIN), dlock_lock_lost(l),
+                 __atomic_load_n(&ctx.calls, __ATOMIC_SEQ_CST), when, dlock_lock_expires_ns(l),
+                 fd < 0 ? dlock_err_name(fd) : "");
+        for (;;)
+            pause();
+    }
+    setpgid(pid, pid);
+    close(p[1]);
+    *rfd = p[0];
+    return pid;
+}
+
+/* Waits for the kept holder's 'A'; 0 with its token, or fails the case. */
+static int kept_acquired(int rfd, const char *how, uint64_t *token)
+{
+    struct msg m;
+    if (msg_recv(rfd, &m, dlock_monotonic_ns() + 20000 * MS) != 0 || m.kind != 'A') {
+        ok(0, "holder process acquires with keep%s%s: no report within 20 s", *how ? " " : "", how);
+        return -1;
+    }
+    if (m.a != 0) {
+        ok(0, "holder process acquires with keep%s%s: %s: %s", *how ? " " : "", how,
+           dlock_err_name(m.a), m.text);
+        return -1;
+    }
+    ok(1, "holder process acquires with keep%s%s (token %llu)", *how ? " " : "", how,
+       (unsigned long long)m.u);
+    *token = m.u;
+    return 0;
+}
+
+/* Checks the 'C' and 'F' reports of a kept holder told of its loss:
+ * the callback within bound_ms of t0, and everything a lost lock shows.
+ * Returns when the callback ran (0: it did not). */
+static uint64_t check_loss_reports(int rfd, uint64_t t0, uint64_t bound_ms, const char *after)
+{
+    struct msg m;
+    uint64_t limit = (bound_ms + SLACK_MS) * MS, t_cb;
+    if (msg_recv(rfd, &m, t0 + limit + 1000 * MS) != 0 || m.kind != 'C') {
+        ok(0, "on_lost called within %llu ms (+ %u ms slack) %s: not called",
+           (unsigned long long)bound_ms, SLACK_MS, after);
+        return 0;
+    }
+    t_cb = m.t;
+    ok(m.t >= t0 && m.t - t0 <= limit, "on_lost called %.0f ms %s (bound %llu ms + %u ms slack)",
+       ms_since(t0, m.t), after, (unsigned long long)bound_ms, SLACK_MS);
+    ok(lost_code(m.a), "with DLOCK_ELOST or DLOCK_EEXPIRED: %s (%s)", dlock_err_name(m.a), m.text);
+    is_int(m.b, DLOCK_EINVAL, "dlock_release() from on_lost is refused with DLOCK_EINVAL");
+    ok(m.u <= m.t, "dlock_lock_expires_ns() in the callback is not in the future (%llu)",
+       (unsigned long long)m.u);
+    if (msg_recv(rfd, &m, dlock_monotonic_ns() + 3000 * MS) != 0 || m.kind != 'F') {
+        ok(0, "dlock_lock_lost_fd() becomes readable: no report");
+        return t_cb;
+    }
+    ok(m.a, "dlock_lock_lost_fd() became readable%s%s", m.text[0] ? ": " : "", m.text);
+    ok(lost_code(m.b), "dlock_lock_lost() says lost: %s", dlock_err_name(m.b));
+    is_int(m.c, 1, "on_lost called exactly once");
+    ok(m.u <= m.t, "dlock_lock_expires_ns() after the loss is not in the future (%llu)",
+       (unsigned long long)m.u);
+    return t_cb;
+}
+
+/* a. A kept lock outlives 5 TTLs while its client blocks in another acquire. */
+static void test_keep_while_blocked(void)
+{
+    char name[128], other_name[128];
+    uint32_t ttl = keep_ttl();
+    static int calls;
+    dlock_lock *l = NULL, *lb = NULL, *x = NULL;
+    name_of(name, sizeof name, "kept");
+    name_of(other_name, sizeof other_name, "kept-blocker");
+    struct holder h = spawn_holder(other_name, 30000);
+    ok(holder_token(&h) > 0, "another process holds a second lock");
+    dlock_client *c = client(), *other = client();
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, ttl);
+    o.keep = 1;
+    o.on_lost = count_lost;
+    o.on_lost_user = &calls;
+    int rc = dlock_acquire(c, name, &o, &l);
+    is_int(rc, 0, "acquire with keep, TTL %u ms%s%s", ttl, rc ? ": " : "", rc ? dlock_errmsg(c) : "");
+    if (rc == 0) {
+        o = wait_opts(DLOCK_WAIT_DEADLINE, 5 * ttl, 0);
+        uint64_t t0 = dlock_monotonic_ns();
+        is_int(dlock_acquire(c, other_name, &o, &lb), DLOCK_ETIMEDOUT,
+               "the same client then waits %.1f s (5 TTLs) for the other lock: DLOCK_ETIMEDOUT",
+               ms_since(t0, dlock_monotonic_ns()) / 1000);
+        is_int(__atomic_load_n(&calls, __ATOMIC_SEQ_CST), 0, "on_lost was not called meanwhile");
+        is_int(dlock_lock_lost(l), 0, "dlock_lock_lost() is 0");
+        ok(dlock_lock_expires_ns(l) > dlock_monotonic_ns(), "the lease end is still ahead");
+        rc = dlock_renew(l, ttl);
+        is_int(rc, 0, "dlock_renew() afterwards → 0: the lease never ran out%s%s", rc ? ": " : "",
+               rc ? dlock_errmsg(c) : "");
+        o = try_once();
+        is_int(dlock_acquire(other, name, &o, &x), DLOCK_EBUSY, "another client's try → DLOCK_EBUSY");
+        is_int(dlock_release(l), 0, "release");
+    }
+    is_int(holder_finish(&h), 0, "the other process released");
+    dlock_client_close(c);
+    dlock_client_close(other);
+}
+
+/* b. A kept grant that came after a wait longer than its TTL counts its
+ * lease from the grant, not from the start of the wait. */
+static void test_kept_after_long_wait(void)
+{
+    char name[128];
+    uint32_t ttl = keep_ttl(), wait = ttl * 3 / 2;
+    static int calls;
+    dlock_lock *l = NULL, *x = NULL;
+    name_of(name, sizeof name, "kept-late");
+    struct holder h = spawn_holder(name, 30000);
+    ok(holder_token(&h) > 0, "another process holds the lock");
+    dlock_client *c = client(), *other = client();
+    fflush(stdout);
+    pid_t releaser = fork();
+    if (releaser == 0) {
+        sleep_ms(wait);
+        _exit(write(h.control, "x", 1) == 1 ? 0 : 1);
+    }
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, wait + 10000, ttl);
+    o.keep = 1;
+    o.on_lost = count_lost;
+    o.on_lost_user = &calls;
+    uint64_t t0 = dlock_monotonic_ns();
+    int rc = dlock_acquire(c, name, &o, &l);
+    double waited = ms_since(t0, dlock_monotonic_ns());
+    is_int(rc, 0, "a kept acquire granted after waiting %.0f ms for a release%s%s", waited,
+           rc ? ": " : "", rc ? dlock_errmsg(c) : "");
+    if (rc == 0) {
+        ok(waited >= ttl, "the wait (%.0f ms) was longer than the TTL (%u ms)", waited, ttl);
+        sleep_ms(ttl);
+        is_int(dlock_lock_lost(l), 0, "a TTL after the grant it is not reported lost");
+        is_int(__atomic_load_n(&calls, __ATOMIC_SEQ_CST), 0, "on_lost was not called");
+        ok(dlock_lock_expires_ns(l) > dlock_monotonic_ns(), "the lease end is ahead");
+        o = try_once();
+        is_int(dlock_acquire(other, name, &o, &x), DLOCK_EBUSY, "another client's try → DLOCK_EBUSY");
+        is_int(dlock_release(l), 0, "release");
+    }
+    int st;
+    waitpid(releaser, &st, 0);
+    close(h.control);
+    close(h.report);
+    waitpid(h.pid, &st, 0);
+    is_int(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 0, "the first holder released cleanly");
+    dlock_client_close(c);
+    dlock_client_close(other);
+}
+
+/* c + g. A holder whose network goes silent is told within its bound,
+ * its lost_fd becomes readable, and another client then acquires. */
+static void test_cut_connection(void)
+{
+    static const char *const what = "a holder whose network goes silent is told in time";
+    if (!nhosts) {
+        skip("the file backend has no network to cut", "%s", what);
+        return;
+    }
+    char name[128], puri[DLOCK_URI_MAX];
+    uint32_t ttl = fault_ttl();
+    int zk = is("zookeeper"), rfd;
+    uint64_t token = 0;
+    struct proxy px;
+    struct msg m;
+    proxy_for_uri(&px, uri);
+    if (proxy_uri(&px, uri, zk ? "session_timeout=3000" : NULL, puri, sizeof puri) != 0) {
+        ok(0, "cannot point %s at the proxy", uri);
+        proxy_stop(&px);
+        return;
+    }
+    name_of(name, sizeof name, "cut");
+    pid_t pid = spawn_kept(puri, name, ttl, &rfd);
+    if (kept_acquired(rfd, "through a proxy", &token) != 0)
+        goto out;
+    /* A TTL of renewals through the proxy first: the keeper passes it too. */
+    ok(msg_recv(rfd, &m, dlock_monotonic_ns() + ttl * MS) != 0,
+       "no loss reported while the network works (%u ms)", ttl);
+    uint64_t t0 = dlock_monotonic_ns();
+    proxy_set(&px, PROXY_BLACKHOLE);
+    /* Lease stores: the lease ends at most a TTL after the last renewal was
+     * sent. ZooKeeper: the client notices the silence after 2/3 of the
+     * session timeout and gives the session up after another third, checked
+     * every DLOCK_KEEP_CHECK_MAX_MS. */
+    uint64_t bound = zk ? ZK_CUT_SESSION_MS + keep_interval_ms(ttl) : ttl;
+    uint64_t t_cb = check_loss_reports(rfd, t0, bound, "after the network went silent");
+
+    /* Another client, not through the proxy: the store frees the lock at the
+     * lease end (Redis PX, PostgreSQL idle_session_timeout, MySQL
+     * wait_timeout) or when the session expires (ZooKeeper). */
+    dlock_client *other = client();
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 15000, 0);
+    int rc = dlock_acquire(other, name, &o, &l);
+    uint64_t t1 = dlock_monotonic_ns();
+    is_int(rc, 0, "another client acquires %.0f ms after the cut (bound 15 s)%s%s", ms_since(t0, t1),
+           rc ? ": " : "", rc ? dlock_errmsg(other) : "");
+    if (l) {
+        ok(dlock_lock_token(l) > token, "with a higher token (%llu > %llu)",
+           (unsigned long long)dlock_lock_token(l), (unsigned long long)token);
+        /* The point of the bound: the old holder hears before anyone else
+         * can have the lock (the store frees it no earlier than that). */
+        ok(t_cb && t_cb <= t1, "the old holder was told before the new grant (%.0f ms before)",
+           t_cb ? ms_since(t_cb, t1) : 0.0);
+        dlock_release(l);
+    }
+    dlock_client_close(other);
+out:
+    kill_group(pid);
+    close(rfd);
+    proxy_stop(&px);
+}
+
+/* d + g. A holder frozen (SIGSTOP of its process group) past its lease is
+ * told as soon as it runs again. */
+static void test_paused_holder(void)
+{
+    static const char *const what = "a holder stopped past its lease is told on resume";
+    if (!nhosts) {
+        skip("a stopped holder keeps its kernel lock on the file backend: nothing is lost", "%s", what);
+        return;
+    }
+    char name[128], zuri[DLOCK_URI_MAX];
+    const char *curi = uri;
+    uint32_t ttl = keep_ttl();
+    int zk = is("zookeeper"), rfd, st;
+    uint64_t token = 0, pause_ms = zk ? 2 * ZK_PAUSE_SESSION_MS : 3 * ttl;
+    if (zk) {
+        uri_rewrite(uri, NULL, 0, NULL, "session_timeout=2000", zuri, sizeof zuri);
+        curi = zuri;
+    }
+    name_of(name, sizeof name, "paused");
+    pid_t pid = spawn_kept(curi, name, ttl, &rfd);
+    if (kept_acquired(rfd, "", &token) != 0) {
+        kill_group(pid);
+        close(rfd);
+        return;
+    }
+    sleep_ms(ttl / 2);
+    kill(-pid, SIGSTOP);
+    ok(waitpid(pid, &st, WUNTRACED) == pid && WIFSTOPPED(st), "holder's process group stopped");
+    uint64_t t_stop = dlock_monotonic_ns();
+    dlock_client *other = client();
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, pause_ms, 0);
+    int rc = dlock_acquire(other, name, &o, &l);
+    is_int(rc, 0, "while it is stopped, another client acquires (%.0f ms later)%s%s",
+           ms_since(t_stop, dlock_monotonic_ns()), rc ? ": " : "", rc ? dlock_errmsg(other) : "");
+    if (l)
+        ok(dlock_lock_token(l) > token, "with a higher token (%llu > %llu)",
+           (unsigned long long)dlock_lock_token(l), (unsigned long long)token);
+    uint64_t now = dlock_monotonic_ns();
+    if (now < t_stop + pause_ms * MS)
+        sleep_ms((unsigned)((t_stop + pause_ms * MS - now) / MS));
+    uint64_t t_cont = dlock_monotonic_ns(); /* the child may run before kill() returns */
+    kill(-pid, SIGCONT);
+    diag("stopped for %.0f ms (TTL %u ms)", ms_since(t_stop, t_cont), ttl);
+    /* Lease stores: the watchdog's absolute timer fires at once. ZooKeeper:
+     * the disconnected session is given up a third of its timeout later
+     * (unless the servers say it expired first). */
+    uint64_t bound = keep_interval_ms(ttl) + (zk ? ZK_PAUSE_SESSION_MS / 3 : 0);
+    check_loss_reports(rfd, t_cont, bound, "after the resume");
+    if (l)
+        is_int(dlock_release(l), 0, "the new holder still holds and releases");
+    dlock_client_close(other);
+    kill_group(pid);
+    close(rfd);
+}
+
+/* g on the file backend: a lock file replaced under a kept lock. */
+static void test_file_loss(void)
+{
+    static const char *const what = "a kept lock whose lock file is replaced is reported lost";
+    if (nhosts) {
+        skip("stores with a network: loss, lost_fd and on_lost are checked by the cut and pause cases",
+             "%s", what);
+        return;
+    }
+    char name[128], enc[DLOCK_FILE_ENCODED_MAX + 80], path[4096], gone[4200], err[256];
+    uint32_t ttl = keep_ttl();
+    uint64_t token = 0;
+    int rfd;
+    dlock_uri *u = NULL;
+    name_of(name, sizeof name, "file-loss");
+    if (dlock_uri_parse(uri, &u, err, sizeof err) != 0 ||
+        dlock_file_encode_name(name, strlen(name), enc, sizeof enc) != 0) {
+        ok(0, "cannot find the lock file of %s", name);
+        dlock_uri_free(u);
+        return;
+    }
+    snprintf(path, sizeof path, "%s/%s", dlock_uri_path(u), enc);
+    snprintf(gone, sizeof gone, "%s.gone", path);
+    dlock_uri_free(u);
+    pid_t pid = spawn_kept(uri, name, ttl, &rfd);
+    if (kept_acquired(rfd, "", &token) == 0) {
+        uint64_t t0 = dlock_monotonic_ns();
+        ok(rename(path, gone) == 0, "lock file moved away: %s", path);
+        check_loss_reports(rfd, t0, keep_interval_ms(ttl),
+                           "after its lock file was moved away");
+    }
+    kill_group(pid);
+    close(rfd);
+    unlink(gone);
+}
+
+/* e. Reentrant acquires count holds on one grant. */
+static void test_reentrant(void)
+{
+    char name[128], plain[128];
+    dlock_client *c = client(), *other = client();
+    dlock_lock *l1 = NULL, *l2 = NULL, *x = NULL;
+    dlock_acquire_opts o = try_once();
+    name_of(name, sizeof name, "reentrant");
+    name_of(plain, sizeof plain, "not-reentrant");
+    o.reentrant = 1;
+    is_int(dlock_acquire(c, name, &o, &l1), 0, "acquire with .reentrant");
+    is_int(dlock_acquire(c, name, &o, &l2), 0, "again with .reentrant on the same client");
+    if (!l1 || !l2) {
+        ok(0, "no handles to compare");
+        dlock_client_close(c);
+        dlock_client_close(other);
+        return;
+    }
+    ok(l1 == l2, "the same handle");
+    is_int(dlock_lock_token(l2), dlock_lock_token(l1), "the same token");
+    is_int(dlock_lock_holds(l1), 2, "dlock_lock_holds() → 2");
+    o.reentrant = 0;
+    is_int(dlock_acquire(c, name, &o, &x), DLOCK_EALREADY, "a third acquire without .reentrant → DLOCK_EALREADY");
+    is_int(dlock_release(l1), 0, "first release");
+    is_int(dlock_lock_holds(l1), 1, "hold count back to 1");
+    o = try_once();
+    is_int(dlock_acquire(other, name, &o, &x), DLOCK_EBUSY, "still held: another client's try → DLOCK_EBUSY");
+    is_int(dlock_release(l1), 0, "second release");
+    is_int(dlock_acquire(other, name, &o, &x), 0, "now free: another client acquires");
+    if (x)
+        dlock_release(x);
+    is_int(dlock_acquire(c, plain, &o, &l1), 0, "acquire without .reentrant");
+    is_int(dlock_acquire(c, plain, &o, &l2), DLOCK_EALREADY, "again without .reentrant → DLOCK_EALREADY");
+    if (l1) {
+        is_int(dlock_lock_holds(l1), 1, "hold count stays 1");
+        is_int(dlock_release(l1), 0, "one release frees it");
+    }
+    is_int(dlock_acquire(other, plain, &o, &x), 0, "another client acquires it");
+    if (x)
+        dlock_release(x);
+    dlock_client_close(c);
+    dlock_client_close(other);
+}
+
+/* f(i). A store that accepts connections and never answers: open fails
+ * within its connect timeout. */
+static void test_silent_open(void)
+{
+    static const char *const what = "open against a store that never answers returns in time";
+    if (!nhosts) {
+        skip("the file backend has no network", "%s", what);
+        return;
+    }
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    char suri[DLOCK_URI_MAX];
+    int ports[PROXY_MAX_UP], p[2];
+    struct msg m;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) < 0 || listen(lfd, 128) < 0 ||
+        getsockname(lfd, (struct sockaddr *)&a, &alen) < 0 || pipe(p) < 0) {
+        ok(0, "cannot make a silent listener: %s", strerror(errno));
+        return;
+    }
+    for (int i = 0; i < PROXY_MAX_UP; i++)
+        ports[i] = ntohs(a.sin_port);
+    if (uri_rewrite(uri, ports, nhosts, NULL, timeout_params(), suri, sizeof suri) != 0) {
+        ok(0, "cannot point %s at the silent listener", uri);
+        close(lfd);
+        return;
+    }
+    char shown[DLOCK_URI_MAX];
+    diag("silent store: %s", shown_uri(suri, shown, sizeof shown));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        abort();
+    if (pid == 0) {
+        dlock_client *c = NULL;
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        uint64_t t0 = dlock_monotonic_ns();
+        int rc = dlock_client_open(suri, &c);
+        msg_send(p[1], 'O', rc, 0, 0, dlock_monotonic_ns() - t0, 0, dlock_errmsg(c));
+        dlock_client_close(c);
+        _exit(0);
+    }
+    setpgid(pid, pid);
+    close(p[1]);
+    uint64_t bound = open_bound_ms(), limit = (bound + SLACK_MS) * MS;
+    if (msg_recv(p[0], &m, dlock_monotonic_ns() + limit + 5000 * MS) != 0) {
+        ok(0, "%s: dlock_client_open() did not return within %.1f s", what, (limit / MS + 5000) / 1e3);
+    } else {
+        ok(m.a == DLOCK_ECONNECT || m.a == DLOCK_ETIMEDOUT,
+           "open against a store that never answers → %s: %s", dlock_err_name(m.a), m.text);
+        ok(m.t <= limit, "within connect_timeout (%llu ms + %u ms slack): %.0f ms",
+           (unsigned long long)bound, SLACK_MS, m.t / 1e6);
+    }
+    kill_group(pid);
+    close(p[0]);
+    close(lfd);
+}
+
+/* f(ii). The network goes silent after a successful open: every call
+ * returns an error within its bound. */
+static void test_silent_calls(void)
+{
+    static const char *const what = "calls on a network gone silent return in time";
+    static const char *const ops[] = {"try-acquire", "renew", "release", "ping", "close"};
+    enum { NOPS = 5 };
+    if (!nhosts) {
+        skip("the file backend has no network", "%s", what);
+        return;
+    }
+    char name[128], other_name[128], puri[DLOCK_URI_MAX];
+    int rp[2], cp[2];
+    struct proxy px;
+    struct msg m;
+    proxy_for_uri(&px, uri);
+    if (proxy_uri(&px, uri, timeout_params(), puri, sizeof puri) != 0 || pipe(rp) < 0 ||
+        pipe(cp) < 0) {
+        ok(0, "cannot point %s at the proxy", uri);
+        proxy_stop(&px);
+        return;
+    }
+    name_of(name, sizeof name, "silent");
+    name_of(other_name, sizeof other_name, "silent-other");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        abort();
+    if (pid == 0) {
+        dlock_client *c = NULL;
+        dlock_lock *l = NULL, *x = NULL;
+        char b;
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int rc = dlock_client_open(puri, &c);
+        if (rc == 0) {
+            dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 5000);
+            rc = dlock_acquire(c, name, &o, &l);
+        }
+        msg_send(rp[1], 'R', rc, 0, 0, 0, 0, dlock_errmsg(c));
+        if (rc || read(cp[0], &b, 1) != 1)
+            _exit(1);
+        for (int i = 0; i < NOPS; i++) {
+            dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 5000);
+            uint64_t t0 = dlock_monotonic_ns();
+            rc = 0;
+            switch (i) {
+            case 0: rc = dlock_acquire(c, other_name, &o, &x); break;
+            case 1: rc = dlock_renew(l, 5000); break;
+            case 2: rc = dlock_release(l); break;
+            case 3: rc = dlock_client_ping(c); break;
+            case 4: dlock_client_close(c); break;
+            }
+            msg_send(rp[1], 'O', i, rc, 0, dlock_monotonic_ns() - t0, 0, i < 4 ? dlock_errmsg(c) : "");
+        }
+        _exit(0);
+    }
+    setpgid(pid, pid);
+    close(rp[1]);
+    close(cp[0]);
+    if (msg_recv(rp[0], &m, dlock_monotonic_ns() + 20000 * MS) != 0 || m.a != 0) {
+        ok(0, "open and acquire through the proxy: %s",
+           m.kind == 'R' ? m.text : "no report within 20 s");
+        goto out;
+    }
+    ok(1, "open and acquire through the proxy");
+    proxy_set(&px, PROXY_BLACKHOLE);
+    if (write(cp[1], "x", 1) != 1)
+        abort();
+    uint64_t bound = call_bound_ms(), limit = (bound + SLACK_MS) * MS;
+    for (int i = 0; i < NOPS; i++) {
+        if (msg_recv(rp[0], &m, dlock_monotonic_ns() + limit + 5000 * MS) != 0 || m.a != i) {
+            ok(0, "%s on a silent network did not return within %.1f s", ops[i],
+               (limit / MS + 5000) / 1e3);
+            break;
+        }
+        if (i < 4)
+            ok(m.b != 0, "%s on a silent network → %s: %s", ops[i], dlock_err_name(m.b), m.text);
+        if (i == 0 || i == 3)
+            ok(m.b == DLOCK_ECONNECT || m.b == DLOCK_ETIMEDOUT, "%s: DLOCK_ECONNECT or DLOCK_ETIMEDOUT",
+               ops[i]);
+        ok(m.t <= limit, "%s returned within %llu ms + %u ms slack: %.0f ms", ops[i],
+           (unsigned long long)bound, SLACK_MS, m.t / 1e6);
+    }
+out:
+    kill_group(pid);
+    close(rp[0]);
+    close(cp[1]);
+    proxy_stop(&px);
+}
+
+/* Runs cases at the same time, each in a process of its own with its TAP
+ * output kept aside, then prints them in order with the run's numbering.
+ * The cases here mostly wait (leases running out, processes stopped), and
+ * use names of their own. A case that does not finish within limit_s is
+ * killed, and fails. */
+struct pcase {
+    const char *name;
+    void (*fn)(void);
+    pid_t pid;
+    FILE *out;
+    int status;
+};
+
+static void run_parallel(struct pcase *cs, int n, unsigned limit_s)
+{
+    uint64_t deadline = dlock_monotonic_ns() + limit_s * 1000 * MS;
+    int left = n;
+    for (int i = 0; i < n; i++) {
+        cs[i].out = tmpfile();
+        if (!cs[i].out) {
+            printf("Bail out! no temporary file for the parallel cases: %s\n", strerror(errno));
+            exit(1);
+        }
+        fflush(stdout);
+        cs[i].pid = fork();
+        if (cs[i].pid < 0) {
+            printf("Bail out! cannot fork for the parallel cases: %s\n", strerror(errno));
+            exit(1);
+        }
+        if (cs[i].pid == 0) {
+            if (dup2(fileno(cs[i].out), STDOUT_FILENO) < 0)
+                _exit(98);
+            tap_n_ = tap_failed_ = 0;
+            cs[i].fn();
+            fflush(stdout);
+            _exit(tap_failed_ ? 1 : 0);
+        }
+        cs[i].status = -1;
+    }
+    while (left > 0) {
+        for (int i = 0; i < n; i++) {
+            int st;
+            if (cs[i].status == -1 && waitpid(cs[i].pid, &st, WNOHANG) == cs[i].pid) {
+                cs[i].status = st;
+                left--;
+            }
+        }
+        if (left && dlock_monotonic_ns() > deadline) {
+            for (int i = 0; i < n; i++)
+                if (cs[i].status == -1) {
+                    kill(cs[i].pid, SIGKILL);
+                    waitpid(cs[i].pid, NULL, 0);
+                    cs[i].status = -2;
+                    left--;
+                }
+        }
+        sleep_ms(20);
+    }
+    for (int i = 0; i < n; i++) {
+        char line[4096];
+        int num;
+        rewind(cs[i].out);
+        diag("---- %s", cs[i].name);
+        while (fgets(line, sizeof line, cs[i].out)) {
+            char *rest;
+            if (strncmp(line, "ok ", 3) == 0 || strncmp(line, "not ok ", 7) == 0) {
+                int bad = line[0] == 'n';
+                rest = line + (bad ? 7 : 3);
+                if (sscanf(rest, "%d", &num) == 1) {
+                    rest += strspn(rest, "0123456789");
+                    tap_n_++;
+                    tap_failed_ += bad;
+                    printf("%sok %d%s", bad ? "not " : "", tap_n_, rest);
+                    continue;
+                }
+            }
+            if (strncmp(line, "1..", 3) != 0)
+                fputs(line, stdout);
+        }
+        fclose(cs[i].out);
+        int st = cs[i].status;
+        ok(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) <= 1, "%s: ran to its end (%s %d)",
+           cs[i].name,
+           st == -2 ? "killed after the time limit, s" : st >= 0 && WIFSIGNALED(st) ? "signal" : "exit",
+           st == -2 ? (int)limit_s : st >= 0 && WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+    }
+    fflush(stdout);
+}
+
 int main(int argc, char **argv)
 {
     dlock_client *c;
@@ -640,17 +1418,45 @@ int main(int argc, char **argv)
     char shown[1024];
     diag("backend %s, caps 0x%x, uri %s", dlock_client_backend(c), caps,
          shown_uri(uri, shown, sizeof shown));
+    snprintf(backend, sizeof backend, "%s", dlock_client_backend(c));
     dlock_client_close(c);
+    {
+        dlock_uri *u = NULL;
+        char err[256];
+        if (dlock_uri_parse(uri, &u, err, sizeof err) == 0)
+            nhosts = (int)dlock_uri_host_count(u);
+        dlock_uri_free(u);
+    }
+    if (strcmp(backend, "redis") == 0 && nhosts > 1)
+        snprintf(backend, sizeof backend, "redlock");
+    if (nhosts > PROXY_MAX_UP) {
+        printf("Bail out! the suite's proxy takes at most %d hosts\n", PROXY_MAX_UP);
+        return 1;
+    }
 
+    /* Cases that time themselves closely, or keep the CPUs busy, run one
+     * after another; those that mostly wait run side by side. */
     test_open_and_options();
     test_try_deadline_forever();
     test_same_process();
     test_tokens();
     test_mutual_exclusion(8, 150);
-    test_holder_killed();
     test_fifo();
-    test_dead_waiter();
     test_names();
-    test_leases();
+    test_reentrant();
+    struct pcase cases[] = {
+        {"closed port", test_closed_port, 0, NULL, 0},
+        {"holder killed", test_holder_killed, 0, NULL, 0},
+        {"dead waiter", test_dead_waiter, 0, NULL, 0},
+        {"leases", test_leases, 0, NULL, 0},
+        {"kept while blocked", test_keep_while_blocked, 0, NULL, 0},
+        {"kept after a long wait", test_kept_after_long_wait, 0, NULL, 0},
+        {"network cut", test_cut_connection, 0, NULL, 0},
+        {"paused holder", test_paused_holder, 0, NULL, 0},
+        {"lock file replaced", test_file_loss, 0, NULL, 0},
+        {"silent store: open", test_silent_open, 0, NULL, 0},
+        {"silent store: calls", test_silent_calls, 0, NULL, 0},
+    };
+    run_parallel(cases, (int)(sizeof cases / sizeof cases[0]), 120);
     return done_testing();
 }
