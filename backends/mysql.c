@@ -34,14 +34,36 @@
  * cover the deadline (a server-side backstop) and the wait itself runs on
  * the non-blocking API, polling the socket until the exact deadline; then
  * the control session sends KILL QUERY, and the transaction is rolled back.
+ *
+ * Bounds. Connecting is bounded by connect_timeout (whole seconds, the
+ * server's greeting included), every other statement by `timeout`: a try's
+ * lock, renew, keep and release on the non-blocking API to the
+ * millisecond, the rest by Connector/C's read and write timeouts (whole
+ * seconds). No reply in time closes the session (DLOCK_ECONNECT naming the
+ * timeout); the server rolls back once it notices, at the latest after the
+ * session's wait_timeout. A session that timed out is never retried on a
+ * new one (the retry would wait as long again); one the server dropped
+ * while idle is. A wait without a deadline has no client-side bound: TCP
+ * keepalives (idle 5 s, every 2 s, 3 probes) end it about 11 s after the
+ * peer or the network died, and TCP_USER_TIMEOUT (= timeout) fails a
+ * connection whose sent data stays unacknowledged.
+ *
+ * Keeping. keep() renews on the lock's own session (SET SESSION
+ * wait_timeout), bounded by the timeout and the lease's end, and touches
+ * nothing else: the pool and the control session belong to the
+ * application's thread. A grant after a wait counts its lease from the
+ * grant's arrival.
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <errmsg.h>
 #include <mysql.h>
@@ -63,6 +85,7 @@
 #define NAME_COLUMN_MAX 255    /* bytes of the name kept for people to read */
 #define LOCK_WAIT_MAX_S 1073741824u /* innodb_lock_wait_timeout's maximum */
 #define IDLE_SESSIONS_MAX 4
+#define MS 1000000ull
 
 /* Server errors not in every client's headers. */
 #define ERR_LOCK_NOWAIT 3572             /* MySQL 8: NOWAIT found the row locked */
@@ -109,6 +132,9 @@ struct session {
     unsigned lock_wait_s;      /* innodb_lock_wait_timeout as last set; 0 = default */
     unsigned last_errno;       /* of the last failure on it */
     int dead;                  /* the server dropped it: close, never reuse */
+    uint64_t silent_ms;        /* dead because no reply came in this long:
+                                  the server may still be working on it, so
+                                  a retry would only wait again; 0: no */
     struct session *next;      /* in the idle pool */
 };
 
@@ -189,12 +215,32 @@ static int map_errno(unsigned e)
  * whether it means the session itself is gone. */
 static int fail_on(struct mysql_conn *mc, struct session *s, MYSQL_STMT *st, const char *what)
 {
+    int sys = errno; /* Connector/C leaves ETIMEDOUT there after a read or write timeout */
     unsigned e = st ? mysql_stmt_errno(st) : mysql_errno(s->db);
     s->last_errno = e;
     if (session_dropped(e))
         s->dead = 1;
+    if (e == CR_SERVER_LOST && sys == ETIMEDOUT) {
+        s->silent_ms = ceil_s(mc->timeout_ms) * 1000ull;
+        return dlock_seterr(cl(mc), DLOCK_ECONNECT,
+                            "mysql %s: %s: the connection timed out (no reply within the %" PRIu64
+                            " ms timeout, or keepalive probes unanswered); the session was closed",
+                            mc->where, what, s->silent_ms);
+    }
     return dlock_seterr(cl(mc), map_errno(e), "mysql %s: %s: %s (%u)", mc->where, what,
                         st ? mysql_stmt_error(st) : mysql_error(s->db), e);
+}
+
+/* No reply by a deadline of the client's own: the session is unusable (a
+ * statement is outstanding); the caller closes it. */
+static int no_reply(struct mysql_conn *mc, struct session *s, const char *what, uint64_t start)
+{
+    uint64_t ms = (dlock_monotonic_ns() - start + MS / 2) / MS;
+    s->dead = 1;
+    s->silent_ms = ms ? ms : 1;
+    return dlock_seterr(cl(mc), DLOCK_ECONNECT,
+                        "mysql %s: %s: no reply from the server within %" PRIu64
+                        " ms; the session was closed", mc->where, what, s->silent_ms);
 }
 
 /* ---- sessions ----------------------------------------------------------- */
@@ -223,6 +269,24 @@ static void set_tls(struct mysql_conn *mc, MYSQL *db)
         mysql_options(db, MYSQL_OPT_SSL_CERT, mc->tls_cert);
     if (mc->tls_key)
         mysql_options(db, MYSQL_OPT_SSL_KEY, mc->tls_key);
+}
+
+/* A dead peer or a cut network must end even a wait without a deadline:
+ * TCP keepalives probe an idle connection after 5 s, every 2 s, 3 times,
+ * and data left unacknowledged for the timeout fails the connection
+ * (Connector/C only turns keepalives on, with the system's 2-hour
+ * default). Not for unix sockets. */
+static void tune_socket(struct mysql_conn *mc, MYSQL *db)
+{
+    int fd = (int)mysql_get_socket(db), on = 1, idle = 5, intvl = 2, cnt = 3;
+    unsigned user_ms = mc->timeout_ms > UINT32_MAX ? UINT32_MAX : (unsigned)mc->timeout_ms;
+    if (mc->socket || fd < 0)
+        return;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
 }
 
 /* Lock sessions run READ COMMITTED (a FOR UPDATE on a missing row takes no
@@ -254,6 +318,7 @@ static int session_open(struct mysql_conn *mc, int lock_role, struct session **o
     }
     if (!mysql_real_connect(s->db, mc->socket ? "localhost" : mc->host, mc->user, mc->password,
                             mc->database, mc->port, mc->socket, 0)) {
+        errno = 0; /* Connector/C's own message says what timed out */
         int err = fail_on(mc, s, NULL, "cannot connect");
         session_close(s);
         return err;
@@ -265,6 +330,7 @@ static int session_open(struct mysql_conn *mc, int lock_role, struct session **o
         return dlock_seterr(cl(mc), DLOCK_ECONNECT, "mysql %s: the server did not agree to TLS",
                             mc->where);
     }
+    tune_socket(mc, s->db);
     *out = s;
     return 0;
 }
@@ -304,14 +370,17 @@ static int ctl_session(struct mysql_conn *mc, struct session **out)
 }
 
 /* After an error on the control session: drop it if the server did, so the
- * next use reconnects. Returns whether it was dropped (worth one retry). */
+ * next use reconnects. Returns whether that is worth one retry now: not
+ * when the server did not answer in time (a retry would wait as long
+ * again, doubling the call's bound). */
 static int ctl_dropped(struct mysql_conn *mc)
 {
     if (!mc->ctl || !mc->ctl->dead)
         return 0;
+    int retry = !mc->ctl->silent_ms;
     session_close(mc->ctl);
     mc->ctl = NULL;
-    return 1;
+    return retry;
 }
 
 /* A lock session from the pool (*pooled = 1; it may have been dropped by
@@ -403,13 +472,14 @@ static int set_limits(struct mysql_conn *mc, struct session *s, const dlock_requ
 }
 
 /*
- * Runs a started non-blocking execute to its end, polling the socket.
- * *status is what the call waits for. Returns 0 when done (*ret is the
- * call's result), 1 when until_ns (0: no limit) passed first, 2 when a
- * signal interrupted the wait; in both last cases the statement is still
- * running on the server.
+ * Runs a started non-blocking call to its end, polling the socket: the
+ * execute of st, or without st a mysql_real_query_start() on db. *status
+ * is what the call waits for. Returns 0 when done (*ret is the call's
+ * result), 1 when until_ns (0: no limit) passed first, 2 when a signal
+ * interrupted the wait (only with intr; otherwise the wait goes on); in
+ * both last cases the statement is still running on the server.
  */
-static int drive(MYSQL *db, MYSQL_STMT *st, int *status, uint64_t until_ns, int *ret)
+static int drive(MYSQL *db, MYSQL_STMT *st, int *status, uint64_t until_ns, int *ret, int intr)
 {
     while (*status) {
         struct pollfd pfd = {.fd = mysql_get_socket(db)};
@@ -428,8 +498,10 @@ static int drive(MYSQL *db, MYSQL_STMT *st, int *status, uint64_t until_ns, int 
             tsp = &ts;
         }
         int pr = ppoll(&pfd, 1, tsp, NULL);
-        if (pr < 0)
+        if (pr < 0 && (intr || errno != EINTR))
             return 2;
+        if (pr < 0)
+            continue;
         if (pr == 0)
             continue;
         int ev = 0;
@@ -439,8 +511,25 @@ static int drive(MYSQL *db, MYSQL_STMT *st, int *status, uint64_t until_ns, int 
             ev |= MYSQL_WAIT_WRITE;
         if (pfd.revents & POLLPRI)
             ev |= MYSQL_WAIT_EXCEPT;
-        *status = mysql_stmt_execute_cont(ret, st, ev & *status);
+        *status = st ? mysql_stmt_execute_cont(ret, st, ev & *status)
+                     : mysql_real_query_cont(ret, db, ev & *status);
     }
+    return 0;
+}
+
+/* A statement without a result on s, with no reply by until_ns ending it
+ * with DLOCK_ECONNECT (s is then dead and silent: the caller closes it).
+ * Only s is touched: safe on the keeper's thread for a lock's session. */
+static int query_until(struct mysql_conn *mc, struct session *s, const char *sql, uint64_t until_ns,
+                       const char *what)
+{
+    uint64_t start = dlock_monotonic_ns();
+    int ret = 0, status = mysql_real_query_start(&ret, s->db, sql, strlen(sql));
+    int w = drive(s->db, NULL, &status, until_ns, &ret, 0);
+    if (w != 0)
+        return no_reply(mc, s, what, start);
+    if (ret != 0)
+        return fail_on(mc, s, NULL, what);
     return 0;
 }
 
@@ -451,10 +540,11 @@ static int drive(MYSQL *db, MYSQL_STMT *st, int *status, uint64_t until_ns, int 
  * at its innodb_lock_wait_timeout, and rolls back. */
 static void cancel_wait(struct mysql_conn *mc, struct session *s, MYSQL_STMT *st, int status)
 {
-    char sql[64], msg[DLOCK_ERRMSG_MAX];
+    char sql[64];
     struct session *ctl;
-    int ret = 1, err = 0, saved = cl(mc)->err;
-    memcpy(msg, cl(mc)->errmsg, sizeof msg); /* report the wait's end, not this */
+    dlock_errsave why;
+    int ret = 1, err = 0;
+    dlock_err_save(cl(mc), &why); /* report the wait's end, not this */
     snprintf(sql, sizeof sql, "KILL QUERY %lu", mysql_thread_id(s->db));
     for (int tries = 0; tries < 2; tries++) {
         if ((err = ctl_session(mc, &ctl)) == 0 && (err = exec_sql(mc, ctl, sql, "KILL QUERY")) == 0)
@@ -463,15 +553,14 @@ static void cancel_wait(struct mysql_conn *mc, struct session *s, MYSQL_STMT *st
             break;
     }
     if (err == 0 &&
-        drive(s->db, st, &status, dlock_monotonic_ns() + mc->timeout_ms * 1000000u, &ret) == 0) {
+        drive(s->db, st, &status, dlock_monotonic_ns() + mc->timeout_ms * MS, &ret, 0) == 0) {
         if (ret == 0)
             mysql_stmt_free_result(st);
         rollback_and_pool(mc, s);
     } else {
         session_close(s);
     }
-    cl(mc)->err = saved;
-    memcpy(cl(mc)->errmsg, msg, sizeof msg);
+    dlock_err_restore(cl(mc), &why);
 }
 
 /* The error of a locking read that the server refused. */
@@ -508,16 +597,23 @@ static int lock_row(struct mysql_conn *mc, struct session **sp, const dlock_requ
     if (mysql_stmt_bind_param(st, &b) != 0)
         return fail_on(mc, s, st, "bind");
     /* A try is bounded too: a server that never answers must not hang it. */
+    uint64_t start = dlock_monotonic_ns();
     uint64_t until = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns
-                     : nowait ? dlock_monotonic_ns() + mc->timeout_ms * 1000000u : 0;
+                     : nowait ? start + mc->timeout_ms * MS : 0;
     int status = mysql_stmt_execute_start(&ret, st);
-    int w = drive(s->db, st, &status, until, &ret);
+    int w = drive(s->db, st, &status, until, &ret, 1);
+    if (w == 1 && nowait) {
+        /* A try the server does not answer: nothing to cancel, and the
+         * control session would likely wait as long. Closing the session
+         * undoes whatever it got once the server notices. */
+        err = no_reply(mc, s, "acquire", start);
+        *sp = NULL;
+        session_close(s);
+        return err;
+    }
     if (w != 0) {
         if (w == 2)
             err = dlock_seterr(cl(mc), DLOCK_EINTR, "a signal interrupted the wait");
-        else if (nowait)
-            err = dlock_seterr(cl(mc), DLOCK_ECONNECT, "mysql %s: no reply within %" PRIu64 " ms",
-                               mc->where, mc->timeout_ms);
         else
             err = dlock_seterr(cl(mc), DLOCK_ETIMEDOUT,
                                "the deadline passed with the lock still held elsewhere");
@@ -632,7 +728,7 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
             err = dlock_seterr(cl(mc), DLOCK_ESTORE, "mysql %s: the lock's row keeps vanishing",
                                mc->where);
         }
-        if (s && s->dead && pooled && !retried++) {
+        if (s && s->dead && !s->silent_ms && pooled && !retried++) {
             session_close(s);
             s = NULL;
             continue;
@@ -643,7 +739,7 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
     }
 }
 
-static int hold_failed(struct mysql_conn *mc, struct mysql_held *h, const char *what);
+static int hold_lost(struct mysql_conn *mc, struct mysql_held *h, const char *what, int err);
 
 static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
 {
@@ -661,7 +757,12 @@ static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
      * its arrival makes the client's view of the lease end a little later
      * than the server's, never earlier than the TTL. */
     h->ttl_ms = req->ttl_ms;
-    h->expires_ns = dlock_monotonic_ns() + (uint64_t)req->ttl_ms * 1000000u;
+    h->expires_ns = dlock_monotonic_ns() + (uint64_t)req->ttl_ms * MS;
+    /* After a wait (possibly longer than the TTL), the lease counts from
+     * the grant: the "DO 0" below restarts the server's idle timer later
+     * still, so this end is never after the server's. */
+    if (req->wait != DLOCK_WAIT_TRY)
+        h->base.lease_end_ns = h->expires_ns;
     if ((err = record_grant(mc, h, req)) != 0) {
         rollback_and_pool(mc, h->s);
         free(h);
@@ -673,10 +774,10 @@ static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
      * wait_timeout), another holder may already be using a lower token.
      * One round trip on the lock session proves it is still there. */
     if (mysql_real_query(h->s->db, "DO 0", 4) != 0) {
-        err = hold_failed(mc, h, "confirming the grant");
+        err = hold_lost(mc, h, "confirming the grant", fail_on(mc, h->s, NULL, "confirming the grant"));
         if (h->s)
             rollback_and_pool(mc, h->s);
-        else
+        else if (err == DLOCK_ELOST)
             err = dlock_seterr(cl(mc), DLOCK_ELOST,
                                "mysql %s: the session holding the new lock ended before its "
                                "token was recorded: not acquired", mc->where);
@@ -689,16 +790,25 @@ static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
 
 /* ---- release, renew, ping ----------------------------------------------- */
 
-/* The holding session failed: if the server dropped it, the lock is lost
- * (the server rolled back); otherwise the error is the store's. */
-static int hold_failed(struct mysql_conn *mc, struct mysql_held *h, const char *what)
+/* The holding session failed with err (recorded): if the server dropped
+ * it, the lock is lost (the server rolled back); if it did not answer in
+ * time, the session is closed and the lock with it; either way h lets go
+ * of the session. Otherwise err is the store's, and h keeps its session.
+ * Touches h's own session only: safe on the keeper's thread. */
+static int hold_lost(struct mysql_conn *mc, struct mysql_held *h, const char *what, int err)
 {
-    int err = fail_on(mc, h->s, NULL, what);
     if (!h->s->dead)
         return err;
-    err = dlock_seterr(cl(mc), DLOCK_ELOST,
-                       "mysql %s: %s: the session holding the lock is gone (%s); "
-                       "the server rolled it back", mc->where, what, mysql_error(h->s->db));
+    if (h->s->silent_ms)
+        err = dlock_seterr(cl(mc), DLOCK_ECONNECT,
+                           "mysql %s: %s: no reply from the server within %" PRIu64
+                           " ms; the session holding the lock was closed, and the lock is lost"
+                           " with it (the server rolls it back when it notices, at the latest"
+                           " after wait_timeout)", mc->where, what, h->s->silent_ms);
+    else
+        err = dlock_seterr(cl(mc), DLOCK_ELOST,
+                           "mysql %s: %s: the session holding the lock is gone (%s); "
+                           "the server rolled it back", mc->where, what, mysql_error(h->s->db));
     session_close(h->s);
     h->s = NULL;
     return err;
@@ -717,9 +827,10 @@ static int be_release(dlock_conn *conn, dlock_held *held)
     int err = 0;
     if (!h->s) {
         err = dlock_seterr(conn->client, DLOCK_ELOST, "the lock was lost earlier");
-    } else if (mysql_rollback(h->s->db) != 0) {
+    } else if ((err = query_until(mc, h->s, "ROLLBACK", dlock_monotonic_ns() + mc->timeout_ms * MS,
+                                  "release")) != 0) {
         /* Closing the session makes the server roll back, if it still can. */
-        err = hold_failed(mc, h, "release");
+        err = hold_lost(mc, h, "release", err);
         session_close(h->s);
     } else {
         if (dlock_monotonic_ns() >= h->expires_ns)
@@ -730,12 +841,27 @@ static int be_release(dlock_conn *conn, dlock_held *held)
     return err;
 }
 
+/* SET SESSION wait_timeout on h's own session, by until_ns: the renewal of
+ * renew() and keep(). Only h's session is touched. */
+static int set_lease(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_ms, uint64_t sent,
+                     uint64_t until_ns)
+{
+    unsigned lease = ceil_s(ttl_ms);
+    char sql[64];
+    snprintf(sql, sizeof sql, "SET SESSION wait_timeout = %u", lease);
+    int err = query_until(mc, h->s, sql, until_ns, "renew");
+    if (err)
+        return hold_lost(mc, h, "renew", err);
+    h->s->wait_timeout_s = lease;
+    h->ttl_ms = ttl_ms;
+    h->expires_ns = sent + (uint64_t)ttl_ms * MS;
+    return 0;
+}
+
 static int be_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
     struct mysql_held *h = (struct mysql_held *)held;
-    unsigned lease = ceil_s(ttl_ms);
-    char sql[64];
     if (!h->s)
         return dlock_seterr(conn->client, DLOCK_ELOST, "the lock was lost earlier");
     uint64_t sent = dlock_monotonic_ns();
@@ -746,13 +872,33 @@ static int be_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
         h->s = NULL;
         return lease_over(mc, h, "renew");
     }
-    snprintf(sql, sizeof sql, "SET SESSION wait_timeout = %u", lease);
-    if (mysql_real_query(h->s->db, sql, strlen(sql)) != 0)
-        return hold_failed(mc, h, "renew");
-    h->s->wait_timeout_s = lease;
-    h->ttl_ms = ttl_ms;
-    h->expires_ns = sent + (uint64_t)ttl_ms * 1000000u;
-    return 0;
+    return set_lease(mc, h, ttl_ms, sent, sent + mc->timeout_ms * MS);
+}
+
+/*
+ * The keeper's renewal: as renew, on the lock's own session, bounded by the
+ * timeout and by the lease's end (no reply by then: the lease is over
+ * anyway). It never touches the pool or the control session, which belong
+ * to the application's thread: a lease found over is left for release() to
+ * roll back and pool, and a session that failed is closed here (only this
+ * lock used it).
+ */
+static int be_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
+{
+    struct mysql_conn *mc = (struct mysql_conn *)conn;
+    struct mysql_held *h = (struct mysql_held *)held;
+    if (!h->s)
+        return dlock_seterr(conn->client, DLOCK_ELOST, "the lock was lost earlier");
+    uint64_t sent = dlock_monotonic_ns(), until = sent + mc->timeout_ms * MS;
+    if (sent >= h->expires_ns)
+        return dlock_seterr(conn->client, DLOCK_EEXPIRED,
+                            "mysql %s: the lease (%" PRIu32 " ms) had run out before it could be"
+                            " renewed", mc->where, h->ttl_ms);
+    if (h->expires_ns < until)
+        until = h->expires_ns;
+    int err = set_lease(mc, h, ttl_ms, sent, until);
+    /* The session closed for want of a reply: the lock must be assumed gone. */
+    return err == DLOCK_ECONNECT && !h->s ? DLOCK_EEXPIRED : err;
 }
 
 static int be_ping(dlock_conn *conn)
@@ -974,4 +1120,5 @@ const dlock_backend dlock_mysql_backend = {
     .release = be_release,
     .renew = be_renew,
     .ping = be_ping,
+    .keep = be_keep,
 };

@@ -22,9 +22,31 @@
  * INSERT ... ON CONFLICT DO UPDATE, which a protected resource in the same
  * database can read; token=sequence uses nextval() of one sequence instead,
  * cheaper (no row update) but shared by all names.
+ *
+ * Bounds. libpq has no statement timeout of its own, so statements are
+ * sent on non-blocking connections and their replies awaited with poll()
+ * until a CLOCK_MONOTONIC deadline: `timeout` (ms, default 5000) for every
+ * statement that is not a lock wait, the deadline plus `timeout` for a
+ * deadline wait (lock_timeout ends it on the server first). No reply in
+ * time closes the session (a statement is still outstanding on it), which
+ * frees whatever it held once the server notices, at the latest when its
+ * idle_session_timeout ends: DLOCK_ECONNECT, naming the timeout. Connecting
+ * is bounded by libpq's connect_timeout (whole seconds, at least 2, per
+ * host, the startup exchange included). A wait without a deadline has no
+ * client-side bound; TCP keepalives (idle 5 s, every 2 s, 3 probes) end it
+ * about 11 s after the peer or the network died, and tcp_user_timeout
+ * (= timeout) fails a connection whose sent data stays unacknowledged.
+ * Closing sends Terminate without waiting for anything.
+ *
+ * Lost leases. A grant after a wait counts its lease from the reply's
+ * arrival (the server's idle timer starts when it sends it), not from the
+ * start of the call. keep() renews on the lock's own session, as renew()
+ * does, bounded by the timeout and by the end of the lease.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <libpq-fe.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,25 +56,37 @@
 #include "core/sha256.h"
 
 #define DEFAULT_CONNECT_MS 5000
+#define DEFAULT_TIMEOUT_MS 5000
+#define MS 1000000ull
 #define DEFAULT_TABLE "dlock_fence"
 #define POOL_MAX 64
 
 static const char *const pg_schemes[] = {"postgresql", "postgres", NULL};
 static const char *const pg_options[] = {
-    "connect_timeout", "sslmode", "application_name", "namespace", "table", "token", NULL,
+    "connect_timeout", "timeout", "sslmode", "application_name", "namespace", "table", "token", NULL,
 };
 
+/*
+ * Threads: the keeper calls keep() while the application's thread may be in
+ * any other method. keep() only uses its lock's own session, which no other
+ * method touches while the lock is held (the pool skips busy slots without
+ * reading them), and never changes `busy`: a session it had to close keeps
+ * its slot (pg == NULL) until release() or renew() on the application's
+ * thread frees it.
+ */
 struct pg_session {
-    PGconn *pg;
-    int busy;             /* holds a lock */
+    PGconn *pg;           /* NULL once closed after a timeout */
+    int busy;             /* holds a lock (or waits for one) */
     uint32_t idle_ms;     /* idle_session_timeout currently set (0 = off) */
+    uint64_t timed_out_ms; /* closed after no reply for this long; 0: no */
 };
 
 struct pg_conn {
     dlock_conn base;
     const char *keys[16];
     const char *values[16];
-    char connect_s[24];
+    char connect_s[24], user_timeout_ms[24];
+    uint64_t timeout_ms;  /* bound on every statement that is not a lock wait */
     char *hosts, *ports;  /* comma-separated, as libpq takes them */
     char *namespace;
     char table[64];
@@ -64,6 +98,7 @@ struct pg_held {
     dlock_held base;
     int64_t key;
     struct pg_session *s;
+    uint64_t lease_end_ns; /* as the client sees it: bounds keep() */
 };
 
 static dlock_client *cl(struct pg_conn *pc)
@@ -157,7 +192,16 @@ static int session_open(struct pg_conn *pc, struct pg_session *s)
         return err;
     }
     PQsetNoticeReceiver(s->pg, quiet_notices, NULL);
+    /* Statements are sent without blocking and waited for with poll(),
+     * so every wait has a client-side bound. */
+    if (PQsetnonblocking(s->pg, 1) != 0) {
+        int err = conn_error(pc, s->pg, "cannot make the connection non-blocking");
+        PQfinish(s->pg);
+        s->pg = NULL;
+        return err;
+    }
     s->idle_ms = 0;
+    s->timed_out_ms = 0;
     return 0;
 }
 
@@ -173,12 +217,23 @@ static void session_close(struct pg_session *s)
  * locks outlive a failed statement): free everything it holds, at once and
  * synchronously, and pool it; close it if even that fails. A session holds
  * at most one dlock lock, so nothing else is lost. */
+static int run(struct pg_conn *pc, struct pg_session *s, const char *sql, int want,
+               PGresult **out, const char *what, uint64_t until_ns);
+
+static uint64_t after_timeout(struct pg_conn *pc)
+{
+    return dlock_monotonic_ns() + pc->timeout_ms * MS;
+}
+
 static void session_scrub(struct pg_conn *pc, struct pg_session *s)
 {
-    PGresult *r = PQexec(s->pg, "SELECT pg_advisory_unlock_all()");
-    int ok = r && PQresultStatus(r) == PGRES_TUPLES_OK;
+    dlock_errsave why;
+    PGresult *r = NULL;
+    dlock_err_save(cl(pc), &why); /* report the failure, not this */
+    int ok = run(pc, s, "SELECT pg_advisory_unlock_all()", 0, &r, "freeing the session's locks",
+                 after_timeout(pc)) == 0;
     PQclear(r);
-    (void)pc;
+    dlock_err_restore(cl(pc), &why);
     if (ok)
         s->busy = 0;
     else
@@ -215,18 +270,95 @@ static int session_take(struct pg_conn *pc, struct pg_session **out, int *opened
     return err;
 }
 
+/* Waits for events on pg's socket until until_ns (0: no limit). Returns
+ * the events seen, 0 when until_ns passed first, -1 on a poll error.
+ * Signals do not end the wait: libpq's own blocking calls retried too. */
+static int wait_socket(PGconn *pg, short events, uint64_t until_ns)
+{
+    struct pollfd pfd = {.fd = PQsocket(pg), .events = events};
+    if (pfd.fd < 0)
+        return -1;
+    for (;;) {
+        int ms = -1;
+        if (until_ns) {
+            uint64_t now = dlock_monotonic_ns();
+            if (now >= until_ns)
+                return 0;
+            uint64_t left = (until_ns - now + MS - 1) / MS;
+            ms = left > INT32_MAX ? INT32_MAX : (int)left;
+        }
+        int n = poll(&pfd, 1, ms);
+        if (n > 0)
+            return pfd.revents;
+        if (n < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+/* No reply in time: the session is unusable (a statement is still
+ * outstanding), so it is closed, which ends whatever it held or waited for
+ * on the server once the server notices (at the latest when its
+ * idle_session_timeout runs out). The slot stays as it was. */
+static int timed_out(struct pg_conn *pc, struct pg_session *s, const char *what, uint64_t start)
+{
+    uint64_t ms = (dlock_monotonic_ns() - start + MS / 2) / MS;
+    PQfinish(s->pg);
+    s->pg = NULL;
+    s->timed_out_ms = ms ? ms : 1;
+    return dlock_seterr(cl(pc), DLOCK_ECONNECT,
+                        "postgresql: %s: no reply from the server within %" PRIu64
+                        " ms; the session was closed", what, s->timed_out_ms);
+}
+
 /*
  * Sends sql (one or more statements) and returns the result of statement
  * `want` (0-based) in *out, or the first error. The caller clears *out.
+ * No reply by until_ns (0: no limit) closes the session (s->pg = NULL)
+ * with DLOCK_ECONNECT.
  */
 static int run(struct pg_conn *pc, struct pg_session *s, const char *sql, int want,
-               PGresult **out, const char *what)
+               PGresult **out, const char *what, uint64_t until_ns)
 {
     PGresult *r, *keep = NULL, *bad = NULL;
-    int i = 0, err = 0;
+    uint64_t start = dlock_monotonic_ns();
+    int i = 0, err = 0, f, ev;
+    if (!s->pg)
+        return dlock_seterr(cl(pc), DLOCK_ECONNECT, "postgresql: %s: the session was closed", what);
     if (!PQsendQuery(s->pg, sql))
         return result_error(pc, s->pg, NULL, what);
-    while ((r = PQgetResult(s->pg)) != NULL) {
+    while ((f = PQflush(s->pg)) == 1) {
+        if ((ev = wait_socket(s->pg, POLLIN | POLLOUT, until_ns)) == 0)
+            return timed_out(pc, s, what, start);
+        if (ev < 0 || ((ev & POLLIN) && !PQconsumeInput(s->pg)))
+            break;
+    }
+    if (f != 0 && PQstatus(s->pg) == CONNECTION_OK) {
+        err = pg_error(pc, DLOCK_ECONNECT, what, PQerrorMessage(s->pg));
+        PQfinish(s->pg); /* part of a statement sent: unusable */
+        s->pg = NULL;
+        return err;
+    }
+    for (;;) {
+        /* A broken connection makes PQgetResult() return at once. */
+        while (PQisBusy(s->pg) && PQstatus(s->pg) == CONNECTION_OK) {
+            if ((ev = wait_socket(s->pg, POLLIN, until_ns)) == 0) {
+                PQclear(keep);
+                PQclear(bad);
+                return timed_out(pc, s, what, start);
+            }
+            if (ev < 0 || !PQconsumeInput(s->pg))
+                break;
+        }
+        if (PQisBusy(s->pg) && PQstatus(s->pg) == CONNECTION_OK) {
+            PQclear(keep);
+            PQclear(bad);
+            PQfinish(s->pg);
+            s->pg = NULL;
+            return dlock_seterr(cl(pc), DLOCK_ECONNECT, "postgresql: %s: cannot read the reply",
+                                what);
+        }
+        if ((r = PQgetResult(s->pg)) == NULL)
+            break;
         ExecStatusType st = PQresultStatus(r);
         if ((st == PGRES_FATAL_ERROR || st == PGRES_NONFATAL_ERROR) && !bad) {
             bad = r;
@@ -291,6 +423,9 @@ static int parse_params(dlock_client *c, const dlock_uri *uri, struct pg_conn *p
     int err;
     if ((err = dlock_uri_param_uint(c, uri, "connect_timeout", 1, 3600000, &connect_ms)) != 0)
         return err;
+    pc->timeout_ms = DEFAULT_TIMEOUT_MS;
+    if ((err = dlock_uri_param_uint(c, uri, "timeout", 1, 3600000, &pc->timeout_ms)) != 0)
+        return err;
     if (dlock_uri_host_count(uri) == 0)
         return dlock_seterr(c, DLOCK_EBADURI,
                             "a postgresql:// URI needs a host, as in postgresql://user@127.0.0.1:5432/db");
@@ -330,6 +465,9 @@ static int parse_params(dlock_client *c, const dlock_uri *uri, struct pg_conn *p
     pc->keys[k] = "keepalives_idle", pc->values[k++] = "5";
     pc->keys[k] = "keepalives_interval", pc->values[k++] = "2";
     pc->keys[k] = "keepalives_count", pc->values[k++] = "3";
+    /* Sent data left unacknowledged this long fails the connection. */
+    snprintf(pc->user_timeout_ms, sizeof pc->user_timeout_ms, "%" PRIu64, pc->timeout_ms);
+    pc->keys[k] = "tcp_user_timeout", pc->values[k++] = pc->user_timeout_ms;
     pc->keys[k] = NULL, pc->values[k] = NULL;
     return 0;
 }
@@ -355,10 +493,10 @@ static int create_table(struct pg_conn *pc, struct pg_session *s)
         snprintf(sql, sizeof sql,
                  "CREATE TABLE IF NOT EXISTS %s (key bigint PRIMARY KEY, token bigint NOT NULL)",
                  pc->table);
-    int err = run(pc, s, sql, 0, &r, "creating the fencing table");
+    int err = run(pc, s, sql, 0, &r, "creating the fencing table", after_timeout(pc));
     if (err == DLOCK_ESTORE) { /* two clients creating it at once: one wins */
         dlock_clearerr(cl(pc));
-        err = run(pc, s, sql, 0, &r, "creating the fencing table");
+        err = run(pc, s, sql, 0, &r, "creating the fencing table", after_timeout(pc));
     }
     PQclear(r);
     return err;
@@ -405,17 +543,19 @@ static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t ke
              " AND pid = pg_backend_pid() AND classid = %" PRIu64 " AND objid = %" PRIu64
              " AND objsubid = 1 AND granted",
              key, u >> 32, u & 0xffffffffu);
-    char saved[DLOCK_ERRMSG_MAX];
-    int code = cl(pc)->err;
-    memcpy(saved, cl(pc)->errmsg, sizeof saved);
-    if (run(pc, s, sql, 0, &r, "checking for a late grant") == 0)
+    dlock_errsave why;
+    dlock_err_save(cl(pc), &why); /* report the timeout, not this */
+    if (run(pc, s, sql, 0, &r, "checking for a late grant", after_timeout(pc)) == 0)
         PQclear(r);
-    cl(pc)->err = code;
-    memcpy(cl(pc)->errmsg, saved, sizeof saved);
+    dlock_err_restore(cl(pc), &why);
 }
 
+/* One attempt on session s. On success *token is the grant's, and
+ * *granted_ns the moment from which its lease counts: a try's start (the
+ * server's idle timer starts later), or a waited grant's arrival (the wait
+ * may have lasted longer than the TTL). */
 static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_request *req,
-                      int64_t key, uint64_t *token)
+                      int64_t key, uint64_t *token, uint64_t *granted_ns)
 {
     char sql[768], idle[64], timeout[64] = "";
     PGresult *r = NULL;
@@ -450,7 +590,18 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
              "SELECT (SELECT token FROM f)",
              idle, timeout, fn, key, pc->table, key, req->wait == DLOCK_WAIT_TRY ? "got" : "true",
              pc->table);
-    err = run(pc, s, sql, stmt, &r, "acquire");
+    /* A try and the statements around a wait get the timeout; a deadline
+     * wait, the deadline (lock_timeout ends it on the server) plus the
+     * timeout; a wait without a deadline, no client-side bound (keepalives
+     * notice a dead connection). */
+    uint64_t start = dlock_monotonic_ns(), until = 0;
+    if (req->wait == DLOCK_WAIT_TRY)
+        until = start + pc->timeout_ms * MS;
+    else if (req->wait == DLOCK_WAIT_DEADLINE)
+        until = (req->deadline_ns > start ? req->deadline_ns : start) + pc->timeout_ms * MS;
+    err = run(pc, s, sql, stmt, &r, req->wait == DLOCK_WAIT_TRY ? "acquire" : "waiting for the lock",
+              until);
+    *granted_ns = req->wait == DLOCK_WAIT_TRY ? start : dlock_monotonic_ns();
     if (err == DLOCK_ETIMEDOUT) {
         undo_late_grant(pc, s, key);
         return dlock_seterr(cl(pc), DLOCK_ETIMEDOUT,
@@ -476,14 +627,14 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     struct pg_conn *pc = (struct pg_conn *)conn;
     struct pg_session *s = NULL;
     struct pg_held *h;
-    uint64_t token = 0;
+    uint64_t token = 0, granted = 0;
     int64_t key = dlock_pg_key(pc->namespace, req->name, req->name_len);
     int err, opened;
     for (int attempt = 0;; attempt++) {
         if ((err = session_take(pc, &s, &opened)) != 0)
             return err;
         s->busy = 1; /* while we wait too */
-        err = acquire_on(pc, s, req, key, &token);
+        err = acquire_on(pc, s, req, key, &token, &granted);
         if (err == 0)
             break;
         s->busy = 0;
@@ -495,10 +646,12 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
                 session_scrub(pc, s);
             return err;
         }
-        session_close(s);
         /* A pooled session that had died while idle ran nothing: retry
-         * once on a new one. */
-        if (opened || attempt > 0)
+         * once on a new one. One closed for want of a reply may have run
+         * it: no retry (closing it freed whatever it was granted). */
+        int silent = s->timed_out_ms != 0;
+        session_close(s);
+        if (opened || attempt > 0 || silent || err == DLOCK_ETIMEDOUT)
             return err;
         dlock_clearerr(conn->client);
     }
@@ -510,19 +663,31 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     h->base.token = token;
     h->key = key;
     h->s = s;
+    h->lease_end_ns = granted + (uint64_t)req->ttl_ms * MS;
+    if (req->wait != DLOCK_WAIT_TRY) /* the server's idle timer started about now */
+        h->base.lease_end_ns = h->lease_end_ns;
     *heldp = &h->base;
     return 0;
 }
 
-/* The lock is gone with its session (idle_session_timeout, killed, cut).
- * The pool slot is freed for reuse, so the handle lets go of it. */
+/* Why a held lock's session is gone, for messages. */
+static const char *lost_why(const struct pg_held *h)
+{
+    if (h->s && h->s->timed_out_ms)
+        return "the session holding the lock was closed after the server did not answer in time";
+    return "the session holding the lock ended (lease ran out or connection lost)";
+}
+
+/* The lock is gone with its session (idle_session_timeout, killed, cut,
+ * or closed by a timeout). The pool slot is freed for reuse, so the handle
+ * lets go of it. Application thread only: it changes the pool. */
 static int session_lost(struct pg_conn *pc, struct pg_held *h)
 {
+    int err = dlock_seterr(cl(pc), DLOCK_ELOST, "%s", lost_why(h));
     if (h->s)
         session_close(h->s);
     h->s = NULL;
-    return dlock_seterr(cl(pc), DLOCK_ELOST,
-                        "the session holding the lock ended (lease ran out or connection lost)");
+    return err;
 }
 
 static int pg_release(dlock_conn *conn, dlock_held *held)
@@ -535,14 +700,17 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
     /* The idle timer stays set: the pooled session may die of it while
      * unused, which the next acquire notices and survives; resetting it
      * here would cost every release a statement. */
-    if (!h->s) { /* already lost, and reported by a renew */
+    if (!h->s || !h->s->pg) { /* lost earlier (a renew or the keeper saw it) */
+        err = session_lost(pc, h);
         free(h);
-        return dlock_seterr(conn->client, DLOCK_ELOST,
-                            "the session holding the lock ended (lease ran out or connection lost)");
+        return err;
     }
     snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%" PRId64 ")", h->key);
-    err = run(pc, h->s, sql, 0, &r, "release");
-    if (err && PQstatus(h->s->pg) != CONNECTION_OK) {
+    err = run(pc, h->s, sql, 0, &r, "release", after_timeout(pc));
+    if (err && h->s->timed_out_ms) {
+        /* Closing the session frees the lock once the server notices. */
+        session_close(h->s);
+    } else if (err && PQstatus(h->s->pg) != CONNECTION_OK) {
         err = session_lost(pc, h);
     } else if (err == 0) {
         int mine = PQgetvalue(r, 0, 0)[0] == 't';
@@ -558,30 +726,76 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
     return err;
 }
 
-static int pg_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
+/* Resets the lease of h's session to ttl_ms (any statement restarts the
+ * idle timer; the SET gives it the new TTL) and checks the lock is still
+ * held there. 0, DLOCK_ELOST (not held), or run()'s error. Touches only
+ * h's own session: safe on the keeper's thread. */
+static int renew_on(struct pg_conn *pc, struct pg_held *h, uint32_t ttl_ms, uint64_t until_ns)
 {
-    struct pg_conn *pc = (struct pg_conn *)conn;
-    struct pg_held *h = (struct pg_held *)held;
     char sql[320];
     PGresult *r = NULL;
-    uint64_t u = (uint64_t)h->key;
-    if (!h->s || !h->s->pg)
-        return session_lost(pc, h);
-    /* Any statement restarts the idle timer; the SET gives it the new TTL. */
+    uint64_t u = (uint64_t)h->key, sent = dlock_monotonic_ns();
     snprintf(sql, sizeof sql,
              "SET idle_session_timeout = %" PRIu32 "; SELECT count(*) FROM pg_locks WHERE"
              " locktype = 'advisory' AND pid = pg_backend_pid() AND classid = %" PRIu64
              " AND objid = %" PRIu64 " AND objsubid = 1 AND granted",
              ttl_ms, u >> 32, u & 0xffffffffu);
-    int err = run(pc, h->s, sql, 1, &r, "renew");
-    if (err && PQstatus(h->s->pg) != CONNECTION_OK)
-        return session_lost(pc, h);
+    int err = run(pc, h->s, sql, 1, &r, "renew", until_ns);
     if (err)
         return err;
     h->s->idle_ms = ttl_ms;
     int held_now = strcmp(PQgetvalue(r, 0, 0), "1") == 0;
     PQclear(r);
-    return held_now ? 0 : dlock_seterr(conn->client, DLOCK_ELOST, "the session no longer holds the lock");
+    if (!held_now)
+        return dlock_seterr(cl(pc), DLOCK_ELOST, "the session no longer holds the lock");
+    h->lease_end_ns = sent + (uint64_t)ttl_ms * MS;
+    return 0;
+}
+
+static int pg_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    struct pg_held *h = (struct pg_held *)held;
+    if (!h->s || !h->s->pg)
+        return session_lost(pc, h);
+    int err = renew_on(pc, h, ttl_ms, after_timeout(pc));
+    if (err && h->s->timed_out_ms)
+        return dlock_seterr(conn->client, DLOCK_ECONNECT,
+                            "postgresql: renew: no reply from the server within %" PRIu64
+                            " ms; the session was closed, and the lock is lost with it",
+                            h->s->timed_out_ms);
+    if (err && PQstatus(h->s->pg) != CONNECTION_OK)
+        return session_lost(pc, h);
+    return err;
+}
+
+/* The keeper's renewal: as renew, on the lock's own session, but bounded
+ * by the lease's end too (no reply by then: the lease is over anyway).
+ * A session it has to give up is closed but keeps its pool slot, and
+ * `busy` is never touched here: the pool belongs to the application's
+ * thread, where release() frees the slot. */
+static int pg_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    struct pg_held *h = (struct pg_held *)held;
+    uint64_t now = dlock_monotonic_ns(), until = now + pc->timeout_ms * MS;
+    if (!h->s || !h->s->pg)
+        return dlock_seterr(conn->client, DLOCK_ELOST, "%s", lost_why(h));
+    if (now >= h->lease_end_ns)
+        return dlock_seterr(conn->client, DLOCK_EEXPIRED,
+                            "postgresql: the lease had run out before it could be renewed");
+    if (h->lease_end_ns < until)
+        until = h->lease_end_ns;
+    int err = renew_on(pc, h, ttl_ms, until);
+    if (err && h->s->timed_out_ms)
+        return dlock_seterr(conn->client, DLOCK_EEXPIRED,
+                            "postgresql: no reply to the renewal within %" PRIu64
+                            " ms%s; the session was closed, and the lock is lost with it",
+                            h->s->timed_out_ms, until < now + pc->timeout_ms * MS
+                                                    ? " (the lease's end)" : "");
+    if (err && PQstatus(h->s->pg) != CONNECTION_OK)
+        return dlock_seterr(conn->client, DLOCK_ELOST, "%s", lost_why(h));
+    return err;
 }
 
 static int pg_ping(dlock_conn *conn)
@@ -593,14 +807,16 @@ static int pg_ping(dlock_conn *conn)
     for (int attempt = 0; attempt < 2; attempt++) {
         if ((err = session_take(pc, &s, &opened)) != 0)
             return err;
-        if ((err = run(pc, s, "SELECT 1", 0, &r, "ping")) == 0) {
+        if ((err = run(pc, s, "SELECT 1", 0, &r, "ping", after_timeout(pc))) == 0) {
             PQclear(r);
             return 0;
         }
-        if (PQstatus(s->pg) == CONNECTION_OK || opened)
+        if (PQstatus(s->pg) == CONNECTION_OK || opened || s->timed_out_ms)
             break;
         session_close(s); /* died while pooled: once more on a new one */
     }
+    if (s->timed_out_ms)
+        session_close(s);
     return err;
 }
 
@@ -617,4 +833,5 @@ const dlock_backend dlock_postgres_backend = {
     .release = pg_release,
     .renew = pg_renew,
     .ping = pg_ping,
+    .keep = pg_keep,
 };

@@ -3,13 +3,17 @@
  * could confuse (longer than its column, differing only by case), a timed
  * out wait that must leave nothing behind, a holder whose session is
  * killed, the lease (wait_timeout), two locks on one client, a holder
- * process killed after its grant (tokens), the unix socket, and URI
- * options.
+ * process killed after its grant (tokens), the unix socket, URI
+ * options; client-side bounds (a listener that never answers, a network
+ * that goes silent behind a proxy); the keeper renewing on the lock's own
+ * session while the client waits for another lock, and a grant after a
+ * wait longer than the TTL.
  *
  * Environment (scripts/stores/start.sh prints it): DLOCK_MYSQL_URI. A
  * missing variable fails the run: these cases never skip silently.
  */
 #include <mysql.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +26,7 @@
 #include "core/sha256.h"
 #include "core/uri.h"
 #include "dlock_backend.h"
+#include "tests/proxy.h"
 #include "tests/tap.h"
 #include "tests/util.h"
 
@@ -409,6 +414,193 @@ static void test_socket(void)
     dlock_uri_free(pu);
 }
 
+/* A loopback listener that completes TCP handshakes (the kernel does, from
+ * its backlog) and never says a word: a server that accepts and hangs. */
+static int silent_listener(int *port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 16) < 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &alen) < 0) {
+        printf("Bail out! cannot start a silent listener\n");
+        exit(1);
+    }
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static void test_silent_server_connect(void)
+{
+    int port, fd = silent_listener(&port);
+    char u[256];
+    dlock_client *c = NULL;
+    snprintf(u, sizeof u, "mysql://dlock:x@127.0.0.1:%d/dlock?connect_timeout=1000&timeout=5000",
+             port);
+    uint64_t t0 = dlock_monotonic_ns();
+    int rc = dlock_client_open(u, &c);
+    double el = ms_since(t0);
+    is_int(rc, DLOCK_ECONNECT, "a server that accepts and never answers: open → ECONNECT");
+    ok(el >= 900 && el < 1000 + 3000, "within connect_timeout=1000, not timeout=5000 (%.0f ms): %s",
+       el, dlock_errmsg(c));
+    dlock_client_close(c);
+    close(fd);
+}
+
+/* Every call through a network that goes silent (the proxy keeps the
+ * connections open and forwards nothing) returns within its bound. */
+static void test_silent_network(void)
+{
+    struct proxy p;
+    char pu[1024], a[128], b[128], y1[128], y2[128], z[128];
+    dlock_lock *la = NULL, *lb = NULL, *l1 = NULL, *l2 = NULL, *lz = NULL;
+    const uint64_t timeout = 1000, connect = 1000, slack = 3000;
+    proxy_for_uri(&p, uri);
+    proxy_uri(&p, uri, "timeout=1000&connect_timeout=1000", pu, sizeof pu);
+    name_of(a, sizeof a, "silent-a");
+    name_of(b, sizeof b, "silent-b");
+    name_of(y1, sizeof y1, "silent-y1");
+    name_of(y2, sizeof y2, "silent-y2");
+    name_of(z, sizeof z, "silent-z");
+    dlock_client *c = open_ok(pu);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 3000);
+    is_int(dlock_acquire(c, a, &o, &la), 0, "through the proxy: acquire A");
+    is_int(dlock_acquire(c, b, &o, &lb), 0, "and B");
+    /* Two idle sessions in the pool, for the try below. */
+    is_int(dlock_acquire(c, y1, &o, &l1), 0, "and two more, released: two pooled sessions");
+    is_int(dlock_acquire(c, y2, &o, &l2), 0, "(the second)");
+    dlock_release(l1);
+    dlock_release(l2);
+
+    proxy_set(&p, PROXY_BLACKHOLE);
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_acquire(c, z, &o, &lz), DLOCK_ECONNECT, "silent network: a try → ECONNECT");
+    double el = ms_since(t0);
+    /* No KILL QUERY for a try, which would wait on the silent control
+     * session as long again. */
+    ok(el >= timeout - 50 && el < 2 * timeout - 100,
+       "after the timeout, nothing else waited for (%.0f ms; timeout %llu ms): %s", el,
+       (unsigned long long)timeout, dlock_errmsg(c));
+    ok(strstr(dlock_errmsg(c), "no reply") != NULL, "the message says the server did not answer");
+    t0 = dlock_monotonic_ns();
+    is_int(dlock_renew(la, 3000), DLOCK_ECONNECT, "renew → ECONNECT");
+    el = ms_since(t0);
+    ok(el < timeout + slack, "within the timeout (%.0f ms): %s", el, dlock_errmsg(c));
+    ok(strstr(dlock_errmsg(c), "lost") != NULL, "saying the lock is lost with its session");
+    t0 = dlock_monotonic_ns();
+    int rc = dlock_release(lb);
+    el = ms_since(t0);
+    ok(rc == DLOCK_ECONNECT, "release → ECONNECT (%s)", dlock_err_name(rc));
+    ok(el < timeout + slack, "within the timeout (%.0f ms): %s", el, dlock_errmsg(c));
+    t0 = dlock_monotonic_ns();
+    is_int(dlock_client_ping(c), DLOCK_ECONNECT, "ping → ECONNECT");
+    el = ms_since(t0);
+    ok(el < 2 * timeout - 100, "within the timeout, not retried on a new session (%.0f ms): %s", el,
+       dlock_errmsg(c));
+    t0 = dlock_monotonic_ns();
+    is_int(dlock_client_ping(c), DLOCK_ECONNECT, "ping on a new control session → ECONNECT");
+    el = ms_since(t0);
+    ok(el < connect + slack, "within connect_timeout (%.0f ms): %s", el, dlock_errmsg(c));
+    t0 = dlock_monotonic_ns();
+    dlock_client *d = NULL;
+    is_int(dlock_client_open(pu, &d), DLOCK_ECONNECT, "open through the silent network → ECONNECT");
+    el = ms_since(t0);
+    ok(el < connect + slack, "within connect_timeout (%.0f ms): %s", el, dlock_errmsg(d));
+    dlock_client_close(d);
+    is_int(dlock_release(la), DLOCK_ELOST, "A, whose renew closed its session: release → ELOST");
+    t0 = dlock_monotonic_ns();
+    dlock_client_close(c);
+    ok(ms_since(t0) < 1000, "close returns at once (%.0f ms)", ms_since(t0));
+    proxy_stop(&p);
+    /* The server rolls back once the proxy closes the sessions. */
+    dlock_client *e = open_ok(uri);
+    o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, 0);
+    is_int(dlock_acquire(e, a, &o, &la), 0, "A is free on the server afterwards");
+    is_int(dlock_acquire(e, b, &o, &lb), 0, "and B");
+    dlock_client_close(e);
+}
+
+static int lost_calls;
+
+static void count_lost(dlock_lock *lock, int err, void *user)
+{
+    (void)lock, (void)err, (void)user;
+    __atomic_add_fetch(&lost_calls, 1, __ATOMIC_SEQ_CST);
+}
+
+/* The keeper renews A on A's own session while the same client waits for
+ * B on another: a 1 s lease lives through a 5 s wait. */
+static void test_keep_while_waiting(void)
+{
+    char a[128], b[128];
+    name_of(a, sizeof a, "keep-a");
+    name_of(b, sizeof b, "keep-b");
+    dlock_client *c = open_ok(uri), *other = open_ok(uri);
+    dlock_lock *la = NULL, *lb = NULL, *ob = NULL, *oa = NULL;
+    is_int(try_lock(other, b, &ob), 0, "another client holds B");
+    lost_calls = 0;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 1000);
+    o.keep = 1;
+    o.on_lost = count_lost;
+    is_int(dlock_acquire(c, a, &o, &la), 0, "A acquired with keep, TTL 1000 ms");
+    uint64_t t0 = dlock_monotonic_ns();
+    o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, 0);
+    is_int(dlock_acquire(c, b, &o, &lb), DLOCK_ETIMEDOUT, "the same client waits 5 s for B");
+    ok(ms_since(t0) >= 4900, "(%.0f ms)", ms_since(t0));
+    is_int(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 0, "A was not reported lost");
+    is_int(dlock_lock_lost(la), 0, "dlock_lock_lost(A) = 0");
+    is_int(try_lock(other, a, &oa), DLOCK_EBUSY, "A is still held on the server");
+    is_int(dlock_renew(la, 1000), 0, "and renews");
+    is_int(dlock_release(la), 0, "and releases");
+    dlock_release(ob);
+    dlock_client_close(c);
+    dlock_client_close(other);
+}
+
+struct later {
+    dlock_lock *lock;
+    unsigned ms;
+};
+
+static void *release_later(void *arg)
+{
+    struct later *l = arg;
+    sleep_ms(l->ms);
+    dlock_release(l->lock);
+    return NULL;
+}
+
+/* The grant comes 3 TTLs after the acquire started: its lease counts from
+ * the grant, not from the start, so the keeper does not report it lost. */
+static void test_keep_after_long_wait(void)
+{
+    char name[128];
+    name_of(name, sizeof name, "keep-wait");
+    dlock_client *c = open_ok(uri), *other = open_ok(uri);
+    dlock_lock *l = NULL, *ol = NULL;
+    is_int(try_lock(other, name, &ol), 0, "another client holds the lock");
+    struct later rel = {ol, 3000};
+    pthread_t th;
+    pthread_create(&th, NULL, release_later, &rel);
+    lost_calls = 0;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, 1000);
+    o.keep = 1;
+    o.on_lost = count_lost;
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_acquire(c, name, &o, &l), 0, "kept acquire with TTL 1000 ms waits for it");
+    double el = ms_since(t0);
+    ok(el >= 2900, "granted after %.0f ms, about 3 TTLs", el);
+    pthread_join(th, NULL);
+    ok(l && dlock_lock_expires_ns(l) > dlock_monotonic_ns() + 500 * MS,
+       "its lease counts from the grant");
+    sleep_ms(1000);
+    is_int(dlock_lock_lost(l), 0, "a TTL later it is not lost");
+    is_int(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 0, "and on_lost was not called");
+    is_int(dlock_release(l), 0, "release");
+    dlock_client_close(c);
+    dlock_client_close(other);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -426,6 +618,10 @@ int main(void)
     test_token_after_death();
     test_options();
     test_socket();
+    test_silent_server_connect();
+    test_silent_network();
+    test_keep_while_waiting();
+    test_keep_after_long_wait();
 
     mysql_close(raw);
     mysql_library_end();

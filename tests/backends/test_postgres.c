@@ -1,12 +1,17 @@
 /*
  * PostgreSQL-only cases, against a real server: the documented key formula
  * (checked against the server's own sha256()), the lock_timeout grant race,
- * a terminated session reported as lost, no stacking, deadlocks, options.
+ * a terminated session reported as lost, no stacking, deadlocks, options;
+ * client-side bounds (a listener that never answers, a network that goes
+ * silent behind a proxy); the keeper renewing on the lock's own session
+ * while the client waits for another lock, and a grant after a wait longer
+ * than the TTL.
  *
  * Environment: DLOCK_POSTGRES_URI (scripts/stores/start.sh prints it); a
  * missing variable fails the run.
  */
 #include <libpq-fe.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +22,7 @@
 
 #include "core/uri.h"
 #include "dlock_backend.h"
+#include "tests/proxy.h"
 #include "tests/tap.h"
 #include "tests/util.h"
 
@@ -366,8 +372,209 @@ static void test_options(void)
     is_int(dlock_client_open(u, &c), DLOCK_EBADURI, "malformed connect_timeout → EBADURI");
     dlock_client_close(c);
     c = NULL;
+    snprintf(u, sizeof u, "postgresql://dlock@127.0.0.1:1/dlock?timeout=0");
+    is_int(dlock_client_open(u, &c), DLOCK_EBADURI, "timeout=0 → EBADURI");
+    ok(strstr(dlock_errmsg(c), "timeout") != NULL, "naming the option: %s", dlock_errmsg(c));
+    dlock_client_close(c);
+    c = NULL;
     is_int(dlock_client_open("postgresql:///dlock", &c), DLOCK_EBADURI, "no host → EBADURI");
     dlock_client_close(c);
+}
+
+static double ms_since(uint64_t t0)
+{
+    return (double)(dlock_monotonic_ns() - t0) / 1e6;
+}
+
+/* A loopback listener that completes TCP handshakes (the kernel does, from
+ * its backlog) and never says a word: a server that accepts and hangs. */
+static int silent_listener(int *port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 16) < 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &alen) < 0) {
+        printf("Bail out! cannot start a silent listener\n");
+        exit(1);
+    }
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* libpq counts connect_timeout in whole seconds, at least 2. */
+static void test_silent_server_connect(void)
+{
+    int port, fd = silent_listener(&port);
+    char u[256];
+    dlock_client *c = NULL;
+    snprintf(u, sizeof u, "postgresql://dlock@127.0.0.1:%d/dlock?connect_timeout=2000", port);
+    uint64_t t0 = dlock_monotonic_ns();
+    int rc = dlock_client_open(u, &c);
+    double el = ms_since(t0);
+    is_int(rc, DLOCK_ECONNECT, "a server that accepts and never answers: open → ECONNECT");
+    ok(el >= 1500 && el < 2000 + 3000, "within connect_timeout=2000 (%.0f ms): %s", el,
+       dlock_errmsg(c));
+    dlock_client_close(c);
+    close(fd);
+}
+
+/* Every call through a network that goes silent (the proxy keeps the
+ * connections open and forwards nothing) returns within its bound. */
+static void test_silent_network(void)
+{
+    struct proxy p;
+    char pu[1024], a[128], b[128], y1[128], y2[128], z[128];
+    dlock_lock *la = NULL, *lb = NULL, *l1 = NULL, *l2 = NULL, *lz = NULL;
+    const uint64_t timeout = 1000, connect = 2000, slack = 3000;
+    proxy_for_uri(&p, uri);
+    proxy_uri(&p, uri, "timeout=1000&connect_timeout=2000", pu, sizeof pu);
+    snprintf(a, sizeof a, "%ssilent-a", prefix);
+    snprintf(b, sizeof b, "%ssilent-b", prefix);
+    snprintf(y1, sizeof y1, "%ssilent-y1", prefix);
+    snprintf(y2, sizeof y2, "%ssilent-y2", prefix);
+    snprintf(z, sizeof z, "%ssilent-z", prefix);
+    dlock_client *c = open_ok(pu);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 3000);
+    is_int(dlock_acquire(c, a, &o, &la), 0, "through the proxy: acquire A");
+    is_int(dlock_acquire(c, b, &o, &lb), 0, "and B");
+    /* Two idle sessions in the pool, for the try and the ping below. */
+    is_int(dlock_acquire(c, y1, &o, &l1), 0, "and two more, released: two pooled sessions");
+    is_int(dlock_acquire(c, y2, &o, &l2), 0, "(the second)");
+    dlock_release(l1);
+    dlock_release(l2);
+
+    proxy_set(&p, PROXY_BLACKHOLE);
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_acquire(c, z, &o, &lz), DLOCK_ECONNECT, "silent network: a try → ECONNECT");
+    double el = ms_since(t0);
+    /* Not retried on a new session: that would wait as long again. */
+    ok(el >= timeout - 50 && el < 2 * timeout - 100,
+       "after the timeout, not retried (%.0f ms; timeout %llu ms): %s", el,
+       (unsigned long long)timeout, dlock_errmsg(c));
+    ok(strstr(dlock_errmsg(c), "no reply") != NULL, "the message says the server did not answer");
+    t0 = dlock_monotonic_ns();
+    is_int(dlock_renew(la, 3000), DLOCK_ECONNECT, "renew → ECONNECT");
+    el = ms_since(t0);
+    ok(el < timeout + slack, "within the timeout (%.0f ms): %s", el, dlock_errmsg(c));
+    ok(strstr(dlock_errmsg(c), "lost") != NULL, "saying the lock is lost with its session");
+    t0 = dlock_monotonic_ns();
+    int rc = dlock_release(lb);
+    el = ms_since(t0);
+    ok(rc == DLOCK_ECONNECT, "release → ECONNECT (%s)", dlock_err_name(rc));
+    ok(el < timeout + slack, "within the timeout (%.0f ms): %s", el, dlock_errmsg(c));
+    t0 = dlock_monotonic_ns();
+    is_int(dlock_client_ping(c), DLOCK_ECONNECT, "ping → ECONNECT");
+    el = ms_since(t0);
+    ok(el < 2 * timeout - 100, "within the timeout, not retried (%.0f ms): %s", el,
+       dlock_errmsg(c));
+    t0 = dlock_monotonic_ns();
+    is_int(dlock_client_ping(c), DLOCK_ECONNECT, "ping with no pooled session left → ECONNECT");
+    el = ms_since(t0);
+    ok(el < connect + slack, "within connect_timeout (%.0f ms): %s", el, dlock_errmsg(c));
+    t0 = dlock_monotonic_ns();
+    dlock_client *d = NULL;
+    is_int(dlock_client_open(pu, &d), DLOCK_ECONNECT, "open through the silent network → ECONNECT");
+    el = ms_since(t0);
+    ok(el < connect + slack, "within connect_timeout (%.0f ms): %s", el, dlock_errmsg(d));
+    dlock_client_close(d);
+    is_int(dlock_release(la), DLOCK_ELOST, "A, whose renew closed its session: release → ELOST");
+    t0 = dlock_monotonic_ns();
+    dlock_client_close(c);
+    ok(ms_since(t0) < 1000, "close returns at once (%.0f ms)", ms_since(t0));
+    proxy_stop(&p);
+    /* The server ends the sessions once the proxy closes them. */
+    int64_t ka = dlock_pg_key(NULL, a, strlen(a)), kb = dlock_pg_key(NULL, b, strlen(b));
+    int freed = 0;
+    for (int i = 0; i < 50 && !freed; i++) {
+        freed = key_free(ka) && key_free(kb);
+        if (!freed)
+            sleep_ms(100);
+    }
+    ok(freed, "A and B are free on the server afterwards");
+}
+
+static int lost_calls;
+
+static void count_lost(dlock_lock *lock, int err, void *user)
+{
+    (void)lock, (void)err, (void)user;
+    __atomic_add_fetch(&lost_calls, 1, __ATOMIC_SEQ_CST);
+}
+
+/* The keeper renews A on A's own session while the same client waits for
+ * B on another: a 1 s lease lives through a 5 s wait. */
+static void test_keep_while_waiting(void)
+{
+    char a[128], b[128];
+    snprintf(a, sizeof a, "%skeep-a", prefix);
+    snprintf(b, sizeof b, "%skeep-b", prefix);
+    dlock_client *c = open_ok(uri), *other = open_ok(uri);
+    dlock_lock *la = NULL, *lb = NULL, *ob = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
+    is_int(dlock_acquire(other, b, &o, &ob), 0, "another client holds B");
+    lost_calls = 0;
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 1000);
+    o.keep = 1;
+    o.on_lost = count_lost;
+    is_int(dlock_acquire(c, a, &o, &la), 0, "A acquired with keep, TTL 1000 ms");
+    uint64_t t0 = dlock_monotonic_ns();
+    o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, 0);
+    is_int(dlock_acquire(c, b, &o, &lb), DLOCK_ETIMEDOUT, "the same client waits 5 s for B");
+    ok(ms_since(t0) >= 4900, "(%.0f ms)", ms_since(t0));
+    is_int(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 0, "A was not reported lost");
+    is_int(dlock_lock_lost(la), 0, "dlock_lock_lost(A) = 0");
+    ok(!key_free(dlock_pg_key(NULL, a, strlen(a))), "A is still held on the server");
+    is_int(dlock_renew(la, 1000), 0, "and renews");
+    is_int(dlock_release(la), 0, "and releases");
+    dlock_release(ob);
+    dlock_client_close(c);
+    dlock_client_close(other);
+}
+
+struct later {
+    dlock_lock *lock;
+    unsigned ms;
+};
+
+static void *release_later(void *arg)
+{
+    struct later *l = arg;
+    sleep_ms(l->ms);
+    dlock_release(l->lock);
+    return NULL;
+}
+
+/* The grant comes 3 TTLs after the acquire started: its lease counts from
+ * the grant, not from the start, so the keeper does not report it lost. */
+static void test_keep_after_long_wait(void)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%skeep-wait", prefix);
+    dlock_client *c = open_ok(uri), *other = open_ok(uri);
+    dlock_lock *l = NULL, *ol = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
+    is_int(dlock_acquire(other, name, &o, &ol), 0, "another client holds the lock");
+    struct later rel = {ol, 3000};
+    pthread_t th;
+    pthread_create(&th, NULL, release_later, &rel);
+    lost_calls = 0;
+    o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, 1000);
+    o.keep = 1;
+    o.on_lost = count_lost;
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_acquire(c, name, &o, &l), 0, "kept acquire with TTL 1000 ms waits for it");
+    double el = ms_since(t0);
+    ok(el >= 2900, "granted after %.0f ms, about 3 TTLs", el);
+    pthread_join(th, NULL);
+    ok(l && dlock_lock_expires_ns(l) > dlock_monotonic_ns() + 500 * MS,
+       "its lease counts from the grant");
+    sleep_ms(1000);
+    is_int(dlock_lock_lost(l), 0, "a TTL later it is not lost");
+    is_int(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 0, "and on_lost was not called");
+    is_int(dlock_release(l), 0, "release");
+    dlock_client_close(c);
+    dlock_client_close(other);
 }
 
 int main(void)
@@ -387,6 +594,10 @@ int main(void)
     test_pooled_session_expired();
     test_sequence_tokens();
     test_options();
+    test_silent_server_connect();
+    test_silent_network();
+    test_keep_while_waiting();
+    test_keep_after_long_wait();
     PQfinish(raw);
     return done_testing();
 }
