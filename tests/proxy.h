@@ -153,11 +153,13 @@ static inline void proxy_main_(struct proxy_run_ *r)
         ctl->seen = gen;
         for (int u = 0; u < p->n; u++)
             fds[n++] = (struct pollfd){.fd = r->lfd[u], .events = POLLIN};
-        /* A black hole reads nothing: the bytes wait in the buffers. */
+        /* A black hole reads nothing (the bytes wait in the buffers) and
+         * does not even look at its pairs: a peer that hung up would make
+         * poll() return at once, forever. */
         for (int i = 0; i < np; i++) {
-            int ev = mode == PROXY_BLACKHOLE ? 0 : POLLIN;
-            fds[n++] = (struct pollfd){.fd = r->pair[i].c, .events = (short)ev};
-            fds[n++] = (struct pollfd){.fd = r->pair[i].s, .events = (short)ev};
+            int skip = mode == PROXY_BLACKHOLE;
+            fds[n++] = (struct pollfd){.fd = skip ? -1 : r->pair[i].c, .events = POLLIN};
+            fds[n++] = (struct pollfd){.fd = skip ? -1 : r->pair[i].s, .events = POLLIN};
         }
         if (poll(fds, (nfds_t)n, 20) < 0)
             continue;

@@ -2,6 +2,12 @@
  * dlock(1): run a command while holding a distributed lock, in the spirit of
  * flock(1); `dlock bench` is dispatched to bench/.
  *
+ * The lock is acquired with .keep: the library's keeper renews (or checks)
+ * it on its own threads, and its loss callback wakes the main loop, which
+ * does nothing but wait for the command, pass signals on and, on a loss,
+ * stop the command's whole process group. No store call runs on the main
+ * thread while the command runs, so a silent store never delays the stop.
+ *
  * Exit statuses follow sysexits(3) for dlock's own failures and the shell's
  * conventions for the command's (its status, 128+N on signal N, 126/127 when
  * it cannot be run), so that scripts can tell "lock busy" (75) from "the job
@@ -22,11 +28,11 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <sysexits.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "dlock.h"
-#include "dlock_backend.h" /* DLOCK_CAP_* for dlock_client_caps() */
 #ifdef DLOCK_HAVE_BENCH
 #include "bench/bench.h"
 #endif
@@ -35,6 +41,13 @@
 #define PROCEED (-1)
 /* Longest name or command shown in a message; the rest becomes "...". */
 #define SHOWN_MAX 200
+/* After a loss the command's group gets SIGTERM, and SIGKILL this much later. */
+#define GRACE_DEFAULT_S 5.0
+/* How long to wait for a SIGKILLed group to be gone before exiting anyway. */
+#define REAP_AFTER_KILL_NS 1000000000ull
+/* How often to look whether a stopping group is empty (its members are not
+ * all dlock's children, so SIGCHLD alone cannot tell). */
+#define GROUP_POLL_NS 20000000ull
 
 struct run_args {
     const char *uri;  /* NULL: the default store */
@@ -42,21 +55,23 @@ struct run_args {
     char **command;   /* NULL-terminated argv of the command */
     dlock_acquire_opts acq;
     double wait_s;    /* the -w value, for the timeout message */
+    double grace_s;   /* the -G value, for messages */
+    uint64_t grace_ns; /* UINT64_MAX: never SIGKILL */
+    const char *password_file;
 };
 
-/* What run_command() learnt about the lock while the command ran. */
+/* The command as it runs under the lock. */
 struct job {
     const struct run_args *ra;
     dlock_lock *lock;
-    int renew_failing; /* a renew failure was reported; do not repeat it */
-    int lost;          /* the loss was reported and the command told to stop */
-    uint64_t lease_end; /* when the lease runs out unless renewed */
-    uint64_t kill_at;   /* SIGKILL the command then (0: not stopping it) */
-    int no_checks;      /* the backend has no renew: nothing to check */
+    int wake[2];        /* on_lost writes to wake[1]: the main loop wakes */
+    int tty;            /* dlock's terminal (job control followed), or -1 */
+    char **envp;        /* the command's environment */
+    char *own_env[3];   /* its DLOCK_TOKEN, DLOCK_NAME and DLOCK_URI entries */
+    int lost;           /* the loss was reported and the group told to stop */
+    uint64_t kill_at;   /* SIGKILL the group then (0: none due; UINT64_MAX: never) */
+    uint64_t give_up_at; /* after SIGKILL: stop waiting for the group then */
 };
-
-/* After a lost lock the command gets SIGTERM, and SIGKILL this much later. */
-#define STOP_GRACE_NS (5 * 1000000000ull)
 
 static const int forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
@@ -64,7 +79,8 @@ static const int forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUS
 static struct sigaction startup_action[NSIG];
 static sigset_t startup_mask;
 
-/* Read by the forwarding handler; only changed while the handler is blocked. */
+/* The command's process group (its pid), read by the forwarding handler;
+ * only changed while the handler is blocked. */
 static volatile sig_atomic_t child_pid;
 
 /* Printable copies, so that every message stays on one line. */
@@ -86,21 +102,28 @@ static void say(const char *fmt, ...)
 static void print_usage(FILE *f)
 {
     fputs("Usage:\n"
-          "  dlock run [-w SECONDS | -n] [--ttl MS] [URI] NAME -- COMMAND [ARGS...]\n"
+          "  dlock run [-w SECONDS | -n] [--ttl MS] [-G SECONDS]\n"
+          "            [--password-file FILE] [URI] NAME -- COMMAND [ARGS...]\n"
           "  dlock bench [OPTIONS...] URI [URI...]    (see 'dlock bench --help')\n"
           "  dlock help | --help | --version\n"
           "\n"
           "Run COMMAND while holding the lock NAME of the store named by URI.\n"
           "\n"
           "Options of run:\n"
-          "  -w, --wait SECONDS  give up after SECONDS (fractions allowed)\n"
-          "  -n, --nonblock      give up at once if the lock is held\n"
-          "      --ttl MS        lease on stores with leases (default 30000),\n"
-          "                      renewed while COMMAND runs\n"
-          "  -h, --help          show this help\n"
+          "  -w, --wait SECONDS    give up after SECONDS (fractions allowed)\n"
+          "  -n, --nonblock        give up at once if the lock is held\n"
+          "      --ttl MS          lease on stores with leases (default 30000),\n"
+          "                        renewed every MS/3 while COMMAND runs\n"
+          "  -G, --grace SECONDS   if the lock is lost, SIGKILL COMMAND's process\n"
+          "                        group this long after SIGTERM (default 5; 0:\n"
+          "                        SIGKILL at once)\n"
+          "      --password-file FILE  the store's password is FILE's first line\n"
+          "                        (else $DLOCK_PASSWORD, else the URI's)\n"
+          "  -h, --help            show this help\n"
           "\n"
           "URI defaults to $DLOCK_URI, else file://$XDG_RUNTIME_DIR/dlock,\n"
-          "else file:///tmp/dlock-$UID. COMMAND gets DLOCK_TOKEN and DLOCK_NAME.\n"
+          "else file:///tmp/dlock-$UID. COMMAND runs in a process group of its\n"
+          "own and gets DLOCK_TOKEN, DLOCK_NAME and DLOCK_URI (without its password).\n"
           "\n"
           "Exit status: COMMAND's (128+N if killed by signal N); 64 usage or URI\n"
           "error; 69 store unreachable; 70 other error or lock lost; 75 lock not\n"
@@ -111,7 +134,10 @@ static void print_usage(FILE *f)
 /* Help and version go to stdout: a full disk or closed pipe is an error. */
 static int finish_stdout(void)
 {
-    return fclose(stdout) == 0 ? EX_OK : EX_SOFTWARE;
+    if (fclose(stdout) == 0)
+        return EX_OK;
+    say("cannot write to standard output: %s", strerror(errno));
+    return EX_SOFTWARE;
 }
 
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -166,18 +192,33 @@ static int parse_ttl(const char *s, uint32_t *out)
     return 0;
 }
 
+/* Seconds as nanoseconds; UINT64_MAX ("never") when they overflow. */
+static uint64_t seconds_ns(double seconds)
+{
+    double ns = seconds * 1e9;
+
+    return ns >= 18e18 ? UINT64_MAX : (uint64_t)ns;
+}
+
+/* now + ns, or UINT64_MAX ("never") when that overflows the clock. */
+static uint64_t after_ns(uint64_t ns)
+{
+    uint64_t now = dlock_monotonic_ns();
+
+    return ns >= UINT64_MAX - now ? UINT64_MAX : now + ns;
+}
+
 /* An absolute deadline, or waiting forever when S seconds overflow the clock. */
 static void set_deadline(dlock_acquire_opts *acq, double seconds)
 {
-    uint64_t now = dlock_monotonic_ns();
-    double ns = seconds * 1e9;
+    uint64_t at = after_ns(seconds_ns(seconds));
 
-    if (ns >= (double)(UINT64_MAX - now)) {
+    if (at == UINT64_MAX) {
         acq->wait = DLOCK_WAIT_FOREVER;
         return;
     }
     acq->wait = DLOCK_WAIT_DEADLINE;
-    acq->deadline_ns = now + (uint64_t)ns;
+    acq->deadline_ns = at;
 }
 
 /* Names the offending option, whether short, clustered or long. */
@@ -197,6 +238,8 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
         {"wait", required_argument, NULL, 'w'},
         {"nonblock", no_argument, NULL, 'n'},
         {"ttl", required_argument, NULL, 'T'},
+        {"grace", required_argument, NULL, 'G'},
+        {"password-file", required_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -206,7 +249,7 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
     opterr = 0;
     optind = 1;
     /* "+": options end at the lock name, so COMMAND's own are never ours. */
-    while ((c = getopt_long(argc, argv, "+:w:nh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+:w:nG:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'w':
             if (parse_seconds(optarg, &ra->wait_s) != 0)
@@ -221,6 +264,16 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
             if (parse_ttl(optarg, &ra->acq.ttl_ms) != 0)
                 return usage_error("invalid TTL '%s': expected milliseconds "
                                    "1..%" PRIu32, optarg, UINT32_MAX);
+            break;
+        case 'G':
+            if (parse_seconds(optarg, &ra->grace_s) != 0)
+                return usage_error("invalid grace period '%s': expected seconds >= 0",
+                                   optarg);
+            break;
+        case 'P':
+            if (!*optarg)
+                return usage_error("--password-file needs a file name");
+            ra->password_file = optarg;
             break;
         case 'h':
             print_usage(stdout);
@@ -237,6 +290,7 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
         ra->acq.wait = DLOCK_WAIT_TRY;
     else if (have_wait)
         set_deadline(&ra->acq, ra->wait_s);
+    ra->grace_ns = seconds_ns(ra->grace_s);
     return PROCEED;
 }
 
@@ -247,6 +301,7 @@ static int parse_run_args(int argc, char **argv, struct run_args *ra)
 
     memset(ra, 0, sizeof *ra);
     dlock_acquire_opts_init(&ra->acq);
+    ra->grace_s = GRACE_DEFAULT_S;
     status = parse_run_options(argc, argv, ra);
     if (status != PROCEED)
         return status;
@@ -312,6 +367,187 @@ static const char *default_uri(char *buf, size_t len)
     return buf;
 }
 
+/*
+ * Passwords. The URI's userinfo is found as the library finds it: the
+ * authority follows "scheme://" and ends at '/', '?' or '#'; its last '@'
+ * ends the userinfo, whose first ':' starts the password.
+ */
+struct userinfo {
+    const char *auth;  /* start of the authority (NULL: no "scheme://") */
+    const char *at;    /* its last '@', NULL if none */
+    const char *colon; /* the ':' before the password, NULL if none */
+};
+
+static struct userinfo find_userinfo(const char *uri)
+{
+    struct userinfo ui = {NULL, NULL, NULL};
+    size_t i = strspn(uri, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                           "0123456789+-.");
+    const char *end;
+
+    if (i == 0 || strncmp(uri + i, "://", 3) != 0)
+        return ui;
+    ui.auth = uri + i + 3;
+    end = ui.auth + strcspn(ui.auth, "/?#");
+    for (const char *p = ui.auth; p < end; p++)
+        if (*p == '@')
+            ui.at = p;
+    if (ui.at)
+        ui.colon = memchr(ui.auth, ':', (size_t)(ui.at - ui.auth));
+    return ui;
+}
+
+/* A copy of uri without its password (redis://:pw@h -> redis://h,
+ * mysql://u:pw@h -> mysql://u@h); NULL when out of memory. */
+static char *uri_without_password(const char *uri)
+{
+    struct userinfo ui = find_userinfo(uri);
+    const char *cut, *resume;
+    char *out;
+
+    if (!ui.colon)
+        return strdup(uri);
+    /* An empty user name goes too, with its '@'. */
+    cut = ui.colon == ui.auth ? ui.auth : ui.colon;
+    resume = ui.colon == ui.auth ? ui.at + 1 : ui.at;
+    out = malloc(strlen(uri) + 1);
+    if (!out)
+        return NULL;
+    memcpy(out, uri, (size_t)(cut - uri));
+    strcpy(out + (cut - uri), resume);
+    return out;
+}
+
+/* pw percent-encoded into uri's userinfo ("scheme://user:PW@..." or
+ * "scheme://:PW@..."), in *out (malloc'd). PROCEED or an exit status. */
+static int uri_with_password(const char *uri, const char *pw, const char *from,
+                             char **out)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    struct userinfo ui = find_userinfo(uri);
+    const char *split;
+    size_t n;
+    char *o;
+
+    *out = NULL;
+    if (ui.colon) {
+        say("the URI has a password already, and another one comes from %s: "
+            "give it in one place only", from);
+        return EX_USAGE;
+    }
+    if (!ui.auth)
+        split = uri; /* malformed: left for dlock_client_open() to report */
+    else
+        split = ui.at ? ui.at : ui.auth;
+    *out = o = malloc(strlen(uri) + 3 * strlen(pw) + 3);
+    if (!o) {
+        say("out of memory");
+        return EX_SOFTWARE;
+    }
+    n = (size_t)(split - uri);
+    memcpy(o, uri, n);
+    o += n;
+    if (ui.auth) {
+        *o++ = ':';
+        for (const unsigned char *p = (const unsigned char *)pw; *p; p++) {
+            if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                (*p >= '0' && *p <= '9') || strchr("-._~", *p)) {
+                *o++ = (char)*p;
+            } else {
+                *o++ = '%';
+                *o++ = hex[*p >> 4];
+                *o++ = hex[*p & 15];
+            }
+        }
+        if (!ui.at)
+            *o++ = '@';
+    }
+    strcpy(o, split);
+    return PROCEED;
+}
+
+static void wipe_free(char *s)
+{
+    if (s) {
+        explicit_bzero(s, strlen(s));
+        free(s);
+    }
+}
+
+/* The first line of the password file (without its line ending). */
+static int read_password_file(const char *path, char **pwp)
+{
+    char shown[SHOWN_MAX + 4];
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    FILE *f;
+    int err;
+
+    make_printable(shown, path);
+    f = fopen(path, "re");
+    if (!f) {
+        say("cannot open the password file '%s': %s", shown, strerror(errno));
+        return EX_USAGE;
+    }
+    errno = 0;
+    n = getline(&line, &cap, f);
+    err = errno;
+    if (n < 0 && ferror(f)) {
+        fclose(f);
+        free(line);
+        say("cannot read the password file '%s': %s", shown, strerror(err));
+        return EX_USAGE;
+    }
+    fclose(f);
+    if (n < 0)
+        n = 0;
+    if (n > 0 && line[n - 1] == '\n')
+        n--;
+    if (n > 0 && line[n - 1] == '\r')
+        n--;
+    if (n == 0 || memchr(line, '\0', (size_t)n)) {
+        if (line)
+            explicit_bzero(line, cap);
+        free(line);
+        say("the password file '%s' %s", shown,
+            n == 0 ? "has an empty first line (the password is that line)"
+                   : "contains a NUL byte in its first line");
+        return EX_USAGE;
+    }
+    line[n] = '\0';
+    *pwp = line;
+    return PROCEED;
+}
+
+/*
+ * The URI to open: uri with the password of --password-file or, failing
+ * that, of $DLOCK_PASSWORD, if either is given (*out NULL: use uri as is).
+ */
+static int add_password(const struct run_args *ra, const char *uri, char **out)
+{
+    const char *env = getenv("DLOCK_PASSWORD");
+    char *pw = NULL;
+    int status;
+
+    *out = NULL;
+    if (ra->password_file) {
+        status = read_password_file(ra->password_file, &pw);
+        if (status != PROCEED)
+            return status;
+        status = uri_with_password(uri, pw, "--password-file", out);
+        wipe_free(pw);
+        return status;
+    }
+    if (!env)
+        return PROCEED;
+    if (!*env) {
+        say("DLOCK_PASSWORD is set but empty: unset it, or give the password");
+        return EX_USAGE;
+    }
+    return uri_with_password(uri, env, "DLOCK_PASSWORD", out);
+}
+
 static int exit_status_for(int err)
 {
     switch (err) {
@@ -339,25 +575,47 @@ static const char *detail(const dlock_client *client, int err)
     return msg && *msg ? msg : dlock_strerror(err);
 }
 
-static int open_client(const char *uri, dlock_client **clientp)
+static int open_client(const char *uri, const struct run_args *ra, int with_password,
+                       dlock_client **clientp)
 {
     int err = dlock_client_open(uri, clientp);
 
     if (err == 0)
         return PROCEED;
-    say("cannot open lock store: %s", detail(*clientp, err));
+    if (with_password && (err == DLOCK_EBADURI || err == DLOCK_EAUTH))
+        say("cannot open lock store: %s (the password came from %s)",
+            detail(*clientp, err), ra->password_file ? "--password-file" : "DLOCK_PASSWORD");
+    else
+        say("cannot open lock store: %s", detail(*clientp, err));
     return exit_status_for(err);
 }
 
-static int acquire(const struct run_args *ra, dlock_client *client,
-                   dlock_lock **lockp)
+/* On a keeper thread, once: only wakes the main loop (async-signal-safe,
+ * never blocks: the pipe is non-blocking and one byte is enough). */
+static void on_lost(dlock_lock *lock, int err, void *user)
 {
+    const int *fd = user;
+    char byte = 1;
+    ssize_t n;
+
+    (void)lock;
+    (void)err;
+    n = write(*fd, &byte, 1);
+    (void)n;
+}
+
+static int acquire(const struct run_args *ra, dlock_client *client, struct job *job)
+{
+    dlock_acquire_opts acq = ra->acq;
     int err;
 
+    acq.keep = 1;
+    acq.on_lost = on_lost;
+    acq.on_lost_user = &job->wake[1];
     /* No handler runs while waiting, so an interruption is spurious (a
      * stop and continue); the deadline is absolute, so retrying is exact. */
     do
-        err = dlock_acquire(client, ra->name, &ra->acq, lockp);
+        err = dlock_acquire(client, ra->name, &acq, &job->lock);
     while (err == DLOCK_EINTR);
     if (err == 0)
         return PROCEED;
@@ -385,20 +643,19 @@ static void restore_signal_state(void)
     sigprocmask(SIG_SETMASK, &startup_mask, NULL);
 }
 
-static void forward_signal(int sig, siginfo_t *info, void *uctx)
+/* Signals sent to dlock go to the command's whole group: dlock is not in it. */
+static void forward_signal(int sig)
 {
     int saved = errno;
 
-    (void)uctx;
-    /* SI_KERNEL: the terminal signalled the whole foreground process group,
-     * so the command has this signal already. */
-    if (info->si_code != SI_KERNEL && child_pid > 0)
-        kill(child_pid, sig);
+    if (child_pid > 0)
+        kill(-child_pid, sig);
     errno = saved;
 }
 
-/* A handler, not SIG_DFL, so that SIGCHLD interrupts the wait in ppoll(). */
-static void note_child(int sig)
+/* A handler, not SIG_DFL, so that SIGCHLD (and SIGCONT) interrupt the wait
+ * in ppoll(). */
+static void note_signal(int sig)
 {
     (void)sig;
 }
@@ -406,17 +663,25 @@ static void note_child(int sig)
 /*
  * Blocks the forwarded signals and SIGCHLD (they are taken only inside
  * ppoll(), so child_pid never changes under a handler) and installs the
- * handlers. *waitmask is the mask to wait with. Signals dlock was started
- * ignoring (nohup) stay ignored.
+ * handlers. With follow_stops, SIGCHLD reports the command's stops too and
+ * SIGCONT wakes the wait (dlock may have been brought to the foreground).
+ * SIGTTOU stays blocked: dlock may write its messages and move the
+ * terminal's foreground while the command has it. *waitmask is the mask to
+ * wait with. Signals dlock was started ignoring (nohup) stay ignored.
  */
-static void install_handlers(sigset_t *waitmask)
+static void install_handlers(int follow_stops, sigset_t *waitmask)
 {
-    struct sigaction fwd = {.sa_sigaction = forward_signal, .sa_flags = SA_SIGINFO};
-    struct sigaction chld = {.sa_handler = note_child, .sa_flags = SA_NOCLDSTOP};
+    struct sigaction fwd = {.sa_handler = forward_signal};
+    struct sigaction chld = {.sa_handler = note_signal,
+                             .sa_flags = follow_stops ? 0 : SA_NOCLDSTOP};
+    struct sigaction cont = {.sa_handler = note_signal};
     sigset_t block;
 
     sigemptyset(&block);
     sigaddset(&block, SIGCHLD);
+    sigaddset(&block, SIGTTOU);
+    if (follow_stops)
+        sigaddset(&block, SIGCONT);
     for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
         sigaddset(&block, forwarded[i]);
     sigprocmask(SIG_BLOCK, &block, NULL);
@@ -425,143 +690,278 @@ static void install_handlers(sigset_t *waitmask)
     for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
         if (startup_action[forwarded[i]].sa_handler != SIG_IGN)
             sigaction(forwarded[i], &fwd, NULL);
+    sigemptyset(&cont.sa_mask);
     sigaction(SIGCHLD, &chld, NULL);
-    *waitmask = startup_mask;
+    if (follow_stops)
+        sigaction(SIGCONT, &cont, NULL);
+    sigprocmask(SIG_SETMASK, NULL, waitmask);
     sigdelset(waitmask, SIGCHLD);
+    sigdelset(waitmask, SIGCONT);
+    for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
+        if (!sigismember(&startup_mask, forwarded[i]))
+            sigdelset(waitmask, forwarded[i]);
 }
 
-static int export_lock(const dlock_lock *lock, const char *name)
+static int is_var(const char *entry, const char *name)
 {
-    char token[24];
+    size_t n = strlen(name);
 
-    snprintf(token, sizeof token, "%" PRIu64, dlock_lock_token(lock));
-    if (setenv("DLOCK_TOKEN", token, 1) != 0 || setenv("DLOCK_NAME", name, 1) != 0) {
-        say("cannot set the environment: %s", strerror(errno));
+    return strncmp(entry, name, n) == 0 && entry[n] == '=';
+}
+
+/*
+ * The command's environment: dlock's, without DLOCK_PASSWORD, with
+ * DLOCK_TOKEN, DLOCK_NAME and DLOCK_URI (the store's URI, its password
+ * removed). Built rather than set with setenv(): the keeper's threads run.
+ */
+static int make_environment(struct job *job, const char *uri)
+{
+    static const char *const replaced[] = {"DLOCK_TOKEN", "DLOCK_NAME", "DLOCK_URI",
+                                           "DLOCK_PASSWORD"};
+    char *clean = uri_without_password(uri);
+    size_t n = 0, k = 0;
+
+    while (environ[n])
+        n++;
+    job->envp = calloc(n + 4, sizeof *job->envp);
+    if (!clean || !job->envp ||
+        asprintf(&job->own_env[0], "DLOCK_TOKEN=%" PRIu64, dlock_lock_token(job->lock)) < 0 ||
+        asprintf(&job->own_env[1], "DLOCK_NAME=%s", job->ra->name) < 0 ||
+        asprintf(&job->own_env[2], "DLOCK_URI=%s", clean) < 0) {
+        free(clean);
+        say("cannot build the command's environment: out of memory");
         return EX_SOFTWARE;
     }
+    free(clean);
+    for (size_t i = 0; i < n; i++) {
+        int drop = 0;
+
+        for (size_t j = 0; j < sizeof replaced / sizeof replaced[0]; j++)
+            drop |= is_var(environ[i], replaced[j]);
+        if (!drop)
+            job->envp[k++] = environ[i];
+    }
+    for (size_t j = 0; j < 3; j++)
+        job->envp[k++] = job->own_env[j];
+    job->envp[k] = NULL;
     return PROCEED;
 }
 
-/* In the child: only async-signal-safe calls, the library may have threads. */
-static _Noreturn void exec_command(char **command, pid_t parent, int errfd)
+static void free_environment(struct job *job)
 {
+    for (size_t j = 0; j < 3; j++) {
+        free(job->own_env[j]);
+        job->own_env[j] = NULL;
+    }
+    free(job->envp);
+    job->envp = NULL;
+}
+
+/* Why the child could not run the command, sent over a close-on-exec pipe
+ * (EOF: it ran). */
+enum { STAGE_PGRP = 1, STAGE_PDEATHSIG, STAGE_EXEC };
+struct child_error {
+    int stage;
     int err;
+};
+
+/* dlock's controlling terminal if it is on stdin: then dlock follows the
+ * command's job-control stops and hands it the terminal's foreground. */
+static int find_tty(void)
+{
+    return isatty(STDIN_FILENO) && tcgetsid(STDIN_FILENO) == getsid(0) ? STDIN_FILENO : -1;
+}
+
+/* In the child: only async-signal-safe calls, the library has threads. */
+static _Noreturn void exec_command(const struct job *job, pid_t parent, int handover,
+                                   int errfd)
+{
+    struct child_error ce = {STAGE_PGRP, 0};
     ssize_t n;
 
+    /* A group of its own, so that a loss stops its children too; the
+     * terminal's foreground if dlock had it (SIGTTOU is still blocked).
+     * dlock does both too: whichever runs first wins the race. */
+    if (setpgid(0, 0) != 0)
+        goto fail;
+    if (handover)
+        tcsetpgrp(job->tty, getpid());
     restore_signal_state();
     /* Once dlock is gone so is the lock: the command must not outlive it
      * unprotected, nor start if dlock died already. */
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+    ce.stage = STAGE_PDEATHSIG;
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+        goto fail;
+    if (getppid() != parent)
         _exit(EX_SOFTWARE);
-    execvp(command[0], command);
-    err = errno;
-    n = write(errfd, &err, sizeof err);
+    ce.stage = STAGE_EXEC;
+    execvpe(job->ra->command[0], job->ra->command, job->envp);
+fail:
+    ce.err = errno;
+    n = write(errfd, &ce, sizeof ce);
     (void)n;
-    _exit(err == ENOENT ? 127 : 126);
+    _exit(ce.stage != STAGE_EXEC ? EX_SOFTWARE : ce.err == ENOENT ? 127 : 126);
 }
 
-/* Reports why exec failed, read from the close-on-exec pipe (EOF: it ran). */
 static void report_exec_error(int fd)
 {
-    int err;
+    struct child_error ce;
     ssize_t n;
 
     do
-        n = read(fd, &err, sizeof err);
+        n = read(fd, &ce, sizeof ce);
     while (n < 0 && errno == EINTR);
-    if (n == (ssize_t)sizeof err)
-        say("cannot run '%s': %s", shown_cmd, strerror(err));
-}
-
-/* The lock is gone: the command no longer runs under it, so it is stopped
- * (SIGTERM now, SIGKILL after STOP_GRACE_NS) rather than left running. */
-static void report_lost(struct job *job)
-{
-    if (job->lost)
+    if (n != (ssize_t)sizeof ce)
         return;
+    if (ce.stage == STAGE_EXEC)
+        say("cannot run '%s': %s", shown_cmd, strerror(ce.err));
+    else if (ce.stage == STAGE_PGRP)
+        say("cannot give '%s' a process group of its own: %s", shown_cmd, strerror(ce.err));
+    else
+        say("cannot tie '%s' to dlock's life (PR_SET_PDEATHSIG): %s", shown_cmd,
+            strerror(ce.err));
+}
+
+/* Gives the terminal's foreground to group to if group from has it. */
+static void move_foreground(int tty, pid_t from, pid_t to)
+{
+    if (tty >= 0 && tcgetpgrp(tty) == from)
+        tcsetpgrp(tty, to);
+}
+
+/*
+ * The command stopped with signal sig. If it only wanted the terminal
+ * (SIGTTIN, SIGTTOU) and dlock has the foreground to give, it gets it and
+ * goes on. Otherwise (the suspend character reached its group, or it reads
+ * the terminal from the background) stop as its job would have: take the
+ * terminal back and stop dlock's own group, so the shell sees the job
+ * stopped. Once continued (fg, bg), hand the terminal on if dlock is in the
+ * foreground again and continue the command; not if the lease ran out
+ * meanwhile (nothing renews it while dlock is stopped): the loss, known at
+ * once, stops the group instead.
+ */
+static void follow_stop(struct job *job, pid_t pid, int sig)
+{
+    pid_t self = getpgrp();
+
+    move_foreground(job->tty, self, pid);
+    if ((sig == SIGTTIN || sig == SIGTTOU) && tcgetpgrp(job->tty) == pid) {
+        kill(-pid, SIGCONT);
+        return;
+    }
+    move_foreground(job->tty, pid, self);
+    if (startup_action[SIGTSTP].sa_handler == SIG_DFL && !sigismember(&startup_mask, SIGTSTP))
+        kill(0, SIGTSTP); /* returns once continued */
+    else
+        kill(getpid(), SIGSTOP);
+    move_foreground(job->tty, self, pid);
+    if (!job->lost && dlock_lock_expires_ns(job->lock) > dlock_monotonic_ns())
+        kill(-pid, SIGCONT);
+}
+
+/* The lock is gone: nothing the command's group does is protected any
+ * more, so the whole group is stopped: SIGTERM (and SIGCONT, so that
+ * stopped members act on it), SIGKILL after the grace period. */
+static void stop_group(struct job *job, pid_t pg)
+{
+    const char *why = dlock_lock_lost_detail(job->lock);
+
     job->lost = 1;
-    if (child_pid > 0) {
-        say("lock '%s' was lost while '%s' ran: stopping it", shown_name, shown_cmd);
-        kill(child_pid, SIGTERM);
-        job->kill_at = dlock_monotonic_ns() + STOP_GRACE_NS;
-    } else {
-        say("lock '%s' was lost while '%s' ran", shown_name, shown_cmd);
+    if (!*why)
+        why = dlock_strerror(dlock_lock_lost(job->lock));
+    if (job->ra->grace_ns == 0) {
+        say("lock '%s' was lost while '%s' ran: %s; killing its process group",
+            shown_name, shown_cmd, why);
+        kill(-pg, SIGKILL);
+        job->give_up_at = after_ns(REAP_AFTER_KILL_NS);
+        return;
     }
+    say("lock '%s' was lost while '%s' ran: %s; stopping its process group "
+        "(SIGTERM, SIGKILL after %g s)", shown_name, shown_cmd, why, job->ra->grace_s);
+    kill(-pg, SIGTERM);
+    kill(-pg, SIGCONT);
+    job->kill_at = after_ns(job->ra->grace_ns);
 }
 
-static void renew(struct job *job)
+/* Reaps what has ended: the command (*statusp, *exited), and descendants
+ * orphaned into dlock (a child subreaper). Returns the signal that stopped
+ * the command, if it stopped (reported only when following stops), else 0. */
+static int reap(const struct job *job, pid_t pid, int *statusp, int *exited)
 {
-    uint64_t start = dlock_monotonic_ns();
-    int err = dlock_renew(job->lock, job->ra->acq.ttl_ms);
-
-    if (err == 0) {
-        job->renew_failing = 0;
-        job->lease_end = start + (uint64_t)job->ra->acq.ttl_ms * 1000000u;
-    } else if (err == DLOCK_ENOTSUP) {
-        job->no_checks = 1; /* a backend that cannot even check ownership */
-    } else if (err == DLOCK_ELOST || dlock_monotonic_ns() >= job->lease_end) {
-        /* Not renewed before the lease ran out: someone else may hold it. */
-        report_lost(job);
-    } else if (!job->renew_failing) {
-        say("cannot renew lock '%s': %s", shown_name,
-            detail(dlock_lock_client(job->lock), err));
-        job->renew_failing = 1;
-    }
-}
-
-/* Leases run out unless renewed (every third of the TTL). Locks without a
- * lease can still be lost (a ZooKeeper session expiring, a lock file
- * removed): renew then only checks ownership, once a second. */
-#define CHECK_INTERVAL_NS 1000000000ull
-
-static uint64_t renew_interval_ns(const struct job *job)
-{
-    unsigned int caps = dlock_client_caps(dlock_lock_client(job->lock));
-    uint64_t third = (uint64_t)job->ra->acq.ttl_ms * 1000000u / 3;
-
-    if ((caps & DLOCK_CAP_LEASE) && (caps & DLOCK_CAP_RENEW))
-        return third;
-    return third < CHECK_INTERVAL_NS ? third : CHECK_INTERVAL_NS;
-}
-
-/* Waits for the child, renewing the lease meanwhile; returns its wait status,
- * or -1 if it cannot be waited for. */
-static int wait_child(pid_t pid, struct job *job, const sigset_t *waitmask)
-{
-    uint64_t interval = renew_interval_ns(job);
-    uint64_t next = dlock_monotonic_ns() + interval;
-    struct timespec ts;
-    int status;
+    int stopped = 0, status;
     pid_t r;
 
-    while ((r = waitpid(pid, &status, WNOHANG)) == 0) {
-        uint64_t now = dlock_monotonic_ns(), until = 0;
-
-        if (job->no_checks)
-            interval = 0;
-        if (interval && !job->lost && now >= next) {
-            renew(job);
-            /* Retry a failed renewal sooner, while the lease still runs. */
-            next = (now = dlock_monotonic_ns()) + (job->renew_failing ? interval / 4 : interval);
+    while ((r = waitpid(-1, &status, WNOHANG | (job->tty >= 0 ? WUNTRACED : 0))) > 0) {
+        if (r != pid)
+            continue;
+        if (WIFSTOPPED(status)) {
+            stopped = WSTOPSIG(status);
+        } else {
+            *statusp = status;
+            *exited = 1;
         }
-        if (job->kill_at && now >= job->kill_at) {
-            kill(pid, SIGKILL);
-            job->kill_at = 0;
-        }
-        if (interval && !job->lost)
-            until = next;
-        if (job->kill_at && (!until || job->kill_at < until))
-            until = job->kill_at;
-        if (until) {
-            ts.tv_sec = (time_t)((until - now) / 1000000000u);
-            ts.tv_nsec = (long)((until - now) % 1000000000u);
-        }
-        /* Signals are taken only here: SIGCHLD ends the wait with EINTR. */
-        ppoll(NULL, 0, until ? &ts : NULL, waitmask);
     }
-    if (r < 0) {
-        say("cannot wait for '%s': %s", shown_cmd, strerror(errno));
-        return -1;
+    return *exited ? 0 : stopped;
+}
+
+/*
+ * Waits for the command, passing signals on and following its stops; if the
+ * lock is lost, stops its whole group and waits for the group to be gone
+ * (or for the grace period, then SIGKILL). Returns its wait status, or -1.
+ */
+static int wait_command(struct job *job, pid_t pid, const sigset_t *waitmask)
+{
+    struct pollfd pfd = {.fd = job->wake[0], .events = POLLIN};
+    int status = 0, exited = 0;
+
+    for (;;) {
+        uint64_t now, until;
+        struct timespec ts;
+        int stopsig = reap(job, pid, &status, &exited);
+
+        if (stopsig) {
+            follow_stop(job, pid, stopsig);
+            continue;
+        }
+        /* Brought to the foreground (fg after a start in the background):
+         * the terminal is the command's. */
+        if (!exited)
+            move_foreground(job->tty, getpgrp(), pid);
+        if (!job->lost && dlock_lock_lost(job->lock))
+            stop_group(job, pid);
+        /* Without a loss the command's end is the job's end; after one,
+         * the group's (its pgid stays valid while any member lives). */
+        if (exited && (!job->lost || kill(-pid, 0) != 0))
+            break;
+        now = dlock_monotonic_ns();
+        if (job->kill_at && job->kill_at != UINT64_MAX && now >= job->kill_at) {
+            say("'%s' and its process group did not stop within %g s of SIGTERM: "
+                "sending SIGKILL", shown_cmd, job->ra->grace_s);
+            kill(-pid, SIGKILL);
+            job->kill_at = 0;
+            job->give_up_at = after_ns(REAP_AFTER_KILL_NS);
+        }
+        if (exited && job->give_up_at && now >= job->give_up_at)
+            break; /* killed; stuck in the kernel at worst */
+        until = job->kill_at ? job->kill_at : UINT64_MAX;
+        if (exited || job->give_up_at) {
+            uint64_t poll_at = now + GROUP_POLL_NS;
+
+            if (poll_at < until)
+                until = poll_at;
+        }
+        if (until != UINT64_MAX) {
+            until = until > now ? until - now : 0;
+            ts.tv_sec = (time_t)(until / 1000000000u);
+            ts.tv_nsec = (long)(until % 1000000000u);
+        }
+        /* Signals are taken only here: SIGCHLD ends the wait with EINTR.
+         * After a loss the wake-up pipe has served (and stays readable). */
+        if (ppoll(&pfd, job->lost ? 0 : 1, until != UINT64_MAX ? &ts : NULL, waitmask) < 0 &&
+            errno != EINTR) {
+            say("cannot wait for '%s': %s", shown_cmd, strerror(errno));
+            return -1;
+        }
     }
     return status;
 }
@@ -571,30 +971,37 @@ static int run_command(struct job *job)
 {
     pid_t parent = getpid(), pid;
     sigset_t waitmask;
-    int status, errpipe[2];
+    int status, handover, errpipe[2];
 
-    status = export_lock(job->lock, job->ra->name);
-    if (status != PROCEED)
-        return status;
     if (pipe2(errpipe, O_CLOEXEC) != 0) {
         say("cannot create a pipe: %s", strerror(errno));
         return EX_SOFTWARE;
     }
-    install_handlers(&waitmask);
+    /* Orphaned descendants come to dlock, which reaps them: a stopping
+     * group is then known to be gone once its last member has ended. */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    job->tty = find_tty();
+    install_handlers(job->tty >= 0, &waitmask);
+    handover = job->tty >= 0 && tcgetpgrp(job->tty) == getpgrp();
     fflush(NULL);
     pid = fork();
     if (pid == 0)
-        exec_command(job->ra->command, parent, errpipe[1]);
+        exec_command(job, parent, handover, errpipe[1]);
     close(errpipe[1]);
     if (pid < 0) {
         say("cannot fork: %s", strerror(errno));
         close(errpipe[0]);
         return EX_SOFTWARE;
     }
+    /* EACCES once it has run exec: it did this itself. */
+    setpgid(pid, pid);
     child_pid = pid;
+    if (handover)
+        move_foreground(job->tty, getpgrp(), pid);
     report_exec_error(errpipe[0]);
     close(errpipe[0]);
-    status = wait_child(pid, job, &waitmask);
+    status = wait_command(job, pid, &waitmask);
+    move_foreground(job->tty, pid, getpgrp());
     child_pid = 0;
     if (status < 0)
         return EX_SOFTWARE;
@@ -607,13 +1014,23 @@ static int run_command(struct job *job)
 static int release(struct job *job, int status)
 {
     dlock_client *client = dlock_lock_client(job->lock);
-    int err = dlock_release(job->lock);
+    int lost = dlock_lock_lost(job->lock), err;
 
+    if (lost && !job->lost) {
+        say("lock '%s' was lost while '%s' ran: %s", shown_name, shown_cmd,
+            *dlock_lock_lost_detail(job->lock) ? dlock_lock_lost_detail(job->lock)
+                                                : dlock_strerror(lost));
+        job->lost = 1;
+    }
+    err = dlock_release(job->lock);
     job->lock = NULL;
-    if (err == DLOCK_ELOST)
-        report_lost(job);
-    else if (err != 0)
+    if (err == DLOCK_ELOST && !job->lost) {
+        say("lock '%s' was lost while '%s' ran: %s", shown_name, shown_cmd,
+            detail(client, err));
+        job->lost = 1;
+    } else if (err != 0 && err != DLOCK_ELOST) {
         say("cannot release lock '%s': %s", shown_name, detail(client, err));
+    }
     if (job->lost)
         return EX_SOFTWARE; /* the command was stopped: its status is ours */
     if (err != 0 && status == 0)
@@ -624,29 +1041,46 @@ static int release(struct job *job, int status)
 static int cmd_run(int argc, char **argv)
 {
     struct run_args ra;
-    struct job job = {.ra = &ra};
+    struct job job = {.ra = &ra, .wake = {-1, -1}, .tty = -1};
     char uribuf[DLOCK_URI_MAX];
     dlock_client *client = NULL;
+    char *with_pw = NULL;
     const char *uri;
     int status;
 
+    /* Before anything changes them (the library may start threads): the
+     * command gets this state back. dlock itself must survive writing to a
+     * closed pipe (its stderr): the write fails, dlock carries on. */
+    save_signal_state();
+    signal(SIGPIPE, SIG_IGN);
     status = parse_run_args(argc, argv, &ra);
     if (status != PROCEED)
         return status;
-    /* Before the library runs: it may start threads or change dispositions. */
-    save_signal_state();
     uri = ra.uri ? ra.uri : default_uri(uribuf, sizeof uribuf);
     if (!uri)
         return usage_error("default lock directory path too long; set DLOCK_URI");
-    status = open_client(uri, &client);
-    if (status == PROCEED) {
-        status = acquire(&ra, client, &job.lock);
-        /* The lease began at the grant, at most a reply's flight earlier. */
-        job.lease_end = dlock_monotonic_ns() + (uint64_t)ra.acq.ttl_ms * 1000000u;
+    status = add_password(&ra, uri, &with_pw);
+    if (status != PROCEED)
+        return status;
+    if (pipe2(job.wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+        say("cannot create a pipe: %s", strerror(errno));
+        wipe_free(with_pw);
+        return EX_SOFTWARE;
     }
+    status = open_client(with_pw ? with_pw : uri, &ra, with_pw != NULL, &client);
+    wipe_free(with_pw);
     if (status == PROCEED)
-        status = release(&job, run_command(&job));
+        status = acquire(&ra, client, &job);
+    if (status == PROCEED) {
+        status = make_environment(&job, uri);
+        if (status == PROCEED)
+            status = run_command(&job);
+        free_environment(&job);
+        status = release(&job, status);
+    }
     dlock_client_close(client);
+    close(job.wake[0]);
+    close(job.wake[1]);
     return status;
 }
 
@@ -674,6 +1108,8 @@ int main(int argc, char **argv)
         return cmd_run(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0)
         return cmd_bench(argc - 1, argv + 1);
+    /* A closed stdout is reported (finish_stdout()), not fatal. */
+    signal(SIGPIPE, SIG_IGN);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 ||
         strcmp(cmd, "-h") == 0) {
         print_usage(stdout);

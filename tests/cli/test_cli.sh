@@ -135,6 +135,16 @@ for t in 0 -1 4294967296 12ms; do
     check $? "--ttl '$t': exit 64"
 done
 
+for g in abc -1 1x nan; do
+    dl run -G "$g" "$uri" name -- true
+    [ $rc -eq 64 ] && one_line
+    check $? "-G '$g': exit 64"
+done
+
+dl run --grace=0 -G 2.5 "$uri" name -- true
+[ $rc -eq 0 ]
+check $? "--grace=0 and -G 2.5 are accepted"
+
 dl run --bogus "$uri" name -- true
 [ $rc -eq 64 ] && one_line && [[ $err == *--bogus* ]]
 check $? "unknown option: exit 64 naming it"
@@ -292,6 +302,76 @@ dl run -n "$uri" kill -- true
 [ $rc -eq 0 ]
 check $? "the lock is free after dlock was killed"
 
+# --- process group, grandchildren, SIGPIPE --------------------------------------
+g="$dir/grp"
+"$DLOCK" run "$uri" grp -- sh -c "sleep 30 & echo \$! >'$g.gc'; echo \$\$ >'$g.pid'; wait" \
+    </dev/null 2>/dev/null &
+dpid=$!
+bg_pids+=("$dpid")
+wait_for "$g.pid"
+cpid=$(cat "$g.pid" 2>/dev/null)
+gc=$(cat "$g.gc" 2>/dev/null)
+cpg=$(ps -o pgid= -p "$cpid" 2>/dev/null | tr -d ' ')
+dpg=$(ps -o pgid= -p "$dpid" 2>/dev/null | tr -d ' ')
+[ -n "$cpid" ] && [ "$cpg" = "$cpid" ] && [ "$cpg" != "$dpg" ]
+check $? "the command leads a process group of its own ($cpg; dlock's is $dpg)"
+kill -TERM "$dpid"
+wait "$dpid"
+rc=$?
+gone=1
+for ((i = 0; i < 40; i++)); do
+    st=$(sed 's/.*) //' "/proc/$gc/stat" 2>/dev/null | cut -d' ' -f1)
+    if [ -n "$gc" ] && { [ -z "$st" ] || [ "$st" = Z ]; }; then gone=0; break; fi
+    sleep 0.05
+done
+[ $rc -eq 143 ] && [ $gone -eq 0 ]
+check $? "SIGTERM to dlock reaches the whole group: the command's child stops too (exit $rc)"
+
+# dlock's stderr is a pipe nobody reads: the loss message cannot be
+# written, and dlock must still stop the command and exit 70 (not die of
+# SIGPIPE, 141).
+p="$dir/pipe"
+mkdir -p "$p"
+( "$DLOCK" run "file://$p/locks" piped -- sh -c "rm -f '$p/locks/piped.lock'; sleep 30" \
+      </dev/null 2>&1 >/dev/null | true
+  exit "${PIPESTATUS[0]}" )
+rc=$?
+[ $rc -eq 70 ]
+check $? "writing to a closed stderr does not kill dlock (exit $rc, not 141)"
+
+# --- passwords (errors found before the store is contacted) -------------------
+echo s3cret >"$dir/pw"
+: >"$dir/pw-empty"
+printf '\nsecond\n' >"$dir/pw-blank"
+dl run --password-file "$dir/no such file" "$uri" name -- true
+[ $rc -eq 64 ] && one_line && [[ $err == *"no such file"* ]]
+check $? "--password-file missing: exit 64 naming it"
+dl run --password-file "$dir/pw-empty" "$uri" name -- true
+[ $rc -eq 64 ] && one_line && [[ $err == *empty* ]]
+check $? "--password-file empty: exit 64"
+dl run --password-file "$dir/pw-blank" "$uri" name -- true
+[ $rc -eq 64 ] && one_line && [[ $err == *empty* ]]
+check $? "--password-file with an empty first line: exit 64"
+dl run --password-file "$dir" "$uri" name -- true
+[ $rc -eq 64 ] && one_line
+check $? "--password-file a directory: exit 64"
+dl run --password-file "$dir/pw" 'redis://:uripw9@127.0.0.1:1/0' name -- true
+[ $rc -eq 64 ] && one_line && [[ $err == *"password already"* ]] && [[ $err != *s3cret* ]] &&
+    [[ $err != *uripw9* ]]
+check $? "a password both in the URI and in --password-file: exit 64, neither shown"
+DLOCK_PASSWORD=s3cret dl run 'redis://:uripw9@127.0.0.1:1/0' name -- true
+[ $rc -eq 64 ] && one_line && [[ $err == *DLOCK_PASSWORD* ]]
+check $? "a password both in the URI and in DLOCK_PASSWORD: exit 64"
+DLOCK_PASSWORD= dl run "$uri" name -- true
+[ $rc -eq 64 ] && one_line && [[ $err == *DLOCK_PASSWORD* ]]
+check $? "an empty DLOCK_PASSWORD: exit 64"
+DLOCK_PASSWORD=s3cret dl run "$uri" name -- true
+[ $rc -eq 64 ] && one_line && [[ $err == *DLOCK_PASSWORD* ]] && [[ $err != *s3cret* ]]
+check $? "a password for the file store: exit 64 naming its source"
+dl run --password-file "$dir/pw" 'redis://127.0.0.1:1/0' name -- true
+[ $rc -eq 69 ] && [[ $err != *s3cret* ]]
+check $? "--password-file with a store that cannot be reached: exit 69, password not shown"
+
 # --- default URI ---------------------------------------------------------------
 env_dir="$dir/from env"
 DLOCK_URI="file://${env_dir// /%20}" "$DLOCK" run envname -- true </dev/null
@@ -311,9 +391,17 @@ rc=$?
 [ $rc -eq 0 ] && [ -d "$dir/explicit" ] && [ ! -e "$dir/env-unused" ]
 check $? "an explicit URI wins over DLOCK_URI"
 
+DLOCK_URI="file://$dir/exported" dl run name -- sh -c 'printf "%s" "$DLOCK_URI"'
+[ $rc -eq 0 ] && [ "$out" = "file://$dir/exported" ]
+check $? "the command gets DLOCK_URI, the store's URI"
+DLOCK_URI="file://$dir/unused" dl run "file://$dir/explicit" name -- sh -c 'printf "%s" "$DLOCK_URI"'
+[ $rc -eq 0 ] && [ "$out" = "file://$dir/explicit" ]
+check $? "also when the URI is given on the command line"
+
 # --- a lock lost while the command runs ----------------------------------------
 # Removing the lock file breaks the lock (another process could lock a new
-# file at the path): dlock checks once a second, stops the command, exits 70.
+# file at the path): the keeper checks twice a second, dlock stops the
+# command, exits 70 (tests/cli/test_cli_keep.sh checks the whole group).
 lostdir="$dir/lost"
 "$DLOCK" run "file://$lostdir" lostname -- sh -c \
     "trap 'touch \"$lostdir.stopped\"; exit 0' TERM; touch \"$lostdir.ready\"; while :; do sleep 0.05; done" \

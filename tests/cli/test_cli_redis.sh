@@ -1,10 +1,14 @@
 #!/bin/bash
-# dlock run on a leased store (Redis): the lease is renewed while the
-# command runs, and a lock lost under a paused dlock stops the command.
-# TAP output. $1 = dlock binary; DLOCK_REDIS_URI from scripts/stores/start.sh.
+# dlock run on a leased store (Redis): the keeper renews the lease while
+# the command runs, a lock lost under a paused dlock stops the command, and
+# no password reaches the command's environment (DLOCK_REDIS_AUTH_URI, a
+# server that wants one), which --password-file and DLOCK_PASSWORD supply.
+# TAP output. $1 = dlock binary; DLOCK_REDIS_URI and DLOCK_REDIS_AUTH_URI
+# from scripts/stores/start.sh.
 set -u
 dlock=$1
 uri=${DLOCK_REDIS_URI:?DLOCK_REDIS_URI is not set: start the stores first}
+auth=${DLOCK_REDIS_AUTH_URI:?DLOCK_REDIS_AUTH_URI is not set: start the stores first}
 tmp=$(mktemp -d /tmp/dlock-cli-redis.XXXXXX)
 trap 'kill -CONT $bg 2>/dev/null; kill $bg 2>/dev/null; rm -rf "$tmp"' EXIT
 bg=
@@ -12,7 +16,7 @@ n=0 failed=0
 ok() { n=$((n + 1)); if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=$((failed + 1)); fi; }
 name="cli-redis-$$-$RANDOM"
 
-# 1. A 300 ms lease outlives 1.5 s of command: dlock renews it.
+# 1. A 300 ms lease outlives 1.5 s of command: the keeper renews it.
 "$dlock" run --ttl 300 "$uri" "$name-renew" -- sleep 1.5 &
 bg=$!
 sleep 1
@@ -42,5 +46,56 @@ ok $([ $st = 70 ] && echo 0 || echo 1) "the resumed dlock exits 70 (got $st)"
 ok $([ -f "$tmp/marker" ] && echo 0 || echo 1) "and its command was stopped with SIGTERM"
 grep -q "was lost while" "$tmp/err2"
 ok $? "with a message: $(head -n1 "$tmp/err2")"
+
+# 3. Passwords. redis://:PW@host... -> PW (percent-decoded) and redis://host...
+pw_enc=${auth#*://}
+pw_enc=${pw_enc%%@*}
+pw_enc=${pw_enc#*:}
+pw=$(printf '%b' "${pw_enc//%/\\x}")
+bare=${auth/":$pw_enc@"/}
+# clean_env ARGS...: dlock in an environment that holds no other password.
+clean_env() { env -i PATH="$PATH" "$@" </dev/null; }
+# has_no_password FILE: FILE (the command's environment) holds no password.
+has_no_password() { ! grep -qF -e "$pw" -e "$pw_enc" "$1" && ! grep -q '^DLOCK_PASSWORD=' "$1"; }
+
+clean_env "$dlock" run -n "$bare" "$name-pw" -- true 2>"$tmp/err3"
+st=$?
+ok $([ $st = 69 ] && echo 0 || echo 1) "without its password the server refuses: exit 69 (got $st)"
+
+clean_env DLOCK_URI="$auth" "$dlock" run "$name-pw" -- env >"$tmp/env1" 2>"$tmp/err3"
+st=$?
+ok $([ $st = 0 ] && has_no_password "$tmp/env1" && echo 0 || echo 1) \
+    "URI from DLOCK_URI: the command's environment holds no password (exit $st)"
+shown=$(grep '^DLOCK_URI=' "$tmp/env1")
+grep -qxF "DLOCK_URI=$bare" "$tmp/env1"
+ok $? "its DLOCK_URI is the URI without the password: ${shown//"$pw"/***}"
+
+clean_env "$dlock" run "$auth" "$name-pw" -- env >"$tmp/env2" 2>"$tmp/err3"
+st=$?
+ok $([ $st = 0 ] && has_no_password "$tmp/env2" && grep -qxF "DLOCK_URI=$bare" "$tmp/env2" && echo 0 || echo 1) \
+    "URI on the command line: the same (exit $st)"
+
+clean_env DLOCK_PASSWORD="$pw" "$dlock" run "$bare" "$name-pw" -- env >"$tmp/env3" 2>"$tmp/err3"
+st=$?
+ok $([ $st = 0 ] && has_no_password "$tmp/env3" && echo 0 || echo 1) \
+    "DLOCK_PASSWORD authenticates and is removed from the command's environment (exit $st)"
+
+printf '%s\n' "$pw" >"$tmp/pw"
+chmod 600 "$tmp/pw"
+clean_env "$dlock" run --password-file "$tmp/pw" "$bare" "$name-pw" -- env >"$tmp/env4" 2>"$tmp/err3"
+st=$?
+ok $([ $st = 0 ] && has_no_password "$tmp/env4" && echo 0 || echo 1) \
+    "--password-file authenticates, the password stays out of the environment (exit $st)"
+
+printf '%s\r\n' "$pw" >"$tmp/pw-crlf"
+clean_env DLOCK_PASSWORD=wrong-one "$dlock" run --password-file "$tmp/pw-crlf" "$bare" "$name-pw" -- true 2>"$tmp/err3"
+st=$?
+ok $([ $st = 0 ] && echo 0 || echo 1) "--password-file (CRLF line) wins over DLOCK_PASSWORD (exit $st)"
+
+echo wrong-one >"$tmp/pw-wrong"
+clean_env "$dlock" run --password-file "$tmp/pw-wrong" "$bare" "$name-pw" -- true 2>"$tmp/err3"
+st=$?
+ok $([ $st = 69 ] && ! grep -q wrong-one "$tmp/err3" && grep -q -- --password-file "$tmp/err3" && echo 0 || echo 1) \
+    "a wrong password from the file: exit 69, not shown, its source named (exit $st: $(head -n1 "$tmp/err3"))"
 echo "1..$n"
 [ $failed = 0 ]
