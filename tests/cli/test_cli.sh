@@ -362,7 +362,7 @@ check $? "a password both in the URI and in --password-file: exit 64, neither sh
 DLOCK_PASSWORD=s3cret dl run 'redis://:uripw9@127.0.0.1:1/0' name -- true
 [ $rc -eq 64 ] && one_line && [[ $err == *DLOCK_PASSWORD* ]]
 check $? "a password both in the URI and in DLOCK_PASSWORD: exit 64"
-DLOCK_PASSWORD= dl run "$uri" name -- true
+DLOCK_PASSWORD='' dl run "$uri" name -- true
 [ $rc -eq 64 ] && one_line && [[ $err == *DLOCK_PASSWORD* ]]
 check $? "an empty DLOCK_PASSWORD: exit 64"
 DLOCK_PASSWORD=s3cret dl run "$uri" name -- true

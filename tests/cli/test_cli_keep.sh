@@ -1,0 +1,169 @@
+#!/bin/bash
+# dlock run on the keeper, on one store: a lost lock stops the command's
+# whole process group (grandchildren too) and dlock exits 70, promptly; a
+# group that ignores SIGTERM is SIGKILLed after --grace.
+#
+# On a store with leases the lock is lost by pausing dlock and its command
+# (SIGSTOP to both process groups) for 3x the TTL, as a VM stall would:
+# once continued, dlock must notice at once, not after a renewal interval.
+# On the file store the lock file is removed instead (a pause loses
+# nothing there, which is checked too).
+#
+# TAP output. $1 = dlock binary; $2 = "file", or the name of the variable
+# holding the store's URI (DLOCK_REDIS_URI...): a missing one fails.
+set -u
+dlock=$1
+store=$2
+tmp=$(mktemp -d /tmp/dlock-cli-keep.XXXXXX)
+jobs_started=()
+cleanup() {
+    local p
+    for p in "${jobs_started[@]}"; do
+        kill -CONT -- "$p" "-$p" 2>/dev/null
+        kill -KILL -- "$p" "-$p" 2>/dev/null
+    done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+if [ "$store" = file ]; then
+    uri="file://$tmp/locks"
+else
+    uri=${!store:-}
+    if [ -z "$uri" ]; then
+        echo "Bail out! $store is not set: start the stores first (scripts/stores/start.sh)"
+        exit 1
+    fi
+fi
+n=0 failed=0
+ok() {
+    n=$((n + 1))
+    if [ "$1" = 0 ]; then
+        echo "ok $n - $store: $2"
+    else
+        echo "not ok $n - $store: $2"
+        failed=$((failed + 1))
+        sed 's/^/#   stderr: /' "$tmp/err" 2>/dev/null
+    fi
+}
+now_ms() { date +%s%3N; }
+name="cli-keep-$$-$RANDOM"
+TTL=1000
+
+# wait_for FILE: up to 10 s.
+wait_for() {
+    local i
+    for ((i = 0; i < 200; i++)); do
+        [ -s "$1" ] && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+# gone PID...: none of them runs any more (a zombie counts as gone).
+gone() {
+    local p st
+    [ $# -gt 0 ] || return 1
+    for p; do
+        [ -n "$p" ] || return 1
+        st=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | cut -d' ' -f1)
+        [ -z "$st" ] || [ "$st" = Z ] || return 1
+    done
+    return 0
+}
+
+# start LOCK PREFIX DLOCK_OPTS...: dlock, in a session of its own, runs a sh
+# script holding LOCK: PREFIX, then two sleeps (grandchildren of dlock) and
+# a wait. Leaves $dpid (dlock), $cpg (the command's group), $kids.
+start() {
+    local lock=$1 script=$2
+    shift 2
+    rm -f "$tmp/pg" "$tmp/kids"
+    setsid "$dlock" run "$@" "$uri" "$lock" -- sh -c \
+        "$script sleep 60 & k1=\$!; sleep 60 & echo \"\$k1 \$!\" > '$tmp/kids'; echo \$\$ > '$tmp/pg'; wait" \
+        </dev/null >/dev/null 2>"$tmp/err" &
+    dpid=$!
+    jobs_started+=("$dpid")
+    wait_for "$tmp/pg" && wait_for "$tmp/kids"
+    cpg=$(cat "$tmp/pg" 2>/dev/null)
+    kids=$(cat "$tmp/kids" 2>/dev/null)
+    jobs_started+=("$cpg")
+}
+
+# lose LOCK SECONDS: loses the lock under the running job; sets $t0 to the
+# moment dlock can know it (the end of the pause, the file's removal).
+lose() {
+    if [ "$store" = file ]; then
+        rm -f "$tmp/locks/$1.lock"
+    else
+        kill -STOP -- "$dpid" "-$cpg"
+        sleep "$2"
+        kill -CONT -- "-$cpg" "$dpid"
+    fi
+    t0=$(now_ms)
+}
+
+# finish: waits for dlock; leaves $rc and $elapsed (ms since $t0).
+finish() {
+    wait "$dpid"
+    rc=$?
+    elapsed=$(($(now_ms) - t0))
+}
+
+# 1. The lock is lost: SIGTERM to the whole group, exit 70 within about one
+#    renewal interval (here: at once on resume; file: within its check
+#    interval of 0.5 s), with a message, and nothing of the group left.
+start "$name-a" "" --ttl $TTL
+[ -n "$cpg" ] && [ -n "$kids" ]
+ok $? "the command and its two children run (group $cpg, children $kids)"
+lose "$name-a" 3
+finish
+ok $([ $rc = 70 ] && echo 0 || echo 1) "lock lost: dlock exits 70 (got $rc)"
+ok $([ $elapsed -le 3000 ] && echo 0 || echo 1) "within 3 s of the loss (${elapsed} ms)"
+# shellcheck disable=SC2086
+gone $cpg $kids
+ok $? "the command and its grandchildren are gone when dlock exits"
+grep -q "lock '$name-a' was lost while 'sh' ran: .*stopping its process group" "$tmp/err"
+ok $? "with a message: $(head -n1 "$tmp/err")"
+"$dlock" run -n "$uri" "$name-a" -- true </dev/null 2>"$tmp/err"
+ok $? "the lock can be taken again"
+
+# 2. A group that ignores SIGTERM is SIGKILLed after --grace.
+start "$name-b" "trap '' TERM;" --ttl $TTL -G 1
+lose "$name-b" 2
+finish
+ok $([ $rc = 70 ] && echo 0 || echo 1) "-G 1, SIGTERM ignored: dlock exits 70 (got $rc)"
+ok $([ $elapsed -ge 900 ] && [ $elapsed -le 3500 ] && echo 0 || echo 1) \
+    "after the 1 s grace period (${elapsed} ms)"
+# shellcheck disable=SC2086
+gone $cpg $kids
+ok $? "the whole group was SIGKILLed"
+grep -q "did not stop within 1 s of SIGTERM: sending SIGKILL" "$tmp/err"
+ok $? "and dlock says so"
+
+# 3. -G 0: SIGKILL at once.
+start "$name-c" "trap '' TERM;" --ttl $TTL -G 0
+lose "$name-c" 2
+finish
+# shellcheck disable=SC2086
+ok $([ $rc = 70 ] && [ $elapsed -le 2500 ] && gone $cpg $kids && echo 0 || echo 1) \
+    "-G 0: the group is SIGKILLed at once, exit 70 (got $rc after ${elapsed} ms)"
+grep -q "killing its process group" "$tmp/err"
+ok $? "with a message: $(head -n1 "$tmp/err")"
+
+# 4. File locks have no lease: a pause loses nothing.
+if [ "$store" = file ]; then
+    start "$name-d" "" --ttl $TTL
+    kill -STOP -- "$dpid" "-$cpg"
+    sleep 3
+    kill -CONT -- "-$cpg" "$dpid"
+    sleep 1
+    kill -0 "$dpid" 2>/dev/null
+    ok $? "a paused holder of a file lock keeps it and its command runs on"
+    # shellcheck disable=SC2086
+    kill $kids # the script's wait returns 0
+    t0=$(now_ms)
+    finish
+    ok $([ $rc = 0 ] && echo 0 || echo 1) "and ends normally (exit $rc)"
+fi
+echo "1..$n"
+[ $failed = 0 ]
