@@ -182,6 +182,17 @@ typedef enum dlock_wait {
  * resumed after a pause (SIGSTOP, a VM stall) reports the loss at once,
  * before anything else the keeper does.
  *
+ * How fast: a refused renewal is reported at that renewal (at most TTL/3
+ * after the store let go). A silent network, a dead store or a paused
+ * process is reported at the lease end: between 2/3 of the TTL and the TTL
+ * after the silence began (20 to 30 s with the default TTL), and never
+ * later than the moment the store itself can free the lock. ZooKeeper: an
+ * expired session or a deleted lock node within 500 ms of the client
+ * learning it; a reset connection session_timeout/3 + 0.5 s after it
+ * dropped; a silent network about one session_timeout after it went silent.
+ * Per backend: docs/keeper.md. `dlock run` stops its command's process
+ * group on the report (SIGTERM, SIGKILL after --grace, 5 s by default).
+ *
  * The callback must return quickly. It may call dlock_lock_token(),
  * dlock_lock_name(), dlock_lock_lost() and dlock_lock_expires_ns(), and
  * signal the application's own threads; it must not call dlock_release(),
