@@ -185,8 +185,10 @@ typedef enum dlock_wait {
  * How fast: a refused renewal is reported at that renewal (at most TTL/3
  * after the store let go). A silent network, a dead store or a paused
  * process is reported at the lease end: between 2/3 of the TTL and the TTL
- * after the silence began (20 to 30 s with the default TTL), and never
- * later than the moment the store itself can free the lock. ZooKeeper: an
+ * after the silence began (20 to 30 s with the default TTL), and no later
+ * than the moment the store itself can free the lock (for a grant handed
+ * over after a wait, up to one network delay later until its first
+ * renewal: the handoff is timed from its arrival). ZooKeeper: an
  * expired session or a deleted lock node within 500 ms of the client
  * learning it; a reset connection session_timeout/3 + 0.5 s after it
  * dropped; a silent network about one session_timeout after it went silent.
