@@ -242,10 +242,19 @@ static int check_usable(dlock_client *c)
     return 0;
 }
 
+/* Calls that wait for the keeper would deadlock on its own threads. */
+static int not_on_keeper(dlock_client *c)
+{
+    if (dlock_keeper_on_thread())
+        return DLOCK_EINVAL; /* the client's detail belongs to its own thread */
+    (void)c;
+    return 0;
+}
+
 int dlock_client_ping(dlock_client *c)
 {
     int rc;
-    if (!c)
+    if (!c || not_on_keeper(c))
         return DLOCK_EINVAL;
     if ((rc = check_usable(c)) != 0)
         return rc;
@@ -262,6 +271,8 @@ void dlock_acquire_opts_init(dlock_acquire_opts *opts)
         *opts = defaults;
 }
 
+static int report_lost(dlock_client *c, const char *detail);
+
 /* The held lock called name, or NULL. */
 static dlock_lock *find_held(dlock_client *c, const char *name, size_t len)
 {
@@ -269,15 +280,6 @@ static dlock_lock *find_held(dlock_client *c, const char *name, size_t len)
         if (l->name_len == len && memcmp(l->name, name, len) == 0)
             return l;
     return NULL;
-}
-
-/* Calls that wait for the keeper would deadlock on its own threads. */
-static int not_on_keeper(dlock_client *c)
-{
-    if (dlock_keeper_on_thread())
-        return DLOCK_EINVAL; /* the client's detail belongs to its own thread */
-    (void)c;
-    return 0;
 }
 
 static int check_request(dlock_client *c, const char *name, size_t len,
@@ -330,8 +332,9 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
     int rc;
 
     if (!c || !lockp || not_on_keeper(c))
-        return c && lockp ? dlock_seterr(c, DLOCK_EINVAL, "no place to store the lock")
-                          : DLOCK_EINVAL;
+        return c && lockp && !dlock_keeper_on_thread()
+                   ? dlock_seterr(c, DLOCK_EINVAL, "no place to store the lock")
+                   : DLOCK_EINVAL;
     *lockp = NULL;
     if ((rc = check_usable(c)) != 0)
         return rc;
@@ -343,6 +346,12 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
         if (opts->version < 2 || !opts->reentrant)
             return dlock_seterr(c, DLOCK_EALREADY,
                                 "this client already holds the lock (locks do not stack)");
+        if (atomic_load(&lock->lost))
+            return report_lost(c, dlock_keeper_lost_detail(lock));
+        if ((opts->keep || opts->on_lost) && !lock->kept)
+            return dlock_seterr(c, DLOCK_EINVAL,
+                                "the lock is already held without keep: a reentrant acquire "
+                                "cannot start keeping it");
         if (lock->holds == UINT_MAX)
             return dlock_seterr(c, DLOCK_EINVAL, "the lock's hold count is at its maximum");
         lock->holds++;
@@ -389,8 +398,9 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
     }
     lock->held = held;
     atomic_store(&lock->expires_ns, dlock_lease_end(c, held, sent, req.ttl_ms));
+    int estimated = dlock_backend_v2(c->backend) && held->lease_end_ns != 0;
     if (opts->version >= 2 && opts->keep &&
-        (rc = dlock_keeper_add(c, lock, opts->on_lost, opts->on_lost_user)) != 0) {
+        (rc = dlock_keeper_add(c, lock, opts->on_lost, opts->on_lost_user, estimated)) != 0) {
         dlock_errsave why;
         dlock_err_save(c, &why);
         c->backend->release(c->conn, held);
@@ -439,7 +449,7 @@ int dlock_release(dlock_lock *lock)
         lock->held->lease_end_ns = 0;
     rc = c->backend->release(c->conn, lock->held);
     /* The store may not know (a Redlock quorum gone): the keeper did. */
-    if (rc == 0 && lost == DLOCK_ELOST)
+    if (rc == 0 && lost) /* a grant reported lost is never revived */
         rc = report_lost(c, lost_detail);
     free(lock->lost_detail);
     free(lock);
@@ -465,13 +475,13 @@ int dlock_renew(dlock_lock *lock, uint32_t ttl_ms)
     if (dlock_backend_v2(c->backend))
         lock->held->lease_end_ns = 0;
     rc = c->backend->renew(c->conn, lock->held, ttl_ms);
+    uint64_t end = 0;
     if (rc == 0) {
         lock->ttl_ms = ttl_ms;
-        if (!atomic_load(&lock->lost))
-            atomic_store(&lock->expires_ns, dlock_lease_end(c, lock->held, sent, ttl_ms));
+        end = dlock_lease_end(c, lock->held, sent, ttl_ms);
     }
     rc = finish(c, rc);
-    dlock_keeper_unhold(lock, rc);
+    dlock_keeper_unhold(lock, rc, end);
     return rc;
 }
 

@@ -55,12 +55,15 @@ uint64_t dlock_lease_end(const dlock_client *c, const dlock_held *held, uint64_t
 void dlock_err_redirect(dlock_errsave *sink);
 
 /* The keeper (core/keeper.c). */
-int dlock_keeper_add(dlock_client *c, dlock_lock *lock, dlock_lost_fn on_lost, void *user);
+/* confirm: renew at once (the grant's lease end is an estimate). */
+int dlock_keeper_add(dlock_client *c, dlock_lock *lock, dlock_lost_fn on_lost, void *user,
+                     int confirm);
 /* Stops watching lock, after any keep call or callback on it has returned. */
 void dlock_keeper_remove(dlock_lock *lock);
-/* Around an application renew of a kept lock: no keep call on it between. */
+/* Around an application renew: no keep call on it between; unhold sets
+ * expires_ns to end after a successful renew (any lock, kept or not). */
 void dlock_keeper_hold(dlock_lock *lock);
-void dlock_keeper_unhold(dlock_lock *lock, int rc);
+void dlock_keeper_unhold(dlock_lock *lock, int rc, uint64_t end);
 /* Joins the keeper's threads and frees it (every kept lock removed first). */
 void dlock_keeper_stop(dlock_client *c);
 int dlock_keeper_on_thread(void);

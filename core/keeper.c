@@ -170,7 +170,9 @@ static void *renewer_main(void *arg)
 static void *watchdog_main(void *arg)
 {
     struct dlock_keeper *kp = arg;
+    dlock_errsave sink; /* what a callback's refused calls record */
     on_keeper_thread = 1;
+    dlock_err_redirect(&sink);
     pthread_mutex_lock(&kp->mu);
     while (!kp->stop) {
         uint64_t now = dlock_monotonic_ns(), next = NEVER;
@@ -264,7 +266,8 @@ static void set_intervals(struct dlock_kept *k)
         k->retry_ns = MS;
 }
 
-int dlock_keeper_add(dlock_client *c, dlock_lock *lock, dlock_lost_fn on_lost, void *user)
+int dlock_keeper_add(dlock_client *c, dlock_lock *lock, dlock_lost_fn on_lost, void *user,
+                     int confirm)
 {
     struct dlock_kept *k;
     int rc;
@@ -277,7 +280,11 @@ int dlock_keeper_add(dlock_client *c, dlock_lock *lock, dlock_lost_fn on_lost, v
     k->on_lost = on_lost;
     k->user = user;
     k->fd = -1;
-    k->next_at = dlock_monotonic_ns() + k->interval_ns;
+    /* A lease end the backend reported for a grant is an estimate (a
+     * handoff timed from its arrival): confirm it with a renewal at once,
+     * so a waiter that was paused while the lock was handed to it learns
+     * within a round trip that the lease already ran out. */
+    k->next_at = dlock_monotonic_ns() + (confirm ? 0 : k->interval_ns);
     lock->kept = k;
     pthread_mutex_lock(&c->keeper->mu);
     k->next = c->keeper->kept;
@@ -325,13 +332,19 @@ void dlock_keeper_hold(dlock_lock *lock)
     pthread_mutex_unlock(&kp->mu);
 }
 
-void dlock_keeper_unhold(dlock_lock *lock, int rc)
+void dlock_keeper_unhold(dlock_lock *lock, int rc, uint64_t end)
 {
     struct dlock_kept *k = lock->kept;
     struct dlock_keeper *kp = lock->client->keeper;
-    if (!k)
+    if (!k) {
+        if (rc == 0)
+            atomic_store(&lock->expires_ns, end);
         return;
+    }
     pthread_mutex_lock(&kp->mu);
+    /* Under mu: a loss marked meanwhile keeps expires_ns at 0. */
+    if (rc == 0 && !atomic_load(&lock->lost))
+        atomic_store(&lock->expires_ns, end);
     k->held = 0;
     set_intervals(k); /* the renew may have changed the TTL */
     if (rc == 0)

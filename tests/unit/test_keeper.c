@@ -111,7 +111,7 @@ static dlock_backend fake_backend = {
 static struct {
     atomic_int calls, err;
     atomic_uint_fast64_t at;
-    atomic_int release_rc, acquire_rc;
+    atomic_int release_rc, acquire_rc, ping_rc, renew_rc;
     dlock_lock *lock;
     char detail[DLOCK_ERRMSG_MAX];
 } seen;
@@ -125,7 +125,9 @@ static void on_lost(dlock_lock *lock, int err, void *user)
     if (user) { /* try what the callback must not do */
         dlock_lock *other = NULL;
         seen.release_rc = dlock_release(lock);
+        seen.renew_rc = dlock_renew(lock, 100);
         seen.acquire_rc = dlock_acquire(dlock_lock_client(lock), "other", NULL, &other);
+        seen.ping_rc = dlock_client_ping(dlock_lock_client(lock));
     }
     seen.calls++; /* last: the test reads the rest once it sees this */
 }
@@ -159,9 +161,11 @@ static void test_renews(dlock_client *c)
 {
     dlock_acquire_opts o = kept(300, NULL);
     dlock_lock *l = NULL;
-    reset(KEEP_OK);
+    reset(KEEP_FAIL); /* the first renewals fail (and record detail) */
     is_int(dlock_acquire(c, "renewed", &o, &l), 0, "kept acquire");
     uint64_t t0 = dlock_monotonic_ns();
+    sleep_ms(150);
+    fake.mode = KEEP_OK;
     sleep_ms(1200); /* four TTLs: a lease nobody renewed would be gone */
     ok(fake.keeps >= 4, "the keeper renewed on its own (%d renewals in 4 TTLs, ~12 expected)",
        (int)fake.keeps);
@@ -273,7 +277,10 @@ static void test_callback_limits(dlock_client *c)
     is_int(dlock_acquire(c, "limits", &o, &l), 0, "kept acquire");
     wait_calls(1, 2000);
     is_int(seen.release_rc, DLOCK_EINVAL, "release from the callback refused");
+    is_int(seen.renew_rc, DLOCK_EINVAL, "renew from the callback refused");
     is_int(seen.acquire_rc, DLOCK_EINVAL, "acquire from the callback refused");
+    is_int(seen.ping_rc, DLOCK_EINVAL, "ping from the callback refused");
+    is_str(dlock_errmsg(c), "", "the refusals left the client's detail alone");
     is_int(dlock_release(l), DLOCK_ELOST, "the application releases it afterwards");
 }
 
@@ -310,6 +317,45 @@ static void test_reentrant(dlock_client *c)
     is_int(dlock_lock_holds(a), 1, "hold count 1");
     is_int(dlock_release(a), 0, "second release");
     is_int(fake.releases, rel + 1, "released in the store at zero");
+}
+
+static void test_reentrant_lost(dlock_client *c)
+{
+    dlock_acquire_opts o = kept(300, NULL), plain = DLOCK_ACQUIRE_OPTS_INIT;
+    dlock_lock *l = NULL, *again = NULL;
+    reset(KEEP_OK);
+    o.reentrant = 1;
+    is_int(dlock_acquire(c, "re-lost", &o, &l), 0, "kept reentrant acquire");
+    fake.mode = KEEP_LOST;
+    wait_calls(1, 2000);
+    is_int(dlock_acquire(c, "re-lost", &o, &again), DLOCK_ELOST,
+           "a reentrant acquire of a lock known lost fails");
+    is_int(dlock_lock_holds(l), 1, "and does not count");
+    dlock_release(l);
+    plain.reentrant = 1;
+    reset(KEEP_OK);
+    is_int(dlock_acquire(c, "re-plain", &plain, &l), 0, "reentrant acquire without keep");
+    is_int(dlock_acquire(c, "re-plain", &o, &again), DLOCK_EINVAL,
+           "a reentrant acquire cannot start keeping a lock held without keep");
+    dlock_release(l);
+}
+
+static void test_estimated_lease_confirmed(dlock_client *c)
+{
+    dlock_acquire_opts o = kept(3000, NULL);
+    dlock_lock *l = NULL;
+    reset(KEEP_LOST);
+    /* A backend that timed the lease from a handoff's arrival: the keeper
+     * confirms at once instead of a third of the TTL later. */
+    fake.lease_end = dlock_monotonic_ns() + 3000 * MS;
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_acquire(c, "estimated", &o, &l), 0, "kept acquire with a reported lease end");
+    wait_calls(1, 3000);
+    is_int(seen.err, DLOCK_ELOST, "the confirming renewal found it gone");
+    ok(seen.at - t0 < 500 * MS, "at once, not at TTL/3 (%llu ms)",
+       (unsigned long long)((seen.at - t0) / MS));
+    dlock_release(l);
+    fake.lease_end = 0;
 }
 
 static void test_refusals(void)
@@ -388,6 +434,8 @@ int main(void)
     test_callback_limits(c);
     test_app_renew(c);
     test_reentrant(c);
+    test_reentrant_lost(c);
+    test_estimated_lease_confirmed(c);
     dlock_client_close(c);
     test_refusals();
     test_close_stops();
