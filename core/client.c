@@ -243,18 +243,16 @@ static int check_usable(dlock_client *c)
 }
 
 /* Calls that wait for the keeper would deadlock on its own threads. */
-static int not_on_keeper(dlock_client *c)
+static int not_on_keeper(void)
 {
-    if (dlock_keeper_on_thread())
-        return DLOCK_EINVAL; /* the client's detail belongs to its own thread */
-    (void)c;
-    return 0;
+    /* No detail either: the client's belongs to the application's thread. */
+    return dlock_keeper_on_thread() ? DLOCK_EINVAL : 0;
 }
 
 int dlock_client_ping(dlock_client *c)
 {
     int rc;
-    if (!c || not_on_keeper(c))
+    if (!c || not_on_keeper())
         return DLOCK_EINVAL;
     if ((rc = check_usable(c)) != 0)
         return rc;
@@ -331,7 +329,7 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
     dlock_lock *lock;
     int rc;
 
-    if (!c || !lockp || not_on_keeper(c))
+    if (!c || !lockp || not_on_keeper())
         return c && lockp && !dlock_keeper_on_thread()
                    ? dlock_seterr(c, DLOCK_EINVAL, "no place to store the lock")
                    : DLOCK_EINVAL;
@@ -385,10 +383,10 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
     }
     /* A deadline already past is one attempt that reports a timeout, so
      * backends only ever see future deadlines. */
-    int expired = req.wait == DLOCK_WAIT_DEADLINE && req.deadline_ns <= dlock_monotonic_ns();
+    uint64_t sent = dlock_monotonic_ns(); /* also the lease's earliest start */
+    int expired = req.wait == DLOCK_WAIT_DEADLINE && req.deadline_ns <= sent;
     if (expired)
         req.wait = DLOCK_WAIT_TRY;
-    uint64_t sent = dlock_monotonic_ns();
     rc = c->backend->acquire(c->conn, &req, &held);
     if (rc == DLOCK_EBUSY && expired)
         rc = dlock_seterr(c, DLOCK_ETIMEDOUT, "the deadline passed with the lock still held elsewhere");
@@ -433,7 +431,7 @@ int dlock_release(dlock_lock *lock)
     dlock_client *c;
     char lost_detail[DLOCK_ERRMSG_MAX];
     int rc, lost;
-    if (!lock || not_on_keeper(lock->client))
+    if (!lock || not_on_keeper())
         return DLOCK_EINVAL;
     c = lock->client;
     dlock_clearerr(c);
@@ -460,7 +458,7 @@ int dlock_renew(dlock_lock *lock, uint32_t ttl_ms)
 {
     dlock_client *c;
     int rc;
-    if (!lock || not_on_keeper(lock->client))
+    if (!lock || not_on_keeper())
         return DLOCK_EINVAL;
     c = lock->client;
     dlock_clearerr(c);
