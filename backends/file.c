@@ -10,7 +10,10 @@
  * that instant gets it first (barging): so no DLOCK_CAP_FIFO.
  *
  * The file holds the name's fencing token (20 decimal digits), bumped while
- * the lock is held, so it increases across processes and restarts. Files
+ * the lock is held, so it increases across processes and restarts. A file
+ * with no token (new, or emptied by a crash without fsync=1) starts from
+ * the wall clock in microseconds, so tokens stay above those handed out
+ * before it was lost (unless the clock was set back meanwhile). Files
  * are never deleted: deleting a lock file races with a process that has
  * just opened it. A holder checks after locking that the file it locked is
  * still the one at the path.
@@ -23,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -300,6 +304,14 @@ static int still_linked(int dirfd, const char *fname, int fd)
     return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+/* The first token of a name: microseconds since the epoch. */
+static uint64_t token_floor(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 static int bump_token(struct file_conn *fc, int fd, const dlock_request *req,
                       uint64_t *tokenp)
 {
@@ -318,6 +330,8 @@ static int bump_token(struct file_conn *fc, int fd, const dlock_request *req,
                                 "the lock file does not start with a %d-digit token",
                                 TOKEN_DIGITS);
     }
+    if (n == 0)
+        token = token_floor();
     if (token == UINT64_MAX)
         return dlock_seterr(c, DLOCK_EPROTO, "the fencing token is exhausted");
     token++;

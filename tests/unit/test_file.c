@@ -88,6 +88,19 @@ static void test_token_file(void)
     if (f)
         fclose(f);
 
+    /* A lock file emptied (an OS crash before its data reached the disk, or
+     * the directory recreated): tokens go on above the ones handed out. */
+    f = fopen(path, "w");
+    fclose(f);
+    uint64_t t3 = 0;
+    is_int(dlock_acquire(c, "tok/en", NULL, &l), 0, "acquire after the file was emptied");
+    t3 = dlock_lock_token(l);
+    ok(t3 > t2, "token after the file was emptied is above the last one (%llu > %llu)",
+       (unsigned long long)t3, (unsigned long long)t2);
+    ok(t1 > 1000000000000000ull, "a new name's first token comes from the clock (%llu)",
+       (unsigned long long)t1);
+    dlock_release(l);
+
     f = fopen(path, "w"); /* corrupt it */
     fputs("garbage\n", f);
     fclose(f);
