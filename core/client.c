@@ -446,8 +446,10 @@ int dlock_release(dlock_lock *lock)
     if (dlock_backend_v2(c->backend))
         lock->held->lease_end_ns = 0;
     rc = c->backend->release(c->conn, lock->held);
-    /* The store may not know (a Redlock quorum gone): the keeper did. */
-    if (rc == 0 && lost) /* a grant reported lost is never revived */
+    /* The store may not know (a Redlock quorum gone) or not answer (a
+     * store down): the keeper did know. A grant reported lost is never
+     * revived, and its release says so whatever the store answered. */
+    if (lost)
         rc = report_lost(c, lost_detail);
     free(lock->lost_detail);
     free(lock);

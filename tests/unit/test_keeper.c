@@ -27,6 +27,7 @@ static struct {
     atomic_int mode;
     atomic_int block_ms;
     atomic_int wrong_thread; /* keep() ran on the application's thread */
+    atomic_int release_fails; /* release() says the store is unreachable */
     pthread_t main_thread;
     uint64_t lease_end; /* set on held by acquire when non-zero */
 } fake;
@@ -57,9 +58,10 @@ static int fake_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
 
 static int fake_release(dlock_conn *conn, dlock_held *held)
 {
-    (void)conn;
     fake.releases++;
     free(held);
+    if (fake.release_fails)
+        return dlock_seterr(conn->client, DLOCK_ECONNECT, "fake store: unreachable");
     return 0;
 }
 
@@ -233,7 +235,10 @@ static void test_expired_while_failing(dlock_client *c)
     ok(fake.keeps >= 3, "renewal was retried (%d tries)", (int)fake.keeps);
     ok(strstr(seen.detail, "unreachable") != NULL, "detail names the last failure: %s",
        seen.detail);
-    dlock_release(l);
+    fake.release_fails = 1; /* the store is still down when the application releases */
+    is_int(dlock_release(l), DLOCK_ELOST, "release after the reported loss: DLOCK_ELOST, "
+                                          "whatever the store answered");
+    fake.release_fails = 0;
 }
 
 static void test_expired_while_blocked(dlock_client *c)
