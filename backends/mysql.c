@@ -33,20 +33,32 @@
  * Deadlines. innodb_lock_wait_timeout counts whole seconds, so it is set to
  * cover the deadline (a server-side backstop) and the wait itself runs on
  * the non-blocking API, polling the socket until the exact deadline; then
- * the control session sends KILL QUERY, and the transaction is rolled back.
+ * the control session sends KILL QUERY, and the transaction is rolled back,
+ * all within CLEANUP_MS (200 ms) past the deadline: what is not done by
+ * then is abandoned by closing the session (the server rolls back when it
+ * sees the connection closed, and ends a wait still queued at its
+ * innodb_lock_wait_timeout).
  *
- * Bounds. Connecting is bounded by connect_timeout (whole seconds, the
- * server's greeting included), every other statement by `timeout`: a try's
- * lock, renew, keep and release on the non-blocking API to the
- * millisecond, the rest by Connector/C's read and write timeouts (whole
- * seconds). No reply in time closes the session (DLOCK_ECONNECT naming the
- * timeout); the server rolls back once it notices, at the latest after the
- * session's wait_timeout. A session that timed out is never retried on a
- * new one (the retry would wait as long again); one the server dropped
- * while idle is. A wait without a deadline has no client-side bound: TCP
- * keepalives (idle 5 s, every 2 s, 3 probes) end it about 11 s after the
- * peer or the network died, and TCP_USER_TIMEOUT (= timeout) fails a
- * connection whose sent data stays unacknowledged.
+ * Bounds. Every exchange with the server, the connect included, runs on
+ * the non-blocking API with a bound of dlock's own, to the millisecond
+ * (Connector/C's own timeouts count whole seconds): a connect by
+ * connect_timeout, a statement by `timeout`, and both by the caller's
+ * deadline when it is sooner (DLOCK_ETIMEDOUT then); a try's statements
+ * share one `timeout` (plus the time spent connecting). No reply in time
+ * closes the session (its socket shut first, so closing never waits); the
+ * server rolls back once it notices, at the latest after the session's
+ * wait_timeout. A session that timed out is never retried on a new one
+ * (the retry would wait as long again); one the server dropped is. A wait
+ * without a deadline has no client-side bound: TCP keepalives (idle 5 s,
+ * every 2 s, 3 probes) end it about 11 s after the peer host or the
+ * network died, and TCP_USER_TIMEOUT (= timeout) fails a connection whose
+ * sent data stays unacknowledged.
+ *
+ * Restarts. A wait whose session the server dropped is queued again on a
+ * new session once the server answers, if the control session was
+ * dropped too (a restart, a broken connection), until the deadline (or for
+ * connect_timeout without one); a session killed alone (KILL) while the
+ * server kept answering is reported, not waited on again.
  *
  * Keeping. keep() renews on the lock's own session (SET SESSION
  * wait_timeout), bounded by the timeout and the lease's end, and touches
@@ -85,6 +97,8 @@
 #define NAME_COLUMN_MAX 255    /* bytes of the name kept for people to read */
 #define LOCK_WAIT_MAX_S 1073741824u /* innodb_lock_wait_timeout's maximum */
 #define IDLE_SESSIONS_MAX 4
+#define MDL_WAIT_MAX_S 31536000u  /* lock_wait_timeout's maximum */
+#define CLEANUP_MS 200u /* past a deadline: ending a wait, letting go after a failure */
 #define MS 1000000ull
 
 /* Server errors not in every client's headers. */
@@ -223,32 +237,211 @@ static int fail_on(struct mysql_conn *mc, struct session *s, MYSQL_STMT *st, con
     if (e == CR_SERVER_LOST && sys == ETIMEDOUT) {
         s->silent_ms = ceil_s(mc->timeout_ms) * 1000ull;
         return dlock_seterr(cl(mc), DLOCK_ECONNECT,
-                            "mysql %s: %s: the connection timed out (no reply within the %" PRIu64
-                            " ms timeout, or keepalive probes unanswered); the session was closed",
-                            mc->where, what, s->silent_ms);
+                            "mysql %s: %s: the server did not answer (the connection timed out:"
+                            " unacknowledged data or keepalive probes); the session was closed",
+                            mc->where, what);
     }
     return dlock_seterr(cl(mc), map_errno(e), "mysql %s: %s: %s (%u)", mc->where, what,
                         st ? mysql_stmt_error(st) : mysql_error(s->db), e);
 }
 
-/* No reply by a deadline of the client's own: the session is unusable (a
- * statement is outstanding); the caller closes it. */
-static int no_reply(struct mysql_conn *mc, struct session *s, const char *what, uint64_t start)
+/*
+ * When a step must be over, and what its end means. Deadlines are the
+ * caller's (DLOCK_ETIMEDOUT when they pass); `timeout` and
+ * `connect_timeout` are the server's time to answer (DLOCK_ECONNECT).
+ */
+struct bound {
+    uint64_t until; /* absolute CLOCK_MONOTONIC; 0: none */
+    int late;       /* the error when until passes */
+    int extend;     /* a try: time spent connecting is added to until */
+};
+
+/* A statement's bound: `ms` from now, or the call's bound if tighter. */
+static struct bound stmt_bound(const struct bound *call, uint64_t ms)
+{
+    struct bound b = {dlock_monotonic_ns() + ms * MS, DLOCK_ECONNECT, 0};
+    if (call && call->until && call->until <= b.until)
+        b = (struct bound){call->until, call->late, 0};
+    return b;
+}
+
+/* No reply by a bound: the session is unusable (a statement is
+ * outstanding); the caller closes it. */
+static int no_reply(struct mysql_conn *mc, struct session *s, const char *what, uint64_t start,
+                    int late)
 {
     uint64_t ms = (dlock_monotonic_ns() - start + MS / 2) / MS;
     s->dead = 1;
     s->silent_ms = ms ? ms : 1;
+    if (late == DLOCK_ETIMEDOUT)
+        return dlock_seterr(cl(mc), DLOCK_ETIMEDOUT,
+                            "mysql %s: %s: the deadline passed, the server not having answered"
+                            " (no reply in %" PRIu64 " ms); the session was closed",
+                            mc->where, what, s->silent_ms);
     return dlock_seterr(cl(mc), DLOCK_ECONNECT,
-                        "mysql %s: %s: no reply from the server within %" PRIu64
-                        " ms; the session was closed", mc->where, what, s->silent_ms);
+                        "mysql %s: %s: the server did not answer (no reply within %" PRIu64
+                        " ms); the session was closed", mc->where, what, s->silent_ms);
+}
+
+/* ---- non-blocking calls ------------------------------------------------- */
+
+/*
+ * Every exchange with the server runs on Connector/C's non-blocking API,
+ * polled here until a bound of dlock's own: the library's timeouts count
+ * whole seconds, and one blocking call with them could overrun a deadline
+ * by as much.
+ */
+enum nb_op { NB_CONNECT, NB_QUERY, NB_STORE, NB_PREPARE, NB_EXECUTE, NB_STMT_STORE, NB_ROLLBACK };
+
+struct nb {
+    enum nb_op op;
+    MYSQL *db;
+    MYSQL_STMT *st;
+    const char *sql;
+    int status; /* what the call waits for; 0 once it is over */
+    int ret;
+    my_bool bret;
+    MYSQL *cret;
+    MYSQL_RES *res;
+};
+
+/* Waits for what status asks on db's socket, until until_ns (0: no
+ * limit). Returns the events for the _cont call, -1 when until_ns passed
+ * (the socket is polled once more at that instant), -2 when a signal
+ * arrived (only with intr; otherwise the wait goes on). Connector/C's own
+ * timeouts (MYSQL_WAIT_TIMEOUT) are not used: until_ns is the bound. */
+static int wait_io(MYSQL *db, int status, uint64_t until_ns, int intr)
+{
+    for (;;) {
+        struct pollfd pfd = {.fd = (int)mysql_get_socket(db)};
+        struct timespec ts, *tsp = NULL;
+        int last = 0;
+        if (status & MYSQL_WAIT_READ)
+            pfd.events |= POLLIN;
+        if (status & MYSQL_WAIT_WRITE)
+            pfd.events |= POLLOUT;
+        if (status & MYSQL_WAIT_EXCEPT)
+            pfd.events |= POLLPRI;
+        if (until_ns) {
+            uint64_t now = dlock_monotonic_ns();
+            last = now >= until_ns;
+            dlock_ns_to_timespec(last ? 0 : until_ns - now, &ts);
+            tsp = &ts;
+        }
+        int pr = ppoll(&pfd, 1, tsp, NULL);
+        if (pr < 0 && errno == EINTR && !intr)
+            continue;
+        if (pr < 0)
+            return errno == EINTR ? -2 : -1;
+        if (pr == 0) {
+            if (last)
+                return -1;
+            continue;
+        }
+        if (pfd.revents & POLLNVAL) /* no socket: nothing will ever come */
+            return -1;
+        int ev = 0;
+        if (pfd.revents & (POLLIN | POLLHUP | POLLERR))
+            ev |= MYSQL_WAIT_READ;
+        if (pfd.revents & (POLLOUT | POLLHUP | POLLERR))
+            ev |= MYSQL_WAIT_WRITE;
+        if (pfd.revents & POLLPRI)
+            ev |= MYSQL_WAIT_EXCEPT;
+        return ev & status;
+    }
+}
+
+static void nb_step(struct nb *c, int ev)
+{
+    switch (c->op) {
+    case NB_CONNECT:
+        c->status = mysql_real_connect_cont(&c->cret, c->db, ev);
+        break;
+    case NB_QUERY:
+        c->status = ev < 0 ? mysql_real_query_start(&c->ret, c->db, c->sql, strlen(c->sql))
+                           : mysql_real_query_cont(&c->ret, c->db, ev);
+        break;
+    case NB_STORE:
+        c->status = ev < 0 ? mysql_store_result_start(&c->res, c->db)
+                           : mysql_store_result_cont(&c->res, c->db, ev);
+        break;
+    case NB_PREPARE:
+        c->status = ev < 0 ? mysql_stmt_prepare_start(&c->ret, c->st, c->sql, strlen(c->sql))
+                           : mysql_stmt_prepare_cont(&c->ret, c->st, ev);
+        break;
+    case NB_EXECUTE:
+        c->status = ev < 0 ? mysql_stmt_execute_start(&c->ret, c->st)
+                           : mysql_stmt_execute_cont(&c->ret, c->st, ev);
+        break;
+    case NB_STMT_STORE:
+        c->status = ev < 0 ? mysql_stmt_store_result_start(&c->ret, c->st)
+                           : mysql_stmt_store_result_cont(&c->ret, c->st, ev);
+        break;
+    case NB_ROLLBACK:
+        c->status = ev < 0 ? mysql_rollback_start(&c->bret, c->db)
+                           : mysql_rollback_cont(&c->bret, c->db, ev);
+        break;
+    }
+}
+
+/* Runs a started call to its end: 0 when it is over, -1 when until_ns
+ * passed first, -2 when a signal interrupted it (only with intr); in both
+ * last cases it is still outstanding, and c->status says what it waits for. */
+static int nb_finish(struct nb *c, uint64_t until_ns, int intr)
+{
+    while (c->status) {
+        int ev = wait_io(c->db, c->status, until_ns, intr);
+        if (ev < 0)
+            return ev;
+        nb_step(c, ev);
+    }
+    return 0;
+}
+
+static int nb_failed(const struct nb *c)
+{
+    switch (c->op) {
+    case NB_CONNECT:
+        return c->cret == NULL;
+    case NB_STORE:
+        return c->res == NULL && mysql_errno(c->db) != 0;
+    case NB_ROLLBACK:
+        return c->bret != 0;
+    default:
+        return c->ret != 0;
+    }
+}
+
+/* One call on s (op with st or sql), by b: 0, or its error recorded (no
+ * reply by then: b's error, and s is dead). */
+static int run(struct mysql_conn *mc, struct session *s, enum nb_op op, MYSQL_STMT *st,
+               const char *sql, const struct bound *b, const char *what)
+{
+    struct nb c = {.op = op, .db = s->db, .st = st, .sql = sql};
+    uint64_t start = dlock_monotonic_ns();
+    nb_step(&c, -1);
+    if (nb_finish(&c, b->until, 0) != 0)
+        return no_reply(mc, s, what, start, b->late);
+    if (nb_failed(&c))
+        return fail_on(mc, s, st, what);
+    if (c.res)
+        mysql_free_result(c.res);
+    return 0;
 }
 
 /* ---- sessions ----------------------------------------------------------- */
 
+/* Closing never waits for the server: a session with a statement still
+ * outstanding (dead) has its socket shut first, so that Connector/C finds
+ * nothing to read (it would otherwise drain the statement's reply with
+ * its whole-second timeouts). The server ends the session, rolling back,
+ * when it sees the connection closed. */
 static void session_close(struct session *s)
 {
     if (!s)
         return;
+    if (s->dead && (int)mysql_get_socket(s->db) >= 0)
+        shutdown((int)mysql_get_socket(s->db), SHUT_RDWR);
     for (int i = 0; i < N_STMTS; i++)
         if (s->stmt[i])
             mysql_stmt_close(s->stmt[i]);
@@ -289,15 +482,29 @@ static void tune_socket(struct mysql_conn *mc, MYSQL *db)
     setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
 }
 
-/* Lock sessions run READ COMMITTED (a FOR UPDATE on a missing row takes no
- * gap lock) without autocommit (the FOR UPDATE opens the transaction that
- * holds the lock). The control session autocommits, and gives up quickly
- * on a row lock: it only ever waits in the rare race of creating a row. */
-static int session_open(struct mysql_conn *mc, int lock_role, struct session **out)
+/*
+ * Opens a session, by connect_timeout or the call's deadline if sooner
+ * (a try's bound grows by the time spent here instead).
+ *
+ * Nothing is left to the server's defaults, which an administrator may
+ * change (SET GLOBAL, init_connect, which these commands run after):
+ * every session runs READ COMMITTED (a FOR UPDATE on a missing row takes
+ * no gap lock, and the statements never depend on a snapshot); lock
+ * sessions without autocommit (the FOR UPDATE opens the transaction that
+ * holds the lock); the control session with autocommit, so that every
+ * token is committed the moment it is bumped, and it gives up on a row
+ * lock after 1 s (it only ever waits in the rare race of creating a row,
+ * or behind another client's bump). Metadata locks (a DDL on the tables)
+ * are waited for at most `timeout`.
+ */
+static int session_open(struct mysql_conn *mc, int lock_role, struct bound *call,
+                        struct session **out)
 {
     struct session *s = calloc(1, sizeof *s);
     unsigned connect_s = ceil_s(mc->connect_ms), io_s = ceil_s(mc->timeout_ms), no = 0;
+    uint64_t start = dlock_monotonic_ns();
     my_bool off = 0;
+    char limits[128];
     if (!s || !(s->db = mysql_init(NULL))) {
         free(s);
         return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
@@ -309,40 +516,58 @@ static int session_open(struct mysql_conn *mc, int lock_role, struct session **o
     mysql_options(s->db, MYSQL_OPT_LOCAL_INFILE, &no);
     mysql_options(s->db, MYSQL_OPT_NONBLOCK, 0);
     set_tls(mc, s->db);
-    if (lock_role) {
-        mysql_options(s->db, MYSQL_INIT_COMMAND,
-                      "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
-        mysql_options(s->db, MYSQL_INIT_COMMAND, "SET SESSION autocommit = 0");
-    } else {
-        mysql_options(s->db, MYSQL_INIT_COMMAND, "SET SESSION innodb_lock_wait_timeout = 1");
+    mysql_options(s->db, MYSQL_INIT_COMMAND,
+                  "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
+    if (lock_role)
+        snprintf(limits, sizeof limits, "SET SESSION autocommit = 0, lock_wait_timeout = %u", io_s);
+    else
+        snprintf(limits, sizeof limits,
+                 "SET SESSION autocommit = 1, innodb_lock_wait_timeout = 1, lock_wait_timeout = %u",
+                 io_s);
+    mysql_options(s->db, MYSQL_INIT_COMMAND, limits);
+
+    struct bound b = {start + mc->connect_ms * MS, DLOCK_ECONNECT, 0};
+    if (call && call->until && !call->extend && call->until < b.until)
+        b = (struct bound){call->until, call->late, 0};
+    struct nb c = {.op = NB_CONNECT, .db = s->db};
+    c.status = mysql_real_connect_start(&c.cret, s->db, mc->socket ? "localhost" : mc->host,
+                                        mc->user, mc->password, mc->database, mc->port,
+                                        mc->socket, 0);
+    int w = nb_finish(&c, b.until, 0), err = 0;
+    if (call && call->until && call->extend)
+        call->until += dlock_monotonic_ns() - start;
+    if (w != 0) {
+        err = no_reply(mc, s, "cannot connect", start, b.late);
+    } else if (!c.cret) {
+        errno = 0; /* Connector/C's own message says what failed */
+        err = fail_on(mc, s, NULL, "cannot connect");
+        s->dead = 1;
+    } else if (mc->tls && !mysql_get_ssl_cipher(s->db)) {
+        /* This Connector/C enforces TLS only together with verification:
+         * with tls=on a server without TLS would get a plain session. */
+        err = dlock_seterr(cl(mc), DLOCK_ECONNECT, "mysql %s: the server did not agree to TLS",
+                           mc->where);
     }
-    if (!mysql_real_connect(s->db, mc->socket ? "localhost" : mc->host, mc->user, mc->password,
-                            mc->database, mc->port, mc->socket, 0)) {
-        errno = 0; /* Connector/C's own message says what timed out */
-        int err = fail_on(mc, s, NULL, "cannot connect");
+    if (err) {
         session_close(s);
         return err;
-    }
-    /* This Connector/C enforces TLS only together with verification: with
-     * tls=on a server without TLS would get a plain session. */
-    if (mc->tls && !mysql_get_ssl_cipher(s->db)) {
-        session_close(s);
-        return dlock_seterr(cl(mc), DLOCK_ECONNECT, "mysql %s: the server did not agree to TLS",
-                            mc->where);
     }
     tune_socket(mc, s->db);
     *out = s;
     return 0;
 }
 
-static int prepare(struct mysql_conn *mc, struct session *s, enum stmt_id id, MYSQL_STMT **out)
+static int prepare(struct mysql_conn *mc, struct session *s, enum stmt_id id,
+                   const struct bound *b, MYSQL_STMT **out)
 {
     MYSQL_STMT *st = s->stmt[id];
     if (!st) {
         if (!(st = mysql_stmt_init(s->db)))
             return fail_on(mc, s, NULL, "cannot allocate a statement");
-        if (mysql_stmt_prepare(st, mc->sql[id], strlen(mc->sql[id])) != 0) {
-            int err = fail_on(mc, s, st, "prepare");
+        int err = run(mc, s, NB_PREPARE, st, mc->sql[id], b, "prepare");
+        if (err) {
+            if (s->dead)
+                shutdown((int)mysql_get_socket(s->db), SHUT_RDWR);
             mysql_stmt_close(st);
             return err;
         }
@@ -352,19 +577,19 @@ static int prepare(struct mysql_conn *mc, struct session *s, enum stmt_id id, MY
     return 0;
 }
 
-/* A statement without a result; on error, records it and returns its code. */
-static int exec_sql(struct mysql_conn *mc, struct session *s, const char *sql, const char *what)
+/* A statement without a result, by `timeout` or the call's bound. */
+static int exec_sql(struct mysql_conn *mc, struct session *s, const char *sql,
+                    const struct bound *call, const char *what)
 {
-    if (mysql_real_query(s->db, sql, strlen(sql)) != 0)
-        return fail_on(mc, s, NULL, what);
-    return 0;
+    struct bound b = stmt_bound(call, mc->timeout_ms);
+    return run(mc, s, NB_QUERY, NULL, sql, &b, what);
 }
 
-static int ctl_session(struct mysql_conn *mc, struct session **out)
+static int ctl_session(struct mysql_conn *mc, struct bound *call, struct session **out)
 {
     int err = 0;
     if (!mc->ctl)
-        err = session_open(mc, 0, &mc->ctl);
+        err = session_open(mc, 0, call, &mc->ctl);
     *out = mc->ctl;
     return err;
 }
@@ -383,9 +608,19 @@ static int ctl_dropped(struct mysql_conn *mc)
     return retry;
 }
 
+static void pool_drain(struct mysql_conn *mc)
+{
+    while (mc->idle) {
+        struct session *s = mc->idle;
+        mc->idle = s->next;
+        session_close(s);
+    }
+    mc->nidle = 0;
+}
+
 /* A lock session from the pool (*pooled = 1; it may have been dropped by
  * the server while idle), or a new one. */
-static int pool_get(struct mysql_conn *mc, struct session **out, int *pooled)
+static int pool_get(struct mysql_conn *mc, struct bound *call, struct session **out, int *pooled)
 {
     *pooled = mc->idle != NULL;
     if (mc->idle) {
@@ -395,7 +630,7 @@ static int pool_get(struct mysql_conn *mc, struct session **out, int *pooled)
         (*out)->next = NULL;
         return 0;
     }
-    return session_open(mc, 1, out);
+    return session_open(mc, 1, call, out);
 }
 
 static void pool_put(struct mysql_conn *mc, struct session *s)
@@ -410,15 +645,24 @@ static void pool_put(struct mysql_conn *mc, struct session *s)
 }
 
 /* Ends a lock session's transaction (whatever it holds is released) and
- * pools it; a session that cannot roll back is closed, which makes the
- * server roll back. Keeps the error already recorded on the client. */
-static void rollback_and_pool(struct mysql_conn *mc, struct session *s)
+ * pools it, by until_ns; a session that does not roll back by then is
+ * closed, which makes the server roll back when it sees it. Keeps the
+ * error already recorded on the client. */
+static void rollback_and_pool(struct mysql_conn *mc, struct session *s, uint64_t until_ns)
 {
-    if (mysql_rollback(s->db) != 0 && mysql_rollback(s->db) != 0) {
+    struct nb c = {.op = NB_ROLLBACK, .db = s->db};
+    nb_step(&c, -1);
+    if (nb_finish(&c, until_ns, 0) != 0 || nb_failed(&c)) {
+        s->dead = 1;
         session_close(s);
         return;
     }
     pool_put(mc, s);
+}
+
+static uint64_t cleanup_until(void)
+{
+    return dlock_monotonic_ns() + CLEANUP_MS * MS;
 }
 
 /* ---- acquire ------------------------------------------------------------ */
@@ -440,12 +684,13 @@ static void bind_u64(MYSQL_BIND *b, unsigned long long *v)
     b->is_unsigned = 1;
 }
 
-/* The session's lease and server-side wait bound, set only when they
+/* The session's lease and server-side wait bounds, set only when they
  * change, so a steady workload pays no round trip for them. */
-static int set_limits(struct mysql_conn *mc, struct session *s, const dlock_request *req)
+static int set_limits(struct mysql_conn *mc, struct session *s, const dlock_request *req,
+                      const struct bound *call)
 {
     unsigned lease = ceil_s(req->ttl_ms), wait = s->lock_wait_s;
-    char sql[128];
+    char sql[160];
     int n;
     if (req->wait == DLOCK_WAIT_FOREVER) {
         wait = LOCK_WAIT_MAX_S;
@@ -462,8 +707,10 @@ static int set_limits(struct mysql_conn *mc, struct session *s, const dlock_requ
         return 0;
     n = snprintf(sql, sizeof sql, "SET SESSION wait_timeout = %u", lease);
     if (wait != s->lock_wait_s)
-        snprintf(sql + n, sizeof sql - (size_t)n, ", innodb_lock_wait_timeout = %u", wait);
-    int err = exec_sql(mc, s, sql, "cannot set the session's lease");
+        snprintf(sql + n, sizeof sql - (size_t)n,
+                 ", innodb_lock_wait_timeout = %u, lock_wait_timeout = %u", wait,
+                 wait > MDL_WAIT_MAX_S ? MDL_WAIT_MAX_S : wait);
+    int err = exec_sql(mc, s, sql, call, "setting the session's lease");
     if (err)
         return err;
     s->wait_timeout_s = lease;
@@ -471,93 +718,58 @@ static int set_limits(struct mysql_conn *mc, struct session *s, const dlock_requ
     return 0;
 }
 
-/*
- * Runs a started non-blocking call to its end, polling the socket: the
- * execute of st, or without st a mysql_real_query_start() on db. *status
- * is what the call waits for. Returns 0 when done (*ret is the call's
- * result), 1 when until_ns (0: no limit) passed first, 2 when a signal
- * interrupted the wait (only with intr; otherwise the wait goes on); in
- * both last cases the statement is still running on the server.
- */
-static int drive(MYSQL *db, MYSQL_STMT *st, int *status, uint64_t until_ns, int *ret, int intr)
-{
-    while (*status) {
-        struct pollfd pfd = {.fd = mysql_get_socket(db)};
-        struct timespec ts, *tsp = NULL;
-        if (*status & MYSQL_WAIT_READ)
-            pfd.events |= POLLIN;
-        if (*status & MYSQL_WAIT_WRITE)
-            pfd.events |= POLLOUT;
-        if (*status & MYSQL_WAIT_EXCEPT)
-            pfd.events |= POLLPRI;
-        if (until_ns) {
-            uint64_t now = dlock_monotonic_ns();
-            if (now >= until_ns)
-                return 1;
-            dlock_ns_to_timespec(until_ns - now, &ts);
-            tsp = &ts;
-        }
-        int pr = ppoll(&pfd, 1, tsp, NULL);
-        if (pr < 0 && (intr || errno != EINTR))
-            return 2;
-        if (pr < 0)
-            continue;
-        if (pr == 0)
-            continue;
-        int ev = 0;
-        if (pfd.revents & (POLLIN | POLLHUP | POLLERR))
-            ev |= MYSQL_WAIT_READ;
-        if (pfd.revents & (POLLOUT | POLLHUP | POLLERR))
-            ev |= MYSQL_WAIT_WRITE;
-        if (pfd.revents & POLLPRI)
-            ev |= MYSQL_WAIT_EXCEPT;
-        *status = st ? mysql_stmt_execute_cont(ret, st, ev & *status)
-                     : mysql_real_query_cont(ret, db, ev & *status);
-    }
-    return 0;
-}
-
-/* A statement without a result on s, with no reply by until_ns ending it
- * with DLOCK_ECONNECT (s is then dead and silent: the caller closes it).
- * Only s is touched: safe on the keeper's thread for a lock's session. */
+/* A statement without a result on s, by until_ns (no reply by then:
+ * DLOCK_ECONNECT, and s is dead: the caller closes it). Only s is
+ * touched: safe on the keeper's thread for a lock's session. */
 static int query_until(struct mysql_conn *mc, struct session *s, const char *sql, uint64_t until_ns,
                        const char *what)
 {
-    uint64_t start = dlock_monotonic_ns();
-    int ret = 0, status = mysql_real_query_start(&ret, s->db, sql, strlen(sql));
-    int w = drive(s->db, NULL, &status, until_ns, &ret, 0);
-    if (w != 0)
-        return no_reply(mc, s, what, start);
-    if (ret != 0)
-        return fail_on(mc, s, NULL, what);
-    return 0;
+    struct bound b = {until_ns, DLOCK_ECONNECT, 0};
+    return run(mc, s, NB_QUERY, NULL, sql, &b, what);
 }
 
-/* Ends a lock wait still running on the server: KILL QUERY from the
- * control session, then the statement's own end (interrupted, or granted
- * in that instant), then a rollback, and the session goes back to the pool.
- * If any of it fails the session is closed: the server then ends the wait
- * at its innodb_lock_wait_timeout, and rolls back. */
-static void cancel_wait(struct mysql_conn *mc, struct session *s, MYSQL_STMT *st, int status)
+/*
+ * Ends a lock wait still running on the server, by until_ns (a small
+ * margin past the deadline): KILL QUERY from the control session, then
+ * the statement's own end (interrupted, or granted in that instant), then
+ * a rollback, and the session goes back to the pool. Whatever of it does
+ * not finish in time is abandoned: the session is closed, the server ends
+ * the wait at its innodb_lock_wait_timeout (set near the deadline) and
+ * rolls back, freeing anything granted meanwhile, once it sees the
+ * connection closed.
+ */
+static void cancel_wait(struct mysql_conn *mc, struct session *s, struct nb *wait, uint64_t until_ns)
 {
     char sql[64];
     struct session *ctl;
+    struct bound b = {until_ns, DLOCK_ECONNECT, 0};
     dlock_errsave why;
-    int ret = 1, err = 0;
+    int err = 0;
     dlock_err_save(cl(mc), &why); /* report the wait's end, not this */
     snprintf(sql, sizeof sql, "KILL QUERY %lu", mysql_thread_id(s->db));
     for (int tries = 0; tries < 2; tries++) {
-        if ((err = ctl_session(mc, &ctl)) == 0 && (err = exec_sql(mc, ctl, sql, "KILL QUERY")) == 0)
+        if ((err = ctl_session(mc, &b, &ctl)) == 0 &&
+            (err = run(mc, ctl, NB_QUERY, NULL, sql, &b, "KILL QUERY")) == 0)
             break;
         if (!ctl_dropped(mc))
             break;
     }
-    if (err == 0 &&
-        drive(s->db, st, &status, dlock_monotonic_ns() + mc->timeout_ms * MS, &ret, 0) == 0) {
-        if (ret == 0)
-            mysql_stmt_free_result(st);
-        rollback_and_pool(mc, s);
-    } else {
+    if (err == 0 && nb_finish(wait, until_ns, 0) == 0) {
+        if (wait->ret == 0) { /* granted after all: read the row, then let go */
+            struct nb rd = {.op = NB_STMT_STORE, .db = s->db, .st = wait->st};
+            nb_step(&rd, -1);
+            if (nb_finish(&rd, until_ns, 0) != 0)
+                err = 1;
+            else
+                mysql_stmt_free_result(wait->st);
+        }
+        if (err == 0) {
+            rollback_and_pool(mc, s, until_ns);
+            s = NULL;
+        }
+    }
+    if (s) {
+        s->dead = 1;
         session_close(s);
     }
     dlock_err_restore(cl(mc), &why);
@@ -584,14 +796,15 @@ static int lock_error(struct mysql_conn *mc, struct session *s, MYSQL_STMT *st, 
  * NULL; after other errors the caller ends the transaction.
  */
 static int lock_row(struct mysql_conn *mc, struct session **sp, const dlock_request *req,
-                    const unsigned char *k)
+                    const unsigned char *k, const struct bound *call)
 {
     struct session *s = *sp;
-    int nowait = req->wait == DLOCK_WAIT_TRY, ret = 0, err;
+    int nowait = req->wait == DLOCK_WAIT_TRY, err;
     unsigned long klen = DLOCK_SHA256_LEN;
     MYSQL_STMT *st;
     MYSQL_BIND b;
-    if ((err = prepare(mc, s, nowait ? ST_LOCK_NOWAIT : ST_LOCK_WAIT, &st)) != 0)
+    struct bound pb = stmt_bound(call, mc->timeout_ms);
+    if ((err = prepare(mc, s, nowait ? ST_LOCK_NOWAIT : ST_LOCK_WAIT, &pb, &st)) != 0)
         return err;
     bind_bytes(&b, k, &klen);
     if (mysql_stmt_bind_param(st, &b) != 0)
@@ -599,32 +812,38 @@ static int lock_row(struct mysql_conn *mc, struct session **sp, const dlock_requ
     /* A try is bounded too: a server that never answers must not hang it. */
     uint64_t start = dlock_monotonic_ns();
     uint64_t until = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns
-                     : nowait ? start + mc->timeout_ms * MS : 0;
-    int status = mysql_stmt_execute_start(&ret, st);
-    int w = drive(s->db, st, &status, until, &ret, 1);
-    if (w == 1 && nowait) {
+                     : nowait ? call->until : 0;
+    struct nb c = {.op = NB_EXECUTE, .db = s->db, .st = st};
+    nb_step(&c, -1);
+    int w = nb_finish(&c, until, 1);
+    if (w == -1 && nowait) {
         /* A try the server does not answer: nothing to cancel, and the
          * control session would likely wait as long. Closing the session
          * undoes whatever it got once the server notices. */
-        err = no_reply(mc, s, "acquire", start);
+        err = no_reply(mc, s, "acquire", start, DLOCK_ECONNECT);
         *sp = NULL;
         session_close(s);
         return err;
     }
     if (w != 0) {
-        if (w == 2)
+        uint64_t now = dlock_monotonic_ns();
+        if (w == -2)
             err = dlock_seterr(cl(mc), DLOCK_EINTR, "a signal interrupted the wait");
         else
             err = dlock_seterr(cl(mc), DLOCK_ETIMEDOUT,
                                "the deadline passed with the lock still held elsewhere");
         *sp = NULL;
-        cancel_wait(mc, s, st, status);
+        cancel_wait(mc, s, &c, (w == -1 && until > now ? until : now) + CLEANUP_MS * MS);
         return err;
     }
-    if (ret != 0)
+    if (c.ret != 0)
         return lock_error(mc, s, st, nowait);
-    if (mysql_stmt_store_result(st) != 0)
-        return fail_on(mc, s, st, "reading the row lock's result");
+    /* The rows follow the statement's reply at once. */
+    struct bound rb = stmt_bound(call, mc->timeout_ms);
+    if (req->wait == DLOCK_WAIT_DEADLINE)
+        rb = (struct bound){dlock_monotonic_ns() + CLEANUP_MS * MS, DLOCK_ETIMEDOUT, 0};
+    if ((err = run(mc, s, NB_STMT_STORE, st, NULL, &rb, "reading the row lock's result")) != 0)
+        return err;
     int found = mysql_stmt_num_rows(st) > 0;
     mysql_stmt_free_result(st);
     return found;
@@ -634,7 +853,8 @@ static int lock_row(struct mysql_conn *mc, struct session **sp, const dlock_requ
  * for a row lock only if another client created and locked the row in the
  * meantime; a lock wait timeout then means the row exists, which is all
  * that is needed. */
-static int create_row(struct mysql_conn *mc, const dlock_request *req, const unsigned char *k)
+static int create_row(struct mysql_conn *mc, const dlock_request *req, const unsigned char *k,
+                      struct bound *call)
 {
     unsigned long klen = DLOCK_SHA256_LEN;
     unsigned long nlen = req->name_len > NAME_COLUMN_MAX ? NAME_COLUMN_MAX : req->name_len;
@@ -643,42 +863,56 @@ static int create_row(struct mysql_conn *mc, const dlock_request *req, const uns
     struct session *ctl;
     int err;
     for (int tries = 0; tries < 2; tries++) {
-        if ((err = ctl_session(mc, &ctl)) != 0 || (err = prepare(mc, ctl, ST_CREATE_ROW, &st)) != 0)
-            return err;
+        struct bound sb = stmt_bound(call, mc->timeout_ms);
+        if ((err = ctl_session(mc, call, &ctl)) != 0 ||
+            (err = prepare(mc, ctl, ST_CREATE_ROW, &sb, &st)) != 0)
+            goto failed;
         bind_bytes(&b[0], k, &klen);
         bind_bytes(&b[1], req->name, &nlen);
         if (mysql_stmt_bind_param(st, b) != 0)
             return fail_on(mc, ctl, st, "bind");
-        if (mysql_stmt_execute(st) == 0 || mysql_stmt_errno(st) == ER_LOCK_WAIT_TIMEOUT)
+        sb = stmt_bound(call, mc->timeout_ms);
+        err = run(mc, ctl, NB_EXECUTE, st, NULL, &sb, "creating the lock's row");
+        if (err == 0 || (!ctl->dead && mysql_stmt_errno(st) == ER_LOCK_WAIT_TIMEOUT)) {
+            dlock_clearerr(cl(mc));
             return 0;
-        err = fail_on(mc, ctl, st, "creating the lock's row");
+        }
+    failed:
         if (!ctl_dropped(mc))
             return err;
     }
     return err;
 }
 
-/* Bumps and commits the token from the control session, while s holds the
- * row; also records who holds the lock, for people looking at the table. */
-static int record_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req)
+/* Bumps and commits the token from the control session, by b, while the
+ * lock session holds the row; also records who holds the lock, for people
+ * looking at the table. */
+static int record_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
+                        struct bound *b)
 {
     unsigned long klen = DLOCK_SHA256_LEN, olen = 32;
     unsigned long long sid = mysql_thread_id(h->s->db);
-    MYSQL_BIND b[5];
+    MYSQL_BIND bd[5];
     MYSQL_STMT *st;
     struct session *ctl;
     int err;
     for (int tries = 0; tries < 2; tries++) {
-        if ((err = ctl_session(mc, &ctl)) != 0 || (err = prepare(mc, ctl, ST_GRANT, &st)) != 0)
-            return err;
-        bind_bytes(&b[0], h->k, &klen);
-        bind_bytes(&b[1], req->owner_hex, &olen);
-        bind_u64(&b[2], &sid);
-        bind_bytes(&b[3], req->owner_hex, &olen);
-        bind_u64(&b[4], &sid);
-        if (mysql_stmt_bind_param(st, b) != 0)
+        if ((err = ctl_session(mc, b, &ctl)) != 0 || (err = prepare(mc, ctl, ST_GRANT, b, &st)) != 0)
+            goto failed;
+        bind_bytes(&bd[0], h->k, &klen);
+        bind_bytes(&bd[1], req->owner_hex, &olen);
+        bind_u64(&bd[2], &sid);
+        bind_bytes(&bd[3], req->owner_hex, &olen);
+        bind_u64(&bd[4], &sid);
+        if (mysql_stmt_bind_param(st, bd) != 0)
             return fail_on(mc, ctl, st, "bind");
-        if (mysql_stmt_execute(st) == 0) {
+        err = run(mc, ctl, NB_EXECUTE, st, NULL, b, "recording the grant");
+        if (err && !ctl->dead && mysql_stmt_errno(st) == ER_LOCK_WAIT_TIMEOUT)
+            return dlock_seterr(cl(mc), DLOCK_ESTORE,
+                                "mysql %s: the lock's token row in %s_grants is locked by another"
+                                " transaction (not a dlock grant): gave up after 1 s", mc->where,
+                                mc->table);
+        if (err == 0) {
             h->base.token = mysql_stmt_insert_id(st);
             if (h->base.token == 0)
                 return dlock_seterr(cl(mc), DLOCK_EPROTO, "mysql %s: no token from the grant",
@@ -686,7 +920,7 @@ static int record_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock
             return 0;
         }
         /* A bump whose reply was lost may be repeated: tokens get a gap. */
-        err = fail_on(mc, ctl, st, "recording the grant");
+    failed:
         if (!ctl_dropped(mc))
             return err;
     }
@@ -701,36 +935,120 @@ static void drop_or_pool(struct mysql_conn *mc, struct session *s)
     if (s->dead)
         session_close(s);
     else
-        rollback_and_pool(mc, s);
+        rollback_and_pool(mc, s, cleanup_until());
 }
 
-/* Takes the row lock on a session of its own (h->s). A pooled session the
- * server dropped while idle (its lease ran out, a restart) is replaced
- * once. A missing row is created, once. */
-static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req)
+/* Sleeps ms, or less up to until_ns; DLOCK_EINTR if a signal came. */
+static int pause_ms(uint64_t ms, uint64_t until_ns)
+{
+    uint64_t now = dlock_monotonic_ns(), end = now + ms * MS;
+    struct timespec ts;
+    if (until_ns && until_ns < end)
+        end = until_ns;
+    dlock_ns_to_timespec(end > now ? end - now : 0, &ts);
+    if (ppoll(NULL, 0, &ts, NULL) < 0 && errno == EINTR)
+        return DLOCK_EINTR;
+    return 0;
+}
+
+/*
+ * A waiting session the server dropped: was it the whole server (a
+ * restart, a cut connection: the control session is gone too), or this
+ * session alone (KILL from another session)? Asks the control session,
+ * by until_ns. Returns 1 for the server (worth waiting again), 0 for the
+ * session alone.
+ */
+static int server_dropped_all(struct mysql_conn *mc, uint64_t until_ns)
+{
+    struct bound b = {until_ns, DLOCK_ECONNECT, 0};
+    dlock_errsave why;
+    int alive;
+    if (!mc->ctl)
+        return 1;
+    dlock_err_save(cl(mc), &why);
+    alive = run(mc, mc->ctl, NB_QUERY, NULL, "DO 0", &b, "checking the server") == 0;
+    if (!alive)
+        ctl_dropped(mc);
+    dlock_err_restore(cl(mc), &why);
+    return !alive;
+}
+
+/*
+ * Takes the row lock on a session of its own (h->s). A pooled session the
+ * server dropped while idle (its lease ran out, a restart) is replaced,
+ * and the rest of the pool with it. A missing row is created, once.
+ *
+ * A wait (deadline or forever) whose session the server dropped because
+ * it went away (a restart, a broken connection) queues again on a new
+ * session once the server is back, trying to reconnect every 100 ms to
+ * 1 s, until the deadline, or for connect_timeout without a deadline; a
+ * session killed alone (KILL from another session, the server still
+ * answering) is not waited on again.
+ */
+static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
+                     struct bound *call)
 {
     int retried = 0, created = 0, err, pooled = 0;
+    uint64_t down_since = 0, backoff = 100;
     struct session *s = NULL;
     for (;;) {
-        if (!s && (err = pool_get(mc, &s, &pooled)) != 0)
-            return err;
-        err = set_limits(mc, s, req);
+        if (!s && (err = pool_get(mc, call, &s, &pooled)) != 0) {
+            if (!down_since || (err != DLOCK_ECONNECT && err != DLOCK_ETIMEDOUT))
+                return err;
+            /* The server is still away: try again, within bounds. */
+            uint64_t now = dlock_monotonic_ns();
+            uint64_t give_up = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns
+                                                                : down_since + mc->connect_ms * MS;
+            if (now + backoff * MS >= give_up)
+                return dlock_seterr(cl(mc), err == DLOCK_ETIMEDOUT ? DLOCK_ETIMEDOUT : DLOCK_ECONNECT,
+                                    "mysql %s: the server dropped the waiting session and was not"
+                                    " back in time (%s)", mc->where,
+                                    err == DLOCK_ETIMEDOUT ? "deadline" : "connect_timeout");
+            if ((err = pause_ms(backoff, give_up)) != 0)
+                return dlock_seterr(cl(mc), err, "a signal interrupted the wait");
+            backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
+            continue;
+        }
+        err = set_limits(mc, s, req, call);
         if (err == 0)
-            err = lock_row(mc, &s, req, h->k);
+            err = lock_row(mc, &s, req, h->k, call);
         if (err == 1) {
+            if (down_since) /* the failed reconnects are over */
+                dlock_clearerr(cl(mc));
             h->s = s;
             return 0;
         }
         if (err == 0 && !created++) {
-            if ((err = create_row(mc, req, h->k)) == 0)
+            if ((err = create_row(mc, req, h->k, call)) == 0)
                 continue;
         } else if (err == 0) {
             err = dlock_seterr(cl(mc), DLOCK_ESTORE, "mysql %s: the lock's row keeps vanishing",
                                mc->where);
         }
-        if (s && s->dead && !s->silent_ms && pooled && !retried++) {
+        if (s && s->dead && !s->silent_ms) {
+            int again = pooled && !retried++; /* most likely dropped while idle */
             session_close(s);
             s = NULL;
+            if (req->wait != DLOCK_WAIT_TRY) {
+                uint64_t check = dlock_monotonic_ns() + mc->timeout_ms * MS;
+                if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < check)
+                    check = req->deadline_ns;
+                if (server_dropped_all(mc, check)) {
+                    pool_drain(mc);
+                    if (!down_since)
+                        down_since = dlock_monotonic_ns();
+                    dlock_clearerr(cl(mc));
+                    continue;
+                }
+                if (!again)
+                    return dlock_seterr(cl(mc), DLOCK_ECONNECT,
+                                        "mysql %s: waiting for the row lock: the waiting session"
+                                        " was killed (KILL from another session?) while the"
+                                        " server kept answering: not waited on again", mc->where);
+            }
+            if (!again)
+                return err;
+            pool_drain(mc);
             continue;
         }
         if (s)
@@ -745,11 +1063,20 @@ static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
     struct mysql_held *h = calloc(1, sizeof *h);
+    uint64_t start = dlock_monotonic_ns();
     int err;
     if (!h)
         return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
     dlock_sha256(req->name, req->name_len, h->k);
-    if ((err = take_lock(mc, h, req)) != 0) {
+    /* The call's bound: a deadline is the caller's; a try gets `timeout`
+     * (plus the time spent connecting); a wait without a deadline has a
+     * bound per statement only. */
+    struct bound call = {0, DLOCK_ECONNECT, 0};
+    if (req->wait == DLOCK_WAIT_DEADLINE)
+        call = (struct bound){req->deadline_ns, DLOCK_ETIMEDOUT, 0};
+    else if (req->wait == DLOCK_WAIT_TRY)
+        call = (struct bound){start + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
+    if ((err = take_lock(mc, h, req, &call)) != 0) {
         free(h);
         return err;
     }
@@ -763,8 +1090,16 @@ static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
      * still, so this end is never after the server's. */
     if (req->wait != DLOCK_WAIT_TRY)
         h->base.lease_end_ns = h->expires_ns;
-    if ((err = record_grant(mc, h, req)) != 0) {
-        rollback_and_pool(mc, h->s);
+    /* The token and the confirmation share one bound: what is left of a
+     * try's, `timeout` for a wait without a deadline, and a small margin
+     * past a deadline (the grant may come at its last instant). */
+    struct bound post = stmt_bound(req->wait == DLOCK_WAIT_TRY ? &call : NULL, mc->timeout_ms);
+    if (req->wait == DLOCK_WAIT_DEADLINE) {
+        post = stmt_bound(&(struct bound){req->deadline_ns + CLEANUP_MS * MS, DLOCK_ETIMEDOUT, 0},
+                          mc->timeout_ms);
+    }
+    if ((err = record_grant(mc, h, req, &post)) != 0) {
+        rollback_and_pool(mc, h->s, cleanup_until());
         free(h);
         return err;
     }
@@ -773,10 +1108,10 @@ static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
      * through the bump: had the server dropped it meanwhile (KILL,
      * wait_timeout), another holder may already be using a lower token.
      * One round trip on the lock session proves it is still there. */
-    if (mysql_real_query(h->s->db, "DO 0", 4) != 0) {
-        err = hold_lost(mc, h, "confirming the grant", fail_on(mc, h->s, NULL, "confirming the grant"));
+    if ((err = run(mc, h->s, NB_QUERY, NULL, "DO 0", &post, "confirming the grant")) != 0) {
+        err = hold_lost(mc, h, "confirming the grant", err);
         if (h->s)
-            rollback_and_pool(mc, h->s);
+            rollback_and_pool(mc, h->s, cleanup_until());
         else if (err == DLOCK_ELOST)
             err = dlock_seterr(cl(mc), DLOCK_ELOST,
                                "mysql %s: the session holding the new lock ended before its "
@@ -791,24 +1126,24 @@ static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
 /* ---- release, renew, ping ----------------------------------------------- */
 
 /* The holding session failed with err (recorded): if the server dropped
- * it, the lock is lost (the server rolled back); if it did not answer in
- * time, the session is closed and the lock with it; either way h lets go
- * of the session. Otherwise err is the store's, and h keeps its session.
- * Touches h's own session only: safe on the keeper's thread. */
+ * it, the lock is lost; if it did not answer in time, the session is
+ * closed and the lock goes with it once the server sees that; either way
+ * h lets go of the session. Otherwise err is the store's, and h keeps its
+ * session. Touches h's own session only: safe on the keeper's thread. */
 static int hold_lost(struct mysql_conn *mc, struct mysql_held *h, const char *what, int err)
 {
     if (!h->s->dead)
         return err;
     if (h->s->silent_ms)
-        err = dlock_seterr(cl(mc), DLOCK_ECONNECT,
-                           "mysql %s: %s: no reply from the server within %" PRIu64
-                           " ms; the session holding the lock was closed, and the lock is lost"
-                           " with it (the server rolls it back when it notices, at the latest"
-                           " after wait_timeout)", mc->where, what, h->s->silent_ms);
+        err = dlock_seterr(cl(mc), err == DLOCK_ETIMEDOUT ? DLOCK_ETIMEDOUT : DLOCK_ECONNECT,
+                           "mysql %s: %s: the server did not answer within %" PRIu64
+                           " ms; the session holding the lock was closed%s: the server frees"
+                           " the lock when it sees that", mc->where, what, h->s->silent_ms,
+                           strcmp(what, "release") ? ", so the lock is lost" : "");
     else
         err = dlock_seterr(cl(mc), DLOCK_ELOST,
-                           "mysql %s: %s: the session holding the lock is gone (%s); "
-                           "the server rolled it back", mc->where, what, mysql_error(h->s->db));
+                           "mysql %s: %s: the server dropped the session holding the lock (%s):"
+                           " the lock is lost", mc->where, what, mysql_error(h->s->db));
     session_close(h->s);
     h->s = NULL;
     return err;
@@ -831,7 +1166,10 @@ static int be_release(dlock_conn *conn, dlock_held *held)
                                   "release")) != 0) {
         /* Closing the session makes the server roll back, if it still can. */
         err = hold_lost(mc, h, "release", err);
-        session_close(h->s);
+        if (h->s) {
+            h->s->dead = 1;
+            session_close(h->s);
+        }
     } else {
         if (dlock_monotonic_ns() >= h->expires_ns)
             err = lease_over(mc, h, "release");
@@ -868,7 +1206,7 @@ static int be_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     if (sent >= h->expires_ns) {
         /* Possibly still ours on the server (wait_timeout is whole seconds),
          * but the lease is over: free it for others, never extend it. */
-        rollback_and_pool(mc, h->s);
+        rollback_and_pool(mc, h->s, cleanup_until());
         h->s = NULL;
         return lease_over(mc, h, "renew");
     }
@@ -907,16 +1245,12 @@ static int be_ping(dlock_conn *conn)
     struct session *ctl;
     int err;
     for (int tries = 0; tries < 2; tries++) {
-        if ((err = ctl_session(mc, &ctl)) != 0)
+        if ((err = ctl_session(mc, NULL, &ctl)) != 0)
             return err;
-        if (mysql_real_query(ctl->db, "SELECT 1", 8) == 0) {
-            MYSQL_RES *r = mysql_store_result(ctl->db);
-            if (r) {
-                mysql_free_result(r);
-                return 0;
-            }
-        }
-        err = fail_on(mc, ctl, NULL, "SELECT 1");
+        struct bound b = stmt_bound(NULL, mc->timeout_ms);
+        if ((err = run(mc, ctl, NB_QUERY, NULL, "SELECT 1", &b, "SELECT 1")) == 0 &&
+            (err = run(mc, ctl, NB_STORE, NULL, NULL, &b, "SELECT 1")) == 0)
+            return 0;
         if (!ctl_dropped(mc))
             return err;
     }
@@ -928,11 +1262,7 @@ static int be_ping(dlock_conn *conn)
 static void be_close(dlock_conn *conn)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
-    while (mc->idle) {
-        struct session *s = mc->idle;
-        mc->idle = s->next;
-        session_close(s);
-    }
+    pool_drain(mc);
     session_close(mc->ctl);
     if (mc->password)
         explicit_bzero(mc->password, strlen(mc->password));
@@ -1054,9 +1384,10 @@ static int parse_uri(dlock_client *c, const dlock_uri *uri, struct mysql_conn *m
 static int prepare_tables(struct mysql_conn *mc)
 {
     MYSQL_STMT *st;
-    int err = prepare(mc, mc->ctl, ST_GRANT, &st);
+    struct bound b = stmt_bound(NULL, mc->timeout_ms);
+    int err = prepare(mc, mc->ctl, ST_GRANT, &b, &st);
     if (err == 0)
-        err = prepare(mc, mc->ctl, ST_CREATE_ROW, &st);
+        err = prepare(mc, mc->ctl, ST_CREATE_ROW, &b, &st);
     if (err == 0 || mc->ctl->last_errno != ER_NO_SUCH_TABLE)
         return err;
     dlock_clearerr(cl(mc));
@@ -1064,14 +1395,15 @@ static int prepare_tables(struct mysql_conn *mc)
         char *sql = with_table(create_sql[i], mc->table);
         if (!sql)
             return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
-        err = exec_sql(mc, mc->ctl, sql, "cannot create the lock table");
+        err = exec_sql(mc, mc->ctl, sql, NULL, "cannot create the lock table");
         free(sql);
         if (err)
             return err;
     }
-    if ((err = prepare(mc, mc->ctl, ST_GRANT, &st)) != 0)
+    b = stmt_bound(NULL, mc->timeout_ms);
+    if ((err = prepare(mc, mc->ctl, ST_GRANT, &b, &st)) != 0)
         return err;
-    return prepare(mc, mc->ctl, ST_CREATE_ROW, &st);
+    return prepare(mc, mc->ctl, ST_CREATE_ROW, &b, &st);
 }
 
 static void library_init(void)
@@ -1094,7 +1426,7 @@ static int be_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     }
     /* mysql_init() would do this lazily, but not thread-safely. */
     pthread_once(&once, library_init);
-    if ((err = session_open(mc, 0, &mc->ctl)) != 0 || (err = prepare_tables(mc)) != 0)
+    if ((err = session_open(mc, 0, NULL, &mc->ctl)) != 0 || (err = prepare_tables(mc)) != 0)
         goto fail;
     /* MySQL 8 schedules row-lock waiters by contention (CATS), not by
      * arrival: only MariaDB's queue is first-come first-served. */
