@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Store faults for the fault suite (tests/faults): kills, pauses, resumes and
+# starts again single instances started by start.sh, and kills client
+# connections from the server side. Instances are the names of DIR's
+# subdirectories: redis, redis-auth, redlock-1..5, postgres, mariadb,
+# zookeeper, zk-1..3.
+#
+#   scripts/stores/kill.sh [--dir DIR] INSTANCE...          SIGKILL, wait until gone
+#   scripts/stores/kill.sh [--dir DIR] pause INSTANCE...    SIGSTOP
+#   scripts/stores/kill.sh [--dir DIR] resume INSTANCE...   SIGCONT
+#   scripts/stores/kill.sh [--dir DIR] start INSTANCE...    start again, wait until ready
+#   scripts/stores/kill.sh [--dir DIR] leader               the ensemble's leader (zk-N)
+#   scripts/stores/kill.sh [--dir DIR] conns INSTANCE PORT...
+#
+# PostgreSQL is the postmaster and all its children (backends, checkpointer,
+# walwriter...): all of them get the signal, as in a crash of the host
+# process tree. start reads each instance's ports from DIR (port files,
+# zoo.cfg), so it works for a store set started on other ports than the
+# defaults without the DLOCK_*_PORT variables. conns kills, on the server,
+# the client connections whose client-side (local) TCP port is one of PORT:
+# Redis CLIENT KILL ADDR, PostgreSQL pg_terminate_backend, MariaDB KILL.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+usage() { sed -n '2,/^set -eu/{/^set -eu/d;s/^# \{0,1\}//;p}' "$0" >&2; }
+
+parse_args "" "$@"
+[ "${#ARGS[@]}" -ge 1 ] || { usage; exit 2; }
+action=kill
+case ${ARGS[0]} in
+    pause|resume|start|leader|conns|kill) action=${ARGS[0]}; ARGS=("${ARGS[@]:1}") ;;
+esac
+
+known() { # inst
+    [ -f "$DIR/$1/port" ] || die "no instance '$1' under $DIR (start the stores with start.sh)"
+}
+
+# The pids of an instance's process tree: the server, and for postgres its
+# whole process group and direct children.
+tree_pids() { # pid
+    local pid=$1 p
+    echo "$pid"
+    for p in $(pgrep -g "$pid" 2>/dev/null || true) $(pgrep -P "$pid" 2>/dev/null || true); do
+        [ "$p" = "$pid" ] || echo "$p"
+    done | sort -u
+}
+
+signal_inst() { # SIG inst
+    local sig=$1 inst=$2 pid pids
+    known "$inst"
+    pid=$(inst_pid "$inst") || { log "$inst is not running"; return 0; }
+    if [ "$(cat "$DIR/$inst/comm")" = postgres ]; then
+        # Stop the postmaster first so that it cannot fork anything new
+        # while its children are signalled.
+        [ "$sig" != KILL ] || kill -s STOP "$pid" 2>/dev/null || true
+        pids=$(tree_pids "$pid")
+    else
+        pids=$pid
+    fi
+    log "$inst: SIG$sig to $(echo $pids)"
+    # shellcheck disable=SC2086
+    kill -s "$sig" $pids 2>/dev/null || true
+    if [ "$sig" = KILL ]; then
+        local p i
+        for p in $pids; do
+            for i in $(seq 1 100); do alive "$p" || break; sleep 0.05; done
+            ! alive "$p" || die "$inst: pid $p survived SIGKILL"
+        done
+        rm -f "$DIR/$inst/pid"
+    fi
+}
+
+# The DLOCK_*_PORT variables start.sh needs, from what DIR records.
+export_ports() {
+    local p list i
+    if p=$(inst_port redis); then export DLOCK_REDIS_PORT=$p; fi
+    if p=$(inst_port redis-auth); then export DLOCK_REDIS_AUTH_PORT=$p; fi
+    if p=$(inst_port postgres); then export DLOCK_POSTGRES_PORT=$p; fi
+    if p=$(inst_port mariadb); then export DLOCK_MARIADB_PORT=$p; fi
+    if p=$(inst_port zookeeper); then export DLOCK_ZK_PORT=$p; fi
+    list=
+    for i in 1 2 3 4 5 6 7 8 9; do
+        p=$(inst_port "redlock-$i") || break
+        list="$list $p"
+    done
+    [ -z "$list" ] || export DLOCK_REDLOCK_PORTS="${list# }"
+    list=
+    for i in 1 2 3 4 5 6 7 8 9; do
+        p=$(inst_port "zk-$i") || break
+        list="$list $p"
+    done
+    if [ -n "$list" ]; then
+        export DLOCK_ZK_ENSEMBLE_PORTS="${list# }"
+        # server.1=127.0.0.1:QUORUM:ELECTION
+        local q e
+        q=$(sed -n 's/^server\.1=[^:]*:\([0-9]*\):\([0-9]*\).*/\1/p' "$DIR/zk-1/zoo.cfg")
+        e=$(sed -n 's/^server\.1=[^:]*:\([0-9]*\):\([0-9]*\).*/\2/p' "$DIR/zk-1/zoo.cfg")
+        [ -z "$q" ] || export DLOCK_ZK_QUORUM_BASE=$((q - 1))
+        [ -z "$e" ] || export DLOCK_ZK_ELECTION_BASE=$((e - 1))
+    fi
+}
+
+start_insts() { # inst...
+    local inst stores=() ensemble=
+    export_ports
+    for inst in "$@"; do
+        known "$inst"
+        case $inst in
+            redis|redis-auth|redlock-*)
+                "$here/start.sh" --node redis "$(inst_port "$inst")" --dir "$DIR" >&2 ;;
+            postgres|mariadb|zookeeper) stores+=("$inst") ;;
+            zk-*) ensemble=1 ;;
+            *) die "cannot start '$inst'" ;;
+        esac
+    done
+    [ -z "$ensemble" ] || stores+=(zk-ensemble)
+    [ "${#stores[@]}" -eq 0 ] || "$here/start.sh" --dir "$DIR" "${stores[@]}" >/dev/null
+}
+
+conns() { # inst port...
+    local inst=$1 port p; shift
+    known "$inst"
+    port=$(inst_port "$inst")
+    [ $# -gt 0 ] || return 0
+    case $inst in
+        redis-auth) die "conns: not for the password instance" ;;
+        redis|redlock-*)
+            for p in "$@"; do
+                timeout 5 redis-cli -h 127.0.0.1 -p "$port" CLIENT KILL ADDR "127.0.0.1:$p" >&2 || true
+            done ;;
+        postgres)
+            local in
+            in=$(printf '%s,' "$@"); in=${in%,}
+            PGCONNECT_TIMEOUT=5 "$DLOCK_PG_BIN/psql" -X -w -q -At -h 127.0.0.1 -p "$port" \
+                -U "$STORE_USER" -d postgres -c \
+                "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity WHERE client_port IN ($in) AND pid <> pg_backend_pid()" >&2 ;;
+        mariadb)
+            local ids id
+            for p in "$@"; do
+                ids=$(timeout 10 mariadb --no-defaults --protocol=TCP -h 127.0.0.1 -P "$port" \
+                    -u "$STORE_USER" "-p$STORE_PASSWORD" -N -B -e \
+                    "SELECT id FROM information_schema.processlist WHERE host = '127.0.0.1:$p'") || true
+                for id in $ids; do
+                    if timeout 10 mariadb --no-defaults --protocol=TCP -h 127.0.0.1 -P "$port" \
+                        -u "$STORE_USER" "-p$STORE_PASSWORD" -e "KILL $id" >&2 2>/dev/null; then
+                        log "mariadb: killed connection $id (127.0.0.1:$p)"
+                    fi
+                done
+            done ;;
+        *) die "conns: not supported for '$inst' (ZooKeeper: cut the session's connection instead)" ;;
+    esac
+}
+
+case $action in
+    kill) for i in "${ARGS[@]}"; do signal_inst KILL "$i"; done ;;
+    pause) for i in "${ARGS[@]}"; do signal_inst STOP "$i"; done ;;
+    resume) for i in "${ARGS[@]}"; do signal_inst CONT "$i"; done ;;
+    start) start_insts "${ARGS[@]}" ;;
+    leader)
+        for i in 1 2 3 4 5 6 7 8 9; do
+            p=$(inst_port "zk-$i") || break
+            if [ "$(zk_mode "$p" 2>/dev/null)" = leader ]; then echo "zk-$i"; exit 0; fi
+        done
+        die "no ensemble member under $DIR is the leader" ;;
+    conns) [ "${#ARGS[@]}" -ge 1 ] || { usage; exit 2; }; conns "${ARGS[@]}" ;;
+esac
