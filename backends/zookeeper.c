@@ -15,6 +15,16 @@
  * The session is the lease: a holder's nodes live exactly as long as its
  * session, one per client, whose timeout is the URI's session_timeout (the
  * per-acquire TTL is not used). Fencing tokens are the lock node's czxid.
+ *
+ * Every request is asynchronous and the application's thread waits for its
+ * reply only as long as the call's bound (its deadline, connect_timeout, a
+ * part of the session timeout): the C client's synchronous calls would wait
+ * for its own timeout, 2/3 of the session timeout into a silent network. A
+ * request given up on still completes on the client's completion thread,
+ * and what it may have left on the servers (a lock node created after the
+ * acquire gave up, a delete lost with the connection) is cleaned up there:
+ * the node is deleted, or looked for by our owner id under its parent, as
+ * soon as the session is connected again, whatever the application does.
  * See docs/zookeeper.md for what this guarantees and where it is weaker.
  */
 #include <errno.h>
@@ -32,13 +42,13 @@
 
 #include "config.h"
 #include "backends/file.h"
+#include "backends/zookeeper_names.h"
 #include "core/internal.h"
 
 #define DEFAULT_PORT 2181
 #define DEFAULT_ROOT "/dlock"
 #define DEFAULT_SESSION_MS 4000
 #define DEFAULT_CONNECT_MS 5000
-#define LOCK_MARK "-lock-"
 #define MS 1000000ull
 #define NEVER UINT64_MAX
 /* Longest wait slice while disconnected: how late a session that has been
@@ -47,14 +57,38 @@
 /* After a call failed with a connection loss the event thread may not have
  * reported the new state yet: wait this long for it before trying again. */
 #define RETRY_PAUSE_MS 20
+/* An acquire's last reply may be in flight at its deadline: it is waited
+ * for this much longer (a deadline already past still makes one attempt). */
+#define REPLY_GRACE_MS 100
+/* How long a waiter that gave up waits for its node's delete to be
+ * answered before returning; past that it completes in the background. */
+#define CLEANUP_WAIT_MS 100
+
+/* Results of our own waits, never ZooKeeper codes (those are <= 0). */
+#define NOREPLY 1000 /* no reply by the end of the wait */
+#define NOMEM 1001   /* no memory for the request */
 
 static const char *const zk_schemes[] = {"zookeeper", NULL};
 static const char *const zk_options[] = {"session_timeout", "connect_timeout", NULL};
 
-/* A node of ours that could not be deleted (the connection was down when a
- * waiter gave up): deleted at the next call that finds the session up. */
-struct zk_pending {
-    struct zk_pending *next;
+/* "<owner hex>-lock-" */
+#define MARK_MAX (sizeof ((dlock_request *)0)->owner_hex + sizeof ZK_LOCK_MARK)
+
+/*
+ * What a session may have left behind on the servers, and that nobody will
+ * delete otherwise: a node of ours whose delete could not be sent or was
+ * lost with the connection (path is the node), or the node a create whose
+ * reply was lost may have made (search: path is its parent, mark our
+ * "<owner>-lock-" prefix). Queued on zc->orphans and sent as soon as the
+ * session is connected, by the client's completion thread.
+ */
+struct zk_conn;
+struct zk_orphan {
+    struct zk_orphan *next;
+    struct zk_conn *zc;
+    unsigned gen; /* the session: the nodes go with it anyway */
+    int search;
+    char mark[MARK_MAX];
     char path[];
 };
 
@@ -70,12 +104,12 @@ struct zk_conn {
     struct ACL_vector *acl;
     int session_ms, connect_ms;
     /* Both written by the application's thread only, under mu (the
-     * keeper reads gen under mu, and never uses zh). */
+     * keeper reads gen under mu, and never uses zh; the completion thread
+     * uses zh only while gen is its session's, see orphans_flush()). */
     zhandle_t *zh;    /* NULL between a dead session and the next call */
     unsigned gen;     /* counts sessions: a held lock belongs to one */
-    struct zk_pending *pending;
     pthread_mutex_t mu;
-    pthread_cond_t cv; /* on CLOCK_MONOTONIC */
+    pthread_cond_t cv; /* on CLOCK_MONOTONIC: events, replies */
     /* Written by the client's event thread, under mu. */
     int state;                /* last session state reported */
     int ever_connected;       /* this session was established once */
@@ -83,6 +117,7 @@ struct zk_conn {
     uint64_t suspended_since; /* when the connection dropped; 0 while up */
     int negotiated_ms;        /* the timeout the server granted */
     struct zk_held *watched;  /* held locks whose node is watched, under mu */
+    struct zk_orphan *orphans; /* cleanups waiting for a connection, under mu */
 };
 
 struct zk_held {
@@ -102,18 +137,9 @@ struct zk_acq {
     char *node;        /* our lock node, NULL while we have none */
     unsigned gen;      /* the session node belongs to */
     int create_lost;   /* a create's reply was lost: look for our node */
-    uint64_t czxid;
+    unsigned lost_gen; /* the session that create was sent on */
+    uint64_t czxid;    /* node's; 0 until known */
     uint64_t until;    /* how long connection waits may last */
-};
-
-/* A parent's lock children, sorted by sequence number. */
-struct zk_kid {
-    long long seq;
-    char *name;
-};
-struct zk_kids {
-    struct zk_kid *v;
-    size_t n;
 };
 
 static dlock_client *cl(struct zk_conn *zc)
@@ -138,6 +164,402 @@ static int oom(struct zk_conn *zc)
     return dlock_seterr(cl(zc), DLOCK_ENOMEM, "out of memory");
 }
 
+static uint64_t after_ms(uint64_t from, uint64_t ms)
+{
+    return from == NEVER ? NEVER : from + ms * MS;
+}
+
+/* The session timeout in force: the one granted, else the one asked. */
+static int timeout_ms(struct zk_conn *zc)
+{
+    pthread_mutex_lock(&zc->mu);
+    int t = zc->negotiated_ms > 0 ? zc->negotiated_ms : zc->session_ms;
+    pthread_mutex_unlock(&zc->mu);
+    return t;
+}
+
+static int is_connection_error(int rc)
+{
+    return rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZSESSIONEXPIRED ||
+           rc == ZSESSIONMOVED || rc == ZINVALIDSTATE || rc == ZCLOSING;
+}
+
+/* The request may have been carried out, its reply lost with the
+ * connection; the session lives on. */
+static int maybe_done(int rc)
+{
+    return rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT;
+}
+
+/* ---- cleanup of what a given-up request left ------------------------- */
+
+static struct zk_orphan *orphan_new(struct zk_conn *zc, const char *path, size_t len,
+                                    unsigned gen)
+{
+    struct zk_orphan *o = calloc(1, sizeof *o + len + 1);
+    if (!o)
+        return NULL;
+    o->zc = zc;
+    o->gen = gen;
+    memcpy(o->path, path, len);
+    return o;
+}
+
+/* The node at path. */
+static struct zk_orphan *orphan_node(struct zk_conn *zc, const char *path, unsigned gen)
+{
+    return orphan_new(zc, path, strlen(path), gen);
+}
+
+/* Whatever node "<prefix><seq>" a create of prefix ("<parent>/<owner>-lock-")
+ * may have made. */
+static struct zk_orphan *orphan_search(struct zk_conn *zc, const char *prefix, unsigned gen)
+{
+    const char *slash = strrchr(prefix, '/');
+    if (!slash || strlen(slash + 1) >= MARK_MAX)
+        return NULL;
+    struct zk_orphan *o = orphan_new(zc, prefix, (size_t)(slash - prefix), gen);
+    if (o) {
+        o->search = 1;
+        memcpy(o->mark, slash + 1, strlen(slash + 1) + 1);
+    }
+    return o;
+}
+
+static void orphans_free(struct zk_orphan *o)
+{
+    while (o) {
+        struct zk_orphan *next = o->next;
+        free(o);
+        o = next;
+    }
+}
+
+/* Puts o back on the queue if its session is still ours (it is then sent
+ * at the next connection), else frees it: its nodes went with the session. */
+static void orphan_requeue(struct zk_conn *zc, struct zk_orphan *o)
+{
+    pthread_mutex_lock(&zc->mu);
+    if (o->gen == zc->gen) {
+        o->next = zc->orphans;
+        zc->orphans = o;
+        o = NULL;
+    }
+    pthread_mutex_unlock(&zc->mu);
+    free(o);
+}
+
+static void orphan_send(struct zk_conn *zc, zhandle_t *zh, struct zk_orphan *o);
+static void orphans_flush(struct zk_conn *zc, unsigned gen);
+
+static void on_orphan_deleted(int rc, const void *data)
+{
+    struct zk_orphan *o = (struct zk_orphan *)data;
+    if (maybe_done(rc))
+        orphan_requeue(o->zc, o);
+    else
+        free(o); /* deleted, gone already, or gone with the session */
+}
+
+static void orphan_queue(struct zk_conn *zc, struct zk_orphan *o);
+
+static void on_orphan_listed(int rc, const struct String_vector *sv, const void *data)
+{
+    struct zk_orphan *o = (struct zk_orphan *)data;
+    struct zk_conn *zc = o->zc;
+    if (maybe_done(rc)) {
+        orphan_requeue(zc, o);
+        return;
+    }
+    size_t ml = strlen(o->mark);
+    for (int i = 0; rc == ZOK && sv && i < sv->count; i++) {
+        if (strncmp(sv->data[i], o->mark, ml) != 0)
+            continue;
+        char *path = join3(o->path, "/", sv->data[i]);
+        struct zk_orphan *n = path ? orphan_node(zc, path, o->gen) : NULL;
+        free(path);
+        if (n)
+            orphan_queue(zc, n);
+    }
+    free(o); /* ZNONODE: no parent, so no node either */
+}
+
+/* Sends o's request on zh (the client's completion thread or the
+ * application's). */
+static void orphan_send(struct zk_conn *zc, zhandle_t *zh, struct zk_orphan *o)
+{
+    int rc;
+    if (o->search)
+        rc = zoo_aget_children(zh, o->path, 0, on_orphan_listed, o);
+    else
+        rc = zoo_adelete(zh, o->path, -1, on_orphan_deleted, o);
+    if (rc == ZMARSHALLINGERROR)
+        return; /* the completion may have been registered: it owns o */
+    if (rc != ZOK)
+        orphan_requeue(zc, o);
+}
+
+/*
+ * Sends every queued cleanup, if gen is still the session. Safe on the
+ * client's completion thread: zh is read under mu with gen, and only the
+ * application's thread closes a handle, after bumping gen and then joining
+ * that thread, so a handle read here lives until the send is done.
+ */
+static void orphans_flush(struct zk_conn *zc, unsigned gen)
+{
+    pthread_mutex_lock(&zc->mu);
+    if (gen != zc->gen || !zc->zh || zc->state != ZOO_CONNECTED_STATE) {
+        pthread_mutex_unlock(&zc->mu);
+        return;
+    }
+    struct zk_orphan *list = zc->orphans;
+    zhandle_t *zh = zc->zh;
+    zc->orphans = NULL;
+    pthread_mutex_unlock(&zc->mu);
+    while (list) {
+        struct zk_orphan *o = list;
+        list = o->next;
+        o->next = NULL;
+        orphan_send(zc, zh, o);
+    }
+}
+
+/* Queues o (NULL: out of memory, the node goes with the session) and sends
+ * it at once if the session is connected. */
+static void orphan_queue(struct zk_conn *zc, struct zk_orphan *o)
+{
+    if (!o)
+        return;
+    unsigned gen = o->gen;
+    orphan_requeue(zc, o);
+    orphans_flush(zc, gen);
+}
+
+/* ---- requests with a bounded wait --------------------------------------- */
+
+/*
+ * One asynchronous request. The waiter and the completion each hold a
+ * reference; a waiter that gives up marks it abandoned, and the completion
+ * then queues the cleanup of what the request may have left (a lock node's
+ * create or delete).
+ */
+enum { LEAVES_NOTHING, LEAVES_CREATED, LEAVES_UNDELETED };
+
+struct zk_call {
+    struct zk_conn *zc;
+    unsigned gen;  /* the session it was sent on */
+    int leaves;    /* what it may leave if given up on */
+    int refs, done, abandoned; /* under zc->mu */
+    int rc;
+    struct Stat st;
+    char *created;        /* a create's new node */
+    struct zk_kids kids;  /* a listing's lock children */
+    char path[];
+};
+
+static struct zk_call *call_new(struct zk_conn *zc, const char *path, int leaves)
+{
+    size_t len = strlen(path) + 1;
+    struct zk_call *c = calloc(1, sizeof *c + len);
+    if (!c)
+        return NULL;
+    c->zc = zc;
+    c->gen = zc->gen;
+    c->leaves = leaves;
+    c->refs = 2;
+    memcpy(c->path, path, len);
+    return c;
+}
+
+static void call_free(struct zk_call *c)
+{
+    free(c->created);
+    zk_kids_free(&c->kids);
+    free(c);
+}
+
+static void call_complete(struct zk_call *c, int rc)
+{
+    struct zk_conn *zc = c->zc;
+    struct zk_orphan *o = NULL;
+    pthread_mutex_lock(&zc->mu);
+    c->rc = rc;
+    c->done = 1;
+    int cleanup = c->abandoned && c->gen == zc->gen;
+    pthread_cond_broadcast(&zc->cv);
+    pthread_mutex_unlock(&zc->mu);
+    if (cleanup && c->leaves == LEAVES_CREATED && rc == ZOK)
+        o = orphan_node(zc, c->created, c->gen);
+    else if (cleanup && c->leaves == LEAVES_CREATED && maybe_done(rc))
+        o = orphan_search(zc, c->path, c->gen);
+    else if (cleanup && c->leaves == LEAVES_UNDELETED && maybe_done(rc))
+        o = orphan_node(zc, c->path, c->gen);
+    orphan_queue(zc, o);
+    pthread_mutex_lock(&zc->mu);
+    int last = --c->refs == 0;
+    pthread_mutex_unlock(&zc->mu);
+    if (last)
+        call_free(c);
+}
+
+static void on_void(int rc, const void *data)
+{
+    call_complete((struct zk_call *)data, rc);
+}
+
+static void on_stat(int rc, const struct Stat *st, const void *data)
+{
+    struct zk_call *c = (struct zk_call *)data;
+    if (rc == ZOK && st)
+        c->st = *st;
+    call_complete(c, rc);
+}
+
+static void on_data(int rc, const char *value, int len, const struct Stat *st, const void *data)
+{
+    (void)value, (void)len;
+    on_stat(rc, st, data);
+}
+
+static void on_created(int rc, const char *path, const struct Stat *st, const void *data)
+{
+    struct zk_call *c = (struct zk_call *)data;
+    if (rc == ZOK) {
+        if (st)
+            c->st = *st;
+        /* Without the name, the node can only be found as a lost reply's. */
+        if (!path || !(c->created = strdup(path)))
+            rc = ZCONNECTIONLOSS;
+    }
+    call_complete(c, rc);
+}
+
+static void on_listed(int rc, const struct String_vector *sv, const void *data)
+{
+    struct zk_call *c = (struct zk_call *)data;
+    if (rc == ZOK && zk_kids_parse(sv ? (const char *const *)sv->data : NULL,
+                                   sv && sv->count > 0 ? (size_t)sv->count : 0, &c->kids) != 0)
+        rc = NOMEM;
+    call_complete(c, rc);
+}
+
+/* The request was handed to the client (rc ZOK), or not: then its
+ * completion never runs. Returns rc. */
+static int call_sent(struct zk_call *c, int rc)
+{
+    if (rc == ZOK)
+        return rc;
+    pthread_mutex_lock(&c->zc->mu);
+    c->rc = rc;
+    c->done = 1;
+    /* The client may have registered the completion before failing to
+     * marshal: keep its reference then (a leak at worst). */
+    if (rc != ZMARSHALLINGERROR)
+        c->refs--;
+    pthread_mutex_unlock(&c->zc->mu);
+    return rc;
+}
+
+/* The reply's code, or NOREPLY if it has not come by until (NEVER: the C
+ * client's own timeout bounds the wait, 2/3 of the session timeout into a
+ * silent network). */
+static int call_wait(struct zk_call *c, uint64_t until)
+{
+    struct zk_conn *zc = c->zc;
+    struct timespec ts;
+    if (until != NEVER)
+        dlock_ns_to_timespec(until, &ts);
+    pthread_mutex_lock(&zc->mu);
+    while (!c->done) {
+        if (until == NEVER)
+            pthread_cond_wait(&zc->cv, &zc->mu);
+        else if (pthread_cond_timedwait(&zc->cv, &zc->mu, &ts) == ETIMEDOUT)
+            break;
+    }
+    int rc = c->done ? c->rc : NOREPLY;
+    pthread_mutex_unlock(&zc->mu);
+    return rc;
+}
+
+/* The waiter lets go of c: if it had no reply, c is abandoned. */
+static void call_put(struct zk_call *c)
+{
+    if (!c)
+        return;
+    struct zk_conn *zc = c->zc;
+    pthread_mutex_lock(&zc->mu);
+    if (!c->done)
+        c->abandoned = 1;
+    int last = --c->refs == 0;
+    pthread_mutex_unlock(&zc->mu);
+    if (last)
+        call_free(c);
+}
+
+/* The synchronous forms: the reply's code, NOREPLY, or NOMEM. */
+static int zk_delete(struct zk_conn *zc, const char *path, uint64_t until)
+{
+    struct zk_call *c = call_new(zc, path, LEAVES_UNDELETED);
+    if (!c)
+        return NOMEM;
+    call_sent(c, zoo_adelete(zc->zh, path, -1, on_void, c));
+    int rc = call_wait(c, until);
+    call_put(c);
+    return rc;
+}
+
+static int zk_exists(struct zk_conn *zc, const char *path, struct Stat *st, uint64_t until)
+{
+    struct zk_call *c = call_new(zc, path, LEAVES_NOTHING);
+    if (!c)
+        return NOMEM;
+    call_sent(c, zoo_aexists(zc->zh, path, 0, on_stat, c));
+    int rc = call_wait(c, until);
+    if (rc == ZOK)
+        *st = c->st;
+    call_put(c);
+    return rc;
+}
+
+/* getData, with a watch if asked (delivered to on_event). */
+static int zk_get(struct zk_conn *zc, const char *path, int watch, uint64_t until)
+{
+    struct zk_call *c = call_new(zc, path, LEAVES_NOTHING);
+    if (!c)
+        return NOMEM;
+    call_sent(c, zoo_aget(zc->zh, path, watch, on_data, c));
+    int rc = call_wait(c, until);
+    call_put(c);
+    return rc;
+}
+
+/* A node that nobody has to clean up: root, parents, the ping's. */
+static int zk_create(struct zk_conn *zc, const char *path, int flags, uint64_t until)
+{
+    struct zk_call *c = call_new(zc, path, LEAVES_NOTHING);
+    if (!c)
+        return NOMEM;
+    call_sent(c, zoo_acreate2(zc->zh, path, NULL, -1, zc->acl, flags, on_created, c));
+    int rc = call_wait(c, until);
+    call_put(c);
+    return rc;
+}
+
+static int zk_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64_t until)
+{
+    struct zk_call *c = call_new(zc, path, LEAVES_NOTHING);
+    if (!c)
+        return NOMEM;
+    call_sent(c, zoo_aget_children(zc->zh, path, 0, on_listed, c));
+    int rc = call_wait(c, until);
+    if (rc == ZOK) {
+        *k = c->kids;
+        c->kids = (struct zk_kids){NULL, 0};
+    }
+    call_put(c);
+    return rc;
+}
+
 /* ---- session state -------------------------------------------------- */
 
 static void silent_log(const char *message)
@@ -145,9 +567,12 @@ static void silent_log(const char *message)
     (void)message; /* the client's chatter must not reach the application's stderr */
 }
 
+/* Runs on the client's completion thread. */
 static void on_event(zhandle_t *zh, int type, int state, const char *path, void *ctx)
 {
     struct zk_conn *zc = ctx;
+    int flush = 0;
+    unsigned gen;
     pthread_mutex_lock(&zc->mu);
     if (type == ZOO_DELETED_EVENT && path) {
         /* Our release takes a lock off the list before deleting its node:
@@ -162,13 +587,19 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path, void 
             zc->suspended_since = 0;
             zc->ever_connected = 1;
             zc->negotiated_ms = zoo_recv_timeout(zh);
+            flush = zc->orphans != NULL && zh == zc->zh;
         } else if (zc->ever_connected && !zc->suspended_since) {
             zc->suspended_since = dlock_monotonic_ns();
         }
     }
+    gen = zc->gen;
     zc->events++;
     pthread_cond_broadcast(&zc->cv);
     pthread_mutex_unlock(&zc->mu);
+    /* Connected again: what given-up requests left goes now, whether or not
+     * the application ever calls again. */
+    if (flush)
+        orphans_flush(zc, gen);
 }
 
 static uint64_t events_now(struct zk_conn *zc)
@@ -184,10 +615,8 @@ static int wait_event(struct zk_conn *zc, uint64_t seen, uint64_t until)
 {
     struct timespec ts;
     int got;
-    if (until != NEVER) {
-        ts.tv_sec = (time_t)(until / 1000000000u);
-        ts.tv_nsec = (long)(until % 1000000000u);
-    }
+    if (until != NEVER)
+        dlock_ns_to_timespec(until, &ts);
     pthread_mutex_lock(&zc->mu);
     while (zc->events == seen) {
         if (until == NEVER)
@@ -226,30 +655,27 @@ static enum session_status session_status(struct zk_conn *zc)
     return st;
 }
 
-static void pending_free(struct zk_conn *zc)
-{
-    while (zc->pending) {
-        struct zk_pending *p = zc->pending;
-        zc->pending = p->next;
-        free(p);
-    }
-}
-
 /* Ends the session: its nodes go with it (at once if the server hears the
- * close, else when it expires the session). */
+ * close, else when it expires the session), and so do the cleanups queued
+ * for them. */
 static void session_end(struct zk_conn *zc)
 {
     zhandle_t *zh = zc->zh;
     /* The keeper reads gen under mu: a lock of the old session reads as
-     * lost from here on. The close runs unlocked: it joins the client's
-     * threads, whose callbacks take mu. */
+     * lost from here on; so do the completions, which then leave the old
+     * session's cleanups alone. The close runs unlocked: it joins the
+     * client's threads, whose callbacks take mu. */
     pthread_mutex_lock(&zc->mu);
     zc->zh = NULL;
     zc->gen++;
     pthread_mutex_unlock(&zc->mu);
     if (zh)
         zookeeper_close(zh);
-    pending_free(zc);
+    pthread_mutex_lock(&zc->mu);
+    struct zk_orphan *o = zc->orphans;
+    zc->orphans = NULL;
+    pthread_mutex_unlock(&zc->mu);
+    orphans_free(o);
 }
 
 static void auth_done(int rc, const void *data)
@@ -276,10 +702,15 @@ static int session_start(struct zk_conn *zc)
     zhandle_t *zh = zookeeper_init2(zc->hosts, on_event, zc->session_ms, NULL, zc, 0, silent_log);
     int saved_errno = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    /* The host list is ours, well formed: what the client refuses is a
+     * name that does not resolve (ENOENT, or EINVAL for a resolver
+     * failure), so the servers are unreachable, as for any backend. */
+    if (!zh && saved_errno == ENOMEM)
+        return oom(zc);
     if (!zh)
-        return dlock_seterr(cl(zc), saved_errno == ENOMEM ? DLOCK_ENOMEM : DLOCK_EBADURI,
-                            "zookeeper %s: the client refused the host list: %s", zc->hosts,
-                            strerror(saved_errno));
+        return dlock_seterr(cl(zc), DLOCK_ECONNECT,
+                            "zookeeper %s: cannot resolve the host names (%s)", zc->hosts,
+                            saved_errno == ENOENT ? "no such host" : strerror(saved_errno));
     pthread_mutex_lock(&zc->mu);
     zc->zh = zh;
     pthread_mutex_unlock(&zc->mu);
@@ -313,18 +744,6 @@ static enum session_status wait_connected(struct zk_conn *zc, uint64_t until)
     }
 }
 
-static void flush_pending(struct zk_conn *zc)
-{
-    while (zc->pending) {
-        int rc = zoo_delete(zc->zh, zc->pending->path, -1);
-        if (rc != ZOK && rc != ZNONODE)
-            return; /* still down: the next call tries again */
-        struct zk_pending *p = zc->pending;
-        zc->pending = p->next;
-        free(p);
-    }
-}
-
 /*
  * A session that is up, starting a new one if the last one died; bounded by
  * until. DLOCK_ECONNECT (detail naming the hosts) when none is up by then.
@@ -334,7 +753,9 @@ static int session_connect(struct zk_conn *zc, uint64_t until)
     for (;;) {
         enum session_status st = wait_connected(zc, until);
         if (st == SESSION_UP) {
-            flush_pending(zc);
+            /* The completion thread sends them on connection; this
+             * catches any requeued since. */
+            orphans_flush(zc, zc->gen);
             return 0;
         }
         if (st == SESSION_DEAD) {
@@ -355,15 +776,14 @@ static int session_connect(struct zk_conn *zc, uint64_t until)
 
 /* ---- errors ----------------------------------------------------------- */
 
-static int is_connection_error(int rc)
-{
-    return rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZSESSIONEXPIRED ||
-           rc == ZSESSIONMOVED || rc == ZINVALIDSTATE || rc == ZCLOSING;
-}
-
 static int zk_error(struct zk_conn *zc, int rc, const char *what, const char *path)
 {
     int code = DLOCK_ESTORE;
+    if (rc == NOMEM)
+        return oom(zc);
+    if (rc == NOREPLY)
+        return dlock_seterr(cl(zc), DLOCK_ECONNECT, "zookeeper %s: %s %.80s: no reply in time",
+                            zc->hosts, what, path);
     if (is_connection_error(rc))
         code = DLOCK_ECONNECT;
     else if (rc == ZNOAUTH || rc == ZAUTHFAILED)
@@ -387,42 +807,40 @@ static void retry_pause(struct zk_conn *zc, uint64_t seen)
 
 /* ---- nodes ------------------------------------------------------------- */
 
-/* Creates path and its missing ancestors, the last one with `flags`. */
-static int create_path(struct zk_conn *zc, const char *path, int flags)
+/* Creates path and its missing ancestors, the last one with `flags`.
+ * 0, or the failed request's code (NOREPLY when until passed). */
+static int create_path(struct zk_conn *zc, const char *path, int flags, uint64_t until)
 {
-    int rc = zoo_create(zc->zh, path, NULL, -1, zc->acl, flags, NULL, 0);
+    int rc = zk_create(zc, path, flags, until);
     if (rc == ZNONODE) {
         char *up = strdup(path);
         if (!up)
-            return oom(zc);
+            return NOMEM;
         char *slash = strrchr(up, '/');
         if (slash && slash != up) {
             *slash = '\0';
-            int err = create_path(zc, up, ZOO_PERSISTENT);
+            rc = create_path(zc, up, ZOO_PERSISTENT, until);
             free(up);
-            if (err)
-                return err;
+            if (rc != ZOK)
+                return rc;
         } else {
             free(up);
         }
-        rc = zoo_create(zc->zh, path, NULL, -1, zc->acl, flags, NULL, 0);
+        rc = zk_create(zc, path, flags, until);
     }
-    if (rc != ZOK && rc != ZNODEEXISTS)
-        return zk_error(zc, rc, "cannot create", path);
-    return 0;
+    return rc == ZNODEEXISTS ? ZOK : rc;
 }
 
 /* The root exists and we may read it: with digest credentials, this is
  * where a wrong password shows (ZooKeeper accepts any digest at login and
  * only ACL checks tell). */
-static int check_root(struct zk_conn *zc)
+static int check_root(struct zk_conn *zc, uint64_t until)
 {
-    char buf[1];
-    int len = sizeof buf;
-    struct Stat st;
-    int rc = zoo_get(zc->zh, zc->root, 0, buf, &len, &st);
-    if (rc == ZNONODE)
-        return create_path(zc, zc->root, ZOO_PERSISTENT);
+    int rc = zk_get(zc, zc->root, 0, until);
+    if (rc == ZNONODE) {
+        rc = create_path(zc, zc->root, ZOO_PERSISTENT, until);
+        return rc == ZOK ? 0 : zk_error(zc, rc, "cannot create", zc->root);
+    }
     if (rc == ZNOAUTH)
         return dlock_seterr(cl(zc), DLOCK_EAUTH,
                             "zookeeper %s: %s may not read %s (wrong password, or its ACL "
@@ -434,57 +852,6 @@ static int check_root(struct zk_conn *zc)
     return 0;
 }
 
-static void kids_free(struct zk_kids *k)
-{
-    for (size_t i = 0; i < k->n; i++)
-        free(k->v[i].name);
-    free(k->v);
-    k->v = NULL;
-    k->n = 0;
-}
-
-static int kid_cmp(const void *a, const void *b)
-{
-    const struct zk_kid *x = a, *y = b;
-    return (x->seq > y->seq) - (x->seq < y->seq);
-}
-
-/* Keeps the children that look like lock nodes, sorted by sequence. */
-static int kids_from(const struct String_vector *sv, struct zk_kids *k)
-{
-    k->n = 0;
-    k->v = calloc(sv->count > 0 ? (size_t)sv->count : 1, sizeof *k->v);
-    if (!k->v)
-        return DLOCK_ENOMEM;
-    for (int i = 0; i < sv->count; i++) {
-        const char *mark = strstr(sv->data[i], LOCK_MARK);
-        char *end;
-        if (!mark)
-            continue;
-        long long seq = strtoll(mark + sizeof LOCK_MARK - 1, &end, 10);
-        if (*end || end == mark + sizeof LOCK_MARK - 1)
-            continue;
-        if (!(k->v[k->n].name = strdup(sv->data[i]))) {
-            kids_free(k);
-            return DLOCK_ENOMEM;
-        }
-        k->v[k->n++].seq = seq;
-    }
-    qsort(k->v, k->n, sizeof *k->v, kid_cmp);
-    return 0;
-}
-
-/* Index of the child whose name starts with `start` (the whole name, or
- * our owner's prefix), or -1. */
-static long kids_find(const struct zk_kids *k, const char *start)
-{
-    size_t len = strlen(start);
-    for (size_t i = 0; i < k->n; i++)
-        if (strncmp(k->v[i].name, start, len) == 0)
-            return (long)i;
-    return -1;
-}
-
 static const char *basename_of(const char *path)
 {
     return strrchr(path, '/') + 1;
@@ -492,93 +859,47 @@ static const char *basename_of(const char *path)
 
 /* ---- acquire ----------------------------------------------------------- */
 
-/* The pipelined create + list: the create's reply is filled in on the
- * client's completion thread. */
-struct zk_pipe {
-    struct zk_conn *zc;
-    int pending;
-    int create_rc, list_rc;
-    char *created;
-    int64_t czxid;
-    struct zk_kids kids;
-};
-
-static void pipe_done(struct zk_pipe *p)
-{
-    pthread_mutex_lock(&p->zc->mu);
-    p->pending--;
-    pthread_cond_broadcast(&p->zc->cv);
-    pthread_mutex_unlock(&p->zc->mu);
-}
-
-static void on_created(int rc, const char *path, const struct Stat *st, const void *data)
-{
-    struct zk_pipe *p = (struct zk_pipe *)data;
-    p->create_rc = rc;
-    if (rc == ZOK && !(p->created = strdup(path)))
-        p->create_rc = ZMARSHALLINGERROR;
-    if (rc == ZOK)
-        p->czxid = st->czxid;
-    pipe_done(p);
-}
-
-/*
- * Sends the create and the listing back to back. The create is
- * asynchronous (its reply comes through the completion thread); the
- * listing is synchronous, answered straight from the I/O thread, and
- * arrives after the create's reply: one round trip, one thread hop.
- */
-static void create_and_list(struct zk_acq *a, struct zk_pipe *p)
-{
-    struct zk_conn *zc = a->zc;
-    struct String_vector sv = {0, NULL};
-    memset(p, 0, sizeof *p);
-    p->zc = zc;
-    p->pending = 1;
-    /* The completion may run before zoo_acreate2() returns: only it writes
-     * p->create_rc, unless the request was never queued. */
-    int rc = zoo_acreate2(zc->zh, a->prefix, NULL, -1, zc->acl, ZOO_EPHEMERAL_SEQUENTIAL,
-                          on_created, p);
-    if (rc != ZOK) {
-        pthread_mutex_lock(&zc->mu);
-        p->create_rc = rc;
-        p->pending = 0;
-        pthread_mutex_unlock(&zc->mu);
-        return;
-    }
-    p->list_rc = zoo_get_children(zc->zh, a->parent, 0, &sv);
-    if (p->list_rc == ZOK) {
-        if (kids_from(&sv, &p->kids) != 0)
-            p->list_rc = ZMARSHALLINGERROR;
-        deallocate_String_vector(&sv);
-    }
-    /* The client always answers, if only with ZCONNECTIONLOSS. */
-    pthread_mutex_lock(&zc->mu);
-    while (p->pending > 0)
-        pthread_cond_wait(&zc->cv, &zc->mu);
-    pthread_mutex_unlock(&zc->mu);
-}
-
 /* Positive results of an acquire step: go round again, at once (AGAIN) or
  * once the connection is back (RETRY: a call failed with a connection
  * error). */
 enum { AGAIN = 1, RETRY = 2 };
 
+/* How long an acquire waits for one reply. */
+static uint64_t reply_until(const struct zk_acq *a)
+{
+    return after_ms(a->until, REPLY_GRACE_MS);
+}
+
+/* No reply by the acquire's bound: it gives up. */
+static int no_reply(struct zk_acq *a)
+{
+    if (a->req->wait == DLOCK_WAIT_DEADLINE)
+        return dlock_seterr(cl(a->zc), DLOCK_ETIMEDOUT,
+                            "zookeeper %s: the deadline passed waiting for the servers' reply",
+                            a->zc->hosts);
+    return dlock_seterr(cl(a->zc), DLOCK_ECONNECT,
+                        "zookeeper %s: no reply from the servers within connect_timeout (%d ms)",
+                        a->zc->hosts, a->zc->connect_ms);
+}
+
+/* An acquire step's request failed with rc: its result for the turn. */
+static int step_error(struct zk_acq *a, int rc, const char *what, const char *path)
+{
+    if (rc == NOREPLY)
+        return no_reply(a);
+    if (is_connection_error(rc))
+        return RETRY;
+    return zk_error(a->zc, rc, what, path);
+}
+
 static int list_kids(struct zk_acq *a, struct zk_kids *k)
 {
-    struct String_vector sv = {0, NULL};
-    int rc = zoo_get_children(a->zc->zh, a->parent, 0, &sv);
+    int rc = zk_list(a->zc, a->parent, k, reply_until(a));
     if (rc == ZNONODE) {
         k->v = NULL, k->n = 0; /* the container went with its last child */
         return 0;
     }
-    if (is_connection_error(rc))
-        return RETRY;
-    if (rc != ZOK)
-        return zk_error(a->zc, rc, "cannot list", a->parent);
-    int err = kids_from(&sv, k);
-    deallocate_String_vector(&sv);
-    return err ? oom(a->zc) : 0;
+    return rc == ZOK ? 0 : step_error(a, rc, "cannot list", a->parent);
 }
 
 /*
@@ -589,73 +910,86 @@ static int list_kids(struct zk_acq *a, struct zk_kids *k)
  */
 static int find_lost_create(struct zk_acq *a, struct zk_kids *k)
 {
-    struct zk_conn *zc = a->zc;
-    char start[sizeof a->req->owner_hex + sizeof LOCK_MARK];
     int err = list_kids(a, k);
     if (err)
-        return err;
-    snprintf(start, sizeof start, "%s%s", a->req->owner_hex, LOCK_MARK);
-    long i = kids_find(k, start);
+        return err; /* still lost: looked for again, or by drop_node() */
+    a->create_lost = 0;
+    long i = zk_kids_find(k, basename_of(a->prefix));
     if (i < 0)
         return 0; /* it never reached the server: create again */
-    struct Stat st;
-    char *node = join3(a->parent, "/", k->v[i].name);
-    if (!node)
-        return oom(zc);
-    int rc = zoo_exists(zc->zh, node, 0, &st);
-    if (rc != ZOK) {
-        err = is_connection_error(rc) || rc == ZNONODE ? RETRY
-                                                       : zk_error(zc, rc, "cannot read", node);
-        free(node);
-        return err;
-    }
-    a->node = node;
-    a->gen = zc->gen;
-    a->czxid = (uint64_t)st.czxid;
+    if (!(a->node = join3(a->parent, "/", k->v[i].name)))
+        return oom(a->zc);
+    a->gen = a->zc->gen;
+    a->czxid = 0; /* read by the turn */
     return 0;
+}
+
+/* The pipelined create + list. */
+static int create_and_list(struct zk_acq *a, struct zk_kids *k)
+{
+    struct zk_conn *zc = a->zc;
+    struct zk_call *cc = call_new(zc, a->prefix, LEAVES_CREATED);
+    struct zk_call *lc = call_new(zc, a->parent, LEAVES_NOTHING);
+    if (!cc || !lc) {
+        free(cc), free(lc);
+        return oom(zc);
+    }
+    /* A create given up on (no reply by the bound) is cleaned up by its
+     * completion: the node deleted if it says it made one, looked for by
+     * our owner id if its reply is lost too. */
+    int rc = call_sent(cc, zoo_acreate2(zc->zh, a->prefix, NULL, -1, zc->acl,
+                                        ZOO_EPHEMERAL_SEQUENTIAL, on_created, cc));
+    if (rc == ZOK)
+        call_sent(lc, zoo_aget_children(zc->zh, a->parent, 0, on_listed, lc));
+    else
+        call_sent(lc, ZINVALIDSTATE); /* not sent */
+    uint64_t until = reply_until(a);
+    int lrc = call_wait(lc, until); /* replies come in order: the create's first */
+    unsigned sent_gen = cc->gen;
+    rc = call_wait(cc, until);
+    if (rc == ZOK) {
+        a->node = join3(a->parent, "/", basename_of(cc->created));
+        a->gen = cc->gen;
+        a->czxid = (uint64_t)cc->st.czxid;
+        if (lrc == ZOK) {
+            *k = lc->kids;
+            lc->kids = (struct zk_kids){NULL, 0};
+        }
+    }
+    call_put(cc);
+    call_put(lc);
+    if (rc == ZOK) {
+        if (!a->node)
+            return oom(zc);
+        if (lrc == ZOK)
+            return 0;
+        if (lrc == NOREPLY)
+            return no_reply(a); /* our node is deleted by drop_node() */
+        return list_kids(a, k);
+    }
+    if (rc == ZNONODE) { /* no parent yet, or its container was just removed */
+        rc = create_path(zc, a->parent, ZOO_CONTAINER, until);
+        return rc == ZOK ? AGAIN : step_error(a, rc, "cannot create", a->parent);
+    }
+    if (maybe_done(rc)) {
+        a->create_lost = 1;
+        a->lost_gen = sent_gen;
+        return RETRY;
+    }
+    return step_error(a, rc, "cannot create a lock node under", a->parent);
 }
 
 /* Makes our node (or finds the one a lost reply made) and lists the
  * parent's lock children. */
 static int make_node(struct zk_acq *a, struct zk_kids *k)
 {
-    struct zk_conn *zc = a->zc;
-    struct zk_pipe p;
     if (a->create_lost) {
-        a->create_lost = 0;
         int err = find_lost_create(a, k);
         if (err || a->node)
             return err;
-        kids_free(k);
+        zk_kids_free(k);
     }
-    create_and_list(a, &p);
-    if (p.create_rc == ZOK) {
-        a->node = join3(a->parent, "/", basename_of(p.created));
-        free(p.created);
-        a->gen = zc->gen;
-        a->czxid = (uint64_t)p.czxid;
-        if (!a->node) {
-            kids_free(&p.kids);
-            return oom(zc);
-        }
-        if (p.list_rc == ZOK) {
-            *k = p.kids;
-            return 0;
-        }
-        return list_kids(a, k);
-    }
-    kids_free(&p.kids);
-    if (p.create_rc == ZNONODE) { /* no parent yet, or its container was just removed */
-        int err = create_path(zc, a->parent, ZOO_CONTAINER);
-        return err ? err : AGAIN;
-    }
-    if (p.create_rc == ZCONNECTIONLOSS || p.create_rc == ZOPERATIONTIMEOUT) {
-        a->create_lost = 1;
-        return RETRY;
-    }
-    if (is_connection_error(p.create_rc))
-        return RETRY;
-    return zk_error(zc, p.create_rc, "cannot create a lock node under", a->parent);
+    return create_and_list(a, k);
 }
 
 /* Watches the predecessor and waits until it changes, or the session does,
@@ -663,23 +997,18 @@ static int make_node(struct zk_acq *a, struct zk_kids *k)
 static int wait_predecessor(struct zk_acq *a, const char *pred)
 {
     struct zk_conn *zc = a->zc;
-    char buf[1];
-    int len = sizeof buf;
-    struct Stat st;
     char *path = join3(a->parent, "/", pred);
     if (!path)
         return oom(zc);
     uint64_t seen = events_now(zc);
     /* getData rather than exists: on a node already gone it leaves no
      * watch behind. */
-    int rc = zoo_get(zc->zh, path, 1, buf, &len, &st);
+    int rc = zk_get(zc, path, 1, reply_until(a));
+    int err = rc == ZOK || rc == ZNONODE ? 0
+              : step_error(a, rc, "cannot watch the node before ours under", a->parent);
     free(path);
-    if (rc == ZNONODE)
-        return 0;
-    if (is_connection_error(rc))
-        return RETRY;
     if (rc != ZOK)
-        return zk_error(zc, rc, "cannot watch the node before ours under", a->parent);
+        return err;
     uint64_t until = a->req->wait == DLOCK_WAIT_DEADLINE ? a->req->deadline_ns : NEVER;
     if (!wait_event(zc, seen, until))
         return dlock_seterr(cl(zc), DLOCK_ETIMEDOUT,
@@ -707,13 +1036,21 @@ static int acquire_turn(struct zk_acq *a, struct zk_kids *k)
         free(a->node);
         a->node = NULL;
     }
-    if (a->create_lost && a->gen != zc->gen)
+    if (a->create_lost && a->lost_gen != zc->gen)
         a->create_lost = 0;
     int err = a->node ? list_kids(a, k) : make_node(a, k);
     if (err)
         return err;
-    long i = kids_find(k, basename_of(a->node));
-    if (i < 0) { /* deleted under us (an administrator?): queue again */
+    if (!a->czxid) { /* a node found after a lost reply: its token */
+        struct Stat st;
+        int rc = zk_exists(zc, a->node, &st, reply_until(a));
+        if (rc == ZOK)
+            a->czxid = (uint64_t)st.czxid;
+        else if (rc != ZNONODE)
+            return step_error(a, rc, "cannot read", a->node);
+    }
+    long i = zk_kids_find(k, basename_of(a->node));
+    if (i < 0 || !a->czxid) { /* deleted under us (an administrator?): queue again */
         free(a->node);
         a->node = NULL;
         return AGAIN;
@@ -726,24 +1063,27 @@ static int acquire_turn(struct zk_acq *a, struct zk_kids *k)
     return err2 ? err2 : AGAIN;
 }
 
-/* Deletes our node after giving up; if the connection is down, later. */
+/*
+ * Deletes what an acquire that gives up may have left: its node, or the one
+ * a create whose reply was lost may have made. The delete's reply is waited
+ * for CLEANUP_WAIT_MS at most; whatever cannot be done now (the connection
+ * is down or silent) is done by the client's completion thread when the
+ * session is connected again. Nothing to do when the session has ended.
+ */
 static void drop_node(struct zk_acq *a)
 {
     struct zk_conn *zc = a->zc;
-    if (!a->node || a->gen != zc->gen)
-        return;
-    if (session_status(zc) == SESSION_UP) {
-        int rc = zoo_delete(zc->zh, a->node, -1);
-        if (rc == ZOK || rc == ZNONODE)
-            return;
+    if (a->node && a->gen == zc->gen) {
+        if (session_status(zc) == SESSION_UP) {
+            int rc = zk_delete(zc, a->node, dlock_monotonic_ns() + CLEANUP_WAIT_MS * MS);
+            /* NOREPLY: given up on, its completion requeues it if lost. */
+            if (!maybe_done(rc) && rc != ZINVALIDSTATE && rc != NOMEM)
+                return;
+        }
+        orphan_queue(zc, orphan_node(zc, a->node, a->gen));
+    } else if (!a->node && a->create_lost && a->lost_gen == zc->gen) {
+        orphan_queue(zc, orphan_search(zc, a->prefix, a->lost_gen));
     }
-    size_t len = strlen(a->node) + 1;
-    struct zk_pending *p = malloc(sizeof *p + len);
-    if (!p)
-        return; /* the node goes when the session ends */
-    memcpy(p->path, a->node, len);
-    p->next = zc->pending;
-    zc->pending = p;
 }
 
 static int acquire_paths(struct zk_acq *a)
@@ -755,8 +1095,8 @@ static int acquire_paths(struct zk_acq *a)
     a->parent = join3(a->zc->root, "/", enc);
     if (!a->parent)
         return oom(a->zc);
-    char mark[sizeof a->req->owner_hex + sizeof LOCK_MARK];
-    snprintf(mark, sizeof mark, "%s%s", a->req->owner_hex, LOCK_MARK);
+    char mark[MARK_MAX];
+    snprintf(mark, sizeof mark, "%s%s", a->req->owner_hex, ZK_LOCK_MARK);
     a->prefix = join3(a->parent, "/", mark);
     return a->prefix ? 0 : oom(a->zc);
 }
@@ -829,13 +1169,13 @@ static int zk_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     if ((err = acquire_paths(&a)) == 0) {
         do {
             uint64_t seen = events_now(zc);
-            kids_free(&k);
+            zk_kids_free(&k);
             err = acquire_turn(&a, &k);
             if (err == RETRY && session_status(zc) == SESSION_UP)
                 retry_pause(zc, seen);
         } while (err == AGAIN || err == RETRY);
     }
-    kids_free(&k);
+    zk_kids_free(&k);
     if (err == 0) {
         size_t len = strlen(a.node) + 1;
         struct zk_held *h = malloc(sizeof *h + len);
@@ -865,25 +1205,44 @@ static int lost(struct zk_conn *zc, const char *why)
     return dlock_seterr(cl(zc), DLOCK_ELOST, "zookeeper %s: %s", zc->hosts, why);
 }
 
+/*
+ * Bounded by the session timeout: waits for a suspended connection to come
+ * back or for the session to count as dead. Past the bound, the node's
+ * delete is left to the client's completion thread (sent when the session
+ * is connected again; else the node goes with the session) and the answer
+ * is DLOCK_ECONNECT.
+ */
 static int release_node(struct zk_conn *zc, struct zk_held *h)
 {
+    uint64_t until = dlock_monotonic_ns() + (uint64_t)timeout_ms(zc) * MS;
     int retried = 0;
     for (;;) {
         if (h->gen != zc->gen)
             return lost(zc, "the session that held the lock has ended");
-        /* Suspended: wait for the connection to come back, or for the
-         * session to count as dead (at most its timeout). */
-        if (wait_connected(zc, NEVER) == SESSION_DEAD) {
+        enum session_status st = wait_connected(zc, until);
+        if (st == SESSION_DEAD) {
             session_end(zc);
-            return lost(zc, "the session expired: the lock was lost and is already free");
+            return lost(zc, "the session expired, or was disconnected for its whole timeout: "
+                            "the lock was lost (its node goes with the session)");
         }
         uint64_t seen = events_now(zc);
-        int rc = zoo_delete(zc->zh, h->path, -1);
+        int sent = st == SESSION_UP;
+        int rc = sent ? zk_delete(zc, h->path, until) : NOREPLY;
         if (rc == ZOK)
             return 0;
         if (rc == ZNONODE) /* after a lost reply, our own delete did it */
             return retried ? 0 : lost(zc, "the lock node is gone: the session expired or the "
                                           "node was deleted");
+        if (rc == NOREPLY || dlock_monotonic_ns() >= until) {
+            /* A delete given up on requeues itself if its reply is lost. */
+            if (!sent || rc != NOREPLY)
+                orphan_queue(zc, orphan_node(zc, h->path, h->gen));
+            return dlock_seterr(cl(zc), DLOCK_ECONNECT,
+                                "zookeeper %s: no answer within the session timeout (%d ms): "
+                                "the lock node is deleted when the connection returns, or goes "
+                                "with the session when it expires",
+                                zc->hosts, timeout_ms(zc));
+        }
         if (!is_connection_error(rc))
             return zk_error(zc, rc, "cannot delete", h->path);
         retried = 1;
@@ -903,7 +1262,8 @@ static int zk_release(dlock_conn *conn, dlock_held *held)
 
 /*
  * No lease to extend (the session is the lease): checks that the lock is
- * still ours. While the connection is down the answer is unknown:
+ * still ours, within 2/3 of the session timeout (the C client's own bound
+ * for a request). While the connection is down the answer is unknown:
  * DLOCK_ECONNECT, until it comes back (then 0) or the session times out
  * (then DLOCK_ELOST).
  */
@@ -924,8 +1284,9 @@ static int zk_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
         return dlock_seterr(cl(zc), DLOCK_ECONNECT,
                             "zookeeper %s: disconnected; the lock is still ours only if the "
                             "connection returns within the session timeout (%d ms)",
-                            zc->hosts, zc->negotiated_ms);
-    int rc = zoo_exists(zc->zh, h->path, 0, &st);
+                            zc->hosts, timeout_ms(zc));
+    uint64_t until = dlock_monotonic_ns() + (uint64_t)timeout_ms(zc) * 2 / 3 * MS;
+    int rc = zk_exists(zc, h->path, &st, until);
     if (rc == ZNONODE)
         return lost(zc, "the lock node is gone: the session expired or the node was deleted");
     if (rc != ZOK)
@@ -978,12 +1339,14 @@ static int zk_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 }
 
 /* The floor for an acquire + release: a create and a delete of a scratch
- * ephemeral node, one round trip each. '!' never occurs in encoded names. */
+ * ephemeral node, one round trip each, within connect_timeout. '!' never
+ * occurs in encoded names. */
 static int zk_ping(dlock_conn *conn)
 {
     struct zk_conn *zc = (struct zk_conn *)conn;
     char leaf[40];
-    int err = session_connect(zc, dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS);
+    uint64_t until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS;
+    int err = session_connect(zc, until);
     if (err)
         return err;
     const clientid_t *id = zoo_client_id(zc->zh);
@@ -991,9 +1354,9 @@ static int zk_ping(dlock_conn *conn)
     char *path = join3(zc->root, "/", leaf);
     if (!path)
         return oom(zc);
-    int rc = zoo_create(zc->zh, path, NULL, -1, zc->acl, ZOO_EPHEMERAL, NULL, 0);
+    int rc = zk_create(zc, path, ZOO_EPHEMERAL, until);
     if (rc == ZOK || rc == ZNODEEXISTS)
-        rc = zoo_delete(zc->zh, path, -1);
+        rc = zk_delete(zc, path, until);
     err = rc == ZOK ? 0 : zk_error(zc, rc, "ping (create + delete)", path);
     free(path);
     return err;
@@ -1034,32 +1397,22 @@ static int build_hosts(struct zk_conn *zc, const dlock_uri *uri)
     return 0;
 }
 
-/* The root: absolute, no empty, "." or ".." component, no control bytes
- * (ZooKeeper refuses them); "/" alone is refused because /zookeeper is the
- * server's own. */
+/* The root (zk_root_check()): "/" alone is refused because /zookeeper is
+ * the server's own, and so is anything inside /zookeeper. */
 static int parse_root(struct zk_conn *zc, const dlock_uri *uri)
 {
     const char *path = dlock_uri_path(uri);
-    size_t len = strlen(path);
+    size_t len;
     if (!path[0])
-        path = DEFAULT_ROOT, len = strlen(path);
-    while (len > 1 && path[len - 1] == '/')
-        len--;
-    int bad = len <= 1;
-    for (size_t i = 0; i < len && !bad; i++) {
-        unsigned char c = (unsigned char)path[i];
-        if (c < 0x20 || c == 0x7f)
-            bad = 1;
-        if (c == '/') {
-            size_t j = i + 1;
-            while (j < len && path[j] != '/')
-                j++;
-            size_t clen = j - i - 1;
-            bad = clen == 0 || (clen == 1 && path[i + 1] == '.') ||
-                  (clen == 2 && path[i + 1] == '.' && path[i + 2] == '.');
-        }
-    }
-    if (bad)
+        path = DEFAULT_ROOT;
+    int check = zk_root_check(path, &len);
+    if (check == ZK_ROOT_RESERVED)
+        return dlock_seterr(cl(zc), DLOCK_EINVAL,
+                            "the lock root %.*s is inside /zookeeper, the tree reserved by "
+                            "the ZooKeeper servers for themselves (quotas, configuration): "
+                            "choose another root, as in /dlock",
+                            (int)(len > 200 ? 200 : len), path);
+    if (check != ZK_ROOT_OK)
         return dlock_seterr(cl(zc), DLOCK_EBADURI,
                             "the path of a zookeeper:// URI is the root node of the locks, as "
                             "in /dlock (not /, no empty, . or .. component)");
@@ -1112,13 +1465,14 @@ static int zk_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     pthread_condattr_destroy(&attr);
     if ((err = parse_uri(zc, uri)) != 0 || (err = session_start(zc)) != 0)
         goto fail;
-    if ((err = session_connect(zc, dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS)) != 0) {
+    uint64_t until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS;
+    if ((err = session_connect(zc, until)) != 0) {
         if (err == DLOCK_ECONNECT)
             dlock_seterr(c, err, "zookeeper %s: no session within %d ms (connect_timeout): "
                          "servers down, not serving, or unreachable", zc->hosts, zc->connect_ms);
         goto fail;
     }
-    if ((err = check_root(zc)) != 0)
+    if ((err = check_root(zc, until)) != 0)
         goto fail;
     *connp = &zc->base;
     return 0;
