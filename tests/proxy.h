@@ -166,9 +166,10 @@ static inline void proxy_main_(struct proxy_run_ *r)
         if (mode != PROXY_BLACKHOLE) {
             for (int i = np - 1; i >= 0; i--) {
                 int drop = 0;
-                if (fds[p->n + 2 * i].revents)
+                /* Down discards what is buffered: nothing crosses. */
+                if (mode != PROXY_DOWN && fds[p->n + 2 * i].revents)
                     drop |= proxy_move_(r, i, 1) < 0;
-                if (!drop && fds[p->n + 2 * i + 1].revents)
+                if (mode != PROXY_DOWN && !drop && fds[p->n + 2 * i + 1].revents)
                     drop |= proxy_move_(r, i, 0) < 0;
                 if (r->pair[i].cut_at && dlock_monotonic_ns() - r->pair[i].cut_at > 300000000ull)
                     drop = 1;
