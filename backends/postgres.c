@@ -18,25 +18,45 @@
  * deadline. The lock and the fencing-token bump travel in one statement, so
  * an uncontended acquire is one round trip.
  *
+ * The acquire's transaction sets what it relies on, whatever the server's,
+ * the database's or the role's defaults (or PGOPTIONS) say: READ COMMITTED
+ * (under repeatable read a waiter's snapshot predates the previous holder's
+ * bump, and its own bump fails to serialize), synchronous_commit on (the
+ * token is on disk before anyone sees it), and lock_timeout and
+ * statement_timeout: 1 ms and none for a try (it never waits for a lock,
+ * not even the counter row's or the table's behind someone's DDL: that is
+ * DLOCK_EBUSY), the time left for a deadline wait (every lock the statement
+ * waits for, together), none for a wait without a deadline.
+ *
  * Token: by default a per-name row in a table (key, token) bumped with
  * INSERT ... ON CONFLICT DO UPDATE, which a protected resource in the same
  * database can read; token=sequence uses nextval() of one sequence instead,
  * cheaper (no row update) but shared by all names.
  *
+ * Hosts. Several hosts are tried in order, each on its own (libpq is given
+ * one at a time), and only a read-write server is taken
+ * (target_session_attrs=read-write: a standby is passed over). The host
+ * that served the client's latest new session is tried first for the next
+ * ones, so that all of a client's sessions land on one primary while it
+ * accepts them; a session that lands on another host moves the client
+ * there, and its idle pooled sessions on the old host are closed.
+ *
  * Bounds. libpq has no statement timeout of its own, so statements are
  * sent on non-blocking connections and their replies awaited with poll()
  * until a CLOCK_MONOTONIC deadline: `timeout` (ms, default 5000) for every
- * statement that is not a lock wait, the deadline plus `timeout` for a
- * deadline wait (lock_timeout ends it on the server first). No reply in
- * time closes the session (a statement is still outstanding on it), which
- * frees whatever it held once the server notices, at the latest when its
- * idle_session_timeout ends: DLOCK_ECONNECT, naming the timeout. Connecting
- * is bounded by libpq's connect_timeout (whole seconds, at least 2, per
- * host, the startup exchange included). A wait without a deadline has no
- * client-side bound; TCP keepalives (idle 5 s, every 2 s, 3 probes) end it
- * about 11 s after the peer or the network died, and tcp_user_timeout
- * (= timeout) fails a connection whose sent data stays unacknowledged.
- * Closing sends Terminate without waiting for anything.
+ * statement that is not a lock wait, the deadline plus at most 200 ms for a
+ * deadline wait (lock_timeout ends it on the server at the deadline). No
+ * reply in time closes the session (a statement is still outstanding on
+ * it), which frees whatever it held once the server notices, at the latest
+ * when its idle_session_timeout ends: DLOCK_ECONNECT, naming the time.
+ * Connecting is libpq's non-blocking connect, driven here with poll(): each
+ * host gets `connect_timeout` (ms, the startup and authentication included),
+ * and a deadline wait's connect ends at its deadline plus the margin too. A
+ * wait without a deadline has no client-side bound; TCP keepalives (idle
+ * 5 s, every 2 s, 3 probes) end it about 11 s after the peer or the network
+ * died, and tcp_user_timeout (= timeout) fails a connection whose sent data
+ * stays unacknowledged. Closing sends Terminate without waiting for
+ * anything.
  *
  * Lost leases. A grant after a wait counts its lease from the reply's
  * arrival (the server's idle timer starts when it sends it), not from the
@@ -60,6 +80,11 @@
 #define MS 1000000ull
 #define DEFAULT_TABLE "dlock_fence"
 #define POOL_MAX 64
+/* idle_session_timeout, the lease, is an int of milliseconds. */
+#define TTL_MAX 2147483647u
+/* How long past its deadline a deadline wait waits for the server's reply
+ * (lock_timeout ends the wait on the server at the deadline). */
+#define DEADLINE_MARGIN_MS 200u
 
 static const char *const pg_schemes[] = {"postgresql", "postgres", NULL};
 static const char *const pg_options[] = {
@@ -79,15 +104,23 @@ struct pg_session {
     int busy;             /* holds a lock (or waits for one) */
     uint32_t idle_ms;     /* idle_session_timeout currently set (0 = off) */
     uint64_t timed_out_ms; /* closed after no reply for this long; 0: no */
+    size_t host;          /* index of the host it is connected to */
+    char sqlstate[6];     /* of the last failed statement, "" if none */
+    int ended;            /* the server said FATAL or PANIC: it is closing */
 };
 
 struct pg_conn {
     dlock_conn base;
+    /* libpq's connection keywords; values[0] and [1] (host, port) are
+     * replaced by one host's for each connect. */
     const char *keys[16];
     const char *values[16];
-    char connect_s[24], user_timeout_ms[24];
+    char user_timeout_ms[24];
+    uint64_t connect_ms;  /* per host */
     uint64_t timeout_ms;  /* bound on every statement that is not a lock wait */
-    char *hosts, *ports;  /* comma-separated, as libpq takes them */
+    size_t nhosts;
+    char **hostv, **portv;
+    size_t pinned;        /* host tried first: the one of the latest new session */
     char *namespace;
     char table[64];
     int use_sequence; /* token=sequence: one global sequence, not per-name rows */
@@ -175,33 +208,105 @@ static int result_error(struct pg_conn *pc, PGconn *pg, PGresult *r, const char 
     return pg_error(pc, code, what, msg && *msg ? msg : "no result");
 }
 
-static void quiet_notices(void *arg, const PGresult *r)
+/* Notices are not shown (e.g. "you don't own a lock": reported by the
+ * result). An error the server sends outside a statement comes here too:
+ * FATAL is its last word before it closes the session (terminated, shutting
+ * down, idle_session_timeout). */
+static void session_notice(void *arg, const PGresult *r)
 {
-    (void)arg, (void)r; /* e.g. "you don't own a lock": reported by result */
+    struct pg_session *s = arg;
+    const char *sev = PQresultErrorField(r, PG_DIAG_SEVERITY_NONLOCALIZED);
+    if (sev && (strcmp(sev, "FATAL") == 0 || strcmp(sev, "PANIC") == 0))
+        s->ended = 1;
 }
 
-static int session_open(struct pg_conn *pc, struct pg_session *s)
+static int wait_socket(PGconn *pg, short events, uint64_t until_ns);
+
+/* libpq's non-blocking connect to host i alone, driven until until_ns. */
+static int connect_host(struct pg_conn *pc, size_t i, uint64_t until_ns, PGconn **out)
 {
-    s->pg = PQconnectdbParams(pc->keys, pc->values, 0);
-    if (!s->pg)
+    const char *values[16];
+    memcpy(values, pc->values, sizeof values);
+    values[0] = pc->hostv[i];
+    values[1] = pc->portv[i];
+    uint64_t start = dlock_monotonic_ns();
+    PGconn *pg = PQconnectStartParams(pc->keys, values, 0);
+    if (!pg)
         return dlock_seterr(cl(pc), DLOCK_ENOMEM, "out of memory");
-    if (PQstatus(s->pg) != CONNECTION_OK) {
-        int err = conn_error(pc, s->pg, "cannot connect");
-        PQfinish(s->pg);
-        s->pg = NULL;
+    PostgresPollingStatusType st =
+        PQstatus(pg) == CONNECTION_BAD ? PGRES_POLLING_FAILED : PGRES_POLLING_WRITING;
+    while (st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {
+        int ev = wait_socket(pg, st == PGRES_POLLING_READING ? POLLIN : POLLOUT, until_ns);
+        if (ev == 0) {
+            PQfinish(pg);
+            return dlock_seterr(cl(pc), DLOCK_ECONNECT,
+                                "postgresql: cannot connect to %s port %s:"
+                                " no answer within %" PRIu64 " ms",
+                                pc->hostv[i], pc->portv[i],
+                                (uint64_t)((dlock_monotonic_ns() - start + MS / 2) / MS));
+        }
+        if (ev < 0)
+            break;
+        st = PQconnectPoll(pg);
+    }
+    if (st != PGRES_POLLING_OK) {
+        int err = conn_error(pc, pg, "cannot connect");
+        PQfinish(pg);
         return err;
     }
-    PQsetNoticeReceiver(s->pg, quiet_notices, NULL);
+    *out = pg;
+    return 0;
+}
+
+static void session_close(struct pg_session *s);
+
+/* A new session on s, on the first host that accepts a read-write session,
+ * starting with the pinned one; each host gets connect_timeout, all of them
+ * together until until_ns (0: no limit). Landing on another host than the
+ * pinned one moves the pin, and closes idle sessions left on other hosts. */
+static int session_open(struct pg_conn *pc, struct pg_session *s, uint64_t until_ns)
+{
+    int err = DLOCK_ECONNECT;
+    s->pg = NULL;
+    for (size_t k = 0; k < pc->nhosts; k++) {
+        size_t i = (pc->pinned + k) % pc->nhosts;
+        uint64_t now = dlock_monotonic_ns(), end = now + pc->connect_ms * MS;
+        if (k > 0 && until_ns && now >= until_ns)
+            break;
+        if (until_ns && until_ns < end)
+            end = until_ns;
+        if (k > 0)
+            dlock_clearerr(cl(pc)); /* report the last host's failure */
+        if ((err = connect_host(pc, i, end, &s->pg)) == 0) {
+            s->host = i;
+            break;
+        }
+        if (err == DLOCK_ENOMEM)
+            return err;
+    }
+    if (err)
+        return err;
+    if (s->host != pc->pinned) {
+        pc->pinned = s->host;
+        for (size_t j = 0; j < POOL_MAX; j++) {
+            struct pg_session *o = &pc->pool[j];
+            if (o != s && !o->busy && o->pg && o->host != s->host)
+                session_close(o);
+        }
+    }
+    s->ended = 0;
+    PQsetNoticeReceiver(s->pg, session_notice, s);
     /* Statements are sent without blocking and waited for with poll(),
      * so every wait has a client-side bound. */
     if (PQsetnonblocking(s->pg, 1) != 0) {
-        int err = conn_error(pc, s->pg, "cannot make the connection non-blocking");
+        int e = conn_error(pc, s->pg, "cannot make the connection non-blocking");
         PQfinish(s->pg);
         s->pg = NULL;
-        return err;
+        return e;
     }
     s->idle_ms = 0;
     s->timed_out_ms = 0;
+    s->sqlstate[0] = '\0';
     return 0;
 }
 
@@ -225,13 +330,13 @@ static uint64_t after_timeout(struct pg_conn *pc)
     return dlock_monotonic_ns() + pc->timeout_ms * MS;
 }
 
-static void session_scrub(struct pg_conn *pc, struct pg_session *s)
+static void session_scrub(struct pg_conn *pc, struct pg_session *s, uint64_t until_ns)
 {
     dlock_errsave why;
     PGresult *r = NULL;
     dlock_err_save(cl(pc), &why); /* report the failure, not this */
     int ok = run(pc, s, "SELECT pg_advisory_unlock_all()", 0, &r, "freeing the session's locks",
-                 after_timeout(pc)) == 0;
+                 until_ns ? until_ns : after_timeout(pc)) == 0;
     PQclear(r);
     dlock_err_restore(cl(pc), &why);
     if (ok)
@@ -240,10 +345,12 @@ static void session_scrub(struct pg_conn *pc, struct pg_session *s)
         session_close(s);
 }
 
-/* An idle session with a live connection, opening one if needed; *opened
- * says which. A pooled session may still turn out dead on its next
- * statement (its idle_session_timeout ran out while pooled). */
-static int session_take(struct pg_conn *pc, struct pg_session **out, int *opened)
+/* An idle session with a live connection, opening one if needed (bounded
+ * by until_ns, 0: connect_timeout per host only); *opened says which. A
+ * pooled session may still turn out dead on its next statement (its
+ * idle_session_timeout ran out while pooled, the server restarted). */
+static int session_take(struct pg_conn *pc, struct pg_session **out, int *opened,
+                        uint64_t until_ns)
 {
     struct pg_session *fresh = NULL;
     *opened = 0;
@@ -262,7 +369,7 @@ static int session_take(struct pg_conn *pc, struct pg_session **out, int *opened
     if (!fresh)
         return dlock_seterr(cl(pc), DLOCK_ENOMEM, "more than %d locks held by one client",
                             POOL_MAX);
-    int err = session_open(pc, fresh);
+    int err = session_open(pc, fresh, until_ns);
     if (err == 0) {
         *out = fresh;
         *opened = 1;
@@ -324,6 +431,7 @@ static int run(struct pg_conn *pc, struct pg_session *s, const char *sql, int wa
     int i = 0, err = 0, f, ev;
     if (!s->pg)
         return dlock_seterr(cl(pc), DLOCK_ECONNECT, "postgresql: %s: the session was closed", what);
+    s->sqlstate[0] = '\0';
     if (!PQsendQuery(s->pg, sql))
         return result_error(pc, s->pg, NULL, what);
     while ((f = PQflush(s->pg)) == 1) {
@@ -370,6 +478,8 @@ static int run(struct pg_conn *pc, struct pg_session *s, const char *sql, int wa
             PQclear(r);
     }
     if (bad) {
+        const char *state = PQresultErrorField(bad, PG_DIAG_SQLSTATE);
+        snprintf(s->sqlstate, sizeof s->sqlstate, "%s", state ? state : "");
         err = result_error(pc, s->pg, bad, what);
         PQclear(bad);
         PQclear(keep);
@@ -392,36 +502,33 @@ static int valid_identifier(const char *s)
     return 1;
 }
 
-/* Comma-joins host i's name or port into a new string. */
-static char *join_hosts(const dlock_uri *uri, int ports)
+/* Every host's name and port ("5432" when the URI gave none), for libpq,
+ * which is given one host at a time. */
+static int split_hosts(const dlock_uri *uri, struct pg_conn *pc)
 {
-    size_t n = dlock_uri_host_count(uri), len = 1;
-    for (size_t i = 0; i < n; i++)
-        len += strlen(dlock_uri_host(uri, i)) + 8;
-    char *out = malloc(len), *p = out;
-    if (!out)
-        return NULL;
+    size_t n = dlock_uri_host_count(uri);
+    pc->hostv = calloc(n, sizeof *pc->hostv);
+    pc->portv = calloc(n, sizeof *pc->portv);
+    if (!pc->hostv || !pc->portv)
+        return DLOCK_ENOMEM;
+    pc->nhosts = n;
     for (size_t i = 0; i < n; i++) {
-        if (i)
-            *p++ = ',';
-        if (ports) {
-            unsigned port = dlock_uri_port(uri, i);
-            p += sprintf(p, "%u", port ? port : 5432);
-        } else {
-            p += sprintf(p, "%s", dlock_uri_host(uri, i));
-        }
+        char port[16];
+        unsigned p = dlock_uri_port(uri, i);
+        snprintf(port, sizeof port, "%u", p ? p : 5432);
+        if (!(pc->hostv[i] = strdup(dlock_uri_host(uri, i))) || !(pc->portv[i] = strdup(port)))
+            return DLOCK_ENOMEM;
     }
-    *p = '\0';
-    return out;
+    return 0;
 }
 
 static int parse_params(dlock_client *c, const dlock_uri *uri, struct pg_conn *pc)
 {
-    uint64_t connect_ms = DEFAULT_CONNECT_MS;
     const char *path = dlock_uri_path(uri), *v;
     size_t k = 0;
     int err;
-    if ((err = dlock_uri_param_uint(c, uri, "connect_timeout", 1, 3600000, &connect_ms)) != 0)
+    pc->connect_ms = DEFAULT_CONNECT_MS;
+    if ((err = dlock_uri_param_uint(c, uri, "connect_timeout", 1, 3600000, &pc->connect_ms)) != 0)
         return err;
     pc->timeout_ms = DEFAULT_TIMEOUT_MS;
     if ((err = dlock_uri_param_uint(c, uri, "timeout", 1, 3600000, &pc->timeout_ms)) != 0)
@@ -440,16 +547,14 @@ static int parse_params(dlock_client *c, const dlock_uri *uri, struct pg_conn *p
     snprintf(pc->table, sizeof pc->table, "%s", v ? v : DEFAULT_TABLE);
     if ((v = dlock_uri_param(uri, "namespace")) != NULL && !(pc->namespace = strdup(v)))
         return DLOCK_ENOMEM;
-    pc->hosts = join_hosts(uri, 0);
-    pc->ports = join_hosts(uri, 1);
-    if (!pc->hosts || !pc->ports)
-        return DLOCK_ENOMEM;
-    /* libpq counts whole seconds, and treats 1 as 2. */
-    snprintf(pc->connect_s, sizeof pc->connect_s, "%" PRIu64,
-             connect_ms < 2000 ? 2 : (connect_ms + 999) / 1000);
-    pc->keys[k] = "host", pc->values[k++] = pc->hosts;
-    pc->keys[k] = "port", pc->values[k++] = pc->ports;
-    pc->keys[k] = "connect_timeout", pc->values[k++] = pc->connect_s;
+    if ((err = split_hosts(uri, pc)) != 0)
+        return err;
+    /* Replaced by one host's for each connect (connect_host()). */
+    pc->keys[k] = "host", pc->values[k++] = pc->hostv[0];
+    pc->keys[k] = "port", pc->values[k++] = pc->portv[0];
+    /* A standby (or a server whose default is read-only) is passed over:
+     * a lock taken there would be invisible to clients of the primary. */
+    pc->keys[k] = "target_session_attrs", pc->values[k++] = "read-write";
     if (path[0] && path[1])
         pc->keys[k] = "dbname", pc->values[k++] = path + 1;
     if (dlock_uri_user(uri) && dlock_uri_user(uri)[0])
@@ -477,8 +582,12 @@ static void pg_close(dlock_conn *conn)
     struct pg_conn *pc = (struct pg_conn *)conn;
     for (size_t i = 0; i < POOL_MAX; i++)
         session_close(&pc->pool[i]);
-    free(pc->hosts);
-    free(pc->ports);
+    for (size_t i = 0; i < pc->nhosts; i++) {
+        free(pc->hostv[i]);
+        free(pc->portv[i]);
+    }
+    free(pc->hostv);
+    free(pc->portv);
     free(pc->namespace);
     free(pc);
 }
@@ -511,7 +620,7 @@ static int pg_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     pc->base.client = c;
     if ((err = parse_params(c, uri, pc)) != 0)
         goto fail;
-    if ((err = session_open(pc, &pc->pool[0])) != 0 ||
+    if ((err = session_open(pc, &pc->pool[0], 0)) != 0 ||
         (err = create_table(pc, &pc->pool[0])) != 0)
         goto fail;
     *connp = &pc->base;
@@ -531,9 +640,12 @@ static void idle_clause(struct pg_session *s, uint32_t ttl_ms, char *buf, size_t
         snprintf(buf, len, "SET idle_session_timeout = %" PRIu32 "; ", ttl_ms);
 }
 
-/* Was the lock granted to us in the instant lock_timeout fired? If so it
- * is still ours (session locks outlive the failed statement): unlock. */
-static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t key)
+/* Was the lock granted to us in the instant lock_timeout fired, or before
+ * a later lock of the statement (the counter row, the table) timed out? If
+ * so it is still ours (session locks outlive the failed statement): unlock.
+ * No reply by until_ns closes the session instead, which frees it too. */
+static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t key,
+                            uint64_t until_ns)
 {
     char sql[320];
     PGresult *r = NULL;
@@ -545,9 +657,25 @@ static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t ke
              key, u >> 32, u & 0xffffffffu);
     dlock_errsave why;
     dlock_err_save(cl(pc), &why); /* report the timeout, not this */
-    if (run(pc, s, sql, 0, &r, "checking for a late grant", after_timeout(pc)) == 0)
+    if (!until_ns)
+        until_ns = after_timeout(pc);
+    if (run(pc, s, sql, 0, &r, "checking for a late grant", until_ns) == 0)
         PQclear(r);
     dlock_err_restore(cl(pc), &why);
+}
+
+/* The client-side bound of one acquire: a try's statement gets `timeout`; a
+ * deadline wait ends on the server at the deadline (lock_timeout,
+ * statement_timeout), and the client waits for that reply a little longer;
+ * a wait without a deadline has none (0). */
+static uint64_t acquire_until(const struct pg_conn *pc, const dlock_request *req, uint64_t now)
+{
+    uint64_t margin = pc->timeout_ms < DEADLINE_MARGIN_MS ? pc->timeout_ms : DEADLINE_MARGIN_MS;
+    if (req->wait == DLOCK_WAIT_TRY)
+        return now + pc->timeout_ms * MS;
+    if (req->wait == DLOCK_WAIT_DEADLINE)
+        return (req->deadline_ns > now ? req->deadline_ns : now) + margin * MS;
+    return 0;
 }
 
 /* One attempt on session s. On success *token is the grant's, and
@@ -557,22 +685,29 @@ static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t ke
 static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_request *req,
                       int64_t key, uint64_t *token, uint64_t *granted_ns)
 {
-    char sql[768], idle[64], timeout[64] = "";
+    char sql[1024], idle[64], settings[256];
     PGresult *r = NULL;
-    int stmt = 0, err;
+    int stmt = 4, err;
+    uint64_t start = dlock_monotonic_ns(), until = acquire_until(pc, req, start);
     idle_clause(s, req->ttl_ms, idle, sizeof idle);
     stmt += idle[0] != '\0';
-    if (req->wait != DLOCK_WAIT_TRY) {
-        uint64_t ms = 0;
-        if (req->wait == DLOCK_WAIT_DEADLINE) {
-            uint64_t now = dlock_monotonic_ns();
-            ms = req->deadline_ns > now ? (req->deadline_ns - now + 999999) / 1000000 : 1;
-            if (ms > INT32_MAX)
-                ms = 0; /* too far to matter: wait without a limit */
-        }
-        snprintf(timeout, sizeof timeout, "SET lock_timeout = %" PRIu64 "; ", ms);
-        stmt++;
+    /* lock_timeout bounds each lock wait, statement_timeout all of them
+     * together; 0 is none. A try waits for no lock at all (1 ms: the least
+     * lock_timeout takes). */
+    uint64_t lock_ms = 0, stmt_ms = 0;
+    if (req->wait == DLOCK_WAIT_TRY) {
+        lock_ms = 1;
+    } else if (req->wait == DLOCK_WAIT_DEADLINE) {
+        lock_ms = req->deadline_ns > start ? (req->deadline_ns - start + MS - 1) / MS : 1;
+        if (lock_ms > INT32_MAX)
+            lock_ms = 0; /* too far to matter: wait without a limit */
+        stmt_ms = lock_ms;
     }
+    /* The transaction's own settings, whatever the server's defaults. */
+    snprintf(settings, sizeof settings,
+             "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on; "
+             "SET LOCAL lock_timeout = %" PRIu64 "; SET LOCAL statement_timeout = %" PRIu64 "; ",
+             lock_ms, stmt_ms);
     /* The lock and the counter bump in one statement: the CTE runs once
      * (MATERIALIZED), and the INSERT (or nextval) only where the lock was
      * granted. */
@@ -581,29 +716,31 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
         snprintf(sql, sizeof sql,
                  "%s%sWITH l AS MATERIALIZED (SELECT %s(%" PRId64 ") AS got) "
                  "SELECT CASE WHEN %s THEN nextval('%s_seq') END FROM l",
-                 idle, timeout, fn, key, req->wait == DLOCK_WAIT_TRY ? "got" : "true", pc->table);
+                 settings, idle, fn, key, req->wait == DLOCK_WAIT_TRY ? "got" : "true", pc->table);
     else
         snprintf(sql, sizeof sql,
              "%s%sWITH l AS MATERIALIZED (SELECT %s(%" PRId64 ") AS got), "
              "f AS (INSERT INTO %s (key, token) SELECT %" PRId64 ", 1 FROM l WHERE %s "
              "ON CONFLICT (key) DO UPDATE SET token = %s.token + 1 RETURNING token) "
              "SELECT (SELECT token FROM f)",
-             idle, timeout, fn, key, pc->table, key, req->wait == DLOCK_WAIT_TRY ? "got" : "true",
+             settings, idle, fn, key, pc->table, key, req->wait == DLOCK_WAIT_TRY ? "got" : "true",
              pc->table);
-    /* A try and the statements around a wait get the timeout; a deadline
-     * wait, the deadline (lock_timeout ends it on the server) plus the
-     * timeout; a wait without a deadline, no client-side bound (keepalives
-     * notice a dead connection). */
-    uint64_t start = dlock_monotonic_ns(), until = 0;
-    if (req->wait == DLOCK_WAIT_TRY)
-        until = start + pc->timeout_ms * MS;
-    else if (req->wait == DLOCK_WAIT_DEADLINE)
-        until = (req->deadline_ns > start ? req->deadline_ns : start) + pc->timeout_ms * MS;
-    err = run(pc, s, sql, stmt, &r, req->wait == DLOCK_WAIT_TRY ? "acquire" : "waiting for the lock",
-              until);
+    err = run(pc, s, sql, stmt, &r,
+              req->wait == DLOCK_WAIT_TRY ? "acquire" : "waiting for the lock", until);
     *granted_ns = req->wait == DLOCK_WAIT_TRY ? start : dlock_monotonic_ns();
-    if (err == DLOCK_ETIMEDOUT) {
-        undo_late_grant(pc, s, key);
+    /* statement_timeout (57014) ends a deadline wait like lock_timeout
+     * (55P03); a cancel at any other time is someone else's. */
+    if (err == DLOCK_ESTORE && strcmp(s->sqlstate, "57014") == 0 &&
+        req->wait == DLOCK_WAIT_DEADLINE && *granted_ns + 5 * MS >= req->deadline_ns)
+        err = DLOCK_ETIMEDOUT;
+    if (err == DLOCK_ETIMEDOUT && s->pg) {
+        undo_late_grant(pc, s, key, until);
+        if (req->wait == DLOCK_WAIT_TRY)
+            return dlock_seterr(cl(pc), DLOCK_EBUSY,
+                                "postgresql: the fencing %s %s%s is locked by another session"
+                                " (a transaction holding its row, or DDL); a try does not wait",
+                                pc->use_sequence ? "sequence" : "table", pc->table,
+                                pc->use_sequence ? "_seq" : "");
         return dlock_seterr(cl(pc), DLOCK_ETIMEDOUT,
                             "the deadline passed with the lock still held elsewhere");
     }
@@ -619,6 +756,27 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
     }
     *token = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
+    /* The session can end in the instant after the grant (terminated, the
+     * server stopping), and its last words come with the reply: a grant on
+     * a session that is gone is no grant. Read what is there already. */
+    if (!PQconsumeInput(s->pg) || (PQisBusy(s->pg), s->ended) ||
+        PQstatus(s->pg) != CONNECTION_OK) {
+        PQfinish(s->pg);
+        s->pg = NULL;
+        return dlock_seterr(cl(pc), DLOCK_ECONNECT,
+                            "postgresql: the session ended as the lock was granted;"
+                            " nothing is held");
+    }
+    return 0;
+}
+
+static int ttl_check(struct pg_conn *pc, uint32_t ttl_ms)
+{
+    if (ttl_ms > TTL_MAX)
+        return dlock_seterr(cl(pc), DLOCK_EINVAL,
+                            "postgresql: a TTL of %" PRIu32 " ms is above the longest lease"
+                            " (idle_session_timeout) the server takes, 2147483647 ms",
+                            ttl_ms);
     return 0;
 }
 
@@ -630,28 +788,35 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     uint64_t token = 0, granted = 0;
     int64_t key = dlock_pg_key(pc->namespace, req->name, req->name_len);
     int err, opened;
-    for (int attempt = 0;; attempt++) {
-        if ((err = session_take(pc, &s, &opened)) != 0)
+    if ((err = ttl_check(pc, req->ttl_ms)) != 0)
+        return err;
+    for (;;) {
+        uint64_t now = dlock_monotonic_ns();
+        /* A new session for a deadline wait: by the deadline (and margin). */
+        uint64_t open_until = req->wait == DLOCK_WAIT_DEADLINE ? acquire_until(pc, req, now) : 0;
+        if ((err = session_take(pc, &s, &opened, open_until)) != 0)
             return err;
         s->busy = 1; /* while we wait too */
         err = acquire_on(pc, s, req, key, &token, &granted);
         if (err == 0)
             break;
         s->busy = 0;
-        if (PQstatus(s->pg) == CONNECTION_OK) {
+        if (s->pg && PQstatus(s->pg) == CONNECTION_OK) {
             /* Busy and timed out leave nothing held (a late grant was
              * undone). Any other failure may have come after the lock was
              * granted in the same statement. */
             if (err != DLOCK_EBUSY && err != DLOCK_ETIMEDOUT)
-                session_scrub(pc, s);
+                session_scrub(pc, s, acquire_until(pc, req, dlock_monotonic_ns()));
             return err;
         }
-        /* A pooled session that had died while idle ran nothing: retry
-         * once on a new one. One closed for want of a reply may have run
-         * it: no retry (closing it freed whatever it was granted). */
+        /* The session is gone, and whatever it was granted with it. A
+         * pooled one may have died while idle (its idle timer, a server
+         * restart, an administrator): try the next, then a new one. One
+         * closed for want of a reply: no retry (that would wait as long
+         * again). */
         int silent = s->timed_out_ms != 0;
         session_close(s);
-        if (opened || attempt > 0 || silent || err == DLOCK_ETIMEDOUT)
+        if (opened || silent || err == DLOCK_ETIMEDOUT || err == DLOCK_EBUSY)
             return err;
         dlock_clearerr(conn->client);
     }
@@ -720,7 +885,7 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
             err = dlock_seterr(conn->client, DLOCK_ELOST, "the session no longer held the lock");
     } else {
         /* Unlock failed on a live session: it may still hold the lock. */
-        session_scrub(pc, h->s);
+        session_scrub(pc, h->s, 0);
     }
     free(h);
     return err;
@@ -756,9 +921,12 @@ static int pg_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
     struct pg_held *h = (struct pg_held *)held;
+    int err = ttl_check(pc, ttl_ms);
+    if (err)
+        return err;
     if (!h->s || !h->s->pg)
         return session_lost(pc, h);
-    int err = renew_on(pc, h, ttl_ms, after_timeout(pc));
+    err = renew_on(pc, h, ttl_ms, after_timeout(pc));
     if (err && h->s->timed_out_ms)
         return dlock_seterr(conn->client, DLOCK_ECONNECT,
                             "postgresql: renew: no reply from the server within %" PRIu64
@@ -779,6 +947,8 @@ static int pg_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     struct pg_conn *pc = (struct pg_conn *)conn;
     struct pg_held *h = (struct pg_held *)held;
     uint64_t now = dlock_monotonic_ns(), until = now + pc->timeout_ms * MS;
+    if (ttl_check(pc, ttl_ms) != 0)
+        return DLOCK_EINVAL;
     if (!h->s || !h->s->pg)
         return dlock_seterr(conn->client, DLOCK_ELOST, "%s", lost_why(h));
     if (now >= h->lease_end_ns)
@@ -804,20 +974,22 @@ static int pg_ping(dlock_conn *conn)
     struct pg_session *s = NULL;
     PGresult *r = NULL;
     int err, opened = 0;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if ((err = session_take(pc, &s, &opened)) != 0)
+    for (;;) {
+        if ((err = session_take(pc, &s, &opened, 0)) != 0)
             return err;
         if ((err = run(pc, s, "SELECT 1", 0, &r, "ping", after_timeout(pc))) == 0) {
             PQclear(r);
             return 0;
         }
-        if (PQstatus(s->pg) == CONNECTION_OK || opened || s->timed_out_ms)
-            break;
-        session_close(s); /* died while pooled: once more on a new one */
-    }
-    if (s->timed_out_ms)
+        if (s->pg && PQstatus(s->pg) == CONNECTION_OK)
+            return err;
+        /* Died while pooled: the next one, then a new one. */
+        int stop = opened || s->timed_out_ms;
         session_close(s);
-    return err;
+        if (stop)
+            return err;
+        dlock_clearerr(conn->client);
+    }
 }
 
 const dlock_backend dlock_postgres_backend = {
