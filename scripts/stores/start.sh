@@ -120,14 +120,16 @@ EOF
     # A postmaster that was SIGKILLed leaves postmaster.pid behind, and where
     # init does not reap orphans its pid stays a zombie that postgres takes
     # for a live postmaster: drop the lock file if its pid is not alive.
-    local opid
-    if [ -f "$d/data/postmaster.pid" ]; then
-        opid=$(head -n1 "$d/data/postmaster.pid")
+    # The socket's lock file (.s.PGSQL.<port>.lock) names the same pid.
+    local opid f
+    for f in "$d/data/postmaster.pid" "$d/.s.PGSQL.$port.lock"; do
+        [ -f "$f" ] || continue
+        opid=$(head -n1 "$f")
         if ! alive "$opid"; then
-            log "postgres: removing stale postmaster.pid (pid $opid is gone)"
-            rm -f "$d/data/postmaster.pid"
+            log "postgres: removing stale $(basename "$f") (pid $opid is gone)"
+            rm -f "$f"
         fi
-    fi
+    done
     echo "$port" >"$d/port"
     log "starting postgres on 127.0.0.1:$port and [::1]:$port"
     launch postgres postgres "${AS_USER[@]}" "$DLOCK_PG_BIN/postgres" -D "$d/data" \
