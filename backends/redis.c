@@ -4,12 +4,19 @@
  * (backends/redlock.c).
  *
  * Every operation is one call of one Lua script (redis_script.h). A waiter
- * first subscribes to its own channel (and waits for the confirmation),
- * then queues itself through the script; a release hands the lock to the
- * queue's first live waiter inside the script and publishes one message to
- * that waiter. Subscribing before queueing means no release can slip in
- * between unseen. The lock's PTTL bounds each wait, so a holder that died
- * is noticed when its lease runs out.
+ * first subscribes to a channel of its own, fresh for every wait (and
+ * waits for the confirmation), then queues itself through the script; a
+ * release hands the lock to the queue's first live waiter inside the
+ * script and publishes one message to that waiter. Subscribing before
+ * queueing means no release can slip in between unseen. The lock's PTTL
+ * bounds each wait, so a holder that died is noticed when its lease runs
+ * out.
+ *
+ * Bounds: every call runs under one bound for all it does (a reconnection,
+ * the handshake, one retry after a lost reply): `timeout` from its start,
+ * or for a deadline wait the deadline (+ DLOCK_REDIS_FLOOR_NS for the last
+ * call, + DLOCK_REDIS_CLEANUP_NS to leave the queue). Open: connect_timeout
+ * for the TCP connect and the pipelined handshake together.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -23,6 +30,7 @@
 
 #include "config.h"
 #include "backends/redis_conn.h"
+#include "backends/redis_reply.h"
 #include "backends/redis_script.h"
 #include "core/internal.h"
 #include "core/sha256.h"
@@ -32,6 +40,9 @@
 #define DEFAULT_TIMEOUT_MS 5000
 #define DEFAULT_NODE_TIMEOUT_MS 100
 #define MS 1000000ull
+/* A waiter whose connection was reset (server restarted, CLIENT KILL)
+ * tries to connect again every RECONNECT_PAUSE_NS, for up to `timeout`. */
+#define RECONNECT_PAUSE_NS (50 * MS)
 /* TCP keepalive on every connection: a peer that went silent (host down,
  * network cut) is noticed by an idle connection, such as a waiter's
  * subscriber, within IDLE + CNT * INTVL = 8 s. hiredis's own
@@ -42,7 +53,7 @@
 
 static const char *const redis_schemes[] = {"redis", NULL};
 static const char *const redis_options[] = {
-    "connect_timeout", "timeout", "prefix", "node_timeout", NULL,
+    "connect_timeout", "timeout", "prefix", "node_timeout", "allow_eviction", NULL,
 };
 
 static void ms_to_tv(uint64_t ms, struct timeval *tv)
@@ -56,10 +67,11 @@ static dlock_client *cl(struct redis_conn *rc)
     return rc->base.client;
 }
 
-static uint64_t tv_ns(const struct timeval *tv)
+uint64_t dlock_redis_tv_ns(const struct timeval *tv)
 {
     return (uint64_t)tv->tv_sec * 1000000000u + (uint64_t)tv->tv_usec * 1000u;
 }
+#define tv_ns dlock_redis_tv_ns
 
 static void ns_to_tv(uint64_t ns, struct timeval *tv)
 {
@@ -67,7 +79,20 @@ static void ns_to_tv(uint64_t ns, struct timeval *tv)
     tv->tv_usec = (suseconds_t)(ns % 1000000000u / 1000u);
 }
 
-/* What is left of the connection's deadline, capped at cap_ns; at least
+uint64_t dlock_redis_limit(struct redis_conn *rc, uint64_t until_ns)
+{
+    uint64_t saved = rc->deadline_ns;
+    if (!saved || until_ns < saved)
+        rc->deadline_ns = until_ns;
+    return saved;
+}
+
+void dlock_redis_unlimit(struct redis_conn *rc, uint64_t saved)
+{
+    rc->deadline_ns = saved;
+}
+
+/* What is left of the connection's bound, capped at cap_ns; at least
  * 1 ms (0 would mean no limit to hiredis). cap_ns when there is none. */
 static uint64_t time_left(struct redis_conn *rc, uint64_t cap_ns)
 {
@@ -80,12 +105,10 @@ static uint64_t time_left(struct redis_conn *rc, uint64_t cap_ns)
     return left < MS ? MS : left;
 }
 
-/* Bounds the next reply by the deadline, if the connection has one. */
+/* Bounds the next reply (and write) by `timeout` and the call's bound. */
 static void arm(struct redis_conn *rc, redisContext *ctx)
 {
     struct timeval tv;
-    if (!rc->deadline_ns)
-        return;
     ns_to_tv(time_left(rc, tv_ns(&rc->cmd_tv)), &tv);
     redisSetTimeout(ctx, tv);
 }
@@ -106,9 +129,9 @@ int dlock_redis_send(struct redis_conn *rc, redisContext *ctx, size_t argc, cons
 {
     dlock_sigpipe sp;
     int done = 0, ok;
-    (void)rc;
     if (redisAppendCommandArgv(ctx, (int)argc, argv, argvlen) != REDIS_OK)
         return REDIS_ERR;
+    arm(rc, ctx);
     dlock_sigpipe_block(&sp);
     while ((ok = redisBufferWrite(ctx, &done)) == REDIS_OK && !done)
         ;
@@ -174,12 +197,19 @@ int dlock_redis_ctx_error(struct redis_conn *rc, struct redis_node *n, redisCont
 {
     redisContext *ctx = *ctxp;
     int code = DLOCK_ECONNECT;
+    const char *why = "not connected";
     if (ctx && ctx->err == REDIS_ERR_PROTOCOL)
         code = DLOCK_EPROTO;
     else if (ctx && ctx->err == REDIS_ERR_OOM)
         code = DLOCK_ENOMEM;
-    dlock_seterr(cl(rc), code, "redis %s:%d: %s: %s", n->host, n->port, what,
-                 ctx ? (ctx->errstr[0] ? ctx->errstr : "connection lost") : "not connected");
+    if (ctx) {
+        why = ctx->errstr[0] ? ctx->errstr : "connection lost";
+        /* hiredis reports its socket timeouts as EAGAIN. */
+        if (ctx->err == REDIS_ERR_IO && (strstr(why, "temporarily unavailable") ||
+                                         strstr(why, "would block")))
+            why = "no reply in time (timeout)";
+    }
+    dlock_seterr(cl(rc), code, "redis %s:%d: %s: %s", n->host, n->port, what, why);
     if (ctx)
         redisFree(ctx);
     *ctxp = NULL;
@@ -190,10 +220,7 @@ int dlock_redis_ctx_error(struct redis_conn *rc, struct redis_node *n, redisCont
 static int reply_error(struct redis_conn *rc, struct redis_node *n, redisReply *r,
                        const char *what)
 {
-    int code = DLOCK_ESTORE;
-    if (strncmp(r->str, "WRONGPASS", 9) == 0 || strncmp(r->str, "NOAUTH", 6) == 0 ||
-        strstr(r->str, "invalid password") || strstr(r->str, "invalid username-password"))
-        code = DLOCK_EAUTH;
+    int code = dlock_redis_reply_error_kind(r) == DLOCK_REDIS_ERR_AUTH ? DLOCK_EAUTH : DLOCK_ESTORE;
     return dlock_seterr(cl(rc), code, "redis %s:%d: %s: %.120s", n->host, n->port, what, r->str);
 }
 
@@ -216,48 +243,107 @@ static int command(struct redis_conn *rc, struct redis_node *n, redisContext **c
     return 0;
 }
 
-/* AUTH (or PING, which reports NOAUTH on a server that wants a password)
- * and SELECT: what every new connection to a node needs. */
-static int handshake(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp)
+/* The INFO memory reply: refuses a maxmemory-policy that can evict dlock's
+ * keys unless the URI allows it. A server that does not say (INFO denied
+ * by an ACL or renamed, no such field) is accepted: dlock cannot tell. */
+static int check_eviction(struct redis_conn *rc, struct redis_node *n, const redisReply *r)
 {
-    const char *argv[3];
-    size_t lens[3], argc = 0;
-    char db[16];
-    int err;
-    if (rc->password) {
-        argv[argc] = "AUTH", lens[argc++] = 4;
-        if (rc->user && rc->user[0]) /* Redis 6 ACL user */
-            argv[argc] = rc->user, lens[argc] = strlen(rc->user), argc++;
-        argv[argc] = rc->password, lens[argc] = strlen(rc->password), argc++;
-    } else {
-        argv[argc] = "PING", lens[argc++] = 4;
-    }
-    err = command(rc, n, ctxp, NULL, argc, argv, lens, argv[0]);
-    if (err || rc->db == 0)
-        return err;
-    snprintf(db, sizeof db, "%d", rc->db);
-    argv[0] = "SELECT", lens[0] = 6;
-    argv[1] = db, lens[1] = strlen(db);
-    return command(rc, n, ctxp, NULL, 2, argv, lens, "SELECT");
+    char policy[64];
+    if (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_STATUS)
+        return 0;
+    if (!dlock_redis_info_field(r->str, r->len, "maxmemory_policy", policy, sizeof policy) ||
+        !dlock_redis_policy_evicts(policy))
+        return 0;
+    return dlock_seterr(cl(rc), DLOCK_ESTORE,
+                        "redis %s:%d: maxmemory-policy is %s: the server may evict lock and "
+                        "fence keys (a lock granted twice); set it to noeviction, or add "
+                        "allow_eviction=1 to the URI to accept that",
+                        n->host, n->port, policy);
 }
 
+/*
+ * Connects and sets up a connection in one round trip: AUTH (or PING,
+ * which reports NOAUTH on a server that wants a password), SELECT, and on a
+ * command connection SCRIPT LOAD and INFO memory, pipelined. The TCP
+ * connect and every reply share one bound, budget_ns from now (and rc's
+ * bound): a server that accepts and never answers costs budget_ns, not a
+ * `timeout` per command.
+ */
 int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp,
-                            const struct timeval *tv)
+                            uint64_t budget_ns, int cmd)
 {
-    struct timeval bound;
-    ns_to_tv(time_left(rc, tv_ns(tv)), &bound);
-    redisContext *ctx = redisConnectWithTimeout(n->host, n->port, bound);
-    if (!ctx)
+    struct timeval tv;
+    const char *argv[4][3];
+    size_t lens[4][3], argc[4], nc = 0;
+    const char *what[4];
+    char db[16];
+    uint64_t until = dlock_monotonic_ns() + time_left(rc, budget_ns);
+    uint64_t saved = dlock_redis_limit(rc, until);
+    int err = 0;
+
+    uint64_t now = dlock_monotonic_ns();
+    ns_to_tv(until > now + MS ? until - now : MS, &tv);
+    redisContext *ctx = redisConnectWithTimeout(n->host, n->port, tv);
+    if (!ctx) {
+        dlock_redis_unlimit(rc, saved);
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    }
     *ctxp = ctx;
-    if (ctx->err)
-        return dlock_redis_ctx_error(rc, n, ctxp, "cannot connect");
+    if (ctx->err) {
+        err = dlock_redis_ctx_error(rc, n, ctxp, "cannot connect");
+        goto out;
+    }
     keepalive(ctx);
-    /* Command replies are bounded too: a server that accepts and never
-     * answers must not hang the caller. */
-    if (redisSetTimeout(ctx, rc->cmd_tv) != REDIS_OK)
-        return dlock_redis_ctx_error(rc, n, ctxp, "cannot set the reply timeout");
-    int err = handshake(rc, n, ctxp);
+    argc[nc] = 0, what[nc] = rc->password ? "AUTH" : "PING";
+    if (rc->password) {
+        argv[nc][argc[nc]] = "AUTH", lens[nc][argc[nc]++] = 4;
+        if (rc->user && rc->user[0]) /* Redis 6 ACL user */
+            argv[nc][argc[nc]] = rc->user, lens[nc][argc[nc]++] = strlen(rc->user);
+        argv[nc][argc[nc]] = rc->password, lens[nc][argc[nc]++] = strlen(rc->password);
+    } else {
+        argv[nc][argc[nc]] = "PING", lens[nc][argc[nc]++] = 4;
+    }
+    nc++;
+    if (rc->db != 0) {
+        snprintf(db, sizeof db, "%d", rc->db);
+        argv[nc][0] = "SELECT", lens[nc][0] = 6;
+        argv[nc][1] = db, lens[nc][1] = strlen(db);
+        argc[nc] = 2, what[nc++] = "SELECT";
+    }
+    if (cmd) {
+        argv[nc][0] = "SCRIPT", lens[nc][0] = 6;
+        argv[nc][1] = "LOAD", lens[nc][1] = 4;
+        argv[nc][2] = dlock_redis_lua, lens[nc][2] = sizeof dlock_redis_lua - 1;
+        argc[nc] = 3, what[nc++] = "SCRIPT LOAD";
+        if (!rc->allow_eviction) {
+            argv[nc][0] = "INFO", lens[nc][0] = 4;
+            argv[nc][1] = "memory", lens[nc][1] = 6;
+            argc[nc] = 2, what[nc++] = "INFO";
+        }
+    }
+    for (size_t i = 0; i < nc; i++)
+        if (redisAppendCommandArgv(ctx, (int)argc[i], argv[i], lens[i]) != REDIS_OK) {
+            err = dlock_redis_ctx_error(rc, n, ctxp, what[i]);
+            goto out;
+        }
+    for (size_t i = 0; i < nc && !err; i++) {
+        void *v = NULL;
+        if (dlock_redis_get_reply(rc, ctx, &v) != REDIS_OK || !v) {
+            err = dlock_redis_ctx_error(rc, n, ctxp, what[i]);
+            goto out;
+        }
+        redisReply *r = v;
+        if (strcmp(what[i], "INFO") == 0)
+            err = check_eviction(rc, n, r); /* an error reply: the server does not say */
+        else if (r->type == REDIS_REPLY_ERROR)
+            err = reply_error(rc, n, r, what[i]);
+        else if (strcmp(what[i], "SCRIPT LOAD") == 0 && dlock_redis_reply_sha(r, rc->sha) != 0)
+            err = dlock_seterr(cl(rc), DLOCK_EPROTO, "redis %s:%d: unexpected SCRIPT LOAD reply",
+                               n->host, n->port);
+        freeReplyObject(r);
+    }
+out:
+    dlock_redis_unlimit(rc, saved);
     if (err && *ctxp) {
         redisFree(*ctxp);
         *ctxp = NULL;
@@ -265,45 +351,81 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
     return err;
 }
 
-static int node_connect(struct redis_conn *rc, struct redis_node *n, const struct timeval *tv);
-
-int dlock_redis_node_connect(struct redis_conn *rc, struct redis_node *n,
-                             const struct timeval *tv)
+int dlock_redis_node_connect(struct redis_conn *rc, struct redis_node *n, uint64_t budget_ns)
 {
     if (n->cmd)
         return 0;
-    if (!rc->parent)
-        return node_connect(rc, n, tv);
-    /* The keeper's: tv bounds the whole connect, handshake included, so
-     * that a silent node costs one tv per keep call. */
-    uint64_t saved = rc->deadline_ns, until = dlock_monotonic_ns() + tv_ns(tv);
-    if (!saved || until < saved)
-        rc->deadline_ns = until;
-    int err = node_connect(rc, n, tv);
-    rc->deadline_ns = saved;
-    if (n->cmd)
-        redisSetTimeout(n->cmd, rc->cmd_tv);
-    return err;
+    n->stale = 0;
+    return dlock_redis_connect_ctx(rc, n, &n->cmd, budget_ns, 1);
 }
 
-static int node_connect(struct redis_conn *rc, struct redis_node *n, const struct timeval *tv)
+void dlock_redis_drop_sub(struct redis_node *n)
 {
-    redisReply *r = NULL;
+    if (n->sub)
+        redisFree(n->sub);
+    n->sub = NULL;
+    n->subscribed = 0;
+}
+
+int dlock_redis_subscribe_send(struct redis_conn *rc, struct redis_node *n, const char *chan,
+                               size_t len, uint64_t connect_ns)
+{
     int err;
-    if ((err = dlock_redis_connect_ctx(rc, n, &n->cmd, tv)) != 0)
+    n->subscribed = 0;
+    if (!n->sub && (err = dlock_redis_connect_ctx(rc, n, &n->sub, connect_ns, 0)) != 0)
         return err;
-    err = command(rc, n, &n->cmd, &r, 3, (const char *[]){"SCRIPT", "LOAD", dlock_redis_lua},
-                  (size_t[]){6, 4, sizeof dlock_redis_lua - 1}, "SCRIPT LOAD");
-    if (err)
+    if (dlock_redis_send(rc, n->sub, 2, (const char *[]){"SUBSCRIBE", chan},
+                         (size_t[]){9, len}) != REDIS_OK) {
+        err = dlock_redis_ctx_error(rc, n, &n->sub, "SUBSCRIBE");
+        dlock_redis_drop_sub(n);
         return err;
-    if (r->type != REDIS_REPLY_STRING || r->len != 40) {
-        freeReplyObject(r);
-        return dlock_seterr(cl(rc), DLOCK_EPROTO, "redis %s:%d: unexpected SCRIPT LOAD reply",
-                            n->host, n->port);
     }
-    memcpy(rc->sha, r->str, 41);
-    freeReplyObject(r);
     return 0;
+}
+
+int dlock_redis_subscribe_confirm(struct redis_conn *rc, struct redis_node *n, const char *chan,
+                                  size_t len)
+{
+    /* Replies to earlier calls (unsubscribe confirmations, pongs, stale
+     * messages) come first: skipped, within the call's bound. */
+    for (unsigned skipped = 0; n->sub; skipped++) {
+        void *v = NULL;
+        if (dlock_redis_get_reply(rc, n->sub, &v) != REDIS_OK || !v) {
+            int err = dlock_redis_ctx_error(rc, n, &n->sub, "SUBSCRIBE");
+            dlock_redis_drop_sub(n);
+            return err;
+        }
+        redisReply *r = v;
+        int confirmed = dlock_redis_reply_subscribed(r, chan, len);
+        int error = r->type == REDIS_REPLY_ERROR;
+        if (error)
+            reply_error(rc, n, r, "SUBSCRIBE");
+        freeReplyObject(r);
+        if (confirmed) {
+            n->subscribed = 1;
+            return 0;
+        }
+        if (error || skipped > 10000 ||
+            (rc->deadline_ns && dlock_monotonic_ns() >= rc->deadline_ns)) {
+            if (!error)
+                dlock_seterr(cl(rc), DLOCK_EPROTO, "redis %s:%d: no SUBSCRIBE confirmation",
+                             n->host, n->port);
+            dlock_redis_drop_sub(n);
+            return error ? DLOCK_ESTORE : DLOCK_EPROTO;
+        }
+    }
+    return dlock_seterr(cl(rc), DLOCK_ECONNECT, "redis %s:%d: not connected", n->host, n->port);
+}
+
+void dlock_redis_unsubscribe(struct redis_conn *rc, struct redis_node *n, const char *chan,
+                             size_t len)
+{
+    if (!n->sub || !n->subscribed)
+        return;
+    n->subscribed = 0;
+    if (dlock_redis_send(rc, n->sub, 2, (const char *[]){"UNSUBSCRIBE", chan},
+                         (size_t[]){11, len}) != REDIS_OK)
+        dlock_redis_drop_sub(n);
 }
 
 size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *keys,
@@ -327,12 +449,13 @@ int dlock_redis_script(struct redis_conn *rc, struct redis_node *n, size_t argc,
     const char *av[16];
     size_t al[16];
     int err;
-    if ((err = dlock_redis_node_connect(rc, n, rc->nnodes > 1 ? &rc->cmd_tv : &rc->connect_tv)) != 0)
+    if ((err = dlock_redis_node_connect(rc, n, tv_ns(rc->nnodes > 1 ? &rc->cmd_tv
+                                                                     : &rc->connect_tv))) != 0)
         return err;
     redisReply *r = dlock_redis_call(rc, n->cmd, argc, argv, argvlen);
     if (!r)
         return dlock_redis_ctx_error(rc, n, &n->cmd, "script call");
-    if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0) {
+    if (dlock_redis_reply_error_kind(r) == DLOCK_REDIS_ERR_NOSCRIPT) {
         /* The server lost its script cache (restart, SCRIPT FLUSH). */
         freeReplyObject(r);
         memcpy(av, argv, argc * sizeof *av);
@@ -382,6 +505,7 @@ static struct redis_conn *keeper_conn_new(struct redis_conn *rc)
     kc->password = rc->password;
     kc->prefix = rc->prefix;
     kc->db = rc->db;
+    kc->allow_eviction = rc->allow_eviction;
     kc->connect_tv = rc->connect_tv;
     kc->cmd_tv = rc->cmd_tv;
     kc->nnodes = rc->nnodes;
@@ -422,7 +546,8 @@ static int parse_options(dlock_client *c, const dlock_uri *uri, struct redis_con
     int err;
     if ((err = dlock_uri_param_uint(c, uri, "connect_timeout", 1, 3600000, &connect_ms)) ||
         (err = dlock_uri_param_uint(c, uri, "timeout", 1, 3600000, &timeout_ms)) ||
-        (err = dlock_uri_param_uint(c, uri, "node_timeout", 1, 60000, &node_ms)))
+        (err = dlock_uri_param_uint(c, uri, "node_timeout", 1, 60000, &node_ms)) ||
+        (err = dlock_uri_param_bool(c, uri, "allow_eviction", &rc->allow_eviction)))
         return err;
     if (path[0] && strcmp(path, "/") != 0) {
         char *end;
@@ -444,8 +569,6 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
 {
     struct redis_conn *rc;
     size_t n = dlock_uri_host_count(uri);
-    unsigned char rnd[16];
-    char hex[33];
     int err;
 
     if (n == 0)
@@ -469,34 +592,33 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
             goto fail;
         }
     }
-    if ((err = dlock_random_bytes(rnd, sizeof rnd)) != 0)
-        goto fail;
-    dlock_hex(rnd, sizeof rnd, hex);
-    rc->channel_len = (size_t)snprintf(rc->channel, sizeof rc->channel, "%.40sw:%s",
-                                       rc->prefix, hex);
     if (n == 1) {
         rc->base.caps = 0; /* the backend's caps */
-        if ((err = dlock_redis_node_connect(rc, &rc->nodes[0], &rc->connect_tv)) != 0)
+        /* connect_timeout bounds the connect and the handshake together. */
+        if ((err = dlock_redis_node_connect(rc, &rc->nodes[0], tv_ns(&rc->connect_tv))) != 0)
             goto fail;
     } else {
         /* Redlock: nodes are contacted per operation; open needs a quorum. */
-        size_t up = 0;
-        int first_err = 0;
+        size_t up = 0, need = n / 2 + 1;
+        dlock_errsave first = {0, ""};
         rc->base.caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING |
                         DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE;
         for (size_t i = 0; i < n; i++) {
-            err = dlock_redis_node_connect(rc, &rc->nodes[i], &rc->connect_tv);
-            if (err == DLOCK_EAUTH)
-                goto fail;
+            err = dlock_redis_node_connect(rc, &rc->nodes[i], tv_ns(&rc->connect_tv));
+            if (err == DLOCK_EAUTH || err == DLOCK_ESTORE)
+                goto fail; /* the same on every node: say it as it is */
             if (err == 0)
                 up++;
-            else if (!first_err)
-                first_err = err;
+            else if (!first.err)
+                dlock_err_save(c, &first);
             if (err)
                 rc->nodes[i].retry_at = dlock_monotonic_ns() + 1000000000ull;
         }
-        if (up < n / 2 + 1) {
-            err = first_err ? first_err : DLOCK_ECONNECT;
+        if (up < need) {
+            err = dlock_seterr(c, DLOCK_ECONNECT,
+                               "only %zu of %zu Redlock nodes answered, %zu needed for a "
+                               "quorum (%.150s)",
+                               up, n, need, first.msg);
             goto fail;
         }
         dlock_clearerr(c);
@@ -508,59 +630,26 @@ fail:
     return err;
 }
 
-static int reply_pair(struct redis_conn *rc, redisReply *r, long long *a, long long *b)
+/* This wait's channel, "<prefix>w:<owner>": the owner id is fresh for
+ * every acquire, so no two waits ever share a channel. */
+static void wait_channel(struct redis_conn *rc, struct redis_held *h)
 {
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-        r->element[0]->type != REDIS_REPLY_INTEGER || r->element[1]->type != REDIS_REPLY_INTEGER)
-        return dlock_seterr(cl(rc), DLOCK_EPROTO, "unexpected reply from the lock script");
-    *a = r->element[0]->integer;
-    *b = r->element[1]->integer;
-    return 0;
+    int len = snprintf(h->channel, sizeof h->channel, "%.40sw:%s", rc->prefix, h->owner);
+    h->channel_len = (size_t)len;
 }
 
-/* The subscriber connection, subscribed to our channel and confirmed. */
-static int ensure_subscribed(struct redis_conn *rc, struct redis_node *n)
+static int sub_error(struct redis_conn *rc, struct redis_node *n, const char *what)
 {
-    redisReply *r = NULL;
-    int err;
-    if (n->sub)
-        return 0;
-    if ((err = dlock_redis_connect_ctx(rc, n, &n->sub, &rc->connect_tv)) != 0)
-        return err;
-    err = command(rc, n, &n->sub, &r, 2, (const char *[]){"SUBSCRIBE", rc->channel},
-                  (size_t[]){9, rc->channel_len}, "SUBSCRIBE");
-    int okay = err == 0 && r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
-               r->element[0]->type == REDIS_REPLY_STRING &&
-               strcmp(r->element[0]->str, "subscribe") == 0;
-    if (r)
-        freeReplyObject(r);
-    if (okay)
-        return 0;
-    /* A connection that is not subscribed must not pass for one. */
-    if (n->sub)
-        redisFree(n->sub);
-    n->sub = NULL;
-    return err ? err : dlock_seterr(cl(rc), DLOCK_EPROTO, "unexpected SUBSCRIBE reply");
-}
-
-/* A handoff message is "<owner>:<token>"; others' (stale) ones are skipped. */
-static int handoff_for(redisReply *r, const char *owner, uint64_t *token)
-{
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
-        r->element[2]->type != REDIS_REPLY_STRING ||
-        strcmp(r->element[0]->str, "message") != 0)
-        return 0;
-    const char *p = r->element[2]->str;
-    if (r->element[2]->len < 34 || memcmp(p, owner, 32) != 0 || p[32] != ':')
-        return 0;
-    *token = strtoull(p + 33, NULL, 10);
-    return *token > 0;
+    int err = dlock_redis_ctx_error(rc, n, &n->sub, what);
+    dlock_redis_drop_sub(n);
+    return err;
 }
 
 /*
  * Waits until a handoff for owner arrives (1, *token set, *read_ns when
- * its bytes were read) or until_ns passes (0). Negative: error, connection
- * dropped.
+ * its bytes were read) or until_ns passes (0). Negative: error, the
+ * subscriber connection dropped; *silent tells a server that stopped
+ * answering (no reply to a PING) from a connection that was reset.
  *
  * The wait may last as long as the holder's lease. A subscriber that has
  * heard nothing for `timeout` sends a PING (allowed while subscribed), and
@@ -570,17 +659,21 @@ static int handoff_for(redisReply *r, const char *owner, uint64_t *token)
  * is also noticed by TCP keepalive (see keepalive()).
  */
 static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const char *owner,
-                        uint64_t until_ns, uint64_t *token, uint64_t *read_ns)
+                        uint64_t until_ns, uint64_t *token, uint64_t *read_ns, int *silent)
 {
     uint64_t quiet = tv_ns(&rc->cmd_tv), heard = dlock_monotonic_ns(), ping_by = 0;
     /* What the reader holds was read by an earlier call, no later than now. */
     *read_ns = heard;
+    *silent = 0;
     for (;;) {
         void *reply = NULL;
+        if (!n->sub)
+            return dlock_seterr(cl(rc), DLOCK_ECONNECT, "redis %s:%d: not subscribed", n->host,
+                                n->port);
         if (redisGetReplyFromReader(n->sub, &reply) != REDIS_OK)
-            return dlock_redis_ctx_error(rc, n, &n->sub, "reading the wake-up channel");
+            return sub_error(rc, n, "reading the wake-up channel");
         if (reply) {
-            int mine = handoff_for(reply, owner, token);
+            int mine = dlock_redis_reply_handoff(reply, owner, token);
             freeReplyObject(reply);
             if (mine)
                 return 1;
@@ -593,13 +686,13 @@ static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const char 
             dlock_seterr(cl(rc), DLOCK_ECONNECT,
                          "redis %s:%d: the wake-up channel did not answer a PING within %" PRIu64
                          " ms (timeout)", n->host, n->port, (uint64_t)(quiet / MS));
-            redisFree(n->sub);
-            n->sub = NULL;
+            dlock_redis_drop_sub(n);
+            *silent = 1;
             return DLOCK_ECONNECT;
         }
         if (!ping_by && now - heard >= quiet) {
             if (dlock_redis_send(rc, n->sub, 1, (const char *[]){"PING"}, (size_t[]){4}) != REDIS_OK)
-                return dlock_redis_ctx_error(rc, n, &n->sub, "writing to the wake-up channel");
+                return sub_error(rc, n, "writing to the wake-up channel");
             ping_by = now + quiet;
         }
         uint64_t wake = ping_by ? ping_by : heard + quiet;
@@ -613,7 +706,7 @@ static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const char 
             return dlock_seterr(cl(rc), DLOCK_EINTR, "a signal interrupted the wait");
         if (pr > 0) {
             if (redisBufferRead(n->sub) != REDIS_OK)
-                return dlock_redis_ctx_error(rc, n, &n->sub, "reading the wake-up channel");
+                return sub_error(rc, n, "reading the wake-up channel");
             *read_ns = heard = dlock_monotonic_ns();
             ping_by = 0;
         }
@@ -629,30 +722,73 @@ static int run_op(struct redis_conn *rc, struct redis_held *h, const char **args
     return dlock_redis_script(rc, &rc->nodes[0], argc, argv, argvlen, out);
 }
 
+/*
+ * One script call, all of it (a reconnection, the handshake, the reply)
+ * before until_ns, and repeated once on a new connection if the reply was
+ * lost to a dropped connection and time is left: the owner id makes every
+ * operation safe to repeat. A call that timed out has used up its time and
+ * is not repeated.
+ */
+static int call_op(struct redis_conn *rc, struct redis_held *h, const char **args,
+                   const size_t *lens, size_t nargs, uint64_t until_ns, redisReply **out)
+{
+    uint64_t saved = dlock_redis_limit(rc, until_ns);
+    int err = run_op(rc, h, args, lens, nargs, out);
+    rc->retried = 0;
+    if (err == DLOCK_ECONNECT && dlock_monotonic_ns() + MS < rc->deadline_ns) {
+        rc->retried = 1;
+        if ((err = run_op(rc, h, args, lens, nargs, out)) == 0)
+            dlock_clearerr(cl(rc)); /* recovered: the lost reply is no news */
+    }
+    dlock_redis_unlimit(rc, saved);
+    return err;
+}
+
+/* `timeout` from now: the bound of a call without a deadline. */
+static uint64_t call_until(struct redis_conn *rc)
+{
+    return dlock_monotonic_ns() + tv_ns(&rc->cmd_tv);
+}
+
+/* The bound of one call in an acquire: `timeout`, and for a deadline wait
+ * the deadline too, though never less than DLOCK_REDIS_FLOOR_NS from now
+ * (a deadline already past still makes one attempt). */
+static uint64_t step_until(struct redis_conn *rc, const dlock_request *req)
+{
+    uint64_t now = dlock_monotonic_ns(), until = now + tv_ns(&rc->cmd_tv);
+    if (req->wait == DLOCK_WAIT_DEADLINE) {
+        uint64_t floor = now + DLOCK_REDIS_FLOOR_NS;
+        uint64_t limit = req->deadline_ns > floor ? req->deadline_ns : floor;
+        if (limit < until)
+            until = limit;
+    }
+    return until;
+}
+
 /* One acquire call of the script; 1 granted, 0 held (*pttl), <0 error. */
 static int try_acquire(struct redis_conn *rc, struct redis_held *h, const char *mode,
-                       long long *pttl)
+                       long long *pttl, uint64_t until_ns)
 {
     char ttl[16];
     redisReply *r = NULL;
     long long granted = 0, value = 0;
     int err;
     snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
-    const char *args[] = {"acquire", h->owner, ttl, rc->channel, mode};
-    const size_t lens[] = {7, 32, strlen(ttl), rc->channel_len, strlen(mode)};
+    const char *chan = h->channel_len ? h->channel : "-";
+    const char *args[] = {"acquire", h->owner, ttl, chan, mode};
+    const size_t lens[] = {7, 32, strlen(ttl), strlen(chan), strlen(mode)};
     /* A grant's lease starts on the server after this instant, even when
      * the reply that says so is the retry's. */
     uint64_t sent = dlock_monotonic_ns();
-    err = run_op(rc, h, args, lens, 5, &r);
-    if (err == DLOCK_ECONNECT) /* a lost reply: the owner id makes a retry safe */
-        err = run_op(rc, h, args, lens, 5, &r);
-    if (err)
+    if ((err = call_op(rc, h, args, lens, 5, until_ns, &r)) != 0)
         return err;
-    err = reply_pair(rc, r, &granted, &value);
+    err = dlock_redis_reply_pair(r, &granted, &value);
     freeReplyObject(r);
     if (err)
-        return err;
+        return dlock_seterr(cl(rc), DLOCK_EPROTO, "unexpected reply from the lock script");
     if (granted) {
+        if (value <= 0)
+            return dlock_seterr(cl(rc), DLOCK_EPROTO, "the lock script granted token %lld", value);
         h->base.token = (uint64_t)value;
         /* Not the acquire call's start, which may be long before, after
          * waiting. */
@@ -664,103 +800,157 @@ static int try_acquire(struct redis_conn *rc, struct redis_held *h, const char *
 }
 
 static int simple_op(struct redis_conn *rc, struct redis_held *h, const char *op,
-                     const char *arg3, long long *result)
+                     const char *arg3, long long *result, uint64_t until_ns)
 {
     const char *args[3] = {op, h->owner, arg3};
     size_t lens[3] = {strlen(op), 32, arg3 ? strlen(arg3) : 0};
     redisReply *r = NULL;
-    int err = run_op(rc, h, args, lens, arg3 ? 3 : 2, &r);
-    rc->retried = err == DLOCK_ECONNECT;
-    if (rc->retried)
-        err = run_op(rc, h, args, lens, arg3 ? 3 : 2, &r);
+    int err = call_op(rc, h, args, lens, arg3 ? 3 : 2, until_ns, &r);
     if (err)
         return err;
-    if (r->type != REDIS_REPLY_INTEGER) {
-        freeReplyObject(r);
-        return dlock_seterr(cl(rc), DLOCK_EPROTO, "unexpected reply from the lock script");
-    }
-    *result = r->integer;
+    err = dlock_redis_reply_int(r, result);
     freeReplyObject(r);
+    if (err)
+        return dlock_seterr(cl(rc), DLOCK_EPROTO, "unexpected reply from the lock script");
     return 0;
 }
 
-/* Leaves the queue after a timeout or error; a handoff that raced us is
- * passed on to the next waiter. */
-static void cancel_wait(struct redis_conn *rc, struct redis_held *h)
+/* Subscribes node n's subscriber connection to this wait's channel before
+ * until_ns; a subscriber connection found dead (reset since the last wait)
+ * is made again once. */
+static int subscribe_wait(struct redis_conn *rc, struct redis_node *n, struct redis_held *h,
+                          uint64_t until_ns)
 {
-    char entry[160];
-    long long res;
-    dlock_errsave saved;
-    snprintf(entry, sizeof entry, "%s|%" PRIu32 "|%s", h->owner, h->ttl_ms, rc->channel);
-    dlock_err_save(cl(rc), &saved);
-    /* Cleanup after a failure must not multiply it: one `timeout` in all,
-     * a reconnection included. */
-    rc->deadline_ns = dlock_monotonic_ns() + tv_ns(&rc->cmd_tv);
-    int err = simple_op(rc, h, "cancel", entry, &res);
-    rc->deadline_ns = 0;
-    if (rc->nodes[0].cmd)
-        redisSetTimeout(rc->nodes[0].cmd, rc->cmd_tv);
-    if (err != 0 && rc->nodes[0].sub) {
-        /* Still queued: drop the subscription, so that the queue entry
-         * reads as a dead waiter (PUBSUB NUMSUB 0) and is skipped. */
-        redisFree(rc->nodes[0].sub);
-        rc->nodes[0].sub = NULL;
+    uint64_t saved = dlock_redis_limit(rc, until_ns);
+    int err;
+    for (int attempt = 0;; attempt++) {
+        int fresh = n->sub == NULL;
+        err = dlock_redis_subscribe_send(rc, n, h->channel, h->channel_len,
+                                         tv_ns(&rc->connect_tv));
+        if (!err)
+            err = dlock_redis_subscribe_confirm(rc, n, h->channel, h->channel_len);
+        if (err != DLOCK_ECONNECT || fresh || attempt > 0 ||
+            dlock_monotonic_ns() + MS >= rc->deadline_ns)
+            break;
     }
-    dlock_err_restore(cl(rc), &saved); /* report the original failure, not the cleanup */
+    dlock_redis_unlimit(rc, saved);
+    return err;
 }
 
-/* A deadline bounds each call too, not only the wait between calls. */
-static void bound_replies(struct redis_conn *rc, struct redis_node *n, uint64_t deadline_ns)
+/*
+ * The subscriber connection was reset (a server restart, CLIENT KILL, a
+ * proxy that closed it): connect and subscribe again, trying every
+ * RECONNECT_PAUSE_NS for up to `timeout` and never past the deadline. The
+ * queue entry, if the server still has it, is live again (same channel);
+ * if it is gone (a restarted server is empty), the next acquire call
+ * queues us again. The lock key is not touched.
+ */
+static int recover(struct redis_conn *rc, struct redis_node *n, struct redis_held *h,
+                   const dlock_request *req)
 {
-    uint64_t now = dlock_monotonic_ns(), left = deadline_ns > now ? deadline_ns - now : 0;
-    uint64_t cmd = (uint64_t)rc->cmd_tv.tv_sec * 1000000000u + (uint64_t)rc->cmd_tv.tv_usec * 1000u;
-    struct timeval tv;
-    if (!n->cmd || left >= cmd)
-        return;
-    left = left < 1000000u ? 1000000u : left; /* at least 1 ms: 0 means no limit */
-    tv.tv_sec = (time_t)(left / 1000000000u);
-    tv.tv_usec = (suseconds_t)(left % 1000000000u / 1000u);
-    redisSetTimeout(n->cmd, tv);
+    uint64_t until = dlock_monotonic_ns() + tv_ns(&rc->cmd_tv);
+    int deadline = req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until;
+    dlock_errsave why;
+    int err;
+    if (deadline)
+        until = req->deadline_ns;
+    for (;;) {
+        err = subscribe_wait(rc, n, h, until);
+        if (err == 0)
+            dlock_clearerr(cl(rc));
+        if (err != DLOCK_ECONNECT)
+            return err;
+        uint64_t now = dlock_monotonic_ns();
+        if (now + RECONNECT_PAUSE_NS >= until)
+            break;
+        struct timespec ts;
+        dlock_ns_to_timespec(RECONNECT_PAUSE_NS, &ts);
+        if (nanosleep(&ts, NULL) != 0 && errno == EINTR)
+            return dlock_seterr(cl(rc), DLOCK_EINTR, "a signal interrupted the wait");
+    }
+    dlock_err_save(cl(rc), &why);
+    if (deadline)
+        return dlock_seterr(cl(rc), DLOCK_ETIMEDOUT,
+                            "the deadline passed while connecting again after the connection "
+                            "was lost (%.150s)", why.msg);
+    return dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                        "the connection was lost while waiting and could not be made again "
+                        "within %" PRIu64 " ms (%.150s)",
+                        (uint64_t)(tv_ns(&rc->cmd_tv) / MS), why.msg);
+}
+
+/*
+ * Leaves the queue after a timeout or error, within DLOCK_REDIS_CLEANUP_NS
+ * (or `timeout` if shorter); a handoff that raced us is passed on to the
+ * next waiter. If the server cannot be reached that fast the cleanup is
+ * abandoned, safely: the subscriber connection is closed, so the queue
+ * entry reads as a dead waiter (PUBSUB NUMSUB 0 on a channel that is never
+ * used again) and is skipped; a handoff already made to us is held by
+ * nobody and expires with its lease (the TTL).
+ */
+static void cancel_wait(struct redis_conn *rc, struct redis_held *h)
+{
+    struct redis_node *n = &rc->nodes[0];
+    char entry[192];
+    long long res;
+    dlock_errsave saved;
+    uint64_t bound = tv_ns(&rc->cmd_tv) < DLOCK_REDIS_CLEANUP_NS ? tv_ns(&rc->cmd_tv)
+                                                                 : DLOCK_REDIS_CLEANUP_NS;
+    snprintf(entry, sizeof entry, "%s|%" PRIu32 "|%s", h->owner, h->ttl_ms, h->channel);
+    dlock_err_save(cl(rc), &saved);
+    int err = simple_op(rc, h, "cancel", entry, &res, dlock_monotonic_ns() + bound);
+    if (err)
+        dlock_redis_drop_sub(n);
+    else
+        dlock_redis_unsubscribe(rc, n, h->channel, h->channel_len);
+    dlock_err_restore(cl(rc), &saved); /* report the original failure, not the cleanup */
 }
 
 static int acquire_single(struct redis_conn *rc, const dlock_request *req, struct redis_held *h)
 {
     struct redis_node *n = &rc->nodes[0];
     long long pttl = 0;
-    int err;
-    if (req->wait == DLOCK_WAIT_TRY) {
-        err = try_acquire(rc, h, "try", &pttl);
-        if (err == 0)
-            return dlock_seterr(cl(rc), DLOCK_EBUSY, "the lock is held by another owner");
+    int err, silent = 0;
+
+    /* First without queueing: an uncontended acquire is one script call,
+     * with no subscription. */
+    err = try_acquire(rc, h, "try", &pttl, step_until(rc, req));
+    if (err != 0)
         return err < 0 ? err : 0;
-    }
-    if ((err = ensure_subscribed(rc, n)) != 0)
-        return err;
+    if (req->wait == DLOCK_WAIT_TRY)
+        return dlock_seterr(cl(rc), DLOCK_EBUSY, "the lock is held by another owner");
+    if (req->wait == DLOCK_WAIT_DEADLINE && dlock_monotonic_ns() >= req->deadline_ns)
+        return dlock_seterr(cl(rc), DLOCK_ETIMEDOUT,
+                            "the deadline passed with the lock still held elsewhere");
+    wait_channel(rc, h);
+    if ((err = subscribe_wait(rc, n, h, step_until(rc, req))) != 0)
+        return err; /* not queued yet: nothing to leave */
     for (;;) {
-        if (req->wait == DLOCK_WAIT_DEADLINE)
-            bound_replies(rc, n, req->deadline_ns);
-        err = try_acquire(rc, h, "wait", &pttl);
-        if (req->wait == DLOCK_WAIT_DEADLINE && n->cmd)
-            redisSetTimeout(n->cmd, rc->cmd_tv);
-        if (err == 1)
+        err = try_acquire(rc, h, "wait", &pttl, step_until(rc, req));
+        if (err == 1) {
+            dlock_redis_unsubscribe(rc, n, h->channel, h->channel_len);
             return 0;
+        }
         if (err < 0)
             break;
         /* Wait for our handoff; at the latest when the lease runs out. */
         uint64_t now = dlock_monotonic_ns();
-        uint64_t until = now + (uint64_t)(pttl > 0 ? pttl : 1) * 1000000u + 1000000u;
+        uint64_t until = now + (uint64_t)(pttl > 0 ? pttl : 1) * MS + MS;
         if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until)
             until = req->deadline_ns;
         uint64_t token = 0, read_ns = 0;
-        err = wait_handoff(rc, n, h->owner, until, &token, &read_ns);
+        err = wait_handoff(rc, n, h->owner, until, &token, &read_ns, &silent);
         if (err == 1) {
             /* The lease started when the releaser's script handed it
              * over, a one-way trip before we read the message; the call's
              * start may be far older. */
             h->base.token = token;
             h->base.lease_end_ns = read_ns + (uint64_t)h->ttl_ms * MS;
+            dlock_redis_unsubscribe(rc, n, h->channel, h->channel_len);
             return 0;
         }
+        if (err == DLOCK_ECONNECT && !silent && (err = recover(rc, n, h, req)) == 0)
+            continue;
         if (err < 0)
             break;
         if (req->wait == DLOCK_WAIT_DEADLINE && dlock_monotonic_ns() >= req->deadline_ns) {
@@ -811,6 +1001,9 @@ static int redis_acquire(dlock_conn *conn, const dlock_request *req, dlock_held 
     return 0;
 }
 
+#define LOST_WHY "the lease had expired or another owner holds the lock (or the server lost " \
+                 "it: a restart without persistence, a failover, an eviction)"
+
 static int redis_release(dlock_conn *conn, dlock_held *held)
 {
     struct redis_conn *rc = (struct redis_conn *)conn;
@@ -819,11 +1012,10 @@ static int redis_release(dlock_conn *conn, dlock_held *held)
     int err;
     if (rc->nnodes > 1)
         err = dlock_redlock_release(rc, h);
-    else if ((err = simple_op(rc, h, "release", NULL, &res)) == 0 && res != 1)
-        err = dlock_seterr(conn->client, DLOCK_ELOST,
-                           "the lease had expired or another owner holds the lock%s",
-                           rc->retried ? " (or a release whose reply was lost had already done it)"
-                                   : "");
+    else if ((err = simple_op(rc, h, "release", NULL, &res, call_until(rc))) == 0 && res != 1)
+        err = dlock_seterr(conn->client, DLOCK_ELOST, "%s%s", LOST_WHY,
+                           rc->retried ? "; or a release whose reply was lost had done it"
+                                       : "");
     held_free(h);
     return err;
 }
@@ -838,11 +1030,10 @@ static int redis_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     if (rc->nnodes > 1)
         return dlock_redlock_renew(rc, h, ttl_ms);
     snprintf(ttl, sizeof ttl, "%" PRIu32, ttl_ms);
-    if ((err = simple_op(rc, h, "renew", ttl, &res)) != 0)
+    if ((err = simple_op(rc, h, "renew", ttl, &res, call_until(rc))) != 0)
         return err;
     if (res != 1)
-        return dlock_seterr(conn->client, DLOCK_ELOST,
-                            "the lease had expired or another owner holds the lock");
+        return dlock_seterr(conn->client, DLOCK_ELOST, "%s", LOST_WHY);
     h->ttl_ms = ttl_ms;
     return 0;
 }
@@ -866,15 +1057,11 @@ static int redis_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     if (rc->nnodes > 1)
         return dlock_redlock_keep(kc, h, ttl_ms);
     snprintf(ttl, sizeof ttl, "%" PRIu32, ttl_ms);
-    kc->deadline_ns = dlock_monotonic_ns() + tv_ns(&kc->cmd_tv);
-    err = simple_op(kc, h, "renew", ttl, &res);
-    kc->deadline_ns = 0;
-    if (err)
+    if ((err = simple_op(kc, h, "renew", ttl, &res, call_until(kc))) != 0)
         return err;
     if (res != 1)
         return dlock_seterr(conn->client, DLOCK_ELOST,
-                            "the keeper's renewal was refused: the lease had expired or "
-                            "another owner holds the lock");
+                            "the keeper's renewal was refused: " LOST_WHY);
     return 0;
 }
 
@@ -887,10 +1074,12 @@ static int redis_ping(dlock_conn *conn)
         n = &rc->nodes[i];
     if (n->stale)
         return dlock_seterr(conn->client, DLOCK_ECONNECT, "no Redlock node is ready to ping");
-    int err = dlock_redis_node_connect(rc, n, &rc->connect_tv);
-    if (err)
-        return err;
-    return command(rc, n, &n->cmd, NULL, 1, (const char *[]){"PING"}, (size_t[]){4}, "PING");
+    uint64_t saved = dlock_redis_limit(rc, call_until(rc));
+    int err = dlock_redis_node_connect(rc, n, tv_ns(&rc->connect_tv));
+    if (!err)
+        err = command(rc, n, &n->cmd, NULL, 1, (const char *[]){"PING"}, (size_t[]){4}, "PING");
+    dlock_redis_unlimit(rc, saved);
+    return err;
 }
 
 const dlock_backend dlock_redis_backend = {

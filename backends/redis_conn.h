@@ -14,7 +14,16 @@ struct redis_node {
     redisContext *sub; /* subscriber connection, opened on the first wait */
     unsigned stale;    /* replies still to come for calls we stopped waiting for */
     uint64_t retry_at; /* after a failed connect, not before (CLOCK_MONOTONIC ns) */
+    int subscribed;    /* sub is subscribed to the current wait's channel */
 };
+
+/* A deadline wait's calls may run this far past the deadline (so that a
+ * deadline already past still makes one attempt)... */
+#define DLOCK_REDIS_FLOOR_NS 50000000ull
+/* ...and leaving the queue (or undoing a partial Redlock grant) after
+ * giving up, this much more: 200 ms past the deadline in all. Cleanup that
+ * does not finish in time is abandoned safely (see cancel_wait()). */
+#define DLOCK_REDIS_CLEANUP_NS 150000000ull
 
 struct redis_conn {
     dlock_conn base;
@@ -25,8 +34,7 @@ struct redis_conn {
     size_t nnodes; /* 1: single instance; more: Redlock */
     struct redis_node *nodes;
     char sha[41];       /* SHA1 of the script, as SCRIPT LOAD returned it */
-    char channel[96];   /* this connection's wake-up channel (single) */
-    size_t channel_len;
+    int allow_eviction; /* URI option: accept a maxmemory-policy that evicts */
     int retried;        /* the last call was sent again after a lost reply */
     /* The keeper's own connection(s), made on the keeper's thread at its
      * first keep() and freed by close: same nodes, credentials and prefix,
@@ -34,9 +42,9 @@ struct redis_conn {
     struct redis_conn *keeper;
     struct redis_conn *parent; /* set on a keeper connection: it borrows the
                                   parent's strings */
-    /* CLOCK_MONOTONIC ns; when set, every synchronous step (connect, each
-     * command) waits at most what is left of it: a keeper's call, or a
-     * waiter's cleanup. 0: each step has its own timeout. */
+    /* CLOCK_MONOTONIC ns; when set, every step (connect, handshake, each
+     * reply) waits at most what is left of it: the bound of the whole
+     * call (dlock_redis_limit()). 0: each reply waits `timeout`. */
     uint64_t deadline_ns;
 };
 
@@ -51,6 +59,8 @@ struct redis_held {
     dlock_held base;
     char owner[33];
     uint32_t ttl_ms;
+    char channel[96];   /* this wait's wake-up channel (single instance) */
+    size_t channel_len;
     struct redis_keys keys;
     size_t name_len;
     char name[];
@@ -59,13 +69,31 @@ struct redis_held {
 int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
                      struct redis_keys *keys);
 void dlock_redis_keys_free(struct redis_keys *keys);
-/* Connects *ctxp to node n within tv, with replies bounded by the command
- * (single) or node (Redlock) timeout, and authenticates. */
+/* Narrows rc's bound to until_ns (CLOCK_MONOTONIC) if that is earlier;
+ * returns the bound to give back to dlock_redis_unlimit(). */
+uint64_t dlock_redis_limit(struct redis_conn *rc, uint64_t until_ns);
+void dlock_redis_unlimit(struct redis_conn *rc, uint64_t saved);
+/* Connects *ctxp to node n and authenticates (AUTH or PING, SELECT), all
+ * within budget_ns and rc's bound; a command connection (cmd) also loads
+ * the script and checks the server's maxmemory-policy, in the same
+ * pipelined round trip. */
 int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp,
-                            const struct timeval *tv);
-/* Connects node n's command connection if needed (AUTH, SELECT, SCRIPT LOAD). */
-int dlock_redis_node_connect(struct redis_conn *rc, struct redis_node *n,
-                             const struct timeval *tv);
+                            uint64_t budget_ns, int cmd);
+/* Connects node n's command connection if needed, within budget_ns. */
+int dlock_redis_node_connect(struct redis_conn *rc, struct redis_node *n, uint64_t budget_ns);
+/* SUBSCRIBE chan on node n's subscriber connection (made within
+ * connect_ns if there is none), without waiting; then the confirmation,
+ * skipping older replies, within rc's bound. 0 once subscribed (n->subscribed
+ * set); on failure the subscriber connection is dropped. */
+int dlock_redis_subscribe_send(struct redis_conn *rc, struct redis_node *n, const char *chan,
+                               size_t len, uint64_t connect_ns);
+int dlock_redis_subscribe_confirm(struct redis_conn *rc, struct redis_node *n, const char *chan,
+                                  size_t len);
+/* UNSUBSCRIBE chan if subscribed, without waiting for the confirmation. */
+void dlock_redis_unsubscribe(struct redis_conn *rc, struct redis_node *n, const char *chan,
+                             size_t len);
+void dlock_redis_drop_sub(struct redis_node *n);
+uint64_t dlock_redis_tv_ns(const struct timeval *tv);
 /* Drops a connection after an I/O error, recording why; returns the code. */
 int dlock_redis_ctx_error(struct redis_conn *rc, struct redis_node *n,
                           redisContext **ctxp, const char *what);

@@ -13,7 +13,7 @@
  *   cancel  owner entry             → 1 it had been handed to us (now
  *                                     released again), 0 otherwise
  *   grab    owner ttl               → {1, token} or {0, pttl}: SET NX PX
- *                                     and INCR only, no queue (Redlock)
+ *                                     and the counter only, no queue (Redlock)
  *   fence   owner floor             → raises the counter to floor while
  *                                     the lock is ours (Redlock), 1/0
  *   drop    owner channel           → like release, then PUBLISH channel
@@ -23,8 +23,21 @@
  * subscribed to its channel (PUBSUB NUMSUB: a killed waiter's connection is
  * gone, so it is skipped) and publishes one message to that waiter alone:
  * first-come first-served, one message per handoff however many wait.
+ * Every wait has a channel of its own (named after its owner id, fresh per
+ * acquire), so an entry left behind by a wait that could not leave the
+ * queue can never come alive again.
  * A lock found free with waiters queued (its holder died and the lease ran
  * out) is handed the same way before the caller may take it.
+ *
+ * The counter: a missing one (a server restarted without persistence, an
+ * evicted or deleted key) starts from the server's clock, TIME in
+ * microseconds since the epoch (about 1.8e15 in the late 2020s), so that it goes on
+ * above the tokens handed out before it was lost unless the server's clock
+ * went back or more than one grant per microsecond was made on average.
+ * Lua numbers are doubles: exact up to 2^53 (about 9.007e15, the clock
+ * reaches it in the year 2255), and a counter beyond that is refused.
+ * Tokens are written into strings with %.0f: Lua's own number-to-string
+ * conversion keeps 14 digits only.
  */
 #ifndef DLOCK_BACKENDS_REDIS_SCRIPT_H
 #define DLOCK_BACKENDS_REDIS_SCRIPT_H
@@ -32,9 +45,21 @@
 static const char dlock_redis_lua[] =
     "local lock, fence, queue = KEYS[1], KEYS[2], KEYS[3]\n"
     "local op, owner = ARGV[1], ARGV[2]\n"
-    "local function grant(o, ttl)\n"
+    "local function str(n) return string.format('%.0f', n) end\n"
+    "local function next_token()\n"
+    "  if redis.call('EXISTS', fence) == 0 then\n"
+    "    local t = redis.call('TIME')\n"
+    "    redis.call('SET', fence, t[1] .. string.sub('00000' .. t[2], -6))\n"
+    "  end\n"
     "  local token = redis.call('INCR', fence)\n"
-    "  redis.call('SET', lock, o .. ':' .. token, 'PX', ttl)\n"
+    "  if token > 9007199254740991 then\n"
+    "    error({err = 'dlock: fence counter ' .. fence .. ' is beyond 2^53'})\n"
+    "  end\n"
+    "  return token\n"
+    "end\n"
+    "local function grant(o, ttl)\n"
+    "  local token = next_token()\n"
+    "  redis.call('SET', lock, o .. ':' .. str(token), 'PX', ttl)\n"
     "  return token\n"
     "end\n"
     "local function ours()\n"
@@ -52,7 +77,7 @@ static const char dlock_redis_lua[] =
     "    local o, ttl, ch = string.match(e, '^(%x+)|(%d+)|(.+)$')\n"
     "    if o and redis.call('PUBSUB', 'NUMSUB', ch)[2] > 0 then\n"
     "      local token = grant(o, ttl)\n"
-    "      redis.call('PUBLISH', ch, o .. ':' .. token)\n"
+    "      redis.call('PUBLISH', ch, o .. ':' .. str(token))\n"
     "      return o\n"
     "    end\n"
     "  end\n"
@@ -66,8 +91,8 @@ static const char dlock_redis_lua[] =
     /* Fast path, nobody queued: the counter may skip a number when the
      * lock turns out to be held; tokens only need to increase. */
     "  if redis.call('EXISTS', queue) == 0 then\n"
-    "    local token = redis.call('INCR', fence)\n"
-    "    if redis.call('SET', lock, owner .. ':' .. token, 'NX', 'PX', ttl) then\n"
+    "    local token = next_token()\n"
+    "    if redis.call('SET', lock, owner .. ':' .. str(token), 'NX', 'PX', ttl) then\n"
     "      return {1, token}\n"
     "    end\n"
     "  end\n"

@@ -1,23 +1,31 @@
 /*
  * Redlock: one lock over N independent Redis instances (N = host count).
  *
- * An attempt runs the script's "grab" (SET NX PX + INCR of the node's
- * fencing counter) on every node at once, each bounded by node_timeout. It
- * wins with a quorum (N/2 + 1) of grants and a positive validity,
- * ttl - elapsed - drift (drift = ttl/100 + 2 ms), all on CLOCK_MONOTONIC.
- * Any failed attempt is undone on every node.
+ * An attempt runs the script's "grab" (SET NX PX + the node's fencing
+ * counter) on every node at once, each bounded by node_timeout. It wins
+ * with a quorum (N/2 + 1) of grants and a positive validity,
+ * ttl - elapsed - drift (drift = ttl/100 + 2 ms), all on CLOCK_MONOTONIC;
+ * so a TTL of 2 ms or less can never be granted and is refused
+ * (REDLOCK_MIN_TTL_MS). Any failed attempt is undone on every node.
  *
  * The token: the largest counter among the granting nodes, M, is written
  * back ("fence": counter = max(counter, M)) to the nodes while the lock is
  * still ours, and the grant counts only if that too finishes on a quorum
  * within the validity. Any later quorum shares a node with this one whose
- * counter is already >= M, so its token is greater, as long as no node
- * loses its counter (a restart without persistence can: see docs).
+ * counter is already >= M, so its token is greater. A node that loses its
+ * counter (a restart without persistence) starts it again from its clock
+ * in microseconds (redis_script.h), above what it handed out before.
  *
  * Waiting: a waiter subscribes to the lock's release channel on every
  * node before it retries, and each release publishes there. Not FIFO, and
  * every waiter wakes on a release: that is the price of having no single
- * queue to trust.
+ * queue to trust. A node whose subscriber connection drops (a restart,
+ * CLIENT KILL) is subscribed again before the next attempt.
+ *
+ * Bounds: a round (connects, then replies) never runs past the call's
+ * bound; a deadline wait's last round may end DLOCK_REDIS_FLOOR_NS past the
+ * deadline and its undo DLOCK_REDIS_CLEANUP_NS later still (nodes that did
+ * not answer by then keep our key until its lease runs out).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -28,6 +36,7 @@
 
 #include "config.h"
 #include "backends/redis_conn.h"
+#include "backends/redis_reply.h"
 #include "core/internal.h"
 
 #define MAX_NODES 64
@@ -36,6 +45,12 @@
  * lease: nodes that went silent are noticed by the attempts (see
  * dlock_redlock_acquire()), not only when the lease runs out. */
 #define WAIT_SLICE_NS 5000000000ull
+/* A waiter that lost its quorum of reachable nodes tries again this often
+ * (see dlock_redlock_acquire()). */
+#define RECOVER_PAUSE_NS 100000000ull
+/* validity = ttl - elapsed - (ttl/100 + 2): at 2 ms or less it is never
+ * positive. */
+#define REDLOCK_MIN_TTL_MS 3u
 
 static dlock_client *cl(struct redis_conn *rc)
 {
@@ -44,7 +59,7 @@ static dlock_client *cl(struct redis_conn *rc)
 
 static uint64_t node_timeout_ns(struct redis_conn *rc)
 {
-    return (uint64_t)rc->cmd_tv.tv_sec * 1000000000u + (uint64_t)rc->cmd_tv.tv_usec * 1000u;
+    return dlock_redis_tv_ns(&rc->cmd_tv);
 }
 
 static size_t quorum(struct redis_conn *rc)
@@ -60,27 +75,26 @@ static size_t connected(struct redis_conn *rc)
     return n;
 }
 
-/* A reply that says "yes": integer 1, or {1, token}. */
-static int positive(const redisReply *r)
+static int ttl_ok(struct redis_conn *rc, uint32_t ttl_ms)
 {
-    if (!r)
+    if (ttl_ms >= REDLOCK_MIN_TTL_MS)
         return 0;
-    if (r->type == REDIS_REPLY_INTEGER)
-        return r->integer == 1;
-    return r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-           r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 1;
+    return dlock_seterr(cl(rc), DLOCK_EINVAL,
+                        "a Redlock lease must be at least %u ms: a grant is valid for the TTL "
+                        "less the time to reach the nodes and a clock drift allowance of "
+                        "TTL/100 + 2 ms, so %" PRIu32 " ms can never be granted",
+                        REDLOCK_MIN_TTL_MS, ttl_ms);
 }
 
 /* Gives up waiting for node n's reply: it is skipped when it comes. A node
  * that owes too many is reconnected instead. */
-static void abandon(struct redis_conn *rc, struct redis_node *n)
+static void abandon(struct redis_node *n)
 {
     if (++n->stale > 8) {
         redisFree(n->cmd);
         n->cmd = NULL;
         n->stale = 0;
     }
-    (void)rc;
 }
 
 /* Next reply of node n that is not owed to an abandoned call; NULL if none
@@ -102,111 +116,182 @@ static redisReply *next_reply(struct redis_conn *rc, struct redis_node *n, int *
     }
 }
 
+/* What a round saw. */
+struct round {
+    size_t reached;  /* nodes connected when the round started */
+    size_t answered; /* replies received (of any kind) */
+    dlock_errsave first; /* the first node's failure, for the message */
+};
+
+enum { ROUND_QUORUM_FIRST = 1 }; /* send nothing unless a quorum is connected */
+
+static void round_fail(struct redis_conn *rc, struct round *st)
+{
+    if (st && !st->first.err)
+        dlock_err_save(cl(rc), &st->first);
+}
+
 /*
  * Sends the same script call to every node, then collects the replies in
- * parallel until timeout_ns, or as soon as `need` positive replies
- * are in (0: wait for all), or as soon as `need` can no longer be reached.
+ * parallel until timeout_ns, or as soon as `need` positive replies are in
+ * (0: wait for all). A node whose connection turns out to be broken (reset
+ * by a restart or CLIENT KILL since our last call: the write fails or the
+ * read meets EOF) is sent the call once more on a new connection, in a
+ * second pass: the owner id makes every operation safe to repeat.
  * replies[i] is NULL for a node that failed or was not waited for.
+ * Connecting (nodes whose connection is gone) and the replies all stay
+ * within rc's bound when it has one.
  */
 static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **args,
                       const size_t *lens, size_t nargs, redisReply **replies, size_t need,
-                      uint64_t timeout_ns)
+                      uint64_t timeout_ns, int flags, struct round *st)
 {
     const char *argv[16];
     size_t argvlen[16];
     size_t argc = dlock_redis_script_argv(rc, &h->keys, args, lens, nargs, argv, argvlen);
-    uint64_t until;
-    int pending[MAX_NODES] = {0};
-    size_t npending = 0, yes = 0, no = 0;
+    int todo[MAX_NODES], broken[MAX_NODES];
+    size_t yes = 0;
+    struct round local;
 
-    for (size_t i = 0; i < rc->nnodes; i++) {
-        struct redis_node *n = &rc->nodes[i];
-        replies[i] = NULL;
-        /* A node that just failed to connect is left alone for a while, so
-         * one dead or silent node does not cost every call a connect. */
-        if (!n->cmd && dlock_monotonic_ns() < n->retry_at)
-            continue;
-        if (dlock_redis_node_connect(rc, n, &rc->cmd_tv) != 0) {
-            n->retry_at = dlock_monotonic_ns() + RECONNECT_BACKOFF_NS;
-            continue;
-        }
-        /* A node restarted since our last call has reset the connection:
-         * the write fails (EPIPE), and never kills us with SIGPIPE. */
-        if (dlock_redis_send(rc, n->cmd, argc, argv, argvlen) != REDIS_OK) {
-            dlock_redis_ctx_error(rc, n, &n->cmd, "sending");
-            n->stale = 0;
-            continue;
-        }
-        pending[i] = 1;
-        npending++;
-    }
-    /* The reply clock starts once everything is sent. */
-    until = dlock_monotonic_ns() + timeout_ns;
-    no = rc->nnodes - npending;
-    while (npending > 0) {
-        struct pollfd pfd[MAX_NODES];
-        size_t idx[MAX_NODES], np = 0;
-        for (size_t i = 0; i < rc->nnodes; i++) {
-            if (!pending[i])
-                continue;
-            int broken = 0;
-            redisReply *r = next_reply(rc, &rc->nodes[i], &broken);
-            if (!r && !broken) {
-                pfd[np] = (struct pollfd){.fd = rc->nodes[i].cmd->fd, .events = POLLIN};
-                idx[np++] = i;
-                continue;
-            }
-            replies[i] = r;
-            pending[i] = 0;
-            npending--;
-            if (positive(r))
-                yes++;
-            else
-                no++;
-        }
-        if (need && (yes >= need || rc->nnodes - no < need))
-            break; /* decided: the rest are skipped when they answer */
-        if (np == 0)
-            break;
-        uint64_t now = dlock_monotonic_ns();
-        struct timespec ts = {0, 0};
-        /* Past the clock, still one look at what already arrived. */
-        if (now < until)
-            dlock_ns_to_timespec(until - now, &ts);
-        int pr = ppoll(pfd, np, &ts, NULL);
-        if (pr < 0 && errno == EINTR)
-            continue;
-        if (pr <= 0) {
-            for (size_t k = 0; k < np; k++) { /* no answer in time */
-                struct redis_node *n = &rc->nodes[idx[k]];
-                dlock_seterr(cl(rc), DLOCK_ECONNECT, "redis %s:%d: no reply within node_timeout",
-                             n->host, n->port);
-                abandon(rc, n);
-                pending[idx[k]] = 0;
-                npending--;
-            }
-            break;
-        }
-        for (size_t k = 0; k < np; k++)
-            if (pfd[k].revents && redisBufferRead(rc->nodes[idx[k]].cmd) != REDIS_OK) {
-                dlock_redis_ctx_error(rc, &rc->nodes[idx[k]], &rc->nodes[idx[k]].cmd, "reading");
-                rc->nodes[idx[k]].stale = 0;
-                pending[idx[k]] = 0;
-                npending--;
-                no++;
-            }
-    }
+    if (!st)
+        st = &local;
+    memset(st, 0, sizeof *st);
     for (size_t i = 0; i < rc->nnodes; i++)
-        if (pending[i])
-            abandon(rc, &rc->nodes[i]);
+        todo[i] = 1, replies[i] = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        int pending[MAX_NODES] = {0}, again = 0;
+        size_t npending = 0;
+        uint64_t until;
+        for (size_t i = 0; i < rc->nnodes; i++) {
+            struct redis_node *n = &rc->nodes[i];
+            broken[i] = 0;
+            if (!todo[i])
+                continue;
+            /* A node that just failed to connect is left alone for a
+             * while, so one dead or silent node does not cost every call
+             * a connect. */
+            if (!n->cmd && dlock_monotonic_ns() < n->retry_at) {
+                if (!st->first.err)
+                    dlock_seterr(cl(rc), DLOCK_ECONNECT, "redis %s:%d: unreachable a moment ago",
+                                 n->host, n->port), round_fail(rc, st);
+                continue;
+            }
+            if (dlock_redis_node_connect(rc, n, timeout_ns) != 0) {
+                round_fail(rc, st);
+                n->retry_at = dlock_monotonic_ns() + RECONNECT_BACKOFF_NS;
+                continue;
+            }
+            if (pass == 0)
+                st->reached++;
+        }
+        if (pass == 0 && (flags & ROUND_QUORUM_FIRST) && st->reached < need)
+            return;
+        for (size_t i = 0; i < rc->nnodes; i++) {
+            struct redis_node *n = &rc->nodes[i];
+            if (!todo[i] || !n->cmd)
+                continue;
+            /* A node restarted since our last call has reset the
+             * connection: the write fails (EPIPE), and never kills us
+             * with SIGPIPE. */
+            if (dlock_redis_send(rc, n->cmd, argc, argv, argvlen) != REDIS_OK) {
+                dlock_redis_ctx_error(rc, n, &n->cmd, "sending");
+                round_fail(rc, st);
+                n->stale = 0;
+                broken[i] = 1;
+                continue;
+            }
+            pending[i] = 1;
+            npending++;
+        }
+        /* The reply clock starts once everything is sent. */
+        until = dlock_monotonic_ns() + timeout_ns;
+        if (rc->deadline_ns && rc->deadline_ns < until)
+            until = rc->deadline_ns;
+        while (npending > 0) {
+            struct pollfd pfd[MAX_NODES];
+            size_t idx[MAX_NODES], np = 0;
+            for (size_t i = 0; i < rc->nnodes; i++) {
+                if (!pending[i])
+                    continue;
+                int lost = 0;
+                redisReply *r = next_reply(rc, &rc->nodes[i], &lost);
+                if (!r && !lost) {
+                    pfd[np] = (struct pollfd){.fd = rc->nodes[i].cmd->fd, .events = POLLIN};
+                    idx[np++] = i;
+                    continue;
+                }
+                if (lost)
+                    round_fail(rc, st), broken[i] = 1;
+                else
+                    st->answered++;
+                replies[i] = r;
+                pending[i] = 0;
+                npending--;
+                if (dlock_redis_reply_yes(r))
+                    yes++;
+            }
+            /* Granted: the rest are skipped when they answer. A quorum
+             * that has become impossible still waits for the others
+             * (within the bound): the count of nodes that answered is the
+             * message. */
+            if (need && yes >= need)
+                break;
+            if (np == 0)
+                break;
+            uint64_t now = dlock_monotonic_ns();
+            struct timespec ts = {0, 0};
+            /* Past the clock, still one look at what already arrived. */
+            if (now < until)
+                dlock_ns_to_timespec(until - now, &ts);
+            int pr = ppoll(pfd, np, &ts, NULL);
+            if (pr < 0 && errno == EINTR)
+                continue;
+            if (pr <= 0) {
+                for (size_t k = 0; k < np; k++) { /* no answer in time */
+                    struct redis_node *n = &rc->nodes[idx[k]];
+                    dlock_seterr(cl(rc), DLOCK_ECONNECT, "redis %s:%d: no reply in time", n->host,
+                                 n->port);
+                    round_fail(rc, st);
+                    abandon(n);
+                    pending[idx[k]] = 0;
+                    npending--;
+                }
+                break;
+            }
+            for (size_t k = 0; k < np; k++)
+                if (pfd[k].revents && redisBufferRead(rc->nodes[idx[k]].cmd) != REDIS_OK) {
+                    dlock_redis_ctx_error(rc, &rc->nodes[idx[k]], &rc->nodes[idx[k]].cmd,
+                                          "reading");
+                    round_fail(rc, st);
+                    rc->nodes[idx[k]].stale = 0;
+                    pending[idx[k]] = 0;
+                    broken[idx[k]] = 1;
+                    npending--;
+                }
+        }
+        for (size_t i = 0; i < rc->nnodes; i++)
+            if (pending[i])
+                abandon(&rc->nodes[i]);
+        if (need && yes >= need)
+            break;
+        for (size_t i = 0; i < rc->nnodes; i++) {
+            todo[i] = broken[i];
+            again |= broken[i];
+        }
+        if (!again || (rc->deadline_ns && dlock_monotonic_ns() >= rc->deadline_ns))
+            break;
+    }
     /* A node that lost its script cache answers NOSCRIPT: redo it there. */
     for (size_t i = 0; i < rc->nnodes; i++) {
         redisReply *r = replies[i];
-        if (r && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0) {
+        if (dlock_redis_reply_error_kind(r) == DLOCK_REDIS_ERR_NOSCRIPT) {
             freeReplyObject(r);
             replies[i] = NULL;
-            if (rc->nodes[i].stale == 0) /* a synchronous call must not meet a stale reply */
+            if (rc->nodes[i].stale == 0) { /* a synchronous call must not meet a stale reply */
+                uint64_t saved = dlock_redis_limit(rc, dlock_monotonic_ns() + timeout_ns);
                 dlock_redis_script(rc, &rc->nodes[i], argc, argv, argvlen, &replies[i]);
+                dlock_redis_unlimit(rc, saved);
+            }
         }
     }
 }
@@ -218,13 +303,21 @@ static void free_replies(struct redis_conn *rc, redisReply **replies)
             freeReplyObject(replies[i]);
 }
 
-static size_t count_ones(struct redis_conn *rc, redisReply **replies)
+/* Integer replies: how many said 1 (*ones) and how many something else. */
+static void count_ints(struct redis_conn *rc, redisReply **replies, size_t *ones, size_t *others)
 {
-    size_t n = 0;
-    for (size_t i = 0; i < rc->nnodes; i++)
-        if (replies[i] && replies[i]->type == REDIS_REPLY_INTEGER && replies[i]->integer == 1)
-            n++;
-    return n;
+    *ones = 0;
+    if (others)
+        *others = 0;
+    for (size_t i = 0; i < rc->nnodes; i++) {
+        long long v;
+        if (dlock_redis_reply_int(replies[i], &v) != 0)
+            continue;
+        if (v == 1)
+            (*ones)++;
+        else if (others)
+            (*others)++;
+    }
 }
 
 static const char *release_channel(struct redis_held *h, size_t *len, char **buf)
@@ -240,28 +333,28 @@ static const char *release_channel(struct redis_held *h, size_t *len, char **buf
     return *buf;
 }
 
-/* Releases on every node and wakes waiters. *ours counts the nodes where
- * it was still ours, *not_ours those that said it was not (the rest did not
- * answer in time). A release is not latency-bound like a grant, so it waits
- * up to the connect timeout rather than node_timeout. */
-static void drop_all(struct redis_conn *rc, struct redis_held *h, size_t *ours, size_t *not_ours)
+/* Releases on every node and wakes waiters, waiting up to bound_ns for the
+ * replies. *ours counts the nodes where it was still ours, *not_ours those
+ * that said it was not (the rest did not answer in time: they keep our key
+ * until its lease runs out). */
+static void drop_all(struct redis_conn *rc, struct redis_held *h, size_t *ours, size_t *not_ours,
+                     uint64_t bound_ns)
 {
     redisReply *replies[MAX_NODES];
     char *chan = NULL;
     size_t chan_len = 0;
-    uint64_t bound = (uint64_t)rc->connect_tv.tv_sec * 1000000000u +
-                     (uint64_t)rc->connect_tv.tv_usec * 1000u;
+    dlock_errsave saved;
     *ours = *not_ours = 0;
     if (!release_channel(h, &chan_len, &chan))
         return;
+    dlock_err_save(cl(rc), &saved);
     const char *args[3] = {"drop", h->owner, chan};
     const size_t lens[3] = {4, 32, chan_len};
-    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), bound);
-    for (size_t i = 0; i < rc->nnodes; i++)
-        if (replies[i] && replies[i]->type == REDIS_REPLY_INTEGER)
-            replies[i]->integer == 1 ? (*ours)++ : (*not_ours)++;
+    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), bound_ns, 0, NULL);
+    count_ints(rc, replies, ours, not_ours);
     free_replies(rc, replies);
     free(chan);
+    dlock_err_restore(cl(rc), &saved);
 }
 
 static int64_t drift_ms(uint32_t ttl_ms)
@@ -282,6 +375,14 @@ static uint64_t lease_end(uint64_t start_ns, uint32_t ttl_ms)
     return start_ns + (uint64_t)((int64_t)ttl_ms - drift_ms(ttl_ms)) * 1000000u;
 }
 
+/* The undo of a failed attempt: node_timeout for the replies, within the
+ * call's bound (a deadline wait's cleanup margin). */
+static void undo(struct redis_conn *rc, struct redis_held *h)
+{
+    size_t ours, not_ours;
+    drop_all(rc, h, &ours, &not_ours, node_timeout_ns(rc));
+}
+
 /* One attempt: 1 won, 0 refused (*wait_ms: shortest PTTL seen), <0 error. */
 static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms)
 {
@@ -290,24 +391,26 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
     size_t granted = 0, answered = 0;
     uint64_t max_token = 0, min_token = 0, start = dlock_monotonic_ns();
     int64_t shortest = -1;
+    struct round st;
 
     dlock_clearerr(cl(rc));
     snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
     const char *args[3] = {"grab", h->owner, ttl};
     const size_t lens[3] = {4, 32, strlen(ttl)};
-    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc));
+    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc), ROUND_QUORUM_FIRST,
+              &st);
     for (size_t i = 0; i < rc->nnodes; i++) {
-        redisReply *r = replies[i];
-        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2)
+        long long a, b;
+        if (dlock_redis_reply_pair(replies[i], &a, &b) != 0)
             continue;
         answered++;
-        if (r->element[0]->integer == 1) {
-            uint64_t t = (uint64_t)r->element[1]->integer;
+        if (a == 1 && b > 0) {
+            uint64_t t = (uint64_t)b;
             granted++;
             max_token = t > max_token ? t : max_token;
             min_token = !min_token || t < min_token ? t : min_token;
-        } else if (shortest < 0 || r->element[1]->integer < shortest) {
-            shortest = r->element[1]->integer;
+        } else if (a != 1 && (shortest < 0 || b < shortest)) {
+            shortest = b;
         }
     }
     free_replies(rc, replies);
@@ -319,8 +422,8 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
             snprintf(floor, sizeof floor, "%" PRIu64, max_token);
             const char *fargs[3] = {"fence", h->owner, floor};
             const size_t flens[3] = {5, 32, strlen(floor)};
-            all_nodes(rc, h, fargs, flens, 3, replies, quorum(rc), node_timeout_ns(rc));
-            fenced = count_ones(rc, replies);
+            all_nodes(rc, h, fargs, flens, 3, replies, quorum(rc), node_timeout_ns(rc), 0, NULL);
+            count_ints(rc, replies, &fenced, NULL);
             free_replies(rc, replies);
         }
         if (fenced >= quorum(rc) && validity_ms(start, h->ttl_ms) > 0) {
@@ -331,10 +434,9 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
         }
     }
     /* Undo on every node unless all refused: a node we stopped waiting for
-     * may have granted too. */
-    size_t ours, not_ours;
-    if (granted > 0 || answered < rc->nnodes)
-        drop_all(rc, h, &ours, &not_ours);
+     * may have granted too. Nothing was sent when too few were reachable. */
+    if (st.reached >= quorum(rc) && (granted > 0 || answered < rc->nnodes))
+        undo(rc, h);
     if (granted >= quorum(rc)) {
         dlock_seterr(cl(rc), DLOCK_EBUSY,
                      "a quorum granted the lock but its validity ran out (lease %" PRIu32
@@ -342,79 +444,57 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
                      h->ttl_ms);
         return 0;
     }
+    if (st.reached < quorum(rc))
+        return dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                            "only %zu of %zu Redlock nodes answered, %zu needed for a "
+                            "quorum (%.150s)",
+                            st.reached, rc->nnodes, quorum(rc), st.first.msg);
     if (answered < quorum(rc))
         return dlock_seterr(cl(rc), DLOCK_ECONNECT,
-                            "only %zu of %zu Redlock nodes answered (quorum %zu)", answered,
-                            rc->nnodes, quorum(rc));
+                            "only %zu of %zu Redlock nodes answered, %zu needed for a "
+                            "quorum (%.150s)",
+                            answered, rc->nnodes, quorum(rc), st.first.msg);
     return 0;
 }
 
-static void drop_sub(struct redis_node *n)
-{
-    if (n->sub)
-        redisFree(n->sub);
-    n->sub = NULL;
-}
-
-/* Reads node n's subscriber replies until the confirmation for chan (each
- * read bounded by node_timeout); 0 once subscribed. */
-static int confirm_subscribed(struct redis_conn *rc, struct redis_node *n, const char *chan,
-                              size_t len)
-{
-    for (;;) {
-        void *v = NULL;
-        if (dlock_redis_get_reply(rc, n->sub, &v) != REDIS_OK || !v)
-            return -1;
-        redisReply *r = v;
-        int confirmed = r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
-                        r->element[0]->type == REDIS_REPLY_STRING &&
-                        strcmp(r->element[0]->str, "subscribe") == 0 &&
-                        r->element[1]->type == REDIS_REPLY_STRING &&
-                        r->element[1]->len == len && memcmp(r->element[1]->str, chan, len) == 0;
-        int error = r->type == REDIS_REPLY_ERROR;
-        freeReplyObject(r);
-        if (confirmed)
-            return 0;
-        if (error)
-            return -1;
-        /* older "message" / "unsubscribe" replies: skip */
-    }
-}
-
 /* SUBSCRIBE (confirmed, so that no release published after we retry can be
- * missed) or UNSUBSCRIBE on every reachable node's subscriber connection. */
-static void subscribe_all(struct redis_conn *rc, const char *cmd, const char *chan, size_t len)
+ * missed) on every node that is not subscribed to chan yet: the first time,
+ * and again for a node whose subscriber connection dropped. Nodes that fail
+ * are left for the next round (after RECONNECT_BACKOFF_NS when they could
+ * not be reached). Each confirmation waits node_timeout at most. */
+static void subscribe_missing(struct redis_conn *rc, const char *chan, size_t len)
 {
-    int subscribing = strcmp(cmd, "SUBSCRIBE") == 0;
     int sent[MAX_NODES] = {0};
+    dlock_errsave saved;
+    dlock_err_save(cl(rc), &saved);
     for (size_t i = 0; i < rc->nnodes; i++) {
         struct redis_node *n = &rc->nodes[i];
-        if (!n->sub) {
-            if (!subscribing || dlock_monotonic_ns() < n->retry_at)
-                continue;
-            if (dlock_redis_connect_ctx(rc, n, &n->sub, &rc->cmd_tv) != 0) {
-                n->retry_at = dlock_monotonic_ns() + RECONNECT_BACKOFF_NS;
-                continue;
-            }
-        }
-        const char *argv[2] = {cmd, chan};
-        const size_t lens[2] = {strlen(cmd), len};
-        if (dlock_redis_send(rc, n->sub, 2, argv, lens) != REDIS_OK)
-            drop_sub(n);
-        else
+        if (n->subscribed || (!n->sub && dlock_monotonic_ns() < n->retry_at))
+            continue;
+        int fresh = !n->sub;
+        if (dlock_redis_subscribe_send(rc, n, chan, len, node_timeout_ns(rc)) == 0)
             sent[i] = 1;
+        else if (fresh)
+            n->retry_at = dlock_monotonic_ns() + RECONNECT_BACKOFF_NS;
     }
-    if (!subscribing)
-        return; /* confirmations are skipped when they arrive */
     for (size_t i = 0; i < rc->nnodes; i++)
-        if (sent[i] && confirm_subscribed(rc, &rc->nodes[i], chan, len) != 0)
-            drop_sub(&rc->nodes[i]);
-    dlock_clearerr(cl(rc));
+        if (sent[i])
+            dlock_redis_subscribe_confirm(rc, &rc->nodes[i], chan, len);
+    dlock_err_restore(cl(rc), &saved);
+}
+
+static int all_subscribed(struct redis_conn *rc)
+{
+    for (size_t i = 0; i < rc->nnodes; i++)
+        if (!rc->nodes[i].subscribed &&
+            (rc->nodes[i].sub || dlock_monotonic_ns() >= rc->nodes[i].retry_at))
+            return 0;
+    return 1;
 }
 
 /* Waits for a "released" message on any node, or until until_ns. Replies
  * that are only (un)subscribe confirmations are consumed on the way. */
-static int wait_release(struct redis_conn *rc, uint64_t until_ns)
+static int wait_release(struct redis_conn *rc, const char *chan, size_t len, uint64_t until_ns)
 {
     for (;;) {
         struct pollfd pfd[MAX_NODES];
@@ -425,10 +505,7 @@ static int wait_release(struct redis_conn *rc, uint64_t until_ns)
             if (!n->sub)
                 continue;
             while (redisGetReplyFromReader(n->sub, &r) == REDIS_OK && r) {
-                redisReply *m = r;
-                int msg = m->type == REDIS_REPLY_ARRAY && m->elements == 3 &&
-                          m->element[0]->type == REDIS_REPLY_STRING &&
-                          strcmp(m->element[0]->str, "message") == 0;
+                int msg = dlock_redis_reply_message(r, chan, len);
                 freeReplyObject(r);
                 r = NULL;
                 if (msg)
@@ -449,8 +526,12 @@ static int wait_release(struct redis_conn *rc, uint64_t until_ns)
         if (pr <= 0)
             return 0;
         for (size_t k = 0; k < np; k++)
-            if (pfd[k].revents && redisBufferRead(rc->nodes[idx[k]].sub) != REDIS_OK)
-                drop_sub(&rc->nodes[idx[k]]);
+            if (pfd[k].revents && redisBufferRead(rc->nodes[idx[k]].sub) != REDIS_OK) {
+                dlock_redis_drop_sub(&rc->nodes[idx[k]]);
+                /* A reset connection (the node restarted): resubscribe and
+                 * try at once rather than wait out the bound. */
+                return 0;
+            }
     }
 }
 
@@ -461,17 +542,64 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
     int64_t wait_ms = -1;
     unsigned losses = 0;
     int subscribed = 0, err;
+    uint64_t saved = rc->deadline_ns, lost_at = 0;
 
     if (rc->nnodes > MAX_NODES)
         return dlock_seterr(cl(rc), DLOCK_EBADURI, "Redlock takes at most %d hosts", MAX_NODES);
+    if ((err = ttl_ok(rc, req->ttl_ms)) != 0)
+        return err;
     for (;;) {
+        if (req->wait == DLOCK_WAIT_DEADLINE) {
+            /* This round and its undo: to the deadline (at least a short
+             * round, so that a deadline already past makes one attempt),
+             * plus the cleanup margin. */
+            uint64_t now = dlock_monotonic_ns(), floor = now + DLOCK_REDIS_FLOOR_NS;
+            rc->deadline_ns = (req->deadline_ns > floor ? req->deadline_ns : floor) +
+                              DLOCK_REDIS_CLEANUP_NS;
+        }
+        if (subscribed && !all_subscribed(rc))
+            subscribe_missing(rc, chan, chan_len);
         err = attempt(rc, h, &wait_ms);
+        /* Too few nodes reachable (restarting, connections reset): a wait
+         * tries again every RECOVER_PAUSE_NS, every node at once, for up
+         * to connect_timeout (and never past its deadline) before it
+         * fails. */
+        if (err == DLOCK_ECONNECT && req->wait != DLOCK_WAIT_TRY && connected(rc) < quorum(rc)) {
+            uint64_t now = dlock_monotonic_ns(), end;
+            if (!lost_at)
+                lost_at = now;
+            end = lost_at + dlock_redis_tv_ns(&rc->connect_tv);
+            if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < end)
+                end = req->deadline_ns;
+            if (now + RECOVER_PAUSE_NS < end) {
+                struct timespec ts;
+                dlock_ns_to_timespec(RECOVER_PAUSE_NS, &ts);
+                if (nanosleep(&ts, NULL) != 0 && errno == EINTR) {
+                    err = dlock_seterr(cl(rc), DLOCK_EINTR, "a signal interrupted the wait");
+                    break;
+                }
+                for (size_t i = 0; i < rc->nnodes; i++)
+                    rc->nodes[i].retry_at = 0;
+                continue;
+            }
+            if (req->wait == DLOCK_WAIT_DEADLINE && end == req->deadline_ns) {
+                dlock_errsave why;
+                dlock_err_save(cl(rc), &why);
+                err = dlock_seterr(cl(rc), DLOCK_ETIMEDOUT, "the deadline passed; %.200s",
+                                   why.msg);
+            }
+            break;
+        }
+        if (err != DLOCK_ECONNECT)
+            lost_at = 0;
         /* Nodes that are connected but slow to answer (overload, a herd of
          * waiters) do not end a wait: it goes on until its deadline. */
         if (err == DLOCK_ECONNECT && req->wait != DLOCK_WAIT_TRY && connected(rc) >= quorum(rc)) {
             if (req->wait == DLOCK_WAIT_DEADLINE && dlock_monotonic_ns() >= req->deadline_ns) {
-                err = dlock_seterr(cl(rc), DLOCK_ETIMEDOUT,
-                                   "the deadline passed; too few Redlock nodes answered in time");
+                dlock_errsave why;
+                dlock_err_save(cl(rc), &why);
+                err = dlock_seterr(cl(rc), DLOCK_ETIMEDOUT, "the deadline passed; %.200s",
+                                   why.msg);
                 break;
             }
             wait_ms = (int64_t)(node_timeout_ns(rc) / 1000000u);
@@ -498,7 +626,9 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
                 err = dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
                 break;
             }
-            subscribe_all(rc, "SUBSCRIBE", chan, chan_len);
+            for (size_t i = 0; i < rc->nnodes; i++)
+                rc->nodes[i].subscribed = 0;
+            subscribe_missing(rc, chan, chan_len);
             subscribed = 1;
             continue;
         }
@@ -513,7 +643,7 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
         uint64_t until = now + bound;
         if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until)
             until = req->deadline_ns;
-        if (wait_release(rc, until) == DLOCK_EINTR) {
+        if (wait_release(rc, chan, chan_len, until) == DLOCK_EINTR) {
             err = dlock_seterr(cl(rc), DLOCK_EINTR, "a signal interrupted the wait");
             break;
         }
@@ -529,15 +659,22 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
         losses++;
     }
     if (subscribed)
-        subscribe_all(rc, "UNSUBSCRIBE", chan, chan_len);
+        for (size_t i = 0; i < rc->nnodes; i++) /* confirmations skipped when they arrive */
+            dlock_redis_unsubscribe(rc, &rc->nodes[i], chan, chan_len);
+    rc->deadline_ns = saved;
     free(chan);
     return err == 1 ? 0 : err;
 }
 
+/* Bounded by connect_timeout in all (reconnections included): a release is
+ * not latency-bound like a grant. */
 int dlock_redlock_release(struct redis_conn *rc, struct redis_held *h)
 {
     size_t ours, not_ours;
-    drop_all(rc, h, &ours, &not_ours);
+    uint64_t bound = dlock_redis_tv_ns(&rc->connect_tv);
+    uint64_t saved = dlock_redis_limit(rc, dlock_monotonic_ns() + bound);
+    drop_all(rc, h, &ours, &not_ours, bound);
+    dlock_redis_unlimit(rc, saved);
     if (ours >= quorum(rc)) {
         dlock_clearerr(cl(rc));
         return 0;
@@ -548,20 +685,25 @@ int dlock_redlock_release(struct redis_conn *rc, struct redis_held *h)
                             "the lock was no longer ours on %zu of %zu Redlock nodes (quorum %zu)",
                             not_ours, rc->nnodes, quorum(rc));
     return dlock_seterr(cl(rc), DLOCK_ECONNECT,
-                        "release confirmed on %zu of %zu Redlock nodes, the others did not answer",
-                        ours, rc->nnodes);
+                        "release confirmed on %zu of %zu Redlock nodes, %zu refused, the others "
+                        "did not answer",
+                        ours, rc->nnodes, not_ours);
 }
 
 int dlock_redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t ttl_ms)
 {
     redisReply *replies[MAX_NODES];
     char ttl[16];
+    size_t ours = 0, not_ours = 0;
     uint64_t start = dlock_monotonic_ns();
+    int err;
+    if ((err = ttl_ok(rc, ttl_ms)) != 0)
+        return err;
     snprintf(ttl, sizeof ttl, "%" PRIu32, ttl_ms);
     const char *args[3] = {"renew", h->owner, ttl};
     const size_t lens[3] = {5, 32, strlen(ttl)};
-    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc));
-    size_t ours = count_ones(rc, replies);
+    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc), 0, NULL);
+    count_ints(rc, replies, &ours, &not_ours);
     free_replies(rc, replies);
     if (ours >= quorum(rc) && validity_ms(start, ttl_ms) > 0) {
         h->ttl_ms = ttl_ms;
@@ -569,11 +711,12 @@ int dlock_redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t tt
         dlock_clearerr(cl(rc));
         return 0;
     }
-    size_t dropped, not_ours;
-    drop_all(rc, h, &dropped, &not_ours); /* a minority is no lock: free it for others */
+    size_t dropped, refused;
+    drop_all(rc, h, &dropped, &refused, node_timeout_ns(rc)); /* a minority is no lock */
     return dlock_seterr(cl(rc), DLOCK_ELOST,
-                        "renewed on only %zu of %zu Redlock nodes (quorum %zu)", ours,
-                        rc->nnodes, quorum(rc));
+                        "renewed on only %zu of %zu Redlock nodes, %zu needed (%zu said it was "
+                        "no longer ours, the others did not answer in time); released",
+                        ours, rc->nnodes, quorum(rc), not_ours);
 }
 
 /*
@@ -598,7 +741,7 @@ int dlock_redlock_keep(struct redis_conn *kc, struct redis_held *h, uint32_t ttl
     snprintf(ttl, sizeof ttl, "%" PRIu32, ttl_ms);
     const char *args[3] = {"renew", h->owner, ttl};
     const size_t lens[3] = {5, 32, strlen(ttl)};
-    all_nodes(kc, h, args, lens, 3, replies, quorum(kc), node_timeout_ns(kc));
+    all_nodes(kc, h, args, lens, 3, replies, quorum(kc), node_timeout_ns(kc), 0, NULL);
     for (size_t i = 0; i < kc->nnodes; i++)
         if (replies[i] && replies[i]->type == REDIS_REPLY_INTEGER)
             replies[i]->integer == 1 ? ours++ : not_ours++;

@@ -9,6 +9,7 @@
  *   DLOCK_REDIS_URI, DLOCK_REDLOCK_URI, DLOCK_REDIS_AUTH_URI
  * A missing variable fails the run: these cases never skip silently.
  */
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -25,6 +27,7 @@
 
 #include "core/uri.h"
 #include "dlock_backend.h"
+#include "tests/proxy.h"
 #include "tests/tap.h"
 #include "tests/util.h"
 
@@ -168,16 +171,22 @@ static void lock_key(char *buf, size_t len, const char *name)
 
 /* ---- SIGPIPE ------------------------------------------------------------ */
 
-/* Reads one RESP command (an array of bulk strings) from fd into buf;
- * returns its first word, upper-cased, or NULL at EOF or on a timeout. */
-static const char *fake_command(int fd, char *buf, size_t cap, char *word, size_t wcap)
+/* A connection's unread bytes: commands may arrive pipelined. */
+struct fake_in {
+    char buf[16384];
+    size_t have;
+};
+
+/* Reads one RESP command (an array of bulk strings) from fd, keeping what
+ * follows it for the next call; returns its first word, upper-cased, or
+ * NULL at EOF or on a timeout. */
+static const char *fake_command(int fd, struct fake_in *in, char *word, size_t wcap)
 {
-    size_t have = 0;
     for (;;) {
         /* Complete? "*N\r\n" then N times "$L\r\n<L bytes>\r\n". */
-        char *p = buf, *end = buf + have;
+        char *buf = in->buf, *p = buf, *end = buf + in->have;
         long n = -1;
-        if (have > 0 && buf[0] == '*' && memchr(buf, '\n', have)) {
+        if (in->have > 0 && buf[0] == '*' && memchr(buf, '\n', in->have)) {
             n = strtol(buf + 1, &p, 10);
             p += 2;
             for (long i = 0; i < n && p < end; i++) {
@@ -194,30 +203,33 @@ static const char *fake_command(int fd, char *buf, size_t cap, char *word, size_
                     }
                 }
                 p = nl + 1 + len + 2;
-                if (i == n - 1 && p <= end)
+                if (i == n - 1 && p <= end) {
+                    in->have = (size_t)(end - p);
+                    memmove(buf, p, in->have);
                     return word;
+                }
             }
         }
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        if (have == cap || poll(&pfd, 1, 5000) <= 0)
+        if (in->have == sizeof in->buf || poll(&pfd, 1, 5000) <= 0)
             return NULL;
-        ssize_t got = read(fd, buf + have, cap - have);
+        ssize_t got = read(fd, buf + in->have, sizeof in->buf - in->have);
         if (got <= 0)
             return NULL;
-        have += (size_t)got;
+        in->have += (size_t)got;
     }
 }
 
 /*
  * A fake Redis node on listener lfd: serves one connection's handshake
- * (PING or AUTH, SELECT, SCRIPT LOAD), then leaves it so that the client's
- * next write fails with EPIPE, raising SIGPIPE: it sends FIN (the client's
- * socket goes to CLOSE_WAIT), then RST (SO_LINGER 0), as a node killed
- * and restarted does. Returns 1 once done.
+ * (PING or AUTH, SELECT, SCRIPT LOAD, INFO), then leaves it so that the
+ * client's next write fails with EPIPE, raising SIGPIPE: it sends FIN (the
+ * client's socket goes to CLOSE_WAIT), then RST (SO_LINGER 0), as a node
+ * killed and restarted does. Returns 1 once done.
  */
 static int fake_node_reset(int lfd)
 {
-    static char buf[16384];
+    static struct fake_in in;
     char word[32];
     struct pollfd pfd = {.fd = lfd, .events = POLLIN};
     if (poll(&pfd, 1, 10000) <= 0)
@@ -226,12 +238,15 @@ static int fake_node_reset(int lfd)
     if (fd < 0)
         return 0;
     int served = 0;
-    while (!served && fake_command(fd, buf, sizeof buf, word, sizeof word)) {
+    in.have = 0;
+    while (served < 2 && fake_command(fd, &in, word, sizeof word)) {
         const char *reply = "+OK\r\n";
         if (strcmp(word, "PING") == 0)
             reply = "+PONG\r\n";
         else if (strcmp(word, "SCRIPT") == 0)
             reply = "$40\r\n0123456789abcdef0123456789abcdef01234567\r\n", served = 1;
+        else if (strcmp(word, "INFO") == 0)
+            reply = "$39\r\n# Memory\r\nmaxmemory_policy:noeviction\r\n\r\n", served = 2;
         if (write(fd, reply, strlen(reply)) < 0)
             break;
     }
@@ -240,7 +255,7 @@ static int fake_node_reset(int lfd)
     struct linger lg = {1, 0};
     setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     close(fd);
-    return served;
+    return served == 2;
 }
 
 static int listen_loopback(int *port)
@@ -605,13 +620,15 @@ static void test_redlock(const char *uri)
     char fence[192];
     snprintf(fence, sizeof fence, "dlock:%s:fence", name);
     lock_key(key, sizeof key, name);
-    freeReplyObject(redisCommand(node[4], "SET %s 1000", fence));
+    /* 5e15: far above the others' counters, which start from their clocks
+     * in microseconds (about 1.8e15), below 2^53. */
+    freeReplyObject(redisCommand(node[4], "SET %s 5000000000000000", fence));
     for (int i = 0; i < 2; i++)
         freeReplyObject(redisCommand(node[i], "SET %s %s PX 20000", key,
                                      "ffffffffffffffffffffffffffffffff:1"));
     is_int(dlock_acquire(c, name, &o, &l), 0, "acquire on nodes 2-4, node 4 ahead");
     uint64_t ta = dlock_lock_token(l);
-    ok(ta > 1000, "token is the quorum's maximum (%llu)", (unsigned long long)ta);
+    ok(ta > 5000000000000000ull, "token is the quorum's maximum (%llu)", (unsigned long long)ta);
     dlock_release(l);
     for (int i = 0; i < 2; i++)
         freeReplyObject(redisCommand(node[i], "DEL %s", key));
@@ -627,12 +644,15 @@ static void test_redlock(const char *uri)
     freeReplyObject(redisCommand(node[4], "DEL %s", key));
     (void)t1;
 
-    /* A lease shorter than the clock drift allowance: validity <= 0. */
+    /* A lease no longer than the clock drift allowance (validity <= 0
+     * whatever the latency) is refused before any node is asked
+     * (tests/backends/test_redlock.c: also when waiting forever). */
     snprintf(name, sizeof name, "%svalidity", prefix);
     lock_key(key, sizeof key, name);
     o = wait_opts(DLOCK_WAIT_TRY, 0, 1);
-    is_int(dlock_acquire(c, name, &o, &l), DLOCK_EBUSY, "validity <= 0 (1 ms lease) fails");
-    ok(strstr(dlock_errmsg(c), "validity") != NULL, "and says why: %s", dlock_errmsg(c));
+    is_int(dlock_acquire(c, name, &o, &l), DLOCK_EINVAL, "a 1 ms lease is refused: EINVAL");
+    ok(strstr(dlock_errmsg(c), "at least 3 ms") != NULL, "and says the minimum: %s",
+       dlock_errmsg(c));
     long long left = 1;
     for (int k = 0; k < 100 && left; k++, sleep_ms(10)) {
         left = 0;
@@ -718,8 +738,479 @@ static void test_redlock_nodes_down(const char *uri)
 
     c = NULL;
     is_int(dlock_client_open(three, &c), DLOCK_ECONNECT, "3 of 5 nodes down: open fails");
-    ok(strstr(dlock_errmsg(c), "127.0.0.1") != NULL, "naming a node: %s", dlock_errmsg(c));
+    ok(strstr(dlock_errmsg(c), "2 of 5") && strstr(dlock_errmsg(c), "3 needed for a quorum") &&
+           strstr(dlock_errmsg(c), "127.0.0.1"),
+       "naming the lost quorum and a node: %s", dlock_errmsg(c));
     dlock_client_close(c);
+}
+
+/* ---- throwaway servers (killed and restarted by the tests) --------------- */
+
+struct srv {
+    pid_t pid;
+    int port;
+};
+
+static int srv_answers(int port)
+{
+    struct timeval tv = {0, 200000};
+    redisContext *ctx = redisConnectWithTimeout("127.0.0.1", port, tv);
+    int up = 0;
+    if (ctx && !ctx->err) {
+        redisSetTimeout(ctx, tv);
+        redisReply *r = redisCommand(ctx, "PING");
+        up = r && r->type == REDIS_REPLY_STATUS;
+        if (r)
+            freeReplyObject(r);
+    }
+    if (ctx)
+        redisFree(ctx);
+    return up;
+}
+
+/* A redis-server of our own, without persistence like the test stores, on
+ * port (0: a free one), with extra "--option value" arguments. It dies with
+ * the test. */
+static int srv_start(struct srv *s, int port, const char *const *extra)
+{
+    char ps[16];
+    const char *argv[40] = {"redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
+                            "--appendonly", "no", "--dir", "/tmp", "--protected-mode", "no"};
+    size_t n = 13;
+    s->port = port ? port : closed_port();
+    snprintf(ps, sizeof ps, "%d", s->port);
+    for (size_t i = 0; extra && extra[i] && n < 38; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    fflush(stdout);
+    s->pid = fork();
+    if (s->pid == 0) {
+        int fd = open("/dev/null", O_RDWR);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execvp("redis-server", (char *const *)argv);
+        _exit(127);
+    }
+    for (int i = 0; i < 250; i++) {
+        if (srv_answers(s->port))
+            return 0;
+        sleep_ms(20);
+    }
+    printf("Bail out! cannot start redis-server on port %d\n", s->port);
+    exit(1);
+}
+
+static void srv_kill(struct srv *s)
+{
+    if (s->pid > 0) {
+        kill(s->pid, SIGKILL);
+        waitpid(s->pid, NULL, 0);
+    }
+    s->pid = 0;
+}
+
+/* ---- tokens across a lost counter (issue 10, item 2) ---------------------- */
+
+/*
+ * The fence counter deleted (as a restart without persistence, an eviction
+ * or a FLUSHALL loses it): the next token is still higher, because a
+ * missing counter starts from the server's clock in microseconds. Before:
+ * tokens 1, 2, 3, then 1 again.
+ */
+static void test_tokens_counter_lost(const char *uri)
+{
+    dlock_client *c = open_ok(uri);
+    redisContext *ctx = raw(uri, 0);
+    dlock_lock *l = NULL;
+    char name[128], fence[192];
+    uint64_t last = 0, t;
+    int increasing = 1;
+    snprintf(name, sizeof name, "%stokens-lost", prefix);
+    snprintf(fence, sizeof fence, "dlock:%s:fence", name);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 5000);
+    for (int i = 0; i < 3; i++) {
+        if (dlock_acquire(c, name, &o, &l) != 0)
+            break;
+        t = dlock_lock_token(l);
+        increasing &= t > last;
+        last = t;
+        dlock_release(l);
+    }
+    ok(increasing && last > 0, "three grants, increasing tokens (last %llu)",
+       (unsigned long long)last);
+    is_int(raw_int(ctx, "DEL %s", fence), 1, "the counter is deleted behind dlock's back");
+    is_int(dlock_acquire(c, name, &o, &l), 0, "acquire after the counter was lost");
+    t = l ? dlock_lock_token(l) : 0;
+    ok(t > last, "its token is still higher (%llu > %llu): the counter restarted from the clock",
+       (unsigned long long)t, (unsigned long long)last);
+    ok(t < (1ull << 53), "and below 2^53, exact in a double (%llu)", (unsigned long long)t);
+    if (l)
+        dlock_release(l);
+    redisFree(ctx);
+    dlock_client_close(c);
+}
+
+/* ---- a server killed and restarted (items 2 and 3) ------------------------ */
+
+struct waiter_report {
+    int rc;
+    uint64_t token, granted_ns;
+    char msg[200];
+};
+
+/* A child that waits up to wait_ms for name on uri, reports on fd, holds
+ * hold_ms and releases. */
+static pid_t spawn_waiter(const char *uri, const char *name, unsigned wait_ms, unsigned hold_ms,
+                          int fd)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct waiter_report rep = {0};
+        dlock_client *w = open_ok(uri);
+        dlock_lock *wl = NULL;
+        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, wait_ms, 30000);
+        rep.rc = dlock_acquire(w, name, &o, &wl);
+        rep.granted_ns = dlock_monotonic_ns();
+        rep.token = wl ? dlock_lock_token(wl) : 0;
+        snprintf(rep.msg, sizeof rep.msg, "%s", dlock_errmsg(w));
+        if (write(fd, &rep, sizeof rep) != sizeof rep)
+            _exit(3);
+        if (wl) {
+            sleep_ms(hold_ms);
+            dlock_release(wl);
+        }
+        dlock_client_close(w);
+        _exit(0);
+    }
+    return pid;
+}
+
+static int read_report(int fd, struct waiter_report *rep, unsigned ms)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    memset(rep, 0, sizeof *rep);
+    rep->rc = 1;
+    if (poll(&pfd, 1, (int)ms) <= 0 || read(fd, rep, sizeof *rep) != sizeof *rep)
+        return -1;
+    return 0;
+}
+
+/*
+ * The server SIGKILLed and started again (empty: no persistence) while one
+ * client holds a kept lock and two others wait: the waiters reconnect by
+ * themselves and are granted in turn with tokens above every token before
+ * the restart; the holder's keeper reports DLOCK_ELOST at its next renewal
+ * and its release says DLOCK_ELOST. Before: the waiters failed with
+ * DLOCK_ECONNECT at once and the tokens started again from 1.
+ */
+static void test_restart(void)
+{
+    struct srv s;
+    char uri[128], name[128];
+    int p[2];
+    struct lost_seen seen = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    srv_start(&s, 0, NULL);
+    snprintf(uri, sizeof uri, "redis://127.0.0.1:%d/0?timeout=3000", s.port);
+    snprintf(name, sizeof name, "%srestart", prefix);
+    dlock_client *c = open_ok(uri);
+    dlock_lock *l = NULL;
+    uint64_t before = 0;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 5000);
+    for (int i = 0; i < 3; i++)
+        if (dlock_acquire(c, name, &o, &l) == 0)
+            before = dlock_lock_token(l), dlock_release(l);
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 1500);
+    o.keep = 1;
+    o.on_lost = on_lost_cb;
+    o.on_lost_user = &seen;
+    is_int(dlock_acquire(c, name, &o, &l), 0, "restart: a client holds the lock (kept, 1.5 s lease)");
+    if (l)
+        before = dlock_lock_token(l);
+    if (pipe(p) != 0)
+        exit(1);
+    pid_t w1 = spawn_waiter(uri, name, 8000, 300, p[1]);
+    sleep_ms(100);
+    pid_t w2 = spawn_waiter(uri, name, 8000, 300, p[1]);
+    sleep_ms(400); /* both queued */
+    srv_kill(&s);
+    sleep_ms(300);
+    srv_start(&s, s.port, NULL);
+    uint64_t back = dlock_monotonic_ns();
+    struct waiter_report r1, r2;
+    read_report(p[0], &r1, 6000);
+    read_report(p[0], &r2, 6000);
+    is_int(r1.rc, 0, "restart: the first waiter is granted without reopening (%s)", r1.msg);
+    is_int(r2.rc, 0, "restart: and the second after it (%s)", r2.msg);
+    diag("first grant %.0f ms after the server was back, second %.0f ms",
+         r1.granted_ns > back ? (r1.granted_ns - back) / 1e6 : 0.0,
+         r2.granted_ns > back ? (r2.granted_ns - back) / 1e6 : 0.0);
+    ok(r1.token > before && r2.token > r1.token,
+       "restart: their tokens are above every token before the restart (%llu, %llu > %llu)",
+       (unsigned long long)r1.token, (unsigned long long)r2.token, (unsigned long long)before);
+    uint64_t t0 = dlock_monotonic_ns();
+    while (l && !dlock_lock_lost(l) && dlock_monotonic_ns() - t0 < 3000 * MS)
+        sleep_ms(10);
+    is_int(l ? dlock_lock_lost(l) : 0, DLOCK_ELOST,
+           "restart: the holder's keeper reports the loss: DLOCK_ELOST (%s)",
+           l ? dlock_lock_lost_detail(l) : "");
+    pthread_mutex_lock(&seen.mu);
+    is_int(seen.calls, 1, "restart: on_lost called once");
+    pthread_mutex_unlock(&seen.mu);
+    if (l)
+        is_int(dlock_release(l), DLOCK_ELOST, "restart: the holder's release says DLOCK_ELOST");
+    waitpid(w1, NULL, 0);
+    waitpid(w2, NULL, 0);
+    close(p[0]);
+    close(p[1]);
+    dlock_client_close(c);
+    srv_kill(&s);
+}
+
+/*
+ * CLIENT KILL of every client connection (the holder's, the waiter's
+ * command and subscriber connections): the holder's release still works
+ * (one retry on a new connection: the owner id proves the lock is ours) and
+ * the waiter, subscribed again by itself, is granted at once. Before: the
+ * waiter failed with DLOCK_ECONNECT when its subscription was killed.
+ */
+static void test_client_kill(void)
+{
+    struct srv s;
+    char uri[128], name[128];
+    int p[2];
+    srv_start(&s, 0, NULL);
+    snprintf(uri, sizeof uri, "redis://127.0.0.1:%d/0", s.port);
+    snprintf(name, sizeof name, "%sclient-kill", prefix);
+    dlock_client *c = open_ok(uri);
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 30000);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "client kill: holder acquires");
+    if (pipe(p) != 0)
+        exit(1);
+    pid_t w = spawn_waiter(uri, name, 8000, 0, p[1]);
+    sleep_ms(400);
+    redisContext *ctx = raw(uri, 0);
+    long long k1 = raw_int(ctx, "CLIENT KILL TYPE %s", "pubsub");
+    long long k2 = raw_int(ctx, "CLIENT KILL TYPE normal SKIPME %s", "yes");
+    ok(k1 >= 1 && k2 >= 2, "client kill: %lld subscriber and %lld command connections killed", k1,
+       k2);
+    sleep_ms(100);
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(l ? dlock_release(l) : -1, 0, "client kill: the holder's release still succeeds");
+    struct waiter_report r;
+    read_report(p[0], &r, 8000);
+    is_int(r.rc, 0, "client kill: the waiter is granted (%s)", r.msg);
+    double ms = r.granted_ns > t0 ? (r.granted_ns - t0) / 1e6 : -1;
+    ok(r.rc == 0 && ms >= 0 && ms < 1000, "client kill: %.1f ms after the release (bound 1 s)", ms);
+    waitpid(w, NULL, 0);
+    close(p[0]);
+    close(p[1]);
+    redisFree(ctx);
+    dlock_client_close(c);
+    srv_kill(&s);
+}
+
+/* ---- queue entries unique per wait (item 4) ------------------------------- */
+
+struct bg_acquire {
+    dlock_client *c;
+    const char *name;
+    unsigned wait_ms;
+    uint32_t ttl_ms;
+    int rc;
+    uint64_t done_ns;
+    dlock_lock *l;
+};
+
+static void *bg_acquire_run(void *arg)
+{
+    struct bg_acquire *b = arg;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, b->wait_ms, b->ttl_ms);
+    b->rc = dlock_acquire(b->c, b->name, &o, &b->l);
+    b->done_ns = dlock_monotonic_ns();
+    return NULL;
+}
+
+/*
+ * A wait whose cancel failed leaves its queue entry behind (simulated: the
+ * entry, copied while it waited, is pushed back after it timed out). When
+ * the same client waits again, that entry must stay dead: before, it named
+ * the client's one channel, which was live again, so the release handed the
+ * lock to the old wait's owner id and the new wait stalled for that
+ * entry's TTL (here past its 3 s deadline).
+ */
+static void test_stale_entry(const char *uri)
+{
+    dlock_client *h = open_ok(uri), *c = open_ok(uri);
+    redisContext *ctx = raw(uri, 0);
+    dlock_lock *hl = NULL;
+    char name[128], queue[192], entry[256] = "";
+    pthread_t th;
+    snprintf(name, sizeof name, "%sstale-entry", prefix);
+    snprintf(queue, sizeof queue, "dlock:%s:queue", name);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 30000);
+    is_int(dlock_acquire(h, name, &o, &hl), 0, "stale entry: holder acquires");
+    struct bg_acquire b = {c, name, 1500, 10000, 0, 0, NULL};
+    pthread_create(&th, NULL, bg_acquire_run, &b);
+    for (int i = 0; i < 100 && !entry[0]; i++) {
+        redisReply *r = redisCommand(ctx, "LINDEX %s 0", queue);
+        if (r && r->type == REDIS_REPLY_STRING)
+            snprintf(entry, sizeof entry, "%s", r->str);
+        if (r)
+            freeReplyObject(r);
+        sleep_ms(10);
+    }
+    pthread_join(th, NULL);
+    is_int(b.rc, DLOCK_ETIMEDOUT, "stale entry: the first wait times out");
+    ok(entry[0] != '\0', "stale entry: its queue entry was seen while it waited");
+    is_int(raw_int(ctx, "EXISTS %s", queue), 0, "stale entry: the timed-out wait left the queue");
+    redisReply *r = redisCommand(ctx, "RPUSH %s %s", queue, entry); /* as if it had not */
+    if (r)
+        freeReplyObject(r);
+    struct bg_acquire b2 = {c, name, 3000, 10000, 0, 0, NULL};
+    pthread_create(&th, NULL, bg_acquire_run, &b2);
+    sleep_ms(300);
+    uint64_t t0 = dlock_monotonic_ns();
+    dlock_release(hl);
+    pthread_join(th, NULL);
+    is_int(b2.rc, 0, "stale entry: the same client's next wait is granted (%s)", dlock_errmsg(c));
+    double ms = b2.done_ns > t0 ? (b2.done_ns - t0) / 1e6 : -1;
+    ok(b2.rc == 0 && ms < 1000, "stale entry: %.1f ms after the release, not the dead entry's TTL",
+       ms);
+    if (b2.l)
+        dlock_release(b2.l);
+    redisFree(ctx);
+    dlock_client_close(c);
+    dlock_client_close(h);
+}
+
+/* ---- deadlines are deadlines (item 5) ------------------------------------- */
+
+static double since_ms(uint64_t t0)
+{
+    return (dlock_monotonic_ns() - t0) / 1e6;
+}
+
+/*
+ * A store that stops answering (the proxy forwards nothing and closes
+ * nothing). Measured before: a 3 s wait returned after 13.2 s, try,
+ * release and renew after twice `timeout`, connect_timeout=500 after 5.2 s.
+ * Now every call returns within its deadline or bound plus 200 ms (asserted
+ * with 400 ms of slack for a loaded machine).
+ */
+static void test_silent_store(const char *uri)
+{
+    struct proxy px;
+    char puri[512], quick[512], name[128], name2[128];
+    proxy_for_uri(&px, uri);
+    proxy_uri(&px, uri, NULL, puri, sizeof puri);
+    proxy_uri(&px, uri, "timeout=1000&connect_timeout=1000", quick, sizeof quick);
+    snprintf(name, sizeof name, "%ssilent-wait", prefix);
+    snprintf(name2, sizeof name2, "%ssilent-held", prefix);
+    dlock_client *h = open_ok(uri), *w = open_ok(puri), *q = open_ok(quick);
+    dlock_lock *hl = NULL, *ql = NULL, *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 30000);
+    is_int(dlock_acquire(h, name, &o, &hl), 0, "silent: another client holds the lock");
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 3000);
+    is_int(dlock_acquire(q, name2, &o, &ql), 0, "silent: a lock held through the proxy");
+
+    struct bg_acquire b = {w, name, 3000, 30000, 0, 0, NULL};
+    pthread_t th;
+    uint64_t t0 = dlock_monotonic_ns();
+    pthread_create(&th, NULL, bg_acquire_run, &b);
+    sleep_ms(500); /* queued and waiting for its handoff */
+    proxy_set(&px, PROXY_BLACKHOLE);
+    pthread_join(th, NULL);
+    double el = (b.done_ns - t0) / 1e6;
+    is_int(b.rc, DLOCK_ETIMEDOUT, "silent: a 3 s wait ends with ETIMEDOUT (%s)", dlock_errmsg(w));
+    ok(el < 3400, "silent: %.0f ms for a 3000 ms deadline (bound 3200, leaving the queue "
+       "abandoned after 150 ms)", el);
+
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 3000);
+    t0 = dlock_monotonic_ns();
+    int rc = dlock_acquire(q, name, &o, &l);
+    el = since_ms(t0);
+    is_int(rc, DLOCK_ECONNECT, "silent: try → ECONNECT (%s)", dlock_errmsg(q));
+    ok(el < 1400, "silent: try returned after %.0f ms (timeout=1000)", el);
+    t0 = dlock_monotonic_ns();
+    rc = ql ? dlock_renew(ql, 3000) : -1;
+    el = since_ms(t0);
+    is_int(rc, DLOCK_ECONNECT, "silent: renew → ECONNECT");
+    ok(el < 1400, "silent: renew returned after %.0f ms (timeout=1000)", el);
+    t0 = dlock_monotonic_ns();
+    rc = ql ? dlock_release(ql) : -1;
+    el = since_ms(t0);
+    is_int(rc, DLOCK_ECONNECT, "silent: release → ECONNECT");
+    ok(el < 1400, "silent: release returned after %.0f ms (timeout=1000)", el);
+    t0 = dlock_monotonic_ns();
+    rc = dlock_client_ping(q);
+    el = since_ms(t0);
+    ok(rc != 0 && el < 1400, "silent: ping → %s after %.0f ms (timeout=1000)",
+       dlock_err_name(rc), el);
+
+    char slow[512];
+    dlock_client *c = NULL;
+    proxy_uri(&px, uri, "connect_timeout=500", slow, sizeof slow);
+    t0 = dlock_monotonic_ns();
+    rc = dlock_client_open(slow, &c);
+    el = since_ms(t0);
+    is_int(rc, DLOCK_ECONNECT, "silent: open with connect_timeout=500 → ECONNECT (%s)",
+           dlock_errmsg(c));
+    ok(el < 900, "silent: open returned after %.0f ms: the handshake is inside connect_timeout",
+       el);
+    dlock_client_close(c);
+
+    proxy_set(&px, PROXY_DOWN);
+    proxy_stop(&px);
+    dlock_release(hl);
+    dlock_client_close(q);
+    dlock_client_close(w);
+    dlock_client_close(h);
+}
+
+/* ---- eviction (item 4) ----------------------------------------------------- */
+
+static void test_eviction(void)
+{
+    static const char *const lru[] = {"--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru",
+                                      NULL};
+    static const char *const vttl[] = {"--maxmemory-policy", "volatile-ttl", NULL};
+    static const char *const mute[] = {"--maxmemory-policy", "allkeys-lru", "--rename-command",
+                                       "INFO", "", NULL};
+    struct srv s;
+    char uri[160];
+    dlock_client *c = NULL;
+
+    srv_start(&s, 0, lru);
+    snprintf(uri, sizeof uri, "redis://127.0.0.1:%d/0", s.port);
+    is_int(dlock_client_open(uri, &c), DLOCK_ESTORE, "eviction: allkeys-lru is refused at open");
+    ok(strstr(dlock_errmsg(c), "allkeys-lru") && strstr(dlock_errmsg(c), "allow_eviction=1"),
+       "eviction: saying why and what to do: %s", dlock_errmsg(c));
+    dlock_client_close(c);
+    c = NULL;
+    snprintf(uri, sizeof uri, "redis://127.0.0.1:%d/0?allow_eviction=1", s.port);
+    is_int(dlock_client_open(uri, &c), 0, "eviction: allow_eviction=1 accepts it");
+    dlock_client_close(c);
+    c = NULL;
+    srv_kill(&s);
+
+    srv_start(&s, 0, vttl);
+    snprintf(uri, sizeof uri, "redis://127.0.0.1:%d/0", s.port);
+    is_int(dlock_client_open(uri, &c), DLOCK_ESTORE,
+           "eviction: volatile-ttl is refused too (lock keys have a TTL)");
+    dlock_client_close(c);
+    c = NULL;
+    srv_kill(&s);
+
+    srv_start(&s, 0, mute);
+    snprintf(uri, sizeof uri, "redis://127.0.0.1:%d/0", s.port);
+    is_int(dlock_client_open(uri, &c), 0,
+           "eviction: a server that does not say (INFO renamed away) is accepted: %s",
+           dlock_errmsg(c));
+    dlock_client_close(c);
+    srv_kill(&s);
 }
 
 int main(void)
@@ -748,5 +1239,12 @@ int main(void)
     test_keep_waited_grant("redlock", redlock);
     test_keep_refused("redis", single, 1);
     test_keep_refused("redlock", redlock, 5);
+
+    test_tokens_counter_lost(single);
+    test_restart();
+    test_client_kill();
+    test_stale_entry(single);
+    test_silent_store(single);
+    test_eviction();
     return done_testing();
 }

@@ -3,12 +3,13 @@
 # the command runs, a lock lost under a paused dlock stops the command, and
 # no password reaches the command's environment (DLOCK_REDIS_AUTH_URI, a
 # server that wants one), which --password-file and DLOCK_PASSWORD supply.
-# TAP output. $1 = dlock binary; DLOCK_REDIS_URI and DLOCK_REDIS_AUTH_URI
-# from scripts/stores/start.sh.
+# TAP output. $1 = dlock binary; DLOCK_REDIS_URI, DLOCK_REDIS_AUTH_URI and
+# DLOCK_REDLOCK_URI from scripts/stores/start.sh.
 set -u
 dlock=$1
 uri=${DLOCK_REDIS_URI:?DLOCK_REDIS_URI is not set: start the stores first}
 auth=${DLOCK_REDIS_AUTH_URI:?DLOCK_REDIS_AUTH_URI is not set: start the stores first}
+redlock=${DLOCK_REDLOCK_URI:?DLOCK_REDLOCK_URI is not set: start the stores first}
 tmp=$(mktemp -d /tmp/dlock-cli-redis.XXXXXX)
 trap 'kill -CONT $bg 2>/dev/null; kill $bg 2>/dev/null; rm -rf "$tmp"' EXIT
 bg=
@@ -97,5 +98,11 @@ clean_env "$dlock" run --password-file "$tmp/pw-wrong" "$bare" "$name-pw" -- tru
 st=$?
 ok $([ $st = 69 ] && ! grep -q wrong-one "$tmp/err3" && grep -q -- --password-file "$tmp/err3" && echo 0 || echo 1) \
     "a wrong password from the file: exit 69, not shown, its source named (exit $st: $(head -n1 "$tmp/err3"))"
+# 4. Redlock: a lease too short to ever be valid (TTL <= drift allowance)
+#    is bad input, exit 64 at once; it used to wait forever.
+timeout 10 "$dlock" run --ttl 2 "$redlock" "$name-tiny" -- true 2>"$tmp/err4"
+st=$?
+ok $([ $st = 64 ] && grep -q "at least 3 ms" "$tmp/err4" && echo 0 || echo 1) \
+    "Redlock --ttl 2: exit 64 at once (got $st: $(head -n1 "$tmp/err4"))"
 echo "1..$n"
 [ $failed = 0 ]

@@ -1,0 +1,162 @@
+/* Pure interpretation of Redis replies (see redis_reply.h). */
+#include <string.h>
+
+#include "backends/redis_reply.h"
+
+/* A string-like reply (bulk string or status) equal to s. */
+static int str_is(const redisReply *r, const char *s)
+{
+    size_t n = strlen(s);
+    return r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) && r->str &&
+           r->len == n && memcmp(r->str, s, n) == 0;
+}
+
+static int str_eq(const redisReply *r, const char *s, size_t n)
+{
+    return r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) && r->str &&
+           r->len == n && (n == 0 || memcmp(r->str, s, n) == 0);
+}
+
+/* An array of exactly n elements, none of them missing. */
+static int array_of(const redisReply *r, size_t n)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != n || (n && !r->element))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!r->element[i])
+            return 0;
+    return 1;
+}
+
+int dlock_redis_reply_pair(const redisReply *r, long long *a, long long *b)
+{
+    if (!array_of(r, 2) || r->element[0]->type != REDIS_REPLY_INTEGER ||
+        r->element[1]->type != REDIS_REPLY_INTEGER)
+        return -1;
+    *a = r->element[0]->integer;
+    *b = r->element[1]->integer;
+    return 0;
+}
+
+int dlock_redis_reply_int(const redisReply *r, long long *v)
+{
+    if (!r || r->type != REDIS_REPLY_INTEGER)
+        return -1;
+    *v = r->integer;
+    return 0;
+}
+
+int dlock_redis_reply_yes(const redisReply *r)
+{
+    long long a, b;
+    if (r && r->type == REDIS_REPLY_INTEGER)
+        return r->integer == 1;
+    return dlock_redis_reply_pair(r, &a, &b) == 0 && a == 1;
+}
+
+int dlock_redis_reply_sha(const redisReply *r, char sha[41])
+{
+    if (!r || r->type != REDIS_REPLY_STRING || !r->str || r->len != 40)
+        return -1;
+    for (size_t i = 0; i < 40; i++) {
+        char c = r->str[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')))
+            return -1;
+    }
+    memcpy(sha, r->str, 40);
+    sha[40] = '\0';
+    return 0;
+}
+
+int dlock_redis_reply_message(const redisReply *r, const char *chan, size_t chan_len)
+{
+    if (!array_of(r, 3) || !str_is(r->element[0], "message") ||
+        r->element[1]->type != REDIS_REPLY_STRING || r->element[2]->type != REDIS_REPLY_STRING)
+        return 0;
+    return !chan || str_eq(r->element[1], chan, chan_len);
+}
+
+int dlock_redis_reply_handoff(const redisReply *r, const char *owner, uint64_t *token)
+{
+    uint64_t t = 0;
+    if (!dlock_redis_reply_message(r, NULL, 0))
+        return 0;
+    const redisReply *m = r->element[2];
+    const char *p = m->str;
+    if (!p || m->len < 34 || memcmp(p, owner, 32) != 0 || p[32] != ':')
+        return 0;
+    for (size_t i = 33; i < m->len; i++) {
+        unsigned d = (unsigned char)p[i] - '0';
+        if (d > 9 || t > (UINT64_MAX / 2 - d) / 10) /* digits only, below 2^63 */
+            return 0;
+        t = t * 10 + d;
+    }
+    if (t == 0)
+        return 0;
+    *token = t;
+    return 1;
+}
+
+int dlock_redis_reply_subscribed(const redisReply *r, const char *chan, size_t chan_len)
+{
+    return array_of(r, 3) && str_is(r->element[0], "subscribe") &&
+           str_eq(r->element[1], chan, chan_len);
+}
+
+/* Does the error text (len bytes, maybe not NUL-terminated) contain s? */
+static int has(const char *text, size_t len, const char *s)
+{
+    size_t n = strlen(s);
+    for (size_t i = 0; i + n <= len; i++)
+        if (memcmp(text + i, s, n) == 0)
+            return 1;
+    return 0;
+}
+
+static int starts(const char *text, size_t len, const char *s)
+{
+    size_t n = strlen(s);
+    return len >= n && memcmp(text, s, n) == 0;
+}
+
+int dlock_redis_reply_error_kind(const redisReply *r)
+{
+    if (!r || r->type != REDIS_REPLY_ERROR || !r->str)
+        return DLOCK_REDIS_ERR_OTHER;
+    if (starts(r->str, r->len, "NOSCRIPT"))
+        return DLOCK_REDIS_ERR_NOSCRIPT;
+    if (starts(r->str, r->len, "WRONGPASS") || starts(r->str, r->len, "NOAUTH") ||
+        has(r->str, r->len, "invalid password") ||
+        has(r->str, r->len, "invalid username-password"))
+        return DLOCK_REDIS_ERR_AUTH;
+    return DLOCK_REDIS_ERR_OTHER;
+}
+
+int dlock_redis_info_field(const char *text, size_t len, const char *key, char *out,
+                           size_t out_len)
+{
+    size_t klen = strlen(key), i = 0;
+    if (!text || out_len == 0)
+        return 0;
+    while (i < len) {
+        const char *line = text + i, *nl = memchr(line, '\n', len - i);
+        size_t n = nl ? (size_t)(nl - line) : len - i;
+        i += n + (nl ? 1 : 0);
+        if (n > 0 && line[n - 1] == '\r')
+            n--;
+        if (n <= klen || line[klen] != ':' || memcmp(line, key, klen) != 0)
+            continue;
+        size_t v = n - klen - 1;
+        if (v > out_len - 1)
+            v = out_len - 1;
+        memcpy(out, line + klen + 1, v);
+        out[v] = '\0';
+        return 1;
+    }
+    return 0;
+}
+
+int dlock_redis_policy_evicts(const char *policy)
+{
+    return strcmp(policy, "noeviction") != 0;
+}

@@ -1,0 +1,65 @@
+/*
+ * What dlock reads in Redis replies, as pure functions: no I/O, no state,
+ * any redisReply hiredis can build (any type, any depth, strings with NUL
+ * bytes) is accepted without a crash. The fuzz target
+ * tests/fuzz/fuzz_redis.c feeds arbitrary bytes through hiredis's reader
+ * and hands every reply to each of these.
+ */
+#ifndef DLOCK_BACKENDS_REDIS_REPLY_H
+#define DLOCK_BACKENDS_REDIS_REPLY_H
+
+#include <hiredis/hiredis.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The script's {a, b} replies (acquire, grab): 0 with *a and *b set, or -1
+ * when the reply is not an array of two integers. */
+int dlock_redis_reply_pair(const redisReply *r, long long *a, long long *b);
+
+/* An integer reply: 0 with *v set, else -1. */
+int dlock_redis_reply_int(const redisReply *r, long long *v);
+
+/* "Yes" from the script: integer 1, or an {1, token} pair. */
+int dlock_redis_reply_yes(const redisReply *r);
+
+/* The SCRIPT LOAD reply: a 40-character hex SHA1, copied NUL-terminated to
+ * sha; 0, or -1 when the reply is anything else. */
+int dlock_redis_reply_sha(const redisReply *r, char sha[41]);
+
+/* A pub/sub message, {"message", channel, payload}; when chan is not NULL,
+ * only one on that channel (chan_len bytes). 1 or 0. */
+int dlock_redis_reply_message(const redisReply *r, const char *chan, size_t chan_len);
+
+/* A handoff for owner (32 hex digits): a message whose payload is
+ * "<owner>:<token>" with a decimal token in 1 .. 2^63 - 1. 1 with *token
+ * set, else 0 (someone else's handoff, a confirmation, a pong...). */
+int dlock_redis_reply_handoff(const redisReply *r, const char *owner, uint64_t *token);
+
+/* The confirmation of SUBSCRIBE chan: {"subscribe", chan, count}. 1 or 0. */
+int dlock_redis_reply_subscribed(const redisReply *r, const char *chan, size_t chan_len);
+
+/* What an error reply means to dlock. */
+enum {
+    DLOCK_REDIS_ERR_OTHER = 0, /* anything else: the store's error */
+    DLOCK_REDIS_ERR_AUTH,      /* WRONGPASS, NOAUTH, invalid password */
+    DLOCK_REDIS_ERR_NOSCRIPT,  /* the script cache was lost */
+};
+/* Classifies an error reply; DLOCK_REDIS_ERR_OTHER for anything that is
+ * not an error reply. */
+int dlock_redis_reply_error_kind(const redisReply *r);
+
+/*
+ * The value of field key in INFO text ("key:value" lines ending in \r\n or
+ * \n, "# Section" headers), copied NUL-terminated (truncated to out_len -
+ * 1 bytes). 1 when found, 0 when the text has no such field.
+ */
+int dlock_redis_info_field(const char *text, size_t len, const char *key, char *out,
+                           size_t out_len);
+
+/* Whether a maxmemory-policy can evict dlock's keys: 0 for "noeviction",
+ * 1 for anything else (allkeys-* evicts every key, volatile-* the lock
+ * keys, which have a TTL; a policy this code does not know is assumed to
+ * evict). */
+int dlock_redis_policy_evicts(const char *policy);
+
+#endif

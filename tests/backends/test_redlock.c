@@ -1,0 +1,413 @@
+/*
+ * Redlock-only cases (issue 10): leases too short to ever be granted, the
+ * message when a quorum is lost, every node killed and restarted while one
+ * client holds and another waits (tokens, loss, recovery), fence counters
+ * lost, and a wait whose nodes all go silent (deadlines are deadlines).
+ * The older Redlock cases live in test_redis.c.
+ *
+ * Environment: DLOCK_REDLOCK_URI (scripts/stores/start.sh prints it). The
+ * restart cases run redis-server processes of their own on free ports.
+ */
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/uri.h"
+#include "dlock_backend.h"
+#include "tests/proxy.h"
+#include "tests/tap.h"
+#include "tests/util.h"
+
+#define MS 1000000ull
+#define N 5
+
+static char prefix[64];
+
+/* Direct connection to host i of uri. */
+static redisContext *raw(const char *uri, size_t i)
+{
+    dlock_uri *u = NULL;
+    char err[256];
+    if (dlock_uri_parse(uri, &u, err, sizeof err) != 0)
+        exit(1);
+    redisContext *ctx = redisConnect(dlock_uri_host(u, i), (int)dlock_uri_port(u, i));
+    dlock_uri_free(u);
+    return ctx;
+}
+
+static double since_ms(uint64_t t0)
+{
+    return (dlock_monotonic_ns() - t0) / 1e6;
+}
+
+/* ---- throwaway servers ------------------------------------------------------ */
+
+struct srv {
+    pid_t pid;
+    int port;
+};
+
+static int srv_answers(int port)
+{
+    struct timeval tv = {0, 200000};
+    redisContext *ctx = redisConnectWithTimeout("127.0.0.1", port, tv);
+    int up = 0;
+    if (ctx && !ctx->err) {
+        redisSetTimeout(ctx, tv);
+        redisReply *r = redisCommand(ctx, "PING");
+        up = r && r->type == REDIS_REPLY_STATUS;
+        if (r)
+            freeReplyObject(r);
+    }
+    if (ctx)
+        redisFree(ctx);
+    return up;
+}
+
+/* A redis-server of our own without persistence, on port (0: a free one). */
+static void srv_start(struct srv *s, int port)
+{
+    char ps[16];
+    s->port = port ? port : closed_port();
+    snprintf(ps, sizeof ps, "%d", s->port);
+    fflush(stdout);
+    s->pid = fork();
+    if (s->pid == 0) {
+        int fd = open("/dev/null", O_RDWR);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--dir", "/tmp", "--protected-mode", "no", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 250; i++) {
+        if (srv_answers(s->port))
+            return;
+        sleep_ms(20);
+    }
+    printf("Bail out! cannot start redis-server on port %d\n", s->port);
+    exit(1);
+}
+
+static void srv_kill(struct srv *s)
+{
+    if (s->pid > 0) {
+        kill(s->pid, SIGKILL);
+        waitpid(s->pid, NULL, 0);
+    }
+    s->pid = 0;
+}
+
+static void srv_uri(const struct srv *s, char *uri, size_t len, const char *params)
+{
+    size_t o = (size_t)snprintf(uri, len, "redis://");
+    for (int i = 0; i < N; i++)
+        o += (size_t)snprintf(uri + o, len - o, "%s127.0.0.1:%d", i ? "," : "", s[i].port);
+    snprintf(uri + o, len - o, "/0%s%s", params ? "?" : "", params ? params : "");
+}
+
+/* ---- leases too short (item 7) ------------------------------------------- */
+
+/*
+ * A lease of 1 or 2 ms can never be granted (validity = ttl - elapsed -
+ * ttl/100 - 2 <= 0): refused with DLOCK_EINVAL, also when waiting forever.
+ * Before, such a wait never ended (the child is killed after 5 s).
+ */
+static void test_tiny_ttl(const char *uri)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%stiny", prefix);
+    for (uint32_t ttl = 1; ttl <= 2; ttl++) {
+        int p[2];
+        char msg[256] = "";
+        if (pipe(p) != 0)
+            exit(1);
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            dlock_client *c = open_ok(uri);
+            dlock_lock *l = NULL;
+            dlock_acquire_opts o = wait_opts(DLOCK_WAIT_FOREVER, 0, ttl);
+            int rc = dlock_acquire(c, name, &o, &l);
+            if (write(p[1], dlock_errmsg(c), strlen(dlock_errmsg(c)) + 1) < 0)
+                _exit(99);
+            _exit(-rc);
+        }
+        close(p[1]);
+        int st = -1;
+        uint64_t t0 = dlock_monotonic_ns();
+        for (int i = 0; i < 500 && waitpid(pid, &st, WNOHANG) == 0; i++, st = -1)
+            sleep_ms(10);
+        if (st == -1) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+        }
+        if (read(p[0], msg, sizeof msg - 1) < 0)
+            msg[0] = '\0';
+        close(p[0]);
+        is_int(st != -1 && WIFEXITED(st) ? -WEXITSTATUS(st) : 0, DLOCK_EINVAL,
+               "a %u ms lease waiting forever → EINVAL after %.0f ms%s", ttl, since_ms(t0),
+               st == -1 ? " (hung: killed after 5 s)" : "");
+        ok(strstr(msg, "at least 3 ms") != NULL, "stating the minimum: %s", msg);
+    }
+    /* renew to a lease that short: refused without touching the lock */
+    dlock_client *c = open_ok(uri), *other = open_ok(uri);
+    dlock_lock *l = NULL, *l2 = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 5000);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "a 5 s lease is granted");
+    is_int(l ? dlock_renew(l, 2) : -1, DLOCK_EINVAL, "renew to 2 ms → EINVAL");
+    is_int(dlock_acquire(other, name, &o, &l2), DLOCK_EBUSY, "and the lock is still held");
+    is_int(l ? dlock_release(l) : -1, 0, "and still released normally");
+    dlock_client_close(other);
+    dlock_client_close(c);
+}
+
+/* ---- a lost quorum (item 7) ----------------------------------------------- */
+
+/* Three of five nodes killed after open: the error names the lost quorum
+ * with the true count of nodes that answered. Before: "only 0 of 5 Redlock
+ * nodes answered (quorum 3)" while 2 answered. */
+static void test_quorum_lost(void)
+{
+    struct srv s[N];
+    char uri[256], name[128];
+    for (int i = 0; i < N; i++)
+        srv_start(&s[i], 0);
+    srv_uri(s, uri, sizeof uri, NULL);
+    snprintf(name, sizeof name, "%squorum-lost", prefix);
+    dlock_client *c = open_ok(uri);
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 5000);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "quorum: granted with 5 of 5 up");
+    if (l)
+        dlock_release(l);
+    for (int i = 2; i < N; i++)
+        srv_kill(&s[i]);
+    for (int round = 0; round < 2; round++) {
+        uint64_t t0 = dlock_monotonic_ns();
+        int rc = dlock_acquire(c, name, &o, &l);
+        double el = since_ms(t0);
+        is_int(rc, DLOCK_ECONNECT, "quorum: 3 of 5 down, attempt %d → ECONNECT in %.0f ms",
+               round + 1, el);
+        ok(strstr(dlock_errmsg(c), "2 of 5") && strstr(dlock_errmsg(c), "3 needed for a quorum"),
+           "quorum: the message names the lost quorum: %s", dlock_errmsg(c));
+    }
+    dlock_client_close(c);
+    for (int i = 0; i < 2; i++)
+        srv_kill(&s[i]);
+}
+
+/* ---- every node restarted (items 2 and 3) --------------------------------- */
+
+struct lost_seen {
+    pthread_mutex_t mu;
+    int calls, err;
+};
+
+static void on_lost_cb(dlock_lock *lock, int err, void *user)
+{
+    struct lost_seen *s = user;
+    (void)lock;
+    pthread_mutex_lock(&s->mu);
+    s->calls++;
+    s->err = err;
+    pthread_mutex_unlock(&s->mu);
+}
+
+struct report {
+    int rc;
+    uint64_t token, granted_ns;
+    char msg[200];
+};
+
+/*
+ * All five nodes SIGKILLed and started again, empty, while one client holds
+ * a kept lock and another waits: the waiter is granted without reopening,
+ * with a token above every token before (each node's counter starts again
+ * from its clock); the holder's keeper reports DLOCK_ELOST and its release
+ * says so. Before: token 1 after 4.
+ */
+static void test_restart_all(void)
+{
+    struct srv s[N];
+    char uri[256], name[128];
+    int p[2];
+    struct lost_seen seen = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    for (int i = 0; i < N; i++)
+        srv_start(&s[i], 0);
+    /* A waiter goes on trying for connect_timeout without a quorum. */
+    srv_uri(s, uri, sizeof uri, "connect_timeout=4000");
+    snprintf(name, sizeof name, "%srestart-all", prefix);
+    dlock_client *c = open_ok(uri);
+    dlock_lock *l = NULL;
+    uint64_t before = 0;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 5000);
+    for (int i = 0; i < 3; i++)
+        if (dlock_acquire(c, name, &o, &l) == 0)
+            before = dlock_lock_token(l), dlock_release(l);
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 1500);
+    o.keep = 1;
+    o.on_lost = on_lost_cb;
+    o.on_lost_user = &seen;
+    is_int(dlock_acquire(c, name, &o, &l), 0, "restart all: a client holds (kept, 1.5 s lease)");
+    if (l)
+        before = dlock_lock_token(l);
+    if (pipe(p) != 0)
+        exit(1);
+    fflush(stdout);
+    pid_t w = fork();
+    if (w == 0) {
+        struct report rep = {0};
+        dlock_client *wc = open_ok(uri);
+        dlock_lock *wl = NULL;
+        dlock_acquire_opts wo = wait_opts(DLOCK_WAIT_DEADLINE, 10000, 30000);
+        rep.rc = dlock_acquire(wc, name, &wo, &wl);
+        rep.granted_ns = dlock_monotonic_ns();
+        rep.token = wl ? dlock_lock_token(wl) : 0;
+        snprintf(rep.msg, sizeof rep.msg, "%s", dlock_errmsg(wc));
+        if (write(p[1], &rep, sizeof rep) != sizeof rep)
+            _exit(3);
+        if (wl)
+            dlock_release(wl);
+        dlock_client_close(wc);
+        _exit(0);
+    }
+    sleep_ms(500);
+    for (int i = 0; i < N; i++)
+        srv_kill(&s[i]);
+    sleep_ms(300);
+    for (int i = 0; i < N; i++)
+        srv_start(&s[i], s[i].port);
+    uint64_t back = dlock_monotonic_ns();
+    struct report r = {1, 0, 0, ""};
+    struct pollfd pfd = {.fd = p[0], .events = POLLIN};
+    if (poll(&pfd, 1, 10000) <= 0 || read(p[0], &r, sizeof r) != sizeof r)
+        r.rc = 1;
+    is_int(r.rc, 0, "restart all: the waiter is granted without reopening (%s)", r.msg);
+    double ms = r.granted_ns > back ? (r.granted_ns - back) / 1e6 : 0;
+    ok(r.rc == 0 && ms < 3000, "restart all: %.0f ms after the nodes were back (bound 3 s: a node "
+       "that failed to connect is tried again after 1 s)", ms);
+    ok(r.token > before, "restart all: its token is higher than every token before (%llu > %llu)",
+       (unsigned long long)r.token, (unsigned long long)before);
+    uint64_t t0 = dlock_monotonic_ns();
+    while (l && !dlock_lock_lost(l) && dlock_monotonic_ns() - t0 < 3000 * MS)
+        sleep_ms(10);
+    int lost = l ? dlock_lock_lost(l) : 0;
+    ok(lost == DLOCK_ELOST || lost == DLOCK_EEXPIRED,
+       "restart all: the holder's keeper reports the loss (%s: %s)", dlock_err_name(lost),
+       l ? dlock_lock_lost_detail(l) : "");
+    pthread_mutex_lock(&seen.mu);
+    is_int(seen.calls, 1, "restart all: on_lost called once");
+    pthread_mutex_unlock(&seen.mu);
+    if (l)
+        is_int(dlock_release(l), DLOCK_ELOST, "restart all: the holder's release says ELOST");
+    waitpid(w, NULL, 0);
+    close(p[0]);
+    close(p[1]);
+    dlock_client_close(c);
+    for (int i = 0; i < N; i++)
+        srv_kill(&s[i]);
+}
+
+/* The fence counter deleted on every node (as a restart without
+ * persistence loses it): the next token is still higher. */
+static void test_counter_lost(const char *uri)
+{
+    dlock_client *c = open_ok(uri);
+    dlock_lock *l = NULL;
+    char name[128], fence[192];
+    uint64_t last = 0;
+    snprintf(name, sizeof name, "%scounter-lost", prefix);
+    snprintf(fence, sizeof fence, "dlock:%s:fence", name);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 5000);
+    for (int i = 0; i < 3; i++)
+        if (dlock_acquire(c, name, &o, &l) == 0)
+            last = dlock_lock_token(l), dlock_release(l);
+    for (size_t i = 0; i < N; i++) {
+        redisContext *ctx = raw(uri, i);
+        freeReplyObject(redisCommand(ctx, "DEL %s", fence));
+        redisFree(ctx);
+    }
+    is_int(dlock_acquire(c, name, &o, &l), 0, "counters deleted on all nodes: acquire");
+    ok(l && dlock_lock_token(l) > last, "the token is still higher (%llu > %llu)",
+       (unsigned long long)(l ? dlock_lock_token(l) : 0), (unsigned long long)last);
+    if (l)
+        dlock_release(l);
+    dlock_client_close(c);
+}
+
+/* ---- deadlines are deadlines (item 5) ------------------------------------- */
+
+struct bg {
+    dlock_client *c;
+    const char *name;
+    int rc;
+    uint64_t done_ns;
+};
+
+static void *bg_wait(void *arg)
+{
+    struct bg *b = arg;
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 3000, 30000);
+    b->rc = dlock_acquire(b->c, b->name, &o, &l);
+    b->done_ns = dlock_monotonic_ns();
+    if (l)
+        dlock_release(l);
+    return NULL;
+}
+
+/* All nodes go silent while a client waits 3 s. Before: 5.1 s (the release
+ * on every node after the deadline waited connect_timeout). Now the last
+ * round and its undo end within 200 ms of the deadline (asserted with 400). */
+static void test_silent_nodes(const char *uri)
+{
+    struct proxy px;
+    char puri[1024], name[128];
+    pthread_t th;
+    proxy_for_uri(&px, uri);
+    proxy_uri(&px, uri, NULL, puri, sizeof puri);
+    snprintf(name, sizeof name, "%ssilent", prefix);
+    dlock_client *h = open_ok(uri), *w = open_ok(puri);
+    dlock_lock *hl = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 30000);
+    is_int(dlock_acquire(h, name, &o, &hl), 0, "silent: another client holds the lock");
+    struct bg b = {w, name, 0, 0};
+    uint64_t t0 = dlock_monotonic_ns();
+    pthread_create(&th, NULL, bg_wait, &b);
+    sleep_ms(500);
+    proxy_set(&px, PROXY_BLACKHOLE);
+    pthread_join(th, NULL);
+    double el = (b.done_ns - t0) / 1e6;
+    ok(b.rc == DLOCK_ETIMEDOUT || b.rc == DLOCK_ECONNECT, "silent: the wait fails with %s (%s)",
+       dlock_err_name(b.rc), dlock_errmsg(w));
+    ok(el < 3400, "silent: after %.0f ms for a 3000 ms deadline (bound 3200)", el);
+    proxy_set(&px, PROXY_DOWN);
+    proxy_stop(&px);
+    dlock_release(hl);
+    dlock_client_close(w);
+    dlock_client_close(h);
+}
+
+int main(void)
+{
+    const char *uri = need_env("DLOCK_REDLOCK_URI");
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    snprintf(prefix, sizeof prefix, "redlock-test-%d-%llu/", (int)getpid(),
+             (unsigned long long)(dlock_monotonic_ns() % 1000000007ull));
+    test_tiny_ttl(uri);
+    test_quorum_lost();
+    test_counter_lost(uri);
+    test_restart_all();
+    test_silent_nodes(uri);
+    return done_testing();
+}
