@@ -88,7 +88,11 @@ DLOCK_API int dlock_seterr(dlock_client *client, int code, const char *fmt, ...)
 #endif
     ;
 DLOCK_API int dlock_vseterr(dlock_client *client, int code, const char *fmt,
-                            va_list ap);
+                            va_list ap)
+#ifdef __GNUC__
+    __attribute__((format(printf, 3, 0)))
+#endif
+    ;
 
 typedef struct dlock_backend dlock_backend;
 

@@ -8,5 +8,6 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential meson ninja-build pkg-config python3 libhiredis-dev \
+    clang libclang-rt-14-dev valgrind \
     >/dev/null
 echo "install-deps: build dependencies present"

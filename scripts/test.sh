@@ -4,21 +4,72 @@
 # errors and every backend that has landed required, runs all suites, stops
 # the stores, and ends with the line `N passed, N failed, N skipped`.
 # Exit status 0 only if nothing failed.
+#
+# Three builds, each counted in the closing line (scripts/test-summary.py):
+#   $DLOCK_BUILD_DIR (build-test)   gcc: every suite; then the unit suite
+#                                   again under valgrind (any leak fails)
+#   <that>-asan                     gcc, ASan+UBSan (-fno-sanitize-recover):
+#                                   the unit, conformance, faults and fuzz
+#                                   (corpus replay) suites
+#   <that>-fuzz                     clang, libFuzzer: each fuzz target for
+#                                   DLOCK_FUZZ_SECONDS (30) from its seeds
+# The runs go one after another: the store suites restart shared servers,
+# and the timing-bounded tests must not compete with fuzzers for the CPU.
 set -eu
 cd "$(dirname "$0")/.."
 sh scripts/install-deps.sh
 bash scripts/stores/install.sh
 BUILD=${DLOCK_BUILD_DIR:-build-test}
+ASAN_BUILD=$BUILD-asan
+FUZZ_BUILD=$BUILD-fuzz
 export DLOCK_STORES_DIR=${DLOCK_STORES_DIR:-/tmp/dlock-stores}
+export DLOCK_FUZZ_SECONDS=${DLOCK_FUZZ_SECONDS:-30}
+t_start=$(date +%s)
+
 # Backends whose code has landed are required: a missing library must fail
 # the run, not quietly build without the backend.
-opts="-Dwerror=true -Dredis=enabled -Dpostgres=enabled -Dmysql=enabled -Dzookeeper=enabled"
-if [ -f "$BUILD/build.ninja" ]; then
-    meson setup --reconfigure "$BUILD" $opts >/dev/null
-else
-    meson setup "$BUILD" $opts >/dev/null
-fi
+opts="-Dredis=enabled -Dpostgres=enabled -Dmysql=enabled -Dzookeeper=enabled"
+setup() { # dir, options...
+    dir=$1
+    shift
+    if [ -f "$dir/build.ninja" ]; then
+        meson setup --reconfigure "$dir" "$@" >/dev/null
+    else
+        meson setup "$dir" "$@" >/dev/null
+    fi
+}
+# The tests a build's log will count; a stale log must not count again.
+fresh_logs() { rm -f "$1"/meson-logs/testlog*.json; }
+
+setup "$BUILD" -Dwerror=true $opts
 meson compile -C "$BUILD"
+fresh_logs "$BUILD"
+
+# A sanitizer or fuzz build that does not compile is counted as a failure
+# (its log is missing) and the run goes on.
+asan_ok=1
+CC=${DLOCK_ASAN_CC:-gcc} setup "$ASAN_BUILD" -Dwerror=true $opts \
+    -Db_sanitize=address,undefined || asan_ok=0
+[ $asan_ok = 0 ] || meson compile -C "$ASAN_BUILD" || asan_ok=0
+fresh_logs "$ASAN_BUILD"
+
+# No -Dwerror here: clang warns where gcc does not, and the gcc builds are
+# the warning gate. Only the fuzz targets are compiled.
+fuzz_ok=1
+CC=clang setup "$FUZZ_BUILD" $opts -Dfuzz=true -Db_sanitize=address,undefined || fuzz_ok=0
+if [ $fuzz_ok = 1 ]; then
+    fuzz_targets=$(meson introspect --targets "$FUZZ_BUILD" | python3 -c '
+import json, os, sys
+for t in json.load(sys.stdin):
+    if t["type"] == "executable" and \
+            os.path.dirname(t["defined_in"]).endswith(os.path.join("tests", "fuzz")):
+        print("tests/fuzz/" + t["name"])') || fuzz_ok=0
+    # shellcheck disable=SC2086 # one word per target
+    [ $fuzz_ok = 0 ] || [ -z "$fuzz_targets" ] ||
+        meson compile -C "$FUZZ_BUILD" $fuzz_targets || fuzz_ok=0
+fi
+fresh_logs "$FUZZ_BUILD"
+t_built=$(date +%s)
 
 trap 'bash scripts/stores/stop.sh --clean >/dev/null 2>&1 || true' EXIT
 env_file=$(mktemp)
@@ -27,6 +78,32 @@ bash scripts/stores/start.sh all >"$env_file"
 rm -f "$env_file"
 
 status=0
-meson test -C "$BUILD" --print-errorlogs --num-processes 2 || status=$?
-python3 scripts/test-summary.py "$BUILD/meson-logs/testlog.json" || status=1
+phase() { # name: prints the time since the last phase
+    now=$(date +%s)
+    echo "test.sh: $1 done in $((now - ${t_phase:-$t_built})) s" >&2
+    t_phase=$now
+}
+meson test -C "$BUILD" --no-rebuild --print-errorlogs --num-processes 2 || status=$?
+phase "$BUILD (all suites)"
+meson test -C "$BUILD" --no-rebuild --print-errorlogs --num-processes 2 \
+    --setup valgrind --suite unit || status=1
+phase "$BUILD valgrind (unit)"
+if [ $asan_ok = 1 ]; then
+    meson test -C "$ASAN_BUILD" --no-rebuild --print-errorlogs --num-processes 2 \
+        --suite unit --suite conformance --suite faults --suite fuzz || status=1
+    phase "$ASAN_BUILD (unit, conformance, faults, fuzz replay)"
+fi
+bash scripts/stores/stop.sh --clean >/dev/null 2>&1 || true
+if [ $fuzz_ok = 1 ]; then
+    meson test -C "$FUZZ_BUILD" --no-rebuild --print-errorlogs --num-processes 2 \
+        --suite fuzz || status=1
+    phase "$FUZZ_BUILD (fuzz, ${DLOCK_FUZZ_SECONDS} s per target)"
+fi
+echo "test.sh: builds $((t_built - t_start)) s, tests $(($(date +%s) - t_built)) s" >&2
+
+python3 scripts/test-summary.py \
+    "$BUILD=$BUILD/meson-logs/testlog.json" \
+    "valgrind=$BUILD/meson-logs/testlog-valgrind.json" \
+    "asan=$ASAN_BUILD/meson-logs/testlog.json" \
+    "fuzz=$FUZZ_BUILD/meson-logs/testlog.json" || status=1
 exit $status

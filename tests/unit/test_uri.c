@@ -154,11 +154,51 @@ static void test_limits(void)
     ok(1, "dlock_uri_free(NULL) is harmless");
 }
 
+/* What the fuzz target (tests/fuzz/fuzz_uri.c) also checks on every input:
+ * any error buffer comes back terminated, even a tiny one or none; the
+ * redacted form is the input itself when there is no password; the option
+ * limit holds like the host limit. */
+static void test_buffers(void)
+{
+    dlock_uri *u = (dlock_uri *)1;
+    char tiny[8], one[1] = {'x'};
+    is_int(dlock_uri_parse("redis://h:0", &u, tiny, sizeof tiny), DLOCK_EBADURI,
+           "an 8-byte error buffer");
+    ok(memchr(tiny, '\0', sizeof tiny) != NULL && tiny[0] != '\0',
+       "is filled and terminated (got '%s')", tiny);
+    is_int(dlock_uri_parse("redis://h:0", &u, one, sizeof one), DLOCK_EBADURI,
+           "a 1-byte error buffer");
+    is_int(one[0], '\0', "holds the empty string");
+    is_int(dlock_uri_parse("redis://h:0", &u, NULL, 0), DLOCK_EBADURI, "no error buffer at all");
+    ok(u == NULL, "and no URI");
+
+    u = parse_ok("zookeeper://a:1,b:2/x/y?session_timeout=5000&k=%20");
+    if (u) {
+        is_str(dlock_uri_redacted(u), "zookeeper://a:1,b:2/x/y?session_timeout=5000&k=%20",
+               "without a password the redacted form is the URI as given");
+        dlock_uri_free(u);
+    }
+
+    char *s = malloc(16 + 65 * 4);
+    strcpy(s, "redis://h/?");
+    for (int i = 0; i < 65; i++)
+        strcat(s, i ? "&k=v" : "k=v");
+    parse_bad(s, "more than 64 options", NULL);
+    s[strlen(s) - 4] = '\0'; /* 64 options: accepted */
+    u = parse_ok(s);
+    if (u) {
+        is_int(dlock_uri_param_count(u), 64, "64 options are kept");
+        dlock_uri_free(u);
+    }
+    free(s);
+}
+
 int main(void)
 {
     test_basic();
     test_file_and_decoding();
     test_malformed();
     test_limits();
+    test_buffers();
     return done_testing();
 }
