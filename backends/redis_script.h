@@ -29,11 +29,15 @@
  * A lock found free with waiters queued (its holder died and the lease ran
  * out) is handed the same way before the caller may take it.
  *
- * The counter: a missing one (a server restarted without persistence, an
- * evicted or deleted key) starts from the server's clock, TIME in
- * microseconds since the epoch (about 1.8e15 in the late 2020s), so that it goes on
- * above the tokens handed out before it was lost unless the server's clock
- * went back or more than one grant per microsecond was made on average.
+ * The counter: every grant takes the larger of the counter + 1 and the
+ * server's clock, TIME in microseconds since the epoch (about 1.8e15 in
+ * the late 2020s), and stores it back. So a counter that went back (a
+ * restart without persistence, an older RDB snapshot or AOF tail after a
+ * crash, a promoted replica that lagged, an evicted or deleted key) goes
+ * on above the tokens handed out before, unless the server's clock is
+ * behind the last token it handed out by more than the grants made since
+ * (a clock set back, a new host whose clock is behind). Tokens still
+ * strictly increase on one server whatever its clock does.
  * Lua numbers are doubles: exact up to 2^53 (about 9.007e15, the clock
  * reaches it in the year 2255), and a counter beyond that is refused.
  * Tokens are written into strings with %.0f: Lua's own number-to-string
@@ -47,11 +51,13 @@ static const char dlock_redis_lua[] =
     "local op, owner = ARGV[1], ARGV[2]\n"
     "local function str(n) return string.format('%.0f', n) end\n"
     "local function next_token()\n"
-    "  if redis.call('EXISTS', fence) == 0 then\n"
-    "    local t = redis.call('TIME')\n"
-    "    redis.call('SET', fence, t[1] .. string.sub('00000' .. t[2], -6))\n"
-    "  end\n"
+    "  local t = redis.call('TIME')\n"
+    "  local now = t[1] .. string.sub('00000' .. t[2], -6)\n"
     "  local token = redis.call('INCR', fence)\n"
+    "  if token < tonumber(now) then\n"
+    "    redis.call('SET', fence, now)\n"
+    "    token = tonumber(now)\n"
+    "  end\n"
     "  if token > 9007199254740991 then\n"
     "    error({err = 'dlock: fence counter ' .. fence .. ' is beyond 2^53'})\n"
     "  end\n"

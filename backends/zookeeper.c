@@ -476,20 +476,23 @@ static int call_wait(struct zk_call *c, uint64_t until)
         else if (pthread_cond_timedwait(&zc->cv, &zc->mu, &ts) == ETIMEDOUT)
             break;
     }
+    /* Given up in the same critical section as the last look at done: a
+     * reply that comes after it is the completion's to clean up. */
+    if (!c->done)
+        c->abandoned = 1;
     int rc = c->done ? c->rc : NOREPLY;
     pthread_mutex_unlock(&zc->mu);
     return rc;
 }
 
-/* The waiter lets go of c: if it had no reply, c is abandoned. */
+/* The waiter lets go of c (call_wait marked it abandoned if it had no
+ * reply). */
 static void call_put(struct zk_call *c)
 {
     if (!c)
         return;
     struct zk_conn *zc = c->zc;
     pthread_mutex_lock(&zc->mu);
-    if (!c->done)
-        c->abandoned = 1;
     int last = --c->refs == 0;
     pthread_mutex_unlock(&zc->mu);
     if (last)
@@ -946,9 +949,12 @@ static int create_and_list(struct zk_acq *a, struct zk_kids *k)
     uint64_t until = reply_until(a);
     int lrc = call_wait(lc, until); /* replies come in order: the create's first */
     unsigned sent_gen = cc->gen;
+    struct zk_orphan *o = NULL;
     rc = call_wait(cc, until);
     if (rc == ZOK) {
         a->node = join3(a->parent, "/", basename_of(cc->created));
+        if (!a->node) /* made, but we cannot name it: it must not stay */
+            o = orphan_node(zc, cc->created, cc->gen);
         a->gen = cc->gen;
         a->czxid = (uint64_t)cc->st.czxid;
         if (lrc == ZOK) {
@@ -958,6 +964,7 @@ static int create_and_list(struct zk_acq *a, struct zk_kids *k)
     }
     call_put(cc);
     call_put(lc);
+    orphan_queue(zc, o);
     if (rc == ZOK) {
         if (!a->node)
             return oom(zc);
