@@ -30,26 +30,11 @@
 #include "tests/proxy.h"
 #include "tests/tap.h"
 #include "tests/util.h"
+#include "tests/backends/redis_test.h"
 
 #define MS 1000000ull
 
 static char prefix[64];
-
-/* Direct connection to host i of uri, for looking behind the library. */
-static redisContext *raw(const char *uri, size_t i)
-{
-    dlock_uri *u = NULL;
-    char err[256];
-    if (dlock_uri_parse(uri, &u, err, sizeof err) != 0)
-        exit(1);
-    redisContext *ctx = redisConnect(dlock_uri_host(u, i), (int)dlock_uri_port(u, i));
-    if (dlock_uri_password(u)) {
-        redisReply *r = redisCommand(ctx, "AUTH %s", dlock_uri_password(u));
-        freeReplyObject(r);
-    }
-    dlock_uri_free(u);
-    return ctx;
-}
 
 static long long raw_int(redisContext *ctx, const char *fmt, const char *arg)
 {
@@ -512,20 +497,6 @@ static void test_keep_waited_grant(const char *what, const char *uri)
     dlock_client_close(c);
 }
 
-struct lost_seen {
-    pthread_mutex_t mu;
-    int calls, err;
-};
-
-static void on_lost_cb(dlock_lock *lock, int err, void *user)
-{
-    struct lost_seen *s = user;
-    (void)lock;
-    pthread_mutex_lock(&s->mu);
-    s->calls++;
-    s->err = err;
-    pthread_mutex_unlock(&s->mu);
-}
 
 /* A renewal the store refuses (the key was deleted behind our back) is a
  * proven loss: DLOCK_ELOST at the next renewal, through the callback. */
@@ -745,70 +716,6 @@ static void test_redlock_nodes_down(const char *uri)
 }
 
 /* ---- throwaway servers (killed and restarted by the tests) --------------- */
-
-struct srv {
-    pid_t pid;
-    int port;
-};
-
-static int srv_answers(int port)
-{
-    struct timeval tv = {0, 200000};
-    redisContext *ctx = redisConnectWithTimeout("127.0.0.1", port, tv);
-    int up = 0;
-    if (ctx && !ctx->err) {
-        redisSetTimeout(ctx, tv);
-        redisReply *r = redisCommand(ctx, "PING");
-        up = r && r->type == REDIS_REPLY_STATUS;
-        if (r)
-            freeReplyObject(r);
-    }
-    if (ctx)
-        redisFree(ctx);
-    return up;
-}
-
-/* A redis-server of our own, without persistence like the test stores, on
- * port (0: a free one), with extra "--option value" arguments. It dies with
- * the test. */
-static int srv_start(struct srv *s, int port, const char *const *extra)
-{
-    char ps[16];
-    const char *argv[40] = {"redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
-                            "--appendonly", "no", "--dir", "/tmp", "--protected-mode", "no"};
-    size_t n = 13;
-    s->port = port ? port : closed_port();
-    snprintf(ps, sizeof ps, "%d", s->port);
-    for (size_t i = 0; extra && extra[i] && n < 38; i++)
-        argv[n++] = extra[i];
-    argv[n] = NULL;
-    fflush(stdout);
-    s->pid = fork();
-    if (s->pid == 0) {
-        int fd = open("/dev/null", O_RDWR);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execvp("redis-server", (char *const *)argv);
-        _exit(127);
-    }
-    for (int i = 0; i < 250; i++) {
-        if (srv_answers(s->port))
-            return 0;
-        sleep_ms(20);
-    }
-    printf("Bail out! cannot start redis-server on port %d\n", s->port);
-    exit(1);
-}
-
-static void srv_kill(struct srv *s)
-{
-    if (s->pid > 0) {
-        kill(s->pid, SIGKILL);
-        waitpid(s->pid, NULL, 0);
-    }
-    s->pid = 0;
-}
 
 /* ---- tokens across a lost counter (issue 10, item 2) ---------------------- */
 
@@ -1101,10 +1008,6 @@ static void test_stale_entry(const char *uri)
 
 /* ---- deadlines are deadlines (item 5) ------------------------------------- */
 
-static double since_ms(uint64_t t0)
-{
-    return (dlock_monotonic_ns() - t0) / 1e6;
-}
 
 /*
  * A store that stops answering (the proxy forwards nothing and closes

@@ -25,87 +25,13 @@
 #include "tests/proxy.h"
 #include "tests/tap.h"
 #include "tests/util.h"
+#include "tests/backends/redis_test.h"
 
 #define MS 1000000ull
 #define N 5
 
 static char prefix[64];
 
-/* Direct connection to host i of uri. */
-static redisContext *raw(const char *uri, size_t i)
-{
-    dlock_uri *u = NULL;
-    char err[256];
-    if (dlock_uri_parse(uri, &u, err, sizeof err) != 0)
-        exit(1);
-    redisContext *ctx = redisConnect(dlock_uri_host(u, i), (int)dlock_uri_port(u, i));
-    dlock_uri_free(u);
-    return ctx;
-}
-
-static double since_ms(uint64_t t0)
-{
-    return (dlock_monotonic_ns() - t0) / 1e6;
-}
-
-/* ---- throwaway servers ------------------------------------------------------ */
-
-struct srv {
-    pid_t pid;
-    int port;
-};
-
-static int srv_answers(int port)
-{
-    struct timeval tv = {0, 200000};
-    redisContext *ctx = redisConnectWithTimeout("127.0.0.1", port, tv);
-    int up = 0;
-    if (ctx && !ctx->err) {
-        redisSetTimeout(ctx, tv);
-        redisReply *r = redisCommand(ctx, "PING");
-        up = r && r->type == REDIS_REPLY_STATUS;
-        if (r)
-            freeReplyObject(r);
-    }
-    if (ctx)
-        redisFree(ctx);
-    return up;
-}
-
-/* A redis-server of our own without persistence, on port (0: a free one). */
-static void srv_start(struct srv *s, int port)
-{
-    char ps[16];
-    s->port = port ? port : closed_port();
-    snprintf(ps, sizeof ps, "%d", s->port);
-    fflush(stdout);
-    s->pid = fork();
-    if (s->pid == 0) {
-        int fd = open("/dev/null", O_RDWR);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--dir", "/tmp", "--protected-mode", "no", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 250; i++) {
-        if (srv_answers(s->port))
-            return;
-        sleep_ms(20);
-    }
-    printf("Bail out! cannot start redis-server on port %d\n", s->port);
-    exit(1);
-}
-
-static void srv_kill(struct srv *s)
-{
-    if (s->pid > 0) {
-        kill(s->pid, SIGKILL);
-        waitpid(s->pid, NULL, 0);
-    }
-    s->pid = 0;
-}
 
 static void srv_uri(const struct srv *s, char *uri, size_t len, const char *params)
 {
@@ -181,7 +107,7 @@ static void test_quorum_lost(void)
     struct srv s[N];
     char uri[256], name[128];
     for (int i = 0; i < N; i++)
-        srv_start(&s[i], 0);
+        srv_start(&s[i], 0, NULL);
     srv_uri(s, uri, sizeof uri, NULL);
     snprintf(name, sizeof name, "%squorum-lost", prefix);
     dlock_client *c = open_ok(uri);
@@ -208,20 +134,6 @@ static void test_quorum_lost(void)
 
 /* ---- every node restarted (items 2 and 3) --------------------------------- */
 
-struct lost_seen {
-    pthread_mutex_t mu;
-    int calls, err;
-};
-
-static void on_lost_cb(dlock_lock *lock, int err, void *user)
-{
-    struct lost_seen *s = user;
-    (void)lock;
-    pthread_mutex_lock(&s->mu);
-    s->calls++;
-    s->err = err;
-    pthread_mutex_unlock(&s->mu);
-}
 
 struct report {
     int rc;
@@ -243,7 +155,7 @@ static void test_restart_all(void)
     int p[2];
     struct lost_seen seen = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
     for (int i = 0; i < N; i++)
-        srv_start(&s[i], 0);
+        srv_start(&s[i], 0, NULL);
     /* A waiter goes on trying for connect_timeout without a quorum. */
     srv_uri(s, uri, sizeof uri, "connect_timeout=4000");
     snprintf(name, sizeof name, "%srestart-all", prefix);
@@ -286,7 +198,7 @@ static void test_restart_all(void)
         srv_kill(&s[i]);
     sleep_ms(300);
     for (int i = 0; i < N; i++)
-        srv_start(&s[i], s[i].port);
+        srv_start(&s[i], s[i].port, NULL);
     uint64_t back = dlock_monotonic_ns();
     struct report r = {1, 0, 0, ""};
     struct pollfd pfd = {.fd = p[0], .events = POLLIN};
