@@ -315,11 +315,10 @@ static uint64_t token_floor(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-static int bump_token(struct file_conn *fc, int fd, const dlock_request *req,
-                      uint64_t *tokenp)
+/* The lock file's token (*emptyp: the file holds none yet). */
+static int read_token(dlock_client *c, int fd, uint64_t *tokenp, int *emptyp)
 {
-    dlock_client *c = fc->base.client;
-    char buf[128];
+    char buf[TOKEN_DIGITS + 2];
     uint64_t token = 0;
     ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
     if (n < 0)
@@ -333,7 +332,21 @@ static int bump_token(struct file_conn *fc, int fd, const dlock_request *req,
                                 "the lock file does not start with a %d-digit token",
                                 TOKEN_DIGITS);
     }
-    if (n == 0)
+    *tokenp = token;
+    *emptyp = n == 0;
+    return 0;
+}
+
+static int bump_token(struct file_conn *fc, int fd, const dlock_request *req,
+                      uint64_t *tokenp)
+{
+    dlock_client *c = fc->base.client;
+    char buf[128];
+    uint64_t token;
+    int empty, rc;
+    if ((rc = read_token(c, fd, &token, &empty)) != 0)
+        return rc;
+    if (empty)
         token = token_floor();
     if (token == UINT64_MAX)
         return dlock_seterr(c, DLOCK_EPROTO, "the fencing token is exhausted");
@@ -425,11 +438,36 @@ static int file_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     return check_held(conn, (struct file_held *)held);
 }
 
+/* Raises the token in the file we hold: the next holder bumps it from
+ * there. Only the digits are rewritten; the owner line stays. */
+static int file_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
+{
+    struct file_conn *fc = (struct file_conn *)conn;
+    struct file_held *h = (struct file_held *)held;
+    char digits[TOKEN_DIGITS + 2];
+    uint64_t token;
+    int empty, rc;
+    if ((rc = check_held(conn, h)) != 0 ||
+        (rc = read_token(conn->client, h->fd, &token, &empty)) != 0)
+        return rc;
+    if (token >= floor)
+        return 0;
+    snprintf(digits, sizeof digits, "%020" PRIu64 "\n", floor);
+    if (pwrite(h->fd, digits, TOKEN_DIGITS + 1, 0) != TOKEN_DIGITS + 1)
+        return dlock_seterr(conn->client, DLOCK_EIO, "cannot write the fencing token: %s",
+                            strerror(errno));
+    if (fc->fsync && fdatasync(h->fd) < 0)
+        return dlock_seterr(conn->client, DLOCK_EIO, "cannot sync the fencing token: %s",
+                            strerror(errno));
+    return 0;
+}
+
 const dlock_backend dlock_file_backend = {
     .version = DLOCK_BACKEND_VERSION,
     .name = "file",
     .schemes = file_schemes,
-    .caps = DLOCK_CAP_FENCING | DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH,
+    .caps = DLOCK_CAP_FENCING | DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH |
+            DLOCK_CAP_RAISE,
     .options = file_options,
     .open = file_open,
     .close = file_close,
@@ -438,4 +476,5 @@ const dlock_backend dlock_file_backend = {
     .renew = file_renew,
     .ping = NULL,
     .keep = file_renew,
+    .raise_token = file_raise_token,
 };

@@ -602,7 +602,7 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         size_t up = 0, need = n / 2 + 1;
         dlock_errsave first = {0, ""};
         rc->base.caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING |
-                        DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE;
+                        DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_RAISE;
         for (size_t i = 0; i < n; i++) {
             err = dlock_redis_node_connect(rc, &rc->nodes[i], tv_ns(&rc->connect_tv));
             if (err == DLOCK_EAUTH || err == DLOCK_ESTORE)
@@ -1065,6 +1065,47 @@ static int redis_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     return 0;
 }
 
+int dlock_redis_floor_ok(struct redis_conn *rc, uint64_t floor)
+{
+    if (floor < DLOCK_REDIS_TOKEN_MAX)
+        return 0;
+    return dlock_seterr(cl(rc), DLOCK_EINVAL,
+                        "a Redis token floor must be below 2^53 - 1 = %" PRIu64
+                        " (the lock script's numbers are doubles, exact up to 2^53 - 1, "
+                        "and the next token is floor + 1); %" PRIu64 " is too large",
+                        DLOCK_REDIS_TOKEN_MAX, floor);
+}
+
+/*
+ * The script's "fence" while the lock is ours: the name's counter becomes
+ * max(counter, floor), in the same script call as the ownership check, so
+ * every later grant (max(counter + 1, TIME in µs)) is above floor. Durable
+ * as the counter is (the server's persistence). One Redis: one call,
+ * bounded by `timeout` (a reconnection and one retry after a lost reply
+ * included: the raise is safe to repeat). Redlock: dlock_redlock_raise().
+ */
+static int redis_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
+{
+    struct redis_conn *rc = (struct redis_conn *)conn;
+    struct redis_held *h = (struct redis_held *)held;
+    char arg[24];
+    long long res = 0;
+    int err;
+    if ((err = dlock_redis_floor_ok(rc, floor)) != 0)
+        return err;
+    if (rc->nnodes > 1)
+        return dlock_redlock_raise(rc, h, floor);
+    snprintf(arg, sizeof arg, "%" PRIu64, floor);
+    if ((err = simple_op(rc, h, "fence", arg, &res, call_until(rc))) != 0)
+        return err;
+    if (res != 1)
+        return dlock_seterr(conn->client, DLOCK_ELOST, "not raised: %s%s", LOST_WHY,
+                            rc->retried ? "; a first call whose reply was lost may have "
+                                          "raised the counter before that"
+                                        : "");
+    return 0;
+}
+
 static int redis_ping(dlock_conn *conn)
 {
     struct redis_conn *rc = (struct redis_conn *)conn;
@@ -1087,7 +1128,7 @@ const dlock_backend dlock_redis_backend = {
     .name = "redis",
     .schemes = redis_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
-            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE,
+            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_RAISE,
     .options = redis_options,
     .open = redis_open,
     .close = redis_close,
@@ -1096,4 +1137,5 @@ const dlock_backend dlock_redis_backend = {
     .renew = redis_renew,
     .ping = redis_ping,
     .keep = redis_keep,
+    .raise_token = redis_raise_token,
 };

@@ -121,6 +121,12 @@ size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *k
 int dlock_redis_script(struct redis_conn *rc, struct redis_node *n, size_t argc,
                        const char **argv, const size_t *argvlen, redisReply **out);
 
+/* Tokens stay below 2^53 (the script's numbers are doubles): a floor must
+ * be below 2^53 - 1, the largest token, so that floor + 1 fits. */
+#define DLOCK_REDIS_TOKEN_MAX UINT64_C(9007199254740991)
+/* 0, or DLOCK_EINVAL naming the limit. */
+int dlock_redis_floor_ok(struct redis_conn *rc, uint64_t floor);
+
 /* Redlock (backends/redlock.c). */
 int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req,
                           struct redis_held *h);
@@ -129,5 +135,8 @@ int dlock_redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t tt
 /* The keeper's renewal, on the keeper's connection kc: 0, DLOCK_ELOST when
  * the nodes that answered rule out a quorum, else a transient error. */
 int dlock_redlock_keep(struct redis_conn *kc, struct redis_held *h, uint32_t ttl_ms);
+/* raise_token on every node: 0 on a quorum within the lock's validity,
+ * DLOCK_ELOST when the nodes that answered rule out a quorum still ours. */
+int dlock_redlock_raise(struct redis_conn *rc, struct redis_held *h, uint64_t floor);
 
 #endif

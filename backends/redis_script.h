@@ -15,7 +15,8 @@
  *   grab    owner ttl               → {1, token} or {0, pttl}: SET NX PX
  *                                     and the counter only, no queue (Redlock)
  *   fence   owner floor             → raises the counter to floor while
- *                                     the lock is ours (Redlock), 1/0
+ *                                     the lock is ours (Redlock's write-back,
+ *                                     raise_token), 1/0; never lowers it
  *   drop    owner channel           → like release, then PUBLISH channel
  *                                     (Redlock's wake-up for all waiters)
  *

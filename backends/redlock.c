@@ -763,3 +763,47 @@ int dlock_redlock_keep(struct redis_conn *kc, struct redis_held *h, uint32_t ttl
                         "the others did not answer in time",
                         ours, kc->nnodes, quorum(kc), not_ours);
 }
+
+/*
+ * raise_token: the script's "fence" (counter = max(counter, floor) while
+ * the key is ours, checked in the same call) on every node at once, like
+ * the token write-back of a grant. It counts only on a quorum of nodes
+ * confirming within the lock's validity (its lease end, start + TTL -
+ * drift): then every later quorum shares a node whose counter is >= floor,
+ * so its token is greater. Otherwise DLOCK_ELOST when the nodes that
+ * answered rule out a quorum still ours, DLOCK_ETIMEDOUT on a quorum
+ * confirmed too late, else DLOCK_ECONNECT; the nodes that did raise keep
+ * it (a raise is never undone: it does no harm). Bounded like renew:
+ * node_timeout for the replies, plus node_timeout for each node whose
+ * connection has to be made again.
+ */
+int dlock_redlock_raise(struct redis_conn *rc, struct redis_held *h, uint64_t floor)
+{
+    redisReply *replies[MAX_NODES];
+    char arg[24];
+    size_t ours = 0, not_ours = 0;
+    struct round st;
+    snprintf(arg, sizeof arg, "%" PRIu64, floor);
+    const char *args[3] = {"fence", h->owner, arg};
+    const size_t lens[3] = {5, 32, strlen(arg)};
+    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc), 0, &st);
+    count_ints(rc, replies, &ours, &not_ours);
+    free_replies(rc, replies);
+    if (ours >= quorum(rc) && dlock_monotonic_ns() < h->base.lease_end_ns) {
+        dlock_clearerr(cl(rc));
+        return 0;
+    }
+    if (rc->nnodes - not_ours < quorum(rc))
+        return dlock_seterr(cl(rc), DLOCK_ELOST,
+                            "not raised: the lock was no longer ours on %zu of %zu Redlock nodes "
+                            "(quorum %zu): the lease had expired or another owner holds it",
+                            not_ours, rc->nnodes, quorum(rc));
+    if (ours >= quorum(rc))
+        return dlock_seterr(cl(rc), DLOCK_ETIMEDOUT,
+                            "raised on a quorum of Redlock nodes, but after the lock's validity "
+                            "had run out: later grants may not be above the floor");
+    return dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                        "raised on only %zu of %zu Redlock nodes (quorum %zu), %zu refused, the "
+                        "others did not answer (%.150s)",
+                        ours, rc->nnodes, quorum(rc), not_ours, st.first.msg);
+}

@@ -1488,6 +1488,20 @@ fail:
     return err;
 }
 
+/* Tokens are the lock nodes' czxids: transaction ids the ensemble hands
+ * out in order for every write, which dlock cannot raise. Later grants are
+ * above this lock's own czxid, so a floor below it needs nothing; any
+ * other floor may be above the next czxids. */
+static int zk_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
+{
+    if (floor < held->token)
+        return 0;
+    return dlock_seterr(conn->client, DLOCK_ENOTSUP,
+                        "ZooKeeper's tokens are its transaction ids and cannot be raised: "
+                        "%" PRIu64 " is not below this lock's token %" PRIu64,
+                        floor, held->token);
+}
+
 const dlock_backend dlock_zookeeper_backend = {
     .version = DLOCK_BACKEND_VERSION,
     .name = "zookeeper",
@@ -1504,4 +1518,5 @@ const dlock_backend dlock_zookeeper_backend = {
     .renew = zk_renew,
     .ping = zk_ping,
     .keep = zk_keep,
+    .raise_token = zk_raise_token,
 };

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "core/composite.h"
 #include "core/internal.h"
 #include "core/uri.h"
 
@@ -152,10 +153,35 @@ static int check_options(dlock_client *c, const dlock_backend *b)
     return 0;
 }
 
+/* Several URIs separated by whitespace: a composite client (one lock in
+ * every store listed, in that order). */
+static int composite_connect(dlock_client *c, const char *list, size_t n)
+{
+    char *uris[DLOCK_COMPOSITE_MAX], *buf = NULL;
+    dlock_conn *conn = NULL;
+    int rc;
+    if (n > DLOCK_COMPOSITE_MAX)
+        return dlock_seterr(c, DLOCK_EBADURI, "%zu URIs in one list: at most %d", n,
+                            DLOCK_COMPOSITE_MAX);
+    if (dlock_composite_split(list, uris, n, &buf) != n)
+        return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
+    rc = dlock_composite_open(c, uris, n, &conn);
+    free(buf);
+    if (rc)
+        return finish(c, rc);
+    conn->client = c;
+    c->backend = &dlock_composite_backend;
+    c->conn = conn;
+    return 0;
+}
+
 static int client_connect(dlock_client *c, const char *uri)
 {
     const dlock_backend *b;
     dlock_conn *conn = NULL;
+    size_t words = uri ? dlock_composite_split(uri, NULL, 0, NULL) : 0;
+    if (words > 1)
+        return composite_connect(c, uri, words);
     int rc = dlock_uri_parse(uri, &c->uri, c->errmsg, sizeof c->errmsg);
     if (rc)
         return c->err = rc;
@@ -482,6 +508,27 @@ int dlock_renew(dlock_lock *lock, uint32_t ttl_ms)
     }
     rc = finish(c, rc);
     dlock_keeper_unhold(lock, rc, end);
+    return rc;
+}
+
+int dlock_lock_raise_token(dlock_lock *lock, uint64_t floor)
+{
+    dlock_client *c;
+    int rc;
+    if (!lock || not_on_keeper())
+        return DLOCK_EINVAL;
+    c = lock->client;
+    dlock_clearerr(c);
+    if (floor >= (1ull << 63))
+        return dlock_seterr(c, DLOCK_EINVAL, "a token floor must be below 2^63");
+    if (!dlock_backend_v3(c->backend) || !c->backend->raise_token)
+        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot raise its tokens",
+                            c->backend->name);
+    if (atomic_load(&lock->lost)) /* never act on a grant reported lost */
+        return report_lost(c, dlock_keeper_lost_detail(lock));
+    dlock_keeper_hold(lock);
+    rc = finish(c, c->backend->raise_token(c->conn, lock->held, floor));
+    dlock_keeper_unhold_call(lock, rc);
     return rc;
 }
 

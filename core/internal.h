@@ -47,6 +47,12 @@ static inline int dlock_backend_v2(const dlock_backend *b)
     return b->version >= 2;
 }
 
+/* v3 added raise_token(). */
+static inline int dlock_backend_v3(const dlock_backend *b)
+{
+    return b->version >= 3;
+}
+
 /* The lease end a backend reported for held, or fallback. */
 uint64_t dlock_lease_end(const dlock_client *c, const dlock_held *held, uint64_t sent_ns,
                          uint32_t ttl_ms);
@@ -64,6 +70,8 @@ void dlock_keeper_remove(dlock_lock *lock);
  * expires_ns to end after a successful renew (any lock, kept or not). */
 void dlock_keeper_hold(dlock_lock *lock);
 void dlock_keeper_unhold(dlock_lock *lock, int rc, uint64_t end);
+/* As dlock_keeper_unhold, for a call that did not touch the lease. */
+void dlock_keeper_unhold_call(dlock_lock *lock, int rc);
 /* Joins the keeper's threads and frees it (every kept lock removed first). */
 void dlock_keeper_stop(dlock_client *c);
 int dlock_keeper_on_thread(void);

@@ -356,6 +356,21 @@ void dlock_keeper_unhold(dlock_lock *lock, int rc, uint64_t end)
     pthread_mutex_unlock(&kp->mu);
 }
 
+void dlock_keeper_unhold_call(dlock_lock *lock, int rc)
+{
+    struct dlock_kept *k = lock->kept;
+    struct dlock_keeper *kp = lock->client->keeper;
+    if (!k)
+        return;
+    pthread_mutex_lock(&kp->mu);
+    k->held = 0;
+    if (rc == DLOCK_ELOST)
+        mark_lost(kp, k, rc, lock->client->errmsg);
+    pthread_cond_broadcast(&kp->renew_cv);
+    pthread_cond_broadcast(&kp->watch_cv);
+    pthread_mutex_unlock(&kp->mu);
+}
+
 void dlock_keeper_stop(dlock_client *c)
 {
     struct dlock_keeper *kp = c->keeper;

@@ -293,6 +293,23 @@ DLOCK_API int dlock_renew(dlock_lock *lock, uint32_t ttl_ms);
  */
 DLOCK_API uint64_t dlock_lock_token(const dlock_lock *lock);
 
+/*
+ * Makes every later grant of this lock's name by this client's store carry
+ * a token greater than floor, while the lock is still held: the store's
+ * counter for the name is raised to floor where it is below (never
+ * lowered). The lock's own token is unchanged. This is how a token from
+ * another store (the one locks are moving from) is carried over, so that
+ * the tokens a protected resource sees never go back.
+ * Returns 0; DLOCK_ELOST if the lock is no longer ours; DLOCK_EINVAL if
+ * floor is 2^63 or more, or beyond what the store's tokens can reach (Redis:
+ * 2^53 - 1); DLOCK_ENOTSUP when the store cannot raise its tokens (no
+ * DLOCK_CAP_RAISE: ZooKeeper's tokens are its transaction ids) and later
+ * ones may not be above floor. On a store without DLOCK_CAP_RAISE whose
+ * tokens are global and only grow, a floor below this lock's own token
+ * needs nothing and returns 0.
+ */
+DLOCK_API int dlock_lock_raise_token(dlock_lock *lock, uint64_t floor);
+
 /* The lock's name (NUL-terminated copy) and its length. Owned by the lock. */
 DLOCK_API const char *dlock_lock_name(const dlock_lock *lock, size_t *lenp);
 

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define DLOCK_BACKEND_VERSION 2
+#define DLOCK_BACKEND_VERSION 3
 
 /* Capability bits: what a backend guarantees. */
 enum {
@@ -35,6 +35,8 @@ enum {
     DLOCK_CAP_DEADLINE = 1u << 6, /* waits honour a deadline */
     DLOCK_CAP_HOLDER_DEATH = 1u << 7, /* a dead holder's lock is freed at once
                                          (not only after its lease) */
+    DLOCK_CAP_RAISE = 1u << 8,    /* a holder can raise its name's later tokens
+                                     above any value (raise_token) */
 };
 
 /* A parsed URI. Opaque; read through the getters below. */
@@ -179,6 +181,23 @@ struct dlock_backend {
      * DLOCK_EEXPIRED (must be assumed gone: reported at once), or another
      * code (transient: tried again while the lease lasts). */
     int (*keep)(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms);
+
+    /* Version 3. */
+
+    /* Optional (NULL: DLOCK_ENOTSUP). While held is still ours, makes every
+     * later grant of held's name by this store carry a token greater than
+     * floor: raises the name's counter to floor where it is below (never
+     * lowers it), durably as the store keeps its counters. held's own token
+     * is unchanged. floor < 2^63 (the core refuses larger); a store whose
+     * tokens cannot reach floor returns DLOCK_EINVAL saying its limit.
+     * Returns 0, DLOCK_ELOST (no longer ours: nothing raised), DLOCK_ENOTSUP
+     * with a detail when the store cannot raise its tokens and later ones
+     * may not be above floor (a backend without DLOCK_CAP_RAISE returns 0
+     * only when its later tokens are above floor anyway, e.g. floor below
+     * held's own token on a store whose tokens are global), or another
+     * error. Called on the application's thread, like renew, never at the
+     * same time as keep() of the same held. */
+    int (*raise_token)(dlock_conn *conn, dlock_held *held, uint64_t floor);
 };
 
 /*

@@ -60,15 +60,27 @@ static inline const char *need_env(const char *name)
 
 /* uri with its password masked, for test output (credentials are never
  * printed, not even the test stores'). */
+/* uri (or a list of URIs separated by whitespace) with passwords masked. */
 static inline const char *shown_uri(const char *uri, char *buf, size_t len)
 {
-    dlock_uri *u = NULL;
-    char err[256];
-    if (dlock_uri_parse(uri, &u, err, sizeof err) != 0)
-        snprintf(buf, len, "(malformed URI)");
-    else
-        snprintf(buf, len, "%s", dlock_uri_redacted(u));
-    dlock_uri_free(u);
+    size_t o = 0;
+    buf[0] = '\0';
+    for (const char *p = uri; *p && o < len;) {
+        size_t n = strcspn(p, " \t\r\n\v\f");
+        if (n) {
+            char one[2048], err[256];
+            dlock_uri *u = NULL;
+            snprintf(one, sizeof one, "%.*s", (int)n, p);
+            o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? " " : "",
+                                  dlock_uri_parse(one, &u, err, sizeof err) == 0
+                                      ? dlock_uri_redacted(u)
+                                      : "(malformed URI)");
+            dlock_uri_free(u);
+            p += n;
+        } else {
+            p++;
+        }
+    }
     return buf;
 }
 

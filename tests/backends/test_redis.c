@@ -771,6 +771,122 @@ static void test_tokens_counter_lost(const char *uri)
     dlock_client_close(c);
 }
 
+/* ---- raise_token (issue 11) ------------------------------------------------ */
+
+/* The name's counter as the server holds it (0: none). */
+static uint64_t raw_counter(redisContext *ctx, const char *fence)
+{
+    redisReply *r = redisCommand(ctx, "GET %s", fence);
+    uint64_t v = r && r->type == REDIS_REPLY_STRING ? strtoull(r->str, NULL, 10) : 0;
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
+/*
+ * dlock_lock_raise_token on one Redis: later grants go above the floor; a
+ * floor below the counter leaves it alone; a lock no longer ours is
+ * DLOCK_ELOST with the counter untouched; 2^53 - 1 and beyond is
+ * DLOCK_EINVAL, 2^53 - 2 still works (the next token is 2^53 - 1, exact).
+ * A kept lock raises too (the keeper is held off during the call).
+ */
+static void test_raise(const char *uri)
+{
+    dlock_client *c = open_ok(uri), *other = open_ok(uri);
+    redisContext *ctx = raw(uri, 0);
+    dlock_lock *l = NULL, *l2 = NULL;
+    char name[128], fence[192], key[192];
+    snprintf(name, sizeof name, "%sraise", prefix);
+    snprintf(fence, sizeof fence, "dlock:%s:fence", name);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 10000);
+
+    ok(dlock_client_caps(c) & DLOCK_CAP_RAISE, "raise: DLOCK_CAP_RAISE is set");
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: acquire");
+    uint64_t t0 = l ? dlock_lock_token(l) : 0, floor = t0 + 1000000;
+    is_int(l ? dlock_lock_raise_token(l, floor) : -1, 0, "raise: to token + 1e6 → 0 (%s)",
+           dlock_errmsg(c));
+    is_int(l ? (long long)dlock_lock_token(l) : -1, (long long)t0, "raise: own token unchanged");
+    ok(raw_counter(ctx, fence) >= floor, "raise: the counter is at least the floor (%llu)",
+       (unsigned long long)raw_counter(ctx, fence));
+    if (l)
+        dlock_release(l);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: acquire again");
+    uint64_t t1 = l ? dlock_lock_token(l) : 0;
+    ok(t1 > floor, "raise: the next token is above the floor (%llu > %llu)",
+       (unsigned long long)t1, (unsigned long long)floor);
+
+    /* Far ahead of the clock, so that the next tokens are the counter's. */
+    uint64_t high = t1 + 1000000000000ull; /* ~11.6 days of microseconds */
+    is_int(l ? dlock_lock_raise_token(l, high) : -1, 0, "raise: to token + 1e12");
+    if (l)
+        dlock_release(l);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: acquire again");
+    uint64_t t2 = l ? dlock_lock_token(l) : 0;
+    is_int((long long)t2, (long long)(high + 1), "raise: the next token is floor + 1");
+    is_int(l ? dlock_lock_raise_token(l, high - 1000) : -1, 0,
+           "raise: a floor below the counter → 0");
+    is_int((long long)raw_counter(ctx, fence), (long long)t2,
+           "raise: and the counter is left alone (never lowered)");
+    if (l)
+        dlock_release(l);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: acquire again");
+    is_int(l ? (long long)dlock_lock_token(l) : -1, (long long)(t2 + 1),
+           "raise: the next token is just above the previous");
+    if (l)
+        dlock_release(l);
+
+    /* No longer ours: the lease ran out and another owner took the lock. */
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 200);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: acquire with a 200 ms lease");
+    sleep_ms(400);
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 10000);
+    is_int(dlock_acquire(other, name, &o, &l2), 0, "raise: another owner takes it");
+    uint64_t before = raw_counter(ctx, fence);
+    is_int(l ? dlock_lock_raise_token(l, before + 1000000000ull) : -1, DLOCK_ELOST,
+           "raise: no longer ours → DLOCK_ELOST");
+    ok(strstr(dlock_errmsg(c), "not raised") != NULL, "raise: detail: %s", dlock_errmsg(c));
+    is_int((long long)raw_counter(ctx, fence), (long long)before, "raise: the counter unchanged");
+    if (l)
+        is_int(dlock_release(l), DLOCK_ELOST, "raise: its release says DLOCK_ELOST too");
+    if (l2)
+        dlock_release(l2);
+
+    /* Kept: the keeper renews on its own connection meanwhile. */
+    o.keep = 1;
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: a kept lock");
+    uint64_t t3 = l ? dlock_lock_token(l) : 0;
+    is_int(l ? dlock_lock_raise_token(l, t3 + 5) : -1, 0, "raise: a kept lock raises");
+    if (l)
+        dlock_release(l);
+    o.keep = 0;
+
+    /* The limit: tokens are doubles in the script, exact up to 2^53 - 1. */
+    snprintf(name, sizeof name, "%sraise-limit", prefix);
+    snprintf(fence, sizeof fence, "dlock:%s:fence", name);
+    lock_key(key, sizeof key, name);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: acquire (limit)");
+    before = raw_counter(ctx, fence);
+    is_int(l ? dlock_lock_raise_token(l, (1ull << 53) - 1) : -1, DLOCK_EINVAL,
+           "raise: floor 2^53 - 1 → DLOCK_EINVAL");
+    ok(strstr(dlock_errmsg(c), "2^53") != NULL, "raise: naming the limit: %s", dlock_errmsg(c));
+    is_int(l ? dlock_lock_raise_token(l, 1ull << 62) : -1, DLOCK_EINVAL,
+           "raise: floor 2^62 → DLOCK_EINVAL");
+    is_int((long long)raw_counter(ctx, fence), (long long)before, "raise: the counter unchanged");
+    is_int(l ? dlock_lock_raise_token(l, (1ull << 53) - 2) : -1, 0, "raise: floor 2^53 - 2 → 0");
+    if (l)
+        dlock_release(l);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: acquire at the limit");
+    is_int(l ? (long long)dlock_lock_token(l) : -1, (long long)((1ull << 53) - 1),
+           "raise: its token is 2^53 - 1, exact");
+    if (l)
+        dlock_release(l);
+    freeReplyObject(redisCommand(ctx, "DEL %s %s", fence, key));
+
+    redisFree(ctx);
+    dlock_client_close(other);
+    dlock_client_close(c);
+}
+
 /* ---- a server killed and restarted (items 2 and 3) ------------------------ */
 
 struct waiter_report {
@@ -1157,6 +1273,7 @@ int main(void)
     test_keep_refused("redlock", redlock, 5);
 
     test_tokens_counter_lost(single);
+    test_raise(single);
     test_restart();
     test_client_kill();
     test_stale_entry(single);

@@ -257,6 +257,158 @@ static void test_counter_lost(const char *uri)
     dlock_client_close(c);
 }
 
+/* ---- raise_token (issue 11) ------------------------------------------------ */
+
+static uint64_t raw_counter(redisContext *ctx, const char *fence)
+{
+    redisReply *r = redisCommand(ctx, "GET %s", fence);
+    uint64_t v = r && r->type == REDIS_REPLY_STRING ? strtoull(r->str, NULL, 10) : 0;
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
+#define FOREIGN "ffffffffffffffffffffffffffffffff:1"
+
+/*
+ * dlock_lock_raise_token over five nodes: the floor reaches every node that
+ * still holds our key, and a later quorum of other nodes goes above it;
+ * another owner on 2 of 5 nodes still leaves a quorum of 3 (raised); on 3 of
+ * 5 it is DLOCK_ELOST with those nodes' counters untouched; an expired
+ * lease is DLOCK_ELOST; the limit is DLOCK_EINVAL before any node is asked.
+ */
+static void test_raise(const char *uri)
+{
+    dlock_client *c = open_ok(uri);
+    dlock_lock *l = NULL;
+    redisContext *node[N];
+    char name[128], fence[192], key[192];
+    uint64_t before[N];
+    snprintf(name, sizeof name, "%sraise", prefix);
+    snprintf(fence, sizeof fence, "dlock:%s:fence", name);
+    snprintf(key, sizeof key, "dlock:%s:lock", name);
+    for (int i = 0; i < N; i++)
+        node[i] = raw(uri, (size_t)i);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 10000);
+
+    ok(dlock_client_caps(c) & DLOCK_CAP_RAISE, "raise: DLOCK_CAP_RAISE is set");
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: acquire");
+    uint64_t t0 = l ? dlock_lock_token(l) : 0, floor = t0 + 1000000;
+    is_int(l ? dlock_lock_raise_token(l, floor) : -1, 0, "raise: to token + 1e6 → 0");
+    int all = 1;
+    for (int i = 0; i < N; i++)
+        all &= raw_counter(node[i], fence) >= floor;
+    ok(all, "raise: every node's counter is at least the floor");
+    if (l)
+        dlock_release(l);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: acquire again");
+    ok(l && dlock_lock_token(l) > floor, "raise: the next token is above the floor (%llu > %llu)",
+       (unsigned long long)(l ? dlock_lock_token(l) : 0), (unsigned long long)floor);
+
+    /* Another owner on nodes 0-1: the 3 others confirm, a quorum. */
+    uint64_t high = (l ? dlock_lock_token(l) : 0) + 1000000000000ull;
+    for (int i = 0; i < 2; i++)
+        freeReplyObject(redisCommand(node[i], "SET %s %s PX 20000", key, FOREIGN));
+    is_int(l ? dlock_lock_raise_token(l, high) : -1, 0,
+           "raise: held elsewhere on 2 of 5 nodes → 0 (quorum of 3)");
+    ok(raw_counter(node[0], fence) < high && raw_counter(node[1], fence) < high,
+       "raise: the 2 nodes not ours were not raised");
+    ok(raw_counter(node[2], fence) >= high && raw_counter(node[4], fence) >= high,
+       "raise: the 3 that are ours were");
+    if (l)
+        dlock_release(l);
+    /* A later quorum of nodes 0, 1 and 2 (3 and 4 held elsewhere): it
+     * shares node 2 with the raised quorum. */
+    for (int i = 0; i < N; i++)
+        freeReplyObject(redisCommand(node[i], i >= 3 ? "SET %s %s PX 20000" : "DEL %s", key,
+                                     FOREIGN));
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: acquire on nodes 0-2");
+    ok(l && dlock_lock_token(l) > high, "raise: its token is above the floor (%llu > %llu)",
+       (unsigned long long)(l ? dlock_lock_token(l) : 0), (unsigned long long)high);
+    for (int i = 3; i < N; i++)
+        freeReplyObject(redisCommand(node[i], "DEL %s", key));
+
+    /* Another owner on nodes 0-2: no quorum can be ours. */
+    for (int i = 0; i < 3; i++)
+        freeReplyObject(redisCommand(node[i], "SET %s %s PX 20000", key, FOREIGN));
+    for (int i = 0; i < N; i++)
+        before[i] = raw_counter(node[i], fence);
+    is_int(l ? dlock_lock_raise_token(l, high + 1000000000000ull) : -1, DLOCK_ELOST,
+           "raise: held elsewhere on 3 of 5 → DLOCK_ELOST");
+    ok(strstr(dlock_errmsg(c), "no longer ours on 5 of 5") != NULL, "raise: detail: %s",
+       dlock_errmsg(c));
+    int same = 1;
+    for (int i = 0; i < 3; i++)
+        same &= raw_counter(node[i], fence) == before[i];
+    ok(same, "raise: their counters unchanged");
+    if (l)
+        dlock_release(l);
+    for (int i = 0; i < N; i++)
+        freeReplyObject(redisCommand(node[i], "DEL %s", key));
+
+    /* Expired on every node. */
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 200);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: acquire with a 200 ms lease");
+    sleep_ms(400);
+    for (int i = 0; i < N; i++)
+        before[i] = raw_counter(node[i], fence);
+    is_int(l ? dlock_lock_raise_token(l, before[0] + 1000000000000ull) : -1, DLOCK_ELOST,
+           "raise: after expiry → DLOCK_ELOST");
+    same = 1;
+    for (int i = 0; i < N; i++)
+        same &= raw_counter(node[i], fence) == before[i];
+    ok(same, "raise: no counter changed");
+    if (l)
+        dlock_release(l);
+
+    /* The limit, refused before any node is asked. */
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 10000);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: acquire (limit)");
+    is_int(l ? dlock_lock_raise_token(l, (1ull << 53) - 1) : -1, DLOCK_EINVAL,
+           "raise: floor 2^53 - 1 → DLOCK_EINVAL");
+    ok(strstr(dlock_errmsg(c), "2^53") != NULL, "raise: naming the limit: %s", dlock_errmsg(c));
+    if (l)
+        dlock_release(l);
+
+    for (int i = 0; i < N; i++) {
+        freeReplyObject(redisCommand(node[i], "DEL %s %s", fence, key));
+        redisFree(node[i]);
+    }
+    dlock_client_close(c);
+}
+
+/* Nodes down while the lock is held: 2 of 5 still raise on a quorum; with
+ * 3 down nothing proves the loss: a connection error, within the bound. */
+static void test_raise_nodes_down(void)
+{
+    struct srv s[N];
+    char uri[256], name[128];
+    for (int i = 0; i < N; i++)
+        srv_start(&s[i], 0, NULL);
+    srv_uri(s, uri, sizeof uri, NULL);
+    snprintf(name, sizeof name, "%sraise-down", prefix);
+    dlock_client *c = open_ok(uri);
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 10000);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise-down: granted with 5 of 5 up");
+    uint64_t t = l ? dlock_lock_token(l) : 0;
+    srv_kill(&s[3]);
+    srv_kill(&s[4]);
+    is_int(l ? dlock_lock_raise_token(l, t + 1000) : -1, 0, "raise-down: 2 of 5 down → 0");
+    srv_kill(&s[2]);
+    uint64_t t0 = dlock_monotonic_ns();
+    int rc = l ? dlock_lock_raise_token(l, t + 2000) : -1;
+    double el = since_ms(t0);
+    is_int(rc, DLOCK_ECONNECT, "raise-down: 3 of 5 down → DLOCK_ECONNECT (not a proven loss)");
+    ok(el < 1000, "raise-down: within the bound: %.0f ms", el);
+    ok(strstr(dlock_errmsg(c), "2 of 5") != NULL, "raise-down: detail: %s", dlock_errmsg(c));
+    if (l)
+        dlock_release(l);
+    dlock_client_close(c);
+    for (int i = 0; i < 2; i++)
+        srv_kill(&s[i]);
+}
+
 /* ---- deadlines are deadlines (item 5) ------------------------------------- */
 
 struct bg {
@@ -321,5 +473,7 @@ int main(void)
     test_counter_lost(uri);
     test_restart_all();
     test_silent_nodes(uri);
+    test_raise(uri);
+    test_raise_nodes_down();
     return done_testing();
 }

@@ -55,6 +55,18 @@ static unsigned int caps;
 static char prefix[64]; /* per-run name prefix: runs never collide */
 static char backend[32]; /* "file", "redis", "redlock", "postgres", ... */
 static int nhosts;       /* 0: no network (file) */
+static int composite;    /* a list of stores (one lock in each) */
+
+/* The cases that cut, stop or rewrite one store's network: for a list of
+ * stores they run in each store's own run of the suite. */
+#define SKIP_FOR_LISTS(what)                                                                  \
+    do {                                                                                      \
+        if (composite) {                                                                      \
+            skip("a list of stores: this case runs in each store's own conformance run",      \
+                 "%s", what);                                                                 \
+            return;                                                                           \
+        }                                                                                     \
+    } while (0)
 
 #define MS 1000000ull
 
@@ -189,6 +201,7 @@ static void test_open_and_options(void)
  * connect_timeout. */
 static void test_closed_port(void)
 {
+    SKIP_FOR_LISTS("closed port → DLOCK_ECONNECT");
     dlock_client *c = NULL;
     char closed[1024];
     int ports[PROXY_MAX_UP];
@@ -313,6 +326,60 @@ static void test_tokens(void)
     }
     dlock_client_close(a);
     dlock_client_close(b);
+}
+
+/* dlock_lock_raise_token: on a store that can raise (DLOCK_CAP_RAISE), the
+ * name's later grants, on any client, are above the floor; a lower floor
+ * never lowers the counter. Elsewhere a floor at or above the lock's own
+ * token is refused, a lower one needs nothing. */
+static void test_raise_token(void)
+{
+    char name[128];
+    dlock_client *c = client(), *d = client();
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_for(5000);
+    int can = (caps & DLOCK_CAP_RAISE) != 0;
+    name_of(name, sizeof name, "raise");
+    is_int(dlock_acquire(c, name, &o, &l), 0, "acquire");
+    uint64_t t1 = l ? dlock_lock_token(l) : 0, t2 = 0, t3 = 0;
+    uint64_t floor = t1 + 1000000;
+    if (l) {
+        is_int(dlock_lock_raise_token(l, 1ull << 63), DLOCK_EINVAL, "a floor of 2^63 → DLOCK_EINVAL");
+        is_int(dlock_lock_raise_token(l, t1 - 1), 0, "a floor below the lock's own token → 0");
+        int rc = dlock_lock_raise_token(l, floor);
+        if (can)
+            is_int(rc, 0, "raise to the token + 10^6 (%s)", rc ? dlock_errmsg(c) : "ok");
+        else
+            ok(rc == DLOCK_ENOTSUP && dlock_errmsg(c)[0],
+               "a store that cannot raise refuses a floor above its token: %s", dlock_errmsg(c));
+        is_int(dlock_release(l), 0, "release");
+    }
+    o = wait_for(5000);
+    if (dlock_acquire(d, name, &o, &l) == 0) {
+        t2 = dlock_lock_token(l);
+        if (can)
+            ok(t2 > floor, "the next grant, on another client, is above the floor (%llu > %llu)",
+               (unsigned long long)t2, (unsigned long long)floor);
+        else
+            ok(t2 > t1, "the next grant is above the last (%llu > %llu)", (unsigned long long)t2,
+               (unsigned long long)t1);
+        is_int(dlock_lock_raise_token(l, 1), 0, "a floor far below the counter → 0");
+        dlock_release(l);
+    } else {
+        ok(0, "acquire after the raise: %s", dlock_errmsg(d));
+        ok(0, "raise to a low floor");
+    }
+    o = wait_for(5000);
+    if (dlock_acquire(c, name, &o, &l) == 0) {
+        t3 = dlock_lock_token(l);
+        ok(t3 > t2 && t2 > 0, "a lower floor never lowers the counter (%llu > %llu)",
+           (unsigned long long)t3, (unsigned long long)t2);
+        dlock_release(l);
+    } else {
+        ok(0, "acquire after a low floor: %s", dlock_errmsg(c));
+    }
+    dlock_client_close(c);
+    dlock_client_close(d);
 }
 
 /* Mutual exclusion: N processes × M iterations on a counter that only the
@@ -960,6 +1027,7 @@ static void test_kept_after_long_wait(void)
 static void test_cut_connection(void)
 {
     static const char *const what = "a holder whose network goes silent is told in time";
+    SKIP_FOR_LISTS(what);
     if (!nhosts) {
         skip("the file backend has no network to cut", "%s", what);
         return;
@@ -1023,6 +1091,7 @@ out:
 static void test_paused_holder(void)
 {
     static const char *const what = "a holder stopped past its lease is told on resume";
+    SKIP_FOR_LISTS(what);
     if (!nhosts) {
         skip("a stopped holder keeps its kernel lock on the file backend: nothing is lost", "%s", what);
         return;
@@ -1078,6 +1147,7 @@ static void test_paused_holder(void)
 static void test_file_loss(void)
 {
     static const char *const what = "a kept lock whose lock file is replaced is reported lost";
+    SKIP_FOR_LISTS(what);
     if (nhosts) {
         skip("stores with a network: loss, lost_fd and on_lost are checked by the cut and pause cases",
              "%s", what);
@@ -1159,6 +1229,7 @@ static void test_reentrant(void)
 static void test_silent_open(void)
 {
     static const char *const what = "open against a store that never answers returns in time";
+    SKIP_FOR_LISTS(what);
     if (!nhosts) {
         skip("the file backend has no network", "%s", what);
         return;
@@ -1218,6 +1289,7 @@ static void test_silent_open(void)
 static void test_silent_calls(void)
 {
     static const char *const what = "calls on a network gone silent return in time";
+    SKIP_FOR_LISTS(what);
     static const char *const ops[] = {"try-acquire", "renew", "release", "ping", "close"};
     enum { NOPS = 5 };
     if (!nhosts) {
@@ -1393,21 +1465,116 @@ static void run_parallel(struct pcase *cs, int n, unsigned limit_s)
     fflush(stdout);
 }
 
+/* ---- lists of stores: one lock in each ------------------------------------ */
+
+static char parts[8][DLOCK_URI_MAX];
+static int nparts;
+
+/* The name held in one store alone, on a client of its own. */
+static dlock_client *part_client(int i)
+{
+    dlock_client *c = NULL;
+    if (dlock_client_open(parts[i], &c) != 0) {
+        printf("Bail out! cannot open store %d of the list: %s\n", i + 1, dlock_errmsg(c));
+        exit(1);
+    }
+    return c;
+}
+
+/* All or nothing under one deadline, and a token above every store's. */
+static void test_lists(void)
+{
+    static const char *const what = "a lock in every store of a list";
+    if (!composite) {
+        skip("a single store: the list cases run with a list of stores", "%s", what);
+        return;
+    }
+    char name[128];
+    dlock_client *c = client(), *last = part_client(nparts - 1), *first = part_client(0);
+    dlock_lock *l = NULL, *pl = NULL;
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    name_of(name, sizeof name, "list");
+
+    /* The last store's part is taken: a try fails, and leaves nothing held. */
+    o.wait = DLOCK_WAIT_TRY;
+    is_int(dlock_acquire(last, name, &o, &pl), 0, "the name held in the last store alone");
+    is_int(dlock_acquire(c, name, &o, &l), DLOCK_EBUSY, "a try on the list → DLOCK_EBUSY");
+    ok(strstr(dlock_errmsg(c), "store") != NULL, "naming the store: %s", dlock_errmsg(c));
+    dlock_lock *fl = NULL;
+    is_int(dlock_acquire(first, name, &o, &fl), 0,
+           "the first store's part was released before the call returned");
+    if (fl)
+        dlock_release(fl);
+
+    /* One deadline covers every part. */
+    dlock_acquire_opts d = wait_for(600);
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_acquire(c, name, &d, &l), DLOCK_ETIMEDOUT, "a 600 ms wait on the list → ETIMEDOUT");
+    uint64_t el = (dlock_monotonic_ns() - t0) / MS;
+    ok(el >= 550 && el < 600 + 1500, "at its deadline (%llu ms)", (unsigned long long)el);
+    is_int(dlock_acquire(first, name, &o, &fl), 0, "and the first store's part is free again");
+    if (fl)
+        dlock_release(fl);
+    uint64_t before = pl ? dlock_lock_token(pl) : 0;
+    if (pl)
+        dlock_release(pl);
+
+    /* The list's token is above every token its stores granted, and each
+     * store's later grants alone are above it. */
+    d = wait_for(5000);
+    is_int(dlock_acquire(c, name, &d, &l), 0, "the list is granted once the store is free");
+    uint64_t t = l ? dlock_lock_token(l) : 0;
+    ok(t > before, "its token is above the last store's earlier grant (%llu > %llu)",
+       (unsigned long long)t, (unsigned long long)before);
+    if (l)
+        is_int(dlock_release(l), 0, "release");
+    for (int i = 0; i < nparts; i++) {
+        dlock_client *pc = part_client(i);
+        d = wait_for(5000);
+        if (dlock_acquire(pc, name, &d, &pl) == 0) {
+            ok(dlock_lock_token(pl) > t, "store %d alone then grants above it (%llu > %llu)",
+               i + 1, (unsigned long long)dlock_lock_token(pl), (unsigned long long)t);
+            dlock_release(pl);
+        } else {
+            ok(0, "store %d alone: %s", i + 1, dlock_errmsg(pc));
+        }
+        dlock_client_close(pc);
+    }
+    dlock_client_close(first);
+    dlock_client_close(last);
+    dlock_client_close(c);
+}
+
 int main(int argc, char **argv)
 {
     dlock_client *c;
+    static char list[8 * (DLOCK_URI_MAX + 1)];
     for (int i = 1; i < argc; i++) {
+        const char *one = NULL;
         if (strcmp(argv[i], "--env") == 0 && i + 1 < argc)
-            uri = need_env(argv[++i]);
+            one = need_env(argv[++i]);
         else if (strcmp(argv[i], "--auth-env") == 0 && i + 1 < argc)
             auth_uri = need_env(argv[++i]);
-        else if (argv[i][0] != '-' && !uri)
-            uri = argv[i];
+        else if (argv[i][0] != '-')
+            one = argv[i];
         else
-            uri = NULL, i = argc;
+            nparts = -1, i = argc;
+        /* Several URIs (or --env): a list of stores, in that order. */
+        for (const char *p = one; p && *p && nparts >= 0;) {
+            size_t n = strcspn(p, " \t\n");
+            if (n && nparts < 8)
+                snprintf(parts[nparts++], sizeof parts[0], "%.*s", (int)n, p);
+            p += n + (p[n] != '\0');
+        }
     }
+    for (int i = 0; i < nparts; i++) {
+        if (i)
+            strcat(list, " ");
+        strcat(list, parts[i]); /* parts[i] holds at most DLOCK_URI_MAX - 1 bytes */
+    }
+    uri = nparts > 0 ? list : NULL;
     if (!uri) {
-        fprintf(stderr, "usage: conformance [--auth-env VAR] (URI | --env VAR)\n");
+        fprintf(stderr, "usage: conformance [--auth-env VAR] (URI | --env VAR)...\n");
         return 64;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1419,6 +1586,7 @@ int main(int argc, char **argv)
     diag("backend %s, caps 0x%x, uri %s", dlock_client_backend(c), caps,
          shown_uri(uri, shown, sizeof shown));
     snprintf(backend, sizeof backend, "%s", dlock_client_backend(c));
+    composite = strcmp(backend, "composite") == 0;
     dlock_client_close(c);
     {
         dlock_uri *u = NULL;
@@ -1440,6 +1608,8 @@ int main(int argc, char **argv)
     test_try_deadline_forever();
     test_same_process();
     test_tokens();
+    test_raise_token();
+    test_lists();
     test_mutual_exclusion(8, 150);
     test_fifo();
     test_names();

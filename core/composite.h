@@ -1,0 +1,22 @@
+/* Composite clients (core/composite.c): one lock in several stores. */
+#ifndef DLOCK_CORE_COMPOSITE_H
+#define DLOCK_CORE_COMPOSITE_H
+
+#include <stddef.h>
+
+#include "dlock_backend.h"
+
+/* The most stores one composite string may list. */
+#define DLOCK_COMPOSITE_MAX 16
+
+extern const dlock_backend dlock_composite_backend;
+
+/* Splits s at runs of whitespace: returns the number of words. With out,
+ * stores up to max of them, NUL-terminated, in *bufp (one allocation the
+ * caller frees; 0 words and *bufp untouched when it fails). */
+size_t dlock_composite_split(const char *s, char **out, size_t max, char **bufp);
+/* Opens one client per URI (in acquisition order) under c, whose backend is
+ * then dlock_composite_backend; on failure records detail on c. */
+int dlock_composite_open(dlock_client *c, char *const *uris, size_t n, dlock_conn **connp);
+
+#endif
