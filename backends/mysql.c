@@ -65,6 +65,11 @@
  * nothing else: the pool and the control session belong to the
  * application's thread. A grant after a wait counts its lease from the
  * grant's arrival.
+ *
+ * Raising the token (raise_token, a floor carried over from another
+ * store): the lock's session proves the row lock is still ours, then the
+ * control session sets token = GREATEST(token, floor) in autocommit, only
+ * where the grants row still names the lock's session. Two round trips.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -106,12 +111,15 @@
 #define ERR_CLIENT_INTERACTION_TIMEOUT 4031 /* MySQL 8.0.24+: wait_timeout closed us */
 #define ERR_ACCESS_DENIED_NO_PASSWORD 1698
 
+/* The token column is BIGINT UNSIGNED, and the next grant adds 1. */
+#define TOKEN_FLOOR_MAX (UINT64_MAX - 1)
+
 static const char *const mysql_schemes[] = {"mysql", "mariadb", NULL};
 static const char *const mysql_options_list[] = {
     "connect_timeout", "timeout", "table", "socket", "tls", "tls_ca", "tls_cert", "tls_key", NULL,
 };
 
-enum stmt_id { ST_LOCK_WAIT, ST_LOCK_NOWAIT, ST_CREATE_ROW, ST_GRANT, N_STMTS };
+enum stmt_id { ST_LOCK_WAIT, ST_LOCK_NOWAIT, ST_CREATE_ROW, ST_GRANT, ST_RAISE, N_STMTS };
 
 /* "@T" stands for the lock table's name. */
 static const char *const stmt_sql[N_STMTS] = {
@@ -122,6 +130,11 @@ static const char *const stmt_sql[N_STMTS] = {
                  "VALUES (?, LAST_INSERT_ID(1), ?, ?, UTC_TIMESTAMP(6)) "
                  "ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), owner = ?, "
                  "session_id = ?, acquired_at = UTC_TIMESTAMP(6)",
+    /* Matches only while the latest grant recorded is the holder's own
+     * (session_id); LAST_INSERT_ID(expr) hands back the counter, and 0 when
+     * no row matched (the expression never ran). */
+    [ST_RAISE] = "UPDATE `@T_grants` SET token = LAST_INSERT_ID(GREATEST(token, ?)) "
+                 "WHERE k = ? AND session_id = ?",
 };
 
 static const char *const create_sql[] = {
@@ -1239,6 +1252,103 @@ static int be_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     return err == DLOCK_ECONNECT && !h->s ? DLOCK_EEXPIRED : err;
 }
 
+/*
+ * Proves h's row lock is still ours with one statement on its own session,
+ * by until_ns: SET SESSION wait_timeout to what is left of the lease,
+ * rounded up to the second as renew does (any statement restarts the
+ * server's idle timer; this one keeps the server's lease end where the
+ * client's is instead of pushing it a whole TTL later). An InnoDB row lock
+ * lasts as long as its transaction, and the lock's session runs nothing
+ * else: the session answering means the row lock is held.
+ */
+static int lock_alive(struct mysql_conn *mc, struct mysql_held *h, uint64_t until_ns,
+                      const char *what)
+{
+    uint64_t now = dlock_monotonic_ns();
+    char sql[64];
+    if (now >= h->expires_ns) {
+        rollback_and_pool(mc, h->s, cleanup_until());
+        h->s = NULL;
+        return lease_over(mc, h, what);
+    }
+    unsigned left = ceil_s((h->expires_ns - now + MS - 1) / MS);
+    snprintf(sql, sizeof sql, "SET SESSION wait_timeout = %u", left);
+    int err = query_until(mc, h->s, sql, until_ns, what);
+    if (err)
+        return hold_lost(mc, h, what, err);
+    h->s->wait_timeout_s = left;
+    return 0;
+}
+
+/*
+ * Raises the name's counter to floor (never lowers it): first the lock's
+ * own session proves the row lock is still ours (lock_alive), then the
+ * control session, in autocommit, sets token = GREATEST(token, floor) on
+ * the name's grants row only while the latest grant recorded there is
+ * ours (session_id). A later holder's grant is recorded only after it got
+ * the row lock, i.e. after our transaction ended; so a raise that matches
+ * is committed before any later token exists, and every later grant of the
+ * name gets a token above floor. A raise that matches nothing raised
+ * nothing: the lock was lost (or the row was changed by hand, while the
+ * session still holds the row: DLOCK_ESTORE). Two round trips, bounded
+ * together by `timeout` (plus connect_timeout to reopen the control
+ * session); as durable as the grants' commits.
+ */
+static int be_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
+{
+    static const char what[] = "raising the token";
+    struct mysql_conn *mc = (struct mysql_conn *)conn;
+    struct mysql_held *h = (struct mysql_held *)held;
+    unsigned long klen = DLOCK_SHA256_LEN;
+    unsigned long long f = floor, sid;
+    MYSQL_BIND bd[3];
+    MYSQL_STMT *st;
+    struct session *ctl;
+    int err;
+    if (floor > TOKEN_FLOOR_MAX)
+        return dlock_seterr(conn->client, DLOCK_EINVAL,
+                            "mysql: tokens are BIGINT UNSIGNED: a floor must be at most"
+                            " 2^64 - 2 (%" PRIu64 ")", (uint64_t)TOKEN_FLOOR_MAX);
+    if (!h->s)
+        return dlock_seterr(conn->client, DLOCK_ELOST, "the lock was lost earlier");
+    sid = mysql_thread_id(h->s->db); /* what record_grant wrote as session_id */
+    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
+    for (int tries = 0; tries < 2; tries++) {
+        if ((err = lock_alive(mc, h, call.until, what)) != 0)
+            return err;
+        if ((err = ctl_session(mc, &call, &ctl)) != 0 ||
+            (err = prepare(mc, ctl, ST_RAISE, &call, &st)) != 0)
+            goto failed;
+        bind_u64(&bd[0], &f);
+        bind_bytes(&bd[1], h->k, &klen);
+        bind_u64(&bd[2], &sid);
+        if (mysql_stmt_bind_param(st, bd) != 0)
+            return fail_on(mc, ctl, st, "bind");
+        err = run(mc, ctl, NB_EXECUTE, st, NULL, &call, what);
+        if (err && !ctl->dead && mysql_stmt_errno(st) == ER_LOCK_WAIT_TIMEOUT)
+            return dlock_seterr(cl(mc), DLOCK_ESTORE,
+                                "mysql %s: the lock's token row in %s_grants is locked by another"
+                                " transaction (not a dlock grant): gave up after 1 s; not raised",
+                                mc->where, mc->table);
+        if (err == 0) {
+            if (mysql_stmt_insert_id(st) != 0)
+                return 0;
+            /* No row names our session: a later grant was recorded (so
+             * the session is gone), or someone changed the row. */
+            if ((err = lock_alive(mc, h, call.until, what)) != 0)
+                return err;
+            return dlock_seterr(cl(mc), DLOCK_ESTORE,
+                                "mysql %s: %s: the lock is held, but its token row in %s_grants"
+                                " does not name its session (changed or deleted outside dlock?):"
+                                " nothing was raised", mc->where, what, mc->table);
+        }
+    failed:
+        if (!ctl_dropped(mc))
+            return err;
+    }
+    return err;
+}
+
 static int be_ping(dlock_conn *conn)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
@@ -1444,7 +1554,7 @@ const dlock_backend dlock_mysql_backend = {
     .name = "mysql",
     .schemes = mysql_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
-            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH,
+            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
     .options = mysql_options_list,
     .open = be_open,
     .close = be_close,
@@ -1453,4 +1563,5 @@ const dlock_backend dlock_mysql_backend = {
     .renew = be_renew,
     .ping = be_ping,
     .keep = be_keep,
+    .raise_token = be_raise_token,
 };

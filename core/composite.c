@@ -57,24 +57,15 @@ static int part_error(struct comp_conn *cc, size_t i, int rc)
                         part_backend(cc, i)->name, e.msg[0] ? e.msg : dlock_strerror(rc));
 }
 
-/* What holds for the whole lock: a guarantee only if every store gives it;
- * a lease if any store has one (the lock is lost when the first one is). */
+/* What holds for the whole lock: what every store gives. A lease only if
+ * every part has one (a part without a lease keeps the whole lock held
+ * past the others' TTL). */
 static unsigned int comp_caps(const struct comp_conn *cc)
 {
-    unsigned int all = ~0u, any = 0;
-    int renew = 1;
-    for (size_t i = 0; i < cc->n; i++) {
-        unsigned int caps = dlock_client_caps(cc->part[i]);
-        all &= caps;
-        any |= caps;
-        if (!part_backend(cc, i)->renew || ((caps & DLOCK_CAP_LEASE) && !(caps & DLOCK_CAP_RENEW)))
-            renew = 0;
-    }
-    unsigned int caps = all & ~(unsigned)(DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_SHARED);
-    caps |= any & DLOCK_CAP_LEASE;
-    if (renew && (any & DLOCK_CAP_LEASE))
-        caps |= DLOCK_CAP_RENEW;
-    return caps;
+    unsigned int all = ~0u;
+    for (size_t i = 0; i < cc->n; i++)
+        all &= dlock_client_caps(cc->part[i]);
+    return all;
 }
 
 static void comp_close(dlock_conn *conn)
@@ -128,6 +119,23 @@ static int part_raise(struct comp_conn *cc, struct comp_held *h, size_t i, uint6
     return rc ? part_error(cc, i, rc) : 0;
 }
 
+/* Raises every part whose token is below floor (all parts: below_only 0).
+ * The stores that cannot raise go first: they only check, so a refusal
+ * leaves every counter as it was. */
+static int parts_raise(struct comp_conn *cc, struct comp_held *h, uint64_t floor, int below_only)
+{
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < cc->n; i++) {
+            int can = (dlock_client_caps(cc->part[i]) & DLOCK_CAP_RAISE) != 0;
+            if (can != pass || (below_only && h->part[i]->token >= floor))
+                continue;
+            int rc = part_raise(cc, h, i, floor);
+            if (rc)
+                return rc;
+        }
+    return 0;
+}
+
 static int comp_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
 {
     struct comp_conn *cc = (struct comp_conn *)conn;
@@ -149,9 +157,8 @@ static int comp_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         if (h->part[i]->token > top)
             top = h->part[i]->token;
     }
-    for (size_t j = 0; rc == 0 && j < cc->n; j++)
-        if (h->part[j]->token < top)
-            rc = part_raise(cc, h, j, top);
+    if (rc == 0)
+        rc = parts_raise(cc, h, top, 1);
     if (rc) {
         parts_release(cc, h, i < cc->n ? i : cc->n);
         free(h);
@@ -238,14 +245,7 @@ static int comp_ping(dlock_conn *conn)
 
 static int comp_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
 {
-    struct comp_conn *cc = (struct comp_conn *)conn;
-    struct comp_held *h = (struct comp_held *)held;
-    for (size_t i = 0; i < cc->n; i++) {
-        int rc = part_raise(cc, h, i, floor);
-        if (rc)
-            return rc;
-    }
-    return 0;
+    return parts_raise((struct comp_conn *)conn, (struct comp_held *)held, floor, 0);
 }
 
 const dlock_backend dlock_composite_backend = {

@@ -7,7 +7,7 @@
  * options; client-side bounds (a listener that never answers, a network
  * that goes silent behind a proxy); the keeper renewing on the lock's own
  * session while the client waits for another lock, and a grant after a
- * wait longer than the TTL.
+ * wait longer than the TTL; raising a name's tokens (issue 11).
  *
  * Environment (scripts/stores/start.sh prints it): DLOCK_MYSQL_URI. A
  * missing variable fails the run: these cases never skip silently.
@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/internal.h"
 #include "core/sha256.h"
 #include "core/uri.h"
 #include "dlock_backend.h"
@@ -1207,6 +1208,138 @@ static void test_foreign_row_lock(void)
     dlock_client_close(c);
 }
 
+/* ---- raise_token (issue 11) ------------------------------------------------ */
+
+/* The name's counter in the grants table (0: no row). */
+static uint64_t raw_counter(const char *name)
+{
+    char key[80], sql[256];
+    uint64_t v = 0;
+    key_sql(name, key);
+    snprintf(sql, sizeof sql, "SELECT token FROM dlock_locks_grants WHERE k = %s", key);
+    if (mysql_query(raw, sql) != 0) {
+        diag("raw query failed: %s", mysql_error(raw));
+        return 0;
+    }
+    MYSQL_RES *r = mysql_store_result(raw);
+    MYSQL_ROW row = r ? mysql_fetch_row(r) : NULL;
+    if (row && row[0])
+        v = strtoull(row[0], NULL, 10);
+    mysql_free_result(r);
+    return v;
+}
+
+/*
+ * dlock_lock_raise_token: later grants of the name go above the floor
+ * (committed at once, the lock's own token unchanged); a floor below the
+ * counter leaves it alone; a lock no longer ours (its session killed and
+ * the lock granted to another client, or its lease over) is DLOCK_ELOST
+ * with the counter untouched; a token row changed by hand is DLOCK_ESTORE;
+ * floors up to 2^63 - 1 work (the next token, 2^63, fits BIGINT UNSIGNED);
+ * 2^63 is refused by the core and 2^64 - 1 by the backend (DLOCK_EINVAL).
+ * A kept lock raises too.
+ */
+static void test_raise(void)
+{
+    char name[128], sql[256], key[80];
+    dlock_client *c = open_ok(uri), *other = open_ok(uri);
+    dlock_lock *l = NULL, *l2 = NULL;
+    name_of(name, sizeof name, "raise");
+    ok(dlock_client_caps(c) & DLOCK_CAP_RAISE, "raise: DLOCK_CAP_RAISE is set");
+
+    is_int(try_lock(c, name, &l), 0, "raise: acquired");
+    uint64_t t1 = l ? dlock_lock_token(l) : 0, floor = t1 + 1000000;
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(l ? dlock_lock_raise_token(l, floor) : -1, 0, "raise: to token + 1e6 → 0 (%s)",
+           dlock_errmsg(c));
+    diag("raise took %.2f ms", ms_since(t0));
+    is_int((long long)raw_counter(name), (long long)floor,
+           "raise: the counter is the floor, committed (seen from another session)");
+    ok(l && dlock_lock_token(l) == t1, "raise: the lock's own token is unchanged");
+    is_int(try_lock(other, name, &l2), DLOCK_EBUSY, "raise: the lock is still held");
+    is_int(dlock_renew(l, 5000), 0, "raise: and renews");
+    is_int(dlock_release(l), 0, "raise: released");
+    is_int(try_lock(other, name, &l), 0, "raise: acquired again (another client)");
+    uint64_t t2 = l ? dlock_lock_token(l) : 0;
+    ok(t2 > floor, "raise: the next token is above the floor (%llu > %llu)",
+       (unsigned long long)t2, (unsigned long long)floor);
+
+    /* A floor below the counter leaves it alone. */
+    is_int(l ? dlock_lock_raise_token(l, 1) : -1, 0, "raise: a floor of 1 → 0");
+    is_int(l ? dlock_lock_raise_token(l, t2) : -1, 0, "raise: a floor equal to the counter → 0");
+    is_int((long long)raw_counter(name), (long long)t2, "raise: the counter is unchanged");
+    dlock_release(l);
+    is_int(try_lock(c, name, &l), 0, "raise: acquired again");
+    ok(l && dlock_lock_token(l) == t2 + 1, "raise: the next token is just above (%llu = %llu + 1)",
+       (unsigned long long)(l ? dlock_lock_token(l) : 0), (unsigned long long)t2);
+
+    /* No longer ours: the session killed, the lock granted to another. */
+    snprintf(sql, sizeof sql, "KILL %lld", holder_session(name));
+    ok(mysql_query(raw, sql) == 0, "raise: the holding session is killed");
+    sleep_ms(50);
+    is_int(try_lock(other, name, &l2), 0, "raise: another client gets the lock");
+    uint64_t before = raw_counter(name);
+    is_int(l ? dlock_lock_raise_token(l, before + 1000000000ull) : -1, DLOCK_ELOST,
+           "raise: a lock no longer ours → DLOCK_ELOST");
+    diag("%s", dlock_errmsg(c));
+    is_int((long long)raw_counter(name), (long long)before, "raise: nothing raised");
+    is_int(dlock_release(l), DLOCK_ELOST, "raise: its release → DLOCK_ELOST");
+    dlock_release(l2);
+
+    /* Its lease over (client side; the server may not have noticed yet). */
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 300);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: acquired with a 300 ms lease");
+    sleep_ms(400);
+    before = raw_counter(name);
+    is_int(l ? dlock_lock_raise_token(l, before + 1000) : -1, DLOCK_ELOST,
+           "raise: after the lease → DLOCK_ELOST");
+    is_int((long long)raw_counter(name), (long long)before, "raise: nothing raised");
+    is_int(try_lock(other, name, &l2), 0, "raise: the lock was let go at once");
+    dlock_release(l2);
+    dlock_release(l);
+
+    /* The token row changed by hand while the lock is held. */
+    is_int(try_lock(c, name, &l), 0, "raise: acquired");
+    key_sql(name, key);
+    snprintf(sql, sizeof sql, "UPDATE dlock_locks_grants SET session_id = 0 WHERE k = %s", key);
+    ok(mysql_query(raw, sql) == 0, "raise: the token row's session_id is changed by hand");
+    before = raw_counter(name);
+    is_int(l ? dlock_lock_raise_token(l, before + 1000) : -1, DLOCK_ESTORE,
+           "raise: → DLOCK_ESTORE");
+    diag("%s", dlock_errmsg(c));
+    is_int((long long)raw_counter(name), (long long)before, "raise: nothing raised");
+    is_int(dlock_release(l), 0, "raise: the lock was still held, and releases");
+
+    /* A kept lock. */
+    o = wait_opts(DLOCK_WAIT_TRY, 0, 3000);
+    o.keep = 1;
+    is_int(dlock_acquire(c, name, &o, &l), 0, "raise: acquired, kept");
+    uint64_t t3 = l ? dlock_lock_token(l) : 0;
+    is_int(l ? dlock_lock_raise_token(l, t3 + 5) : -1, 0, "raise: a kept lock raises");
+    is_int(dlock_release(l), 0, "raise: released");
+    is_int(try_lock(c, name, &l), 0, "raise: acquired");
+    ok(l && dlock_lock_token(l) == t3 + 6, "raise: next token %llu = %llu + 6",
+       (unsigned long long)(l ? dlock_lock_token(l) : 0), (unsigned long long)t3);
+
+    /* The limits. */
+    is_int(l ? dlock_lock_raise_token(l, 1ull << 63) : -1, DLOCK_EINVAL,
+           "raise: a floor of 2^63 → DLOCK_EINVAL (the core)");
+    is_int(l ? c->backend->raise_token(c->conn, l->held, UINT64_MAX) : -1, DLOCK_EINVAL,
+           "raise: the backend itself refuses 2^64 - 1 (BIGINT UNSIGNED; the next grant adds 1)");
+    diag("%s", dlock_errmsg(c));
+    ok(strstr(dlock_errmsg(c), "BIGINT UNSIGNED") != NULL, "raise: naming the limit");
+    is_int(l ? dlock_lock_raise_token(l, (1ull << 63) - 1) : -1, 0,
+           "raise: a floor of 2^63 - 1 → 0");
+    dlock_release(l);
+    is_int(try_lock(c, name, &l), 0, "raise: acquired");
+    ok(l && dlock_lock_token(l) == 1ull << 63, "raise: the next token is 2^63 (%llu)",
+       (unsigned long long)(l ? dlock_lock_token(l) : 0));
+    if (l)
+        dlock_release(l);
+    dlock_client_close(c);
+    dlock_client_close(other);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1238,6 +1371,7 @@ int main(void)
         {"foreign_row_lock", test_foreign_row_lock},
         {"kill_sessions", test_kill_sessions},
         {"server_restart", test_server_restart},
+        {"raise", test_raise},
     };
     /* DLOCK_TEST_ONLY=case,case runs only those (for working on one). */
     const char *only = getenv("DLOCK_TEST_ONLY");
