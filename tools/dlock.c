@@ -398,9 +398,11 @@ static struct userinfo find_userinfo(const char *uri)
     return ui;
 }
 
+static const char uri_spaces[] = " \t\r\n\v\f";
+
 /* A copy of uri without its password (redis://:pw@h -> redis://h,
  * mysql://u:pw@h -> mysql://u@h); NULL when out of memory. */
-static char *uri_without_password(const char *uri)
+static char *one_uri_without_password(const char *uri)
 {
     struct userinfo ui = find_userinfo(uri);
     const char *cut, *resume;
@@ -419,6 +421,32 @@ static char *uri_without_password(const char *uri)
     return out;
 }
 
+/* The same for a list of URIs (separated by whitespace): each one without
+ * its password, separated by one space. */
+static char *uri_without_password(const char *list)
+{
+    char *out = calloc(1, strlen(list) + 1);
+    size_t o = 0;
+
+    for (const char *p = list; out && *p;) {
+        size_t n = strcspn(p, uri_spaces);
+        if (n) {
+            char *one = strndup(p, n), *clean = one ? one_uri_without_password(one) : NULL;
+            free(one);
+            if (!clean) {
+                free(out);
+                return NULL;
+            }
+            o += (size_t)sprintf(out + o, "%s%s", o ? " " : "", clean); /* never longer */
+            free(clean);
+            p += n;
+        } else {
+            p++;
+        }
+    }
+    return out;
+}
+
 /* pw percent-encoded into uri's userinfo ("scheme://user:PW@..." or
  * "scheme://:PW@..."), in *out (malloc'd). PROCEED or an exit status. */
 static int uri_with_password(const char *uri, const char *pw, const char *from,
@@ -431,6 +459,10 @@ static int uri_with_password(const char *uri, const char *pw, const char *from,
     char *o;
 
     *out = NULL;
+    if (uri[strcspn(uri, uri_spaces)]) {
+        say("%s gives the password of one URI, not of a list of stores", from);
+        return EX_USAGE;
+    }
     if (ui.colon) {
         say("the URI has a password already, and another one comes from %s: "
             "give it in one place only", from);

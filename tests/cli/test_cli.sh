@@ -398,6 +398,25 @@ DLOCK_URI="file://$dir/unused" dl run "file://$dir/explicit" name -- sh -c 'prin
 [ $rc -eq 0 ] && [ "$out" = "file://$dir/explicit" ]
 check $? "also when the URI is given on the command line"
 
+# --- a list of stores (one lock in each) ----------------------------------------
+dl run "file://$dir/list-a file://$dir/list-b" listed -- sh -c 'printf "%s %s" "$DLOCK_TOKEN" "$DLOCK_URI"'
+[ $rc -eq 0 ] && [ "${out#* }" = "file://$dir/list-a file://$dir/list-b" ] &&
+    [ -e "$dir/list-a/listed.lock" ] && [ -e "$dir/list-b/listed.lock" ]
+check $? "a list of two stores: the lock is taken in both, DLOCK_URI is the list"
+"$DLOCK" run "file://$dir/list-b" listed -- sleep 5 </dev/null >/dev/null 2>&1 &
+bpid=$!
+sleep 0.3
+dl run -n "file://$dir/list-a file://$dir/list-b" listed -- true
+[ $rc -eq 75 ]
+check $? "the second store's part held elsewhere: -n exits 75"
+dl run -n "file://$dir/list-a" listed -- true
+[ $rc -eq 0 ]
+check $? "and the first store's part was released"
+kill $bpid 2>/dev/null; wait $bpid 2>/dev/null
+DLOCK_PASSWORD=secret dl run "file://$dir/list-a file://$dir/list-b" listed -- true
+[ $rc -eq 64 ] && [[ $err == *"not of a list"* ]]
+check $? "DLOCK_PASSWORD with a list of stores: exit 64"
+
 # --- a lock lost while the command runs ----------------------------------------
 # Removing the lock file breaks the lock (another process could lock a new
 # file at the path): the keeper checks twice a second, dlock stops the
