@@ -31,7 +31,9 @@
  * Token: by default a per-name row in a table (key, token) bumped with
  * INSERT ... ON CONFLICT DO UPDATE, which a protected resource in the same
  * database can read; token=sequence uses nextval() of one sequence instead,
- * cheaper (no row update) but shared by all names.
+ * cheaper (no row update) but shared by all names. raise_token() raises
+ * the name's row, or the sequence (locking grants of every name out for
+ * that transaction), on the lock's own session: see pg_raise_token().
  *
  * Hosts. Several hosts are tried in order, each on its own (libpq is given
  * one at a time), and only a read-write server is taken
@@ -937,6 +939,159 @@ static int pg_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     return err;
 }
 
+/* bigint tokens: the next grant after a raise (floor + 1) must still fit. */
+#define RAISE_MAX 9223372036854775806ull /* 2^63 - 2 */
+
+/* A failed raise statement on h's session, as renew reports it. The lock
+ * stays held on a live session: nothing there is undone or scrubbed. */
+static int raise_failed(struct pg_conn *pc, struct pg_held *h, int err, uint64_t floor)
+{
+    if (h->s->timed_out_ms)
+        return dlock_seterr(cl(pc), DLOCK_ECONNECT,
+                            "postgresql: raise: no reply from the server within %" PRIu64
+                            " ms; the session was closed, and the lock is lost with it"
+                            " (the raise may or may not have been made)",
+                            h->s->timed_out_ms);
+    if (!h->s->pg || PQstatus(h->s->pg) != CONNECTION_OK)
+        return session_lost(pc, h);
+    if (strcmp(h->s->sqlstate, "55P03") == 0 || strcmp(h->s->sqlstate, "57014") == 0)
+        return dlock_seterr(cl(pc), DLOCK_ETIMEDOUT,
+                            "postgresql: raise: the fencing %s %s%s stayed locked by another"
+                            " transaction for the timeout (%" PRIu64 " ms); nothing was raised,"
+                            " and the lock is still held",
+                            pc->use_sequence ? "sequence" : "row of table",
+                            pc->table, pc->use_sequence ? "_seq" : "", pc->timeout_ms);
+    if (pc->use_sequence && strcmp(h->s->sqlstate, "42501") == 0) {
+        char why[DLOCK_ERRMSG_MAX];
+        snprintf(why, sizeof why, "%s", cl(pc)->errmsg);
+        return dlock_seterr(cl(pc), DLOCK_ESTORE,
+                            "postgresql: raising the fencing sequence %s_seq to %" PRIu64
+                            " needs its owner's rights (ALTER SEQUENCE keeps nextval() out"
+                            " while setval() raises it); nothing was raised: %s",
+                            pc->table, floor, why);
+    }
+    return err;
+}
+
+/* A raise transaction's settings, as the acquire's: every lock wait, and
+ * the whole statement, end after ms on the server. */
+static void raise_settings(char *buf, size_t len, uint64_t ms)
+{
+    snprintf(buf, len,
+             "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on; "
+             "SET LOCAL lock_timeout = %" PRIu64 "; SET LOCAL statement_timeout = %" PRIu64 "; ",
+             ms, ms);
+}
+
+/*
+ * raise_token, on the lock's own session, in one transaction with the
+ * acquire's settings (READ COMMITTED, synchronous_commit on: the raise is on
+ * disk before the call returns, as a grant's bump is). The same statement
+ * checks in pg_locks that the session still holds the advisory lock (as
+ * renew does) and raises only then; the session cannot lose a session lock
+ * while it runs a statement, so the check holds for the whole transaction.
+ *
+ * token=table: the name's row becomes GREATEST(token, floor) (written only
+ * where it is below; inserted if missing), under the row lock a grant's bump
+ * takes too. One round trip.
+ *
+ * token=sequence: the sequence is shared by all names and nextval() and
+ * setval() are not transactional, so "setval where below" is a read then a
+ * write that a concurrent nextval() (another name's grant) or raise could
+ * slip between: setval would then move the sequence back below tokens
+ * already handed out. Advisory locks would only serialize raises with each
+ * other. So the transaction first takes ALTER SEQUENCE's
+ * SHARE ROW EXCLUSIVE lock on the sequence (a no-op change, NO CYCLE, which a
+ * fencing sequence must be anyway), which conflicts with the ROW EXCLUSIVE
+ * lock nextval() and setval() take and with itself: grants of every name
+ * wait for the raise's commit, and two raises run one after the other; the
+ * read and the setval() under it are atomic. It needs the sequence's owner
+ * (dlock creates it as the role that first opens the store). To keep grants
+ * from waiting when nothing needs raising, a first read (with the ownership
+ * check) returns at once when the sequence is already at or past floor
+ * (sequences only grow: later values stay above it), after its commit has
+ * made what it saw durable: one round trip; a raise that writes takes two.
+ *
+ * Bounds: `timeout` on the server for the whole call (lock_timeout and
+ * statement_timeout: a raise waits for the row or the sequence behind
+ * someone's transaction at most that long: DLOCK_ETIMEDOUT, lock still
+ * held), and on the client a little longer (the deadline waits' margin) for
+ * the server's answer; no answer by then closes the session, as for renew.
+ */
+static int pg_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    struct pg_held *h = (struct pg_held *)held;
+    char sql[1024], owned[256], settings[256];
+    PGresult *r = NULL;
+    uint64_t u = (uint64_t)h->key, start = dlock_monotonic_ns();
+    uint64_t end = start + pc->timeout_ms * MS;
+    uint64_t margin = pc->timeout_ms < DEADLINE_MARGIN_MS ? pc->timeout_ms : DEADLINE_MARGIN_MS;
+    int err, held_now;
+    if (floor > RAISE_MAX)
+        return dlock_seterr(conn->client, DLOCK_EINVAL,
+                            "postgresql: a token floor of %" PRIu64 " is beyond the fencing %s's"
+                            " bigint tokens: the next token must fit, so the floor must be at"
+                            " most 9223372036854775806 (2^63 - 2)",
+                            floor, pc->use_sequence ? "sequence" : "table");
+    if (!h->s || !h->s->pg)
+        return session_lost(pc, h);
+    snprintf(owned, sizeof owned,
+             "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+             " AND classid = %" PRIu64 " AND objid = %" PRIu64 " AND objsubid = 1 AND granted)",
+             u >> 32, u & 0xffffffffu);
+    raise_settings(settings, sizeof settings, pc->timeout_ms);
+    if (pc->use_sequence) {
+        /* Already past floor (the next value > floor)? Then nothing to do,
+         * once what we saw is on disk: the value may come from a grant
+         * whose transaction has not committed yet, so an xid makes this
+         * transaction's commit flush the WAL up to here (nextval() logs
+         * before it lets anyone read the new value). */
+        snprintf(sql, sizeof sql,
+                 "%sWITH v AS MATERIALIZED (SELECT %s AS n, last_value > %" PRIu64
+                 " OR (last_value = %" PRIu64 " AND is_called) AS above FROM %s_seq) "
+                 "SELECT n, above, CASE WHEN n = 1 AND above THEN pg_current_xact_id() END FROM v",
+                 settings, owned, floor, floor, pc->table);
+        if ((err = run(pc, h->s, sql, 4, &r, "raise", end + margin * MS)) != 0)
+            return raise_failed(pc, h, err, floor);
+        held_now = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "1") == 0;
+        int above = PQntuples(r) == 1 && PQgetvalue(r, 0, 1)[0] == 't';
+        PQclear(r);
+        r = NULL;
+        if (!held_now)
+            return dlock_seterr(conn->client, DLOCK_ELOST,
+                                "the session no longer holds the lock; nothing was raised");
+        if (above)
+            return 0;
+        uint64_t now = dlock_monotonic_ns();
+        raise_settings(settings, sizeof settings, now < end ? (end - now + MS - 1) / MS : 1);
+    }
+    if (pc->use_sequence)
+        snprintf(sql, sizeof sql,
+                 "%sALTER SEQUENCE %s_seq NO CYCLE; "
+                 "WITH l AS MATERIALIZED (SELECT %s AS n) "
+                 "SELECT n, (SELECT setval('%s_seq', %" PRIu64 ") FROM %s_seq WHERE n = 1 AND"
+                 " (last_value < %" PRIu64 " OR (last_value = %" PRIu64 " AND NOT is_called)))"
+                 " FROM l",
+                 settings, pc->table, owned, pc->table, floor, pc->table, floor, floor);
+    else
+        snprintf(sql, sizeof sql,
+                 "%sWITH l AS MATERIALIZED (SELECT %s AS n), "
+                 "f AS (INSERT INTO %s (key, token) SELECT %" PRId64 ", %" PRIu64 " FROM l"
+                 " WHERE n = 1 ON CONFLICT (key) DO UPDATE SET token = GREATEST(%s.token,"
+                 " EXCLUDED.token) WHERE %s.token < EXCLUDED.token RETURNING token) "
+                 "SELECT (SELECT n FROM l), (SELECT token FROM f)",
+                 settings, owned, pc->table, h->key, floor, pc->table, pc->table);
+    if ((err = run(pc, h->s, sql, pc->use_sequence ? 5 : 4, &r, "raise", end + margin * MS)) != 0)
+        return raise_failed(pc, h, err, floor);
+    held_now = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "1") == 0;
+    PQclear(r);
+    if (!held_now)
+        return dlock_seterr(conn->client, DLOCK_ELOST,
+                            "the session no longer holds the lock; nothing was raised");
+    return 0;
+}
+
 /* The keeper's renewal: as renew, on the lock's own session, but bounded
  * by the lease's end too (no reply by then: the lease is over anyway).
  * A session it has to give up is closed but keeps its pool slot, and
@@ -997,7 +1152,7 @@ const dlock_backend dlock_postgres_backend = {
     .name = "postgres",
     .schemes = pg_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
-            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH,
+            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
     .options = pg_options,
     .open = pg_open,
     .close = pg_close,
@@ -1006,4 +1161,5 @@ const dlock_backend dlock_postgres_backend = {
     .renew = pg_renew,
     .ping = pg_ping,
     .keep = pg_keep,
+    .raise_token = pg_raise_token,
 };

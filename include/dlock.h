@@ -117,6 +117,21 @@ typedef struct dlock_lock dlock_lock;
  * "redis://host:6379/0". The URI is parsed and checked strictly (an unknown
  * option is an error naming it) before anything is contacted.
  *
+ * A list of URIs separated by whitespace ("redis://old:6379/0
+ * postgresql://new/app") opens one client over all of them (at most 16): each
+ * lock is then held in every store of the list, taken in the order listed
+ * under the acquire's one deadline, all or nothing (a part that fails
+ * releases the ones taken before the call returns). Its token is the
+ * largest of the stores' tokens, and every store whose token was lower is
+ * raised to it (dlock_lock_raise_token()) before the grant returns, so the
+ * token is above everything any of the stores granted for the name, and
+ * their later grants alone are above it: locks can move from one store to
+ * another without a gap and without tokens going back. A store that cannot
+ * raise its tokens that far fails the acquire with DLOCK_ENOTSUP. Losing
+ * any part is losing the lock; capabilities are those every store has.
+ * Whitespace never occurs in a URI, so one URI and a list cannot be
+ * confused.
+ *
  * On success, *clientp is a connected client. On failure, *clientp is set to
  * a client that carries the error detail for dlock_errmsg() (or to NULL when
  * even that could not be allocated); pass it to dlock_client_close() either
