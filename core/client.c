@@ -180,9 +180,15 @@ static int client_connect(dlock_client *c, const char *uri)
     const dlock_backend *b;
     dlock_conn *conn = NULL;
     size_t words = uri ? dlock_composite_split(uri, NULL, 0, NULL) : 0;
+    char *one = NULL, *trimmed = NULL;
     if (words > 1)
         return composite_connect(c, uri, words);
+    /* One URI with whitespace around it: the URI. */
+    if (words == 1 && uri[strcspn(uri, " \t\r\n\v\f")] &&
+        dlock_composite_split(uri, &one, 1, &trimmed) == 1)
+        uri = one;
     int rc = dlock_uri_parse(uri, &c->uri, c->errmsg, sizeof c->errmsg);
+    free(trimmed);
     if (rc)
         return c->err = rc;
     b = dlock_backend_find(dlock_uri_scheme(c->uri));

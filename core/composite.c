@@ -298,6 +298,16 @@ int dlock_composite_open(dlock_client *c, char *const *uris, size_t n, dlock_con
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     cc->base.client = c;
     cc->base.backend = &dlock_composite_backend;
+    /* The same store twice would hold the name twice under one owner id,
+     * which the store takes for one lock. Only the same spelling can be
+     * seen here. */
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(uris[i], uris[j]) == 0) {
+                free(cc);
+                return dlock_seterr(c, DLOCK_EBADURI, "store %zu of %zu is listed twice (as %zu)",
+                                    i + 1, n, j + 1);
+            }
     for (size_t i = 0; i < n; i++) {
         int rc = dlock_client_open(uris[i], &cc->part[i]);
         if (rc) {

@@ -13,6 +13,8 @@
 static struct {
     int open, opened, close, acquire, release, renew, ping;
     int fail_open, fail_acquire, fail_release, silent_fail;
+    int raise, fail_raise, fail_acquire_at; /* fail_acquire_at: the Nth acquire fails */
+    uint64_t raised_to;
     dlock_request last;
     char last_name[DLOCK_NAME_MAX + 1];
     uint64_t next_token;
@@ -50,6 +52,9 @@ static int fake_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     fake.acquire++;
     fake.last = *req;
     memcpy(fake.last_name, req->name, req->name_len + 1);
+    if (fake.fail_acquire_at && fake.acquire == fake.fail_acquire_at)
+        return dlock_seterr(conn->client, DLOCK_EBUSY, "fake acquire number %d refused",
+                            fake.acquire);
     if (fake.fail_acquire) {
         if (fake.silent_fail)
             return fake.fail_acquire;
@@ -78,6 +83,16 @@ static int fake_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     return 0;
 }
 
+static int fake_raise(dlock_conn *conn, dlock_held *held, uint64_t floor)
+{
+    (void)held;
+    fake.raise++;
+    if (fake.fail_raise)
+        return dlock_seterr(conn->client, fake.fail_raise, "fake raise refused");
+    fake.raised_to = floor;
+    return 0;
+}
+
 static int fake_ping(dlock_conn *conn)
 {
     (void)conn;
@@ -100,6 +115,7 @@ static dlock_backend fake_backend = {
     .release = fake_release,
     .renew = fake_renew,
     .ping = fake_ping,
+    .raise_token = fake_raise,
 };
 
 static void test_registry(void)
@@ -337,6 +353,66 @@ static void test_redaction_in_backend_errors(void)
     dlock_client_close(c);
 }
 
+/* Lists of URIs: one lock held in every store, all or nothing, with the
+ * largest token carried to the others. */
+static void test_lists(void)
+{
+    dlock_client *c = NULL;
+    dlock_lock *l = NULL;
+    int closes = fake.close, releases = fake.release;
+
+    is_int(dlock_client_open("fake://a fake://a", &c), DLOCK_EBADURI, "a store listed twice");
+    ok(strstr(dlock_errmsg(c), "listed twice") != NULL, "says so: %s", dlock_errmsg(c));
+    dlock_client_close(c);
+    char many[17 * 16] = "";
+    for (int i = 0; i < 17; i++)
+        sprintf(many + strlen(many), "fake://h%d ", i);
+    is_int(dlock_client_open(many, &c), DLOCK_EBADURI, "17 stores in one list");
+    dlock_client_close(c);
+    is_int(dlock_client_open("fake://a fake://b?nope=1", &c), DLOCK_EBADURI,
+           "a bad URI in the list");
+    ok(strstr(dlock_errmsg(c), "store 2 of 2") && strstr(dlock_errmsg(c), "nope"),
+       "names the store and the option: %s", dlock_errmsg(c));
+    dlock_client_close(c);
+    is_int(fake.close - closes, 1, "the store opened before it was closed");
+
+    is_int(dlock_client_open("  fake://a\n", &c), 0, "one URI with whitespace around it");
+    is_str(dlock_client_backend(c), "fake", "is that URI, not a list");
+    dlock_client_close(c);
+    is_int(dlock_client_open(" fake://a\tfake://b\n", &c), 0, "a list: tabs and newlines separate");
+    is_str(dlock_client_backend(c), "composite", "backend composite");
+    is_int((int)dlock_client_caps(c), DLOCK_CAP_LEASE | DLOCK_CAP_RENEW, "the stores' common caps");
+    int acq = fake.acquire, raises = fake.raise;
+    is_int(dlock_acquire(c, "both", NULL, &l), 0, "acquire on the list");
+    is_int(fake.acquire - acq, 2, "one acquire per store");
+    uint64_t t = l ? dlock_lock_token(l) : 0;
+    is_int((int)(t == fake.next_token), 1, "the token is the larger of the two");
+    is_int(fake.raise - raises, 1, "the store with the lower token was raised");
+    ok(fake.raised_to == t, "to the list's token (%llu)", (unsigned long long)fake.raised_to);
+    releases = fake.release;
+    is_int(dlock_release(l), 0, "release");
+    is_int(fake.release - releases, 2, "released in both stores");
+
+    /* The second store refuses: the first part is released before the call returns. */
+    fake.fail_acquire_at = fake.acquire + 2;
+    releases = fake.release;
+    l = NULL;
+    is_int(dlock_acquire(c, "both", NULL, &l), DLOCK_EBUSY, "the second store refuses");
+    ok(l == NULL, "no lock");
+    is_int(fake.release - releases, 1, "the first store's part was released");
+    ok(strstr(dlock_errmsg(c), "store 2 of 2 (fake)") != NULL, "names the store: %s",
+       dlock_errmsg(c));
+    fake.fail_acquire_at = 0;
+
+    /* A store that cannot carry the token: nothing held. */
+    fake.fail_raise = DLOCK_ENOTSUP;
+    releases = fake.release;
+    is_int(dlock_acquire(c, "both", NULL, &l), DLOCK_ENOTSUP, "a store that cannot be raised");
+    is_int(fake.release - releases, 2, "both parts released");
+    fake.fail_raise = 0;
+    dlock_client_close(c);
+}
+
 int main(void)
 {
     dlock_client *c = NULL;
@@ -351,6 +427,7 @@ int main(void)
     test_close_releases();
     test_optional_methods();
     test_redaction_in_backend_errors();
+    test_lists();
     is_int(fake.opened, fake.close, "every opened connection was closed");
     return done_testing();
 }
