@@ -1,6 +1,7 @@
 /*
  * dlock(1): run a command while holding a distributed lock, in the spirit of
- * flock(1); `dlock bench` is dispatched to bench/.
+ * flock(1); `dlock migrate` prepares a store to take over locks from another
+ * (docs/migration.md); `dlock bench` is dispatched to bench/.
  *
  * The lock is acquired with .keep: the library's keeper renews (or checks)
  * it on its own threads, and its loss callback wakes the main loop, which
@@ -104,6 +105,7 @@ static void print_usage(FILE *f)
     fputs("Usage:\n"
           "  dlock run [-w SECONDS | -n] [--ttl MS] [-G SECONDS]\n"
           "            [--password-file FILE] [URI] NAME -- COMMAND [ARGS...]\n"
+          "  dlock migrate [-w SECONDS] OLD NEW NAME...\n"
           "  dlock bench [OPTIONS...] URI [URI...]    (see 'dlock bench --help')\n"
           "  dlock help | --help | --version\n"
           "\n"
@@ -122,13 +124,26 @@ static void print_usage(FILE *f)
           "                        ($DLOCK_PASSWORD gives it too); none in URI\n"
           "  -h, --help            show this help\n"
           "\n"
+          "Migrate: take each NAME once on the list \"OLD NEW\" and release it, so\n"
+          "that NEW's later grants of NAME carry tokens above all OLD and NEW\n"
+          "granted for it. Run it before processes move from OLD to \"OLD NEW\",\n"
+          "and again once none uses OLD alone; safe to repeat. Each NAME must be\n"
+          "given. Prints 'NAME TOKEN ok' per NAME, or 'NAME - busy' or\n"
+          "'NAME - failed' and a message. OLD and NEW are one URI each; their\n"
+          "passwords go in the URIs (--password-file and DLOCK_PASSWORD are not\n"
+          "used). See docs/migration.md.\n"
+          "  -w, --wait SECONDS    wait this long for each NAME's holders\n"
+          "                        (default 10)\n"
+          "\n"
           "URI defaults to $DLOCK_URI, else file://$XDG_RUNTIME_DIR/dlock,\n"
           "else file:///tmp/dlock-$UID. COMMAND runs in a process group of its\n"
           "own, with DLOCK_TOKEN, DLOCK_NAME and DLOCK_URI (its password removed).\n"
           "\n"
           "Exit status: COMMAND's (128+N if killed by signal N); 64 usage or URI\n"
-          "error; 69 store unreachable; 70 other error or lock lost; 75 lock not\n"
-          "acquired; 126 COMMAND not executable; 127 COMMAND not found.\n",
+          "error; 69 store unreachable (migrate: or NEW cannot raise its tokens\n"
+          "above OLD's); 70 other error or lock lost; 75 lock not acquired\n"
+          "(migrate: a NAME still held after -w); 126 COMMAND not executable;\n"
+          "127 COMMAND not found.\n",
           f);
 }
 
@@ -141,6 +156,9 @@ static int finish_stdout(void)
     return EX_SOFTWARE;
 }
 
+/* The subcommand whose help a usage error points to. */
+static const char *usage_cmd = "run";
+
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 static int usage_error(const char *fmt, ...)
@@ -151,7 +169,7 @@ static int usage_error(const char *fmt, ...)
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);
-    fputs(" (see 'dlock run --help')\n", stderr);
+    fprintf(stderr, " (see 'dlock %s --help')\n", usage_cmd);
     return EX_USAGE;
 }
 
@@ -1117,6 +1135,187 @@ static int cmd_run(int argc, char **argv)
     return status;
 }
 
+/*
+ * dlock migrate OLD NEW NAME...: prepares NEW to take over NAME from OLD.
+ * Each name is acquired once on the list "OLD NEW" (in OLD, then in NEW,
+ * waiting its turn behind the current holders) and released at once: the
+ * list's grant raises NEW's counter for the name to the largest token
+ * either store has granted, so that every later grant by NEW alone is above
+ * everything OLD granted. Safe to repeat; a name nobody holds costs one
+ * acquire and release in each store.
+ */
+#define MIGRATE_WAIT_DEFAULT_S 10.0
+
+/* The name on standard output: whole, control characters shown as '?'. */
+static void print_name(const char *name)
+{
+    for (const char *p = name; *p; p++)
+        putchar((unsigned char)*p < 0x20 || *p == 0x7f ? '?' : *p);
+}
+
+/* Whether a and b are the same store as written, passwords aside. */
+static int same_store(const char *a, const char *b)
+{
+    char *ca = one_uri_without_password(a), *cb = one_uri_without_password(b);
+    int same = ca && cb ? strcmp(ca, cb) == 0 : strcmp(a, b) == 0;
+
+    free(ca);
+    free(cb);
+    return same;
+}
+
+/* Opens one of the two stores alone, so that a message can say which. */
+static int check_store(const char *uri, const char *which)
+{
+    dlock_client *c = NULL;
+    int err = dlock_client_open(uri, &c);
+
+    if (err)
+        say("cannot open %s: %s", which, detail(c, err));
+    dlock_client_close(c);
+    return err ? exit_status_for(err) : PROCEED;
+}
+
+/* One name: EX_OK, or the exit status its failure calls for. */
+static int migrate_one(dlock_client *client, const char *name, double wait_s)
+{
+    dlock_acquire_opts acq;
+    dlock_lock *lock = NULL;
+    uint64_t token;
+    int err, status;
+
+    make_printable(shown_name, name);
+    dlock_acquire_opts_init(&acq);
+    set_deadline(&acq, wait_s);
+    do
+        err = dlock_acquire(client, name, &acq, &lock);
+    while (err == DLOCK_EINTR);
+    if (err == 0) {
+        token = dlock_lock_token(lock);
+        err = dlock_release(lock);
+        print_name(name);
+        printf(" %" PRIu64 " ok\n", token);
+        fflush(stdout);
+        if (err == 0)
+            return EX_OK;
+        /* The raise was made (and checked) while the lock was held. */
+        say("lock '%s' was migrated (token %" PRIu64 "), but releasing it failed: %s",
+            shown_name, token, detail(client, err));
+        return EX_SOFTWARE;
+    }
+    print_name(name);
+    if (err == DLOCK_EBUSY || err == DLOCK_ETIMEDOUT) {
+        fputs(" - busy\n", stdout);
+        say("lock '%s' was still held elsewhere after %g s: not migrated", shown_name, wait_s);
+        status = EX_TEMPFAIL;
+    } else {
+        fputs(" - failed\n", stdout);
+        say("cannot migrate lock '%s' (store 1 is OLD, store 2 is NEW): %s", shown_name,
+            detail(client, err));
+        /* NEW (or OLD) cannot raise its tokens that far: a property of the
+         * stores, not a fault of dlock's, and no retry helps. */
+        status = err == DLOCK_ENOTSUP || err == DLOCK_EINVAL ? EX_UNAVAILABLE
+                                                               : exit_status_for(err);
+    }
+    fflush(stdout);
+    return status;
+}
+
+/* argv[0] is "migrate". */
+static int cmd_migrate(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"wait", required_argument, NULL, 'w'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    double wait_s = MIGRATE_WAIT_DEFAULT_S;
+    const char *old_uri, *new_uri;
+    dlock_client *client = NULL;
+    char buf[3], *list;
+    int c, err, status, busy = 0, failed = 0;
+
+    usage_cmd = "migrate";
+    opterr = 0;
+    optind = 1;
+    /* "+": options end at OLD, so a NAME may start with '-'. */
+    while ((c = getopt_long(argc, argv, "+:w:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'w':
+            if (parse_seconds(optarg, &wait_s) != 0) {
+                /* A URI given where the seconds go keeps its password. */
+                char *shown = strstr(optarg, "://") ? one_uri_without_password(optarg)
+                                                    : strdup(optarg);
+
+                make_printable(shown_name, shown ? shown : "?");
+                free(shown);
+                return usage_error("invalid wait '%s': expected seconds >= 0", shown_name);
+            }
+            break;
+        case 'h':
+            print_usage(stdout);
+            return finish_stdout();
+        case ':':
+            return usage_error("option '%s' needs an argument", argv[optind - 1]);
+        default:
+            return usage_error("invalid option '%s'", bad_option(argv, buf));
+        }
+    }
+    if (argc - optind < 2)
+        return usage_error("missing OLD and NEW: the stores to migrate from and to");
+    if (argc - optind < 3)
+        return usage_error("missing lock NAME: give every name to migrate");
+    old_uri = argv[optind];
+    new_uri = argv[optind + 1];
+    if (old_uri[strcspn(old_uri, uri_spaces)])
+        return usage_error("OLD is a list of stores (it contains whitespace): "
+                           "give one URI");
+    if (new_uri[strcspn(new_uri, uri_spaces)])
+        return usage_error("NEW is a list of stores (it contains whitespace): "
+                           "give one URI");
+    if (same_store(old_uri, new_uri))
+        return usage_error("OLD and NEW are the same store");
+    for (int i = optind + 2; i < argc; i++) {
+        size_t len = strlen(argv[i]);
+
+        if (len == 0)
+            return usage_error("empty lock NAME (argument %d)", i - optind + 1);
+        if (len > DLOCK_NAME_MAX) {
+            make_printable(shown_name, argv[i]);
+            return usage_error("lock NAME '%s' is longer than %d bytes", shown_name,
+                               DLOCK_NAME_MAX);
+        }
+    }
+    status = check_store(old_uri, "OLD");
+    if (status == PROCEED)
+        status = check_store(new_uri, "NEW");
+    if (status != PROCEED)
+        return status;
+    if (asprintf(&list, "%s %s", old_uri, new_uri) < 0) {
+        say("out of memory");
+        return EX_SOFTWARE;
+    }
+    err = dlock_client_open(list, &client);
+    wipe_free(list);
+    if (err) {
+        say("cannot open the list \"OLD NEW\": %s", detail(client, err));
+        dlock_client_close(client);
+        return exit_status_for(err);
+    }
+    for (int i = optind + 2; i < argc; i++) {
+        status = migrate_one(client, argv[i], wait_s);
+        if (status == EX_TEMPFAIL)
+            busy = 1;
+        else if (status != EX_OK && !failed)
+            failed = status;
+    }
+    dlock_client_close(client);
+    status = finish_stdout();
+    if (status != EX_OK)
+        return status;
+    return failed ? failed : busy ? EX_TEMPFAIL : EX_OK;
+}
+
 static int cmd_bench(int argc, char **argv)
 {
 #ifdef DLOCK_HAVE_BENCH
@@ -1148,6 +1347,8 @@ int main(int argc, char **argv)
         print_usage(stdout);
         return finish_stdout();
     }
+    if (strcmp(cmd, "migrate") == 0)
+        return cmd_migrate(argc - 1, argv + 1);
     if (strcmp(cmd, "--version") == 0) {
         printf("dlock %s\n", dlock_version());
         return finish_stdout();

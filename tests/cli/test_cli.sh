@@ -417,6 +417,96 @@ DLOCK_PASSWORD=secret dl run "file://$dir/list-a file://$dir/list-b" listed -- t
 [ $rc -eq 64 ] && [[ $err == *"not of a list"* ]]
 check $? "DLOCK_PASSWORD with a list of stores: exit 64"
 
+# --- dlock migrate OLD NEW NAME... ---------------------------------------------
+old="file://$dir/mig-old"
+new="file://$dir/mig-new"
+dl migrate --help
+[ $rc -eq 0 ] && [[ $out == *"dlock migrate"* ]]
+check $? "'dlock migrate --help' prints usage, exit 0"
+dl migrate
+[ $rc -eq 64 ] && one_line && [[ $err == *"migrate --help"* ]]
+check $? "migrate without arguments: exit 64"
+dl migrate "$old" "$new"
+[ $rc -eq 64 ] && one_line && [[ $err == *NAME* ]]
+check $? "migrate without a NAME: exit 64"
+dl migrate -w abc "$old" "$new" m
+[ $rc -eq 64 ] && one_line
+check $? "migrate -w abc: exit 64"
+dl migrate --bogus "$old" "$new" m
+[ $rc -eq 64 ] && one_line && [[ $err == *--bogus* ]]
+check $? "migrate with an unknown option: exit 64 naming it"
+dl migrate "$old" "$new" ''
+[ $rc -eq 64 ] && one_line
+check $? "migrate with an empty NAME: exit 64"
+dl migrate "$old $dir/x" "$new" m
+[ $rc -eq 64 ] && one_line && [[ $err == *OLD* ]] && [[ $err == *list* ]]
+check $? "OLD that is a list of stores: exit 64 saying so"
+dl migrate "$old" "$new file://$dir/x" m
+[ $rc -eq 64 ] && one_line && [[ $err == *NEW* ]] && [[ $err == *list* ]]
+check $? "NEW that is a list of stores: exit 64 saying so"
+dl migrate "$old" "$old" m
+[ $rc -eq 64 ] && one_line && [[ $err == *same* ]] && [ ! -e "$dir/mig-old" ]
+check $? "OLD == NEW: exit 64, nothing touched"
+dl migrate 'redis://:s3cret@127.0.0.1:1/0' 'redis://:other9@127.0.0.1:1/0' m
+[ $rc -eq 64 ] && one_line && [[ $err == *same* ]] && [[ $err != *s3cret* ]] && [[ $err != *other9* ]]
+check $? "OLD == NEW but for the password: exit 64, no password shown"
+dl migrate 'redis://:s3cret@127.0.0.1:1/0' "$new" m
+[ $rc -eq 69 ] && one_line && [[ $err == *OLD* ]] && [[ $err != *s3cret* ]]
+check $? "OLD unreachable: exit 69 naming OLD, the password not shown"
+dl migrate -w 'redis://:s3cret@127.0.0.1:1/0' "$new" m
+[ $rc -eq 64 ] && one_line && [[ $err != *s3cret* ]]
+check $? "a URI given as -w's seconds: exit 64, its password not shown"
+
+dl run "$old" mig1 -- true
+dl run "$old" mig1 -- sh -c 'printf "%s" "$DLOCK_TOKEN"'
+t_old=$out
+dl migrate "$old" "$new" mig1 'mig 2'
+t_mig=$(sed -n 's/^mig1 \([0-9]*\) ok$/\1/p' "$dir/out")
+[ $rc -eq 0 ] && [ -z "$err" ] && [ "$(wc -l <"$dir/out")" -eq 2 ] &&
+    grep -qE '^mig 2 [0-9]+ ok$' "$dir/out" && [ -n "$t_mig" ] && [ "$t_mig" -gt "$t_old" ]
+check $? "migrate file -> file: 'NAME TOKEN ok' per name, exit 0 (token $t_mig > OLD's $t_old)"
+dl run "$new" mig1 -- sh -c 'printf "%s" "$DLOCK_TOKEN"'
+[ $rc -eq 0 ] && [ -n "$t_mig" ] && [ "$out" -gt "$t_mig" ]
+check $? "the next grant on NEW alone is above migrate's token ($out > $t_mig)"
+t_new=$out
+dl migrate "$old" "$new" mig1
+t_again=$(sed -n 's/^mig1 \([0-9]*\) ok$/\1/p' "$dir/out")
+[ $rc -eq 0 ] && [ -n "$t_again" ] && [ "$t_again" -gt "$t_new" ]
+check $? "migrate again (idempotent): exit 0, token still increasing ($t_again)"
+
+m="$dir/mig-held"
+"$DLOCK" run "$old" mheld -- sh -c "printf %s \"\$DLOCK_TOKEN\" >'$m.tok'; $(hold_until "$m")" </dev/null &
+holder=$!
+bg_pids+=("$holder")
+wait_for "$m.ready"
+check $? "a holder takes a name in OLD"
+t0=$(now_ms)
+dl migrate -w 1 "$old" "$new" mheld mfree
+t1=$(now_ms)
+[ $rc -eq 75 ] && one_line && [[ $err == *mheld* ]] && grep -qx 'mheld - busy' "$dir/out" &&
+    grep -qE '^mfree [0-9]+ ok$' "$dir/out" && [ $((t1 - t0)) -ge 900 ]
+check $? "-w 1 on a name held in OLD: 'mheld - busy', the other name ok, exit 75 ($((t1 - t0)) ms)"
+dl run -n "$new" mheld -- true
+[ $rc -eq 0 ]
+check $? "nothing stays held in NEW after the busy name"
+"$DLOCK" migrate "$old" "$new" mheld </dev/null >"$m.out" 2>"$m.err" &
+migr=$!
+bg_pids+=("$migr")
+sleep 0.5
+kill -0 "$migr" 2>/dev/null && [ ! -s "$m.out" ]
+check $? "migrate waits its turn behind OLD's holder"
+touch "$m.go"
+wait "$holder"
+wait "$migr"
+rc=$?
+t_held=$(cat "$m.tok" 2>/dev/null)
+t_mig=$(sed -n 's/^mheld \([0-9]*\) ok$/\1/p' "$m.out")
+[ $rc -eq 0 ] && [ -n "$t_mig" ] && [ -n "$t_held" ] && [ "$t_mig" -gt "$t_held" ]
+check $? "once the holder releases, migrate takes the name: exit 0 ($t_mig > $t_held)"
+dl run "$new" mheld -- sh -c 'printf "%s" "$DLOCK_TOKEN"'
+[ $rc -eq 0 ] && [ -n "$t_mig" ] && [ "$out" -gt "$t_mig" ]
+check $? "and NEW's next grant alone is above it ($out)"
+
 # --- a lock lost while the command runs ----------------------------------------
 # Removing the lock file breaks the lock (another process could lock a new
 # file at the path): the keeper checks twice a second, dlock stops the

@@ -104,5 +104,31 @@ timeout 10 "$dlock" run --ttl 2 "$redlock" "$name-tiny" -- true 2>"$tmp/err4"
 st=$?
 ok $([ $st = 64 ] && grep -q "at least 3 ms" "$tmp/err4" && echo 0 || echo 1) \
     "Redlock --ttl 2: exit 64 at once (got $st: $(head -n1 "$tmp/err4"))"
+# 5. dlock migrate redis -> file: the file store's next grant alone is
+#    above everything Redis granted for the name.
+mfile="file://$tmp/migrated"
+"$dlock" run "$uri" "$name-mig" -- sh -c 'printf %s "$DLOCK_TOKEN"' >"$tmp/tr" 2>"$tmp/err5"
+"$dlock" migrate "$uri" "$mfile" "$name-mig" >"$tmp/mig" 2>>"$tmp/err5"
+st=$?
+tr=$(cat "$tmp/tr") tm=$(sed -n "s/^$name-mig \([0-9]*\) ok\$/\1/p" "$tmp/mig")
+ok $([ $st = 0 ] && [ -n "$tr" ] && [ -n "$tm" ] && [ "$tm" -gt "$tr" ] && echo 0 || echo 1) \
+    "migrate redis -> file: exit $st, token ${tm:-?} > Redis's ${tr:-?}"
+"$dlock" run "$mfile" "$name-mig" -- sh -c 'printf %s "$DLOCK_TOKEN"' >"$tmp/tf" 2>>"$tmp/err5"
+tf=$(cat "$tmp/tf")
+ok $([ -n "$tf" ] && [ -n "$tm" ] && [ "$tf" -gt "$tm" ] && echo 0 || echo 1) \
+    "the file store's next grant alone is above it (${tf:-?})"
+#    The password of OLD or NEW never shows, even when the server refuses.
+clean_env "$dlock" migrate "${bare/redis:\/\//redis://:wrong-one@}" "$mfile" "$name-mig" >/dev/null 2>"$tmp/err5"
+st=$?
+ok $([ $st = 69 ] && ! grep -q wrong-one "$tmp/err5" && grep -q OLD "$tmp/err5" && echo 0 || echo 1) \
+    "migrate with a wrong password in OLD: exit 69, not shown (exit $st: $(head -n1 "$tmp/err5"))"
+#    ZooKeeper as NEW cannot raise its tokens above Redis's: refused, 69.
+if [ -n "${DLOCK_ZK_URI:-}" ]; then
+    "$dlock" migrate "$uri" "$DLOCK_ZK_URI" "$name-mig" >"$tmp/mig" 2>"$tmp/err5"
+    st=$?
+    ok $([ $st = 69 ] && grep -qx "$name-mig - failed" "$tmp/mig" &&
+        grep -q "cannot be raised" "$tmp/err5" && echo 0 || echo 1) \
+        "migrate redis -> zookeeper: refused, exit 69 (got $st: $(head -n1 "$tmp/err5"))"
+fi
 echo "1..$n"
 [ $failed = 0 ]
