@@ -182,6 +182,8 @@ static void make_printable(char *dst, const char *src)
     strcpy(dst + i, src[i] ? "..." : "");
 }
 
+static const char *shown_value(const char *arg);
+
 static int parse_seconds(const char *s, double *out)
 {
     char *end;
@@ -273,7 +275,7 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
         case 'w':
             if (parse_seconds(optarg, &ra->wait_s) != 0)
                 return usage_error("invalid wait '%s': expected seconds >= 0",
-                                   optarg);
+                                   shown_value(optarg));
             have_wait = 1;
             break;
         case 'n':
@@ -282,12 +284,12 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
         case 'T':
             if (parse_ttl(optarg, &ra->acq.ttl_ms) != 0)
                 return usage_error("invalid TTL '%s': expected milliseconds "
-                                   "1..%" PRIu32, optarg, UINT32_MAX);
+                                   "1..%" PRIu32, shown_value(optarg), UINT32_MAX);
             break;
         case 'G':
             if (parse_seconds(optarg, &ra->grace_s) != 0)
                 return usage_error("invalid grace period '%s': expected seconds >= 0",
-                                   optarg);
+                                   shown_value(optarg));
             break;
         case 'P':
             if (!*optarg)
@@ -463,6 +465,18 @@ static char *uri_without_password(const char *list)
         }
     }
     return out;
+}
+
+/* An option's bad value as it may be shown: printable, and without a
+ * password when it is a URI given in the wrong place. Static storage. */
+static const char *shown_value(const char *arg)
+{
+    static char shown[SHOWN_MAX + 4];
+    char *clean = strstr(arg, "://") ? uri_without_password(arg) : strdup(arg);
+
+    make_printable(shown, clean ? clean : "?");
+    free(clean);
+    return shown;
 }
 
 /* pw percent-encoded into uri's userinfo ("scheme://user:PW@..." or
@@ -1242,15 +1256,9 @@ static int cmd_migrate(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "+:w:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'w':
-            if (parse_seconds(optarg, &wait_s) != 0) {
-                /* A URI given where the seconds go keeps its password. */
-                char *shown = strstr(optarg, "://") ? one_uri_without_password(optarg)
-                                                    : strdup(optarg);
-
-                make_printable(shown_name, shown ? shown : "?");
-                free(shown);
-                return usage_error("invalid wait '%s': expected seconds >= 0", shown_name);
-            }
+            if (parse_seconds(optarg, &wait_s) != 0)
+                return usage_error("invalid wait '%s': expected seconds >= 0",
+                                   shown_value(optarg));
             break;
         case 'h':
             print_usage(stdout);

@@ -398,6 +398,10 @@ DLOCK_URI="file://$dir/unused" dl run "file://$dir/explicit" name -- sh -c 'prin
 [ $rc -eq 0 ] && [ "$out" = "file://$dir/explicit" ]
 check $? "also when the URI is given on the command line"
 
+dl run -w "redis://:s3cret-pw@127.0.0.1:1/0" name -- true
+[ $rc -eq 64 ] && [[ $err != *s3cret-pw* ]] && [[ $err == *"invalid wait"* ]]
+check $? "a URI given as -w's value: exit 64, its password not shown"
+
 # --- a list of stores (one lock in each) ----------------------------------------
 dl run "file://$dir/list-a file://$dir/list-b" listed -- sh -c 'printf "%s %s" "$DLOCK_TOKEN" "$DLOCK_URI"'
 [ $rc -eq 0 ] && [ "${out#* }" = "file://$dir/list-a file://$dir/list-b" ] &&
