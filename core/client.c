@@ -342,10 +342,15 @@ static int check_request(dlock_client *c, const char *name, size_t len,
 }
 
 /* A lock's lease end after a call sent at sent_ns (see dlock_held). */
+int dlock_client_expires(const dlock_client *c)
+{
+    return (dlock_client_caps(c) & DLOCK_CAP_LEASE) || dlock_composite_leased(c->conn);
+}
+
 uint64_t dlock_lease_end(const dlock_client *c, const dlock_held *held, uint64_t sent_ns,
                          uint32_t ttl_ms)
 {
-    if (!(dlock_client_caps(c) & DLOCK_CAP_LEASE))
+    if (!dlock_client_expires(c))
         return UINT64_MAX;
     if (dlock_backend_v2(c->backend) && held->lease_end_ns)
         return held->lease_end_ns;

@@ -20,6 +20,13 @@
  * (ZooKeeper's are its transaction ids) fails the acquire with
  * DLOCK_ENOTSUP rather than hand out a token that a later grant of that
  * store alone could go below. Losing any part is losing the lock.
+ *
+ * Leases: the capabilities a list declares are those every store gives (a
+ * list with a file:// store is not freed for others when a TTL runs out:
+ * the file part stays held). But for its holder the lock ends when the
+ * first leased part's lease does, so the list's lease end is the earliest
+ * of its leased parts' (each from the part's own send time, or the end the
+ * part reported), and the core and the keeper go by it (dlock_client_expires).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +36,7 @@
 
 struct comp_conn {
     dlock_conn base;
+    int leased; /* some part has a lease */
     size_t n;
     dlock_client *part[];
 };
@@ -36,6 +44,7 @@ struct comp_conn {
 struct comp_held {
     dlock_held base;
     size_t n;
+    uint64_t *sent; /* per part: when its lease last started, at the latest */
     dlock_held *part[];
 };
 
@@ -57,9 +66,7 @@ static int part_error(struct comp_conn *cc, size_t i, int rc)
                         part_backend(cc, i)->name, e.msg[0] ? e.msg : dlock_strerror(rc));
 }
 
-/* What holds for the whole lock: what every store gives. A lease only if
- * every part has one (a part without a lease keeps the whole lock held
- * past the others' TTL). */
+/* What holds for the whole lock: what every store gives (see Leases above). */
 static unsigned int comp_caps(const struct comp_conn *cc)
 {
     unsigned int all = ~0u;
@@ -87,14 +94,23 @@ static void parts_release(struct comp_conn *cc, struct comp_held *h, size_t n)
     dlock_err_restore(cc->base.client, &e);
 }
 
-/* The earliest lease end the parts reported (0: none did). */
-static uint64_t parts_lease_end(const struct comp_conn *cc, const struct comp_held *h)
+static int part_leased(const struct comp_conn *cc, size_t i)
+{
+    return (dlock_client_caps(cc->part[i]) & DLOCK_CAP_LEASE) != 0;
+}
+
+/* The earliest end among the leased parts' leases (0: no part has one). */
+static uint64_t parts_lease_end(const struct comp_conn *cc, const struct comp_held *h,
+                                uint32_t ttl_ms)
 {
     uint64_t end = 0;
-    for (size_t i = 0; i < cc->n; i++)
-        if (h->part[i] && dlock_backend_v2(part_backend(cc, i)) && h->part[i]->lease_end_ns &&
-            (!end || h->part[i]->lease_end_ns < end))
-            end = h->part[i]->lease_end_ns;
+    for (size_t i = 0; i < cc->n; i++) {
+        if (!h->part[i] || !part_leased(cc, i))
+            continue;
+        uint64_t e = dlock_lease_end(cc->part[i], h->part[i], h->sent[i], ttl_ms);
+        if (!end || e < end)
+            end = e;
+    }
     return end;
 }
 
@@ -103,6 +119,12 @@ static void parts_forget_lease(const struct comp_conn *cc, const struct comp_hel
     for (size_t i = 0; i < cc->n; i++)
         if (h->part[i] && dlock_backend_v2(part_backend(cc, i)))
             h->part[i]->lease_end_ns = 0;
+}
+
+static void held_free(struct comp_held *h)
+{
+    free(h->sent);
+    free(h);
 }
 
 /* Raises part i's later tokens above floor. */
@@ -136,20 +158,60 @@ static int parts_raise(struct comp_conn *cc, struct comp_held *h, uint64_t floor
     return 0;
 }
 
+/* A leased part taken early may have run out while the later parts were
+ * awaited: renewed if less than half its TTL is left. */
+static int parts_refresh(struct comp_conn *cc, struct comp_held *h, uint32_t ttl_ms)
+{
+    for (size_t i = 0; i + 1 < cc->n; i++) {
+        const dlock_backend *b = part_backend(cc, i);
+        uint64_t now = dlock_monotonic_ns();
+        if (!part_leased(cc, i) ||
+            dlock_lease_end(cc->part[i], h->part[i], h->sent[i], ttl_ms) >
+                now + (uint64_t)ttl_ms * 500000u)
+            continue;
+        int rc = DLOCK_ENOTSUP;
+        dlock_err_clear(cc->part[i]);
+        if (b->renew) {
+            if (dlock_backend_v2(b))
+                h->part[i]->lease_end_ns = 0;
+            h->sent[i] = now;
+            rc = b->renew(cc->part[i]->conn, h->part[i], ttl_ms);
+        }
+        if (rc) {
+            part_error(cc, i, rc);
+            return dlock_seterr(cc->base.client, DLOCK_ETIMEDOUT,
+                                "store %zu of %zu (%s) let its part go while the later stores "
+                                "were awaited; nothing is held", i + 1, cc->n, b->name);
+        }
+    }
+    return 0;
+}
+
 static int comp_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
 {
     struct comp_conn *cc = (struct comp_conn *)conn;
     struct comp_held *h = calloc(1, sizeof *h + cc->n * sizeof h->part[0]);
+    dlock_request one = *req;
     uint64_t top = 0;
     int rc = 0;
     size_t i;
-    if (!h)
+    if (!h || !(h->sent = calloc(cc->n, sizeof *h->sent))) {
+        free(h);
         return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
+    }
     h->n = cc->n;
-    /* One deadline (req's, absolute) covers every part. */
+    /* One deadline (req's, absolute) covers every part. Once it has passed,
+     * the remaining parts get one attempt each, as the core does. */
     for (i = 0; i < cc->n; i++) {
+        uint64_t now = dlock_monotonic_ns();
+        int expired = req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns <= now;
+        one.wait = expired ? DLOCK_WAIT_TRY : req->wait;
         dlock_err_clear(cc->part[i]);
-        rc = part_backend(cc, i)->acquire(cc->part[i]->conn, req, &h->part[i]);
+        h->sent[i] = now;
+        rc = part_backend(cc, i)->acquire(cc->part[i]->conn, &one, &h->part[i]);
+        if (rc == DLOCK_EBUSY && expired)
+            rc = dlock_seterr(cc->part[i], DLOCK_ETIMEDOUT,
+                              "the deadline passed with the lock still held elsewhere");
         if (rc) {
             part_error(cc, i, rc);
             break;
@@ -157,15 +219,17 @@ static int comp_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         if (h->part[i]->token > top)
             top = h->part[i]->token;
     }
+    if (rc == 0 && cc->leased)
+        rc = parts_refresh(cc, h, req->ttl_ms);
     if (rc == 0)
         rc = parts_raise(cc, h, top, 1);
     if (rc) {
         parts_release(cc, h, i < cc->n ? i : cc->n);
-        free(h);
+        held_free(h);
         return rc;
     }
     h->base.token = top;
-    h->base.lease_end_ns = parts_lease_end(cc, h);
+    h->base.lease_end_ns = parts_lease_end(cc, h, req->ttl_ms);
     *heldp = &h->base;
     return 0;
 }
@@ -186,15 +250,18 @@ static int comp_release(dlock_conn *conn, dlock_held *held)
             dlock_err_save(conn->client, &first);
         }
     }
-    free(h);
+    held_free(h);
     if (rc)
         dlock_err_restore(conn->client, &first);
     return rc;
 }
 
-/* Calls renew (keep: 0, renew: 1) on every part; stops at a loss. */
+/* Calls renew (keep: 0, renew: 1) on every part; stops at a loss. On the
+ * keeper's threads every detail shares one buffer: the first failure's is
+ * kept aside, so a later part's clear cannot wipe it. */
 static int parts_renew(struct comp_conn *cc, struct comp_held *h, uint32_t ttl_ms, int app)
 {
+    dlock_errsave first = {0, ""};
     int rc = 0;
     parts_forget_lease(cc, h);
     for (size_t i = 0; i < cc->n; i++) {
@@ -203,17 +270,25 @@ static int parts_renew(struct comp_conn *cc, struct comp_held *h, uint32_t ttl_m
             app ? b->renew : (dlock_backend_v2(b) ? b->keep : NULL);
         int r;
         dlock_err_clear(cc->part[i]);
+        uint64_t sent = dlock_monotonic_ns();
         if (!fn)
             r = dlock_seterr(cc->part[i], DLOCK_ENOTSUP, "the %s backend cannot %s", b->name,
                              app ? "renew" : "keep its locks");
         else
             r = fn(cc->part[i]->conn, h->part[i], ttl_ms);
+        if (r == 0)
+            h->sent[i] = sent;
         if (r == DLOCK_ELOST || r == DLOCK_EEXPIRED)
             return part_error(cc, i, r);
-        if (r && rc == 0)
+        if (r && rc == 0) {
             rc = part_error(cc, i, r);
+            dlock_err_save(cc->base.client, &first);
+        }
     }
-    h->base.lease_end_ns = parts_lease_end(cc, h);
+    /* A part that failed keeps its last confirmed lease in the estimate. */
+    h->base.lease_end_ns = parts_lease_end(cc, h, ttl_ms);
+    if (rc)
+        dlock_err_restore(cc->base.client, &first);
     return rc;
 }
 
@@ -291,6 +366,12 @@ size_t dlock_composite_split(const char *s, char **out, size_t max, char **bufp)
     return n;
 }
 
+int dlock_composite_leased(const dlock_conn *conn)
+{
+    return conn && conn->backend == &dlock_composite_backend &&
+           ((const struct comp_conn *)conn)->leased;
+}
+
 int dlock_composite_open(dlock_client *c, char *const *uris, size_t n, dlock_conn **connp)
 {
     struct comp_conn *cc = calloc(1, sizeof *cc + n * sizeof cc->part[0]);
@@ -320,6 +401,8 @@ int dlock_composite_open(dlock_client *c, char *const *uris, size_t n, dlock_con
         cc->n = i + 1;
     }
     cc->base.caps = comp_caps(cc);
+    for (size_t i = 0; i < n; i++)
+        cc->leased |= part_leased(cc, i);
     *connp = &cc->base;
     return 0;
 }

@@ -19,4 +19,8 @@ size_t dlock_composite_split(const char *s, char **out, size_t max, char **bufp)
  * then dlock_composite_backend; on failure records detail on c. */
 int dlock_composite_open(dlock_client *c, char *const *uris, size_t n, dlock_conn **connp);
 
+/* Some store of a list has a lease, so the list's locks end for their
+ * holder (see core/composite.c, Leases). 0 for any other connection. */
+int dlock_composite_leased(const dlock_conn *conn);
+
 #endif

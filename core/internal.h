@@ -54,6 +54,9 @@ static inline int dlock_backend_v3(const dlock_backend *b)
 }
 
 /* The lease end a backend reported for held, or fallback. */
+/* Its locks end for their holder when a lease runs out: DLOCK_CAP_LEASE,
+ * or a list of stores with a leased one (core/composite.c). */
+int dlock_client_expires(const dlock_client *c);
 uint64_t dlock_lease_end(const dlock_client *c, const dlock_held *held, uint64_t sent_ns,
                          uint32_t ttl_ms);
 

@@ -252,7 +252,7 @@ static int keeper_start(dlock_client *c)
 static void set_intervals(struct dlock_kept *k)
 {
     uint64_t ttl_ns = (uint64_t)k->lock->ttl_ms * MS;
-    if (dlock_client_caps(k->lock->client) & DLOCK_CAP_LEASE) {
+    if (dlock_client_expires(k->lock->client)) {
         k->interval_ns = ttl_ns / DLOCK_KEEP_INTERVAL_DIV;
     } else {
         k->interval_ns = ttl_ns / 3;

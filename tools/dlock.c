@@ -1220,7 +1220,10 @@ static int migrate_one(dlock_client *client, const char *name, double wait_s)
     print_name(name);
     if (err == DLOCK_EBUSY || err == DLOCK_ETIMEDOUT) {
         fputs(" - busy\n", stdout);
-        say("lock '%s' was still held elsewhere after %g s: not migrated", shown_name, wait_s);
+        /* Mostly held elsewhere; a store that did not answer in time also
+         * times out: the library's detail says which. */
+        say("lock '%s' not migrated within %g s: %s", shown_name, wait_s,
+            detail(client, err));
         status = EX_TEMPFAIL;
     } else {
         fputs(" - failed\n", stdout);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dlock_backend.h"
 #include "tests/tap.h"
@@ -410,6 +411,34 @@ static void test_lists(void)
     is_int(dlock_acquire(c, "both", NULL, &l), DLOCK_ENOTSUP, "a store that cannot be raised");
     is_int(fake.release - releases, 2, "both parts released");
     fake.fail_raise = 0;
+    dlock_client_close(c);
+
+    /* A store without a lease listed with a leased one: the list is not
+     * freed for others at the TTL (no DLOCK_CAP_LEASE), but its holder's
+     * lock ends with the leased part's lease. */
+    char list[256];
+    snprintf(list, sizeof list, "file://%s/dlock-test-core-%d fake://a", "/tmp", (int)getpid());
+    is_int(dlock_client_open(list, &c), 0, "a list of file and a leased store");
+    ok(!(dlock_client_caps(c) & DLOCK_CAP_LEASE), "declares no lease (the file part stays held)");
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    o.ttl_ms = 300;
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_acquire(c, "leased", &o, &l), 0, "acquire with a 300 ms lease");
+    uint64_t end = l ? dlock_lock_expires_ns(l) : 0;
+    ok(end > t0 && end <= dlock_monotonic_ns() + 300 * 1000000ull,
+       "expires with the leased part, not never (%lld ms from the start)",
+       (long long)(end - t0) / 1000000);
+    if (l)
+        dlock_release(l);
+    o.keep = 1; /* the fake store cannot keep: renewals fail until the lease ends */
+    is_int(dlock_acquire(c, "kept", &o, &l), 0, "a kept acquire");
+    for (int i = 0; i < 300 && l && !dlock_lock_lost(l); i++)
+        usleep(10000);
+    ok(l && dlock_lock_lost(l), "the loss is reported when the leased part's lease ends");
+    ok(strstr(dlock_lock_lost_detail(l), "store 2 of 2") != NULL, "naming the store: %s",
+       dlock_lock_lost_detail(l));
+    if (l)
+        dlock_release(l);
     dlock_client_close(c);
 }
 
