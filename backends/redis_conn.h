@@ -59,6 +59,10 @@ struct redis_held {
     dlock_held base;
     char owner[33];
     uint32_t ttl_ms;
+    /* Redlock: the end of the last confirmed validity (CLOCK_MONOTONIC ns).
+     * base.lease_end_ns is zeroed by the core before each renewal; this is
+     * not, so a raise between renewals still knows the lock is valid. */
+    uint64_t valid_until;
     char channel[96];   /* this wait's wake-up channel (single instance) */
     size_t channel_len;
     struct redis_keys keys;

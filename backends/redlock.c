@@ -428,7 +428,7 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
         }
         if (fenced >= quorum(rc) && validity_ms(start, h->ttl_ms) > 0) {
             h->base.token = max_token;
-            h->base.lease_end_ns = lease_end(start, h->ttl_ms);
+            h->base.lease_end_ns = h->valid_until = lease_end(start, h->ttl_ms);
             dlock_clearerr(cl(rc));
             return 1;
         }
@@ -707,7 +707,7 @@ int dlock_redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t tt
     free_replies(rc, replies);
     if (ours >= quorum(rc) && validity_ms(start, ttl_ms) > 0) {
         h->ttl_ms = ttl_ms;
-        h->base.lease_end_ns = lease_end(start, ttl_ms);
+        h->base.lease_end_ns = h->valid_until = lease_end(start, ttl_ms);
         dlock_clearerr(cl(rc));
         return 0;
     }
@@ -742,12 +742,10 @@ int dlock_redlock_keep(struct redis_conn *kc, struct redis_held *h, uint32_t ttl
     const char *args[3] = {"renew", h->owner, ttl};
     const size_t lens[3] = {5, 32, strlen(ttl)};
     all_nodes(kc, h, args, lens, 3, replies, quorum(kc), node_timeout_ns(kc), 0, NULL);
-    for (size_t i = 0; i < kc->nnodes; i++)
-        if (replies[i] && replies[i]->type == REDIS_REPLY_INTEGER)
-            replies[i]->integer == 1 ? ours++ : not_ours++;
+    count_ints(kc, replies, &ours, &not_ours);
     free_replies(kc, replies);
     if (ours >= quorum(kc) && validity_ms(start, ttl_ms) > 0) {
-        h->base.lease_end_ns = lease_end(start, ttl_ms);
+        h->base.lease_end_ns = h->valid_until = lease_end(start, ttl_ms);
         return 0;
     }
     if (kc->nnodes - not_ours < quorum(kc))
@@ -789,7 +787,7 @@ int dlock_redlock_raise(struct redis_conn *rc, struct redis_held *h, uint64_t fl
     all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc), 0, &st);
     count_ints(rc, replies, &ours, &not_ours);
     free_replies(rc, replies);
-    if (ours >= quorum(rc) && dlock_monotonic_ns() < h->base.lease_end_ns) {
+    if (ours >= quorum(rc) && dlock_monotonic_ns() < h->valid_until) {
         dlock_clearerr(cl(rc));
         return 0;
     }
