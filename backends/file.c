@@ -17,6 +17,17 @@
  * are never deleted: deleting a lock file races with a process that has
  * just opened it. A holder checks after locking that the file it locked is
  * still the one at the path.
+ *
+ * Store-wide tokens (dlock migrate): the directory's floor lives in the
+ * file ".dlock-floor" (no lock file's name starts with '.'), 20 digits like
+ * a lock file's token. Every grant reads it while it holds the lock file's
+ * lock, under a shared lock of the floor file (so never half-written), and
+ * takes max(file's token or wall clock, floor) + 1: an openat() that fails
+ * while no floor was ever set, five system calls once one is. raise_floor
+ * read-modify-writes it under an exclusive lock of the floor file (never
+ * lowering it), fdatasync'd (and the directory fsync'd) with fsync=1, as
+ * the tokens are. token_top is max(wall clock, every lock file's token,
+ * floor): it reads every *.lock file of the directory without locking any.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,6 +49,8 @@
 /* Encoded names longer than this are shortened with a hash. */
 #define ENCODED_KEEP 120
 #define TOKEN_DIGITS 20
+/* The directory's token floor: a leading '.' never starts an encoded name. */
+#define FLOOR_FILE ".dlock-floor"
 
 struct file_conn {
     dlock_conn base;
@@ -315,26 +329,92 @@ static uint64_t token_floor(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-/* The lock file's token (*emptyp: the file holds none yet). */
-static int read_token(dlock_client *c, int fd, uint64_t *tokenp, int *emptyp)
+/* The token at the start of fd's file: 0, -1 when the read fails (errno),
+ * 1 when the file does not start with one. *emptyp: the file is empty. */
+static int pread_token(int fd, uint64_t *tokenp, int *emptyp)
 {
     char buf[TOKEN_DIGITS + 2];
     uint64_t token = 0;
     ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
     if (n < 0)
-        return dlock_seterr(c, DLOCK_EIO, "cannot read the lock file: %s", strerror(errno));
+        return -1;
     if (n > 0) {
         int i;
         for (i = 0; i < TOKEN_DIGITS && i < n && buf[i] >= '0' && buf[i] <= '9'; i++)
             token = token * 10 + (uint64_t)(buf[i] - '0');
         if (i != TOKEN_DIGITS || n <= TOKEN_DIGITS || buf[TOKEN_DIGITS] != '\n')
-            return dlock_seterr(c, DLOCK_EPROTO,
-                                "the lock file does not start with a %d-digit token",
-                                TOKEN_DIGITS);
+            return 1;
     }
     *tokenp = token;
     *emptyp = n == 0;
     return 0;
+}
+
+/* The lock file's token (*emptyp: the file holds none yet). */
+static int read_token(dlock_client *c, int fd, uint64_t *tokenp, int *emptyp)
+{
+    int r = pread_token(fd, tokenp, emptyp);
+    if (r < 0)
+        return dlock_seterr(c, DLOCK_EIO, "cannot read the lock file: %s", strerror(errno));
+    if (r > 0)
+        return dlock_seterr(c, DLOCK_EPROTO, "the lock file does not start with a %d-digit token",
+                            TOKEN_DIGITS);
+    return 0;
+}
+
+/* Takes (type F_RDLCK or F_WRLCK) or drops (F_UNLCK) the whole floor file's
+ * lock, waiting for it. Held only around a read or a read-modify-write. */
+static int floor_lock(dlock_client *c, int fd, short type)
+{
+    struct flock fl;
+    int r;
+    whole_file(&fl);
+    fl.l_type = type;
+    do
+        r = fcntl(fd, type == F_UNLCK ? F_OFD_SETLK : F_OFD_SETLKW, &fl);
+    while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return dlock_seterr(c, DLOCK_EIO, "cannot lock the token floor file " FLOOR_FILE ": %s",
+                            strerror(errno));
+    return 0;
+}
+
+/* pread_token()'s result r on the floor file, as a dlock code. */
+static int floor_read_error(struct file_conn *fc, int r)
+{
+    if (r < 0)
+        return dlock_seterr(fc->base.client, DLOCK_EIO, "cannot read the token floor file "
+                            FLOOR_FILE " in '%.150s': %s", fc->dir, strerror(errno));
+    if (r > 0)
+        return dlock_seterr(fc->base.client, DLOCK_EPROTO, "the token floor file " FLOOR_FILE
+                            " in '%.150s' does not start with a %d-digit token", fc->dir,
+                            TOKEN_DIGITS);
+    return 0;
+}
+
+/* The directory's token floor: 0 when none was ever set. Read under a
+ * shared lock of the floor file, so never half-written by raise_floor. */
+static int read_floor(struct file_conn *fc, uint64_t *floorp)
+{
+    dlock_client *c = fc->base.client;
+    uint64_t floor = 0;
+    int empty, rc;
+    int fd = openat(fc->dirfd, FLOOR_FILE, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        if (errno == ENOENT) {
+            *floorp = 0;
+            return 0;
+        }
+        return dlock_seterr(c, DLOCK_EIO, "cannot open the token floor file " FLOOR_FILE
+                            " in '%.150s': %s", fc->dir, strerror(errno));
+    }
+    if ((rc = floor_lock(c, fd, F_RDLCK)) == 0) {
+        rc = floor_read_error(fc, pread_token(fd, &floor, &empty));
+        floor_lock(c, fd, F_UNLCK);
+    }
+    close(fd);
+    *floorp = floor;
+    return rc;
 }
 
 static int bump_token(struct file_conn *fc, int fd, const dlock_request *req,
@@ -342,12 +422,14 @@ static int bump_token(struct file_conn *fc, int fd, const dlock_request *req,
 {
     dlock_client *c = fc->base.client;
     char buf[128];
-    uint64_t token;
+    uint64_t token, floor;
     int empty, rc;
-    if ((rc = read_token(c, fd, &token, &empty)) != 0)
+    if ((rc = read_token(c, fd, &token, &empty)) != 0 || (rc = read_floor(fc, &floor)) != 0)
         return rc;
     if (empty)
         token = token_floor();
+    if (token < floor)
+        token = floor;
     if (token == UINT64_MAX)
         return dlock_seterr(c, DLOCK_EPROTO, "the fencing token is exhausted");
     token++;
@@ -462,6 +544,130 @@ static int file_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
     return 0;
 }
 
+/* A lock file's token, read without locking it: a holder may be rewriting
+ * it, so two reads in a row must agree (a torn read could be lower than
+ * both the old and the new token, or malformed for an instant). *emptyp: no
+ * token yet (a grant still in progress). 0, -1 (errno), or 1: malformed. */
+static int peek_token(int fd, uint64_t *tokenp, int *emptyp)
+{
+    uint64_t a = 0, b = 0;
+    int ea = 0, eb = 0, ra, rb;
+    if ((ra = pread_token(fd, &a, &ea)) < 0)
+        return -1;
+    for (int i = 0; i < 1000; i++) {
+        if ((rb = pread_token(fd, &b, &eb)) < 0)
+            return -1;
+        if (ra == 0 && rb == 0 && a == b && ea == eb) {
+            *tokenp = a;
+            *emptyp = ea;
+            return 0;
+        }
+        a = b, ea = eb, ra = rb;
+    }
+    return 1; /* malformed or changing all along */
+}
+
+static int is_lock_file(const char *leaf)
+{
+    size_t n = strlen(leaf);
+    return leaf[0] != '.' && n > sizeof ".lock" - 1 &&
+           strcmp(leaf + n - (sizeof ".lock" - 1), ".lock") == 0;
+}
+
+/* max(wall clock, floor, every lock file's token): a new file's first token
+ * is the wall clock + 1 at its grant, so the clock now bounds those. */
+static int file_token_top(dlock_conn *conn, uint64_t *top)
+{
+    struct file_conn *fc = (struct file_conn *)conn;
+    dlock_client *c = conn->client;
+    uint64_t best = token_floor(), floor;
+    int rc, dfd;
+    DIR *d;
+    if ((rc = read_floor(fc, &floor)) != 0)
+        return rc;
+    if (floor > best)
+        best = floor;
+    if ((dfd = openat(fc->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0 ||
+        !(d = fdopendir(dfd))) {
+        int e = errno;
+        if (dfd >= 0)
+            close(dfd);
+        return dlock_seterr(c, DLOCK_EIO, "cannot list the lock directory '%.150s': %s",
+                            fc->dir, strerror(e));
+    }
+    for (;;) {
+        errno = 0;
+        struct dirent *de = readdir(d);
+        if (!de) {
+            if (errno)
+                rc = dlock_seterr(c, DLOCK_EIO, "cannot list the lock directory '%.150s': %s",
+                                  fc->dir, strerror(errno));
+            break;
+        }
+        if (!is_lock_file(de->d_name))
+            continue;
+        int fd = openat(fc->dirfd, de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd < 0) {
+            if (errno == ENOENT)
+                continue; /* removed since the listing: its tokens went with it */
+            rc = dlock_seterr(c, DLOCK_EIO, "cannot open the lock file %.120s in '%.150s': %s",
+                              de->d_name, fc->dir, strerror(errno));
+            break;
+        }
+        struct stat st;
+        uint64_t token = 0;
+        int empty = 1;
+        int r = 0;
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
+            r = peek_token(fd, &token, &empty);
+        if (r < 0)
+            rc = dlock_seterr(c, DLOCK_EIO, "cannot read the lock file %.120s in '%.150s': %s",
+                              de->d_name, fc->dir, strerror(errno));
+        else if (r > 0)
+            rc = dlock_seterr(c, DLOCK_EPROTO, "the lock file %.120s in '%.150s' does not start "
+                              "with a %d-digit token", de->d_name, fc->dir, TOKEN_DIGITS);
+        close(fd);
+        if (rc)
+            break;
+        if (!empty && token > best)
+            best = token;
+    }
+    closedir(d);
+    if (rc == 0)
+        *top = best;
+    return rc;
+}
+
+/* Raises the directory's floor to floor where it is below, under an
+ * exclusive lock of the floor file: concurrent calls never lower it. */
+static int file_raise_floor(dlock_conn *conn, uint64_t floor)
+{
+    struct file_conn *fc = (struct file_conn *)conn;
+    dlock_client *c = conn->client;
+    char digits[TOKEN_DIGITS + 2];
+    uint64_t cur = 0;
+    int empty, rc;
+    int fd = openat(fc->dirfd, FLOOR_FILE, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        return dlock_seterr(c, DLOCK_EIO, "cannot open the token floor file " FLOOR_FILE
+                            " in '%.150s': %s", fc->dir, strerror(errno));
+    if ((rc = floor_lock(c, fd, F_WRLCK)) != 0) {
+        close(fd);
+        return rc;
+    }
+    rc = floor_read_error(fc, pread_token(fd, &cur, &empty));
+    if (rc == 0 && (empty || cur < floor)) {
+        snprintf(digits, sizeof digits, "%020" PRIu64 "\n", floor);
+        if (pwrite(fd, digits, TOKEN_DIGITS + 1, 0) != TOKEN_DIGITS + 1)
+            rc = dlock_seterr(c, DLOCK_EIO, "cannot write the token floor: %s", strerror(errno));
+        else if (fc->fsync && (fdatasync(fd) < 0 || fsync(fc->dirfd) < 0))
+            rc = dlock_seterr(c, DLOCK_EIO, "cannot sync the token floor: %s", strerror(errno));
+    }
+    floor_lock(c, fd, F_UNLCK);
+    close(fd);
+    return rc;
+}
+
 const dlock_backend dlock_file_backend = {
     .version = DLOCK_BACKEND_VERSION,
     .name = "file",
@@ -477,4 +683,6 @@ const dlock_backend dlock_file_backend = {
     .ping = NULL,
     .keep = file_renew,
     .raise_token = file_raise_token,
+    .token_top = file_token_top,
+    .raise_floor = file_raise_floor,
 };

@@ -70,6 +70,17 @@
  * store): the lock's session proves the row lock is still ours, then the
  * control session sets token = GREATEST(token, floor) in autocommit, only
  * where the grants row still names the lock's session. Two round trips.
+ *
+ * Store-wide floor and top (raise_floor, token_top: dlock migrate). The
+ * floor is a row of <table>_grants with the all-zero key (FLOOR_K, owner
+ * 'floor', session_id 0; no name's SHA-256 is all zeros), set by the
+ * control session in autocommit to GREATEST(token, floor): as durable as
+ * the grants' bumps (innodb_flush_log_at_trx_commit). Every grant's
+ * statement reads it (with a shared row lock, InnoDB's for a subquery of
+ * an INSERT) and takes GREATEST(name's token + 1, floor + 1): one primary
+ * key lookup more, no round trip. The top is MAX(token) over
+ * <table>_grants (a scan; the floor row included). A store whose tables
+ * predate the floor has no floor row: floor 0.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -119,22 +130,39 @@ static const char *const mysql_options_list[] = {
     "connect_timeout", "timeout", "table", "socket", "tls", "tls_ca", "tls_cert", "tls_key", NULL,
 };
 
-enum stmt_id { ST_LOCK_WAIT, ST_LOCK_NOWAIT, ST_CREATE_ROW, ST_GRANT, ST_RAISE, N_STMTS };
+enum stmt_id {
+    ST_LOCK_WAIT, ST_LOCK_NOWAIT, ST_CREATE_ROW, ST_GRANT, ST_RAISE, ST_TOP, ST_FLOOR, N_STMTS
+};
+
+/* The row of <table>_grants that holds the store's floor (raise_floor): a
+ * key no name has (names' keys are SHA-256 digests). */
+#define FLOOR_K "X'0000000000000000000000000000000000000000000000000000000000000000'"
 
 /* "@T" stands for the lock table's name. */
 static const char *const stmt_sql[N_STMTS] = {
     [ST_LOCK_WAIT] = "SELECT 1 FROM `@T` WHERE k = ? FOR UPDATE",
     [ST_LOCK_NOWAIT] = "SELECT 1 FROM `@T` WHERE k = ? FOR UPDATE NOWAIT",
     [ST_CREATE_ROW] = "INSERT IGNORE INTO `@T` (k, name, created_at) VALUES (?, ?, UTC_TIMESTAMP(6))",
+    /* The floor row is read in the same statement (a derived table:
+     * MySQL refuses a plain subquery on the table inserted into; CAST:
+     * the derived value is signed), and the token is the larger of the
+     * name's token + 1 and the floor + 1. */
     [ST_GRANT] = "INSERT INTO `@T_grants` (k, token, owner, session_id, acquired_at) "
-                 "VALUES (?, LAST_INSERT_ID(1), ?, ?, UTC_TIMESTAMP(6)) "
-                 "ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), owner = ?, "
-                 "session_id = ?, acquired_at = UTC_TIMESTAMP(6)",
+                 "VALUES (?, LAST_INSERT_ID(1 + CAST(COALESCE((SELECT m FROM (SELECT MAX(token)"
+                 " AS m FROM `@T_grants` WHERE k = " FLOOR_K ") AS f), 0) AS UNSIGNED)), ?, ?,"
+                 " UTC_TIMESTAMP(6)) "
+                 "ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(GREATEST(token + 1,"
+                 " VALUES(token))), owner = ?, session_id = ?, acquired_at = UTC_TIMESTAMP(6)",
     /* Matches only while the latest grant recorded is the holder's own
      * (session_id); LAST_INSERT_ID(expr) hands back the counter, and 0 when
      * no row matched (the expression never ran). */
     [ST_RAISE] = "UPDATE `@T_grants` SET token = LAST_INSERT_ID(GREATEST(token, ?)) "
                  "WHERE k = ? AND session_id = ?",
+    [ST_TOP] = "SELECT COALESCE(MAX(token), 0) FROM `@T_grants`",
+    [ST_FLOOR] = "INSERT INTO `@T_grants` (k, token, owner, session_id, acquired_at) "
+                 "VALUES (" FLOOR_K ", ?, 'floor', 0, UTC_TIMESTAMP(6)) "
+                 "ON DUPLICATE KEY UPDATE acquired_at = IF(token < VALUES(token),"
+                 " UTC_TIMESTAMP(6), acquired_at), token = GREATEST(token, VALUES(token))",
 };
 
 static const char *const create_sql[] = {
@@ -922,9 +950,9 @@ static int record_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock
         err = run(mc, ctl, NB_EXECUTE, st, NULL, b, "recording the grant");
         if (err && !ctl->dead && mysql_stmt_errno(st) == ER_LOCK_WAIT_TIMEOUT)
             return dlock_seterr(cl(mc), DLOCK_ESTORE,
-                                "mysql %s: the lock's token row in %s_grants is locked by another"
-                                " transaction (not a dlock grant): gave up after 1 s", mc->where,
-                                mc->table);
+                                "mysql %s: the lock's token row or the floor row in %s_grants"
+                                " is locked by another transaction (not a dlock grant): gave up"
+                                " after 1 s", mc->where, mc->table);
         if (err == 0) {
             h->base.token = mysql_stmt_insert_id(st);
             if (h->base.token == 0)
@@ -1349,6 +1377,97 @@ static int be_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
     return err;
 }
 
+/*
+ * token_top: SELECT MAX(token) over <table>_grants (a scan of every name's
+ * row, the floor's included) on the control session: a consistent read
+ * (READ COMMITTED), no lock a grant waits for. One round trip (and
+ * fetching its row), bounded by `timeout`.
+ */
+static int be_token_top(dlock_conn *conn, uint64_t *top)
+{
+    static const char what[] = "reading the highest token";
+    struct mysql_conn *mc = (struct mysql_conn *)conn;
+    unsigned long long v = 0;
+    my_bool isnull = 0;
+    MYSQL_BIND rb;
+    MYSQL_STMT *st;
+    struct session *ctl;
+    int err;
+    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
+    for (int tries = 0; tries < 2; tries++) {
+        if ((err = ctl_session(mc, &call, &ctl)) != 0 ||
+            (err = prepare(mc, ctl, ST_TOP, &call, &st)) != 0 ||
+            (err = run(mc, ctl, NB_EXECUTE, st, NULL, &call, what)) != 0 ||
+            (err = run(mc, ctl, NB_STMT_STORE, st, NULL, &call, what)) != 0)
+            goto failed;
+        bind_u64(&rb, &v);
+        rb.is_null = &isnull;
+        if (mysql_stmt_bind_result(st, &rb) != 0) {
+            err = fail_on(mc, ctl, st, what);
+            mysql_stmt_free_result(st);
+            return err;
+        }
+        int got = mysql_stmt_fetch(st); /* the stored row: no round trip */
+        mysql_stmt_free_result(st);
+        if (got != 0 && got != MYSQL_DATA_TRUNCATED)
+            return dlock_seterr(cl(mc), DLOCK_EPROTO, "mysql %s: %s: no value returned",
+                                mc->where, what);
+        *top = isnull ? 0 : v;
+        return 0;
+    failed:
+        if (!ctl_dropped(mc))
+            return err;
+    }
+    return err;
+}
+
+/*
+ * raise_floor: the control session, in autocommit (committed as a grant's
+ * bump is, so as durable), sets the floor row of <table>_grants (key
+ * FLOOR_K, owner 'floor') to GREATEST(token, floor), inserting it if
+ * missing. Every grant's statement reads that row (a consistent read, no
+ * lock) and takes GREATEST(name's token + 1, floor + 1), so a grant
+ * recorded after the commit is above floor. One round trip, bounded by
+ * `timeout`; the row lock it takes is held only for that statement.
+ */
+static int be_raise_floor(dlock_conn *conn, uint64_t floor)
+{
+    static const char what[] = "raising the store's token floor";
+    struct mysql_conn *mc = (struct mysql_conn *)conn;
+    unsigned long long f = floor;
+    MYSQL_BIND bd[1];
+    MYSQL_STMT *st;
+    struct session *ctl;
+    int err;
+    if (floor > TOKEN_FLOOR_MAX)
+        return dlock_seterr(conn->client, DLOCK_EINVAL,
+                            "mysql: tokens are BIGINT UNSIGNED: a floor must be at most"
+                            " 2^64 - 2 (%" PRIu64 ")", (uint64_t)TOKEN_FLOOR_MAX);
+    if (floor == 0)
+        return 0; /* every token is above 0 */
+    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
+    for (int tries = 0; tries < 2; tries++) {
+        if ((err = ctl_session(mc, &call, &ctl)) != 0 ||
+            (err = prepare(mc, ctl, ST_FLOOR, &call, &st)) != 0)
+            goto failed;
+        bind_u64(&bd[0], &f);
+        if (mysql_stmt_bind_param(st, bd) != 0)
+            return fail_on(mc, ctl, st, "bind");
+        err = run(mc, ctl, NB_EXECUTE, st, NULL, &call, what);
+        if (err && !ctl->dead && mysql_stmt_errno(st) == ER_LOCK_WAIT_TIMEOUT)
+            return dlock_seterr(cl(mc), DLOCK_ESTORE,
+                                "mysql %s: the floor row of %s_grants is locked by another"
+                                " transaction (not dlock's): gave up after 1 s; not raised",
+                                mc->where, mc->table);
+        if (err == 0)
+            return 0;
+    failed:
+        if (!ctl_dropped(mc))
+            return err;
+    }
+    return err;
+}
+
 static int be_ping(dlock_conn *conn)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
@@ -1564,4 +1683,6 @@ const dlock_backend dlock_mysql_backend = {
     .ping = be_ping,
     .keep = be_keep,
     .raise_token = be_raise_token,
+    .token_top = be_token_top,
+    .raise_floor = be_raise_floor,
 };

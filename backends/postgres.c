@@ -35,6 +35,18 @@
  * the name's row, or the sequence (locking grants of every name out for
  * that transaction), on the lock's own session: see pg_raise_token().
  *
+ * Store-wide floor and top (raise_floor, token_top: dlock migrate). The
+ * table is shared by every namespace that names it, so both cover them
+ * all. token=table: the floor is the row with key -2^63 (FLOOR_KEY) of the
+ * fencing table, written like a grant's bump (synchronous_commit on), and
+ * every grant's statement reads it, without a lock, in the statement that
+ * bumps the name's row: token = GREATEST(row + 1, floor + 1), one index
+ * lookup more per grant, no round trip. (A name whose key were -2^63 would
+ * share its counter with the floor: tokens would only go up.) The top is
+ * max(token) over the table, a scan. token=sequence: the floor is the
+ * sequence itself, raised as raise_token raises it (under ALTER SEQUENCE's
+ * lock); the top is its last_value. Grants cost nothing more.
+ *
  * Hosts. Several hosts are tried in order, each on its own (libpq is given
  * one at a time), and only a read-write server is taken
  * (target_session_attrs=read-write: a standby is passed over). The host
@@ -81,6 +93,9 @@
 #define DEFAULT_TIMEOUT_MS 5000
 #define MS 1000000ull
 #define DEFAULT_TABLE "dlock_fence"
+/* token=table: the row of the fencing table that holds the store's floor
+ * (raise_floor), the lowest bigint. */
+#define FLOOR_KEY "-9223372036854775808"
 #define POOL_MAX 64
 /* idle_session_timeout, the lease, is an int of milliseconds. */
 #define TTL_MAX 2147483647u
@@ -719,14 +734,16 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
                  "%s%sWITH l AS MATERIALIZED (SELECT %s(%" PRId64 ") AS got) "
                  "SELECT CASE WHEN %s THEN nextval('%s_seq') END FROM l",
                  settings, idle, fn, key, req->wait == DLOCK_WAIT_TRY ? "got" : "true", pc->table);
-    else
+    else /* the store's floor (FLOOR_KEY's row, NULL when missing) read in the same statement */
         snprintf(sql, sizeof sql,
              "%s%sWITH l AS MATERIALIZED (SELECT %s(%" PRId64 ") AS got), "
-             "f AS (INSERT INTO %s (key, token) SELECT %" PRId64 ", 1 FROM l WHERE %s "
-             "ON CONFLICT (key) DO UPDATE SET token = %s.token + 1 RETURNING token) "
+             "f AS (INSERT INTO %s (key, token) SELECT %" PRId64 ", GREATEST(1, (SELECT token FROM"
+             " %s WHERE key = " FLOOR_KEY ") + 1) FROM l WHERE %s "
+             "ON CONFLICT (key) DO UPDATE SET token = GREATEST(%s.token + 1, EXCLUDED.token)"
+             " RETURNING token) "
              "SELECT (SELECT token FROM f)",
-             settings, idle, fn, key, pc->table, key, req->wait == DLOCK_WAIT_TRY ? "got" : "true",
-             pc->table);
+             settings, idle, fn, key, pc->table, key, pc->table,
+             req->wait == DLOCK_WAIT_TRY ? "got" : "true", pc->table);
     err = run(pc, s, sql, stmt, &r,
               req->wait == DLOCK_WAIT_TRY ? "acquire" : "waiting for the lock", until);
     *granted_ns = req->wait == DLOCK_WAIT_TRY ? start : dlock_monotonic_ns();
@@ -1092,6 +1109,161 @@ static int pg_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
     return 0;
 }
 
+/* One transaction of its own (sql: raise_settings() then statements) on an
+ * idle pooled session, as ping: a pooled session that died while idle is
+ * replaced once. Holds no lock, so a failure on a live session leaves
+ * nothing behind. Bounded by `timeout` on the server and a little longer on
+ * the client. The result of statement `want` in *out. */
+static int run_idle(struct pg_conn *pc, const char *sql, int want, PGresult **out,
+                    const char *what, char state[6])
+{
+    struct pg_session *s = NULL;
+    uint64_t margin = pc->timeout_ms < DEADLINE_MARGIN_MS ? pc->timeout_ms : DEADLINE_MARGIN_MS;
+    int err, opened = 0;
+    state[0] = '\0';
+    for (;;) {
+        if ((err = session_take(pc, &s, &opened, 0)) != 0)
+            return err;
+        if ((err = run(pc, s, sql, want, out, what,
+                       dlock_monotonic_ns() + (pc->timeout_ms + margin) * MS)) == 0)
+            return 0;
+        memcpy(state, s->sqlstate, 6);
+        if (s->pg && PQstatus(s->pg) == CONNECTION_OK)
+            return err;
+        int stop = opened || s->timed_out_ms;
+        session_close(s);
+        if (stop)
+            return err;
+        dlock_clearerr(cl(pc));
+    }
+}
+
+/* A failed store-wide statement: one that ran out of `timeout` on the
+ * server (lock_timeout, statement_timeout) says what it waited for. */
+static int store_failed(struct pg_conn *pc, int err, const char *state, const char *what)
+{
+    char why[DLOCK_ERRMSG_MAX];
+    if (strcmp(state, "55P03") != 0 && strcmp(state, "57014") != 0)
+        return err;
+    snprintf(why, sizeof why, "%s", cl(pc)->errmsg);
+    return dlock_seterr(cl(pc), DLOCK_ETIMEDOUT,
+                        "postgresql: %s: the fencing %s %s%s stayed locked by another"
+                        " transaction, or the statement ran, for the timeout (%" PRIu64
+                        " ms); nothing was changed: %s",
+                        what, pc->use_sequence ? "sequence" : "table", pc->table,
+                        pc->use_sequence ? "_seq" : "", pc->timeout_ms, why);
+}
+
+/*
+ * token_top: token=table, max(token) over the fencing table (a scan of
+ * every row, the floor's included); token=sequence, the sequence's
+ * last_value (its cached values included: at or above every value handed
+ * out, and at or above a floor set with setval()). One round trip, bounded
+ * by `timeout`; reads only, takes no lock a grant waits for.
+ */
+static int pg_token_top(dlock_conn *conn, uint64_t *top)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    char sql[512], settings[256], state[6];
+    PGresult *r = NULL;
+    int err;
+    raise_settings(settings, sizeof settings, pc->timeout_ms);
+    if (pc->use_sequence)
+        snprintf(sql, sizeof sql, "%sSELECT last_value FROM %s_seq", settings, pc->table);
+    else
+        snprintf(sql, sizeof sql, "%sSELECT coalesce(max(token), 0) FROM %s", settings, pc->table);
+    if ((err = run_idle(pc, sql, 4, &r, "reading the highest token", state)) != 0)
+        return store_failed(pc, err, state, "reading the highest token");
+    if (PQntuples(r) != 1 || PQgetisnull(r, 0, 0)) {
+        PQclear(r);
+        return dlock_seterr(conn->client, DLOCK_EPROTO,
+                            "postgresql: reading the highest token: no value returned");
+    }
+    const char *v = PQgetvalue(r, 0, 0);
+    int64_t t = strtoll(v, NULL, 10);
+    PQclear(r);
+    *top = t > 0 ? (uint64_t)t : 0;
+    return 0;
+}
+
+/*
+ * raise_floor, on an idle pooled session, in a transaction with the
+ * acquire's settings (synchronous_commit on: the floor is on disk before
+ * the call returns, as a grant's bump is; `timeout` on the server for every
+ * lock wait and the whole statement).
+ *
+ * token=table: the row FLOOR_KEY of the fencing table becomes
+ * GREATEST(token, floor) (inserted if missing, written only where below).
+ * Every grant's statement reads that row (statement snapshot, no lock) and
+ * takes GREATEST(name's token + 1, floor + 1): a grant whose statement
+ * starts after the commit sees it. One round trip.
+ *
+ * token=sequence: as raise_token for the sequence (see pg_raise_token): a
+ * first read returns at once (after a commit that makes what it saw
+ * durable) when the sequence is already at or past floor; else ALTER
+ * SEQUENCE's lock keeps nextval() and other raises out while setval()
+ * raises it where still below. Needs the sequence's owner; two round trips.
+ */
+static int pg_raise_floor(dlock_conn *conn, uint64_t floor)
+{
+    static const char what[] = "raising the store's token floor";
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    char sql[1024], settings[256], state[6];
+    PGresult *r = NULL;
+    int err;
+    if (floor > RAISE_MAX)
+        return dlock_seterr(conn->client, DLOCK_EINVAL,
+                            "postgresql: a token floor of %" PRIu64 " is beyond the fencing %s's"
+                            " bigint tokens: the next token must fit, so the floor must be at"
+                            " most 9223372036854775806 (2^63 - 2)",
+                            floor, pc->use_sequence ? "sequence" : "table");
+    if (floor == 0)
+        return 0; /* every token is above 0 */
+    raise_settings(settings, sizeof settings, pc->timeout_ms);
+    if (!pc->use_sequence) {
+        snprintf(sql, sizeof sql,
+                 "%sINSERT INTO %s (key, token) VALUES (" FLOOR_KEY ", %" PRIu64 ") "
+                 "ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token"
+                 " WHERE %s.token < EXCLUDED.token",
+                 settings, pc->table, floor, pc->table);
+        if ((err = run_idle(pc, sql, 4, &r, what, state)) != 0)
+            return store_failed(pc, err, state, what);
+        PQclear(r);
+        return 0;
+    }
+    snprintf(sql, sizeof sql,
+             "%sWITH v AS MATERIALIZED (SELECT last_value > %" PRIu64 " OR (last_value = %" PRIu64
+             " AND is_called) AS above FROM %s_seq) "
+             "SELECT above, CASE WHEN above THEN pg_current_xact_id() END FROM v",
+             settings, floor, floor, pc->table);
+    if ((err = run_idle(pc, sql, 4, &r, what, state)) != 0)
+        return store_failed(pc, err, state, what);
+    int above = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    r = NULL;
+    if (above)
+        return 0;
+    snprintf(sql, sizeof sql,
+             "%sALTER SEQUENCE %s_seq NO CYCLE; "
+             "SELECT setval('%s_seq', %" PRIu64 ") FROM %s_seq WHERE last_value < %" PRIu64
+             " OR (last_value = %" PRIu64 " AND NOT is_called)",
+             settings, pc->table, pc->table, floor, pc->table, floor, floor);
+    if ((err = run_idle(pc, sql, 5, &r, what, state)) != 0) {
+        if (strcmp(state, "42501") == 0) {
+            char why[DLOCK_ERRMSG_MAX];
+            snprintf(why, sizeof why, "%s", cl(pc)->errmsg);
+            return dlock_seterr(conn->client, DLOCK_ESTORE,
+                                "postgresql: raising the fencing sequence %s_seq to %" PRIu64
+                                " needs its owner's rights (ALTER SEQUENCE keeps nextval() out"
+                                " while setval() raises it); nothing was raised: %s",
+                                pc->table, floor, why);
+        }
+        return store_failed(pc, err, state, what);
+    }
+    PQclear(r);
+    return 0;
+}
+
 /* The keeper's renewal: as renew, on the lock's own session, but bounded
  * by the lease's end too (no reply by then: the lease is over anyway).
  * A session it has to give up is closed but keeps its pool slot, and
@@ -1162,4 +1334,6 @@ const dlock_backend dlock_postgres_backend = {
     .ping = pg_ping,
     .keep = pg_keep,
     .raise_token = pg_raise_token,
+    .token_top = pg_token_top,
+    .raise_floor = pg_raise_floor,
 };

@@ -12,6 +12,22 @@
  * bounds each wait, so a holder that died is noticed when its lease runs
  * out.
  *
+ * Store-wide tokens (token_top, raise_floor): the floor lives in one key
+ * per prefix, "<prefix>floor" (a plain integer string, no expiry: durable
+ * as the fence counters are, by the server's persistence; missing means
+ * 0). raise_floor is one script call (floor = max(floor, value)); every
+ * grant reads the key in its own script call, as its fourth key, so its
+ * token is > the floor with no extra round trip, only one more GET inside
+ * the script. token_top is max(every "<prefix>*:fence" counter, the floor,
+ * TIME in µs): a SCAN (COUNT 1000, the prefix's glob characters escaped)
+ * and an MGET per page, then GET and TIME, each round trip bounded by
+ * `timeout`: O(keys in the database) in all, an admin operation. Another
+ * prefix that starts with this one ("dlock:" and "dlock:x:") is counted
+ * too, which only raises the top. Redis Cluster: the floor key is in no
+ * lock's hash slot (nor are a lock's three keys together today); a Cluster
+ * scheme would tag each lock's keys "{<name>}" and keep a floor copy per
+ * slot, raised on all of them.
+ *
  * Bounds: every call runs under one bound for all it does (a reconnection,
  * the handshake, one retry after a lost reply): `timeout` from its start,
  * or for a deadline wait the deadline (+ DLOCK_REDIS_FLOOR_NS for the last
@@ -166,21 +182,22 @@ static void keepalive(redisContext *ctx)
 int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
                      struct redis_keys *keys)
 {
-    static const char *const suffix[3] = {":lock", ":fence", ":queue"};
+    /* The floor key has no name in it: "<prefix>floor". */
+    static const char *const suffix[REDIS_NKEYS] = {":lock", ":fence", ":queue", "floor"};
     size_t plen = strlen(rc->prefix), total = 0;
     char *p;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < REDIS_NKEYS; i++)
         total += plen + len + strlen(suffix[i]) + 1;
     p = keys->buf = malloc(total);
     if (!p)
         return DLOCK_ENOMEM;
-    for (int i = 0; i < 3; i++) {
-        size_t slen = strlen(suffix[i]);
+    for (int i = 0; i < REDIS_NKEYS; i++) {
+        size_t slen = strlen(suffix[i]), nlen = i == 3 ? 0 : len;
         keys->k[i] = p;
         memcpy(p, rc->prefix, plen);
-        memcpy(p + plen, name, len);
-        memcpy(p + plen + len, suffix[i], slen + 1);
-        keys->len[i] = plen + len + slen;
+        memcpy(p + plen, name, nlen);
+        memcpy(p + plen + nlen, suffix[i], slen + 1);
+        keys->len[i] = plen + nlen + slen;
         p += keys->len[i] + 1;
     }
     return 0;
@@ -435,8 +452,8 @@ size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *k
     size_t i = 0;
     argv[i] = "EVALSHA", argvlen[i++] = 7;
     argv[i] = rc->sha, argvlen[i++] = 40;
-    argv[i] = "3", argvlen[i++] = 1;
-    for (int k = 0; k < 3; k++)
+    argv[i] = "4", argvlen[i++] = 1;
+    for (int k = 0; k < REDIS_NKEYS; k++)
         argv[i] = keys->k[k], argvlen[i++] = keys->len[k];
     for (size_t k = 0; k < n; k++)
         argv[i] = extra[k], argvlen[i++] = extra_len[k];
@@ -1106,6 +1123,239 @@ static int redis_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
     return 0;
 }
 
+/* ---- store-wide: token_top, raise_floor ---------------------------------- */
+
+/* Keys per SCAN page: one SCAN and one MGET of what it found per page. */
+#define SCAN_COUNT "1000"
+
+char *dlock_redis_floor_key(struct redis_conn *rc, size_t *len)
+{
+    size_t plen = strlen(rc->prefix);
+    char *k = malloc(plen + sizeof "floor");
+    if (!k)
+        return NULL;
+    memcpy(k, rc->prefix, plen);
+    memcpy(k + plen, "floor", sizeof "floor");
+    *len = plen + sizeof "floor" - 1;
+    return k;
+}
+
+size_t dlock_redis_floor_argv(struct redis_conn *rc, const char *key, size_t key_len,
+                              const char *value, const char **argv, size_t *argvlen)
+{
+    size_t i = 0;
+    argv[i] = "EVALSHA", argvlen[i++] = 7;
+    argv[i] = rc->sha, argvlen[i++] = 40;
+    argv[i] = "1", argvlen[i++] = 1;
+    argv[i] = key, argvlen[i++] = key_len;
+    argv[i] = "floor", argvlen[i++] = 5;
+    argv[i] = value, argvlen[i++] = strlen(value);
+    return i;
+}
+
+/* A decimal integer string (a counter, the floor): raises *top to it.
+ * Anything else (nil for a key of another type, garbage) is no token. */
+static void top_of(const redisReply *r, uint64_t *top)
+{
+    char buf[24], *end;
+    if (!r || (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_INTEGER))
+        return;
+    if (r->type == REDIS_REPLY_INTEGER) {
+        if (r->integer > 0 && (uint64_t)r->integer > *top)
+            *top = (uint64_t)r->integer;
+        return;
+    }
+    if (r->len == 0 || r->len >= sizeof buf)
+        return;
+    memcpy(buf, r->str, r->len);
+    buf[r->len] = '\0';
+    if (buf[0] < '0' || buf[0] > '9')
+        return;
+    errno = 0;
+    unsigned long long v = strtoull(buf, &end, 10);
+    if (!errno && !*end && v > *top)
+        *top = v;
+}
+
+/* "<prefix>*:fence" with the prefix's glob characters escaped. */
+static char *fence_pattern(struct redis_conn *rc, size_t *len)
+{
+    size_t plen = strlen(rc->prefix), o = 0;
+    char *p = malloc(2 * plen + sizeof "*:fence");
+    if (!p)
+        return NULL;
+    for (size_t i = 0; i < plen; i++) {
+        if (strchr("*?[]\\", rc->prefix[i]))
+            p[o++] = '\\';
+        p[o++] = rc->prefix[i];
+    }
+    memcpy(p + o, "*:fence", sizeof "*:fence");
+    *len = o + sizeof "*:fence" - 1;
+    return p;
+}
+
+static int top_proto(struct redis_conn *rc, struct redis_node *n, const char *what)
+{
+    return dlock_seterr(cl(rc), DLOCK_EPROTO, "redis %s:%d: token top: unexpected %s reply",
+                        n->host, n->port, what);
+}
+
+/* One SCAN page and the MGET of its keys; *cursor becomes the next cursor
+ * ("0": done). */
+static int top_page(struct redis_conn *rc, struct redis_node *n, const char *pat, size_t pat_len,
+                    char *cursor, size_t cursor_cap, uint64_t *top)
+{
+    redisReply *r = NULL, *m = NULL;
+    int err = command(rc, n, &n->cmd, &r, 6,
+                      (const char *[]){"SCAN", cursor, "MATCH", pat, "COUNT", SCAN_COUNT},
+                      (size_t[]){4, strlen(cursor), 5, pat_len, 5, strlen(SCAN_COUNT)}, "SCAN");
+    if (err)
+        return err;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type != REDIS_REPLY_STRING || r->element[0]->len >= cursor_cap ||
+        r->element[1]->type != REDIS_REPLY_ARRAY) {
+        freeReplyObject(r);
+        return top_proto(rc, n, "SCAN");
+    }
+    memcpy(cursor, r->element[0]->str, r->element[0]->len);
+    cursor[r->element[0]->len] = '\0';
+    redisReply *keys = r->element[1];
+    size_t nk = keys->elements;
+    if (nk > 0) {
+        const char **argv = malloc((nk + 1) * sizeof *argv);
+        size_t *lens = malloc((nk + 1) * sizeof *lens);
+        if (!argv || !lens) {
+            free(argv), free(lens), freeReplyObject(r);
+            return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+        }
+        argv[0] = "MGET", lens[0] = 4;
+        for (size_t i = 0; i < nk; i++) {
+            const redisReply *k = keys->element[i];
+            argv[i + 1] = k->type == REDIS_REPLY_STRING ? k->str : "";
+            lens[i + 1] = k->type == REDIS_REPLY_STRING ? k->len : 0;
+        }
+        err = command(rc, n, &n->cmd, &m, nk + 1, argv, lens, "MGET");
+        free(argv);
+        free(lens);
+        if (!err && m->type != REDIS_REPLY_ARRAY)
+            err = top_proto(rc, n, "MGET");
+        for (size_t i = 0; !err && i < m->elements; i++)
+            top_of(m->element[i], top);
+        if (m)
+            freeReplyObject(m);
+    }
+    freeReplyObject(r);
+    return err;
+}
+
+int dlock_redis_node_top(struct redis_conn *rc, struct redis_node *n, uint64_t *top)
+{
+    char cursor[32] = "0";
+    size_t pat_len = 0, key_len = 0;
+    char *pat = NULL, *key = NULL;
+    redisReply *r = NULL;
+    uint64_t best = 0;
+    int err;
+    if (n->stale && n->cmd) { /* owes replies to abandoned calls: start afresh */
+        redisFree(n->cmd);
+        n->cmd = NULL;
+        n->stale = 0;
+    }
+    if ((err = dlock_redis_node_connect(rc, n, tv_ns(rc->nnodes > 1 ? &rc->cmd_tv
+                                                                     : &rc->connect_tv))) != 0)
+        return err;
+    if (!(pat = fence_pattern(rc, &pat_len)) || !(key = dlock_redis_floor_key(rc, &key_len))) {
+        err = dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+        goto out;
+    }
+    /* Every counter (the tokens of every name), a page per round trip. */
+    do {
+        if ((err = top_page(rc, n, pat, pat_len, cursor, sizeof cursor, &best)) != 0)
+            goto out;
+    } while (strcmp(cursor, "0") != 0);
+    /* The floor, and the clock: the next grant takes at least TIME in µs. */
+    if ((err = command(rc, n, &n->cmd, &r, 2, (const char *[]){"GET", key},
+                       (size_t[]){3, key_len}, "GET")) != 0)
+        goto out;
+    top_of(r, &best);
+    freeReplyObject(r);
+    if ((err = command(rc, n, &n->cmd, &r, 1, (const char *[]){"TIME"}, (size_t[]){4}, "TIME")) !=
+        0)
+        goto out;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_STRING) {
+        freeReplyObject(r);
+        err = top_proto(rc, n, "TIME");
+        goto out;
+    }
+    uint64_t now = strtoull(r->element[0]->str, NULL, 10) * 1000000u +
+                   strtoull(r->element[1]->str, NULL, 10);
+    freeReplyObject(r);
+    *top = now > best ? now : best;
+out:
+    free(pat);
+    free(key);
+    return err;
+}
+
+/*
+ * token_top on one Redis: the largest fence counter under the prefix (a
+ * SCAN of "<prefix>*:fence"), the floor key and TIME in µs. A connection
+ * found reset (a server restart since the last call) is made again once.
+ */
+static int redis_token_top(dlock_conn *conn, uint64_t *top)
+{
+    struct redis_conn *rc = (struct redis_conn *)conn;
+    struct redis_node *n = &rc->nodes[0];
+    if (rc->nnodes > 1)
+        return dlock_redlock_top(rc, top);
+    int had = n->cmd != NULL;
+    int err = dlock_redis_node_top(rc, n, top);
+    if (err == DLOCK_ECONNECT && had && (err = dlock_redis_node_top(rc, n, top)) == 0)
+        dlock_clearerr(conn->client);
+    return err;
+}
+
+/*
+ * raise_floor on one Redis: the script's "floor" (floor key = max(floor
+ * key, floor)), one call bounded by `timeout`, repeated once after a lost
+ * reply (it is idempotent). The key never expires: durable as the
+ * counters are (the server's persistence).
+ */
+static int redis_raise_floor(dlock_conn *conn, uint64_t floor)
+{
+    struct redis_conn *rc = (struct redis_conn *)conn;
+    struct redis_node *n = &rc->nodes[0];
+    const char *argv[8];
+    size_t argvlen[8], key_len = 0;
+    char value[24], *key;
+    redisReply *r = NULL;
+    long long res = 0;
+    int err;
+    if ((err = dlock_redis_floor_ok(rc, floor)) != 0)
+        return err;
+    if (rc->nnodes > 1)
+        return dlock_redlock_raise_floor(rc, floor);
+    if (!(key = dlock_redis_floor_key(rc, &key_len)))
+        return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
+    snprintf(value, sizeof value, "%" PRIu64, floor);
+    size_t argc = dlock_redis_floor_argv(rc, key, key_len, value, argv, argvlen);
+    uint64_t saved = dlock_redis_limit(rc, call_until(rc));
+    err = dlock_redis_script(rc, n, argc, argv, argvlen, &r);
+    if (err == DLOCK_ECONNECT && dlock_monotonic_ns() + MS < rc->deadline_ns &&
+        (err = dlock_redis_script(rc, n, argc, argv, argvlen, &r)) == 0)
+        dlock_clearerr(conn->client);
+    dlock_redis_unlimit(rc, saved);
+    free(key);
+    if (err)
+        return err;
+    err = dlock_redis_reply_int(r, &res);
+    freeReplyObject(r);
+    if (err || res != 1)
+        return dlock_seterr(conn->client, DLOCK_EPROTO, "unexpected reply from the floor script");
+    return 0;
+}
+
 static int redis_ping(dlock_conn *conn)
 {
     struct redis_conn *rc = (struct redis_conn *)conn;
@@ -1138,4 +1388,6 @@ const dlock_backend dlock_redis_backend = {
     .ping = redis_ping,
     .keep = redis_keep,
     .raise_token = redis_raise_token,
+    .token_top = redis_token_top,
+    .raise_floor = redis_raise_floor,
 };

@@ -48,10 +48,13 @@ struct redis_conn {
     uint64_t deadline_ns;
 };
 
-/* Keys of one lock name: "<prefix><name>:lock", ":fence", ":queue". */
+/* Keys of one lock name: "<prefix><name>:lock", ":fence", ":queue", and
+ * the store-wide floor "<prefix>floor" (no name's key: theirs all end in
+ * one of the three suffixes). */
+enum { REDIS_NKEYS = 4 };
 struct redis_keys {
-    const char *k[3];
-    size_t len[3];
+    const char *k[REDIS_NKEYS];
+    size_t len[REDIS_NKEYS];
     char *buf;
 };
 
@@ -117,7 +120,7 @@ int dlock_redis_send(struct redis_conn *rc, redisContext *ctx, size_t argc, cons
 /* redisGetReply (which first writes what is still buffered). */
 int dlock_redis_get_reply(struct redis_conn *rc, redisContext *ctx, void **reply);
 
-/* Builds EVALSHA argv: sha, 3 keys, then the n extra args. */
+/* Builds EVALSHA argv: sha, the 4 keys, then the n extra args. */
 size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *keys,
                                const char **extra, const size_t *extra_len, size_t n,
                                const char **argv, size_t *argvlen);
@@ -131,6 +134,19 @@ int dlock_redis_script(struct redis_conn *rc, struct redis_node *n, size_t argc,
 /* 0, or DLOCK_EINVAL naming the limit. */
 int dlock_redis_floor_ok(struct redis_conn *rc, uint64_t floor);
 
+/* Store-wide (token_top, raise_floor). The floor key "<prefix>floor",
+ * malloc'ed (NULL: out of memory). */
+char *dlock_redis_floor_key(struct redis_conn *rc, size_t *len);
+/* Node n's top: the largest of its "<prefix>*:fence" counters (SCAN, one
+ * page of SCAN_COUNT keys and their MGET per round trip), the floor key
+ * and its TIME in µs. Each round trip bounded by `timeout` (node_timeout
+ * under Redlock); connects n if needed. */
+int dlock_redis_node_top(struct redis_conn *rc, struct redis_node *n, uint64_t *top);
+/* The floor script call's argv (EVALSHA sha 1 <floor key> floor value),
+ * pointing into key and value. */
+size_t dlock_redis_floor_argv(struct redis_conn *rc, const char *key, size_t key_len,
+                              const char *value, const char **argv, size_t *argvlen);
+
 /* Redlock (backends/redlock.c). */
 int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req,
                           struct redis_held *h);
@@ -142,5 +158,9 @@ int dlock_redlock_keep(struct redis_conn *kc, struct redis_held *h, uint32_t ttl
 /* raise_token on every node: 0 on a quorum within the lock's validity,
  * DLOCK_ELOST when the nodes that answered rule out a quorum still ours. */
 int dlock_redlock_raise(struct redis_conn *rc, struct redis_held *h, uint64_t floor);
+/* token_top: the max over the nodes that answered, a quorum of them. */
+int dlock_redlock_top(struct redis_conn *rc, uint64_t *top);
+/* raise_floor: the floor script on every node; 0 when a quorum raised it. */
+int dlock_redlock_raise_floor(struct redis_conn *rc, uint64_t floor);
 
 #endif

@@ -5,6 +5,8 @@
  * Keys:   KEYS[1] lock   (string "<owner>:<token>", PX lease)
  *         KEYS[2] fence  (integer counter, never expires)
  *         KEYS[3] queue  (list of waiting entries "<owner>|<ttl>|<channel>")
+ *         KEYS[4] floor  (integer, "<prefix>floor": the store-wide floor of
+ *                         raise_floor, never expires; missing means 0)
  * ARGV[1] is the operation:
  *   acquire owner ttl channel mode  → {1, token} granted, or {0, pttl}
  *                                     (mode "wait" queues the caller once)
@@ -19,6 +21,9 @@
  *                                     raise_token), 1/0; never lowers it
  *   drop    owner channel           → like release, then PUBLISH channel
  *                                     (Redlock's wake-up for all waiters)
+ *   floor   value                   → store-wide, called with the floor key
+ *                                     alone (numkeys 1, KEYS[1] floor):
+ *                                     floor = max(floor, value), 1
  *
  * A release hands the lock straight to the first waiter that is still
  * subscribed to its channel (PUBSUB NUMSUB: a killed waiter's connection is
@@ -30,12 +35,15 @@
  * A lock found free with waiters queued (its holder died and the lease ran
  * out) is handed the same way before the caller may take it.
  *
- * The counter: every grant takes the larger of the counter + 1 and the
+ * The counter: every grant takes the largest of the counter + 1, the
  * server's clock, TIME in microseconds since the epoch (about 1.8e15 in
- * the late 2020s), and stores it back. So a counter that went back (a
- * restart without persistence, an older RDB snapshot or AOF tail after a
- * crash, a promoted replica that lagged, an evicted or deleted key) goes
- * on above the tokens handed out before, unless the server's clock is
+ * the late 2020s), and the store-wide floor + 1, and stores it back. (The
+ * floor is read in the same script call, so no grant can miss a floor
+ * raised before it started, for a name used before or never.) So a
+ * counter that went back (a restart without persistence, an older RDB
+ * snapshot or AOF tail after a crash, a promoted replica that lagged, an
+ * evicted or deleted key) goes on above the tokens handed out before,
+ * unless the server's clock is
  * behind the last token it handed out by more than the grants made since
  * (a clock set back, a new host whose clock is behind). Tokens still
  * strictly increase on one server whatever its clock does.
@@ -48,16 +56,26 @@
 #define DLOCK_BACKENDS_REDIS_SCRIPT_H
 
 static const char dlock_redis_lua[] =
-    "local lock, fence, queue = KEYS[1], KEYS[2], KEYS[3]\n"
     "local op, owner = ARGV[1], ARGV[2]\n"
+    "if op == 'floor' then\n"
+    "  local floor = tonumber(ARGV[2])\n"
+    "  if not floor then return redis.error_reply('dlock: bad floor') end\n"
+    "  if tonumber(redis.call('GET', KEYS[1]) or '0') < floor then\n"
+    "    redis.call('SET', KEYS[1], ARGV[2])\n"
+    "  end\n"
+    "  return 1\n"
+    "end\n"
+    "local lock, fence, queue, floorkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n"
     "local function str(n) return string.format('%.0f', n) end\n"
     "local function next_token()\n"
     "  local t = redis.call('TIME')\n"
     "  local now = t[1] .. string.sub('00000' .. t[2], -6)\n"
     "  local token = redis.call('INCR', fence)\n"
-    "  if token < tonumber(now) then\n"
-    "    redis.call('SET', fence, now)\n"
-    "    token = tonumber(now)\n"
+    "  local least = tonumber(redis.call('GET', floorkey) or '0') + 1\n"
+    "  if least < tonumber(now) then least = tonumber(now) end\n"
+    "  if token < least then\n"
+    "    redis.call('SET', fence, str(least))\n"
+    "    token = least\n"
     "  end\n"
     "  if token > 9007199254740991 then\n"
     "    error({err = 'dlock: fence counter ' .. fence .. ' is beyond 2^53'})\n"

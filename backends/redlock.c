@@ -16,6 +16,13 @@
  * counter (a restart without persistence) starts it again from its clock
  * in microseconds (redis_script.h), above what it handed out before.
  *
+ * Store-wide tokens: raise_floor raises "<prefix>floor" on every node at
+ * once and succeeds when a quorum confirmed; token_top is the largest of
+ * the nodes' tops (counters, floor, TIME in µs) and needs a quorum of
+ * answers. A node that missed the floor cannot bring a later grant below
+ * it: the grant needs a quorum, which shares a node with the raised one,
+ * and takes the largest token of its quorum (see dlock_redlock_raise_floor).
+ *
  * Waiting: a waiter subscribes to the lock's release channel on every
  * node before it retries, and each release publishes there. Not FIFO, and
  * every waiter wakes on a release: that is the price of having no single
@@ -142,13 +149,10 @@ static void round_fail(struct redis_conn *rc, struct round *st)
  * Connecting (nodes whose connection is gone) and the replies all stay
  * within rc's bound when it has one.
  */
-static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **args,
-                      const size_t *lens, size_t nargs, redisReply **replies, size_t need,
-                      uint64_t timeout_ns, int flags, struct round *st)
+static void all_nodes_argv(struct redis_conn *rc, size_t argc, const char **argv,
+                           const size_t *argvlen, redisReply **replies, size_t need,
+                           uint64_t timeout_ns, int flags, struct round *st)
 {
-    const char *argv[16];
-    size_t argvlen[16];
-    size_t argc = dlock_redis_script_argv(rc, &h->keys, args, lens, nargs, argv, argvlen);
     int todo[MAX_NODES], broken[MAX_NODES];
     size_t yes = 0;
     struct round local;
@@ -294,6 +298,17 @@ static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **
             }
         }
     }
+}
+
+/* all_nodes_argv() of the script's operation args on h's keys. */
+static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **args,
+                      const size_t *lens, size_t nargs, redisReply **replies, size_t need,
+                      uint64_t timeout_ns, int flags, struct round *st)
+{
+    const char *argv[16];
+    size_t argvlen[16];
+    size_t argc = dlock_redis_script_argv(rc, &h->keys, args, lens, nargs, argv, argvlen);
+    all_nodes_argv(rc, argc, argv, argvlen, replies, need, timeout_ns, flags, st);
 }
 
 static void free_replies(struct redis_conn *rc, redisReply **replies)
@@ -804,4 +819,83 @@ int dlock_redlock_raise(struct redis_conn *rc, struct redis_held *h, uint64_t fl
                         "raised on only %zu of %zu Redlock nodes (quorum %zu), %zu refused, the "
                         "others did not answer (%.150s)",
                         ours, rc->nnodes, quorum(rc), not_ours, st.first.msg);
+}
+
+/*
+ * token_top: each node's top (dlock_redis_node_top(): its counters under
+ * the prefix, its floor key, its TIME in µs), one node after another, the
+ * largest of them. A quorum must answer: a token is the largest counter of
+ * its granting quorum, written back to a quorum (and a floor is raised on
+ * a quorum), and any two quorums share a node, so the nodes of any quorum
+ * hold a counter (or floor, or clock) at least as large. Each round trip
+ * is bounded by node_timeout; a node that failed to connect a moment ago
+ * is not tried.
+ */
+int dlock_redlock_top(struct redis_conn *rc, uint64_t *top)
+{
+    size_t answered = 0;
+    uint64_t best = 0;
+    dlock_errsave first = {0, ""};
+    for (size_t i = 0; i < rc->nnodes; i++) {
+        struct redis_node *n = &rc->nodes[i];
+        uint64_t t = 0;
+        int err;
+        if (!n->cmd && dlock_monotonic_ns() < n->retry_at)
+            err = dlock_seterr(cl(rc), DLOCK_ECONNECT, "redis %s:%d: unreachable a moment ago",
+                               n->host, n->port);
+        else if ((err = dlock_redis_node_top(rc, n, &t)) != 0 && !n->cmd)
+            n->retry_at = dlock_monotonic_ns() + RECONNECT_BACKOFF_NS;
+        if (err) {
+            if (!first.err)
+                dlock_err_save(cl(rc), &first);
+            continue;
+        }
+        answered++;
+        best = t > best ? t : best;
+    }
+    if (answered < quorum(rc))
+        return dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                            "token top: only %zu of %zu Redlock nodes answered, %zu needed for a "
+                            "quorum (%.150s)",
+                            answered, rc->nnodes, quorum(rc), first.msg);
+    dlock_clearerr(cl(rc));
+    *top = best;
+    return 0;
+}
+
+/*
+ * raise_floor: the floor script (floor key = max(floor key, floor)) on
+ * every node at once, waiting for all of them (node_timeout for the
+ * replies). It counts on a quorum of confirmations: a later grant needs a
+ * quorum of granting nodes, which shares a node with this one, whose token
+ * is above the floor; the grant's token is the largest of its quorum's, so
+ * it is above the floor too, whatever the nodes that missed the floor
+ * answer. The nodes that did raise keep it whatever the outcome (a floor
+ * does no harm); the call is idempotent, so it may simply be repeated.
+ */
+int dlock_redlock_raise_floor(struct redis_conn *rc, uint64_t floor)
+{
+    redisReply *replies[MAX_NODES];
+    const char *argv[8];
+    size_t argvlen[8], key_len = 0, ones = 0, others = 0;
+    char value[24], *key;
+    struct round st;
+    if (rc->nnodes > MAX_NODES)
+        return dlock_seterr(cl(rc), DLOCK_EBADURI, "Redlock takes at most %d hosts", MAX_NODES);
+    if (!(key = dlock_redis_floor_key(rc, &key_len)))
+        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    snprintf(value, sizeof value, "%" PRIu64, floor);
+    size_t argc = dlock_redis_floor_argv(rc, key, key_len, value, argv, argvlen);
+    all_nodes_argv(rc, argc, argv, argvlen, replies, 0, node_timeout_ns(rc), 0, &st);
+    count_ints(rc, replies, &ones, &others);
+    free_replies(rc, replies);
+    free(key);
+    if (ones >= quorum(rc)) {
+        dlock_clearerr(cl(rc));
+        return 0;
+    }
+    return dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                        "floor raised on only %zu of %zu Redlock nodes, %zu needed for a quorum "
+                        "(%.150s)",
+                        ones, rc->nnodes, quorum(rc), st.first.msg);
 }

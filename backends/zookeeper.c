@@ -16,6 +16,24 @@
  * session, one per client, whose timeout is the URI's session_timeout (the
  * per-acquire TTL is not used). Fencing tokens are the lock node's czxid.
  *
+ * Store-wide tokens (dlock migrate): czxids are the ensemble's transaction
+ * ids, one sequence for every write to any node, and dlock cannot set them.
+ * token_top is the current zxid, from a probe: one multi transaction that
+ * creates an ephemeral "!top-<session>" under the root ('!' never occurs in
+ * encoded names), sets its data and deletes it, whose setData stat carries
+ * the transaction's zxid. Every earlier grant's node was created by an
+ * earlier transaction, so its czxid is below. One round trip and one write
+ * in the log, and nothing is left behind even if the reply is lost (the
+ * three steps commit together or not at all). No read can do it: a node's
+ * stat only has the zxids of its own changes (the root's pzxid moves with
+ * its children, not with the lock nodes a level below), and the C client
+ * does not expose the zxid of its replies' headers. raise_floor stores
+ * nothing, it checks: 0 when floor is at most a zxid this connection has
+ * seen committed (any stat it received), else at most a new probe's zxid,
+ * since every later czxid is above both; else DLOCK_ENOTSUP. raise_token
+ * checks the same way, so that a multi-name lock's part accepts the
+ * largest czxid of its siblings.
+ *
  * Every request is asynchronous and the application's thread waits for its
  * reply only as long as the call's bound (its deadline, connect_timeout, a
  * part of the session timeout): the C client's synchronous calls would wait
@@ -118,6 +136,9 @@ struct zk_conn {
     int negotiated_ms;        /* the timeout the server granted */
     struct zk_held *watched;  /* held locks whose node is watched, under mu */
     struct zk_orphan *orphans; /* cleanups waiting for a connection, under mu */
+    /* Written by the completion thread, under mu: the highest zxid seen in
+     * any reply's stat, so committed: every later czxid is above it. */
+    uint64_t seen_zxid;
 };
 
 struct zk_held {
@@ -354,7 +375,17 @@ struct zk_call {
     struct Stat st;
     char *created;        /* a create's new node */
     struct zk_kids kids;  /* a listing's lock children */
+    struct zk_probe *probe; /* token_top's transaction */
     char path[];
+};
+
+/* The probe's multi transaction (create, set, delete of one node): its
+ * operations, results and stat live until the completion has run. */
+struct zk_probe {
+    zoo_op_t ops[3];
+    zoo_op_result_t results[3];
+    struct Stat st;
+    char created[16];
 };
 
 static struct zk_call *call_new(struct zk_conn *zc, const char *path, int leaves)
@@ -375,6 +406,7 @@ static void call_free(struct zk_call *c)
 {
     free(c->created);
     zk_kids_free(&c->kids);
+    free(c->probe);
     free(c);
 }
 
@@ -385,6 +417,12 @@ static void call_complete(struct zk_call *c, int rc)
     pthread_mutex_lock(&zc->mu);
     c->rc = rc;
     c->done = 1;
+    if (rc == ZOK) {
+        uint64_t z[3] = {(uint64_t)c->st.czxid, (uint64_t)c->st.mzxid, (uint64_t)c->st.pzxid};
+        for (int i = 0; i < 3; i++)
+            if (z[i] > zc->seen_zxid && z[i] < (1ull << 63))
+                zc->seen_zxid = z[i];
+    }
     int cleanup = c->abandoned && c->gen == zc->gen;
     pthread_cond_broadcast(&zc->cv);
     pthread_mutex_unlock(&zc->mu);
@@ -431,6 +469,14 @@ static void on_created(int rc, const char *path, const struct Stat *st, const vo
         if (!path || !(c->created = strdup(path)))
             rc = ZCONNECTIONLOSS;
     }
+    call_complete(c, rc);
+}
+
+static void on_probed(int rc, const void *data)
+{
+    struct zk_call *c = (struct zk_call *)data;
+    if (rc == ZOK)
+        c->st = c->probe->st;
     call_complete(c, rc);
 }
 
@@ -544,6 +590,31 @@ static int zk_create(struct zk_conn *zc, const char *path, int flags, uint64_t u
         return NOMEM;
     call_sent(c, zoo_acreate2(zc->zh, path, NULL, -1, zc->acl, flags, on_created, c));
     int rc = call_wait(c, until);
+    call_put(c);
+    return rc;
+}
+
+/* The probe (see the top): *zxid is its transaction's, above every czxid
+ * before it. Leaves nothing whatever happens to the reply. */
+static int zk_probe(struct zk_conn *zc, const char *path, uint64_t *zxid, uint64_t until)
+{
+    static const char data[] = "top";
+    struct zk_call *c = call_new(zc, path, LEAVES_NOTHING);
+    if (c && !(c->probe = calloc(1, sizeof *c->probe))) {
+        free(c);
+        c = NULL;
+    }
+    if (!c)
+        return NOMEM;
+    struct zk_probe *p = c->probe;
+    zoo_create_op_init(&p->ops[0], c->path, NULL, -1, zc->acl, ZOO_EPHEMERAL, p->created,
+                       sizeof p->created);
+    zoo_set_op_init(&p->ops[1], c->path, data, (int)sizeof data - 1, -1, &p->st);
+    zoo_delete_op_init(&p->ops[2], c->path, -1);
+    call_sent(c, zoo_amulti(zc->zh, 3, p->ops, p->results, on_probed, c));
+    int rc = call_wait(c, until);
+    if (rc == ZOK)
+        *zxid = (uint64_t)c->st.mzxid;
     call_put(c);
     return rc;
 }
@@ -1488,18 +1559,78 @@ fail:
     return err;
 }
 
+/* The current zxid (see the top): the probe's, within connect_timeout. */
+static int zk_token_top(dlock_conn *conn, uint64_t *top)
+{
+    struct zk_conn *zc = (struct zk_conn *)conn;
+    char leaf[40];
+    uint64_t until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS, zxid = 0;
+    int err = session_connect(zc, until);
+    if (err)
+        return err;
+    const clientid_t *id = zoo_client_id(zc->zh);
+    snprintf(leaf, sizeof leaf, "!top-%016" PRIx64, id ? (uint64_t)id->client_id : 0);
+    char *path = join3(zc->root, "/", leaf);
+    if (!path)
+        return oom(zc);
+    int rc = zk_probe(zc, path, &zxid, until);
+    err = rc == ZOK ? 0 : zk_error(zc, rc, "cannot read the current transaction id (a "
+                                   "create, set and delete in one transaction)", path);
+    free(path);
+    if (err == 0)
+        *top = zxid;
+    return err;
+}
+
+/* 0 when every later czxid is above floor: floor is at most a zxid seen
+ * committed, or at most the current one (a probe); else *zxid is the
+ * current one and the answer DLOCK_ENOTSUP, for the caller to explain. */
+static int zxid_covers(struct zk_conn *zc, uint64_t floor, uint64_t *zxid)
+{
+    pthread_mutex_lock(&zc->mu);
+    uint64_t seen = zc->seen_zxid;
+    pthread_mutex_unlock(&zc->mu);
+    if (floor <= seen)
+        return 0;
+    int err = zk_token_top(&zc->base, zxid);
+    if (err)
+        return err;
+    return floor <= *zxid ? 0 : DLOCK_ENOTSUP;
+}
+
+static int zk_raise_floor(dlock_conn *conn, uint64_t floor)
+{
+    struct zk_conn *zc = (struct zk_conn *)conn;
+    uint64_t zxid = 0;
+    int err = zxid_covers(zc, floor, &zxid);
+    if (err != DLOCK_ENOTSUP)
+        return err;
+    return dlock_seterr(conn->client, err,
+                        "zookeeper %s: ZooKeeper's tokens are its transaction ids (czxids), "
+                        "which cannot be set: the floor %" PRIu64 " is above the current "
+                        "transaction id %" PRIu64 ", so the next tokens may not be above it",
+                        zc->hosts, floor, zxid);
+}
+
 /* Tokens are the lock nodes' czxids: transaction ids the ensemble hands
  * out in order for every write, which dlock cannot raise. Later grants are
- * above this lock's own czxid, so a floor below it needs nothing; any
- * other floor may be above the next czxids. */
+ * above every zxid already committed: this lock's own czxid, any other
+ * this connection has seen (a sibling part's of a multi-name lock), and
+ * the current one. Any higher floor may be above the next czxids. */
 static int zk_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
 {
-    if (floor < held->token)
+    struct zk_conn *zc = (struct zk_conn *)conn;
+    uint64_t zxid = 0;
+    if (floor <= held->token)
         return 0;
-    return dlock_seterr(conn->client, DLOCK_ENOTSUP,
+    int err = zxid_covers(zc, floor, &zxid);
+    if (err != DLOCK_ENOTSUP)
+        return err;
+    return dlock_seterr(conn->client, err,
                         "ZooKeeper's tokens are its transaction ids and cannot be raised: "
-                        "%" PRIu64 " is not below this lock's token %" PRIu64,
-                        floor, held->token);
+                        "%" PRIu64 " is above this lock's token %" PRIu64 " and the current "
+                        "transaction id %" PRIu64,
+                        floor, held->token, zxid);
 }
 
 const dlock_backend dlock_zookeeper_backend = {
@@ -1519,4 +1650,6 @@ const dlock_backend dlock_zookeeper_backend = {
     .ping = zk_ping,
     .keep = zk_keep,
     .raise_token = zk_raise_token,
+    .token_top = zk_token_top,
+    .raise_floor = zk_raise_floor,
 };

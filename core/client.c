@@ -243,7 +243,7 @@ void dlock_client_close(dlock_client *c)
     while (c->locks) {
         dlock_lock *lock = c->locks;
         c->locks = lock->next;
-        c->backend->release(c->conn, lock->held);
+        lock->ops->release(c->conn, lock->held);
         free(lock->lost_detail);
         free(lock);
     }
@@ -303,17 +303,38 @@ void dlock_acquire_opts_init(dlock_acquire_opts *opts)
 
 static int report_lost(dlock_client *c, const char *detail);
 
-/* The held lock called name, or NULL. */
-static dlock_lock *find_held(dlock_client *c, const char *name, size_t len)
+/* The next name of a lock after p (names are stored NUL-separated). */
+static const char *next_name(const char *p)
+{
+    return p + strlen(p) + 1;
+}
+
+/* Lock l has the name (len bytes). */
+static int lock_has(const dlock_lock *l, const char *name, size_t len)
+{
+    const char *p = l->name;
+    for (size_t i = 0; i < l->names; i++, p = next_name(p))
+        if (strlen(p) == len && memcmp(p, name, len) == 0)
+            return 1;
+    return 0;
+}
+
+/* The held lock with one of names, or NULL; *same: it has exactly them. */
+static dlock_lock *find_held(dlock_client *c, const dlock_name *names, size_t n, int *same)
 {
     for (dlock_lock *l = c->locks; l; l = l->next)
-        if (l->name_len == len && memcmp(l->name, name, len) == 0)
-            return l;
+        for (size_t i = 0; i < n; i++)
+            if (lock_has(l, names[i].name, names[i].len)) {
+                size_t k = 0;
+                while (k < n && lock_has(l, names[k].name, names[k].len))
+                    k++;
+                *same = k == n && l->names == n;
+                return l;
+            }
     return NULL;
 }
 
-static int check_request(dlock_client *c, const char *name, size_t len,
-                         const dlock_acquire_opts *o)
+static int check_name(dlock_client *c, const char *name, size_t len)
 {
     if (!name || len == 0)
         return dlock_seterr(c, DLOCK_EINVAL, "lock name is empty");
@@ -322,6 +343,11 @@ static int check_request(dlock_client *c, const char *name, size_t len,
                             DLOCK_NAME_MAX);
     if (memchr(name, '\0', len))
         return dlock_seterr(c, DLOCK_EINVAL, "lock name contains a NUL byte");
+    return 0;
+}
+
+static int check_request(dlock_client *c, const dlock_acquire_opts *o)
+{
     if (o->version == 0 || o->version > DLOCK_ACQUIRE_OPTS_VERSION)
         return dlock_seterr(c, DLOCK_EINVAL,
                             "acquire options version %u is not supported (use DLOCK_ACQUIRE_OPTS_INIT)",
@@ -357,30 +383,34 @@ uint64_t dlock_lease_end(const dlock_client *c, const dlock_held *held, uint64_t
     return sent_ns + (uint64_t)ttl_ms * 1000000u;
 }
 
-int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
-                    const dlock_acquire_opts *opts, dlock_lock **lockp)
+/* Byte order; a name that is a prefix of another comes first. */
+static int name_cmp(const void *a, const void *b)
 {
-    dlock_acquire_opts defaults = DLOCK_ACQUIRE_OPTS_INIT;
+    const dlock_name *x = a, *y = b;
+    int r = memcmp(x->name, y->name, x->len < y->len ? x->len : y->len);
+    return r ? r : (x->len > y->len) - (x->len < y->len);
+}
+
+/* Acquires names (sorted, distinct, checked): one lock. */
+static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
+                         const dlock_acquire_opts *opts, dlock_lock **lockp)
+{
     dlock_request req;
     dlock_held *held = NULL;
     dlock_lock *lock;
-    int rc;
+    size_t total = 0;
+    int rc, same = 0;
 
-    if (!c || !lockp || not_on_keeper())
-        return c && lockp && !dlock_keeper_on_thread()
-                   ? dlock_seterr(c, DLOCK_EINVAL, "no place to store the lock")
-                   : DLOCK_EINVAL;
-    *lockp = NULL;
-    if ((rc = check_usable(c)) != 0)
+    if ((rc = check_request(c, opts)) != 0)
         return rc;
-    if (!opts)
-        opts = &defaults;
-    if ((rc = check_request(c, name, len, opts)) != 0)
-        return rc;
-    if ((lock = find_held(c, name, len)) != NULL) {
+    if ((lock = find_held(c, names, n, &same)) != NULL) {
         if (opts->version < 2 || !opts->reentrant)
             return dlock_seterr(c, DLOCK_EALREADY,
                                 "this client already holds the lock (locks do not stack)");
+        if (!same)
+            return dlock_seterr(c, DLOCK_EALREADY,
+                                "this client holds a lock with some of these names but not "
+                                "exactly these: a reentrant acquire needs the same names");
         if (atomic_load(&lock->lost))
             return report_lost(c, dlock_keeper_lost_detail(lock));
         if ((opts->keep || opts->on_lost) && !lock->kept)
@@ -394,13 +424,23 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
         return 0;
     }
 
-    lock = malloc(sizeof *lock + len + 1);
+    for (size_t i = 0; i < n; i++)
+        total += names[i].len + 1;
+    lock = malloc(sizeof *lock + total);
     if (!lock)
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
-    memcpy(lock->name, name, len);
-    lock->name[len] = '\0';
-    lock->name_len = len;
+    dlock_name own[DLOCK_NAMES_MAX];
+    char *p = lock->name;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(p, names[i].name, names[i].len);
+        p[names[i].len] = '\0';
+        own[i] = (dlock_name){p, names[i].len};
+        p += names[i].len + 1;
+    }
+    lock->names = n;
+    lock->name_len = names[0].len;
     lock->client = c;
+    lock->ops = n > 1 ? &dlock_composite_backend : c->backend;
     lock->kept = NULL;
     lock->lost_detail = NULL;
     lock->holds = 1;
@@ -410,7 +450,7 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
 
     memset(&req, 0, sizeof req);
     req.name = lock->name;
-    req.name_len = len;
+    req.name_len = lock->name_len;
     req.ttl_ms = opts->ttl_ms;
     req.wait = opts->wait;
     req.deadline_ns = opts->deadline_ns;
@@ -424,7 +464,10 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
     int expired = req.wait == DLOCK_WAIT_DEADLINE && req.deadline_ns <= sent;
     if (expired)
         req.wait = DLOCK_WAIT_TRY;
-    rc = c->backend->acquire(c->conn, &req, &held);
+    if (n > 1)
+        rc = dlock_composite_acquire(c->conn, &req, own, n, &held);
+    else
+        rc = c->backend->acquire(c->conn, &req, &held);
     if (rc == DLOCK_EBUSY && expired)
         rc = dlock_seterr(c, DLOCK_ETIMEDOUT, "the deadline passed with the lock still held elsewhere");
     if (rc) {
@@ -438,7 +481,7 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
         (rc = dlock_keeper_add(c, lock, opts->on_lost, opts->on_lost_user, estimated)) != 0) {
         dlock_errsave why;
         dlock_err_save(c, &why);
-        c->backend->release(c->conn, held);
+        lock->ops->release(c->conn, held);
         free(lock);
         dlock_err_restore(c, &why);
         return finish(c, rc);
@@ -449,12 +492,61 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
     return 0;
 }
 
+/* The checks every acquire starts with. */
+static int acquire_start(dlock_client *c, dlock_lock **lockp)
+{
+    if (!c || !lockp || not_on_keeper())
+        return c && lockp && !dlock_keeper_on_thread()
+                   ? dlock_seterr(c, DLOCK_EINVAL, "no place to store the lock")
+                   : DLOCK_EINVAL;
+    *lockp = NULL;
+    return check_usable(c);
+}
+
+int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
+                    const dlock_acquire_opts *opts, dlock_lock **lockp)
+{
+    static const dlock_acquire_opts defaults = DLOCK_ACQUIRE_OPTS_INIT;
+    int rc = acquire_start(c, lockp);
+    if (rc || (rc = check_name(c, name, len)) != 0)
+        return rc;
+    dlock_name one = {name, len};
+    return acquire_names(c, &one, 1, opts ? opts : &defaults, lockp);
+}
+
 int dlock_acquire(dlock_client *c, const char *name, const dlock_acquire_opts *opts,
                   dlock_lock **lockp)
 {
     /* strnlen: a missing terminator must not make us read past the limit. */
     size_t len = name ? strnlen(name, DLOCK_NAME_MAX + 1) : 0;
     return dlock_acquire_n(c, name, len, opts, lockp);
+}
+
+int dlock_acquire_names(dlock_client *c, const char *const *names, size_t count,
+                        const dlock_acquire_opts *opts, dlock_lock **lockp)
+{
+    static const dlock_acquire_opts defaults = DLOCK_ACQUIRE_OPTS_INIT;
+    dlock_name sorted[DLOCK_NAMES_MAX];
+    int rc = acquire_start(c, lockp);
+    if (rc)
+        return rc;
+    if (!names || count == 0)
+        return dlock_seterr(c, DLOCK_EINVAL, "no lock names");
+    if (count > DLOCK_NAMES_MAX)
+        return dlock_seterr(c, DLOCK_EINVAL, "%zu names in one lock: at most %d", count,
+                            DLOCK_NAMES_MAX);
+    for (size_t i = 0; i < count; i++) {
+        size_t len = names[i] ? strnlen(names[i], DLOCK_NAME_MAX + 1) : 0;
+        if ((rc = check_name(c, names[i], len)) != 0)
+            return dlock_seterr(c, rc, "name %zu of %zu: %s", i + 1, count, dlock_errmsg(c));
+        sorted[i] = (dlock_name){names[i], len};
+    }
+    qsort(sorted, count, sizeof sorted[0], name_cmp);
+    for (size_t i = 1; i < count; i++)
+        if (name_cmp(&sorted[i - 1], &sorted[i]) == 0)
+            return dlock_seterr(c, DLOCK_EINVAL, "a name is listed twice: '%.64s'",
+                                sorted[i].name);
+    return acquire_names(c, sorted, count, opts ? opts : &defaults, lockp);
 }
 
 /* The loss the keeper reported, as the client's error. */
@@ -482,7 +574,7 @@ int dlock_release(dlock_lock *lock)
     lock_unlink(lock);
     if (dlock_backend_v2(c->backend))
         lock->held->lease_end_ns = 0;
-    rc = c->backend->release(c->conn, lock->held);
+    rc = lock->ops->release(c->conn, lock->held);
     /* The store may not know (a Redlock quorum gone) or not answer (a
      * store down): the keeper did know. A grant reported lost is never
      * revived, and its release says so whatever the store answered. */
@@ -511,7 +603,7 @@ int dlock_renew(dlock_lock *lock, uint32_t ttl_ms)
     uint64_t sent = dlock_monotonic_ns();
     if (dlock_backend_v2(c->backend))
         lock->held->lease_end_ns = 0;
-    rc = c->backend->renew(c->conn, lock->held, ttl_ms);
+    rc = lock->ops->renew(c->conn, lock->held, ttl_ms);
     uint64_t end = 0;
     if (rc == 0) {
         lock->ttl_ms = ttl_ms;
@@ -538,9 +630,40 @@ int dlock_lock_raise_token(dlock_lock *lock, uint64_t floor)
     if (atomic_load(&lock->lost)) /* never act on a grant reported lost */
         return report_lost(c, dlock_keeper_lost_detail(lock));
     dlock_keeper_hold(lock);
-    rc = finish(c, c->backend->raise_token(c->conn, lock->held, floor));
+    rc = finish(c, lock->ops->raise_token(c->conn, lock->held, floor));
     dlock_keeper_unhold_call(lock, rc);
     return rc;
+}
+
+int dlock_client_token_top(dlock_client *c, uint64_t *top)
+{
+    int rc;
+    if (!c || not_on_keeper())
+        return DLOCK_EINVAL;
+    if ((rc = check_usable(c)) != 0)
+        return rc;
+    if (!top)
+        return dlock_seterr(c, DLOCK_EINVAL, "no place to store the top token");
+    *top = 0;
+    if (!dlock_backend_v4(c->backend) || !c->backend->token_top)
+        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot tell its highest token",
+                            c->backend->name);
+    return finish(c, c->backend->token_top(c->conn, top));
+}
+
+int dlock_client_raise_floor(dlock_client *c, uint64_t floor)
+{
+    int rc;
+    if (!c || not_on_keeper())
+        return DLOCK_EINVAL;
+    if ((rc = check_usable(c)) != 0)
+        return rc;
+    if (floor >= (1ull << 63))
+        return dlock_seterr(c, DLOCK_EINVAL, "a token floor must be below 2^63");
+    if (!dlock_backend_v4(c->backend) || !c->backend->raise_floor)
+        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot raise its tokens",
+                            c->backend->name);
+    return finish(c, c->backend->raise_floor(c->conn, floor));
 }
 
 uint64_t dlock_lock_token(const dlock_lock *lock)
@@ -580,6 +703,23 @@ int dlock_lock_lost_fd(dlock_lock *lock)
 const char *dlock_lock_lost_detail(const dlock_lock *lock)
 {
     return lock ? dlock_keeper_lost_detail(lock) : "";
+}
+
+size_t dlock_lock_name_count(const dlock_lock *lock)
+{
+    return lock ? lock->names : 0;
+}
+
+const char *dlock_lock_name_at(const dlock_lock *lock, size_t i, size_t *lenp)
+{
+    if (!lock || i >= lock->names)
+        return NULL;
+    const char *p = lock->name;
+    while (i-- > 0)
+        p = next_name(p);
+    if (lenp)
+        *lenp = strlen(p);
+    return p;
 }
 
 unsigned int dlock_lock_holds(const dlock_lock *lock)

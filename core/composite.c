@@ -21,6 +21,16 @@
  * DLOCK_ENOTSUP rather than hand out a token that a later grant of that
  * store alone could go below. Losing any part is losing the lock.
  *
+ * Several names: a lock may also be several names at once
+ * (dlock_acquire_names()), on one store or on a list. Its parts are then
+ * every (store, name) pair, store-major (the stores in the order listed,
+ * each store's names in byte order), and everything above applies to the
+ * parts: one order for every client, so that two clients taking {a, b} and
+ * {b, a} cannot deadlock; all or nothing; the token is the largest of every
+ * part's and each part below it is raised. The same methods serve a
+ * several-name lock on a single store: conn is then that store's own
+ * connection, whose backend the parts call directly (store_at()).
+ *
  * Leases: the capabilities a list declares are those every store gives (a
  * list with a file:// store is not freed for others when a TTL runs out:
  * the file part stays held). But for its holder the lock ends when the
@@ -28,6 +38,7 @@
  * of its leased parts' (each from the part's own send time, or the end the
  * part reported), and the core and the keeper go by it (dlock_client_expires).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,29 +52,86 @@ struct comp_conn {
     dlock_client *part[];
 };
 
+/* One (store, name) pair of a lock. */
+struct comp_part {
+    size_t store;
+    const char *name; /* the core's copy, which outlives the held */
+    size_t name_len;
+    uint64_t sent; /* when its lease last started, at the latest */
+    dlock_held *h;
+};
+
 struct comp_held {
     dlock_held base;
     size_t n;
-    uint64_t *sent; /* per part: when its lease last started, at the latest */
-    dlock_held *part[];
+    size_t names; /* 1: details name the store only */
+    struct comp_part part[];
+};
+
+/* A store a lock's parts live on: one of a list's, or a single store's own
+ * connection (a several-name lock on one store). */
+struct store {
+    const dlock_backend *b;
+    dlock_conn *conn;
+    dlock_client *c;
 };
 
 static const char *const no_schemes[] = {NULL};
 static const char *const no_options[] = {NULL};
 
-static const dlock_backend *part_backend(const struct comp_conn *cc, size_t i)
+static int is_list(const dlock_conn *conn)
 {
-    return cc->part[i]->backend;
+    return conn->backend == &dlock_composite_backend;
 }
 
-/* Records on the composite what part i reported, naming the store. Works on
- * the keeper's threads too: there both details live in the keeper's buffer. */
-static int part_error(struct comp_conn *cc, size_t i, int rc)
+static size_t store_count(const dlock_conn *conn)
 {
+    return is_list(conn) ? ((const struct comp_conn *)conn)->n : 1;
+}
+
+static struct store store_at(dlock_conn *conn, size_t i)
+{
+    if (is_list(conn)) {
+        dlock_client *c = ((struct comp_conn *)conn)->part[i];
+        return (struct store){c->backend, c->conn, c};
+    }
+    return (struct store){conn->backend, conn, conn->client};
+}
+
+/* Records on the lock's client what part k reported, naming the store (on
+ * a list) and the name (on a several-name lock). Works on the keeper's
+ * threads too: there every detail lives in the keeper's buffer. */
+static int part_error(dlock_conn *conn, const struct comp_held *h, size_t k, int rc)
+{
+    const struct comp_part *p = &h->part[k];
+    struct store s = store_at(conn, p->store);
+    char where[160] = "", shown[52];
     dlock_errsave e;
-    dlock_err_save(cc->part[i], &e);
-    return dlock_seterr(cc->base.client, rc, "store %zu of %zu (%s): %s", i + 1, cc->n,
-                        part_backend(cc, i)->name, e.msg[0] ? e.msg : dlock_strerror(rc));
+    dlock_err_save(s.c, &e);
+    if (is_list(conn))
+        snprintf(where, sizeof where, "store %zu of %zu (%s)%s", p->store + 1,
+                 store_count(conn), s.b->name, h->names > 1 ? ", " : "");
+    if (h->names > 1) {
+        size_t m = 0;
+        for (size_t i = 0; i < p->name_len && m + 4 < sizeof shown; i++)
+            shown[m++] = p->name[i] >= 0x20 && p->name[i] < 0x7f ? p->name[i] : '?';
+        if (m < p->name_len)
+            shown[m - 1] = shown[m - 2] = shown[m - 3] = '.';
+        shown[m] = '\0';
+        size_t used = strlen(where);
+        snprintf(where + used, sizeof where - used, "name '%s'", shown);
+    }
+    return dlock_seterr(conn->client, rc, "%s: %s", where, e.msg[0] ? e.msg : dlock_strerror(rc));
+}
+
+static int store_leased(dlock_conn *conn, size_t i)
+{
+    return (dlock_client_caps(store_at(conn, i).c) & DLOCK_CAP_LEASE) != 0;
+}
+
+static int store_raises(dlock_conn *conn, size_t i)
+{
+    return (dlock_client_caps(store_at(conn, i).c) & DLOCK_CAP_RAISE) != 0;
 }
 
 /* What holds for the whole lock: what every store gives (see Leases above). */
@@ -83,75 +151,58 @@ static void comp_close(dlock_conn *conn)
     free(cc);
 }
 
-static void parts_release(struct comp_conn *cc, struct comp_held *h, size_t n)
+/* Releases the first n parts, last first. */
+static void parts_release(dlock_conn *conn, struct comp_held *h, size_t n)
 {
     dlock_errsave e;
-    dlock_err_save(cc->base.client, &e); /* the failure being reported stays */
-    for (size_t i = n; i-- > 0;) {
-        part_backend(cc, i)->release(cc->part[i]->conn, h->part[i]);
-        h->part[i] = NULL;
+    dlock_err_save(conn->client, &e); /* the failure being reported stays */
+    for (size_t k = n; k-- > 0;) {
+        struct store s = store_at(conn, h->part[k].store);
+        s.b->release(s.conn, h->part[k].h);
+        h->part[k].h = NULL;
     }
-    dlock_err_restore(cc->base.client, &e);
-}
-
-static int part_leased(const struct comp_conn *cc, size_t i)
-{
-    return (dlock_client_caps(cc->part[i]) & DLOCK_CAP_LEASE) != 0;
+    dlock_err_restore(conn->client, &e);
 }
 
 /* The earliest end among the leased parts' leases (0: no part has one). */
-static uint64_t parts_lease_end(const struct comp_conn *cc, const struct comp_held *h,
-                                uint32_t ttl_ms)
+static uint64_t parts_lease_end(dlock_conn *conn, const struct comp_held *h, uint32_t ttl_ms)
 {
     uint64_t end = 0;
-    for (size_t i = 0; i < cc->n; i++) {
-        if (!h->part[i] || !part_leased(cc, i))
+    for (size_t k = 0; k < h->n; k++) {
+        const struct comp_part *p = &h->part[k];
+        if (!p->h || !store_leased(conn, p->store))
             continue;
-        uint64_t e = dlock_lease_end(cc->part[i], h->part[i], h->sent[i], ttl_ms);
+        uint64_t e = dlock_lease_end(store_at(conn, p->store).c, p->h, p->sent, ttl_ms);
         if (!end || e < end)
             end = e;
     }
     return end;
 }
 
-static void parts_forget_lease(const struct comp_conn *cc, const struct comp_held *h)
+/* Raises part k's later tokens above floor. */
+static int part_raise(dlock_conn *conn, struct comp_held *h, size_t k, uint64_t floor)
 {
-    for (size_t i = 0; i < cc->n; i++)
-        if (h->part[i] && dlock_backend_v2(part_backend(cc, i)))
-            h->part[i]->lease_end_ns = 0;
-}
-
-static void held_free(struct comp_held *h)
-{
-    free(h->sent);
-    free(h);
-}
-
-/* Raises part i's later tokens above floor. */
-static int part_raise(struct comp_conn *cc, struct comp_held *h, size_t i, uint64_t floor)
-{
-    const dlock_backend *b = part_backend(cc, i);
+    struct store s = store_at(conn, h->part[k].store);
     int rc;
-    dlock_err_clear(cc->part[i]);
-    if (!dlock_backend_v3(b) || !b->raise_token)
-        rc = dlock_seterr(cc->part[i], DLOCK_ENOTSUP, "the %s backend cannot raise its tokens",
-                          b->name);
+    dlock_err_clear(s.c);
+    if (!dlock_backend_v3(s.b) || !s.b->raise_token)
+        rc = dlock_seterr(s.c, DLOCK_ENOTSUP, "the %s backend cannot raise its tokens", s.b->name);
     else
-        rc = b->raise_token(cc->part[i]->conn, h->part[i], floor);
-    return rc ? part_error(cc, i, rc) : 0;
+        rc = s.b->raise_token(s.conn, h->part[k].h, floor);
+    return rc ? part_error(conn, h, k, rc) : 0;
 }
 
 /* Raises every part whose token is below floor (all parts: below_only 0).
  * The stores that cannot raise go first: they only check, so a refusal
  * leaves every counter as it was. */
-static int parts_raise(struct comp_conn *cc, struct comp_held *h, uint64_t floor, int below_only)
+static int parts_raise(dlock_conn *conn, struct comp_held *h, uint64_t floor, int below_only)
 {
     for (int pass = 0; pass < 2; pass++)
-        for (size_t i = 0; i < cc->n; i++) {
-            int can = (dlock_client_caps(cc->part[i]) & DLOCK_CAP_RAISE) != 0;
-            if (can != pass || (below_only && h->part[i]->token >= floor))
+        for (size_t k = 0; k < h->n; k++) {
+            if (store_raises(conn, h->part[k].store) != pass ||
+                (below_only && h->part[k].h->token >= floor))
                 continue;
-            int rc = part_raise(cc, h, i, floor);
+            int rc = part_raise(conn, h, k, floor);
             if (rc)
                 return rc;
         }
@@ -160,97 +211,111 @@ static int parts_raise(struct comp_conn *cc, struct comp_held *h, uint64_t floor
 
 /* A leased part taken early may have run out while the later parts were
  * awaited: renewed if less than half its TTL is left. */
-static int parts_refresh(struct comp_conn *cc, struct comp_held *h, uint32_t ttl_ms)
+static int parts_refresh(dlock_conn *conn, struct comp_held *h, uint32_t ttl_ms)
 {
-    for (size_t i = 0; i + 1 < cc->n; i++) {
-        const dlock_backend *b = part_backend(cc, i);
+    for (size_t k = 0; k + 1 < h->n; k++) {
+        struct comp_part *p = &h->part[k];
+        struct store s = store_at(conn, p->store);
         uint64_t now = dlock_monotonic_ns();
-        if (!part_leased(cc, i) ||
-            dlock_lease_end(cc->part[i], h->part[i], h->sent[i], ttl_ms) >
-                now + (uint64_t)ttl_ms * 500000u)
+        if (!store_leased(conn, p->store) ||
+            dlock_lease_end(s.c, p->h, p->sent, ttl_ms) > now + (uint64_t)ttl_ms * 500000u)
             continue;
         int rc = DLOCK_ENOTSUP;
-        dlock_err_clear(cc->part[i]);
-        if (b->renew) {
-            if (dlock_backend_v2(b))
-                h->part[i]->lease_end_ns = 0;
-            h->sent[i] = now;
-            rc = b->renew(cc->part[i]->conn, h->part[i], ttl_ms);
+        dlock_err_clear(s.c);
+        if (s.b->renew) {
+            if (dlock_backend_v2(s.b))
+                p->h->lease_end_ns = 0;
+            p->sent = now;
+            rc = s.b->renew(s.conn, p->h, ttl_ms);
         }
         if (rc) {
-            part_error(cc, i, rc);
-            return dlock_seterr(cc->base.client, DLOCK_ETIMEDOUT,
-                                "store %zu of %zu (%s) let its part go while the later stores "
-                                "were awaited; nothing is held", i + 1, cc->n, b->name);
+            part_error(conn, h, k, rc);
+            return dlock_seterr(conn->client, DLOCK_ETIMEDOUT,
+                                "%s let its part go while the later parts were awaited; "
+                                "nothing is held", dlock_errmsg(conn->client));
         }
     }
     return 0;
 }
 
-static int comp_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
+int dlock_composite_acquire(dlock_conn *conn, const dlock_request *req,
+                            const dlock_name *names, size_t nnames, dlock_held **heldp)
 {
-    struct comp_conn *cc = (struct comp_conn *)conn;
-    struct comp_held *h = calloc(1, sizeof *h + cc->n * sizeof h->part[0]);
+    size_t stores = store_count(conn), n = stores * nnames, k;
+    struct comp_held *h = calloc(1, sizeof *h + n * sizeof h->part[0]);
     dlock_request one = *req;
     uint64_t top = 0;
     int rc = 0;
-    size_t i;
-    if (!h || !(h->sent = calloc(cc->n, sizeof *h->sent))) {
-        free(h);
+    if (!h)
         return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
+    h->n = n;
+    h->names = nnames;
+    for (k = 0; k < n; k++) {
+        h->part[k].store = k / nnames;
+        h->part[k].name = names[k % nnames].name;
+        h->part[k].name_len = names[k % nnames].len;
     }
-    h->n = cc->n;
     /* One deadline (req's, absolute) covers every part. Once it has passed,
      * the remaining parts get one attempt each, as the core does. */
-    for (i = 0; i < cc->n; i++) {
+    for (k = 0; k < n; k++) {
+        struct comp_part *p = &h->part[k];
+        struct store s = store_at(conn, p->store);
         uint64_t now = dlock_monotonic_ns();
         int expired = req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns <= now;
         one.wait = expired ? DLOCK_WAIT_TRY : req->wait;
-        dlock_err_clear(cc->part[i]);
-        h->sent[i] = now;
-        rc = part_backend(cc, i)->acquire(cc->part[i]->conn, &one, &h->part[i]);
+        one.name = p->name;
+        one.name_len = p->name_len;
+        dlock_err_clear(s.c);
+        p->sent = now;
+        rc = s.b->acquire(s.conn, &one, &p->h);
         if (rc == DLOCK_EBUSY && expired)
-            rc = dlock_seterr(cc->part[i], DLOCK_ETIMEDOUT,
+            rc = dlock_seterr(s.c, DLOCK_ETIMEDOUT,
                               "the deadline passed with the lock still held elsewhere");
         if (rc) {
-            part_error(cc, i, rc);
+            part_error(conn, h, k, rc);
             break;
         }
-        if (h->part[i]->token > top)
-            top = h->part[i]->token;
+        if (p->h->token > top)
+            top = p->h->token;
     }
-    if (rc == 0 && cc->leased)
-        rc = parts_refresh(cc, h, req->ttl_ms);
+    if (rc == 0 && dlock_client_expires(conn->client))
+        rc = parts_refresh(conn, h, req->ttl_ms);
     if (rc == 0)
-        rc = parts_raise(cc, h, top, 1);
+        rc = parts_raise(conn, h, top, 1);
     if (rc) {
-        parts_release(cc, h, i < cc->n ? i : cc->n);
-        held_free(h);
+        parts_release(conn, h, k < n ? k : n);
+        free(h);
         return rc;
     }
     h->base.token = top;
-    h->base.lease_end_ns = parts_lease_end(cc, h, req->ttl_ms);
+    h->base.lease_end_ns = parts_lease_end(conn, h, req->ttl_ms);
     *heldp = &h->base;
     return 0;
+}
+
+static int comp_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
+{
+    dlock_name one = {req->name, req->name_len};
+    return dlock_composite_acquire(conn, req, &one, 1, heldp);
 }
 
 /* Releases every part; the first part's loss, else its error, is what the
  * call reports. */
 static int comp_release(dlock_conn *conn, dlock_held *held)
 {
-    struct comp_conn *cc = (struct comp_conn *)conn;
     struct comp_held *h = (struct comp_held *)held;
     dlock_errsave first = {0, ""};
     int rc = 0;
-    for (size_t i = 0; i < cc->n; i++) {
-        dlock_err_clear(cc->part[i]);
-        int r = part_backend(cc, i)->release(cc->part[i]->conn, h->part[i]);
+    for (size_t k = 0; k < h->n; k++) {
+        struct store s = store_at(conn, h->part[k].store);
+        dlock_err_clear(s.c);
+        int r = s.b->release(s.conn, h->part[k].h);
         if (r && (rc == 0 || (r == DLOCK_ELOST && rc != DLOCK_ELOST))) {
-            rc = part_error(cc, i, r);
+            rc = part_error(conn, h, k, r);
             dlock_err_save(conn->client, &first);
         }
     }
-    held_free(h);
+    free(h);
     if (rc)
         dlock_err_restore(conn->client, &first);
     return rc;
@@ -259,47 +324,63 @@ static int comp_release(dlock_conn *conn, dlock_held *held)
 /* Calls renew (keep: 0, renew: 1) on every part; stops at a loss. On the
  * keeper's threads every detail shares one buffer: the first failure's is
  * kept aside, so a later part's clear cannot wipe it. */
-static int parts_renew(struct comp_conn *cc, struct comp_held *h, uint32_t ttl_ms, int app)
+static int parts_renew(dlock_conn *conn, struct comp_held *h, uint32_t ttl_ms, int app)
 {
     dlock_errsave first = {0, ""};
     int rc = 0;
-    parts_forget_lease(cc, h);
-    for (size_t i = 0; i < cc->n; i++) {
-        const dlock_backend *b = part_backend(cc, i);
+    for (size_t k = 0; k < h->n; k++) {
+        struct comp_part *p = &h->part[k];
+        struct store s = store_at(conn, p->store);
         int (*fn)(dlock_conn *, dlock_held *, uint32_t) =
-            app ? b->renew : (dlock_backend_v2(b) ? b->keep : NULL);
+            app ? s.b->renew : (dlock_backend_v2(s.b) ? s.b->keep : NULL);
         int r;
-        dlock_err_clear(cc->part[i]);
+        if (dlock_backend_v2(s.b))
+            p->h->lease_end_ns = 0;
+        dlock_err_clear(s.c);
         uint64_t sent = dlock_monotonic_ns();
         if (!fn)
-            r = dlock_seterr(cc->part[i], DLOCK_ENOTSUP, "the %s backend cannot %s", b->name,
+            r = dlock_seterr(s.c, DLOCK_ENOTSUP, "the %s backend cannot %s", s.b->name,
                              app ? "renew" : "keep its locks");
         else
-            r = fn(cc->part[i]->conn, h->part[i], ttl_ms);
+            r = fn(s.conn, p->h, ttl_ms);
         if (r == 0)
-            h->sent[i] = sent;
+            p->sent = sent;
         if (r == DLOCK_ELOST || r == DLOCK_EEXPIRED)
-            return part_error(cc, i, r);
+            return part_error(conn, h, k, r);
         if (r && rc == 0) {
-            rc = part_error(cc, i, r);
-            dlock_err_save(cc->base.client, &first);
+            rc = part_error(conn, h, k, r);
+            dlock_err_save(conn->client, &first);
         }
     }
     /* A part that failed keeps its last confirmed lease in the estimate. */
-    h->base.lease_end_ns = parts_lease_end(cc, h, ttl_ms);
+    h->base.lease_end_ns = parts_lease_end(conn, h, ttl_ms);
     if (rc)
-        dlock_err_restore(cc->base.client, &first);
+        dlock_err_restore(conn->client, &first);
     return rc;
 }
 
 static int comp_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 {
-    return parts_renew((struct comp_conn *)conn, (struct comp_held *)held, ttl_ms, 1);
+    return parts_renew(conn, (struct comp_held *)held, ttl_ms, 1);
 }
 
 static int comp_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 {
-    return parts_renew((struct comp_conn *)conn, (struct comp_held *)held, ttl_ms, 0);
+    return parts_renew(conn, (struct comp_held *)held, ttl_ms, 0);
+}
+
+static int comp_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
+{
+    return parts_raise(conn, (struct comp_held *)held, floor, 0);
+}
+
+/* Records on the list what store i reported. */
+static int store_error(struct comp_conn *cc, size_t i, int rc)
+{
+    dlock_errsave e;
+    dlock_err_save(cc->part[i], &e);
+    return dlock_seterr(cc->base.client, rc, "store %zu of %zu (%s): %s", i + 1, cc->n,
+                        cc->part[i]->backend->name, e.msg[0] ? e.msg : dlock_strerror(rc));
 }
 
 static int comp_ping(dlock_conn *conn)
@@ -307,20 +388,61 @@ static int comp_ping(dlock_conn *conn)
     struct comp_conn *cc = (struct comp_conn *)conn;
     int pinged = 0;
     for (size_t i = 0; i < cc->n; i++) {
-        if (!part_backend(cc, i)->ping)
+        if (!cc->part[i]->backend->ping)
             continue;
         dlock_err_clear(cc->part[i]);
-        int rc = part_backend(cc, i)->ping(cc->part[i]->conn);
+        int rc = cc->part[i]->backend->ping(cc->part[i]->conn);
         if (rc)
-            return part_error(cc, i, rc);
+            return store_error(cc, i, rc);
         pinged = 1;
     }
     return pinged ? 0 : dlock_seterr(conn->client, DLOCK_ENOTSUP, "no store of this list can be pinged");
 }
 
-static int comp_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
+/* The largest of the stores' tops: every store must tell. */
+static int comp_token_top(dlock_conn *conn, uint64_t *top)
 {
-    return parts_raise((struct comp_conn *)conn, (struct comp_held *)held, floor, 0);
+    struct comp_conn *cc = (struct comp_conn *)conn;
+    *top = 0;
+    for (size_t i = 0; i < cc->n; i++) {
+        const dlock_backend *b = cc->part[i]->backend;
+        uint64_t t = 0;
+        int rc;
+        dlock_err_clear(cc->part[i]);
+        if (!dlock_backend_v4(b) || !b->token_top)
+            rc = dlock_seterr(cc->part[i], DLOCK_ENOTSUP,
+                              "the %s backend cannot tell its highest token", b->name);
+        else
+            rc = b->token_top(cc->part[i]->conn, &t);
+        if (rc)
+            return store_error(cc, i, rc);
+        if (t > *top)
+            *top = t;
+    }
+    return 0;
+}
+
+/* Every store's floor; those that can only check go first, so a refusal
+ * raises nothing. */
+static int comp_raise_floor(dlock_conn *conn, uint64_t floor)
+{
+    struct comp_conn *cc = (struct comp_conn *)conn;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < cc->n; i++) {
+            const dlock_backend *b = cc->part[i]->backend;
+            int rc;
+            if (store_raises(conn, i) != pass)
+                continue;
+            dlock_err_clear(cc->part[i]);
+            if (!dlock_backend_v4(b) || !b->raise_floor)
+                rc = dlock_seterr(cc->part[i], DLOCK_ENOTSUP,
+                                  "the %s backend cannot raise its tokens", b->name);
+            else
+                rc = b->raise_floor(cc->part[i]->conn, floor);
+            if (rc)
+                return store_error(cc, i, rc);
+        }
+    return 0;
 }
 
 const dlock_backend dlock_composite_backend = {
@@ -337,6 +459,8 @@ const dlock_backend dlock_composite_backend = {
     .ping = comp_ping,
     .keep = comp_keep,
     .raise_token = comp_raise_token,
+    .token_top = comp_token_top,
+    .raise_floor = comp_raise_floor,
 };
 
 /* Splits s at runs of whitespace: the count of words, and with out (room for
@@ -402,7 +526,7 @@ int dlock_composite_open(dlock_client *c, char *const *uris, size_t n, dlock_con
     }
     cc->base.caps = comp_caps(cc);
     for (size_t i = 0; i < n; i++)
-        cc->leased |= part_leased(cc, i);
+        cc->leased |= store_leased(&cc->base, i);
     *connp = &cc->base;
     return 0;
 }

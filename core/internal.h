@@ -23,6 +23,9 @@ struct dlock_client {
 
 struct dlock_lock {
     dlock_client *client;
+    /* The methods held goes through, on client->conn: the client's backend,
+     * or dlock_composite_backend's for a several-name lock. */
+    const dlock_backend *ops;
     dlock_held *held;
     struct dlock_lock *next;
     struct dlock_kept *kept; /* NULL unless acquired with keep */
@@ -32,8 +35,9 @@ struct dlock_lock {
     _Atomic uint64_t expires_ns;
     _Atomic int lost;
     char *lost_detail;       /* copied from the keeper when it lets go */
-    size_t name_len;
-    char name[]; /* NUL-terminated copy */
+    size_t names;            /* 1 unless acquired with several names */
+    size_t name_len;         /* the first name's */
+    char name[]; /* the names, in byte order, each NUL-terminated */
 };
 
 void dlock_ns_to_timespec(uint64_t ns, struct timespec *ts);
@@ -51,6 +55,12 @@ static inline int dlock_backend_v2(const dlock_backend *b)
 static inline int dlock_backend_v3(const dlock_backend *b)
 {
     return b->version >= 3;
+}
+
+/* v4 added token_top() and raise_floor(). */
+static inline int dlock_backend_v4(const dlock_backend *b)
+{
+    return b->version >= 4;
 }
 
 /* The lease end a backend reported for held, or fallback. */

@@ -116,7 +116,6 @@ static void *renewer_main(void *arg)
 {
     struct dlock_keeper *kp = arg;
     dlock_client *c = kp->client;
-    const dlock_backend *b = c->backend;
     dlock_errsave sink;
     on_keeper_thread = 1;
     dlock_err_redirect(&sink);
@@ -140,7 +139,7 @@ static void *renewer_main(void *arg)
         lock->held->lease_end_ns = 0;
         sink.err = 0;
         sink.msg[0] = '\0';
-        int rc = b->keep(c->conn, lock->held, ttl);
+        int rc = lock->ops->keep(c->conn, lock->held, ttl);
         uint64_t end = rc == 0 ? dlock_lease_end(c, lock->held, sent, ttl) : 0;
 
         pthread_mutex_lock(&kp->mu);

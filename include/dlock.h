@@ -285,6 +285,27 @@ DLOCK_API int dlock_acquire_n(dlock_client *client, const char *name,
                               dlock_lock **lockp);
 
 /*
+ * Several names at once: one lock that is all of names (count of them, 1 to
+ * DLOCK_NAMES_MAX, each as for dlock_acquire(), no name twice). The names
+ * are taken one by one in byte order (on a list of stores: store by store,
+ * each store's names in byte order), so that clients asking for the same
+ * names in any order never deadlock; all or nothing under one deadline: a
+ * name that fails or times out releases those already taken before the
+ * call returns. The token is above every token any of the names had on any
+ * of the stores (the largest of them; the others are raised to it, so
+ * count - 1 more round trips on stores that must be raised; on ZooKeeper
+ * its tokens are global and nothing is raised). Release, renew, keep and
+ * loss cover every name: losing one is losing the lock. A client holds a
+ * name in at most one lock: DLOCK_EALREADY if it holds any of names
+ * (.reentrant: only a lock of exactly these names is held again). One name
+ * is the same as dlock_acquire().
+ */
+#define DLOCK_NAMES_MAX 256
+DLOCK_API int dlock_acquire_names(dlock_client *client, const char *const *names,
+                                  size_t count, const dlock_acquire_opts *opts,
+                                  dlock_lock **lockp);
+
+/*
  * Releases the lock and frees its handle, whatever the result. Ownership is
  * proven atomically by the store: if the lease expired or another owner took
  * the lock, nothing of theirs is touched and DLOCK_ELOST is returned.
@@ -325,8 +346,34 @@ DLOCK_API uint64_t dlock_lock_token(const dlock_lock *lock);
  */
 DLOCK_API int dlock_lock_raise_token(dlock_lock *lock, uint64_t floor);
 
-/* The lock's name (NUL-terminated copy) and its length. Owned by the lock. */
+/*
+ * Store-wide tokens, for moving locks from one store to another when not
+ * every name is known (dlock migrate OLD NEW; docs/migration.md).
+ *
+ * dlock_client_token_top() sets *top to a value no smaller than every token
+ * the client's store (each store of a list) has granted so far for any name
+ * under the URI's namespace. It takes no lock; on some stores it scans
+ * every name kept there.
+ *
+ * dlock_client_raise_floor() makes every grant the store (every store of a
+ * list) starts after the call returns, for any name, carry a token above
+ * floor. Never lowers anything; safe while others hold and wait; calling it
+ * again is harmless. DLOCK_EINVAL for a floor of 2^63 or more, or beyond the
+ * store's tokens; DLOCK_ENOTSUP when the store cannot set its tokens
+ * (ZooKeeper) and its next ones would not be above floor: the detail names
+ * both values. On a list, stores that can only check are checked first, so
+ * a refusal raises nothing.
+ */
+DLOCK_API int dlock_client_token_top(dlock_client *client, uint64_t *top);
+DLOCK_API int dlock_client_raise_floor(dlock_client *client, uint64_t floor);
+
+/* The lock's name (NUL-terminated copy) and its length. Owned by the lock.
+ * For a lock of several names, the first in byte order. */
 DLOCK_API const char *dlock_lock_name(const dlock_lock *lock, size_t *lenp);
+/* How many names the lock is (1 unless dlock_acquire_names()), and the i-th
+ * of them in byte order (NULL past the end). Owned by the lock. */
+DLOCK_API size_t dlock_lock_name_count(const dlock_lock *lock);
+DLOCK_API const char *dlock_lock_name_at(const dlock_lock *lock, size_t i, size_t *lenp);
 
 /* The client the lock belongs to. */
 DLOCK_API dlock_client *dlock_lock_client(const dlock_lock *lock);

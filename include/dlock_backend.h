@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define DLOCK_BACKEND_VERSION 3
+#define DLOCK_BACKEND_VERSION 4
 
 /* Capability bits: what a backend guarantees. */
 enum {
@@ -198,6 +198,29 @@ struct dlock_backend {
      * error. Called on the application's thread, like renew, never at the
      * same time as keep() of the same held. */
     int (*raise_token)(dlock_conn *conn, dlock_held *held, uint64_t floor);
+
+    /* Version 4: store-wide tokens, for moving locks between stores
+     * (dlock migrate OLD NEW) without knowing every name. */
+
+    /* Optional (NULL: DLOCK_ENOTSUP). Sets *top to a value no smaller than
+     * every token this store has granted so far, for any name, under this
+     * URI's namespace (prefix, table, root, directory), and no smaller than
+     * a floor set with raise_floor. A bound computed from the store's own
+     * clock counts (Redis, file). Takes no lock and changes nothing a
+     * holder or waiter can see. May take time proportional to the number
+     * of names the store keeps (a scan); bounded by the backend's timeout
+     * per round trip. Called on the application's thread. */
+    int (*token_top)(dlock_conn *conn, uint64_t *top);
+    /* Optional (NULL: DLOCK_ENOTSUP). Makes every grant this store starts
+     * after the call returns, for any name under this URI's namespace,
+     * carry a token greater than floor, durably as the store keeps its
+     * counters; never lowers anything, so calling it again is harmless.
+     * floor < 2^63 (the core refuses larger); DLOCK_EINVAL with the limit
+     * when the store's tokens cannot reach floor. A backend whose tokens it
+     * cannot set (ZooKeeper's transaction ids) checks instead: 0 when its
+     * next tokens are above floor anyway, else DLOCK_ENOTSUP with a detail
+     * naming both values. Safe while other clients hold and wait. */
+    int (*raise_floor)(dlock_conn *conn, uint64_t floor);
 };
 
 /*

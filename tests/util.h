@@ -198,6 +198,51 @@ static inline int uri_rewrite(const char *src, const int *ports, int nports, con
     return bad ? -1 : 0;
 }
 
+/*
+ * src (one URI or a list) with every store moved to a namespace of its own
+ * called ns ([a-z0-9_], no other client's locks, counters or floors there):
+ * a subdirectory (file://) or child node (zookeeper://) named ns, the key
+ * prefix "ns:" (redis://), the table ns (postgresql://, mysql://). For
+ * cases that change store-wide state, which other suites sharing the store
+ * must not see. Returns 0, or -1 when a URI does not parse or out is too
+ * small.
+ */
+static inline int uri_namespace(const char *src, const char *ns, char *out, size_t len)
+{
+    char word[2048], one[2048], params[160];
+    size_t o = 0;
+    for (const char *p = src; *p;) {
+        p += strspn(p, " \t\n");
+        size_t w = strcspn(p, " \t\n");
+        if (!w)
+            break;
+        if (w >= sizeof word)
+            return -1;
+        memcpy(word, p, w);
+        word[w] = '\0';
+        p += w;
+        const char *q = strchr(word, '?');
+        size_t base = q ? (size_t)(q - word) : w;
+        if (strncmp(word, "file:", 5) == 0 || strncmp(word, "zookeeper:", 10) == 0) {
+            while (base > 0 && word[base - 1] == '/')
+                base--;
+            if (snprintf(one, sizeof one, "%.*s/%s%s", (int)base, word, ns, q ? q : "") >=
+                (int)sizeof one)
+                return -1;
+        } else {
+            snprintf(params, sizeof params,
+                     strncmp(word, "redis:", 6) == 0 ? "prefix=%s:" : "table=%s", ns);
+            if (uri_rewrite(word, NULL, 0, NULL, params, one, sizeof one) != 0)
+                return -1;
+        }
+        int n = snprintf(out + o, len - o, "%s%s", o ? " " : "", one);
+        if (n < 0 || (size_t)n >= len - o)
+            return -1;
+        o += (size_t)n;
+    }
+    return o ? 0 : -1;
+}
+
 /* A client for uri, or the end of the run. */
 static inline dlock_client *open_ok(const char *uri)
 {

@@ -52,7 +52,8 @@
 
 struct run_args {
     const char *uri;  /* NULL: the default store */
-    const char *name;
+    char **names;     /* the lock is all of them */
+    int nnames;
     char **command;   /* NULL-terminated argv of the command */
     dlock_acquire_opts acq;
     double wait_s;    /* the -w value, for the timeout message */
@@ -104,12 +105,14 @@ static void print_usage(FILE *f)
 {
     fputs("Usage:\n"
           "  dlock run [-w SECONDS | -n] [--ttl MS] [-G SECONDS]\n"
-          "            [--password-file FILE] [URI] NAME -- COMMAND [ARGS...]\n"
-          "  dlock migrate [-w SECONDS] OLD NEW NAME...\n"
+          "            [--password-file FILE] [URI] NAME... -- COMMAND [ARGS...]\n"
+          "  dlock migrate [-w SECONDS] OLD NEW [NAME...]\n"
           "  dlock bench [OPTIONS...] URI [URI...]    (see 'dlock bench --help')\n"
           "  dlock help | --help | --version\n"
           "\n"
-          "Run COMMAND while holding the lock NAME of the store named by URI.\n"
+          "Run COMMAND while holding the lock NAME of the store named by URI;\n"
+          "with several NAMEs (URI then given first), one lock that is all of\n"
+          "them, taken in byte order, all or nothing.\n"
           "\n"
           "Options of run:\n"
           "  -w, --wait SECONDS    give up after SECONDS (fractions allowed)\n"
@@ -124,14 +127,15 @@ static void print_usage(FILE *f)
           "                        ($DLOCK_PASSWORD gives it too); none in URI\n"
           "  -h, --help            show this help\n"
           "\n"
-          "Migrate: take each NAME once on the list \"OLD NEW\" and release it, so\n"
-          "that NEW's later grants of NAME carry tokens above all OLD and NEW\n"
-          "granted for it. Run it before processes move from OLD to \"OLD NEW\",\n"
-          "and again once none uses OLD alone; safe to repeat. Each NAME must be\n"
-          "given. Prints 'NAME TOKEN ok' per NAME, or 'NAME - busy' or\n"
-          "'NAME - failed' and a message. OLD and NEW are one URI each; their\n"
-          "passwords go in the URIs (--password-file and DLOCK_PASSWORD are not\n"
-          "used). See docs/migration.md.\n"
+          "Migrate: make NEW's later grants of every name carry tokens above all\n"
+          "OLD granted (NEW's token floor raised to OLD's highest token: prints\n"
+          "'* TOP ok'), then take each NAME given once on the list \"OLD NEW\"\n"
+          "and release it, waiting for its holders ('NAME TOKEN ok', or\n"
+          "'NAME - busy' or 'NAME - failed' and a message). Run it before\n"
+          "processes move from OLD to \"OLD NEW\", and again once none uses OLD\n"
+          "alone; safe to repeat. OLD and NEW are one URI each; their passwords\n"
+          "go in the URIs (--password-file and DLOCK_PASSWORD are not used).\n"
+          "See docs/migration.md.\n"
           "  -w, --wait SECONDS    wait this long for each NAME's holders\n"
           "                        (default 10)\n"
           "\n"
@@ -183,6 +187,22 @@ static void make_printable(char *dst, const char *src)
 }
 
 static const char *shown_value(const char *arg);
+
+/* shown_name for a lock of several names: "a', 'b" (so "lock '%s'" reads
+ * "lock 'a', 'b'"). */
+static void show_names(char *const *names, int n)
+{
+    char joined[SHOWN_MAX + 4] = "";
+    size_t used = 0;
+
+    for (int i = 0; i < n && used < SHOWN_MAX; i++) {
+        int w = snprintf(joined + used, sizeof joined - used, "%s%s", i ? "', '" : "", names[i]);
+        used = w < 0 ? used : used + (size_t)w;
+    }
+    make_printable(shown_name, joined);
+    if (used > SHOWN_MAX)
+        strcpy(shown_name + SHOWN_MAX, "...");
+}
 
 static int parse_seconds(const char *s, double *out)
 {
@@ -333,14 +353,17 @@ static int parse_run_args(int argc, char **argv, struct run_args *ra)
     npos = sep - optind;
     if (npos == 0)
         return usage_error("missing lock NAME before '--'");
-    if (npos > 2)
-        return usage_error("too many arguments before '--': expected [URI] NAME");
+    if (npos - 1 > DLOCK_NAMES_MAX)
+        return usage_error("too many arguments before '--': at most %d NAMEs",
+                           DLOCK_NAMES_MAX);
     if (sep + 1 == argc)
         return usage_error("missing COMMAND after '--'");
-    ra->uri = npos == 2 ? argv[optind] : NULL;
-    ra->name = argv[sep - 1];
+    /* One argument is NAME; with more, the first is URI. */
+    ra->uri = npos >= 2 ? argv[optind] : NULL;
+    ra->names = argv + sep - (npos >= 2 ? npos - 1 : 1);
+    ra->nnames = npos >= 2 ? npos - 1 : 1;
+    show_names(ra->names, ra->nnames);
     ra->command = argv + sep + 1;
-    make_printable(shown_name, ra->name);
     make_printable(shown_cmd, ra->command[0]);
     return PROCEED;
 }
@@ -680,7 +703,8 @@ static int acquire(const struct run_args *ra, dlock_client *client, struct job *
     /* No handler runs while waiting, so an interruption is spurious (a
      * stop and continue); the deadline is absolute, so retrying is exact. */
     do
-        err = dlock_acquire(client, ra->name, &acq, &job->lock);
+        err = dlock_acquire_names(client, (const char *const *)ra->names, (size_t)ra->nnames,
+                                  &acq, &job->lock);
     while (err == DLOCK_EINTR);
     if (err == 0)
         return PROCEED;
@@ -774,10 +798,33 @@ static int is_var(const char *entry, const char *name)
     return strncmp(entry, name, n) == 0 && entry[n] == '=';
 }
 
+/* The lock's names in byte order, one per line (no newline after the
+ * last), after prefix; NULL when out of memory. */
+static char *names_var(const dlock_lock *lock, const char *prefix)
+{
+    size_t total = strlen(prefix) + 1, n = dlock_lock_name_count(lock), len;
+    char *var, *p;
+
+    for (size_t i = 0; i < n; i++) {
+        dlock_lock_name_at(lock, i, &len);
+        total += len + 1;
+    }
+    if (!(var = malloc(total)))
+        return NULL;
+    p = stpcpy(var, prefix);
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            *p++ = '\n';
+        p = stpcpy(p, dlock_lock_name_at(lock, i, NULL));
+    }
+    return var;
+}
+
 /*
  * The command's environment: dlock's, without DLOCK_PASSWORD, with
- * DLOCK_TOKEN, DLOCK_NAME and DLOCK_URI (the store's URI, its password
- * removed). Built rather than set with setenv(): the keeper's threads run.
+ * DLOCK_TOKEN, DLOCK_NAME (the lock's names in byte order, one per line)
+ * and DLOCK_URI (the store's URI, its password removed). Built rather than
+ * set with setenv(): the keeper's threads run.
  */
 static int make_environment(struct job *job, const char *uri)
 {
@@ -791,7 +838,7 @@ static int make_environment(struct job *job, const char *uri)
     job->envp = calloc(n + 4, sizeof *job->envp);
     if (!clean || !job->envp ||
         asprintf(&job->own_env[0], "DLOCK_TOKEN=%" PRIu64, dlock_lock_token(job->lock)) < 0 ||
-        asprintf(&job->own_env[1], "DLOCK_NAME=%s", job->ra->name) < 0 ||
+        !(job->own_env[1] = names_var(job->lock, "DLOCK_NAME=")) ||
         asprintf(&job->own_env[2], "DLOCK_URI=%s", clean) < 0) {
         free(clean);
         say("cannot build the command's environment: out of memory");
@@ -1150,8 +1197,9 @@ static int cmd_run(int argc, char **argv)
 }
 
 /*
- * dlock migrate OLD NEW NAME...: prepares NEW to take over NAME from OLD.
- * Each name is acquired once on the list "OLD NEW" (in OLD, then in NEW,
+ * dlock migrate OLD NEW [NAME...]: prepares NEW to take over locks from OLD.
+ * First every name at once: NEW's token floor is raised to the highest
+ * token OLD has granted (migrate_floor). Then each NAME given is acquired once on the list "OLD NEW" (in OLD, then in NEW,
  * waiting its turn behind the current holders) and released at once: the
  * list's grant raises NEW's counter for the name to the largest token
  * either store has granted, so that every later grant by NEW alone is above
@@ -1179,15 +1227,45 @@ static int same_store(const char *a, const char *b)
 }
 
 /* Opens one of the two stores alone, so that a message can say which. */
-static int check_store(const char *uri, const char *which)
+static int open_store(const char *uri, const char *which, dlock_client **cp)
 {
-    dlock_client *c = NULL;
-    int err = dlock_client_open(uri, &c);
+    int err = dlock_client_open(uri, cp);
 
-    if (err)
-        say("cannot open %s: %s", which, detail(c, err));
-    dlock_client_close(c);
+    if (err) {
+        say("cannot open %s: %s", which, detail(*cp, err));
+        dlock_client_close(*cp);
+        *cp = NULL;
+    }
     return err ? exit_status_for(err) : PROCEED;
+}
+
+/* A store that cannot do what migrating asks of it (tell its top, raise
+ * its tokens that far): a property of the stores, which no retry helps. */
+static int migrate_status(int err)
+{
+    return err == DLOCK_ENOTSUP || err == DLOCK_EINVAL ? EX_UNAVAILABLE : exit_status_for(err);
+}
+
+/* Every name at once: NEW's floor raised to OLD's top, so that a name
+ * never taken on the list still gets tokens from NEW above all OLD
+ * granted. Prints "* TOP ok" ('*': every name), or "* - failed". */
+static int migrate_floor(dlock_client *old, dlock_client *new)
+{
+    uint64_t top = 0;
+    int err = dlock_client_token_top(old, &top);
+
+    if (err) {
+        puts("* - failed");
+        say("cannot read the highest token of OLD: %s", detail(old, err));
+    } else if ((err = dlock_client_raise_floor(new, top)) != 0) {
+        puts("* - failed");
+        say("cannot raise NEW's tokens above %" PRIu64 " (OLD's highest): %s", top,
+            detail(new, err));
+    } else {
+        printf("* %" PRIu64 " ok\n", top);
+    }
+    fflush(stdout);
+    return err ? migrate_status(err) : EX_OK;
 }
 
 /* One name: EX_OK, or the exit status its failure calls for. */
@@ -1229,10 +1307,7 @@ static int migrate_one(dlock_client *client, const char *name, double wait_s)
         fputs(" - failed\n", stdout);
         say("cannot migrate lock '%s' (store 1 is OLD, store 2 is NEW): %s", shown_name,
             detail(client, err));
-        /* NEW (or OLD) cannot raise its tokens that far: a property of the
-         * stores, not a fault of dlock's, and no retry helps. */
-        status = err == DLOCK_ENOTSUP || err == DLOCK_EINVAL ? EX_UNAVAILABLE
-                                                               : exit_status_for(err);
+        status = migrate_status(err);
     }
     fflush(stdout);
     return status;
@@ -1248,7 +1323,7 @@ static int cmd_migrate(int argc, char **argv)
     };
     double wait_s = MIGRATE_WAIT_DEFAULT_S;
     const char *old_uri, *new_uri;
-    dlock_client *client = NULL;
+    dlock_client *client = NULL, *old = NULL, *new = NULL;
     char buf[3], *list;
     int c, err, status, busy = 0, failed = 0;
 
@@ -1274,8 +1349,6 @@ static int cmd_migrate(int argc, char **argv)
     }
     if (argc - optind < 2)
         return usage_error("missing OLD and NEW: the stores to migrate from and to");
-    if (argc - optind < 3)
-        return usage_error("missing lock NAME: give every name to migrate");
     old_uri = argv[optind];
     new_uri = argv[optind + 1];
     if (old_uri[strcspn(old_uri, uri_spaces)])
@@ -1297,11 +1370,19 @@ static int cmd_migrate(int argc, char **argv)
                                DLOCK_NAME_MAX);
         }
     }
-    status = check_store(old_uri, "OLD");
+    status = open_store(old_uri, "OLD", &old);
     if (status == PROCEED)
-        status = check_store(new_uri, "NEW");
+        status = open_store(new_uri, "NEW", &new);
+    if (status == PROCEED) {
+        failed = migrate_floor(old, new);
+        status = failed ? failed : PROCEED;
+    }
+    dlock_client_close(old);
+    dlock_client_close(new);
     if (status != PROCEED)
         return status;
+    if (optind + 2 == argc)
+        return finish_stdout();
     if (asprintf(&list, "%s %s", old_uri, new_uri) < 0) {
         say("out of memory");
         return EX_SOFTWARE;

@@ -7,7 +7,8 @@
  * options; client-side bounds (a listener that never answers, a network
  * that goes silent behind a proxy); the keeper renewing on the lock's own
  * session while the client waits for another lock, and a grant after a
- * wait longer than the TTL; raising a name's tokens (issue 11).
+ * wait longer than the TTL; raising a name's tokens, and the store-wide
+ * floor and top (issue 11).
  *
  * Environment (scripts/stores/start.sh prints it): DLOCK_MYSQL_URI. A
  * missing variable fails the run: these cases never skip silently.
@@ -1338,6 +1339,116 @@ static void test_raise(void)
         dlock_release(l);
     dlock_client_close(c);
     dlock_client_close(other);
+    /* A token of 2^63 left in the shared table would be the store's top,
+     * which no floor can exceed (the conformance suite's store floor). */
+    key_sql(name, key);
+    snprintf(sql, sizeof sql, "DELETE FROM dlock_locks_grants WHERE k = %s", key);
+    ok(mysql_query(raw, sql) == 0, "raise: its token row deleted");
+}
+
+/* ---- the store-wide floor and top (issue 11) --------------------------- */
+
+static uint64_t grant_once(dlock_client *c, const char *name)
+{
+    dlock_lock *l = NULL;
+    uint64_t t = 0;
+    if (try_lock(c, name, &l) == 0) {
+        t = dlock_lock_token(l);
+        dlock_release(l);
+    } else {
+        diag("acquire %s: %s", name, dlock_errmsg(c));
+    }
+    return t;
+}
+
+#define FLOOR_ROW "X'0000000000000000000000000000000000000000000000000000000000000000'"
+
+/*
+ * dlock_client_raise_floor / dlock_client_token_top, on a private table
+ * (table=tm_fl<pid>, dropped at the end): a new store starts at 1 (no
+ * floor row: floor 0); the floor is the row of <table>_grants with the
+ * all-zero key (owner 'floor'), committed at once; it never goes down; it
+ * stays for clients opened later, for names used before and never used; a
+ * name's own raise_token still counts; the top is MAX(token), the floor
+ * included. The floor row locked by another transaction: grants and raises
+ * give up after 1 s (ESTORE), as for a name's token row. The
+ * limits: 2^63 - 1 works (the next token 2^63 fits), 2^64 - 1 is refused.
+ */
+static void test_store_floor(void)
+{
+    char u[512], tbl[32], a[128], b[128], n3[128], sql[256];
+    uint64_t top = 0;
+    double el;
+    snprintf(tbl, sizeof tbl, "tm_fl%d", (int)getpid());
+    snprintf(u, sizeof u, "%s%stable=%s", uri, strchr(uri, '?') ? "&" : "?", tbl);
+    name_of(a, sizeof a, "floor-a");
+    name_of(b, sizeof b, "floor-b");
+    name_of(n3, sizeof n3, "floor-c");
+    dlock_client *c = open_ok(u);
+    is_int(dlock_client_token_top(c, &top), 0, "floor: top of a new store (%s)", dlock_errmsg(c));
+    is_int((long long)top, 0, "floor: is 0");
+    uint64_t t1 = grant_once(c, a);
+    is_int((long long)t1, 1, "floor: a new store starts at 1 (no floor row: floor 0)");
+    is_int(dlock_client_raise_floor(c, 1000), 0, "floor: raise to 1000 (%s)", dlock_errmsg(c));
+    snprintf(sql, sizeof sql, "SELECT token FROM %s_grants WHERE k = " FLOOR_ROW
+             " AND owner = 'floor' AND session_id = 0", tbl);
+    is_int(raw_int(sql), 1000, "floor: the all-zero row of %s_grants holds it, committed", tbl);
+    is_int(dlock_client_token_top(c, &top), 0, "floor: top");
+    is_int((long long)top, 1000, "floor: the top is the floor");
+    is_int(dlock_client_raise_floor(c, 500), 0, "floor: a lower floor → 0");
+    is_int(dlock_client_raise_floor(c, 1000), 0, "floor: the same again → 0");
+    is_int(raw_int(sql), 1000, "floor: still 1000");
+    dlock_client_close(c);
+
+    c = open_ok(u);
+    uint64_t tb = grant_once(c, b), ta = grant_once(c, a);
+    ok(tb > 1000, "floor: a name never used, from a new client, is above it (%llu)",
+       (unsigned long long)tb);
+    ok(ta > 1000, "floor: a name used before too (%llu)", (unsigned long long)ta);
+    dlock_lock *l = NULL;
+    is_int(try_lock(c, n3, &l), 0, "floor: acquire a third name");
+    is_int(l ? dlock_lock_raise_token(l, 5000) : -1, 0, "floor: raise its token to 5000");
+    dlock_release(l);
+    uint64_t tc = grant_once(c, n3);
+    is_int((long long)tc, 5001, "floor: its next grant is above its own raise");
+    is_int(dlock_client_token_top(c, &top), 0, "floor: top");
+    is_int((long long)top, 5001, "floor: the top is the highest grant");
+
+    /* The floor row locked by hand. */
+    mysql_query(raw, "START TRANSACTION");
+    snprintf(sql, sizeof sql, "SELECT token FROM %s_grants WHERE k = " FLOOR_ROW " FOR UPDATE",
+             tbl);
+    is_int(raw_int(sql), 1000, "floor: another transaction locks the floor row");
+    /* A grant's INSERT reads the floor row with a shared lock (InnoDB does
+     * for a subquery of an INSERT): like its own token row held by hand. */
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(try_lock(c, b, &l), DLOCK_ESTORE, "floor: a grant behind it → ESTORE");
+    el = ms_since(t0);
+    ok(el < 2500 && strstr(dlock_errmsg(c), "floor row") != NULL,
+       "floor: after about 1 s (%.0f ms), naming the row: %s", el, dlock_errmsg(c));
+    t0 = dlock_monotonic_ns();
+    is_int(dlock_client_raise_floor(c, 2000), DLOCK_ESTORE, "floor: a raise behind it → ESTORE");
+    el = ms_since(t0);
+    ok(el < 2500 && strstr(dlock_errmsg(c), "floor row") != NULL,
+       "floor: after about 1 s (%.0f ms), naming the row: %s", el, dlock_errmsg(c));
+    mysql_query(raw, "ROLLBACK");
+    snprintf(sql, sizeof sql, "SELECT token FROM %s_grants WHERE k = " FLOOR_ROW, tbl);
+    is_int(raw_int(sql), 1000, "floor: nothing was raised");
+    is_int(dlock_client_raise_floor(c, 2000), 0, "floor: free again: raise → 0");
+    ok(grant_once(c, a) > 2000, "floor: and grants are above it");
+
+    /* The limits. */
+    is_int(c->backend->raise_floor(c->conn, UINT64_MAX), DLOCK_EINVAL,
+           "floor: the backend refuses 2^64 - 1");
+    ok(strstr(dlock_errmsg(c), "BIGINT UNSIGNED") != NULL, "floor: naming the limit: %s",
+       dlock_errmsg(c));
+    is_int(dlock_client_raise_floor(c, (1ull << 63) - 1), 0, "floor: 2^63 - 1 → 0");
+    ok(grant_once(c, b) == 1ull << 63, "floor: the next token is 2^63");
+    is_int(dlock_client_token_top(c, &top), 0, "floor: top");
+    ok(top == 1ull << 63, "floor: the top is 2^63 (%llu)", (unsigned long long)top);
+    dlock_client_close(c);
+    snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS %s, %s_grants", tbl, tbl);
+    ok(mysql_query(raw, sql) == 0, "floor: tables dropped");
 }
 
 int main(void)
@@ -1372,6 +1483,7 @@ int main(void)
         {"kill_sessions", test_kill_sessions},
         {"server_restart", test_server_restart},
         {"raise", test_raise},
+        {"store_floor", test_store_floor},
     };
     /* DLOCK_TEST_ONLY=case,case runs only those (for working on one). */
     const char *only = getenv("DLOCK_TEST_ONLY");

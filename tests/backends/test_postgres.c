@@ -18,7 +18,9 @@
  * Issue 11: raise_token in both token modes (above and below the counter,
  * a lost lock, the bigint limit), a raise blocked behind another
  * transaction's row or sequence lock (bounded by `timeout`), and raises of
- * the shared sequence while other clients take tokens from it.
+ * the shared sequence while other clients take tokens from it. The
+ * store-wide floor and top in both modes (where the floor lives, a floor
+ * that stays for later clients, a floor row locked by hand).
  *
  * Environment: DLOCK_POSTGRES_URI (scripts/stores/start.sh prints it); a
  * missing variable fails the run. The crash case also needs
@@ -1803,6 +1805,141 @@ static void test_raise_sequence_concurrent(void)
     raise_env_done(&e);
 }
 
+/*
+ * Issue 11: the store-wide floor (raise_floor) and top (token_top), in both
+ * token modes, on a private table or sequence (table=dlock_fl<pid>, dropped
+ * at the end) so that other runs' grants do not move them. token=table
+ * keeps the floor in the row with key -2^63; token=sequence raises the
+ * sequence itself.
+ */
+static uint64_t grant_once(dlock_client *c, const char *name)
+{
+    dlock_lock *l = NULL;
+    uint64_t t = 0;
+    if (dlock_acquire(c, name, NULL, &l) == 0) {
+        t = dlock_lock_token(l);
+        dlock_release(l);
+    } else {
+        diag("acquire %s: %s", name, dlock_errmsg(c));
+    }
+    return t;
+}
+
+static void store_floor_mode(int seq)
+{
+    char u[512], tbl[64], a[128], b[128], c2[128], sql[256];
+    const char *m = seq ? "sequence" : "table";
+    uint64_t top = 0;
+    snprintf(tbl, sizeof tbl, "dlock_fl%d", (int)getpid());
+    snprintf(u, sizeof u, "%s%stoken=%s&table=%s", uri, strchr(uri, '?') ? "&" : "?", m, tbl);
+    snprintf(a, sizeof a, "%sfloor-a-%s", prefix, m);
+    snprintf(b, sizeof b, "%sfloor-b-%s", prefix, m);
+    snprintf(c2, sizeof c2, "%sfloor-c-%s", prefix, m);
+    dlock_client *c = open_ok(u);
+    is_int(dlock_client_token_top(c, &top), 0, "%s: top of a new store: %s", m, dlock_errmsg(c));
+    ok(top <= 1, "%s: a new store's top is 0 (or 1, an unused sequence) (%llu)", m,
+       (unsigned long long)top);
+    uint64_t t1 = grant_once(c, a);
+    is_int((long long)t1, 1, "%s: a new store starts at 1 (no floor row: floor 0)", m);
+    is_int(dlock_client_token_top(c, &top), 0, "%s: top", m);
+    is_int((long long)top, 1, "%s: the top is the last grant", m);
+    is_int(dlock_client_raise_floor(c, 1000), 0, "%s: raise the floor to 1000: %s", m,
+           dlock_errmsg(c));
+    if (seq)
+        snprintf(sql, sizeof sql, "SELECT last_value FROM %s_seq", tbl);
+    else
+        snprintf(sql, sizeof sql, "SELECT token FROM %s WHERE key = -9223372036854775808", tbl);
+    char *v = q1(raw, sql);
+    ok(strcmp(v, "1000") == 0, "%s: the floor is in the store (%s): %s", m,
+       seq ? "the sequence's last_value" : "the row with key -2^63", v);
+    free(v);
+    is_int(dlock_client_token_top(c, &top), 0, "%s: top after the raise", m);
+    is_int((long long)top, 1000, "%s: the top is the floor", m);
+    is_int(dlock_client_raise_floor(c, 500), 0, "%s: a lower floor → 0", m);
+    is_int(dlock_client_raise_floor(c, 1000), 0, "%s: the same floor again → 0", m);
+    v = q1(raw, sql);
+    ok(strcmp(v, "1000") == 0, "%s: and the floor stays 1000 (%s)", m, v);
+    free(v);
+    dlock_client_close(c);
+    /* Another client, opened after the raise: new and used names. */
+    c = open_ok(u);
+    uint64_t tb = grant_once(c, b), ta = grant_once(c, a);
+    ok(tb > 1000, "%s: a name never used, from a new client, is above the floor (%llu)", m,
+       (unsigned long long)tb);
+    ok(ta > 1000 && ta > t1, "%s: a name used before too (%llu)", m, (unsigned long long)ta);
+    /* raise_token of one name stays consistent with the floor. */
+    dlock_lock *l = NULL;
+    is_int(dlock_acquire(c, c2, NULL, &l), 0, "%s: acquire a third name", m);
+    is_int(dlock_lock_raise_token(l, 5000), 0, "%s: raise its token to 5000", m);
+    dlock_release(l);
+    uint64_t tc = grant_once(c, c2);
+    ok(tc > 5000, "%s: its next grant is above its own raise (%llu)", m, (unsigned long long)tc);
+    is_int(dlock_client_token_top(c, &top), 0, "%s: top", m);
+    ok(top >= tc && top >= ta && top >= tb, "%s: the top bounds every grant (%llu)", m,
+       (unsigned long long)top);
+    is_int(dlock_client_raise_floor(c, 9223372036854775807ull), DLOCK_EINVAL,
+           "%s: a floor of 2^63 - 1 → EINVAL", m);
+    ok(strstr(dlock_errmsg(c), "2^63 - 2") != NULL, "%s: naming the limit: %s", m,
+       dlock_errmsg(c));
+    dlock_client_close(c);
+    if (seq)
+        snprintf(sql, sizeof sql, "DROP SEQUENCE IF EXISTS %s_seq", tbl);
+    else
+        snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS %s", tbl);
+    free(q1(raw, sql));
+}
+
+/* token=table: a transaction holding the floor row (by hand) does not hold
+ * up grants (they read it without a lock), and a raise_floor behind it
+ * waits at most `timeout`: ETIMEDOUT, nothing changed. */
+static void test_store_floor_blocked(void)
+{
+    char u[512], tbl[64], a[128], sql[256];
+    snprintf(tbl, sizeof tbl, "dlock_fb%d", (int)getpid());
+    snprintf(u, sizeof u, "%s%stable=%s&timeout=300", uri, strchr(uri, '?') ? "&" : "?", tbl);
+    snprintf(a, sizeof a, "%sfloor-blocked", prefix);
+    dlock_client *c = open_ok(u);
+    is_int(dlock_client_raise_floor(c, 100), 0, "table: raise the floor to 100");
+    PGconn *blocker = raw_connect();
+    free(q1(blocker, "BEGIN"));
+    snprintf(sql, sizeof sql, "SELECT token FROM %s WHERE key = -9223372036854775808 FOR UPDATE",
+             tbl);
+    free(q1(blocker, sql));
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
+    uint64_t t = dlock_monotonic_ns();
+    is_int(dlock_acquire(c, a, &o, &l), 0, "table: a try while the floor row is locked: %s",
+           dlock_errmsg(c));
+    ok(ms_since(t) < 200 && dlock_lock_token(l) > 100,
+       "table: without waiting (%.0f ms), above the floor (%llu)", ms_since(t),
+       (unsigned long long)dlock_lock_token(l));
+    if (l)
+        dlock_release(l);
+    t = dlock_monotonic_ns();
+    int rc = dlock_client_raise_floor(c, 200);
+    double el = ms_since(t);
+    is_int(rc, DLOCK_ETIMEDOUT, "table: a raise behind the row's lock → ETIMEDOUT");
+    ok(el >= 250 && el < 700, "table: after the timeout (%.0f ms): %s", el, dlock_errmsg(c));
+    uint64_t top = 0;
+    is_int(dlock_client_token_top(c, &top), 0, "table: top while the row is locked: %s",
+           dlock_errmsg(c));
+    ok(top >= 100 && top < 200, "table: the floor was not raised (top %llu)",
+       (unsigned long long)top);
+    free(q1(blocker, "ROLLBACK"));
+    PQfinish(blocker);
+    is_int(dlock_client_raise_floor(c, 200), 0, "table: row free again: raise → 0");
+    ok(grant_once(c, a) > 200, "table: and grants are above it");
+    dlock_client_close(c);
+    snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS %s", tbl);
+    free(q1(raw, sql));
+}
+
+static void test_store_floor(void)
+{
+    store_floor_mode(0);
+    store_floor_mode(1);
+}
+
 static const struct {
     const char *name;
     void (*run)(void);
@@ -1834,6 +1971,8 @@ static const struct {
     {"raise_token", test_raise_token},
     {"raise_blocked", test_raise_blocked},
     {"raise_sequence_concurrent", test_raise_sequence_concurrent},
+    {"store_floor", test_store_floor},
+    {"store_floor_blocked", test_store_floor_blocked},
 };
 
 /* Arguments: names of cases to run (without "test_"); none: all. */

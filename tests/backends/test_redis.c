@@ -895,6 +895,134 @@ struct waiter_report {
     char msg[200];
 };
 
+/* ---- store-wide floor and top (issue 11) ----------------------------------- */
+
+static uint64_t raw_u64(redisContext *ctx, const char *key)
+{
+    redisReply *r = redisCommand(ctx, "GET %s", key);
+    uint64_t v = r && r->type == REDIS_REPLY_STRING ? strtoull(r->str, NULL, 10) : 0;
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
+/* Deletes every key matching pattern (SCAN and DEL). */
+static void del_matching(redisContext *ctx, const char *pattern)
+{
+    char cursor[32] = "0";
+    do {
+        redisReply *r = redisCommand(ctx, "SCAN %s MATCH %s COUNT 1000", cursor, pattern);
+        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+            if (r)
+                freeReplyObject(r);
+            return;
+        }
+        snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
+        for (size_t i = 0; i < r->element[1]->elements; i++)
+            freeReplyObject(redisCommand(ctx, "DEL %s", r->element[1]->element[i]->str));
+        freeReplyObject(r);
+    } while (strcmp(cursor, "0") != 0);
+}
+
+static uint64_t grant_of(dlock_client *c, const char *name)
+{
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 10000);
+    if (dlock_acquire(c, name, &o, &l) != 0)
+        return 0;
+    uint64_t t = dlock_lock_token(l);
+    dlock_release(l);
+    return t;
+}
+
+/*
+ * token_top and raise_floor on one Redis, under a prefix of their own with
+ * a glob character in it ("...fl*"): the floor lives in "<prefix>floor"
+ * (missing: 0), later grants of new and old names go above it, also after
+ * a reconnect and a script reload; the top covers counters across many
+ * SCAN pages and the floor, and no key outside the prefix; the limit.
+ */
+static void test_store_floor(const char *uri)
+{
+    char pfx[128], u[384], key[256], floorkey[160], pat[160];
+    const uint64_t big = 5000000000000000ull, F = 7000000000000000ull;
+    uint64_t top = 0;
+    snprintf(pfx, sizeof pfx, "%sfl*", prefix);
+    snprintf(u, sizeof u, "%s?prefix=%sfl%%2A", uri, prefix);
+    snprintf(floorkey, sizeof floorkey, "%sfloor", pfx);
+    snprintf(pat, sizeof pat, "%sfl\\**", prefix);
+    redisContext *ctx = raw(uri, 0);
+    dlock_client *c = open_ok(u);
+
+    is_int(dlock_client_token_top(c, &top), 0, "floor: top of an empty prefix: %s",
+           dlock_errmsg(c));
+    ok(top > 1000000000000000ull && top < big, "floor: it is the server's clock in µs (%llu)",
+       (unsigned long long)top);
+    is_int(raw_int(ctx, "EXISTS %s", floorkey), 0, "floor: no floor key yet (floor 0)");
+
+    /* Counters of an older version, on many SCAN pages; one key outside
+     * the prefix that an unescaped pattern would match. */
+    snprintf(key, sizeof key, "%sold:fence", pfx);
+    freeReplyObject(redisCommand(ctx, "SET %s %llu", key, (unsigned long long)big));
+    is_int(dlock_client_token_top(c, &top), 0, "floor: top with an old counter");
+    is_int((long long)top, (long long)big, "floor: top is that counter");
+    for (int i = 0; i < 2500; i++) {
+        snprintf(key, sizeof key, "%smany-%d:fence", pfx, i);
+        redisAppendCommand(ctx, "SET %s %llu", key,
+                           (unsigned long long)(i == 1777 ? big + 7 : (uint64_t)i));
+    }
+    for (int i = 0; i < 2500; i++) {
+        void *r = NULL;
+        if (redisGetReply(ctx, &r) == REDIS_OK)
+            freeReplyObject(r);
+    }
+    snprintf(key, sizeof key, "%sflX:fence", prefix);
+    freeReplyObject(redisCommand(ctx, "SET %s %llu", key, (unsigned long long)(F + 99)));
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_client_token_top(c, &top), 0, "floor: top over 2500 counters: %s",
+           dlock_errmsg(c));
+    is_int((long long)top, (long long)(big + 7),
+           "floor: the largest counter, across SCAN pages, none outside the prefix");
+    diag("floor: top over 2500 counters took %.1f ms", since_ms(t0));
+    freeReplyObject(redisCommand(ctx, "DEL %s", key));
+
+    /* Raised: stored in <prefix>floor, read by every grant. */
+    is_int(dlock_client_raise_floor(c, F), 0, "floor: raise to 7e15: %s", dlock_errmsg(c));
+    is_int((long long)raw_u64(ctx, floorkey), (long long)F, "floor: stored in %s", floorkey);
+    is_int(dlock_client_token_top(c, &top), 0, "floor: top after the raise");
+    is_int((long long)top, (long long)F, "floor: top is the floor");
+    is_int((long long)grant_of(c, "fresh"), (long long)(F + 1),
+           "floor: a new name's first token is floor + 1");
+    is_int((long long)grant_of(c, "old"), (long long)(F + 1),
+           "floor: an old name's (counter 5e15) too");
+    is_int((long long)grant_of(c, "old"), (long long)(F + 2), "floor: and then its counter + 1");
+    is_int(dlock_client_raise_floor(c, 1), 0, "floor: a floor of 1 → 0");
+    is_int((long long)raw_u64(ctx, floorkey), (long long)F, "floor: the key is not lowered");
+
+    /* Another client, after the server lost its scripts. */
+    dlock_client_close(c);
+    freeReplyObject(redisCommand(ctx, "SCRIPT FLUSH"));
+    c = open_ok(u);
+    freeReplyObject(redisCommand(ctx, "SCRIPT FLUSH")); /* and again: NOSCRIPT, EVAL */
+    is_int((long long)grant_of(c, "fresh2"), (long long)(F + 1),
+           "floor: after a reconnect and a script reload, still above the floor");
+
+    /* The limit. */
+    is_int(dlock_client_raise_floor(c, (1ull << 53) - 1), DLOCK_EINVAL,
+           "floor: 2^53 - 1 → DLOCK_EINVAL");
+    ok(strstr(dlock_errmsg(c), "2^53") != NULL, "floor: naming the limit: %s", dlock_errmsg(c));
+    is_int((long long)raw_u64(ctx, floorkey), (long long)F, "floor: the key unchanged");
+    is_int(dlock_client_raise_floor(c, (1ull << 53) - 2), 0, "floor: 2^53 - 2 → 0");
+    is_int((long long)grant_of(c, "fresh3"), (long long)((1ull << 53) - 1),
+           "floor: the next token is 2^53 - 1, exact");
+    is_int(dlock_client_token_top(c, &top), 0, "floor: top at the limit");
+    is_int((long long)top, (long long)((1ull << 53) - 1), "floor: top is 2^53 - 1");
+    dlock_client_close(c);
+    del_matching(ctx, pat);
+    is_int(raw_int(ctx, "EXISTS %s", floorkey), 0, "floor: cleaned up");
+    redisFree(ctx);
+}
+
 /* A child that waits up to wait_ms for name on uri, reports on fd, holds
  * hold_ms and releases. */
 static pid_t spawn_waiter(const char *uri, const char *name, unsigned wait_ms, unsigned hold_ms,
@@ -1274,6 +1402,7 @@ int main(void)
 
     test_tokens_counter_lost(single);
     test_raise(single);
+    test_store_floor(single);
     test_restart();
     test_client_kill();
     test_stale_entry(single);

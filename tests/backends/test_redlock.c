@@ -409,6 +409,105 @@ static void test_raise_nodes_down(void)
         srv_kill(&s[i]);
 }
 
+/* ---- store-wide floor and top (issue 11) ----------------------------------- */
+
+static uint64_t grant_of(dlock_client *c, const char *name)
+{
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 10000);
+    if (dlock_acquire(c, name, &o, &l) != 0)
+        return 0;
+    uint64_t t = dlock_lock_token(l);
+    dlock_release(l);
+    return t;
+}
+
+/*
+ * raise_floor over five nodes, under a prefix of their own: the floor key
+ * on every node; a later grant whose quorum has only one node with the
+ * floor (2 nodes lost it, 2 others held elsewhere) still goes above it,
+ * since its token is the largest of its quorum's; the top is the largest
+ * over the nodes. Nodes down (servers of our own): 2 of 5 still answer a
+ * quorum, 3 of 5 is DLOCK_ECONNECT, within the bound.
+ */
+static void test_store_floor(const char *uri)
+{
+    const uint64_t F = 7000000000000000ull, Z = 8000000000000000ull;
+    char u[512], pfx[128], floorkey[192], key[256], lockkey[256];
+    redisContext *node[N];
+    uint64_t top = 0;
+    snprintf(pfx, sizeof pfx, "%sfloor/", prefix);
+    snprintf(u, sizeof u, "%s?prefix=%s", uri, pfx);
+    snprintf(floorkey, sizeof floorkey, "%sfloor", pfx);
+    for (int i = 0; i < N; i++)
+        node[i] = raw(uri, (size_t)i);
+    dlock_client *c = open_ok(u);
+
+    is_int(dlock_client_raise_floor(c, F), 0, "floor: raise to 7e15: %s", dlock_errmsg(c));
+    int all = 1;
+    for (int i = 0; i < N; i++)
+        all &= raw_counter(node[i], floorkey) == F;
+    ok(all, "floor: %s is 7e15 on every node", floorkey);
+    is_int((long long)grant_of(c, "a"), (long long)(F + 1), "floor: a new name gets floor + 1");
+
+    /* Nodes 0-1 lost the floor, 3-4 are held elsewhere: the quorum is
+     * 0, 1, 2, and node 2 still has it. */
+    snprintf(lockkey, sizeof lockkey, "%sb:lock", pfx);
+    for (int i = 0; i < N; i++)
+        freeReplyObject(i < 2 ? redisCommand(node[i], "DEL %s", floorkey)
+                              : i >= 3 ? redisCommand(node[i], "SET %s %s PX 20000", lockkey,
+                                                      FOREIGN)
+                                       : redisCommand(node[i], "PING"));
+    uint64_t t = grant_of(c, "b");
+    ok(t > F, "floor: a quorum with one node that has the floor grants above it (%llu)",
+       (unsigned long long)t);
+    for (int i = 3; i < N; i++)
+        freeReplyObject(redisCommand(node[i], "DEL %s", lockkey));
+
+    is_int(dlock_client_token_top(c, &top), 0, "floor: top: %s", dlock_errmsg(c));
+    ok(top >= t && top >= F, "floor: top bounds the grants and the floor (%llu)",
+       (unsigned long long)top);
+    snprintf(key, sizeof key, "%sz:fence", pfx);
+    freeReplyObject(redisCommand(node[4], "SET %s %llu", key, (unsigned long long)Z));
+    is_int(dlock_client_token_top(c, &top), 0, "floor: top with a high counter on node 4");
+    is_int((long long)top, (long long)Z, "floor: top is the largest over the nodes");
+    is_int(dlock_client_raise_floor(c, (1ull << 53) - 1), DLOCK_EINVAL,
+           "floor: 2^53 - 1 → DLOCK_EINVAL");
+    ok(strstr(dlock_errmsg(c), "2^53") != NULL, "floor: naming the limit: %s", dlock_errmsg(c));
+    dlock_client_close(c);
+    for (int i = 0; i < N; i++) {
+        freeReplyObject(redisCommand(node[i], "DEL %s %s %sa:fence %sb:fence", floorkey, key,
+                                     pfx, pfx));
+        redisFree(node[i]);
+    }
+
+    /* Nodes down. */
+    struct srv s[N];
+    char su[256];
+    for (int i = 0; i < N; i++)
+        srv_start(&s[i], 0, NULL);
+    srv_uri(s, su, sizeof su, NULL);
+    c = open_ok(su);
+    srv_kill(&s[3]);
+    srv_kill(&s[4]);
+    is_int(dlock_client_raise_floor(c, F), 0, "floor-down: 2 of 5 down, raised: %s",
+           dlock_errmsg(c));
+    is_int(dlock_client_token_top(c, &top), 0, "floor-down: 2 of 5 down, top: %s", dlock_errmsg(c));
+    ok(top >= F, "floor-down: top bounds the floor (%llu)", (unsigned long long)top);
+    srv_kill(&s[2]);
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_client_raise_floor(c, F + 1), DLOCK_ECONNECT,
+           "floor-down: 3 of 5 down → DLOCK_ECONNECT");
+    ok(strstr(dlock_errmsg(c), "2 of 5") != NULL, "floor-down: detail: %s", dlock_errmsg(c));
+    is_int(dlock_client_token_top(c, &top), DLOCK_ECONNECT,
+           "floor-down: top with 3 of 5 down → DLOCK_ECONNECT");
+    ok(strstr(dlock_errmsg(c), "2 of 5") != NULL, "floor-down: detail: %s", dlock_errmsg(c));
+    ok(since_ms(t0) < 2000, "floor-down: both within the bound: %.0f ms", since_ms(t0));
+    dlock_client_close(c);
+    for (int i = 0; i < 2; i++)
+        srv_kill(&s[i]);
+}
+
 /* ---- deadlines are deadlines (item 5) ------------------------------------- */
 
 struct bg {
@@ -475,5 +574,6 @@ int main(void)
     test_silent_nodes(uri);
     test_raise(uri);
     test_raise_nodes_down();
+    test_store_floor(uri);
     return done_testing();
 }

@@ -7,8 +7,10 @@
  * returns (its node found by owner id and deleted); every call bounded in a
  * silent network; what a holder sees while its connection is suspended and
  * after its session expired; the single server killed and started again;
- * digest authentication; and the ensemble's leader killed while a lock is
- * held and waited on.
+ * digest authentication; the ensemble's leader killed while a lock is
+ * held and waited on; and store-wide tokens (token_top is the current zxid
+ * and leaves no probe node; raise_floor and raise_token accept any floor at
+ * or below a committed zxid and refuse a higher one).
  *
  * Faults on the single node go through a small TCP proxy (tests/proxy.h: cut
  * a connection after a request, refuse every connection, or go silent); the
@@ -27,6 +29,7 @@
 #include <zookeeper/zookeeper.h>
 
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -1070,6 +1073,95 @@ static void test_leader_killed(const char *uri)
     munmap(s, sizeof *s);
 }
 
+/* A fresh node's czxid under root, made by the raw client: a zxid
+ * committed now. */
+static uint64_t raw_zxid(zhandle_t *zh, const char *leaf)
+{
+    char path[256];
+    struct Stat st;
+    snprintf(path, sizeof path, "/dlock/%s%s", prefix, leaf);
+    if (zoo_create2(zh, path, NULL, -1, &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL, NULL, 0, &st) != ZOK)
+        return 0;
+    zoo_delete(zh, path, -1);
+    return (uint64_t)st.czxid;
+}
+
+/* Children of the root named like token_top's probe. */
+static int probe_nodes(zhandle_t *zh)
+{
+    struct String_vector sv = {0, NULL};
+    int n = 0;
+    if (zoo_get_children(zh, "/dlock", 0, &sv) != ZOK)
+        return -1;
+    for (int i = 0; i < sv.count; i++)
+        n += strncmp(sv.data[i], "!top-", 5) == 0;
+    deallocate_String_vector(&sv);
+    return n;
+}
+
+static void test_store_tokens(const char *uri)
+{
+    dlock_client *c = open_ok(uri), *d = open_ok(uri);
+    zhandle_t *zh = raw_open(uri);
+    dlock_lock *la = NULL, *lb = NULL;
+    char a[128], b[128], num[32];
+    uint64_t top = 0, top2 = 0;
+
+    uint64_t z1 = raw_zxid(zh, "tok1");
+    is_int(dlock_client_token_top(c, &top), 0, "token top (%s)", dlock_errmsg(c));
+    ok(z1 && top > z1, "the top is above a zxid committed before (%" PRIu64 " > %" PRIu64 ")",
+       top, z1);
+    uint64_t z2 = raw_zxid(zh, "tok2");
+    ok(z2 > top, "and below the next write's (%" PRIu64 " > %" PRIu64 ")", z2, top);
+    is_int(probe_nodes(zh), 0, "the probe leaves no node under the root");
+    is_int(dlock_client_token_top(c, &top2), 0, "token top again");
+    ok(top2 > z2, "it moves with the ensemble's writes (%" PRIu64 ")", top2);
+
+    /* raise_floor checks: d has seen nothing as recent as z2, so it asks. */
+    is_int(dlock_client_raise_floor(d, z2), 0, "a floor at a committed zxid → 0 (%s)",
+           dlock_errmsg(d));
+    is_int(dlock_client_raise_floor(c, top2), 0, "a floor at the top → 0");
+    uint64_t high = top2 + 1000000000ull;
+    is_int(dlock_client_raise_floor(c, high), DLOCK_ENOTSUP, "a floor far above → DLOCK_ENOTSUP");
+    snprintf(num, sizeof num, "%" PRIu64, high);
+    ok(strstr(dlock_errmsg(c), "tokens") && strstr(dlock_errmsg(c), num),
+       "the detail says why, with the floor: %s", dlock_errmsg(c));
+    is_int(probe_nodes(zh), 0, "still no probe node left");
+
+    /* raise_token: a part of a multi-name lock accepts a sibling's czxid. */
+    snprintf(a, sizeof a, "%sraise-a", prefix);
+    snprintf(b, sizeof b, "%sraise-b", prefix);
+    is_int(dlock_acquire(c, a, NULL, &la), 0, "acquire a");
+    is_int(dlock_acquire(c, b, NULL, &lb), 0, "acquire b on the same client");
+    uint64_t ta = la ? dlock_lock_token(la) : 0, tb = lb ? dlock_lock_token(lb) : 0;
+    ok(tb > ta, "b's czxid is above a's");
+    is_int(la ? dlock_lock_raise_token(la, tb) : -1, 0,
+           "a raises to b's token: a zxid this client has seen (%s)", dlock_errmsg(c));
+    dlock_release(lb);
+    lb = NULL;
+    is_int(dlock_acquire(d, b, NULL, &lb), 0, "b again, on another client");
+    uint64_t tb2 = lb ? dlock_lock_token(lb) : 0;
+    is_int(la ? dlock_lock_raise_token(la, tb2) : -1, 0,
+           "a raises to a czxid it has not seen: the current zxid is above (%s)",
+           dlock_errmsg(c));
+    int rc = la ? dlock_lock_raise_token(la, tb2 + 1000000000ull) : -1;
+    ok(rc == DLOCK_ENOTSUP && strstr(dlock_errmsg(c), "tokens"),
+       "a floor above the current zxid is refused: %s", dlock_errmsg(c));
+    dlock_release(lb);
+    dlock_release(la);
+
+    /* A multi-name lock: the parts' tokens are global, nothing is refused. */
+    const char *names[] = {a, b};
+    dlock_lock *lab = NULL;
+    is_int(dlock_acquire_names(d, names, 2, NULL, &lab), 0, "acquire {a, b} (%s)",
+           dlock_errmsg(d));
+    ok(lab && dlock_lock_token(lab) > tb2, "its token is above b's last");
+    dlock_release(lab);
+    zookeeper_close(zh);
+    dlock_client_close(c);
+    dlock_client_close(d);
+}
+
 static const char *only; /* argv[1]: run the cases whose name contains it */
 
 static int want(const char *name)
@@ -1112,6 +1204,10 @@ int main(int argc, char **argv)
         test_timed_out_waiter(single_uri);
     if (want("test_timed_out_waiter"))
         test_timed_out_waiter(ensemble_uri);
+    if (want("test_store_tokens"))
+        test_store_tokens(single_uri);
+    if (want("test_store_tokens"))
+        test_store_tokens(ensemble_uri);
     if (want("test_protected_create"))
         test_protected_create(single_uri, &p);
     if (want("test_suspended"))

@@ -116,8 +116,8 @@ dl run -- true
 check $? "missing NAME: exit 64"
 
 dl run a b c -- true
-[ $rc -eq 64 ] && one_line
-check $? "three positional arguments: exit 64"
+[ $rc -eq 64 ] && one_line && [[ $err == *URI* ]]
+check $? "several arguments: the first is the URI ('a' is none): exit 64"
 
 for w in abc 1x nan inf -1 ''; do
     dl run -w "$w" "$uri" name -- true
@@ -207,6 +207,29 @@ check $? "DLOCK_TOKEN is a decimal number ($first)"
 dl run "$uri" 'tok name' -- sh -c 'printf "%s" "$DLOCK_TOKEN"'
 [[ $out =~ ^[0-9]+$ ]] && [[ $first =~ ^[0-9]+$ ]] && [ "$out" -gt "$first" ]
 check $? "DLOCK_TOKEN strictly increases across runs ($first then $out)"
+
+# --- several names ---------------------------------------------------------------
+dl run "$uri" 'n b' 'n a' -- sh -c 'printf "%s|%s" "$DLOCK_TOKEN" "$DLOCK_NAME"'
+[ $rc -eq 0 ] && [ "${out#*|}" = $'n a\nn b' ]
+check $? "URI NAME NAME: DLOCK_NAME lists the names in byte order, one per line"
+m="$dir/names-held"
+"$DLOCK" run "$uri" 'n b' -- sh -c "$(hold_until "$m")" </dev/null &
+bg_pids+=($!)
+wait_for "$m.ready"
+dl run -n "$uri" 'n a' 'n b' -- true
+[ $rc -eq 75 ] && one_line && [[ $err == *"'n a', 'n b'"* ]]
+check $? "-n with one of the names held elsewhere: exit 75 naming the lock"
+dl run -n "$uri" 'n a' -- true
+[ $rc -eq 0 ]
+check $? "the other name was not left held"
+touch "$m.go"
+wait "${bg_pids[-1]}"
+dl run "$uri" x x -- true
+[ $rc -eq 64 ] && one_line && [[ $err == *twice* ]]
+check $? "a name given twice: exit 64 saying so"
+dl run "$uri" x '' -- true
+[ $rc -eq 64 ] && one_line && [[ $err == *empty* ]]
+check $? "an empty name among several: exit 64"
 
 # --- mutual exclusion -----------------------------------------------------------
 log="$dir/serial.log"
@@ -430,9 +453,17 @@ check $? "'dlock migrate --help' prints usage, exit 0"
 dl migrate
 [ $rc -eq 64 ] && one_line && [[ $err == *"migrate --help"* ]]
 check $? "migrate without arguments: exit 64"
-dl migrate "$old" "$new"
-[ $rc -eq 64 ] && one_line && [[ $err == *NAME* ]]
-check $? "migrate without a NAME: exit 64"
+dl run "$old-floor" migfloor -- true
+dl run "$old-floor" migfloor -- sh -c 'printf "%s" "$DLOCK_TOKEN"'
+t_floor_old=$out
+dl migrate "$old-floor" "$new-floor"
+t_top=$(sed -n 's/^\* \([0-9]*\) ok$/\1/p' "$dir/out")
+[ $rc -eq 0 ] && [ -z "$err" ] && [ "$(wc -l <"$dir/out")" -eq 1 ] && [ -n "$t_top" ] &&
+    [ "$t_top" -ge "$t_floor_old" ]
+check $? "migrate without a NAME: '* TOP ok' (NEW's floor raised to OLD's top $t_top), exit 0"
+dl run "$new-floor" never-on-old -- sh -c 'printf "%s" "$DLOCK_TOKEN"'
+[ $rc -eq 0 ] && [ -n "$t_top" ] && [ "$out" -gt "$t_top" ]
+check $? "a name never taken on OLD gets a token from NEW above OLD's top ($out > $t_top)"
 dl migrate -w abc "$old" "$new" m
 [ $rc -eq 64 ] && one_line
 check $? "migrate -w abc: exit 64"
@@ -466,8 +497,8 @@ dl run "$old" mig1 -- sh -c 'printf "%s" "$DLOCK_TOKEN"'
 t_old=$out
 dl migrate "$old" "$new" mig1 'mig 2'
 t_mig=$(sed -n 's/^mig1 \([0-9]*\) ok$/\1/p' "$dir/out")
-[ $rc -eq 0 ] && [ -z "$err" ] && [ "$(wc -l <"$dir/out")" -eq 2 ] &&
-    grep -qE '^mig 2 [0-9]+ ok$' "$dir/out" && [ -n "$t_mig" ] && [ "$t_mig" -gt "$t_old" ]
+[ $rc -eq 0 ] && [ -z "$err" ] && [ "$(wc -l <"$dir/out")" -eq 3 ] &&
+    grep -qE '^\* [0-9]+ ok$' "$dir/out" && grep -qE '^mig 2 [0-9]+ ok$' "$dir/out" && [ -n "$t_mig" ] && [ "$t_mig" -gt "$t_old" ]
 check $? "migrate file -> file: 'NAME TOKEN ok' per name, exit 0 (token $t_mig > OLD's $t_old)"
 dl run "$new" mig1 -- sh -c 'printf "%s" "$DLOCK_TOKEN"'
 [ $rc -eq 0 ] && [ -n "$t_mig" ] && [ "$out" -gt "$t_mig" ]
@@ -497,7 +528,7 @@ check $? "nothing stays held in NEW after the busy name"
 migr=$!
 bg_pids+=("$migr")
 sleep 0.5
-kill -0 "$migr" 2>/dev/null && [ ! -s "$m.out" ]
+kill -0 "$migr" 2>/dev/null && ! grep -q mheld "$m.out"
 check $? "migrate waits its turn behind OLD's holder"
 touch "$m.go"
 wait "$holder"

@@ -382,6 +382,85 @@ static void test_raise_token(void)
     dlock_client_close(d);
 }
 
+static uint64_t grant_token(dlock_client *c, const char *name)
+{
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_for(5000);
+    uint64_t t = 0;
+    if (dlock_acquire(c, name, &o, &l) == 0) {
+        t = dlock_lock_token(l);
+        dlock_release(l);
+    } else {
+        diag("acquire %s: %s", name, dlock_errmsg(c));
+    }
+    return t;
+}
+
+/* Store-wide tokens (dlock migrate OLD NEW): the top bounds every grant so
+ * far; a raised floor is under every later grant, of a name used before
+ * and of one never used; a lower floor lowers nothing. A store that cannot
+ * set its tokens refuses a floor above its next ones and accepts a lower
+ * one. In a namespace of the test's own: other suites share the store, and
+ * a floor is seen by every name. */
+static void test_store_floor(void)
+{
+    char used[128], fresh[128];
+    static char own[8 * 2048];
+    dlock_client *c = NULL, *d = NULL;
+    /* One namespace per suite (a hash of its URI string): a list's floors
+     * must not meet a single store's, e.g. MySQL's raised above what the
+     * ZooKeeper it is listed with can reach. */
+    uint32_t h = 2166136261u;
+    for (const char *p = uri; *p; p++)
+        h = (h ^ (unsigned char)*p) * 16777619u;
+    char ns[32];
+    snprintf(ns, sizeof ns, "dlock_floor_%08x", (unsigned)h);
+    if (uri_namespace(uri, ns, own, sizeof own) != 0 ||
+        dlock_client_open(own, &c) != 0 || dlock_client_open(own, &d) != 0) {
+        ok(0, "open the store in a namespace of its own: %s", c ? dlock_errmsg(c) : own);
+        dlock_client_close(c);
+        dlock_client_close(d);
+        return;
+    }
+    uint64_t top = 0, top2 = 0, t0, t1, t2, t3;
+    int can = (caps & DLOCK_CAP_RAISE) != 0;
+    name_of(used, sizeof used, "floor-used");
+    t0 = grant_token(c, used);
+    is_int(dlock_client_token_top(c, &top), 0, "token top: %s", dlock_errmsg(c));
+    ok(t0 && top >= t0, "the top bounds the last grant (%llu >= %llu)", (unsigned long long)top,
+       (unsigned long long)t0);
+    is_int(dlock_client_token_top(c, NULL), DLOCK_EINVAL, "no place for the top → DLOCK_EINVAL");
+    is_int(dlock_client_raise_floor(c, 1ull << 63), DLOCK_EINVAL, "a floor of 2^63 → DLOCK_EINVAL");
+    is_int(dlock_client_raise_floor(c, t0 > 1 ? t0 - 1 : 0), 0,
+           "a floor below the last grant → 0 (%s)", dlock_errmsg(c));
+    uint64_t floor = top + 1000;
+    int rc = dlock_client_raise_floor(c, floor);
+    if (can) {
+        is_int(rc, 0, "raise the floor to top + 1000 (%s)", rc ? dlock_errmsg(c) : "ok");
+        is_int(dlock_client_raise_floor(c, floor), 0, "again: idempotent (%s)", dlock_errmsg(c));
+    } else {
+        ok(rc == DLOCK_ENOTSUP && strstr(dlock_errmsg(c), "tokens") != NULL,
+           "a store that cannot set its tokens refuses a floor above them: %s", dlock_errmsg(c));
+        floor = t0;
+    }
+    name_of(fresh, sizeof fresh, "floor-fresh");
+    t1 = grant_token(d, fresh);
+    t2 = grant_token(d, used);
+    ok(t1 > floor, "a name never used gets a token above the floor, on another client (%llu > %llu)",
+       (unsigned long long)t1, (unsigned long long)floor);
+    ok(t2 > floor && t2 > t0, "a name used before too (%llu > %llu)", (unsigned long long)t2,
+       (unsigned long long)floor);
+    is_int(dlock_client_raise_floor(d, 1), 0, "a floor of 1 → 0 (%s)", dlock_errmsg(d));
+    t3 = grant_token(c, used);
+    ok(t3 > t2, "a lower floor lowers nothing (%llu > %llu)", (unsigned long long)t3,
+       (unsigned long long)t2);
+    is_int(dlock_client_token_top(d, &top2), 0, "token top again: %s", dlock_errmsg(d));
+    ok(top2 >= t3 && (!can || top2 >= floor), "the top bounds the grants and the floor (%llu)",
+       (unsigned long long)top2);
+    dlock_client_close(c);
+    dlock_client_close(d);
+}
+
 /* Mutual exclusion: N processes × M iterations on a counter that only the
  * lock protects; the counter must come out exact and the tokens seen
  * inside the lock must be strictly increasing. */
@@ -442,6 +521,169 @@ static void test_mutual_exclusion(int nproc, int iters)
             increasing = 0;
     ok(increasing, "tokens strictly increase in grant order (%ld grants)", s->ntokens);
     munmap(s, sz);
+}
+
+/* Several names in one lock. Dining philosophers: processes take {a, b},
+ * {b, c} and {c, a}, each naming them in its own order, all waiting; taken
+ * in the given order they would deadlock (each holding one name, waiting
+ * for the next): every acquire must succeed before its deadline, and no
+ * name ever has two holders. */
+struct names_shared {
+    volatile int inside[3];
+    volatile int overlaps;
+    volatile long sections;
+};
+
+static void test_names_no_deadlock(int nproc, int iters)
+{
+    char names[3][128];
+    struct names_shared *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE,
+                                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    pid_t pids[16];
+    int failures = 0;
+    name_of(names[0], sizeof names[0], "phil-a");
+    name_of(names[1], sizeof names[1], "phil-b");
+    name_of(names[2], sizeof names[2], "phil-c");
+    for (int p = 0; p < nproc; p++) {
+        pids[p] = fork();
+        if (pids[p] == 0) {
+            dlock_client *c = client();
+            /* Process p wants names p % 3 and (p + 1) % 3, the later one first
+             * on odd p. */
+            int x = p % 3, y = (p + 1) % 3;
+            if (p & 1) {
+                int t = x;
+                x = y;
+                y = t;
+            }
+            const char *want[2] = {names[x], names[y]};
+            for (int i = 0; i < iters; i++) {
+                dlock_lock *l = NULL;
+                dlock_acquire_opts o = wait_for(20000);
+                if (dlock_acquire_names(c, want, 2, &o, &l) != 0) {
+                    fprintf(stderr, "names: process %d: %s\n", p, dlock_errmsg(c));
+                    _exit(2);
+                }
+                int mine[2] = {x, y};
+                for (int k = 0; k < 2; k++)
+                    if (__atomic_exchange_n(&s->inside[mine[k]], 1, __ATOMIC_SEQ_CST))
+                        __atomic_add_fetch(&s->overlaps, 1, __ATOMIC_SEQ_CST);
+                if (i % 5 == 0)
+                    sched_yield();
+                __atomic_add_fetch(&s->sections, 1, __ATOMIC_SEQ_CST);
+                for (int k = 0; k < 2; k++)
+                    __atomic_store_n(&s->inside[mine[k]], 0, __ATOMIC_SEQ_CST);
+                if (dlock_release(l) != 0)
+                    _exit(3);
+            }
+            dlock_client_close(c);
+            _exit(0);
+        }
+    }
+    for (int p = 0; p < nproc; p++) {
+        int st;
+        waitpid(pids[p], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            failures++;
+    }
+    is_int(failures, 0, "%d processes taking {a,b}, {b,c}, {c,a} in their own orders: no deadlock",
+           nproc);
+    is_int(s->sections, (long)nproc * iters, "every one of the %d sections ran", nproc * iters);
+    is_int(s->overlaps, 0, "no name ever had two holders");
+    munmap(s, sizeof *s);
+}
+
+/* Several names: all or nothing, the token above every name's, the
+ * held-name rule per name, the handle's names. */
+static void test_names_lock(void)
+{
+    char a[128], b[128], z[128];
+    dlock_client *c = client(), *d = client();
+    dlock_lock *l = NULL, *bl = NULL, *x = NULL;
+    dlock_acquire_opts o = try_once();
+    name_of(a, sizeof a, "names-a");
+    name_of(b, sizeof b, "names-b");
+    name_of(z, sizeof z, "names-z");
+    const char *ab[2] = {b, a}, *bz[2] = {b, z}, *aa[2] = {a, a};
+
+    /* A name taken elsewhere: the try fails naming it, and leaves the other
+     * name free. */
+    is_int(dlock_acquire(d, b, &o, &bl), 0, "'b' held by another client");
+    is_int(dlock_acquire_names(c, ab, 2, &o, &l), DLOCK_EBUSY, "a try on {b, a} → DLOCK_EBUSY");
+    ok(strstr(dlock_errmsg(c), "names-b") != NULL, "naming the busy name: %s", dlock_errmsg(c));
+    is_int(dlock_acquire(d, a, &o, &x), 0, "'a' was released before the call returned");
+    if (x)
+        dlock_release(x);
+    dlock_acquire_opts w = wait_for(500);
+    is_int(dlock_acquire_names(c, ab, 2, &w, &l), DLOCK_ETIMEDOUT, "a 500 ms wait → DLOCK_ETIMEDOUT");
+    o = try_once();
+    is_int(dlock_acquire(d, a, &o, &x), 0, "and 'a' is free again");
+    if (x)
+        dlock_release(x);
+    uint64_t tb = bl ? dlock_lock_token(bl) : 0;
+    if (bl)
+        dlock_release(bl);
+
+    /* Granted: one token above both names' earlier ones. */
+    w = wait_for(5000);
+    is_int(dlock_acquire_names(c, ab, 2, &w, &l), 0, "{b, a} granted once 'b' is free: %s",
+           dlock_errmsg(c));
+    uint64_t t = l ? dlock_lock_token(l) : 0;
+    ok(t > tb, "its token is above 'b''s earlier grant (%llu > %llu)", (unsigned long long)t,
+       (unsigned long long)tb);
+    size_t len = 0;
+    is_int((long)dlock_lock_name_count(l), 2, "two names");
+    ok(l && strcmp(dlock_lock_name_at(l, 0, &len), a) == 0 && len == strlen(a) &&
+           strcmp(dlock_lock_name_at(l, 1, NULL), b) == 0 && !dlock_lock_name_at(l, 2, NULL) &&
+           strcmp(dlock_lock_name(l, NULL), a) == 0,
+       "names in byte order; the first is the lock's name");
+    o = try_once();
+    is_int(dlock_acquire(d, a, &o, &x), DLOCK_EBUSY, "'a' alone is busy for others");
+    is_int(dlock_acquire(d, b, &o, &x), DLOCK_EBUSY, "'b' alone is busy for others");
+    is_int(dlock_acquire(c, a, &o, &x), DLOCK_EALREADY, "the holder asking for 'a' → DLOCK_EALREADY");
+    is_int(dlock_acquire_names(c, bz, 2, &o, &x), DLOCK_EALREADY, "{b, z} → DLOCK_EALREADY");
+    o.reentrant = 1;
+    is_int(dlock_acquire_names(c, bz, 2, &o, &x), DLOCK_EALREADY,
+           "reentrant {b, z} over {a, b} → DLOCK_EALREADY");
+    const char *ba[2] = {a, b};
+    is_int(dlock_acquire_names(c, ba, 2, &o, &x), 0, "reentrant {a, b} → the same lock");
+    ok(x == l && dlock_lock_holds(l) == 2, "same handle, held twice");
+    if (x == l)
+        dlock_release(x);
+    if (caps & DLOCK_CAP_RENEW)
+        is_int(dlock_renew(l, 10000), 0, "renew covers both names: %s", dlock_errmsg(c));
+    if (l)
+        is_int(dlock_release(l), 0, "release");
+    for (int i = 0; i < 2; i++) {
+        const char *one = i ? b : a;
+        w = wait_for(5000);
+        if (dlock_acquire(d, one, &w, &x) == 0) {
+            ok(dlock_lock_token(x) > t, "'%s' alone then grants above the lock's token (%llu > %llu)",
+               i ? "b" : "a", (unsigned long long)dlock_lock_token(x), (unsigned long long)t);
+            dlock_release(x);
+        } else {
+            ok(0, "'%s' alone after the release: %s", i ? "b" : "a", dlock_errmsg(d));
+        }
+    }
+
+    /* Bad lists. */
+    o = try_once();
+    is_int(dlock_acquire_names(c, aa, 2, &o, &x), DLOCK_EINVAL, "a name twice → DLOCK_EINVAL");
+    ok(strstr(dlock_errmsg(c), "twice") != NULL, "saying so: %s", dlock_errmsg(c));
+    is_int(dlock_acquire_names(c, ab, 0, &o, &x), DLOCK_EINVAL, "no names → DLOCK_EINVAL");
+    is_int(dlock_acquire_names(c, NULL, 2, &o, &x), DLOCK_EINVAL, "names NULL → DLOCK_EINVAL");
+    const char *empty[2] = {a, ""};
+    is_int(dlock_acquire_names(c, empty, 2, &o, &x), DLOCK_EINVAL, "an empty name → DLOCK_EINVAL");
+    ok(strstr(dlock_errmsg(c), "name 2 of 2") != NULL, "saying which: %s", dlock_errmsg(c));
+    is_int(dlock_acquire_names(c, ab, DLOCK_NAMES_MAX + 1, &o, &x), DLOCK_EINVAL,
+           "more than DLOCK_NAMES_MAX names → DLOCK_EINVAL");
+    const char *one[1] = {a};
+    is_int(dlock_acquire_names(c, one, 1, &o, &x), 0, "one name is a plain lock");
+    ok(x && dlock_lock_name_count(x) == 1, "of one name");
+    if (x)
+        dlock_release(x);
+    dlock_client_close(c);
+    dlock_client_close(d);
 }
 
 static void test_holder_killed(void)
@@ -1609,8 +1851,11 @@ int main(int argc, char **argv)
     test_same_process();
     test_tokens();
     test_raise_token();
+    test_store_floor();
     test_lists();
     test_mutual_exclusion(8, 150);
+    test_names_lock();
+    test_names_no_deadlock(6, 25);
     test_fifo();
     test_names();
     test_reentrant();

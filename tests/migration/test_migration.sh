@@ -18,6 +18,13 @@
 # an earlier phase is still going (no OLD-only run survives into phase 4),
 # as a rolling deployment finishes one step before the next.
 #
+# As the runbook says (docs/migration.md), `dlock migrate OLD NEW` runs
+# before phase 2 and again in phase 3. A second name is taken on OLD alone
+# in phase 1 only, and on NEW alone after phase 5: NEW's token for it must
+# be above OLD's (NEW's store-wide floor, since the name was never taken on
+# the list). Each store is used in a namespace of the test's own (table,
+# key prefix, ZooKeeper node, directory), so no other suite sees its floor.
+#
 # Asserted: every dlock run succeeded; the counter equals the number of
 # critical sections (lines of the tokens log); no overlap was seen; the
 # tokens strictly increase in grant order (the log's order) across all
@@ -56,6 +63,32 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# ns_uri URI NS: URI in namespace NS (as tests/util.h uri_namespace()).
+ns_uri() {
+    local u=$1 ns=$2 base q key=table
+    case $u in
+    file:* | zookeeper:*)
+        base=${u%%\?*}
+        q=${u#"$base"}
+        echo "${base%/}/$ns$q"
+        ;;
+    *)
+        [[ $u == redis:* ]] && key=prefix ns="$ns:"
+        if [[ $u == *\?* ]]; then echo "$u&$key=$ns"; else echo "$u?$key=$ns"; fi
+        ;;
+    esac
+}
+
+# The namespace of this pair: dlock_mig_OLD_NEW (e.g. dlock_mig_redis_postgres).
+kind_label() {
+    local l
+    case $1 in
+    /*) echo file ;;
+    *) l=${1#DLOCK_} && l=${l%_URI} && echo "${l,,}" ;;
+    esac
+}
+ns="dlock_mig_$(kind_label "$old_arg")_$(kind_label "$new_arg")"
+
 # store_uri ARG: sets $uri and $label.
 store_uri() {
     case $1 in
@@ -75,6 +108,7 @@ store_uri() {
             echo "Bail out! $1 is not set: start the stores first (scripts/stores/start.sh)"
             exit 1
         fi
+        uri=$(ns_uri "$uri" "$ns")
         ;;
     esac
 }
@@ -182,9 +216,32 @@ all_acked() {
     done
 }
 
+# migrate WHEN: dlock migrate OLD NEW, as the runbook says; checked.
+migrate() {
+    local out rc
+    out=$(timeout -k 5 60 "$dlock" migrate "$OLD" "$NEW" 2>"$tmp/migrate.err")
+    rc=$?
+    check "$([ $rc = 0 ] && [[ $out =~ ^\*\ [0-9]+\ ok$ ]] && echo 0 || echo 1)" \
+        "dlock migrate OLD NEW $1: exit $rc, '$out'"
+    sed 's/^/#   stderr: /' "$tmp/migrate.err"
+}
+
+# side_token URI: the token of a grant of the side name on URI alone.
+side="$name-side"
+side_token() {
+    timeout -k 5 20 "$dlock" run -w 10 "$1" "$side" -- sh -c 'printf %s "$DLOCK_TOKEN"' </dev/null
+}
+
 declare -a p_start p_end
 phases_ok=0
+side_old=0
 for p in 1 2 3 4 5; do
+    if [ "$p" = 1 ]; then
+        for k in 1 2 3; do
+            t=$(side_token "$OLD") && [ "$t" -gt "$side_old" ] && side_old=$t
+        done
+    fi
+    [ "$p" = 2 ] && migrate "before phase 2"
     if [ "$p" -gt 1 ]; then
         for ((i = 0; i < WORKERS; i++)); do
             set_phase "$i" "$p"
@@ -201,6 +258,7 @@ for p in 1 2 3 4 5; do
         echo "# phase $p: not every worker started a run in it within 25 s"
         phases_ok=1
     fi
+    [ "$p" = 3 ] && migrate "in phase 3"
     p_end[p]=$(since)
 done
 check $phases_ok "every worker moved through all five phases, one after the other"
@@ -222,6 +280,11 @@ for pid in "${workers[@]}"; do
     wait "$pid" 2>/dev/null
 done
 workers=()
+
+# A name taken on OLD alone before the overlap, never during it.
+side_new=$(side_token "$NEW")
+check "$([ "$side_old" -gt 0 ] && [ "${side_new:-0}" -gt "$side_old" ] && echo 0 || echo 1)" \
+    "a name used on OLD alone, taken on NEW after the migration: token above OLD's ($side_new > $side_old)"
 
 # Per-phase figures.
 sections=$(wc -l < "$tmp/tokens")

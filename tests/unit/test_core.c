@@ -16,6 +16,8 @@ static struct {
     int fail_open, fail_acquire, fail_release, silent_fail;
     int raise, fail_raise, fail_acquire_at; /* fail_acquire_at: the Nth acquire fails */
     uint64_t raised_to;
+    int top, floor, fail_floor;
+    uint64_t floor_to;
     dlock_request last;
     char last_name[DLOCK_NAME_MAX + 1];
     uint64_t next_token;
@@ -94,6 +96,23 @@ static int fake_raise(dlock_conn *conn, dlock_held *held, uint64_t floor)
     return 0;
 }
 
+static int fake_top(dlock_conn *conn, uint64_t *top)
+{
+    (void)conn;
+    fake.top++;
+    *top = fake.next_token;
+    return 0;
+}
+
+static int fake_floor(dlock_conn *conn, uint64_t floor)
+{
+    fake.floor++;
+    if (fake.fail_floor)
+        return dlock_seterr(conn->client, fake.fail_floor, "fake floor refused");
+    fake.floor_to = floor;
+    return 0;
+}
+
 static int fake_ping(dlock_conn *conn)
 {
     (void)conn;
@@ -117,6 +136,8 @@ static dlock_backend fake_backend = {
     .renew = fake_renew,
     .ping = fake_ping,
     .raise_token = fake_raise,
+    .token_top = fake_top,
+    .raise_floor = fake_floor,
 };
 
 static void test_registry(void)
@@ -442,6 +463,84 @@ static void test_lists(void)
     dlock_client_close(c);
 }
 
+/* Several names on one store: taken in byte order, all or nothing, the
+ * token the largest with the others raised to it, released together. */
+static void test_names(void)
+{
+    dlock_client *c = NULL;
+    dlock_lock *l = NULL, *x = NULL;
+    const char *cab[3] = {"c", "a", "b"};
+    is_int(dlock_client_open("fake://names", &c), 0, "open");
+    int acq = fake.acquire, raises = fake.raise, releases = fake.release, renews = fake.renew;
+    is_int(dlock_acquire_names(c, cab, 3, NULL, &l), 0, "acquire {c, a, b}");
+    is_int(fake.acquire - acq, 3, "one acquire per name");
+    is_str(fake.last_name, "c", "in byte order: 'c' last");
+    uint64_t t = l ? dlock_lock_token(l) : 0;
+    ok(t == fake.next_token, "the token is the largest (%llu)", (unsigned long long)t);
+    is_int(fake.raise - raises, 2, "the two names below it were raised");
+    ok(fake.raised_to == t, "to the lock's token");
+    is_int(dlock_renew(l, 1000), 0, "renew");
+    is_int(fake.renew - renews, 3, "renews every name");
+    is_int(dlock_acquire(c, "b", NULL, &x), DLOCK_EALREADY, "'b' alone → DLOCK_EALREADY");
+    is_int(dlock_release(l), 0, "release");
+    is_int(fake.release - releases, 3, "releases every name");
+
+    /* The third name refused: the first two released before the return. */
+    fake.fail_acquire_at = fake.acquire + 3;
+    releases = fake.release;
+    is_int(dlock_acquire_names(c, cab, 3, NULL, &l), DLOCK_EBUSY, "the third name refused");
+    is_int(fake.release - releases, 2, "the two taken were released");
+    ok(strstr(dlock_errmsg(c), "name 'c'") && strstr(dlock_errmsg(c), "number"),
+       "names the name, keeps the store's detail: %s", dlock_errmsg(c));
+    ok(strstr(dlock_errmsg(c), "store") == NULL, "no store number on a single store");
+    fake.fail_acquire_at = 0;
+
+    /* The last name's raise refused: nothing held. */
+    fake.fail_raise = DLOCK_ENOTSUP;
+    releases = fake.release;
+    is_int(dlock_acquire_names(c, cab, 3, NULL, &l), DLOCK_ENOTSUP, "a name that cannot be raised");
+    is_int(fake.release - releases, 3, "every name released");
+    fake.fail_raise = 0;
+
+    /* Close releases a several-name lock left held. */
+    is_int(dlock_acquire_names(c, cab, 2, NULL, &l), 0, "acquire {c, a}");
+    releases = fake.release;
+    dlock_client_close(c);
+    is_int(fake.release - releases, 2, "close released both names");
+
+    /* On a list: store by store, each store's names in byte order. */
+    is_int(dlock_client_open("fake://one fake://two", &c), 0, "open a list");
+    acq = fake.acquire;
+    is_int(dlock_acquire_names(c, cab, 2, NULL, &l), 0, "acquire {c, a} on the list");
+    is_int(fake.acquire - acq, 4, "two names × two stores");
+    is_str(fake.last_name, "c", "the second store's 'c' last");
+    fake.fail_acquire_at = fake.acquire + 3;
+    if (l)
+        dlock_release(l);
+    is_int(dlock_acquire_names(c, cab, 2, NULL, &l), DLOCK_EBUSY, "the second store's 'a' refused");
+    ok(strstr(dlock_errmsg(c), "store 2 of 2 (fake), name 'a'") != NULL, "names both: %s",
+       dlock_errmsg(c));
+    fake.fail_acquire_at = 0;
+
+    /* Store-wide tokens on a list. */
+    uint64_t top = 0;
+    int tops = fake.top, floors = fake.floor;
+    is_int(dlock_client_token_top(c, &top), 0, "token top of a list");
+    is_int(fake.top - tops, 2, "asks every store");
+    ok(top == fake.next_token, "the largest (%llu)", (unsigned long long)top);
+    is_int(dlock_client_raise_floor(c, 77), 0, "raise the floor of a list");
+    is_int(fake.floor - floors, 2, "on every store");
+    ok(fake.floor_to == 77, "to the floor given");
+    fake.fail_floor = DLOCK_ENOTSUP;
+    is_int(dlock_client_raise_floor(c, 78), DLOCK_ENOTSUP, "a store refusing");
+    ok(strstr(dlock_errmsg(c), "store 1 of 2 (fake): fake floor refused") != NULL,
+       "names the store: %s", dlock_errmsg(c));
+    fake.fail_floor = 0;
+    is_int(dlock_client_raise_floor(c, 1ull << 63), DLOCK_EINVAL, "a floor of 2^63");
+    is_int(dlock_client_token_top(c, NULL), DLOCK_EINVAL, "top NULL");
+    dlock_client_close(c);
+}
+
 int main(void)
 {
     dlock_client *c = NULL;
@@ -457,6 +556,7 @@ int main(void)
     test_optional_methods();
     test_redaction_in_backend_errors();
     test_lists();
+    test_names();
     is_int(fake.opened, fake.close, "every opened connection was closed");
     return done_testing();
 }

@@ -1,6 +1,8 @@
 /* What only the file backend has: its URI rules, its directory, the token
- * kept in the lock file, and OFD-lock details (fork, removed files). */
+ * kept in the lock file, OFD-lock details (fork, removed files), and the
+ * directory's token floor file. */
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,6 +169,150 @@ static void test_fork_and_removal(void)
     dlock_client_close(b);
 }
 
+/* The floor file's value (0: absent or empty), -1 when malformed. */
+static int64_t floor_in(const char *d)
+{
+    char path[512], buf[64];
+    snprintf(path, sizeof path, "%s/.dlock-floor", d);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    if (n == 0)
+        return 0;
+    if (n != 21 || buf[20] != '\n')
+        return -1;
+    return (int64_t)strtoull(buf, NULL, 10);
+}
+
+static uint64_t grant(dlock_client *c, const char *name)
+{
+    dlock_lock *l = NULL;
+    uint64_t t = 0;
+    if (dlock_acquire(c, name, NULL, &l) == 0) {
+        t = dlock_lock_token(l);
+        dlock_release(l);
+    } else {
+        diag("acquire %s: %s", name, dlock_errmsg(c));
+    }
+    return t;
+}
+
+static void test_store_floor(void)
+{
+    char fdir[128], furi[160], path[512];
+    snprintf(fdir, sizeof fdir, "%s/floor", dir);
+    snprintf(furi, sizeof furi, "file://%s?fsync=1", fdir);
+    dlock_client *c = open_ok(furi);
+    dlock_lock *l = NULL;
+    uint64_t top = 0, t;
+
+    uint64_t t0 = grant(c, "used");
+    is_int(dlock_client_token_top(c, &top), 0, "token top of a directory without a floor");
+    ok(top >= t0, "it bounds the last grant (%" PRIu64 " >= %" PRIu64 ")", top, t0);
+    is_int((int)floor_in(fdir), 0, "token_top wrote no floor file");
+
+    /* A lock file's token far above the clock (raised from another store). */
+    uint64_t big = 4000000000000000000ull;
+    is_int(dlock_acquire(c, "raised", NULL, &l), 0, "acquire 'raised'");
+    is_int(dlock_lock_raise_token(l, big), 0, "raise its token to 4e18");
+    dlock_release(l);
+    is_int(dlock_client_token_top(c, &top), 0, "token top again");
+    ok(top >= big, "the top bounds every lock file's token (%" PRIu64 ")", top);
+    ok(grant(c, "used") < big, "another name's tokens are not raised by it");
+
+    /* The floor: in the directory's .dlock-floor, read by every grant. */
+    uint64_t floor = big + 1000000;
+    is_int(dlock_client_raise_floor(c, floor), 0, "raise the floor (%s)", dlock_errmsg(c));
+    ok(floor_in(fdir) == (int64_t)floor, "the floor is in .dlock-floor as 20 digits");
+    dlock_client *d = open_ok(furi); /* a new client: only the file tells */
+    t = grant(d, "fresh");
+    ok(t == floor + 1, "a new name starts above the floor (%" PRIu64 ")", t);
+    t = grant(d, "used");
+    ok(t == floor + 1, "a used name too (%" PRIu64 ")", t);
+    t = grant(d, "used");
+    ok(t == floor + 2, "then counts on from there (%" PRIu64 ")", t);
+    t = grant(d, "raised");
+    ok(t == floor + 1, "a raised name's own counter below the floor: "
+       "the floor wins (%" PRIu64 ")", t);
+    is_int(dlock_client_raise_floor(d, 5), 0, "a lower floor → 0");
+    ok(floor_in(fdir) == (int64_t)floor, "and the floor file is unchanged");
+    is_int(dlock_client_token_top(d, &top), 0, "token top with a floor");
+    ok(top >= floor + 2, "it bounds the floor and the grants (%" PRIu64 ")", top);
+
+    /* A lock named like the floor file cannot be it: names never encode to
+     * a leading '.'. */
+    t = grant(d, ".dlock-floor");
+    ok(t == floor + 1,
+       "a lock named .dlock-floor has its own file (%" PRIu64 ")", t);
+    ok(floor_in(fdir) == (int64_t)floor, "and leaves the floor alone");
+
+    /* A lock file's token above the floor keeps counting from itself. */
+    is_int(dlock_acquire(d, "raised", NULL, &l), 0, "acquire 'raised' again");
+    is_int(dlock_lock_raise_token(l, floor + 500), 0, "raise it above the floor");
+    dlock_release(l);
+    t = grant(c, "raised");
+    ok(t == floor + 501, "its next token is above its own counter "
+       "(%" PRIu64 ")", t);
+
+    /* Concurrent raises never lower it: children race with shuffled values. */
+    enum { KIDS = 8, EACH = 40 };
+    pid_t pids[KIDS];
+    for (int k = 0; k < KIDS; k++) {
+        if ((pids[k] = fork()) == 0) {
+            dlock_client *e = NULL;
+            if (dlock_client_open(furi, &e) != 0)
+                _exit(2);
+            for (int i = 0; i < EACH; i++) {
+                uint64_t v = floor + 1 + (uint64_t)((i * 7 + k * 13) % (KIDS * EACH));
+                if (dlock_client_raise_floor(e, v) != 0)
+                    _exit(3);
+            }
+            dlock_client_close(e);
+            _exit(0);
+        }
+    }
+    int failed = 0;
+    for (int k = 0; k < KIDS; k++) {
+        int st = 0;
+        waitpid(pids[k], &st, 0);
+        failed += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+    }
+    is_int(failed, 0, "%d processes raising the floor at once all succeed", KIDS);
+    int64_t want = 0;
+    for (int k = 0; k < KIDS; k++)
+        for (int i = 0; i < EACH; i++) {
+            int64_t v = (int64_t)floor + 1 + (i * 7 + k * 13) % (KIDS * EACH);
+            want = v > want ? v : want;
+        }
+    ok(floor_in(fdir) == want, "the floor is the largest of them (%" PRId64 ", want %" PRId64 ")",
+       floor_in(fdir), want);
+
+    /* Existing directories: an empty floor file (crash before its write)
+     * is floor 0; a malformed one fails grants, never lowers tokens. */
+    snprintf(path, sizeof path, "%s/.dlock-floor", fdir);
+    FILE *f = fopen(path, "w");
+    fputs("garbage\n", f);
+    fclose(f);
+    is_int(dlock_acquire(c, "used", NULL, &l), DLOCK_EPROTO, "a malformed floor → DLOCK_EPROTO");
+    ok(strstr(dlock_errmsg(c), ".dlock-floor") != NULL, "naming the file: %s", dlock_errmsg(c));
+    is_int(dlock_client_raise_floor(c, floor), DLOCK_EPROTO, "raise_floor does not overwrite it");
+    f = fopen(path, "w");
+    fclose(f);
+    t = grant(c, "used");
+    ok(t == floor + 3, "an empty floor file is no floor: the used name counts on (%" PRIu64 ")", t);
+    t = grant(c, "fresh2");
+    ok(t < floor, "and a new name starts from the clock (%" PRIu64 ")", t);
+    is_int(dlock_client_raise_floor(c, floor), 0, "raise_floor fills an empty file");
+    ok(floor_in(fdir) == (int64_t)floor, "with the floor");
+    unlink(path);
+    ok(grant(c, "fresh3") < floor, "no floor file: no floor");
+    dlock_client_close(c);
+    dlock_client_close(d);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/dlock-test-file-%d", (int)getpid());
@@ -175,6 +321,7 @@ int main(void)
     test_uris();
     test_token_file();
     test_fork_and_removal();
+    test_store_floor();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
