@@ -243,6 +243,23 @@ static inline int uri_namespace(const char *src, const char *ns, char *out, size
     return o ? 0 : -1;
 }
 
+/* The token of one grant of name on c (waiting up to 10 s), released at
+ * once; 0 when it was not granted (the reason on stderr, as a TAP note). */
+static inline uint64_t grant_token(dlock_client *c, const char *name)
+{
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    o.wait = DLOCK_WAIT_DEADLINE;
+    o.deadline_ns = dlock_monotonic_ns() + 10000000000ull;
+    if (dlock_acquire(c, name, &o, &l) != 0) {
+        fprintf(stderr, "# acquire %s: %s\n", name, dlock_errmsg(c));
+        return 0;
+    }
+    uint64_t t = dlock_lock_token(l);
+    dlock_release(l);
+    return t;
+}
+
 /* A client for uri, or the end of the run. */
 static inline dlock_client *open_ok(const char *uri)
 {

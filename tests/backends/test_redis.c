@@ -924,17 +924,6 @@ static void del_matching(redisContext *ctx, const char *pattern)
     } while (strcmp(cursor, "0") != 0);
 }
 
-static uint64_t grant_of(dlock_client *c, const char *name)
-{
-    dlock_lock *l = NULL;
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 10000);
-    if (dlock_acquire(c, name, &o, &l) != 0)
-        return 0;
-    uint64_t t = dlock_lock_token(l);
-    dlock_release(l);
-    return t;
-}
-
 /*
  * token_top and raise_floor on one Redis, under a prefix of their own with
  * a glob character in it ("...fl*"): the floor lives in "<prefix>floor"
@@ -991,11 +980,11 @@ static void test_store_floor(const char *uri)
     is_int((long long)raw_u64(ctx, floorkey), (long long)F, "floor: stored in %s", floorkey);
     is_int(dlock_client_token_top(c, &top), 0, "floor: top after the raise");
     is_int((long long)top, (long long)F, "floor: top is the floor");
-    is_int((long long)grant_of(c, "fresh"), (long long)(F + 1),
+    is_int((long long)grant_token(c, "fresh"), (long long)(F + 1),
            "floor: a new name's first token is floor + 1");
-    is_int((long long)grant_of(c, "old"), (long long)(F + 1),
+    is_int((long long)grant_token(c, "old"), (long long)(F + 1),
            "floor: an old name's (counter 5e15) too");
-    is_int((long long)grant_of(c, "old"), (long long)(F + 2), "floor: and then its counter + 1");
+    is_int((long long)grant_token(c, "old"), (long long)(F + 2), "floor: and then its counter + 1");
     is_int(dlock_client_raise_floor(c, 1), 0, "floor: a floor of 1 → 0");
     is_int((long long)raw_u64(ctx, floorkey), (long long)F, "floor: the key is not lowered");
 
@@ -1004,7 +993,7 @@ static void test_store_floor(const char *uri)
     freeReplyObject(redisCommand(ctx, "SCRIPT FLUSH"));
     c = open_ok(u);
     freeReplyObject(redisCommand(ctx, "SCRIPT FLUSH")); /* and again: NOSCRIPT, EVAL */
-    is_int((long long)grant_of(c, "fresh2"), (long long)(F + 1),
+    is_int((long long)grant_token(c, "fresh2"), (long long)(F + 1),
            "floor: after a reconnect and a script reload, still above the floor");
 
     /* The limit. */
@@ -1013,7 +1002,7 @@ static void test_store_floor(const char *uri)
     ok(strstr(dlock_errmsg(c), "2^53") != NULL, "floor: naming the limit: %s", dlock_errmsg(c));
     is_int((long long)raw_u64(ctx, floorkey), (long long)F, "floor: the key unchanged");
     is_int(dlock_client_raise_floor(c, (1ull << 53) - 2), 0, "floor: 2^53 - 2 → 0");
-    is_int((long long)grant_of(c, "fresh3"), (long long)((1ull << 53) - 1),
+    is_int((long long)grant_token(c, "fresh3"), (long long)((1ull << 53) - 1),
            "floor: the next token is 2^53 - 1, exact");
     is_int(dlock_client_token_top(c, &top), 0, "floor: top at the limit");
     is_int((long long)top, (long long)((1ull << 53) - 1), "floor: top is 2^53 - 1");

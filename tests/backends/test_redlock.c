@@ -411,17 +411,6 @@ static void test_raise_nodes_down(void)
 
 /* ---- store-wide floor and top (issue 11) ----------------------------------- */
 
-static uint64_t grant_of(dlock_client *c, const char *name)
-{
-    dlock_lock *l = NULL;
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 10000);
-    if (dlock_acquire(c, name, &o, &l) != 0)
-        return 0;
-    uint64_t t = dlock_lock_token(l);
-    dlock_release(l);
-    return t;
-}
-
 /*
  * raise_floor over five nodes, under a prefix of their own: the floor key
  * on every node; a later grant whose quorum has only one node with the
@@ -448,7 +437,7 @@ static void test_store_floor(const char *uri)
     for (int i = 0; i < N; i++)
         all &= raw_counter(node[i], floorkey) == F;
     ok(all, "floor: %s is 7e15 on every node", floorkey);
-    is_int((long long)grant_of(c, "a"), (long long)(F + 1), "floor: a new name gets floor + 1");
+    is_int((long long)grant_token(c, "a"), (long long)(F + 1), "floor: a new name gets floor + 1");
 
     /* Nodes 0-1 lost the floor, 3-4 are held elsewhere: the quorum is
      * 0, 1, 2, and node 2 still has it. */
@@ -458,7 +447,7 @@ static void test_store_floor(const char *uri)
                               : i >= 3 ? redisCommand(node[i], "SET %s %s PX 20000", lockkey,
                                                       FOREIGN)
                                        : redisCommand(node[i], "PING"));
-    uint64_t t = grant_of(c, "b");
+    uint64_t t = grant_token(c, "b");
     ok(t > F, "floor: a quorum with one node that has the floor grants above it (%llu)",
        (unsigned long long)t);
     for (int i = 3; i < N; i++)

@@ -382,20 +382,6 @@ static void test_raise_token(void)
     dlock_client_close(d);
 }
 
-static uint64_t grant_token(dlock_client *c, const char *name)
-{
-    dlock_lock *l = NULL;
-    dlock_acquire_opts o = wait_for(5000);
-    uint64_t t = 0;
-    if (dlock_acquire(c, name, &o, &l) == 0) {
-        t = dlock_lock_token(l);
-        dlock_release(l);
-    } else {
-        diag("acquire %s: %s", name, dlock_errmsg(c));
-    }
-    return t;
-}
-
 /* Store-wide tokens (dlock migrate OLD NEW): the top bounds every grant so
  * far; a raised floor is under every later grant, of a name used before
  * and of one never used; a lower floor lowers nothing. A store that cannot
