@@ -31,6 +31,7 @@
 #include "tests/proxy.h"
 #include "tests/tap.h"
 #include "tests/util.h"
+#include "tests/backends/silent_pool.h"
 
 #define MS 1000000ull
 
@@ -40,10 +41,6 @@ static MYSQL *raw; /* a session of our own, to look behind the library */
 
 
 
-static double ms_since(uint64_t t0)
-{
-    return (double)(dlock_monotonic_ns() - t0) / 1e6;
-}
 
 
 
@@ -453,70 +450,12 @@ static void test_silent_server_connect(void)
  * connections open and forwards nothing) returns within its bound. */
 static void test_silent_network(void)
 {
-    struct proxy p;
-    char pu[1024], a[128], b[128], y1[128], y2[128], z[128];
-    dlock_lock *la = NULL, *lb = NULL, *l1 = NULL, *l2 = NULL, *lz = NULL;
-    const uint64_t timeout = 1000, connect = 1000, slack = 3000;
-    proxy_for_uri(&p, uri);
-    proxy_uri(&p, uri, "timeout=1000&connect_timeout=1000", pu, sizeof pu);
-    name_of(a, sizeof a, "silent-a");
-    name_of(b, sizeof b, "silent-b");
-    name_of(y1, sizeof y1, "silent-y1");
-    name_of(y2, sizeof y2, "silent-y2");
-    name_of(z, sizeof z, "silent-z");
-    dlock_client *c = open_ok(pu);
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 3000);
-    is_int(dlock_acquire(c, a, &o, &la), 0, "through the proxy: acquire A");
-    is_int(dlock_acquire(c, b, &o, &lb), 0, "and B");
-    /* Two idle sessions in the pool, for the try below. */
-    is_int(dlock_acquire(c, y1, &o, &l1), 0, "and two more, released: two pooled sessions");
-    is_int(dlock_acquire(c, y2, &o, &l2), 0, "(the second)");
-    dlock_release(l1);
-    dlock_release(l2);
-
-    proxy_set(&p, PROXY_BLACKHOLE);
-    uint64_t t0 = dlock_monotonic_ns();
-    is_int(dlock_acquire(c, z, &o, &lz), DLOCK_ECONNECT, "silent network: a try → ECONNECT");
-    double el = ms_since(t0);
-    /* No KILL QUERY for a try, which would wait on the silent control
-     * session as long again. */
-    ok(el >= timeout - 50 && el < 2 * timeout - 100,
-       "after the timeout, nothing else waited for (%.0f ms; timeout %llu ms): %s", el,
-       (unsigned long long)timeout, dlock_errmsg(c));
-    ok(strstr(dlock_errmsg(c), "no reply") != NULL, "the message says the server did not answer");
-    t0 = dlock_monotonic_ns();
-    is_int(dlock_renew(la, 3000), DLOCK_ECONNECT, "renew → ECONNECT");
-    el = ms_since(t0);
-    ok(el < timeout + slack, "within the timeout (%.0f ms): %s", el, dlock_errmsg(c));
-    ok(strstr(dlock_errmsg(c), "lost") != NULL, "saying the lock is lost with its session");
-    t0 = dlock_monotonic_ns();
-    int rc = dlock_release(lb);
-    el = ms_since(t0);
-    ok(rc == DLOCK_ECONNECT, "release → ECONNECT (%s)", dlock_err_name(rc));
-    ok(el < timeout + slack, "within the timeout (%.0f ms): %s", el, dlock_errmsg(c));
-    t0 = dlock_monotonic_ns();
-    is_int(dlock_client_ping(c), DLOCK_ECONNECT, "ping → ECONNECT");
-    el = ms_since(t0);
-    ok(el < 2 * timeout - 100, "within the timeout, not retried on a new session (%.0f ms): %s", el,
-       dlock_errmsg(c));
-    t0 = dlock_monotonic_ns();
-    is_int(dlock_client_ping(c), DLOCK_ECONNECT, "ping on a new control session → ECONNECT");
-    el = ms_since(t0);
-    ok(el < connect + slack, "within connect_timeout (%.0f ms): %s", el, dlock_errmsg(c));
-    t0 = dlock_monotonic_ns();
-    dlock_client *d = NULL;
-    is_int(dlock_client_open(pu, &d), DLOCK_ECONNECT, "open through the silent network → ECONNECT");
-    el = ms_since(t0);
-    ok(el < connect + slack, "within connect_timeout (%.0f ms): %s", el, dlock_errmsg(d));
-    dlock_client_close(d);
-    is_int(dlock_release(la), DLOCK_ELOST, "A, whose renew closed its session: release → ELOST");
-    t0 = dlock_monotonic_ns();
-    dlock_client_close(c);
-    ok(ms_since(t0) < 1000, "close returns at once (%.0f ms)", ms_since(t0));
-    proxy_stop(&p);
+    char a[128], b[128];
+    silent_pool_case(uri, prefix, 1000, a, b);
     /* The server rolls back once the proxy closes the sessions. */
     dlock_client *e = open_ok(uri);
-    o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, 0);
+    dlock_lock *la = NULL, *lb = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, 0);
     is_int(dlock_acquire(e, a, &o, &la), 0, "A is free on the server afterwards");
     is_int(dlock_acquire(e, b, &o, &lb), 0, "and B");
     dlock_client_close(e);
