@@ -20,14 +20,17 @@
  *
  * Store-wide tokens (dlock migrate): the directory's floor lives in the
  * file ".dlock-floor" (no lock file's name starts with '.'), 20 digits like
- * a lock file's token. Every grant reads it while it holds the lock file's
- * lock, under a shared lock of the floor file (so never half-written), and
- * takes max(file's token or wall clock, floor) + 1: an openat() that fails
- * while no floor was ever set, five system calls once one is. raise_floor
- * read-modify-writes it under an exclusive lock of the floor file (never
- * lowering it), fdatasync'd (and the directory fsync'd) with fsync=1, as
- * the tokens are. token_top is max(wall clock, every lock file's token,
- * floor): it reads every *.lock file of the directory without locking any.
+ * a lock file's token, and is only ever replaced whole (written to
+ * ".dlock-floor.new", then renamed over it), so a reader sees the old floor
+ * or the new one, never a torn one, and a crash mid-write leaves the old.
+ * Every grant reads it while it holds the lock file's lock and takes
+ * max(file's token or wall clock, floor) + 1: an openat() that fails while
+ * no floor was ever set, three system calls once one is. raise_floor
+ * read-modify-writes it under an exclusive lock of ".dlock-floor-writer"
+ * (so concurrent calls never lower it), fdatasync'd (and the directory
+ * fsync'd) with fsync=1, as the tokens are. token_top is max(wall clock,
+ * every lock file's token, floor): it reads every *.lock file of the
+ * directory without locking any, skipping those that hold no token.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -51,6 +54,8 @@
 #define TOKEN_DIGITS 20
 /* The directory's token floor: a leading '.' never starts an encoded name. */
 #define FLOOR_FILE ".dlock-floor"
+#define FLOOR_NEW ".dlock-floor.new"
+#define FLOOR_WRITER ".dlock-floor-writer"
 
 struct file_conn {
     dlock_conn base;
@@ -362,8 +367,8 @@ static int read_token(dlock_client *c, int fd, uint64_t *tokenp, int *emptyp)
     return 0;
 }
 
-/* Takes (type F_RDLCK or F_WRLCK) or drops (F_UNLCK) the whole floor file's
- * lock, waiting for it. Held only around a read or a read-modify-write. */
+/* Takes (type F_WRLCK) or drops (F_UNLCK) the floor writers' lock on fd,
+ * waiting for it. Held only around a read-modify-write of the floor. */
 static int floor_lock(dlock_client *c, int fd, short type)
 {
     struct flock fl;
@@ -374,8 +379,7 @@ static int floor_lock(dlock_client *c, int fd, short type)
         r = fcntl(fd, type == F_UNLCK ? F_OFD_SETLK : F_OFD_SETLKW, &fl);
     while (r < 0 && errno == EINTR);
     if (r < 0)
-        return dlock_seterr(c, DLOCK_EIO, "cannot lock the token floor file " FLOOR_FILE ": %s",
-                            strerror(errno));
+        return dlock_seterr(c, DLOCK_EIO, "cannot lock " FLOOR_WRITER ": %s", strerror(errno));
     return 0;
 }
 
@@ -392,8 +396,8 @@ static int floor_read_error(struct file_conn *fc, int r)
     return 0;
 }
 
-/* The directory's token floor: 0 when none was ever set. Read under a
- * shared lock of the floor file, so never half-written by raise_floor. */
+/* The directory's token floor: 0 when none was ever set. The file is only
+ * ever replaced whole, so no lock is needed. */
 static int read_floor(struct file_conn *fc, uint64_t *floorp)
 {
     dlock_client *c = fc->base.client;
@@ -408,10 +412,7 @@ static int read_floor(struct file_conn *fc, uint64_t *floorp)
         return dlock_seterr(c, DLOCK_EIO, "cannot open the token floor file " FLOOR_FILE
                             " in '%.150s': %s", fc->dir, strerror(errno));
     }
-    if ((rc = floor_lock(c, fd, F_RDLCK)) == 0) {
-        rc = floor_read_error(fc, pread_token(fd, &floor, &empty));
-        floor_lock(c, fd, F_UNLCK);
-    }
+    rc = floor_read_error(fc, pread_token(fd, &floor, &empty));
     close(fd);
     *floorp = floor;
     return rc;
@@ -620,12 +621,11 @@ static int file_token_top(dlock_conn *conn, uint64_t *top)
         int r = 0;
         if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
             r = peek_token(fd, &token, &empty);
+        /* A file that holds no token (not dlock's, or damaged: its own
+         * grants fail) has granted nothing the top must cover. */
         if (r < 0)
             rc = dlock_seterr(c, DLOCK_EIO, "cannot read the lock file %.120s in '%.150s': %s",
                               de->d_name, fc->dir, strerror(errno));
-        else if (r > 0)
-            rc = dlock_seterr(c, DLOCK_EPROTO, "the lock file %.120s in '%.150s' does not start "
-                              "with a %d-digit token", de->d_name, fc->dir, TOKEN_DIGITS);
         close(fd);
         if (rc)
             break;
@@ -638,33 +638,43 @@ static int file_token_top(dlock_conn *conn, uint64_t *top)
     return rc;
 }
 
-/* Raises the directory's floor to floor where it is below, under an
- * exclusive lock of the floor file: concurrent calls never lower it. */
+/* Raises the directory's floor to floor where it is below, under the floor
+ * writers' lock (concurrent calls never lower it), by replacing the floor
+ * file whole. */
 static int file_raise_floor(dlock_conn *conn, uint64_t floor)
 {
     struct file_conn *fc = (struct file_conn *)conn;
     dlock_client *c = conn->client;
     char digits[TOKEN_DIGITS + 2];
     uint64_t cur = 0;
-    int empty, rc;
-    int fd = openat(fc->dirfd, FLOOR_FILE, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0)
-        return dlock_seterr(c, DLOCK_EIO, "cannot open the token floor file " FLOOR_FILE
-                            " in '%.150s': %s", fc->dir, strerror(errno));
-    if ((rc = floor_lock(c, fd, F_WRLCK)) != 0) {
-        close(fd);
+    int rc;
+    int wfd = openat(fc->dirfd, FLOOR_WRITER, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (wfd < 0)
+        return dlock_seterr(c, DLOCK_EIO, "cannot open " FLOOR_WRITER " in '%.150s': %s", fc->dir,
+                            strerror(errno));
+    if ((rc = floor_lock(c, wfd, F_WRLCK)) != 0) {
+        close(wfd);
         return rc;
     }
-    rc = floor_read_error(fc, pread_token(fd, &cur, &empty));
-    if (rc == 0 && (empty || cur < floor)) {
+    if ((rc = read_floor(fc, &cur)) == 0 && cur < floor) {
+        int fd = openat(fc->dirfd, FLOOR_NEW, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
+                        0600);
         snprintf(digits, sizeof digits, "%020" PRIu64 "\n", floor);
-        if (pwrite(fd, digits, TOKEN_DIGITS + 1, 0) != TOKEN_DIGITS + 1)
-            rc = dlock_seterr(c, DLOCK_EIO, "cannot write the token floor: %s", strerror(errno));
-        else if (fc->fsync && (fdatasync(fd) < 0 || fsync(fc->dirfd) < 0))
+        if (fd < 0 || write(fd, digits, TOKEN_DIGITS + 1) != TOKEN_DIGITS + 1)
+            rc = dlock_seterr(c, DLOCK_EIO, "cannot write " FLOOR_NEW " in '%.150s': %s", fc->dir,
+                              strerror(errno));
+        else if (fc->fsync && fdatasync(fd) < 0)
+            rc = dlock_seterr(c, DLOCK_EIO, "cannot sync the token floor: %s", strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        if (rc == 0 && renameat(fc->dirfd, FLOOR_NEW, fc->dirfd, FLOOR_FILE) < 0)
+            rc = dlock_seterr(c, DLOCK_EIO, "cannot rename " FLOOR_NEW " to " FLOOR_FILE
+                              " in '%.150s': %s", fc->dir, strerror(errno));
+        else if (rc == 0 && fc->fsync && fsync(fc->dirfd) < 0)
             rc = dlock_seterr(c, DLOCK_EIO, "cannot sync the token floor: %s", strerror(errno));
     }
-    floor_lock(c, fd, F_UNLCK);
-    close(fd);
+    floor_lock(c, wfd, F_UNLCK);
+    close(wfd);
     return rc;
 }
 

@@ -1425,8 +1425,8 @@ static int be_token_top(dlock_conn *conn, uint64_t *top)
  * raise_floor: the control session, in autocommit (committed as a grant's
  * bump is, so as durable), sets the floor row of <table>_grants (key
  * FLOOR_K, owner 'floor') to GREATEST(token, floor), inserting it if
- * missing. Every grant's statement reads that row (a consistent read, no
- * lock) and takes GREATEST(name's token + 1, floor + 1), so a grant
+ * missing. Every grant's statement reads that row (under a shared row
+ * lock, InnoDB's for a subquery of an INSERT) and takes GREATEST(name's token + 1, floor + 1), so a grant
  * recorded after the commit is above floor. One round trip, bounded by
  * `timeout`; the row lock it takes is held only for that statement.
  */

@@ -384,8 +384,9 @@ static int session_take(struct pg_conn *pc, struct pg_session **out, int *opened
             fresh = s;
     }
     if (!fresh)
-        return dlock_seterr(cl(pc), DLOCK_ENOMEM, "more than %d locks held by one client",
-                            POOL_MAX);
+        return dlock_seterr(cl(pc), DLOCK_ENOMEM,
+                            "more than %d locks held or awaited by one client (one session "
+                            "each)", POOL_MAX);
     int err = session_open(pc, fresh, until_ns);
     if (err == 0) {
         *out = fresh;

@@ -209,16 +209,16 @@ static int parts_raise(dlock_conn *conn, struct comp_held *h, uint64_t floor, in
     return 0;
 }
 
-/* A leased part taken early may have run out while the later parts were
- * awaited: renewed if less than half its TTL is left. */
-static int parts_refresh(dlock_conn *conn, struct comp_held *h, uint32_t ttl_ms)
+/* Renews the leased parts among the first upto whose lease ends before
+ * by (all of them: by UINT64_MAX). */
+static int parts_refresh(dlock_conn *conn, struct comp_held *h, size_t upto, uint32_t ttl_ms,
+                         uint64_t by)
 {
-    for (size_t k = 0; k + 1 < h->n; k++) {
+    for (size_t k = 0; k < upto; k++) {
         struct comp_part *p = &h->part[k];
         struct store s = store_at(conn, p->store);
         uint64_t now = dlock_monotonic_ns();
-        if (!store_leased(conn, p->store) ||
-            dlock_lease_end(s.c, p->h, p->sent, ttl_ms) > now + (uint64_t)ttl_ms * 500000u)
+        if (!store_leased(conn, p->store) || dlock_lease_end(s.c, p->h, p->sent, ttl_ms) > by)
             continue;
         int rc = DLOCK_ENOTSUP;
         dlock_err_clear(s.c);
@@ -238,12 +238,70 @@ static int parts_refresh(dlock_conn *conn, struct comp_held *h, uint32_t ttl_ms)
     return 0;
 }
 
+/* While part k is awaited, the leased parts taken before it must not run
+ * out: the wait is cut at a third of the TTL before the earliest of their
+ * lease ends (UINT64_MAX: no such part), they are renewed, and the wait
+ * starts again (behind those who came meanwhile). */
+static uint64_t renew_by(dlock_conn *conn, const struct comp_held *h, size_t k, uint32_t ttl_ms)
+{
+    uint64_t end = UINT64_MAX;
+    for (size_t i = 0; i < k; i++) {
+        const struct comp_part *p = &h->part[i];
+        if (!store_leased(conn, p->store))
+            continue;
+        uint64_t e = dlock_lease_end(store_at(conn, p->store).c, p->h, p->sent, ttl_ms);
+        if (e < end)
+            end = e;
+    }
+    uint64_t margin = (uint64_t)ttl_ms * 1000000u / 3;
+    return end == UINT64_MAX ? end : end > margin ? end - margin : 0;
+}
+
+/* Part k: one acquire under req's wait, cut for the parts held before it
+ * (renew_by()). */
+static int part_acquire(dlock_conn *conn, const dlock_request *req, struct comp_held *h, size_t k)
+{
+    struct comp_part *p = &h->part[k];
+    struct store s = store_at(conn, p->store);
+    dlock_request one = *req;
+    one.name = p->name;
+    one.name_len = p->name_len;
+    for (;;) {
+        uint64_t now = dlock_monotonic_ns(), by = renew_by(conn, h, k, req->ttl_ms);
+        /* One deadline (req's, absolute) covers every part. Once it has
+         * passed, the remaining parts get one attempt each, as the core
+         * does. */
+        int expired = req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns <= now, cut = 0;
+        one.wait = expired ? DLOCK_WAIT_TRY : req->wait;
+        one.deadline_ns = req->deadline_ns;
+        if (one.wait != DLOCK_WAIT_TRY && by != UINT64_MAX) {
+            int rc = by <= now ? parts_refresh(conn, h, k, req->ttl_ms, UINT64_MAX) : 0;
+            if (rc)
+                return rc;
+            by = renew_by(conn, h, k, req->ttl_ms);
+            if (one.wait == DLOCK_WAIT_FOREVER || by < one.deadline_ns) {
+                one.wait = DLOCK_WAIT_DEADLINE;
+                one.deadline_ns = by;
+                cut = 1;
+            }
+        }
+        dlock_err_clear(s.c);
+        p->sent = now;
+        int rc = s.b->acquire(s.conn, &one, &p->h);
+        if (rc == DLOCK_ETIMEDOUT && cut)
+            continue; /* renewed at the top */
+        if (rc == DLOCK_EBUSY && expired)
+            rc = dlock_seterr(s.c, DLOCK_ETIMEDOUT,
+                              "the deadline passed with the lock still held elsewhere");
+        return rc ? part_error(conn, h, k, rc) : 0;
+    }
+}
+
 int dlock_composite_acquire(dlock_conn *conn, const dlock_request *req,
                             const dlock_name *names, size_t nnames, dlock_held **heldp)
 {
     size_t stores = store_count(conn), n = stores * nnames, k;
     struct comp_held *h = calloc(1, sizeof *h + n * sizeof h->part[0]);
-    dlock_request one = *req;
     uint64_t top = 0;
     int rc = 0;
     if (!h)
@@ -255,31 +313,17 @@ int dlock_composite_acquire(dlock_conn *conn, const dlock_request *req,
         h->part[k].name = names[k % nnames].name;
         h->part[k].name_len = names[k % nnames].len;
     }
-    /* One deadline (req's, absolute) covers every part. Once it has passed,
-     * the remaining parts get one attempt each, as the core does. */
     for (k = 0; k < n; k++) {
-        struct comp_part *p = &h->part[k];
-        struct store s = store_at(conn, p->store);
-        uint64_t now = dlock_monotonic_ns();
-        int expired = req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns <= now;
-        one.wait = expired ? DLOCK_WAIT_TRY : req->wait;
-        one.name = p->name;
-        one.name_len = p->name_len;
-        dlock_err_clear(s.c);
-        p->sent = now;
-        rc = s.b->acquire(s.conn, &one, &p->h);
-        if (rc == DLOCK_EBUSY && expired)
-            rc = dlock_seterr(s.c, DLOCK_ETIMEDOUT,
-                              "the deadline passed with the lock still held elsewhere");
-        if (rc) {
-            part_error(conn, h, k, rc);
+        if ((rc = part_acquire(conn, req, h, k)) != 0)
             break;
-        }
-        if (p->h->token > top)
-            top = p->h->token;
+        if (h->part[k].h->token > top)
+            top = h->part[k].h->token;
     }
+    /* A leased part taken early whose lease ran low (less than half the
+     * TTL left) while the later ones were awaited is renewed. */
     if (rc == 0 && dlock_client_expires(conn->client))
-        rc = parts_refresh(conn, h, req->ttl_ms);
+        rc = parts_refresh(conn, h, n - 1, req->ttl_ms,
+                           dlock_monotonic_ns() + (uint64_t)req->ttl_ms * 500000u);
     if (rc == 0)
         rc = parts_raise(conn, h, top, 1);
     if (rc) {

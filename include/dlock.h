@@ -298,7 +298,12 @@ DLOCK_API int dlock_acquire_n(dlock_client *client, const char *name,
  * loss cover every name: losing one is losing the lock. A client holds a
  * name in at most one lock: DLOCK_EALREADY if it holds any of names
  * (.reentrant: only a lock of exactly these names is held again). One name
- * is the same as dlock_acquire().
+ * is the same as dlock_acquire(). On stores with leases, the names taken
+ * first are renewed while a later one is awaited: a wait longer than two
+ * thirds of the TTL is cut, the names held are renewed, and the wait starts
+ * again behind those who came meanwhile. Each name counts towards what a
+ * store allows one client (PostgreSQL: 64 locks held or awaited at once,
+ * one session each).
  */
 #define DLOCK_NAMES_MAX 256
 DLOCK_API int dlock_acquire_names(dlock_client *client, const char *const *names,

@@ -56,7 +56,7 @@ struct run_args {
     int nnames;
     char **command;   /* NULL-terminated argv of the command */
     dlock_acquire_opts acq;
-    double wait_s;    /* the -w value, for the timeout message */
+    double wait_s;    /* the -w value */
     double grace_s;   /* the -G value, for messages */
     uint64_t grace_ns; /* UINT64_MAX: never SIGKILL */
     const char *password_file;
@@ -194,14 +194,15 @@ static void show_names(char *const *names, int n)
 {
     char joined[SHOWN_MAX + 4] = "";
     size_t used = 0;
+    int i;
 
-    for (int i = 0; i < n && used < SHOWN_MAX; i++) {
+    for (i = 0; i < n && used < SHOWN_MAX; i++) {
         int w = snprintf(joined + used, sizeof joined - used, "%s%s", i ? "', '" : "", names[i]);
         used = w < 0 ? used : used + (size_t)w;
     }
     make_printable(shown_name, joined);
-    if (used > SHOWN_MAX)
-        strcpy(shown_name + SHOWN_MAX, "...");
+    if (used > SHOWN_MAX || i < n)
+        strcpy(shown_name + (used < SHOWN_MAX ? used : SHOWN_MAX), "...");
 }
 
 static int parse_seconds(const char *s, double *out)
@@ -359,6 +360,10 @@ static int parse_run_args(int argc, char **argv, struct run_args *ra)
     if (sep + 1 == argc)
         return usage_error("missing COMMAND after '--'");
     /* One argument is NAME; with more, the first is URI. */
+    if (npos >= 2 && !strstr(argv[optind], "://"))
+        return usage_error("with several arguments before '--' the first is the URI, and "
+                           "'%s' is none: give the URI first (e.g. \"$DLOCK_URI\")",
+                           shown_value(argv[optind]));
     ra->uri = npos >= 2 ? argv[optind] : NULL;
     ra->names = argv + sep - (npos >= 2 ? npos - 1 : 1);
     ra->nnames = npos >= 2 ? npos - 1 : 1;
@@ -700,6 +705,7 @@ static int acquire(const struct run_args *ra, dlock_client *client, struct job *
     acq.keep = 1;
     acq.on_lost = on_lost;
     acq.on_lost_user = &job->wake[1];
+    uint64_t t0 = dlock_monotonic_ns();
     /* No handler runs while waiting, so an interruption is spurious (a
      * stop and continue); the deadline is absolute, so retrying is exact. */
     do
@@ -711,7 +717,8 @@ static int acquire(const struct run_args *ra, dlock_client *client, struct job *
     if (err == DLOCK_EBUSY)
         say("lock '%s' is held elsewhere", shown_name);
     else if (err == DLOCK_ETIMEDOUT)
-        say("timed out after %g s waiting for lock '%s'", ra->wait_s, shown_name);
+        say("timed out after %.3g s waiting for lock '%s': %s",
+            (double)(dlock_monotonic_ns() - t0) / 1e9, shown_name, detail(client, err));
     else
         say("cannot acquire lock '%s': %s", shown_name, detail(client, err));
     return exit_status_for(err);

@@ -672,6 +672,70 @@ static void test_names_lock(void)
     dlock_client_close(d);
 }
 
+/* Several names, the later one held elsewhere for over three leases: the
+ * names taken first stay held (renewed while the later one is awaited) and
+ * the acquire succeeds once it is free. */
+static void test_names_long_wait(void)
+{
+    char a[128], b[128];
+    const uint32_t ttl = 500;
+    name_of(a, sizeof a, "long-a");
+    name_of(b, sizeof b, "long-b");
+    const char *ab[2] = {a, b};
+    int ready[2];
+    if (pipe(ready) != 0)
+        exit(1);
+    fflush(stdout);
+    pid_t holder = fork();
+    if (holder == 0) {
+        dlock_client *h = client();
+        dlock_lock *l = NULL;
+        dlock_acquire_opts o = try_once();
+        int rc = dlock_acquire(h, b, &o, &l);
+        if (write(ready[1], "x", 1) != 1)
+            _exit(3);
+        if (rc)
+            _exit(2);
+        sleep_ms(4 * ttl);
+        dlock_release(l);
+        dlock_client_close(h);
+        _exit(0);
+    }
+    char x;
+    close(ready[1]);
+    if (read(ready[0], &x, 1) != 1)
+        x = 0;
+    close(ready[0]);
+    uint64_t t0 = dlock_monotonic_ns(); /* 'b' is held for 4 leases from about now */
+    dlock_client *c = client(); /* connected before the checker's clock starts */
+    fflush(stdout);
+    pid_t checker = fork();
+    if (checker == 0) { /* at 2.5 leases: 'a' must still be held */
+        dlock_client *k = client();
+        dlock_lock *l = NULL;
+        dlock_acquire_opts o = try_once();
+        sleep_ms(5 * ttl / 2);
+        _exit(dlock_acquire(k, a, &o, &l) == DLOCK_EBUSY ? 0 : 1);
+    }
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_for(10000);
+    o.ttl_ms = ttl;
+    is_int(dlock_acquire_names(c, ab, 2, &o, &l), 0,
+           "{a, b}, 'b' held elsewhere for 4 leases of %u ms: granted once it is free: %s", ttl,
+           dlock_errmsg(c));
+    uint64_t el = (dlock_monotonic_ns() - t0) / MS;
+    ok(el >= 3 * ttl, "after the holder let go (%llu ms after it took 'b')", (unsigned long long)el);
+    int st = 0;
+    waitpid(checker, &st, 0);
+    ok(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+       "'a' stayed held while 'b' was awaited (another client's try at 2.5 leases: busy)");
+    waitpid(holder, &st, 0);
+    ok(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the holder of 'b' ran to its end");
+    if (l)
+        dlock_release(l);
+    dlock_client_close(c);
+}
+
 static void test_holder_killed(void)
 {
     char name[128];
@@ -1847,6 +1911,7 @@ int main(int argc, char **argv)
     test_reentrant();
     struct pcase cases[] = {
         {"closed port", test_closed_port, 0, NULL, 0},
+        {"several names, a long wait", test_names_long_wait, 0, NULL, 0},
         {"holder killed", test_holder_killed, 0, NULL, 0},
         {"dead waiter", test_dead_waiter, 0, NULL, 0},
         {"leases", test_leases, 0, NULL, 0},
