@@ -458,6 +458,7 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
         free(lock);
         return dlock_seterr(c, rc, "cannot read random bytes for the owner id");
     }
+    memcpy(lock->owner_hex, req.owner_hex, sizeof lock->owner_hex);
     /* A deadline already past is one attempt that reports a timeout, so
      * backends only ever see future deadlines. */
     uint64_t sent = dlock_monotonic_ns(); /* also the lease's earliest start */
@@ -470,6 +471,8 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
         rc = c->backend->acquire(c->conn, &req, &held);
     if (rc == DLOCK_EBUSY && expired)
         rc = dlock_seterr(c, DLOCK_ETIMEDOUT, "the deadline passed with the lock still held elsewhere");
+    lock->granted_ns = dlock_monotonic_ns();
+    dlock_metrics_acquire(c, rc, lock->granted_ns - sent);
     if (rc) {
         free(lock);
         return finish(c, rc);
@@ -575,6 +578,7 @@ int dlock_release(dlock_lock *lock)
     if (dlock_backend_v2(c->backend))
         lock->held->lease_end_ns = 0;
     rc = lock->ops->release(c->conn, lock->held);
+    dlock_metrics_release(c, rc, dlock_monotonic_ns() - lock->granted_ns);
     /* The store may not know (a Redlock quorum gone) or not answer (a
      * store down): the keeper did know. A grant reported lost is never
      * revived, and its release says so whatever the store answered. */
@@ -604,6 +608,8 @@ int dlock_renew(dlock_lock *lock, uint32_t ttl_ms)
     if (dlock_backend_v2(c->backend))
         lock->held->lease_end_ns = 0;
     rc = lock->ops->renew(c->conn, lock->held, ttl_ms);
+    if (dlock_client_expires(c))
+        dlock_metrics_renewal(c, rc);
     uint64_t end = 0;
     if (rc == 0) {
         lock->ttl_ms = ttl_ms;
@@ -664,6 +670,36 @@ int dlock_client_raise_floor(dlock_client *c, uint64_t floor)
         return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot raise its tokens",
                             c->backend->name);
     return finish(c, c->backend->raise_floor(c->conn, floor));
+}
+
+int dlock_inspect(dlock_client *c, const char *name, dlock_info *info)
+{
+    int rc;
+    if (!c || not_on_keeper())
+        return DLOCK_EINVAL;
+    if ((rc = check_usable(c)) != 0)
+        return rc;
+    if (!info)
+        return dlock_seterr(c, DLOCK_EINVAL, "no place to store what the store knows");
+    size_t len = name ? strnlen(name, DLOCK_NAME_MAX + 1) : 0;
+    if ((rc = check_name(c, name, len)) != 0)
+        return rc;
+    memset(info, 0, sizeof *info);
+    info->version = DLOCK_INFO_VERSION;
+    if (!dlock_backend_v5(c->backend) || !c->backend->inspect)
+        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot inspect its locks",
+                            c->backend->name);
+    rc = c->backend->inspect(c->conn, name, len, info);
+    if (rc) {
+        memset(info, 0, sizeof *info);
+        info->version = DLOCK_INFO_VERSION;
+    }
+    return finish(c, rc);
+}
+
+const char *dlock_lock_owner(const dlock_lock *lock)
+{
+    return lock ? lock->owner_hex : NULL;
 }
 
 uint64_t dlock_lock_token(const dlock_lock *lock)

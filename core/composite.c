@@ -443,6 +443,21 @@ static int comp_ping(dlock_conn *conn)
     return pinged ? 0 : dlock_seterr(conn->client, DLOCK_ENOTSUP, "no store of this list can be pinged");
 }
 
+/* What the first store listed knows (the lock is taken there first). */
+static int comp_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+{
+    struct comp_conn *cc = (struct comp_conn *)conn;
+    const dlock_backend *b = cc->part[0]->backend;
+    int rc;
+    dlock_err_clear(cc->part[0]);
+    if (!dlock_backend_v5(b) || !b->inspect)
+        rc = dlock_seterr(cc->part[0], DLOCK_ENOTSUP, "the %s backend cannot inspect its locks",
+                          b->name);
+    else
+        rc = b->inspect(cc->part[0]->conn, name, len, info);
+    return rc ? store_error(cc, 0, rc) : 0;
+}
+
 /* The largest of the stores' tops: every store must tell. */
 static int comp_token_top(dlock_conn *conn, uint64_t *top)
 {
@@ -505,6 +520,7 @@ const dlock_backend dlock_composite_backend = {
     .raise_token = comp_raise_token,
     .token_top = comp_token_top,
     .raise_floor = comp_raise_floor,
+    .inspect = comp_inspect,
 };
 
 /* Splits s at runs of whitespace: the count of words, and with out (room for

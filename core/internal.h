@@ -11,12 +11,23 @@
 struct dlock_keeper;
 struct dlock_kept;
 
+/* The client's metrics (core/metrics.c): relaxed atomic counters. */
+struct dlock_hist {
+    _Atomic uint64_t count, sum_ns, bucket[DLOCK_METRICS_BUCKETS];
+};
+struct dlock_counters {
+    _Atomic uint64_t granted, busy, timed_out, failed, errors[DLOCK_METRICS_ERRORS];
+    _Atomic uint64_t releases, releases_lost, renewals, renewal_failures, losses, reconnects;
+    struct dlock_hist wait, hold;
+};
+
 struct dlock_client {
     const dlock_backend *backend;
     dlock_conn *conn;       /* NULL when open failed */
     dlock_uri *uri;         /* NULL when the URI did not parse */
     struct dlock_lock *locks; /* held locks, for close and for EALREADY */
     struct dlock_keeper *keeper; /* NULL until the first kept lock */
+    struct dlock_counters metrics;
     int err;
     char errmsg[DLOCK_ERRMSG_MAX];
 };
@@ -31,6 +42,8 @@ struct dlock_lock {
     struct dlock_kept *kept; /* NULL unless acquired with keep */
     unsigned int holds;      /* > 1 only for reentrant acquires */
     uint32_t ttl_ms;
+    char owner_hex[33];      /* the grant's owner id */
+    uint64_t granted_ns;     /* when the grant returned (hold time) */
     /* Read from any thread: see dlock.h "Thread-safety". */
     _Atomic uint64_t expires_ns;
     _Atomic int lost;
@@ -55,6 +68,12 @@ static inline int dlock_backend_v2(const dlock_backend *b)
 static inline int dlock_backend_v3(const dlock_backend *b)
 {
     return b->version >= 3;
+}
+
+/* v5 added inspect(). */
+static inline int dlock_backend_v5(const dlock_backend *b)
+{
+    return b->version >= 5;
 }
 
 /* v4 added token_top() and raise_floor(). */
@@ -90,6 +109,12 @@ void dlock_keeper_stop(dlock_client *c);
 int dlock_keeper_on_thread(void);
 int dlock_keeper_lost_fd(dlock_lock *lock);
 const char *dlock_keeper_lost_detail(const dlock_lock *lock);
+
+/* Metrics (core/metrics.c). */
+void dlock_metrics_acquire(dlock_client *c, int rc, uint64_t took_ns);
+void dlock_metrics_release(dlock_client *c, int rc, uint64_t held_ns);
+void dlock_metrics_renewal(dlock_client *c, int rc);
+void dlock_metrics_loss(dlock_client *c);
 
 /* The built-in backends, registered once on first use. */
 extern const dlock_backend dlock_file_backend;

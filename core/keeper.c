@@ -105,6 +105,7 @@ static void mark_lost(struct dlock_keeper *kp, struct dlock_kept *k, int err,
         return;
     if (detail != k->detail)
         snprintf(k->detail, sizeof k->detail, "%s", detail);
+    dlock_metrics_loss(k->lock->client);
     atomic_store(&k->lock->expires_ns, 0);
     atomic_store(&k->lock->lost, err);
     k->pending = 1;
@@ -140,6 +141,8 @@ static void *renewer_main(void *arg)
         sink.err = 0;
         sink.msg[0] = '\0';
         int rc = lock->ops->keep(c->conn, lock->held, ttl);
+        if (dlock_client_expires(c))
+            dlock_metrics_renewal(c, rc);
         uint64_t end = rc == 0 ? dlock_lease_end(c, lock->held, sent, ttl) : 0;
 
         pthread_mutex_lock(&kp->mu);

@@ -165,6 +165,111 @@ DLOCK_API unsigned int dlock_client_caps(const dlock_client *client);
  */
 DLOCK_API int dlock_client_ping(dlock_client *client);
 
+/*
+ * What a store knows about one lock name, read without taking or disturbing
+ * the lock (dlock_inspect()). A store tells what it can: .known has a
+ * DLOCK_KNOWS_* bit for every field it filled; the others are zero and must
+ * be shown as unknown, never guessed.
+ */
+#define DLOCK_INFO_VERSION 1
+#define DLOCK_INFO_LISTED 16 /* waiters listed in order, at most */
+#define DLOCK_HOLDER_MAX 64  /* bytes of an owner description, NUL included */
+
+enum {
+    DLOCK_KNOWS_HELD = 1u << 0,       /* .held */
+    DLOCK_KNOWS_TOKEN = 1u << 1,      /* .token (while held) */
+    DLOCK_KNOWS_OWNER = 1u << 2,      /* .owner (while held) */
+    DLOCK_KNOWS_LEASE = 1u << 3,      /* .lease_ms (while held) */
+    DLOCK_KNOWS_WAITERS = 1u << 4,    /* .waiters */
+    DLOCK_KNOWS_ORDER = 1u << 5,      /* .listed and .waiter[]: the queue's head */
+    DLOCK_KNOWS_LAST_TOKEN = 1u << 6, /* .last_token */
+};
+
+typedef struct dlock_info {
+    unsigned int version; /* DLOCK_INFO_VERSION, set by dlock_inspect() */
+    unsigned int known;   /* DLOCK_KNOWS_* */
+    int held;             /* 1 held, 0 free */
+    uint64_t token;       /* the holder's fencing token */
+    /* The holder: the 32 hex digits of its dlock owner id (see
+     * dlock_lock_owner()) where the store keeps it, else what the store
+     * knows it by (e.g. "pid 4242 on 10.0.0.7"). */
+    char owner[DLOCK_HOLDER_MAX];
+    uint64_t lease_ms;    /* lease time left, ms */
+    uint64_t waiters;     /* clients waiting for the lock */
+    size_t listed;        /* the first .listed waiters, in the order they will be served */
+    char waiter[DLOCK_INFO_LISTED][DLOCK_HOLDER_MAX];
+    uint64_t last_token;  /* the last token granted for the name (0: none yet) */
+} dlock_info;
+
+/*
+ * Fills *info with what the client's store knows about the lock called
+ * name, without taking it, waiting for it or changing anything a holder or
+ * waiter can see. On a list of stores, what the first store listed knows
+ * (inspect each store with a client of its own for the others).
+ * DLOCK_ENOTSUP when the backend cannot inspect; DLOCK_EINVAL for a bad
+ * name; connection and store errors.
+ */
+DLOCK_API int dlock_inspect(dlock_client *client, const char *name, dlock_info *info);
+
+/* The owner id of this grant as 32 lower-case hex digits (the holder an
+ * inspection names, where the store keeps it). Owned by the lock. */
+DLOCK_API const char *dlock_lock_owner(const dlock_lock *lock);
+
+/*
+ * Metrics: counters and histograms each client keeps of its own locks, from
+ * dlock_client_open() on, for a service to serve from its own endpoint.
+ * Kept with relaxed atomic additions on the client (no allocation, no lock
+ * on the acquire path); readable from any thread.
+ *
+ * Histograms have DLOCK_METRICS_BUCKETS buckets: le[k] counts the
+ * observations of at most 2^k microseconds (1 us, 2 us, ... 16.8 s),
+ * cumulative as Prometheus has them; count is every observation, larger
+ * ones included, and sum_ns their total.
+ */
+#define DLOCK_METRICS_VERSION 1
+#define DLOCK_METRICS_BUCKETS 25
+#define DLOCK_METRICS_ERRORS 32 /* errors[-code] for codes -1 .. -31 */
+
+typedef struct dlock_histogram {
+    uint64_t count;
+    uint64_t sum_ns;
+    uint64_t le[DLOCK_METRICS_BUCKETS];
+} dlock_histogram;
+
+typedef struct dlock_metrics {
+    unsigned int version;       /* DLOCK_METRICS_VERSION, set by dlock_client_metrics() */
+    /* Acquires that reached the store, by result (a reentrant acquire, or
+     * one refused before asking the store, is not counted). */
+    uint64_t granted;
+    uint64_t busy;              /* DLOCK_EBUSY: a try found the lock held */
+    uint64_t timed_out;         /* DLOCK_ETIMEDOUT: the deadline passed */
+    uint64_t failed;            /* any other error */
+    uint64_t errors[DLOCK_METRICS_ERRORS]; /* failed, by -code */
+    uint64_t releases;          /* locks released in the store (last hold) */
+    uint64_t releases_lost;     /* ... that reported DLOCK_ELOST */
+    uint64_t renewals;          /* renewals that succeeded: dlock_renew() and the keeper's */
+    uint64_t renewal_failures;  /* renewals that failed, a loss or not */
+    uint64_t losses;            /* kept locks the keeper reported lost */
+    uint64_t reconnects;        /* connections the backend opened again after one broke */
+    dlock_histogram wait;       /* how long each counted acquire took */
+    dlock_histogram hold;       /* grant to release in the store */
+} dlock_metrics;
+
+/* Copies the client's metrics into *m (a lock-free snapshot: counters
+ * bumped meanwhile may or may not be in it). */
+DLOCK_API int dlock_client_metrics(const dlock_client *client, dlock_metrics *m);
+
+/*
+ * Writes m in the Prometheus text exposition format (version 0.0.4) to buf
+ * (len bytes, NUL-terminated when len > 0), as snprintf() does: returns the
+ * length of the whole text, which was cut if it is len or more; negative
+ * (DLOCK_EINVAL) for a NULL m or labels that are not name="value" pairs
+ * separated by commas. labels (NULL for none), e.g. "service=\"billing\"",
+ * are added to every sample. Metric names start with dlock_.
+ */
+DLOCK_API int dlock_metrics_format(const dlock_metrics *m, const char *labels, char *buf,
+                                   size_t len);
+
 /* How an acquire waits when the lock is held by someone else. */
 typedef enum dlock_wait {
     DLOCK_WAIT_TRY = 0,      /* one attempt; DLOCK_EBUSY if held */

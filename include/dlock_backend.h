@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define DLOCK_BACKEND_VERSION 4
+#define DLOCK_BACKEND_VERSION 5
 
 /* Capability bits: what a backend guarantees. */
 enum {
@@ -221,6 +221,19 @@ struct dlock_backend {
      * next tokens are above floor anyway, else DLOCK_ENOTSUP with a detail
      * naming both values. Safe while other clients hold and wait. */
     int (*raise_floor)(dlock_conn *conn, uint64_t floor);
+
+    /* Version 5. */
+
+    /* Optional (NULL: DLOCK_ENOTSUP). Fills info (zeroed by the core, its
+     * version set) with what the store knows about the lock called name
+     * (len bytes, checked like an acquire's, NUL-terminated): sets a
+     * DLOCK_KNOWS_* bit in info->known for each field it fills, and leaves
+     * the others zero (a field the store cannot tell is never guessed).
+     * Must not take, wait for, renew or otherwise disturb the lock, nor
+     * join its queue; bounded by the backend's timeout. Called on the
+     * application's thread. The owner is the holder's owner_hex where the
+     * store keeps it. */
+    int (*inspect)(dlock_conn *conn, const char *name, size_t len, dlock_info *info);
 };
 
 /*
@@ -249,6 +262,10 @@ typedef struct dlock_sigpipe {
 } dlock_sigpipe;
 DLOCK_API void dlock_sigpipe_block(dlock_sigpipe *state);
 DLOCK_API void dlock_sigpipe_restore(const dlock_sigpipe *state);
+
+/* Counts a connection the backend opened again after one broke (the
+ * client's reconnects metric). Any thread. */
+DLOCK_API void dlock_count_reconnect(dlock_client *client);
 
 /*
  * Adds a backend to the registry (the built-in ones are registered once, on

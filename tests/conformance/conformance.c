@@ -447,6 +447,103 @@ static void test_store_floor(void)
     dlock_client_close(d);
 }
 
+static int inspect_ok(dlock_client *c, const char *name, dlock_info *i)
+{
+    int rc = dlock_inspect(c, name, i);
+    if (rc)
+        diag("inspect %s: %s", name, dlock_errmsg(c));
+    return rc == 0;
+}
+
+/* Inspect: free, held (token, owner, lease), queued waiters (count, order),
+ * the last token, an expired lease; it never takes or disturbs the lock.
+ * Every store tells held or free; the rest where .known says so. */
+static void test_inspect(void)
+{
+    char name[128], exp[128];
+    dlock_client *c = client(), *d = client();
+    dlock_lock *l = NULL, *x = NULL;
+    dlock_info i;
+    name_of(name, sizeof name, "inspect");
+    is_int(dlock_inspect(d, name, NULL), DLOCK_EINVAL, "no info → DLOCK_EINVAL");
+    is_int(dlock_inspect(d, "", &i), DLOCK_EINVAL, "an empty name → DLOCK_EINVAL");
+    ok(inspect_ok(d, name, &i) && (i.known & DLOCK_KNOWS_HELD) && !i.held,
+       "a name never taken: free (known 0x%x)", i.known);
+    diag("%s knows 0x%x", dlock_client_backend(d), i.known);
+
+    dlock_acquire_opts o = wait_for(5000);
+    o.ttl_ms = 8000;
+    is_int(dlock_acquire(c, name, &o, &l), 0, "a holder with an 8 s lease");
+    uint64_t token = l ? dlock_lock_token(l) : 0;
+    ok(inspect_ok(d, name, &i) && i.held, "held");
+    if (i.known & DLOCK_KNOWS_TOKEN)
+        ok(i.token == token, "the holder's token (%llu)", (unsigned long long)i.token);
+    if (i.known & DLOCK_KNOWS_OWNER)
+        ok(strstr(i.owner, dlock_lock_owner(l)) != NULL || (i.owner[0] && strlen(i.owner) != 32),
+           "the holder's owner: %s (its id %s)", i.owner, dlock_lock_owner(l));
+    if (i.known & DLOCK_KNOWS_LEASE)
+        ok(i.lease_ms > 0 && i.lease_ms <= 8000, "lease left %llu ms of 8000",
+           (unsigned long long)i.lease_ms);
+    else
+        ok(!(caps & DLOCK_CAP_LEASE) || composite, "no lease time only where there is no lease");
+    if (i.known & DLOCK_KNOWS_LAST_TOKEN)
+        ok(i.last_token == token, "the last token granted is the holder's");
+
+    /* Two waiters queue behind it. */
+    struct holder w1 = spawn_holder(name, 5000);
+    sleep_ms(300);
+    struct holder w2 = spawn_holder(name, 5000);
+    int seen = 0;
+    for (int k = 0; k < 50 && !seen; k++) {
+        sleep_ms(100);
+        seen = inspect_ok(d, name, &i) && (!(i.known & DLOCK_KNOWS_WAITERS) || i.waiters == 2);
+    }
+    if (i.known & DLOCK_KNOWS_WAITERS)
+        ok(seen, "two waiters counted (%llu)", (unsigned long long)i.waiters);
+    if (i.known & DLOCK_KNOWS_ORDER)
+        ok(i.listed == 2 && i.waiter[0][0] && i.waiter[1][0] && strcmp(i.waiter[0], i.waiter[1]),
+           "listed in order: %s, then %s", i.waiter[0], i.waiter[1]);
+    ok(i.held && (!(i.known & DLOCK_KNOWS_TOKEN) || i.token == token),
+       "still held by the same grant while inspected");
+    o = try_once();
+    is_int(dlock_acquire(d, name, &o, &x), DLOCK_EBUSY, "inspecting disturbed nothing: busy");
+    if (l)
+        is_int(dlock_release(l), 0, "the holder releases (nothing inspected got in its way)");
+    uint64_t t1 = holder_token(&w1);
+    ok(t1 > token, "the first waiter is served next (%llu)", (unsigned long long)t1);
+    if (inspect_ok(d, name, &i) && (i.known & DLOCK_KNOWS_TOKEN))
+        ok(i.held && i.token == t1, "inspect names the new holder's token");
+    if (i.known & DLOCK_KNOWS_WAITERS)
+        ok(i.waiters == 1, "one waiter left (%llu)", (unsigned long long)i.waiters);
+    if (write(w1.control, "x", 1) != 1)
+        diag("cannot tell the first waiter to release");
+    uint64_t t2 = holder_token(&w2);
+    ok(t2 > t1, "then the second (%llu)", (unsigned long long)t2);
+    if (write(w2.control, "x", 1) != 1)
+        diag("cannot tell the second waiter to release");
+    int st1 = 0, st2 = 0;
+    waitpid(w1.pid, &st1, 0);
+    waitpid(w2.pid, &st2, 0);
+    close(w1.report), close(w1.control), close(w2.report), close(w2.control);
+    ok(inspect_ok(d, name, &i) && !i.held, "free again once both released");
+    if (i.known & DLOCK_KNOWS_LAST_TOKEN)
+        ok(i.last_token == t2, "the last token granted (%llu)", (unsigned long long)i.last_token);
+
+    /* An expired lease is free (stores with leases). */
+    if ((caps & DLOCK_CAP_LEASE)) {
+        name_of(exp, sizeof exp, "inspect-expired");
+        o = try_once();
+        o.ttl_ms = 300;
+        is_int(dlock_acquire(c, exp, &o, &l), 0, "a 300 ms lease, not renewed");
+        sleep_ms(900);
+        ok(inspect_ok(d, exp, &i) && !i.held, "after it expired: free");
+        if (l)
+            dlock_release(l);
+    }
+    dlock_client_close(c);
+    dlock_client_close(d);
+}
+
 /* Mutual exclusion: N processes × M iterations on a counter that only the
  * lock protects; the counter must come out exact and the tokens seen
  * inside the lock must be strictly increasing. */
@@ -1902,6 +1999,7 @@ int main(int argc, char **argv)
     test_tokens();
     test_raise_token();
     test_store_floor();
+    test_inspect();
     test_lists();
     test_mutual_exclusion(8, 150);
     test_names_lock();

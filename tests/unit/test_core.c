@@ -541,6 +541,50 @@ static void test_names(void)
     dlock_client_close(c);
 }
 
+/* Metrics: acquires by result and error code, releases, renewals, the
+ * histograms, the text (its parse is tests/unit/test_metrics.py's). */
+static void test_metrics(void)
+{
+    dlock_client *c = NULL;
+    dlock_lock *l = NULL;
+    dlock_metrics m;
+    char text[16384];
+    is_int(dlock_client_open("fake://metrics", &c), 0, "open");
+    is_int(dlock_client_metrics(c, NULL), DLOCK_EINVAL, "no place → DLOCK_EINVAL");
+    is_int(dlock_client_metrics(c, &m), 0, "metrics of a new client");
+    ok(m.version == DLOCK_METRICS_VERSION && m.granted == 0 && m.wait.count == 0, "all zero");
+    is_int(dlock_acquire(c, "m", NULL, &l), 0, "granted");
+    is_int(dlock_renew(l, 1000), 0, "renewed");
+    is_int(dlock_release(l), 0, "released");
+    fake.fail_acquire = DLOCK_ECONNECT;
+    is_int(dlock_acquire(c, "m", NULL, &l), DLOCK_ECONNECT, "failed: ECONNECT");
+    fake.fail_acquire = DLOCK_EBUSY;
+    is_int(dlock_acquire(c, "m", NULL, &l), DLOCK_EBUSY, "busy");
+    fake.fail_acquire = 0;
+    is_int(dlock_acquire(c, "", NULL, &l), DLOCK_EINVAL, "a bad name: not counted");
+    dlock_client_metrics(c, &m);
+    ok(m.granted == 1 && m.busy == 1 && m.failed == 1 && m.timed_out == 0,
+       "by result: 1 granted, 1 busy, 1 failed (%llu %llu %llu)", (unsigned long long)m.granted,
+       (unsigned long long)m.busy, (unsigned long long)m.failed);
+    ok(m.errors[-DLOCK_ECONNECT] == 1, "the failure by code");
+    ok(m.releases == 1 && m.renewals == 1 && m.hold.count == 1 && m.wait.count == 3,
+       "1 release, 1 renewal, 1 hold and 3 waits observed");
+    ok(m.wait.le[DLOCK_METRICS_BUCKETS - 1] == 3 && m.wait.le[0] <= m.wait.le[1],
+       "buckets cumulative");
+    int n = dlock_metrics_format(&m, "app=\"x\"", text, sizeof text);
+    ok(n > 0 && (size_t)n < sizeof text, "formatted (%d bytes)", n);
+    ok(strstr(text, "dlock_acquire_errors_total{app=\"x\",code=\"DLOCK_ECONNECT\"} 1\n") != NULL,
+       "errors by code, with the labels");
+    char small[64];
+    is_int(dlock_metrics_format(&m, "app=\"x\"", small, sizeof small), n,
+           "a short buffer: the full length, as snprintf");
+    ok(strlen(small) == sizeof small - 1, "cut, NUL-terminated");
+    is_int(dlock_metrics_format(&m, "app=x", text, sizeof text), DLOCK_EINVAL,
+           "labels without quotes → DLOCK_EINVAL");
+    is_int(dlock_metrics_format(NULL, NULL, text, sizeof text), DLOCK_EINVAL, "no metrics");
+    dlock_client_close(c);
+}
+
 int main(void)
 {
     dlock_client *c = NULL;
@@ -557,6 +601,7 @@ int main(void)
     test_redaction_in_backend_errors();
     test_lists();
     test_names();
+    test_metrics();
     is_int(fake.opened, fake.close, "every opened connection was closed");
     return done_testing();
 }

@@ -1,13 +1,15 @@
 /* What only the file backend has: its URI rules, its directory, the token
- * kept in the lock file, OFD-lock details (fork, removed files), and the
- * directory's token floor file. */
+ * kept in the lock file, OFD-lock details (fork, removed files), the
+ * directory's token floor file, and what inspect reads from the lock file. */
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backends/file.h"
@@ -313,6 +315,147 @@ static void test_store_floor(void)
     dlock_client_close(d);
 }
 
+static int inspected(dlock_client *c, const char *name, dlock_info *i)
+{
+    int rc = dlock_inspect(c, name, i);
+    if (rc)
+        diag("inspect %s: %s", name, dlock_errmsg(c));
+    return rc == 0;
+}
+
+static int lock_file_exists(const char *d, const char *name)
+{
+    char fname[DLOCK_FILE_ENCODED_MAX + 80], path[512];
+    struct stat st;
+    dlock_file_encode_name(name, strlen(name), fname, sizeof fname);
+    snprintf(path, sizeof path, "%s/%s", d, fname);
+    return lstat(path, &st) == 0;
+}
+
+/* Writes `text` as name's lock file (a crash's or someone else's file). */
+static void put_lock_file(const char *name, const char *text)
+{
+    char fname[DLOCK_FILE_ENCODED_MAX + 80], path[512];
+    dlock_file_encode_name(name, strlen(name), fname, sizeof fname);
+    snprintf(path, sizeof path, "%s/%s", dir, fname);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        abort();
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A child that takes name (wait: forever) and reports the token on `out`,
+ * then holds until killed. */
+static pid_t child_acquire(const char *name, int out)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        dlock_client *c = NULL;
+        dlock_lock *l = NULL;
+        uint64_t t = 0;
+        if (dlock_client_open(uri, &c) == 0 && dlock_acquire(c, name, NULL, &l) == 0)
+            t = dlock_lock_token(l);
+        if (write(out, &t, sizeof t) != sizeof t)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    return pid;
+}
+
+/* Inspect reads the lock file without creating or locking anything: the
+ * OFD lock state (this process's other descriptions included), the token
+ * and owner a grant wrote; no waiters, no lease. */
+static void test_inspect(void)
+{
+    dlock_client *a = open_ok(uri), *b = open_ok(uri);
+    dlock_lock *l = NULL, *x = NULL;
+    dlock_info i;
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    o.wait = DLOCK_WAIT_TRY;
+
+    ok(inspected(b, "insp/never", &i) && !i.held, "a name never taken: free");
+    is_int(i.known, DLOCK_KNOWS_HELD | DLOCK_KNOWS_LAST_TOKEN, "held and last token known");
+    ok(i.last_token == 0, "no token granted yet");
+    ok(!lock_file_exists(dir, "insp/never"), "and inspecting created no lock file");
+    char sub[128], suburi[160];
+    snprintf(sub, sizeof sub, "%s/inspect-only", dir);
+    snprintf(suburi, sizeof suburi, "file://%s", sub);
+    dlock_client *s = open_ok(suburi);
+    ok(inspected(s, "x", &i) && !i.held, "in an empty directory too");
+    ok(!lock_file_exists(sub, "x"), "which stays empty");
+    dlock_client_close(s);
+
+    /* Held by another client of this very process: OFD locks see it. */
+    is_int(dlock_acquire(a, "insp/held", NULL, &l), 0, "held by another client here");
+    ok(inspected(b, "insp/held", &i) && i.held, "held");
+    is_int(i.known, DLOCK_KNOWS_HELD | DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER |
+           DLOCK_KNOWS_LAST_TOKEN, "token, owner and last token; no lease, no waiters");
+    ok(i.token == dlock_lock_token(l) && i.last_token == i.token, "the holder's token");
+    is_str(i.owner, dlock_lock_owner(l), "the holder's owner id, from the file");
+    ok(inspected(a, "insp/held", &i) && i.held, "the holder's own client sees it held too");
+
+    /* A waiter blocked in the kernel is not seen, nor disturbed. */
+    int fds[2];
+    if (pipe(fds) < 0)
+        abort();
+    pid_t w = child_acquire("insp/held", fds[1]);
+    nanosleep(&(struct timespec){0, 200000000L}, NULL); /* it blocks in the kernel */
+    ok(inspected(b, "insp/held", &i) && !(i.known & DLOCK_KNOWS_WAITERS) && i.waiters == 0 &&
+       i.listed == 0, "a blocked waiter: waiters unknown, none made up");
+    uint64_t t1 = dlock_lock_token(l), t2 = 0;
+    char first[33];
+    snprintf(first, sizeof first, "%s", dlock_lock_owner(l));
+    is_int(dlock_release(l), 0, "release");
+    if (read(fds[0], &t2, sizeof t2) != sizeof t2)
+        diag("no token from the waiter");
+    ok(t2 == t1 + 1, "the waiter got it next (%" PRIu64 ")", t2);
+    ok(inspected(b, "insp/held", &i) && i.held && i.token == t2, "held by the waiter now");
+    ok(strlen(i.owner) == 32 && strcmp(i.owner, first) != 0, "its owner: %s (not %s)", i.owner,
+       first);
+    kill(w, SIGKILL);
+    waitpid(w, NULL, 0);
+    ok(inspected(b, "insp/held", &i) && !i.held, "its process killed: free at once");
+    is_int(i.known, DLOCK_KNOWS_HELD | DLOCK_KNOWS_LAST_TOKEN, "free: held and last token only");
+    ok(i.last_token == t2 && i.token == 0 && !i.owner[0], "the last token is the dead holder's");
+    is_int(dlock_acquire(a, "insp/held", &o, &x), 0, "nothing inspected got in the way");
+    ok(dlock_lock_token(x) == t2 + 1, "and tokens count on");
+    dlock_release(x);
+    close(fds[0]);
+    close(fds[1]);
+
+    /* Raised: the file holds the raised value (a list's token). */
+    is_int(dlock_acquire(a, "insp/raised", NULL, &l), 0, "acquire 'insp/raised'");
+    uint64_t big = dlock_lock_token(l) + 1000;
+    dlock_lock_raise_token(l, big);
+    ok(inspected(b, "insp/raised", &i) && i.held && i.token == big,
+       "after a raise, the raised value (%" PRIu64 ")", i.token);
+    is_str(i.owner, dlock_lock_owner(l), "the owner line stays");
+    dlock_release(l);
+
+    /* Files dlock did not finish or did not write. */
+    put_lock_file("insp/empty", "");
+    ok(inspected(b, "insp/empty", &i) && !i.held, "an empty lock file (a crash): free");
+    is_int(i.known, DLOCK_KNOWS_HELD, "no token, so no last token either");
+    put_lock_file("insp/foreign", "hello\n");
+    ok(inspected(b, "insp/foreign", &i) && !i.held, "a file that is not dlock's: free");
+    is_int(i.known, DLOCK_KNOWS_HELD, "and nothing else told");
+    put_lock_file("insp/old", "00000000000000000042\n");
+    ok(inspected(b, "insp/old", &i) && i.known == (DLOCK_KNOWS_HELD | DLOCK_KNOWS_LAST_TOKEN) &&
+       i.last_token == 42, "a token line without an owner line: its token");
+    char fname[DLOCK_FILE_ENCODED_MAX + 80], path[512];
+    dlock_file_encode_name("insp/fifo", 9, fname, sizeof fname);
+    snprintf(path, sizeof path, "%s/%s", dir, fname);
+    if (mkfifo(path, 0600) < 0)
+        diag("mkfifo failed");
+    is_int(dlock_inspect(b, "insp/fifo", &i), DLOCK_EPROTO,
+           "a FIFO in the lock file's place → DLOCK_EPROTO, without hanging");
+    ok(strstr(dlock_errmsg(b), "regular file") != NULL, "saying why: %s", dlock_errmsg(b));
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/dlock-test-file-%d", (int)getpid());
@@ -322,6 +465,7 @@ int main(void)
     test_token_file();
     test_fork_and_removal();
     test_store_floor();
+    test_inspect();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
