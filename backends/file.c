@@ -31,6 +31,24 @@
  * fsync'd) with fsync=1, as the tokens are. token_top is max(wall clock,
  * every lock file's token, floor): it reads every *.lock file of the
  * directory without locking any, skipping those that hold no token.
+ *
+ * Inspect (dlock_inspect) creates nothing and takes no lock: it opens the
+ * lock file read-only (no O_CREAT; a name never taken has no file, so it is
+ * free and its last token 0), asks the kernel with F_OFD_GETLK whether a
+ * write lock on the whole file would conflict (the answer covers locks of
+ * this process too: OFD locks belong to their open file description), and
+ * reads the file's contents without locking it: the 20-digit token and the
+ * "owner=<32 hex> pid=<pid>" line the grant wrote. The contents are read
+ * before and after the F_OFD_GETLK and must agree, so the token, owner and
+ * lock state go together. Held: the token and owner are the file's, and
+ * so is the last token (held or not). What it cannot know: waiters (the
+ * kernel queues blocked F_OFD_SETLKW requests but fcntl() has no call that
+ * counts or lists them); a lease (file locks have none: a holder holds
+ * until it releases or dies); and for the few system calls between a new
+ * holder's lock and its token write, the token and owner (the file then
+ * still shows the previous grant's). After dlock_lock_raise_token() the
+ * file holds the raised value (on a list of stores: the list's token,
+ * which is then the holder's), and that is what inspect reports.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -678,6 +696,140 @@ static int file_raise_floor(dlock_conn *conn, uint64_t floor)
     return rc;
 }
 
+/* A grant's record: the 20-digit token line, then "owner=<32 hex> pid=<pid>". */
+#define CONTENTS_MAX (TOKEN_DIGITS + 1 + 80)
+
+/* The lock file's contents, read twice in a row until two reads agree (a
+ * holder may be rewriting it). *np: their length. -1 (errno) or 0. */
+static int read_contents(int fd, char *buf, size_t *np)
+{
+    char other[CONTENTS_MAX];
+    ssize_t a = pread(fd, buf, CONTENTS_MAX, 0), b;
+    if (a < 0)
+        return -1;
+    for (int i = 0; i < 1000; i++) {
+        if ((b = pread(fd, other, CONTENTS_MAX, 0)) < 0)
+            return -1;
+        if (a == b && memcmp(buf, other, (size_t)a) == 0) {
+            *np = (size_t)a;
+            return 0;
+        }
+        memcpy(buf, other, (size_t)b);
+        a = b;
+    }
+    *np = 0; /* changing all along: nothing told */
+    return 0;
+}
+
+/* What a grant wrote: its token, and its owner id where the second line
+ * holds one. 1 when buf starts with no token (new, emptied, not dlock's). */
+static int parse_contents(const char *buf, size_t n, uint64_t *tokenp, char *owner,
+                          size_t ownersz)
+{
+    static const char key[] = "owner=";
+    uint64_t token = 0;
+    size_t i, klen = sizeof key - 1;
+    owner[0] = '\0';
+    for (i = 0; i < TOKEN_DIGITS && i < n && buf[i] >= '0' && buf[i] <= '9'; i++)
+        token = token * 10 + (uint64_t)(buf[i] - '0');
+    if (i != TOKEN_DIGITS || n <= TOKEN_DIGITS || buf[TOKEN_DIGITS] != '\n')
+        return 1;
+    *tokenp = token;
+    const char *o = buf + TOKEN_DIGITS + 1;
+    size_t left = n - TOKEN_DIGITS - 1, h = 0;
+    if (left < klen + 32 || memcmp(o, key, klen) != 0)
+        return 0;
+    for (o += klen; h < 32 && ((o[h] >= '0' && o[h] <= '9') || (o[h] >= 'a' && o[h] <= 'f'));
+         h++)
+        ;
+    if (h == 32 && (left == klen + 32 || o[32] == ' ' || o[32] == '\n') && ownersz > 32) {
+        memcpy(owner, o, 32);
+        owner[32] = '\0';
+    }
+    return 0;
+}
+
+/* Whether a write lock on fd's whole file conflicts with one held through
+ * another open file description (this process's too). -1 (errno), 0, 1. */
+static int is_locked(int fd)
+{
+    struct flock fl;
+    whole_file(&fl);
+    if (fcntl(fd, F_OFD_GETLK, &fl) < 0)
+        return -1;
+    return fl.l_type != F_UNLCK;
+}
+
+static int file_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+{
+    struct file_conn *fc = (struct file_conn *)conn;
+    dlock_client *c = conn->client;
+    char fname[DLOCK_FILE_ENCODED_MAX + 80], buf[CONTENTS_MAX], again[CONTENTS_MAX];
+    char owner[DLOCK_HOLDER_MAX];
+    size_t n = 0, m = 0;
+    uint64_t token = 0;
+    struct stat st;
+    int held = 0, rc = 0;
+
+    if ((rc = dlock_file_encode_name(name, len, fname, sizeof fname)) != 0)
+        return dlock_seterr(c, rc, "cannot encode the lock name");
+    /* Read-only, no O_CREAT: inspecting leaves the directory as it was. */
+    int fd = openat(fc->dirfd, fname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        if (errno != ENOENT)
+            return dlock_seterr(c, DLOCK_EIO, "cannot open the lock file %.120s in '%.150s': %s",
+                                fname, fc->dir, strerror(errno));
+        /* Never taken here (lock files are never deleted): free, no grant. */
+        info->known = DLOCK_KNOWS_HELD | DLOCK_KNOWS_LAST_TOKEN;
+        return 0;
+    }
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
+        close(fd);
+        return dlock_seterr(c, DLOCK_EIO, "cannot inspect the lock file %.120s in '%.150s': %s",
+                            fname, fc->dir, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return dlock_seterr(c, DLOCK_EPROTO, "the lock file %.120s in '%.150s' is not a "
+                            "regular file", fname, fc->dir);
+    }
+    /* Contents, lock state, contents: the same contents on both sides
+     * were there when the lock state was asked. */
+    for (int tries = 0;; tries++) {
+        if (read_contents(fd, buf, &n) < 0 || (held = is_locked(fd)) < 0 ||
+            read_contents(fd, again, &m) < 0) {
+            rc = dlock_seterr(c, DLOCK_EIO, "cannot inspect the lock file %.120s in '%.150s': %s",
+                              fname, fc->dir, strerror(errno));
+            break;
+        }
+        if (n == m && memcmp(buf, again, n) == 0)
+            break;
+        if (tries == 100) {
+            n = 0; /* rewritten at every look: the state alone */
+            break;
+        }
+    }
+    close(fd);
+    if (rc)
+        return rc;
+    info->known = DLOCK_KNOWS_HELD;
+    info->held = held;
+    if (n == 0 || parse_contents(buf, n, &token, owner, sizeof owner) != 0)
+        return 0; /* no token yet (a first grant in progress, or a crash), or not dlock's */
+    info->known |= DLOCK_KNOWS_LAST_TOKEN;
+    info->last_token = token;
+    if (held) {
+        info->known |= DLOCK_KNOWS_TOKEN;
+        info->token = token;
+        if (owner[0]) {
+            info->known |= DLOCK_KNOWS_OWNER;
+            memcpy(info->owner, owner, strlen(owner) + 1);
+        }
+    }
+    return 0;
+}
+
 const dlock_backend dlock_file_backend = {
     .version = DLOCK_BACKEND_VERSION,
     .name = "file",
@@ -695,4 +847,5 @@ const dlock_backend dlock_file_backend = {
     .raise_token = file_raise_token,
     .token_top = file_token_top,
     .raise_floor = file_raise_floor,
+    .inspect = file_inspect,
 };

@@ -81,6 +81,23 @@
  * key lookup more, no round trip. The top is MAX(token) over
  * <table>_grants (a scan; the floor row included). A store whose tables
  * predate the floor has no floor row: floor 0.
+ *
+ * Inspect (be_inspect): on the control session, the name's row of
+ * <table>_grants (token, owner, session_id: a consistent read, no row
+ * lock) with whether session_id is still in information_schema.PROCESSLIST,
+ * then whether the name's row is locked: SELECT ... FOR UPDATE NOWAIT in
+ * autocommit, which fails at once when held and never waits (free, it
+ * locks the row for that one statement: a try landing in that instant
+ * finds it busy). Held is always known; the owner (owner_hex) and token
+ * are the latest recorded grant's while its session lives; free, the last
+ * token is the row's (0 when none). Cannot know without the PROCESS
+ * privilege or performance_schema: the lease (the holder session's
+ * wait_timeout is visible only to itself), the waiters (PROCESSLIST shows
+ * their statement, not the key; InnoDB's lock views need PROCESS). Also:
+ * for the round trip between a grant and its record, and for a row lock
+ * taken outside dlock, the grants row names the previous grant; a lease
+ * counts whole seconds on the server, so a lock whose client-side lease
+ * ended stays held up to a second longer.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -1468,6 +1485,120 @@ static int be_raise_floor(dlock_conn *conn, uint64_t floor)
     return err;
 }
 
+/* ---- inspect ------------------------------------------------------------ */
+
+/* A text statement with a result set on s, by b: *out is the stored
+ * result (the caller frees it), or the error is recorded. */
+static int query_result(struct mysql_conn *mc, struct session *s, const char *sql,
+                        const struct bound *b, const char *what, MYSQL_RES **out)
+{
+    uint64_t start = dlock_monotonic_ns();
+    struct nb c = {.op = NB_QUERY, .db = s->db, .sql = sql};
+    nb_step(&c, -1);
+    if (nb_finish(&c, b->until, 0) != 0)
+        return no_reply(mc, s, what, start, b->late);
+    if (nb_failed(&c))
+        return fail_on(mc, s, NULL, what);
+    struct nb r = {.op = NB_STORE, .db = s->db};
+    nb_step(&r, -1);
+    if (nb_finish(&r, b->until, 0) != 0)
+        return no_reply(mc, s, what, start, b->late);
+    if (!r.res)
+        return mysql_errno(s->db) ? fail_on(mc, s, NULL, what)
+                                  : dlock_seterr(cl(mc), DLOCK_EPROTO,
+                                                 "mysql %s: %s: no result set", mc->where, what);
+    *out = r.res;
+    return 0;
+}
+
+/*
+ * inspect, on the control session (autocommit), two statements bounded by
+ * `timeout` together:
+ *
+ * 1. The name's row of <table>_grants (token, owner, session_id of the
+ *    latest grant recorded), a consistent read that waits for no row
+ *    lock, with whether that session is still in
+ *    information_schema.PROCESSLIST (which shows the sessions of the same
+ *    user, or all of them with the PROCESS privilege).
+ * 2. Whether the name's row is locked: SELECT ... FOR UPDATE NOWAIT, which
+ *    never waits: held, it fails at once (the holder is untouched); free,
+ *    it locks the row for that one autocommit statement and lets go: a
+ *    try of the name that lands in that instant finds it busy (nobody can
+ *    be waiting for a free row).
+ *
+ * Held: the owner and the token are the latest grant's, named while its
+ * session is still there (a grant is recorded one round trip after its
+ * row lock: in that instant the row names the previous grant).
+ */
+static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+{
+    static const char what[] = "inspect";
+    static const char hexd[] = "0123456789abcdef";
+    struct mysql_conn *mc = (struct mysql_conn *)conn;
+    unsigned char k[DLOCK_SHA256_LEN];
+    char kx[2 * DLOCK_SHA256_LEN + 1], sql[512];
+    struct session *ctl;
+    MYSQL_RES *res = NULL;
+    int err = 0;
+    dlock_sha256(name, len, k);
+    for (size_t i = 0; i < DLOCK_SHA256_LEN; i++) {
+        kx[2 * i] = hexd[k[i] >> 4];
+        kx[2 * i + 1] = hexd[k[i] & 15];
+    }
+    kx[sizeof kx - 1] = '\0';
+    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
+    for (int tries = 0; tries < 2; tries++) {
+        uint64_t token = 0;
+        int granted = 0, alive = 0, held;
+        char owner[33] = "";
+        if ((err = ctl_session(mc, &call, &ctl)) != 0)
+            goto failed;
+        snprintf(sql, sizeof sql,
+                 "SELECT g.token, g.owner, (SELECT COUNT(*) FROM information_schema.PROCESSLIST p"
+                 " WHERE p.ID = g.session_id) FROM `%s_grants` g WHERE g.k = X'%s'",
+                 mc->table, kx);
+        if ((err = query_result(mc, ctl, sql, &call, what, &res)) != 0)
+            goto failed;
+        MYSQL_ROW row = mysql_fetch_row(res);
+        if (row && row[0] && row[1] && row[2]) {
+            granted = 1;
+            token = strtoull(row[0], NULL, 10);
+            snprintf(owner, sizeof owner, "%s", row[1]);
+            alive = strtoull(row[2], NULL, 10) > 0;
+        }
+        mysql_free_result(res);
+        res = NULL;
+        snprintf(sql, sizeof sql, "SELECT 1 FROM `%s` WHERE k = X'%s' FOR UPDATE NOWAIT",
+                 mc->table, kx);
+        err = query_result(mc, ctl, sql, &call, what, &res);
+        if (err == 0) {
+            held = 0;
+            mysql_free_result(res);
+        } else if (!ctl->dead && (ctl->last_errno == ER_LOCK_WAIT_TIMEOUT ||
+                                  ctl->last_errno == ERR_LOCK_NOWAIT)) {
+            held = 1;
+            dlock_clearerr(cl(mc));
+        } else {
+            goto failed;
+        }
+        info->known |= DLOCK_KNOWS_HELD;
+        info->held = held;
+        if (!held) {
+            info->last_token = granted ? token : 0;
+            info->known |= DLOCK_KNOWS_LAST_TOKEN;
+        } else if (granted && alive && strlen(owner) == 32) {
+            info->token = info->last_token = token;
+            snprintf(info->owner, sizeof info->owner, "%s", owner);
+            info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER | DLOCK_KNOWS_LAST_TOKEN;
+        }
+        return 0;
+    failed:
+        if (!ctl_dropped(mc))
+            return err;
+    }
+    return err;
+}
+
 static int be_ping(dlock_conn *conn)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
@@ -1685,4 +1816,5 @@ const dlock_backend dlock_mysql_backend = {
     .raise_token = be_raise_token,
     .token_top = be_token_top,
     .raise_floor = be_raise_floor,
+    .inspect = be_inspect,
 };

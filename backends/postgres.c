@@ -76,6 +76,31 @@
  * arrival (the server's idle timer starts when it sends it), not from the
  * start of the call. keep() renews on the lock's own session, as renew()
  * does, bounded by the timeout and by the end of the lease.
+ *
+ * Inspect. Every statement of a lock's session (acquire, renew, keep,
+ * raise) starts with a comment, "/\*dlock owner=<owner_hex> ttl=<ms>
+ * [token=<n>]*\/", which pg_stat_activity.query shows to other sessions
+ * of the same role (or pg_read_all_stats). inspect runs one read-only
+ * statement on an idle pooled session (`timeout` on the server and the
+ * client; no advisory or row lock taken, nothing waited for): pg_locks
+ * rows of the name's advisory key in this database (granted: the holder;
+ * not granted: the waiters, in waitstart order on PostgreSQL 14+), joined
+ * with pg_stat_activity (state, state_change, the query's tag, client
+ * address), and with token=table the name's row of the fencing table (a
+ * plain MVCC read). It tells: held (always); the owner (the tag's owner id,
+ * else "pid N (client addr:port)" for a session without the tag or one
+ * whose activity the role may not see); the lease (the tag's TTL minus the
+ * time the session has been idle, state_change; the whole TTL while it
+ * runs a statement); the token (the tag's, after a renew or raise; else,
+ * token=table, the name's row once the acquire committed); the waiters and
+ * their order (owner ids from their acquire's tag). Cannot know: a
+ * waiter whose client died while queued (the server notices only when it
+ * is granted: it is counted and listed); the lease and token of a holder
+ * outside dlock or hidden by privileges; with token=sequence the last token
+ * of a name while free (one sequence for every name), and the holder's
+ * token until a renew or raise names it. With token=table, the last token
+ * of a free name is its counter row, which a raise_token may have set
+ * above the last grant.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -141,12 +166,14 @@ struct pg_conn {
     char *namespace;
     char table[64];
     int use_sequence; /* token=sequence: one global sequence, not per-name rows */
+    int server_version; /* PQserverVersion() of the latest new session */
     struct pg_session pool[POOL_MAX];
 };
 
 struct pg_held {
     dlock_held base;
     int64_t key;
+    char owner_hex[33]; /* the grant's owner id, tagged on its statements */
     struct pg_session *s;
     uint64_t lease_end_ns; /* as the client sees it: bounds keep() */
 };
@@ -312,6 +339,7 @@ static int session_open(struct pg_conn *pc, struct pg_session *s, uint64_t until
         }
     }
     s->ended = 0;
+    pc->server_version = PQserverVersion(s->pg);
     PQsetNoticeReceiver(s->pg, session_notice, s);
     /* Statements are sent without blocking and waited for with poll(),
      * so every wait has a client-side bound. */
@@ -650,6 +678,18 @@ fail:
     return err;
 }
 
+/* The tag that starts every statement of a lock's session, for inspect:
+ * pg_stat_activity.query shows it to other sessions of the same role. */
+#define TAG_HEAD "/*dlock owner="
+static void tag(char *buf, size_t len, const char *owner_hex, uint32_t ttl_ms, uint64_t token)
+{
+    if (token)
+        snprintf(buf, len, TAG_HEAD "%s ttl=%" PRIu32 " token=%" PRIu64 "*/ ", owner_hex, ttl_ms,
+                 token);
+    else
+        snprintf(buf, len, TAG_HEAD "%s ttl=%" PRIu32 "*/ ", owner_hex, ttl_ms);
+}
+
 /* "SET idle_session_timeout = ttl;" when the session's differs, else "". */
 static void idle_clause(struct pg_session *s, uint32_t ttl_ms, char *buf, size_t len)
 {
@@ -703,7 +743,7 @@ static uint64_t acquire_until(const struct pg_conn *pc, const dlock_request *req
 static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_request *req,
                       int64_t key, uint64_t *token, uint64_t *granted_ns)
 {
-    char sql[1024], idle[64], settings[256];
+    char sql[1400], idle[64], settings[320], tg[96];
     PGresult *r = NULL;
     int stmt = 4, err;
     uint64_t start = dlock_monotonic_ns(), until = acquire_until(pc, req, start);
@@ -722,10 +762,11 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
         stmt_ms = lock_ms;
     }
     /* The transaction's own settings, whatever the server's defaults. */
+    tag(tg, sizeof tg, req->owner_hex, req->ttl_ms, 0);
     snprintf(settings, sizeof settings,
-             "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on; "
+             "%sSET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on; "
              "SET LOCAL lock_timeout = %" PRIu64 "; SET LOCAL statement_timeout = %" PRIu64 "; ",
-             lock_ms, stmt_ms);
+             tg, lock_ms, stmt_ms);
     /* The lock and the counter bump in one statement: the CTE runs once
      * (MATERIALIZED), and the INSERT (or nextval) only where the lock was
      * granted. */
@@ -847,6 +888,7 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     }
     h->base.token = token;
     h->key = key;
+    memcpy(h->owner_hex, req->owner_hex, sizeof h->owner_hex);
     h->s = s;
     h->lease_end_ns = granted + (uint64_t)req->ttl_ms * MS;
     if (req->wait != DLOCK_WAIT_TRY) /* the server's idle timer started about now */
@@ -917,14 +959,15 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
  * h's own session: safe on the keeper's thread. */
 static int renew_on(struct pg_conn *pc, struct pg_held *h, uint32_t ttl_ms, uint64_t until_ns)
 {
-    char sql[320];
+    char sql[420], tg[96];
     PGresult *r = NULL;
     uint64_t u = (uint64_t)h->key, sent = dlock_monotonic_ns();
+    tag(tg, sizeof tg, h->owner_hex, ttl_ms, h->base.token);
     snprintf(sql, sizeof sql,
-             "SET idle_session_timeout = %" PRIu32 "; SELECT count(*) FROM pg_locks WHERE"
+             "%sSET idle_session_timeout = %" PRIu32 "; SELECT count(*) FROM pg_locks WHERE"
              " locktype = 'advisory' AND pid = pg_backend_pid() AND classid = %" PRIu64
              " AND objid = %" PRIu64 " AND objsubid = 1 AND granted",
-             ttl_ms, u >> 32, u & 0xffffffffu);
+             tg, ttl_ms, u >> 32, u & 0xffffffffu);
     int err = run(pc, h->s, sql, 1, &r, "renew", until_ns);
     if (err)
         return err;
@@ -1040,7 +1083,7 @@ static int pg_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
     struct pg_held *h = (struct pg_held *)held;
-    char sql[1024], owned[256], settings[256];
+    char sql[1400], owned[256], settings[384], tg[96], rs[256];
     PGresult *r = NULL;
     uint64_t u = (uint64_t)h->key, start = dlock_monotonic_ns();
     uint64_t end = start + pc->timeout_ms * MS;
@@ -1058,7 +1101,9 @@ static int pg_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
              "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
              " AND classid = %" PRIu64 " AND objid = %" PRIu64 " AND objsubid = 1 AND granted)",
              u >> 32, u & 0xffffffffu);
-    raise_settings(settings, sizeof settings, pc->timeout_ms);
+    tag(tg, sizeof tg, h->owner_hex, h->s->idle_ms, h->base.token);
+    raise_settings(rs, sizeof rs, pc->timeout_ms);
+    snprintf(settings, sizeof settings, "%s%s", tg, rs);
     if (pc->use_sequence) {
         /* Already past floor (the next value > floor)? Then nothing to do,
          * once what we saw is on disk: the value may come from a grant
@@ -1082,7 +1127,8 @@ static int pg_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
         if (above)
             return 0;
         uint64_t now = dlock_monotonic_ns();
-        raise_settings(settings, sizeof settings, now < end ? (end - now + MS - 1) / MS : 1);
+        raise_settings(rs, sizeof rs, now < end ? (end - now + MS - 1) / MS : 1);
+        snprintf(settings, sizeof settings, "%s%s", tg, rs);
     }
     if (pc->use_sequence)
         snprintf(sql, sizeof sql,
@@ -1320,6 +1366,159 @@ static int pg_ping(dlock_conn *conn)
     }
 }
 
+/* Reads the tag of a lock's statement (see tag()) at the start of q: the
+ * owner id, the TTL the session's idle timer counts down, and the token
+ * when the statement names it. 1 when q starts with a whole tag. */
+static int read_tag(const char *q, char owner[33], uint32_t *ttl_ms, uint64_t *token)
+{
+    size_t h = sizeof TAG_HEAD - 1;
+    char *end;
+    if (strncmp(q, TAG_HEAD, h) != 0 || strspn(q + h, "0123456789abcdef") != 32 ||
+        strncmp(q + h + 32, " ttl=", 5) != 0)
+        return 0;
+    memcpy(owner, q + h, 32);
+    owner[32] = '\0';
+    q += h + 37;
+    if (*q < '0' || *q > '9')
+        return 0;
+    unsigned long long v = strtoull(q, &end, 10);
+    if (v > TTL_MAX)
+        return 0;
+    *ttl_ms = (uint32_t)v;
+    *token = 0;
+    if (strncmp(end, " token=", 7) == 0) {
+        q = end + 7;
+        if (*q < '0' || *q > '9')
+            return 0;
+        *token = strtoull(q, &end, 10);
+    }
+    return strncmp(end, "*/", 2) == 0;
+}
+
+/* What the store knows a session by: its owner id from its statements'
+ * tag, else its pid and client address (pg_stat_activity shows those only
+ * to the same role or pg_read_all_stats). */
+static void session_name(const PGresult *r, int row, char *buf, size_t len)
+{
+    char owner[33];
+    uint32_t ttl;
+    uint64_t token;
+    const char *pid = PQgetvalue(r, row, 1);
+    if (!PQgetisnull(r, row, 4) && read_tag(PQgetvalue(r, row, 4), owner, &ttl, &token))
+        snprintf(buf, len, "%s", owner);
+    else if (!PQgetisnull(r, row, 5))
+        snprintf(buf, len, "pid %s (client %s:%s)", pid, PQgetvalue(r, row, 5),
+                 PQgetvalue(r, row, 6));
+    else if (!PQgetisnull(r, row, 6) && strcmp(PQgetvalue(r, row, 6), "-1") == 0)
+        snprintf(buf, len, "pid %s (unix socket)", pid);
+    else
+        snprintf(buf, len, "pid %s", pid);
+}
+
+/*
+ * inspect: one read-only statement on an idle pooled session, bounded by
+ * `timeout` on the server (lock_timeout, statement_timeout) and a little
+ * longer on the client. It reads the name's advisory lock in pg_locks
+ * (this database's; granted: the holder; not granted: the waiters, in
+ * waitstart order, PostgreSQL 14 and later), each session's
+ * pg_stat_activity row (state, state_change, the start of its query:
+ * the tag, the client address), and with token=table the name's row of
+ * the fencing table (a plain read: no row lock, no wait for a holder's
+ * bump). It takes no advisory or row lock.
+ */
+static int pg_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    char sql[1400], settings[256], token_sql[160], state[6];
+    PGresult *r = NULL;
+    int64_t key = dlock_pg_key(pc->namespace, name, len);
+    uint64_t u = (uint64_t)key;
+    int err;
+    raise_settings(settings, sizeof settings, pc->timeout_ms);
+    if (pc->use_sequence)
+        snprintf(token_sql, sizeof token_sql, "NULL::bigint");
+    else
+        snprintf(token_sql, sizeof token_sql, "(SELECT token FROM %s WHERE key = %" PRId64 ")",
+                 pc->table, key);
+    /* waitstart (PostgreSQL 14): when each waiter started waiting. */
+    int ordered = pc->server_version >= 140000;
+    snprintf(sql, sizeof sql,
+             "%sSELECT t.token, l.pid, l.granted, a.state, substr(a.query, 1, 120),"
+             " host(a.client_addr), a.client_port,"
+             " floor(extract(epoch FROM clock_timestamp() - a.state_change) * 1000)::bigint "
+             "FROM (SELECT %s AS token) t LEFT JOIN (pg_locks l LEFT JOIN pg_stat_activity a"
+             " ON a.pid = l.pid) ON l.locktype = 'advisory' AND l.database = (SELECT oid FROM"
+             " pg_database WHERE datname = current_database()) AND l.classid = %" PRIu64
+             " AND l.objid = %" PRIu64 " AND l.objsubid = 1 "
+             "ORDER BY l.granted DESC%s, l.pid",
+             settings, token_sql, u >> 32, u & 0xffffffffu,
+             ordered ? ", l.waitstart NULLS LAST" : "");
+    if ((err = run_idle(pc, sql, 4, &r, "inspect", state)) != 0)
+        return store_failed(pc, err, state, "inspect");
+    int rows = PQntuples(r), holder = -1;
+    if (rows < 1) {
+        PQclear(r);
+        return dlock_seterr(conn->client, DLOCK_EPROTO, "postgresql: inspect: no row returned");
+    }
+    info->known |= DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS;
+    if (ordered)
+        info->known |= DLOCK_KNOWS_ORDER;
+    for (int i = 0; i < rows; i++) {
+        if (PQgetisnull(r, i, 1))
+            continue; /* no session holds or awaits the lock */
+        if (PQgetvalue(r, i, 2)[0] == 't') {
+            if (holder < 0)
+                holder = i;
+            continue;
+        }
+        if (ordered && info->listed < DLOCK_INFO_LISTED)
+            session_name(r, i, info->waiter[info->listed++], DLOCK_HOLDER_MAX);
+        info->waiters++;
+    }
+    int have_row = !pc->use_sequence && !PQgetisnull(r, 0, 0);
+    uint64_t row_token = have_row ? strtoull(PQgetvalue(r, 0, 0), NULL, 10) : 0;
+    if (holder < 0) {
+        /* Free: the name's counter is the last token granted (or the floor
+         * a raise_token set it to); no row: none granted yet. */
+        if (!pc->use_sequence) {
+            info->last_token = row_token;
+            info->known |= DLOCK_KNOWS_LAST_TOKEN;
+        }
+        PQclear(r);
+        return 0;
+    }
+    info->held = 1;
+    info->known |= DLOCK_KNOWS_OWNER;
+    session_name(r, holder, info->owner, sizeof info->owner);
+    char owner[33];
+    uint32_t ttl = 0;
+    uint64_t token = 0;
+    const char *st = PQgetisnull(r, holder, 3) ? "" : PQgetvalue(r, holder, 3);
+    int tagged = !PQgetisnull(r, holder, 4) &&
+                 read_tag(PQgetvalue(r, holder, 4), owner, &ttl, &token);
+    if (tagged && strcmp(st, "idle") == 0 && !PQgetisnull(r, holder, 7)) {
+        /* The idle timer runs from state_change. */
+        long long idle = strtoll(PQgetvalue(r, holder, 7), NULL, 10);
+        info->lease_ms = idle < 0 ? ttl : idle >= (long long)ttl ? 0 : ttl - (uint64_t)idle;
+        info->known |= DLOCK_KNOWS_LEASE;
+    } else if (tagged && strcmp(st, "active") == 0) {
+        /* A statement runs: the timer starts again, at ttl, when it ends. */
+        info->lease_ms = ttl;
+        info->known |= DLOCK_KNOWS_LEASE;
+    }
+    /* The token: named by the holder's latest statement (renew, raise),
+     * else, after its acquire's commit, the name's row, which only the
+     * holder writes while it holds. */
+    if (tagged && !token && have_row && strcmp(st, "idle") == 0)
+        token = row_token;
+    if (tagged && token) {
+        info->token = info->last_token = token;
+        info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_LAST_TOKEN;
+    }
+    PQclear(r);
+    return 0;
+}
+
 const dlock_backend dlock_postgres_backend = {
     .version = DLOCK_BACKEND_VERSION,
     .name = "postgres",
@@ -1337,4 +1536,5 @@ const dlock_backend dlock_postgres_backend = {
     .raise_token = pg_raise_token,
     .token_top = pg_token_top,
     .raise_floor = pg_raise_floor,
+    .inspect = pg_inspect,
 };

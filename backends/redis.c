@@ -28,6 +28,25 @@
  * scheme would tag each lock's keys "{<name>}" and keep a floor copy per
  * slot, raised on all of them.
  *
+ * Inspect (dlock_inspect()): one call of the script's "inspect", which
+ * only reads, atomically (every script call is): GET and PTTL of
+ * "<prefix><name>:lock" (the value "<owner_hex>:<token>"), GET of the
+ * counter ":fence" and of ":raised" (raise_token's mark, see
+ * redis_script.h), LLEN/LRANGE of the queue ":queue" and PUBSUB NUMSUB of
+ * each entry's channel. Reported: held (the lock key exists), the holder's
+ * owner id and token (from the value), the lease left (PTTL), the waiters
+ * the handoff would serve, in its order (entries whose channel has a
+ * subscriber: a wait that gave up has left the queue or, if it could not,
+ * closed its subscriber connection, as a killed waiter's is closed; both
+ * are skipped by the handoff and not counted), the first 16 of them by
+ * owner id, and the last token granted (the holder's while held; else the
+ * counter, or the value before raise_token moved it). Cannot know: a
+ * waiter between its SUBSCRIBE and its first queued call (not queued yet),
+ * nor a waiter's deadline; a lock key whose value dlock did not write is
+ * held by no owner it can name; clients of dlock before this version drew
+ * a token on a busy try, so the counter they leave may be above the last
+ * grant. O(queue length) inside the script. Bounded like every call.
+ *
  * Bounds: every call runs under one bound for all it does (a reconnection,
  * the handshake, one retry after a lost reply): `timeout` from its start,
  * or for a deadline wait the deadline (+ DLOCK_REDIS_FLOOR_NS for the last
@@ -183,15 +202,16 @@ int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
                      struct redis_keys *keys)
 {
     /* The floor key has no name in it: "<prefix>floor". */
-    static const char *const suffix[REDIS_NKEYS] = {":lock", ":fence", ":queue", "floor"};
+    static const char *const suffix[REDIS_NKEYS_ALL] = {":lock", ":fence", ":queue", "floor",
+                                                        ":raised"};
     size_t plen = strlen(rc->prefix), total = 0;
     char *p;
-    for (int i = 0; i < REDIS_NKEYS; i++)
+    for (int i = 0; i < REDIS_NKEYS_ALL; i++)
         total += plen + len + strlen(suffix[i]) + 1;
     p = keys->buf = malloc(total);
     if (!p)
         return DLOCK_ENOMEM;
-    for (int i = 0; i < REDIS_NKEYS; i++) {
+    for (int i = 0; i < REDIS_NKEYS_ALL; i++) {
         size_t slen = strlen(suffix[i]), nlen = i == 3 ? 0 : len;
         keys->k[i] = p;
         memcpy(p, rc->prefix, plen);
@@ -446,14 +466,14 @@ void dlock_redis_unsubscribe(struct redis_conn *rc, struct redis_node *n, const 
 }
 
 size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *keys,
-                               const char **extra, const size_t *extra_len, size_t n,
-                               const char **argv, size_t *argvlen)
+                               size_t nkeys, const char **extra, const size_t *extra_len,
+                               size_t n, const char **argv, size_t *argvlen)
 {
     size_t i = 0;
     argv[i] = "EVALSHA", argvlen[i++] = 7;
     argv[i] = rc->sha, argvlen[i++] = 40;
-    argv[i] = "4", argvlen[i++] = 1;
-    for (int k = 0; k < REDIS_NKEYS; k++)
+    argv[i] = nkeys == REDIS_NKEYS_ALL ? "5" : "4", argvlen[i++] = 1;
+    for (size_t k = 0; k < (nkeys == REDIS_NKEYS_ALL ? nkeys : REDIS_NKEYS); k++)
         argv[i] = keys->k[k], argvlen[i++] = keys->len[k];
     for (size_t k = 0; k < n; k++)
         argv[i] = extra[k], argvlen[i++] = extra_len[k];
@@ -730,12 +750,12 @@ static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const char 
     }
 }
 
-static int run_op(struct redis_conn *rc, struct redis_held *h, const char **args,
-                  const size_t *lens, size_t nargs, redisReply **out)
+static int run_op(struct redis_conn *rc, const struct redis_keys *keys, size_t nkeys,
+                  const char **args, const size_t *lens, size_t nargs, redisReply **out)
 {
     const char *argv[16];
     size_t argvlen[16];
-    size_t argc = dlock_redis_script_argv(rc, &h->keys, args, lens, nargs, argv, argvlen);
+    size_t argc = dlock_redis_script_argv(rc, keys, nkeys, args, lens, nargs, argv, argvlen);
     return dlock_redis_script(rc, &rc->nodes[0], argc, argv, argvlen, out);
 }
 
@@ -746,19 +766,26 @@ static int run_op(struct redis_conn *rc, struct redis_held *h, const char **args
  * operation safe to repeat. A call that timed out has used up its time and
  * is not repeated.
  */
-static int call_op(struct redis_conn *rc, struct redis_held *h, const char **args,
-                   const size_t *lens, size_t nargs, uint64_t until_ns, redisReply **out)
+static int call_keys(struct redis_conn *rc, const struct redis_keys *keys, size_t nkeys,
+                     const char **args, const size_t *lens, size_t nargs, uint64_t until_ns,
+                     redisReply **out)
 {
     uint64_t saved = dlock_redis_limit(rc, until_ns);
-    int err = run_op(rc, h, args, lens, nargs, out);
+    int err = run_op(rc, keys, nkeys, args, lens, nargs, out);
     rc->retried = 0;
     if (err == DLOCK_ECONNECT && dlock_monotonic_ns() + MS < rc->deadline_ns) {
         rc->retried = 1;
-        if ((err = run_op(rc, h, args, lens, nargs, out)) == 0)
+        if ((err = run_op(rc, keys, nkeys, args, lens, nargs, out)) == 0)
             dlock_clearerr(cl(rc)); /* recovered: the lost reply is no news */
     }
     dlock_redis_unlimit(rc, saved);
     return err;
+}
+
+static int call_op(struct redis_conn *rc, struct redis_held *h, const char **args,
+                   const size_t *lens, size_t nargs, uint64_t until_ns, redisReply **out)
+{
+    return call_keys(rc, &h->keys, REDIS_NKEYS, args, lens, nargs, until_ns, out);
 }
 
 /* `timeout` from now: the bound of a call without a deadline. */
@@ -1113,8 +1140,16 @@ static int redis_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
     if (rc->nnodes > 1)
         return dlock_redlock_raise(rc, h, floor);
     snprintf(arg, sizeof arg, "%" PRIu64, floor);
-    if ((err = simple_op(rc, h, "fence", arg, &res, call_until(rc))) != 0)
+    /* Marked (KEYS[5]): inspect then still tells the last token granted. */
+    const char *args[4] = {"fence", h->owner, arg, "mark"};
+    const size_t lens[4] = {5, 32, strlen(arg), 4};
+    redisReply *r = NULL;
+    if ((err = call_keys(rc, &h->keys, REDIS_NKEYS_ALL, args, lens, 4, call_until(rc), &r)) != 0)
         return err;
+    err = dlock_redis_reply_int(r, &res);
+    freeReplyObject(r);
+    if (err)
+        return dlock_seterr(conn->client, DLOCK_EPROTO, "unexpected reply from the lock script");
     if (res != 1)
         return dlock_seterr(conn->client, DLOCK_ELOST, "not raised: %s%s", LOST_WHY,
                             rc->retried ? "; a first call whose reply was lost may have "
@@ -1373,6 +1408,64 @@ static int redis_ping(dlock_conn *conn)
     return err;
 }
 
+_Static_assert(DLOCK_REDIS_LISTED == DLOCK_INFO_LISTED, "waiters listed");
+
+/*
+ * inspect on one Redis: the script's "inspect" (see the top of this file),
+ * one call that only reads, atomic like every script call; bounded by
+ * `timeout`, repeated once after a lost reply. Redlock:
+ * dlock_redlock_inspect().
+ */
+static int redis_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+{
+    struct redis_conn *rc = (struct redis_conn *)conn;
+    struct redis_keys keys;
+    struct redis_seen seen;
+    redisReply *r = NULL;
+    char listed[8];
+    int err;
+    if (dlock_redis_keys(rc, name, len, &keys) != 0)
+        return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
+    if (rc->nnodes > 1) {
+        err = dlock_redlock_inspect(rc, &keys, info);
+        dlock_redis_keys_free(&keys);
+        return err;
+    }
+    snprintf(listed, sizeof listed, "%d", DLOCK_REDIS_LISTED);
+    const char *args[2] = {"inspect", listed};
+    const size_t lens[2] = {7, strlen(listed)};
+    err = call_keys(rc, &keys, REDIS_NKEYS_ALL, args, lens, 2, call_until(rc), &r);
+    dlock_redis_keys_free(&keys);
+    if (err)
+        return err;
+    err = dlock_redis_reply_inspect(r, &seen);
+    freeReplyObject(r);
+    if (err)
+        return dlock_seterr(conn->client, DLOCK_EPROTO,
+                            "unexpected reply from the lock script's inspect (a key of \"%.*s\" "
+                            "not written by dlock?)",
+                            (int)(len > 64 ? 64 : len), name);
+    info->known = DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER |
+                  DLOCK_KNOWS_LAST_TOKEN;
+    info->held = seen.held;
+    /* While held, the holder's grant is the last one made. */
+    info->last_token = seen.last;
+    if (seen.has_owner) {
+        info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER;
+        info->token = info->last_token = seen.token;
+        memcpy(info->owner, seen.owner, sizeof seen.owner);
+    }
+    if (seen.held && seen.pttl >= 0) {
+        info->known |= DLOCK_KNOWS_LEASE;
+        info->lease_ms = (uint64_t)seen.pttl;
+    }
+    info->waiters = seen.live;
+    info->listed = seen.listed;
+    for (size_t i = 0; i < seen.listed; i++)
+        memcpy(info->waiter[i], seen.waiter[i], sizeof seen.waiter[i]);
+    return 0;
+}
+
 const dlock_backend dlock_redis_backend = {
     .version = DLOCK_BACKEND_VERSION,
     .name = "redis",
@@ -1390,4 +1483,5 @@ const dlock_backend dlock_redis_backend = {
     .raise_token = redis_raise_token,
     .token_top = redis_token_top,
     .raise_floor = redis_raise_floor,
+    .inspect = redis_inspect,
 };

@@ -48,13 +48,15 @@ struct redis_conn {
     uint64_t deadline_ns;
 };
 
-/* Keys of one lock name: "<prefix><name>:lock", ":fence", ":queue", and
- * the store-wide floor "<prefix>floor" (no name's key: theirs all end in
- * one of the three suffixes). */
-enum { REDIS_NKEYS = 4 };
+/* Keys of one lock name: "<prefix><name>:lock", ":fence", ":queue", the
+ * store-wide floor "<prefix>floor" (no name's key: theirs all end in one
+ * of the suffixes), then ":raised" (the mark of raise_token, passed only
+ * to the calls that use it: REDIS_NKEYS_ALL keys). Every other call gets
+ * the first REDIS_NKEYS. */
+enum { REDIS_NKEYS = 4, REDIS_KEY_RAISED = 4, REDIS_NKEYS_ALL = 5 };
 struct redis_keys {
-    const char *k[REDIS_NKEYS];
-    size_t len[REDIS_NKEYS];
+    const char *k[REDIS_NKEYS_ALL];
+    size_t len[REDIS_NKEYS_ALL];
     char *buf;
 };
 
@@ -120,10 +122,31 @@ int dlock_redis_send(struct redis_conn *rc, redisContext *ctx, size_t argc, cons
 /* redisGetReply (which first writes what is still buffered). */
 int dlock_redis_get_reply(struct redis_conn *rc, redisContext *ctx, void **reply);
 
-/* Builds EVALSHA argv: sha, the 4 keys, then the n extra args. */
+/* Builds EVALSHA argv: sha, the first nkeys keys (REDIS_NKEYS, or
+ * REDIS_NKEYS_ALL), then the n extra args. */
 size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *keys,
-                               const char **extra, const size_t *extra_len, size_t n,
-                               const char **argv, size_t *argvlen);
+                               size_t nkeys, const char **extra, const size_t *extra_len,
+                               size_t n, const char **argv, size_t *argvlen);
+
+/* What one server's "inspect" script call read (redis_script.h), parsed by
+ * dlock_redis_reply_inspect() (backends/redis_reply.c). */
+#define DLOCK_REDIS_LISTED 16 /* = DLOCK_INFO_LISTED */
+struct redis_seen {
+    int held;            /* the lock key exists */
+    int has_owner;       /* its value is dlock's "<owner>:<token>" */
+    char owner[33];
+    uint64_t token;
+    long long pttl;      /* PTTL: -1 no expiry */
+    uint64_t last;       /* the last token granted (0: none) */
+    uint64_t counter;    /* the counter as a grant left it: last, or the
+                            raised counter's previous value (Redlock's merge) */
+    unsigned long long live; /* queued waiters the handoff would serve */
+    size_t listed;           /* the first of them, in queue order */
+    char waiter[DLOCK_REDIS_LISTED][33];
+    long long numsub;        /* subscribers of the channel asked about; -1 */
+};
+/* 0 with *s filled, or -1 when the reply is not what the script returns. */
+int dlock_redis_reply_inspect(const redisReply *r, struct redis_seen *s);
 /* Runs the script on node n synchronously (EVAL fallback on NOSCRIPT). */
 int dlock_redis_script(struct redis_conn *rc, struct redis_node *n, size_t argc,
                        const char **argv, const size_t *argvlen, redisReply **out);
@@ -162,5 +185,8 @@ int dlock_redlock_raise(struct redis_conn *rc, struct redis_held *h, uint64_t fl
 int dlock_redlock_top(struct redis_conn *rc, uint64_t *top);
 /* raise_floor: the floor script on every node; 0 when a quorum raised it. */
 int dlock_redlock_raise_floor(struct redis_conn *rc, uint64_t floor);
+/* inspect: the inspect script on every node at once, merged (redlock.c). */
+int dlock_redlock_inspect(struct redis_conn *rc, const struct redis_keys *keys,
+                          dlock_info *info);
 
 #endif

@@ -1,6 +1,8 @@
 /* Pure interpretation of Redis replies (see redis_reply.h). */
+#include <stdint.h>
 #include <string.h>
 
+#include "backends/redis_conn.h"
 #include "backends/redis_reply.h"
 
 /* A string-like reply (bulk string or status) equal to s. */
@@ -159,4 +161,87 @@ int dlock_redis_info_field(const char *text, size_t len, const char *key, char *
 int dlock_redis_policy_evicts(const char *policy)
 {
     return strcmp(policy, "noeviction") != 0;
+}
+
+/* A decimal token, 1 .. 2^63 - 1, from n bytes; 0 when it is not one. */
+static uint64_t dec(const char *p, size_t n)
+{
+    uint64_t v = 0;
+    if (n == 0 || n > 19)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return 0;
+        v = v * 10 + (uint64_t)(p[i] - '0');
+    }
+    return v <= INT64_MAX ? v : 0;
+}
+
+static int hex32(const char *p, size_t n)
+{
+    if (n != 32)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!strchr("0123456789abcdefABCDEF", p[i]) || !p[i])
+            return 0;
+    return 1;
+}
+
+static int is_str(const redisReply *r)
+{
+    return r->type == REDIS_REPLY_STRING && (r->str || r->len == 0);
+}
+
+/*
+ * {lock value or "", PTTL, counter or "", mark or "", live, {owners},
+ * numsub}. The value "<32 hex>:<token>" names the holder; anything else in
+ * the lock key is held by nobody dlock knows. The last token granted: the
+ * counter, unless the mark "<floor>:<previous>" says raise_token set it to
+ * floor since (then previous).
+ */
+int dlock_redis_reply_inspect(const redisReply *r, struct redis_seen *s)
+{
+    memset(s, 0, sizeof *s);
+    if (!array_of(r, 7))
+        return -1;
+    redisReply *const *e = r->element;
+    if (!is_str(e[0]) || e[1]->type != REDIS_REPLY_INTEGER || !is_str(e[2]) || !is_str(e[3]) ||
+        e[4]->type != REDIS_REPLY_INTEGER || e[4]->integer < 0 ||
+        (e[5]->type != REDIS_REPLY_ARRAY) || (e[5]->elements && !e[5]->element) ||
+        e[6]->type != REDIS_REPLY_INTEGER)
+        return -1;
+    s->held = e[0]->len > 0;
+    if (e[0]->len > 33 && e[0]->str[32] == ':' && hex32(e[0]->str, 32) &&
+        (s->token = dec(e[0]->str + 33, e[0]->len - 33)) != 0) {
+        s->has_owner = 1;
+        memcpy(s->owner, e[0]->str, 32);
+    }
+    s->pttl = e[1]->integer;
+    s->counter = e[2]->len ? dec(e[2]->str, e[2]->len) : 0;
+    if (e[2]->len && !s->counter)
+        return -1; /* a counter that is no number: not ours to read */
+    if (e[3]->len) {
+        const char *colon = memchr(e[3]->str, ':', e[3]->len);
+        if (colon) {
+            size_t fl = (size_t)(colon - e[3]->str);
+            uint64_t floor = dec(e[3]->str, fl);
+            size_t pl = e[3]->len - fl - 1;
+            uint64_t prev = pl == 1 && colon[1] == '0' ? 0 : dec(colon + 1, pl);
+            if (floor && floor == s->counter && (prev || (pl == 1 && colon[1] == '0')))
+                s->counter = prev;
+        }
+    }
+    s->last = s->counter;
+    s->live = (unsigned long long)e[4]->integer;
+    for (size_t i = 0; i < e[5]->elements && s->listed < DLOCK_REDIS_LISTED; i++) {
+        const redisReply *w = e[5]->element[i];
+        if (!w || !is_str(w) || !hex32(w->str, w->len))
+            return -1;
+        memcpy(s->waiter[s->listed], w->str, 32);
+        s->waiter[s->listed++][32] = '\0';
+    }
+    if (s->listed > s->live)
+        return -1;
+    s->numsub = e[6]->integer;
+    return 0;
 }

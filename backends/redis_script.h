@@ -16,14 +16,32 @@
  *                                     released again), 0 otherwise
  *   grab    owner ttl               → {1, token} or {0, pttl}: SET NX PX
  *                                     and the counter only, no queue (Redlock)
- *   fence   owner floor             → raises the counter to floor while
+ *   fence   owner floor [mark]      → raises the counter to floor while
  *                                     the lock is ours (Redlock's write-back,
- *                                     raise_token), 1/0; never lowers it
+ *                                     raise_token), 1/0; never lowers it.
+ *                                     With "mark" (raise_token, which passes
+ *                                     KEYS[5]) a raise that moves the counter
+ *                                     is recorded in KEYS[5] (see below)
  *   drop    owner channel           → like release, then PUBLISH channel
  *                                     (Redlock's wake-up for all waiters)
  *   floor   value                   → store-wide, called with the floor key
  *                                     alone (numkeys 1, KEYS[1] floor):
  *                                     floor = max(floor, value), 1
+ *   inspect listed [channel]        → reads only (with KEYS[5]):
+ *                                     {lock value or "", PTTL lock, counter
+ *                                     or "", raised mark or "", live waiters,
+ *                                     {their first `listed` owners, in queue
+ *                                     order}, PUBSUB NUMSUB channel or -1}
+ *
+ * KEYS[5] raised ("<prefix><name>:raised", only for fence with mark and
+ * inspect): "<floor>:<previous>" when raise_token last moved the counter,
+ * from <previous> to <floor>. A counter equal to <floor> was raised since
+ * the last grant, whose token is <previous> (0: none); any other value is
+ * the last grant's own (a grant always takes more than the counter). So
+ * inspect tells the last token granted, never a raised floor. A raise on a
+ * counter still equal to the mark's floor keeps the mark's <previous>.
+ * Tokens are only drawn by a grant (the fast path checks the lock key
+ * before it draws), so the counter skips no number.
  *
  * A release hands the lock straight to the first waiter that is still
  * subscribed to its channel (PUBSUB NUMSUB: a killed waiter's connection is
@@ -113,13 +131,10 @@ static const char dlock_redis_lua[] =
     "end\n"
     "if op == 'acquire' then\n"
     "  local ttl, ch, mode = ARGV[3], ARGV[4], ARGV[5]\n"
-    /* Fast path, nobody queued: the counter may skip a number when the
-     * lock turns out to be held; tokens only need to increase. */
-    "  if redis.call('EXISTS', queue) == 0 then\n"
-    "    local token = next_token()\n"
-    "    if redis.call('SET', lock, owner .. ':' .. str(token), 'NX', 'PX', ttl) then\n"
-    "      return {1, token}\n"
-    "    end\n"
+    /* Fast path, nobody queued and the lock free: a token is drawn only
+     * for a grant, so the counter is the last token granted (inspect). */
+    "  if redis.call('EXISTS', queue, lock) == 0 then\n"
+    "    return {1, grant(owner, ttl)}\n"
     "  end\n"
     "  local mine = ours()\n"
     "  if mine then return {1, mine} end\n"
@@ -154,10 +169,46 @@ static const char dlock_redis_lua[] =
     "elseif op == 'fence' then\n"
     "  if not ours() then return 0 end\n"
     "  local floor = tonumber(ARGV[3])\n"
-    "  if tonumber(redis.call('GET', fence) or '0') < floor then\n"
+    "  local cur = tonumber(redis.call('GET', fence) or '0')\n"
+    "  if cur < floor then\n"
+    "    if ARGV[4] == 'mark' and KEYS[5] then\n"
+    "      local prev = cur\n"
+    "      local f, p = string.match(redis.call('GET', KEYS[5]) or '', '^(%d+):(%d+)$')\n"
+    "      if f and tonumber(f) == cur then prev = tonumber(p) end\n"
+    "      redis.call('SET', KEYS[5], ARGV[3] .. ':' .. str(prev))\n"
+    "    end\n"
     "    redis.call('SET', fence, ARGV[3])\n"
     "  end\n"
     "  return 1\n"
+    /* Reads only: what inspect shows. A waiter counts when the handoff
+     * would serve it: its entry parses and its channel has a subscriber
+     * (a waiter that left or died has none). */
+    "elseif op == 'inspect' then\n"
+    "  local listed = tonumber(ARGV[2]) or 0\n"
+    "  local live, first = 0, {}\n"
+    "  local n = redis.call('LLEN', queue)\n"
+    "  for i = 0, n - 1, 100 do\n"
+    "    local chans, owners = {}, {}\n"
+    "    for _, e in ipairs(redis.call('LRANGE', queue, i, i + 99)) do\n"
+    "      local o, ttl, ch = string.match(e, '^(%x+)|(%d+)|(.+)$')\n"
+    "      if o then chans[#chans + 1] = ch; owners[#owners + 1] = o end\n"
+    "    end\n"
+    "    if #chans > 0 then\n"
+    "      local subs = redis.call('PUBSUB', 'NUMSUB', unpack(chans))\n"
+    "      for k = 1, #chans do\n"
+    "        if subs[2 * k] > 0 then\n"
+    "          live = live + 1\n"
+    "          if #first < listed then first[#first + 1] = owners[k] end\n"
+    "        end\n"
+    "      end\n"
+    "    end\n"
+    "  end\n"
+    "  local waiting = -1\n"
+    "  if ARGV[3] then waiting = redis.call('PUBSUB', 'NUMSUB', ARGV[3])[2] end\n"
+    "  local raised = ''\n"
+    "  if KEYS[5] then raised = redis.call('GET', KEYS[5]) or '' end\n"
+    "  return {redis.call('GET', lock) or '', redis.call('PTTL', lock),\n"
+    "          redis.call('GET', fence) or '', raised, live, first, waiting}\n"
     "elseif op == 'drop' then\n"
     "  if not ours() then return 0 end\n"
     "  redis.call('DEL', lock)\n"

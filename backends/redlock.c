@@ -29,6 +29,14 @@
  * queue to trust. A node whose subscriber connection drops (a restart,
  * CLIENT KILL) is subscribed again before the next attempt.
  *
+ * Inspect: the script's "inspect" (reads only) on every node at once,
+ * merged into what a quorum agrees on (see dlock_redlock_inspect()): held
+ * with the owner that holds a quorum of nodes, its token (the quorum-th
+ * largest of its nodes' tokens and counters), the lease a quorum still has, waiters as
+ * the release channel's subscribers when the nodes agree; no order (not
+ * FIFO), and no last token while free. When the nodes that answered cannot
+ * settle held or free: DLOCK_ECONNECT, never a guess.
+ *
  * Bounds: a round (connects, then replies) never runs past the call's
  * bound; a deadline wait's last round may end DLOCK_REDIS_FLOOR_NS past the
  * deadline and its undo DLOCK_REDIS_CLEANUP_NS later still (nodes that did
@@ -300,15 +308,25 @@ static void all_nodes_argv(struct redis_conn *rc, size_t argc, const char **argv
     }
 }
 
+/* all_nodes_argv() of the script's operation args on the first nkeys keys. */
+static void all_nodes_keys(struct redis_conn *rc, const struct redis_keys *keys, size_t nkeys,
+                           const char **args, const size_t *lens, size_t nargs,
+                           redisReply **replies, size_t need, uint64_t timeout_ns, int flags,
+                           struct round *st)
+{
+    const char *argv[16];
+    size_t argvlen[16];
+    size_t argc = dlock_redis_script_argv(rc, keys, nkeys, args, lens, nargs, argv, argvlen);
+    all_nodes_argv(rc, argc, argv, argvlen, replies, need, timeout_ns, flags, st);
+}
+
 /* all_nodes_argv() of the script's operation args on h's keys. */
 static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **args,
                       const size_t *lens, size_t nargs, redisReply **replies, size_t need,
                       uint64_t timeout_ns, int flags, struct round *st)
 {
-    const char *argv[16];
-    size_t argvlen[16];
-    size_t argc = dlock_redis_script_argv(rc, &h->keys, args, lens, nargs, argv, argvlen);
-    all_nodes_argv(rc, argc, argv, argvlen, replies, need, timeout_ns, flags, st);
+    all_nodes_keys(rc, &h->keys, REDIS_NKEYS, args, lens, nargs, replies, need, timeout_ns,
+                   flags, st);
 }
 
 static void free_replies(struct redis_conn *rc, redisReply **replies)
@@ -335,17 +353,22 @@ static void count_ints(struct redis_conn *rc, redisReply **replies, size_t *ones
     }
 }
 
-static const char *release_channel(struct redis_held *h, size_t *len, char **buf)
+static const char *keys_channel(const struct redis_keys *keys, size_t *len, char **buf)
 {
     /* "<prefix><name>:released", next to the lock key "<prefix><name>:lock" */
-    size_t base = h->keys.len[0] - strlen(":lock");
+    size_t base = keys->len[0] - strlen(":lock");
     *buf = malloc(base + sizeof ":released");
     if (!*buf)
         return NULL;
-    memcpy(*buf, h->keys.k[0], base);
+    memcpy(*buf, keys->k[0], base);
     memcpy(*buf + base, ":released", sizeof ":released");
     *len = base + sizeof ":released" - 1;
     return *buf;
+}
+
+static const char *release_channel(struct redis_held *h, size_t *len, char **buf)
+{
+    return keys_channel(&h->keys, len, buf);
 }
 
 /* Releases on every node and wakes waiters, waiting up to bound_ns for the
@@ -797,9 +820,11 @@ int dlock_redlock_raise(struct redis_conn *rc, struct redis_held *h, uint64_t fl
     size_t ours = 0, not_ours = 0;
     struct round st;
     snprintf(arg, sizeof arg, "%" PRIu64, floor);
-    const char *args[3] = {"fence", h->owner, arg};
-    const size_t lens[3] = {5, 32, strlen(arg)};
-    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc), 0, &st);
+    /* Marked, unlike a grant's write-back: inspect tells a raise apart. */
+    const char *args[4] = {"fence", h->owner, arg, "mark"};
+    const size_t lens[4] = {5, 32, strlen(arg), 4};
+    all_nodes_keys(rc, &h->keys, REDIS_NKEYS_ALL, args, lens, 4, replies, quorum(rc),
+                   node_timeout_ns(rc), 0, &st);
     count_ints(rc, replies, &ours, &not_ours);
     free_replies(rc, replies);
     if (ours >= quorum(rc) && dlock_monotonic_ns() < h->valid_until) {
@@ -898,4 +923,154 @@ int dlock_redlock_raise_floor(struct redis_conn *rc, uint64_t floor)
                         "floor raised on only %zu of %zu Redlock nodes, %zu needed for a quorum "
                         "(%.150s)",
                         ones, rc->nnodes, quorum(rc), st.first.msg);
+}
+
+static int desc(const void *a, const void *b)
+{
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/*
+ * inspect: the script's "inspect" (reads only) on every node at once, with
+ * the lock's release channel, each reply bounded by node_timeout like every
+ * round, and merged so as to say only what a quorum settles:
+ *  - held: one owner holds the key on a quorum of the nodes; free: no owner
+ *    can (the nodes it holds, and those that did not answer, make less than
+ *    a quorum); otherwise DLOCK_ECONNECT (cannot tell), and so when fewer
+ *    than a quorum answer.
+ *  - owner: that owner id. Token: per node of the holder, the larger of the
+ *    token in its key and its counter as grants left it (a raise_token mark
+ *    undone); the quorum-th largest of these is the grant's token M: a
+ *    quorum of the holder's nodes has M (each granting node that answered
+ *    in time had M, or the write-back raised its counter to M), and only
+ *    nodes that granted after the grant stopped waiting (fewer than a
+ *    quorum) can have more. With nodes silent, reported only when no rank
+ *    they could take changes it (else unknown, with the last token).
+ *  - lease: the quorum-th longest PTTL among the holder's nodes that
+ *    answered: how long a quorum still holds the key by the servers'
+ *    clocks (exact when every node answered; with nodes silent, at least
+ *    that long). The holder's own validity also allows for clock drift.
+ *  - waiters: the release channel's subscribers (every waiter subscribes on
+ *    every node, and unsubscribes or disconnects when it stops waiting),
+ *    when all the nodes that answered count the same; else unknown. No
+ *    order: Redlock is not FIFO.
+ *  - last token: the holder's token while held; unknown while free (failed
+ *    attempts draw tokens on some nodes, which were never grants).
+ */
+int dlock_redlock_inspect(struct redis_conn *rc, const struct redis_keys *keys,
+                          dlock_info *info)
+{
+    redisReply *replies[MAX_NODES];
+    struct redis_seen *seen;
+    int ok[MAX_NODES] = {0};
+    long long pttl[MAX_NODES], tok[MAX_NODES];
+    size_t n = rc->nnodes, q = quorum(rc), answered = 0, chan_len = 0;
+    char listed[8], *chan = NULL;
+    struct round st;
+    int err = 0;
+
+    if (n > MAX_NODES)
+        return dlock_seterr(cl(rc), DLOCK_EBADURI, "Redlock takes at most %d hosts", MAX_NODES);
+    if (!(seen = calloc(n, sizeof *seen)) || !keys_channel(keys, &chan_len, &chan)) {
+        free(seen);
+        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    }
+    snprintf(listed, sizeof listed, "%d", DLOCK_REDIS_LISTED);
+    const char *args[3] = {"inspect", listed, chan};
+    const size_t lens[3] = {7, strlen(listed), chan_len};
+    all_nodes_keys(rc, keys, REDIS_NKEYS_ALL, args, lens, 3, replies, 0, node_timeout_ns(rc), 0,
+                   &st);
+    for (size_t i = 0; i < n; i++) {
+        if (!replies[i])
+            continue;
+        if (replies[i]->type == REDIS_REPLY_ERROR) {
+            dlock_seterr(cl(rc), DLOCK_ESTORE, "redis %s:%d: inspect: %.120s", rc->nodes[i].host,
+                         rc->nodes[i].port, replies[i]->str);
+            round_fail(rc, &st);
+        } else if (dlock_redis_reply_inspect(replies[i], &seen[i]) != 0) {
+            dlock_seterr(cl(rc), DLOCK_EPROTO, "redis %s:%d: unexpected inspect reply",
+                         rc->nodes[i].host, rc->nodes[i].port);
+            round_fail(rc, &st);
+        } else {
+            ok[i] = 1;
+            answered++;
+        }
+    }
+    free_replies(rc, replies);
+    if (answered < q) {
+        err = dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                           "inspect: only %zu of %zu Redlock nodes answered, %zu needed for a "
+                           "quorum (%.150s)",
+                           answered, n, q, st.first.msg);
+        goto out;
+    }
+    /* The owner holding the most nodes that answered (a value that is not
+     * dlock's holds its node alone). */
+    size_t best = n, most = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t count = 0;
+        if (!ok[i] || !seen[i].held)
+            continue;
+        for (size_t j = 0; j < n; j++)
+            count += ok[j] && seen[j].held &&
+                     (j == i || (seen[i].has_owner && seen[j].has_owner &&
+                                 memcmp(seen[i].owner, seen[j].owner, 32) == 0));
+        if (count > most)
+            most = count, best = i;
+    }
+    info->known = DLOCK_KNOWS_HELD;
+    if (most >= q && seen[best].has_owner) {
+        size_t np = 0, nt = 0, silent = n - answered; /* silent < q: answered >= q */
+        info->held = 1;
+        info->known |= DLOCK_KNOWS_OWNER;
+        memcpy(info->owner, seen[best].owner, sizeof seen[best].owner);
+        for (size_t j = 0; j < n; j++) {
+            if (!ok[j] || !seen[j].has_owner || memcmp(seen[j].owner, seen[best].owner, 32))
+                continue;
+            uint64_t t = seen[j].token > seen[j].counter ? seen[j].token : seen[j].counter;
+            tok[nt++] = (long long)t;
+            if (seen[j].pttl >= 0)
+                pttl[np++] = seen[j].pttl;
+        }
+        /* The q-th largest over all the holder's nodes; a silent node may
+         * rank anywhere: exact only when that cannot move it. */
+        qsort(tok, nt, sizeof tok[0], desc);
+        if (tok[q - 1] == tok[q - 1 - silent]) {
+            info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_LAST_TOKEN;
+            info->token = info->last_token = (uint64_t)tok[q - 1];
+        }
+        if (np >= q) {
+            qsort(pttl, np, sizeof pttl[0], desc);
+            info->known |= DLOCK_KNOWS_LEASE;
+            info->lease_ms = (uint64_t)pttl[q - 1];
+        }
+    } else if (most >= q) {
+        info->held = 1; /* by a value dlock did not write: no owner, no token */
+    } else if (most + (n - answered) >= q) {
+        err = dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                           "inspect: one owner holds %zu of %zu Redlock nodes and %zu did not "
+                           "answer: cannot tell whether a quorum (%zu) holds it (%.150s)",
+                           most, n, n - answered, q, st.first.msg);
+        goto out;
+    }
+    /* Waiters: every node that answered must count the same. */
+    long long subs = -1;
+    int agree = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (!ok[i])
+            continue;
+        if (seen[i].numsub < 0 || (subs >= 0 && seen[i].numsub != subs))
+            agree = 0;
+        subs = seen[i].numsub;
+    }
+    if (agree && subs >= 0) {
+        info->known |= DLOCK_KNOWS_WAITERS;
+        info->waiters = (uint64_t)subs;
+    }
+    dlock_clearerr(cl(rc));
+out:
+    free(seen);
+    free(chan);
+    return err;
 }

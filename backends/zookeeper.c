@@ -34,6 +34,20 @@
  * checks the same way, so that a multi-name lock's part accepts the
  * largest czxid of its siblings.
  *
+ * Inspect (dlock_inspect) writes nothing and joins no queue: a sync
+ * pipelined with a getChildren of <root>/<encoded name> (so that a follower
+ * that was behind answers as of the leader's state), then an exists (no
+ * watch) of the lowest child for its czxid. The lowest child holds: its
+ * czxid is the token (and the last token granted: every earlier holder's
+ * node was created before it), the owner id before its "-lock-" is the
+ * owner; the others are the waiters, counted and listed in the order they
+ * will be served. No parent node, or no child: free, no waiter. A
+ * holder's or waiter's node whose session expired has gone with it. Not
+ * known: a lease (the session's, known to the servers only: a dead holder
+ * counts until its session expires), the last token of a free name (the
+ * nodes are gone), and whether a waiter whose delete has not reached the
+ * servers yet has given up. See zk_inspect().
+ *
  * Every request is asynchronous and the application's thread waits for its
  * reply only as long as the call's bound (its deadline, connect_timeout, a
  * part of the session timeout): the C client's synchronous calls would wait
@@ -634,6 +648,41 @@ static int zk_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint
     return rc;
 }
 
+static void on_synced(int rc, const char *value, const void *data)
+{
+    (void)value;
+    call_complete((struct zk_call *)data, rc);
+}
+
+/* A sync and a listing of path, pipelined (one round trip): the servers
+ * run a session's requests in order, so the listing is served once the
+ * server we talk to has caught up with the leader as of the sync: what any
+ * other session's write committed before it is in the list, even on a
+ * follower that was behind. The reply's code, NOREPLY or NOMEM. */
+static int zk_sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64_t until)
+{
+    struct zk_call *sc = call_new(zc, zc->root, LEAVES_NOTHING);
+    struct zk_call *lc = call_new(zc, path, LEAVES_NOTHING);
+    if (!sc || !lc) {
+        free(sc), free(lc);
+        return NOMEM;
+    }
+    int rc = call_sent(sc, zoo_async(zc->zh, zc->root, on_synced, sc));
+    if (rc == ZOK)
+        call_sent(lc, zoo_aget_children(zc->zh, path, 0, on_listed, lc));
+    else
+        call_sent(lc, ZINVALIDSTATE); /* not sent */
+    int lrc = call_wait(lc, until); /* replies come in order: the sync's first */
+    rc = call_wait(sc, until);
+    if (rc == ZOK && lrc == ZOK) {
+        *k = lc->kids;
+        lc->kids = (struct zk_kids){NULL, 0};
+    }
+    call_put(sc);
+    call_put(lc);
+    return rc != ZOK ? rc : lrc;
+}
+
 /* ---- session state -------------------------------------------------- */
 
 static void silent_log(const char *message)
@@ -1164,15 +1213,22 @@ static void drop_node(struct zk_acq *a)
     }
 }
 
-static int acquire_paths(struct zk_acq *a)
+/* *parentp: <root>/<encoded name>, the name's node (malloc'd). */
+static int name_parent(struct zk_conn *zc, const char *name, size_t len, char **parentp)
 {
     char enc[DLOCK_FILE_ENCODED_MAX + 80];
-    if (dlock_file_encode_name(a->req->name, a->req->name_len, enc, sizeof enc) != 0)
-        return dlock_seterr(cl(a->zc), DLOCK_EINVAL, "cannot encode the lock name");
+    if (dlock_file_encode_name(name, len, enc, sizeof enc) != 0)
+        return dlock_seterr(cl(zc), DLOCK_EINVAL, "cannot encode the lock name");
     enc[strlen(enc) - strlen(".lock")] = '\0'; /* one znode per name: no suffix needed */
-    a->parent = join3(a->zc->root, "/", enc);
-    if (!a->parent)
-        return oom(a->zc);
+    *parentp = join3(zc->root, "/", enc);
+    return *parentp ? 0 : oom(zc);
+}
+
+static int acquire_paths(struct zk_acq *a)
+{
+    int err = name_parent(a->zc, a->req->name, a->req->name_len, &a->parent);
+    if (err)
+        return err;
     char mark[MARK_MAX];
     snprintf(mark, sizeof mark, "%s%s", a->req->owner_hex, ZK_LOCK_MARK);
     a->prefix = join3(a->parent, "/", mark);
@@ -1440,6 +1496,109 @@ static int zk_ping(dlock_conn *conn)
     return err;
 }
 
+/* ---- inspect ------------------------------------------------------- */
+
+/* What a lock node's name tells of its owner: the part before its last
+ * "-lock-" (our owner id; another recipe's prefix, as in Curator's
+ * "_c_<uuid>"), cut to fit. */
+static void node_owner(const char *node, char *out, size_t outsz)
+{
+    const char *mark = NULL;
+    for (const char *s = node; (s = strstr(s, ZK_LOCK_MARK)) != NULL; s++)
+        mark = s;
+    size_t n = mark ? (size_t)(mark - node) : 0;
+    if (n >= outsz)
+        n = outsz - 1;
+    memcpy(out, node, n);
+    out[n] = '\0';
+}
+
+/*
+ * The name's lock children, read with a sync ahead (zk_sync_list): the
+ * lowest sequence holds, and its czxid (an exists, no watch) is the token;
+ * the others wait in sequence order, each named by the owner id in its
+ * node's name. A holder that lets go between the listing and the exists
+ * means looking again. No node is created, no watch is left, nothing is
+ * written: the parent missing (never taken, or its container reaped) is
+ * free. Within connect_timeout, like ping.
+ *
+ * What it cannot know: a lease (the holder's node lives as long as its
+ * session, whose timeout and last heartbeat only the servers know; a dead
+ * holder's node is there until its session expires, and counts as held
+ * until then); the last token once the name is free (the nodes and their
+ * czxids went with their sessions or deletes); a waiter that gave up but
+ * whose delete has not reached the servers yet (its connection down) is
+ * counted until its delete lands or its session expires, and so is a try
+ * acquire's node in the instant before it deletes it.
+ */
+static int zk_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+{
+    struct zk_conn *zc = (struct zk_conn *)conn;
+    uint64_t until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS;
+    char *parent = NULL, *holder = NULL;
+    int err = name_parent(zc, name, len, &parent);
+    if (err)
+        return err;
+    for (;;) {
+        struct zk_kids k = {NULL, 0};
+        struct Stat st = {0};
+        if ((err = session_connect(zc, until)) != 0)
+            break;
+        uint64_t seen = events_now(zc);
+        const char *what = "cannot list", *where = parent;
+        int rc = zk_sync_list(zc, parent, &k, until);
+        if (rc == ZNONODE)
+            rc = ZOK; /* no parent: no child either */
+        if (rc == ZOK && k.n > 0) {
+            free(holder);
+            if (!(holder = join3(parent, "/", k.v[0].name))) {
+                zk_kids_free(&k);
+                err = oom(zc);
+                break;
+            }
+            what = "cannot read", where = holder;
+            rc = zk_exists(zc, holder, &st, until);
+        }
+        if (rc == ZOK) {
+            info->known = DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER;
+            info->held = k.n > 0;
+            if (info->held) {
+                info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_LAST_TOKEN;
+                /* Every earlier holder's node was created before it. */
+                info->token = info->last_token = (uint64_t)st.czxid;
+                node_owner(k.v[0].name, info->owner, sizeof info->owner);
+                if (info->owner[0])
+                    info->known |= DLOCK_KNOWS_OWNER;
+                info->waiters = k.n - 1;
+                for (size_t i = 1; i < k.n && info->listed < DLOCK_INFO_LISTED; i++)
+                    node_owner(k.v[i].name, info->waiter[info->listed++], DLOCK_HOLDER_MAX);
+            }
+            zk_kids_free(&k);
+            break;
+        }
+        zk_kids_free(&k);
+        /* ZNONODE: the holder let go between the listing and the read. A
+         * connection error: session_connect() waits for the connection to
+         * return, or starts a new session if this one died. */
+        int again = rc == ZNONODE || is_connection_error(rc);
+        if (!again || dlock_monotonic_ns() >= until) {
+            if (rc == ZNONODE)
+                err = dlock_seterr(cl(zc), DLOCK_ETIMEDOUT,
+                                   "zookeeper %s: the holder of %.80s changed at every look "
+                                   "for connect_timeout (%d ms)", zc->hosts, parent,
+                                   zc->connect_ms);
+            else
+                err = zk_error(zc, rc, what, where);
+            break;
+        }
+        if (rc != ZNONODE)
+            retry_pause(zc, seen);
+    }
+    free(holder);
+    free(parent);
+    return err;
+}
+
 /* ---- open and close -------------------------------------------------- */
 
 static void zk_close(dlock_conn *conn)
@@ -1652,4 +1811,5 @@ const dlock_backend dlock_zookeeper_backend = {
     .raise_token = zk_raise_token,
     .token_top = zk_token_top,
     .raise_floor = zk_raise_floor,
+    .inspect = zk_inspect,
 };

@@ -27,6 +27,9 @@ static const char usage_text[] =
     "  --wait MODE       how contended acquires wait: deadline (default; each\n"
     "                    gives up after 10 s) or forever\n"
     "  --json            print one JSON object instead of the table\n"
+    "  --chart FILE      also draw the run (latency percentiles, handoff\n"
+    "                    against waiters, throughput) into FILE, SVG or\n"
+    "                    .png, with plot.py (python3-matplotlib)\n"
     "  -h, --help        show this help\n"
     "\n"
     "exit status: 0 ok, 1 mutual-exclusion violation, 64 usage or bad URI,\n"
@@ -135,6 +138,12 @@ static int parse_option(int argc, char **argv, int *i, bench_opts *o)
                                "");
         return 0;
     }
+    if (option_is(arg, "--chart")) {
+        o->chart = opt_value(arg, strlen("--chart"), argc, argv, i);
+        if (!o->chart || !*o->chart)
+            return usage_error("--chart wants a file name", "");
+        return 0;
+    }
     if (option_is(arg, "--wait")) {
         val = opt_value(arg, strlen("--wait"), argc, argv, i);
         if (val && strcmp(val, "deadline") == 0)
@@ -229,6 +238,9 @@ static int open_all(char **uris, size_t n, dlock_client **clients,
         snprintf(rs[i].backend, sizeof rs[i].backend, "%s",
                  dlock_client_backend(clients[i]));
         rs[i].caps = dlock_client_caps(clients[i]);
+        if (strcmp(rs[i].backend, "file") != 0)
+            bench_store_version(uris[i], rs[i].backend, rs[i].store_version,
+                                sizeof rs[i].store_version);
     }
     return 0;
 }
@@ -320,7 +332,11 @@ static int run_all(char **uris, size_t n, dlock_client **clients,
     }
     bench_watchdog_stop(&wd);
     if (status == BENCH_EXIT_OK && o->json)
-        bench_print_json(o, rs, n);
+        bench_print_json(stdout, o, rs, n);
+    /* A chart of a run that broke exclusion still shows the figures. */
+    if (status == BENCH_EXIT_OK && o->chart &&
+        bench_render_chart(o, rs, n) != BENCH_EXIT_OK && !violations)
+        status = BENCH_EXIT_ERROR;
     if (violations) {
         fprintf(stderr, "dlock bench: mutual exclusion was violated %llu "
                 "times\n", (unsigned long long)violations);

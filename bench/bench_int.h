@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dlock.h"
 
@@ -30,6 +31,7 @@ typedef struct bench_opts {
     size_t n_waiters;
     dlock_wait wait;  /* DLOCK_WAIT_DEADLINE (bounded) or DLOCK_WAIT_FOREVER */
     int json;
+    const char *chart;  /* --chart FILE: render the JSON with plot.py */
 } bench_opts;
 
 /* Ends the process with status 70 when a phase overruns its time budget:
@@ -53,7 +55,7 @@ typedef struct bench_samples {
 /* Summary of a sample set, in microseconds. */
 typedef struct bench_stats {
     size_t n;
-    double p50, p99, mean, max;
+    double p50, p90, p99, mean, max;
 } bench_stats;
 
 /* Shared state a holder checks: see bench_crit_enter(). */
@@ -87,6 +89,7 @@ typedef struct bench_tput {
 typedef struct bench_result {
     char *uri_shown;   /* password masked */
     char backend[32];
+    char store_version[96];  /* "Redis 7.0.15", "unknown"; "" for file */
     unsigned int caps;
     int ping_supported;  /* 0: the backend has no ping */
     bench_stats ping;
@@ -148,6 +151,14 @@ int bench_run_waiters(const char *uri, const char *name, size_t waiters,
 char *bench_uri_mask(const char *uri);
 void bench_print_header(const bench_opts *o);
 void bench_print_table(const bench_opts *o, const bench_result *r);
-void bench_print_json(const bench_opts *o, const bench_result *rs, size_t n);
+void bench_print_json(FILE *f, const bench_opts *o, const bench_result *rs,
+                      size_t n);
+
+/* bench_version.c */
+void bench_store_version(const char *uri, const char *backend, char *out,
+                         size_t cap);
+
+/* bench_chart.c */
+int bench_render_chart(const bench_opts *o, const bench_result *rs, size_t n);
 
 #endif

@@ -174,9 +174,9 @@ static void json_string(FILE *f, const char *s)
 
 static void json_stats(FILE *f, const char *key, const bench_stats *s)
 {
-    fprintf(f, "\"%s\":{\"n\":%zu,\"p50\":%.1f,\"p99\":%.1f,\"mean\":%.1f,"
-               "\"max\":%.1f}",
-            key, s->n, s->p50, s->p99, s->mean, s->max);
+    fprintf(f, "\"%s\":{\"n\":%zu,\"p50\":%.1f,\"p90\":%.1f,\"p99\":%.1f,"
+               "\"mean\":%.1f,\"max\":%.1f}",
+            key, s->n, s->p50, s->p90, s->p99, s->mean, s->max);
 }
 
 static void json_tput(FILE *f, const char *key, const bench_tput *t)
@@ -193,6 +193,11 @@ static void json_result(FILE *f, const bench_opts *o, const bench_result *r)
     json_string(f, r->uri_shown);
     fprintf(f, ",\"backend\":");
     json_string(f, r->backend);
+    fprintf(f, ",\"store_version\":");
+    if (r->store_version[0])
+        json_string(f, r->store_version);
+    else
+        fprintf(f, "null");
     fprintf(f, ",\"caps\":[");
     print_caps(f, r->caps, ",", "\"");
     fprintf(f, "],");
@@ -221,24 +226,65 @@ static void json_result(FILE *f, const bench_opts *o, const bench_result *r)
     fprintf(f, "},\"violations\":%llu}", (unsigned long long)r->violations);
 }
 
-void bench_print_json(const bench_opts *o, const bench_result *rs, size_t n)
+/* The "model name" of /proc/cpuinfo (x86), or its "Model"/"cpu" line
+ * elsewhere; "unknown" when there is none. */
+static void cpu_model(char *buf, size_t len)
 {
-    char machine[256];
+    static const char *const keys[] = { "model name", "Model", "cpu model",
+                                        "cpu" };
+    char line[512];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+
+    snprintf(buf, len, "unknown");
+    if (!f)
+        return;
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        rewind(f);
+        while (fgets(line, sizeof line, f)) {
+            size_t kl = strlen(keys[k]);
+            char *v;
+
+            if (strncmp(line, keys[k], kl) != 0 ||
+                (line[kl] != '\t' && line[kl] != ' ' && line[kl] != ':') ||
+                !(v = strchr(line + kl, ':')))
+                continue;
+            v += 1 + strspn(v + 1, " \t");
+            v[strcspn(v, "\n")] = '\0';
+            if (*v) {
+                snprintf(buf, len, "%s", v);
+                fclose(f);
+                return;
+            }
+        }
+    }
+    fclose(f);
+}
+
+void bench_print_json(FILE *f, const bench_opts *o, const bench_result *rs,
+                      size_t n)
+{
+    char machine[256], cpu[256];
+    struct utsname u;
 
     machine_name(machine, sizeof machine);
-    printf("{\"tool\":\"dlock bench\",\"units\":\"us\",\"machine\":{\"uname\":");
-    json_string(stdout, machine);
-    printf(",\"nproc\":%ld,\"dlock_version\":", cpu_count());
-    json_string(stdout, dlock_version());
-    printf("},\"options\":{\"iterations\":%zu,\"handoffs\":%zu,"
-           "\"contenders\":%zu,\"seconds\":%g,\"wait\":\"%s\",\"waiters\":[",
-           o->iterations, o->handoffs, o->contenders, o->seconds, wait_name(o));
-    print_waiter_list(stdout, o);
-    printf("]},\"results\":[");
+    cpu_model(cpu, sizeof cpu);
+    fprintf(f, "{\"tool\":\"dlock bench\",\"units\":\"us\",\"machine\":{\"uname\":");
+    json_string(f, machine);
+    fprintf(f, ",\"kernel\":");
+    json_string(f, uname(&u) == 0 ? u.release : "unknown");
+    fprintf(f, ",\"cpu_model\":");
+    json_string(f, cpu);
+    fprintf(f, ",\"nproc\":%ld,\"dlock_version\":", cpu_count());
+    json_string(f, dlock_version());
+    fprintf(f, "},\"options\":{\"iterations\":%zu,\"handoffs\":%zu,"
+               "\"contenders\":%zu,\"seconds\":%g,\"wait\":\"%s\",\"waiters\":[",
+            o->iterations, o->handoffs, o->contenders, o->seconds, wait_name(o));
+    print_waiter_list(f, o);
+    fprintf(f, "]},\"results\":[");
     for (size_t i = 0; i < n; i++) {
         if (i)
-            printf(",");
-        json_result(stdout, o, &rs[i]);
+            fprintf(f, ",");
+        json_result(f, o, &rs[i]);
     }
-    printf("]}\n");
+    fprintf(f, "]}\n");
 }

@@ -89,6 +89,7 @@ void bench_samples_stats(bench_samples *s, bench_stats *out)
     for (size_t i = 0; i < n; i++)
         sum += s->ns[i];
     out->p50 = to_us(percentile(s->ns, n, 50));
+    out->p90 = to_us(percentile(s->ns, n, 90));
     out->p99 = to_us(percentile(s->ns, n, 99));
     out->max = to_us(s->ns[n - 1]);
     out->mean = (double)(sum / n) / 1000.0;

@@ -33,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "dlock.h"
 #ifdef DLOCK_HAVE_BENCH
 #include "bench/bench.h"
@@ -107,7 +108,9 @@ static void print_usage(FILE *f)
           "  dlock run [-w SECONDS | -n] [--ttl MS] [-G SECONDS]\n"
           "            [--password-file FILE] [URI] NAME... -- COMMAND [ARGS...]\n"
           "  dlock migrate [-w SECONDS] OLD NEW [NAME...]\n"
+          "  dlock inspect [--json] [URI] NAME...\n"
           "  dlock bench [OPTIONS...] URI [URI...]    (see 'dlock bench --help')\n"
+          "  dlock check [OPTIONS...] URI [URI...]    (see 'dlock check --help')\n"
           "  dlock help | --help | --version\n"
           "\n"
           "Run COMMAND while holding the lock NAME of the store named by URI;\n"
@@ -138,6 +141,12 @@ static void print_usage(FILE *f)
           "See docs/migration.md.\n"
           "  -w, --wait SECONDS    wait this long for each NAME's holders\n"
           "                        (default 10)\n"
+          "\n"
+          "Inspect: what the store knows about each NAME, without taking it:\n"
+          "held or free, the holder's owner, token and lease left, the waiters\n"
+          "(count and order where the store can tell), the last token granted;\n"
+          "what a store cannot tell is said. --json prints one object per NAME\n"
+          "(per store of a list) per line. See docs/backends.md.\n"
           "\n"
           "URI defaults to $DLOCK_URI, else file://$XDG_RUNTIME_DIR/dlock,\n"
           "else file:///tmp/dlock-$UID. COMMAND runs in a process group of its\n"
@@ -1415,6 +1424,215 @@ static int cmd_migrate(int argc, char **argv)
     return failed ? failed : busy ? EX_TEMPFAIL : EX_OK;
 }
 
+/*
+ * dlock inspect [--json] [URI] NAME...: what the store knows about each
+ * name (dlock_inspect()), without taking or disturbing anything. A list of
+ * stores is inspected store by store. Human lines by default; --json prints
+ * one object per name (and store) per line.
+ */
+
+/* s as a JSON string. */
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20 || *p == 0x7f)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
+static void print_inspect_json(const char *name, int store, int nstores, const dlock_info *i)
+{
+    unsigned k = i->known;
+
+    fputs("{\"name\":", stdout);
+    json_str(name);
+    if (nstores > 1)
+        printf(",\"store\":%d", store);
+    printf(",\"held\":%s", !(k & DLOCK_KNOWS_HELD) ? "null" : i->held ? "true" : "false");
+    if ((k & DLOCK_KNOWS_TOKEN) && i->held)
+        printf(",\"token\":%" PRIu64, i->token);
+    else
+        fputs(",\"token\":null", stdout);
+    fputs(",\"owner\":", stdout);
+    if ((k & DLOCK_KNOWS_OWNER) && i->held)
+        json_str(i->owner);
+    else
+        fputs("null", stdout);
+    if ((k & DLOCK_KNOWS_LEASE) && i->held)
+        printf(",\"lease_ms\":%" PRIu64, i->lease_ms);
+    else
+        fputs(",\"lease_ms\":null", stdout);
+    if (k & DLOCK_KNOWS_WAITERS)
+        printf(",\"waiters\":%" PRIu64, i->waiters);
+    else
+        fputs(",\"waiters\":null", stdout);
+    fputs(",\"order\":", stdout);
+    if (k & DLOCK_KNOWS_ORDER) {
+        putchar('[');
+        for (size_t w = 0; w < i->listed && w < DLOCK_INFO_LISTED; w++) {
+            if (w)
+                putchar(',');
+            json_str(i->waiter[w]);
+        }
+        putchar(']');
+    } else {
+        fputs("null", stdout);
+    }
+    if (k & DLOCK_KNOWS_LAST_TOKEN)
+        printf(",\"last_token\":%" PRIu64 "}\n", i->last_token);
+    else
+        fputs(",\"last_token\":null}\n", stdout);
+}
+
+static void print_inspect_text(const char *name, const char *store, const dlock_info *i)
+{
+    unsigned k = i->known;
+
+    print_name(name);
+    printf("%s: ", store);
+    if (!(k & DLOCK_KNOWS_HELD))
+        fputs("held or free: unknown", stdout);
+    else if (!i->held)
+        fputs("free", stdout);
+    else {
+        fputs("held", stdout);
+        if (k & DLOCK_KNOWS_OWNER) {
+            fputs(" by ", stdout);
+            print_name(i->owner);
+        }
+        if (k & DLOCK_KNOWS_TOKEN)
+            printf(", token %" PRIu64, i->token);
+        if (k & DLOCK_KNOWS_LEASE)
+            printf(", lease %.1f s left", (double)i->lease_ms / 1000);
+        else
+            fputs(", no lease time", stdout);
+    }
+    if (k & DLOCK_KNOWS_WAITERS)
+        printf(", %" PRIu64 " waiting", i->waiters);
+    else
+        fputs(", waiters unknown", stdout);
+    if ((k & DLOCK_KNOWS_ORDER) && i->listed) {
+        fputs(" (next: ", stdout);
+        for (size_t w = 0; w < i->listed && w < DLOCK_INFO_LISTED; w++) {
+            if (w)
+                fputs(", ", stdout);
+            print_name(i->waiter[w]);
+        }
+        fputs(i->listed < i->waiters ? ", ...)" : ")", stdout);
+    }
+    if ((k & DLOCK_KNOWS_LAST_TOKEN) && i->last_token)
+        printf(", last token %" PRIu64, i->last_token);
+    else if (k & DLOCK_KNOWS_LAST_TOKEN)
+        fputs(", no token granted yet", stdout);
+    putchar('\n');
+}
+
+/* argv[0] is "inspect". */
+static int cmd_inspect(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    char buf[3], dflt[DLOCK_URI_MAX + 16], *words[16], *wbuf = NULL;
+    const char *uri;
+    int c, json = 0, npos, first, status = EX_OK;
+
+    usage_cmd = "inspect";
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "+:jh", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'j':
+            json = 1;
+            break;
+        case 'h':
+            print_usage(stdout);
+            return finish_stdout();
+        case ':':
+            return usage_error("option '%s' needs an argument", argv[optind - 1]);
+        default:
+            return usage_error("invalid option '%s'", bad_option(argv, buf));
+        }
+    }
+    npos = argc - optind;
+    if (npos == 0)
+        return usage_error("missing lock NAME");
+    if (npos >= 2 && !strstr(argv[optind], "://"))
+        return usage_error("with several arguments the first is the URI, and '%s' is none: "
+                           "give the URI first (e.g. \"$DLOCK_URI\")", shown_value(argv[optind]));
+    uri = npos >= 2 ? argv[optind] : default_uri(dflt, sizeof dflt);
+    if (!uri) {
+        say("cannot build the default store's URI (set DLOCK_URI)");
+        return EX_SOFTWARE;
+    }
+    first = npos >= 2 ? optind + 1 : optind;
+    for (int a = first; a < argc; a++)
+        if (!argv[a][0] || strlen(argv[a]) > DLOCK_NAME_MAX)
+            return usage_error("lock NAME %d is empty or longer than %d bytes", a - first + 1,
+                               DLOCK_NAME_MAX);
+    /* A list of stores: each store alone, so that each says what it knows. */
+    size_t nstores = 0;
+    for (const char *p = uri; *p;) {
+        p += strspn(p, uri_spaces);
+        if (*p)
+            nstores++;
+        p += strcspn(p, uri_spaces);
+    }
+    if (nstores > sizeof words / sizeof words[0])
+        return usage_error("more than %zu stores in the list", sizeof words / sizeof words[0]);
+    if (!(wbuf = strdup(uri))) {
+        say("out of memory");
+        return EX_SOFTWARE;
+    }
+    nstores = 0;
+    for (char *p = strtok(wbuf, uri_spaces); p; p = strtok(NULL, uri_spaces))
+        words[nstores++] = p;
+    for (size_t s = 0; s < nstores; s++) {
+        dlock_client *client = NULL;
+        char label[64] = "";
+        int err = dlock_client_open(words[s], &client);
+
+        if (err) {
+            say("cannot open lock store%s: %s", nstores > 1 ? " (in the list)" : "",
+                detail(client, err));
+            dlock_client_close(client);
+            status = exit_status_for(err);
+            break;
+        }
+        if (nstores > 1)
+            snprintf(label, sizeof label, " (store %zu of %zu, %s)", s + 1, nstores,
+                     dlock_client_backend(client));
+        for (int a = first; a < argc; a++) {
+            dlock_info info;
+
+            err = dlock_inspect(client, argv[a], &info);
+            if (err) {
+                make_printable(shown_name, argv[a]);
+                say("cannot inspect lock '%s'%s: %s", shown_name, label, detail(client, err));
+                if (status == EX_OK)
+                    status = exit_status_for(err);
+                continue;
+            }
+            if (json)
+                print_inspect_json(argv[a], (int)s + 1, (int)nstores, &info);
+            else
+                print_inspect_text(argv[a], label, &info);
+        }
+        dlock_client_close(client);
+    }
+    wipe_free(wbuf);
+    int out = finish_stdout();
+    return status != EX_OK ? status : out;
+}
+
 static int cmd_bench(int argc, char **argv)
 {
 #ifdef DLOCK_HAVE_BENCH
@@ -1448,6 +1666,10 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "migrate") == 0)
         return cmd_migrate(argc - 1, argv + 1);
+    if (strcmp(cmd, "inspect") == 0)
+        return cmd_inspect(argc - 1, argv + 1);
+    if (strcmp(cmd, "check") == 0)
+        return dlock_check_main(argc - 1, argv + 1);
     if (strcmp(cmd, "--version") == 0) {
         printf("dlock %s\n", dlock_version());
         return finish_stdout();

@@ -216,6 +216,42 @@ static void test_killed_connection(void)
     dlock_client_close(b);
 }
 
+/* inspect: the grants row names the holder (its owner id, its token); the
+ * row lock says whether it still holds: a released lock whose session
+ * stays pooled, and a killed holder, are free. */
+static void test_inspect(void)
+{
+    char name[128], sql[64];
+    dlock_client *a = open_ok(uri), *d = open_ok(uri);
+    dlock_lock *l = NULL;
+    dlock_info i;
+    name_of(name, sizeof name, "inspect");
+    is_int(dlock_inspect(d, name, &i), 0, "inspect a name never taken");
+    ok(!i.held && (i.known & DLOCK_KNOWS_LAST_TOKEN) && i.last_token == 0, "free, no token yet");
+    is_int(try_lock(a, name, &l), 0, "A acquires");
+    is_int(dlock_inspect(d, name, &i), 0, "inspect it");
+    ok(i.held && strcmp(i.owner, dlock_lock_owner(l)) == 0 && i.token == dlock_lock_token(l),
+       "held by A's owner id %s, token %llu", i.owner, (unsigned long long)i.token);
+    ok(!(i.known & (DLOCK_KNOWS_LEASE | DLOCK_KNOWS_WAITERS)),
+       "no lease (another session's wait_timeout) and no waiters (known 0x%x)", i.known);
+    uint64_t t = dlock_lock_token(l);
+    is_int(dlock_release(l), 0, "A releases; its session stays in the pool");
+    is_int(dlock_inspect(d, name, &i), 0, "inspect again");
+    ok(!i.held && i.last_token == t, "free, the last token %llu", (unsigned long long)t);
+    is_int(try_lock(a, name, &l), 0, "A acquires again");
+    snprintf(sql, sizeof sql, "KILL %lld", holder_session(name));
+    ok(mysql_query(raw, sql) == 0, "the holding session is killed");
+    sleep_ms(50);
+    is_int(dlock_inspect(d, name, &i), 0, "inspect after the kill");
+    ok(!i.held && i.last_token == t + 1, "free: the server rolled back");
+    dlock_release(l);
+    is_int(try_lock(d, name, &l), 0, "inspecting left the lock free for others");
+    ok(l && dlock_lock_token(l) == t + 2, "with the next token");
+    dlock_release(l);
+    dlock_client_close(a);
+    dlock_client_close(d);
+}
+
 /* The lease is the session's wait_timeout: a holder that stops talking
  * loses the lock about a TTL later; renewals keep it. */
 static void test_lease(void)
@@ -1423,6 +1459,7 @@ int main(void)
         {"server_restart", test_server_restart},
         {"raise", test_raise},
         {"store_floor", test_store_floor},
+        {"inspect", test_inspect},
     };
     /* DLOCK_TEST_ONLY=case,case runs only those (for working on one). */
     const char *only = getenv("DLOCK_TEST_ONLY");

@@ -800,6 +800,75 @@ static void *waiter_run(void *arg)
     return NULL;
 }
 
+/* inspect: what only PostgreSQL shows. A session outside dlock holding
+ * the key is named by its pid (no tag, so no token and no lease); a
+ * deadline waiter that gave up leaves pg_locks and is not counted; a
+ * renewal's tag names the token and the new TTL; token=sequence keeps no
+ * per-name counter. */
+static void test_inspect_details(void)
+{
+    char name[128], sql[160], u[512];
+    dlock_info i;
+    dlock_lock *l = NULL;
+    snprintf(name, sizeof name, "%sinspect", prefix);
+    int64_t key = dlock_pg_key(NULL, name, strlen(name));
+    dlock_client *c = open_ok(uri), *d = open_ok(uri);
+    snprintf(sql, sizeof sql, "SELECT pg_advisory_lock(%lld)", (long long)key);
+    free(q1(raw, sql));
+    char pid[32];
+    snprintf(pid, sizeof pid, "pid %d", PQbackendPID(raw));
+    is_int(dlock_inspect(d, name, &i), 0, "inspect a key held outside dlock");
+    ok(i.held && (i.known & DLOCK_KNOWS_OWNER) && strncmp(i.owner, pid, strlen(pid)) == 0,
+       "held, by %s (%s)", i.owner, pid);
+    ok(!(i.known & (DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_LEASE)),
+       "no token and no lease for a session without dlock's tag (known 0x%x)", i.known);
+
+    struct waiter w = {.c = c, .name = name, .wait_ms = 600};
+    pthread_t t;
+    pthread_create(&t, NULL, waiter_run, &w);
+    ok(await_waiting(key, 1), "a deadline waiter queues");
+    is_int(dlock_inspect(d, name, &i), 0, "inspect with one waiter");
+    ok(i.waiters == 1 && i.listed == 1 && strlen(i.waiter[0]) == 32,
+       "one waiter, named by its owner id (%s)", i.waiter[0]);
+    pthread_join(t, NULL);
+    is_int(w.rc, DLOCK_ETIMEDOUT, "the waiter gives up at its deadline");
+    is_int(dlock_inspect(d, name, &i), 0, "inspect after it gave up");
+    ok(i.held && i.waiters == 0 && i.listed == 0, "the waiter that gave up is not counted");
+    snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%lld)", (long long)key);
+    free(q1(raw, sql));
+
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
+    o.ttl_ms = 20000;
+    is_int(dlock_acquire(c, name, &o, &l), 0, "a holder with a 20 s lease");
+    is_int(dlock_renew(l, 3000), 0, "renewed to 3 s");
+    is_int(dlock_inspect(d, name, &i), 0, "inspect after the renewal");
+    ok(i.held && i.token == dlock_lock_token(l) && (i.known & DLOCK_KNOWS_TOKEN) &&
+       strcmp(i.owner, dlock_lock_owner(l)) == 0, "the renewal's tag names token %llu, owner %s",
+       (unsigned long long)i.token, i.owner);
+    ok((i.known & DLOCK_KNOWS_LEASE) && i.lease_ms > 2000 && i.lease_ms <= 3000,
+       "the lease counts down from the renewal's TTL (%llu ms)", (unsigned long long)i.lease_ms);
+    dlock_release(l);
+    dlock_client_close(c);
+    dlock_client_close(d);
+
+    snprintf(u, sizeof u, "%s%stoken=sequence", uri, strchr(uri, '?') ? "&" : "?");
+    c = open_ok(u), d = open_ok(u);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "token=sequence: a holder");
+    is_int(dlock_inspect(d, name, &i), 0, "inspect it");
+    ok(i.held && (i.known & DLOCK_KNOWS_OWNER) && !(i.known & DLOCK_KNOWS_TOKEN),
+       "held; the token is not known until a statement names it (known 0x%x)", i.known);
+    is_int(dlock_renew(l, 5000), 0, "renewed");
+    is_int(dlock_inspect(d, name, &i), 0, "inspect again");
+    ok((i.known & DLOCK_KNOWS_TOKEN) && i.token == dlock_lock_token(l),
+       "the renewal named the token (%llu)", (unsigned long long)i.token);
+    dlock_release(l);
+    is_int(dlock_inspect(d, name, &i), 0, "inspect once free");
+    ok(!i.held && !(i.known & DLOCK_KNOWS_LAST_TOKEN),
+       "free; one sequence for every name: no last token of the name");
+    dlock_client_close(c);
+    dlock_client_close(d);
+}
+
 /* Item 6: a server default of repeatable read or serializable made the
  * second of two queued waiters fail its token bump ("could not serialize
  * access due to concurrent update": its snapshot predates the first
@@ -1912,6 +1981,7 @@ static const struct {
     {"raise_sequence_concurrent", test_raise_sequence_concurrent},
     {"store_floor", test_store_floor},
     {"store_floor_blocked", test_store_floor_blocked},
+    {"inspect_details", test_inspect_details},
 };
 
 /* Arguments: names of cases to run (without "test_"); none: all. */

@@ -1239,6 +1239,181 @@ static void test_stale_entry(const char *uri)
     dlock_client_close(h);
 }
 
+/* ---- inspect (issue 12) -------------------------------------------------- */
+
+static int inspect_ok(dlock_client *c, const char *name, dlock_info *i)
+{
+    int rc = dlock_inspect(c, name, i);
+    if (rc)
+        diag("inspect %s: %s", name, dlock_errmsg(c));
+    return rc == 0;
+}
+
+/* The lock key, the counter and the queue, read directly, as one string. */
+static void dump_keys(redisContext *ctx, const char *name, char *out, size_t len)
+{
+    redisReply *r = redisCommand(ctx, "MULTI");
+    size_t o = 0;
+    if (r)
+        freeReplyObject(r);
+    const char *cmds[] = {"GET dlock:%s:lock", "GET dlock:%s:fence", "LRANGE dlock:%s:queue 0 -1",
+                          "GET dlock:%s:raised"};
+    for (size_t k = 0; k < 4; k++)
+        if ((r = redisCommand(ctx, cmds[k], name)) != NULL)
+            freeReplyObject(r);
+    out[0] = '\0';
+    if (!(r = redisCommand(ctx, "EXEC")) || r->type != REDIS_REPLY_ARRAY) {
+        if (r)
+            freeReplyObject(r);
+        return;
+    }
+    for (size_t k = 0; k < r->elements; k++) {
+        redisReply *e = r->element[k];
+        if (e->type == REDIS_REPLY_STRING)
+            o += (size_t)snprintf(out + o, len - o, "%s;", e->str);
+        for (size_t j = 0; e->type == REDIS_REPLY_ARRAY && j < e->elements && o < len; j++)
+            o += (size_t)snprintf(out + o, len - o, "%s,", e->element[j]->str);
+        if (o >= len)
+            break;
+        o += (size_t)snprintf(out + o, len - o, "|");
+        if (o >= len)
+            break;
+    }
+    freeReplyObject(r);
+}
+
+/*
+ * inspect on one Redis: the holder's owner id (32 hex digits), token and
+ * PTTL; queued waiters counted and listed in the order they are served; a
+ * waiter that gave up (its wait timed out) and a dead entry (nobody
+ * subscribed to its channel, as a killed waiter leaves) not counted; the
+ * store left exactly as it was; the last token granted, neither drawn by
+ * busy tries (the fast path drew a token before it checked the lock) nor
+ * the floor of raise_token.
+ */
+static void test_inspect(const char *uri)
+{
+    dlock_client *h = open_ok(uri), *d = open_ok(uri), *w[3];
+    redisContext *ctx = raw(uri, 0);
+    dlock_lock *hl = NULL, *x = NULL;
+    dlock_info i;
+    int in;
+    char name[128], queue[192], first[3][33], before[4096], after[4096];
+    pthread_t th[3];
+    struct bg_acquire b[3];
+    const unsigned all = DLOCK_KNOWS_HELD | DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER |
+                         DLOCK_KNOWS_LEASE | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER |
+                         DLOCK_KNOWS_LAST_TOKEN;
+    snprintf(name, sizeof name, "%sinspect", prefix);
+    snprintf(queue, sizeof queue, "dlock:%s:queue", name);
+    in = inspect_ok(d, name, &i);
+    ok(in && !i.held && i.last_token == 0 && i.waiters == 0 &&
+           i.known == (DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER |
+                       DLOCK_KNOWS_LAST_TOKEN),
+       "inspect: never taken: free, no waiters, no token yet (known 0x%x)", i.known);
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 30000);
+    is_int(dlock_acquire(h, name, &o, &hl), 0, "inspect: a holder with a 30 s lease");
+    uint64_t token = hl ? dlock_lock_token(hl) : 0;
+    int busy = 0;
+    for (int k = 0; k < 3; k++)
+        busy += dlock_acquire(d, name, &o, &x) == DLOCK_EBUSY;
+    is_int(busy, 3, "inspect: three busy tries");
+    in = inspect_ok(d, name, &i);
+    ok(in && i.held, "inspect: held");
+    is_int((long long)i.known, (long long)all, "inspect: every field known (0x%x)", i.known);
+    ok(hl && strcmp(i.owner, dlock_lock_owner(hl)) == 0 && strlen(i.owner) == 32 &&
+           strspn(i.owner, "0123456789abcdef") == 32,
+       "inspect: the holder's owner id, 32 hex digits: %s", i.owner);
+    ok(i.token == token && i.last_token == token,
+       "inspect: the holder's token %llu, the last granted (busy tries drew none: %llu)",
+       (unsigned long long)i.token, (unsigned long long)i.last_token);
+    ok(i.lease_ms > 28000 && i.lease_ms <= 30000, "inspect: lease left %llu ms of 30000",
+       (unsigned long long)i.lease_ms);
+    ok(i.waiters == 0 && i.listed == 0, "inspect: no waiters");
+
+    /* Three waiters queued one after the other; the second gives up. */
+    const unsigned wait_ms[3] = {20000, 3000, 20000};
+    int queued = 1;
+    for (int k = 0; k < 3; k++) {
+        w[k] = open_ok(uri);
+        b[k] = (struct bg_acquire){w[k], name, wait_ms[k], 30000, 0, 0, NULL};
+        pthread_create(&th[k], NULL, bg_acquire_run, &b[k]);
+        int n = 0;
+        while (raw_int(ctx, "LLEN %s", queue) < k + 1 && n++ < 200)
+            sleep_ms(10);
+        queued &= n <= 200;
+    }
+    ok(queued, "inspect: three waiters queued in turn");
+    /* A dead entry, as a killed waiter leaves: nobody on its channel. */
+    freeReplyObject(redisCommand(ctx, "RPUSH %s %s", queue,
+                                 "0123456789abcdef0123456789abcdef|30000|dlock:w:nobody"));
+    dump_keys(ctx, name, before, sizeof before);
+    in = inspect_ok(d, name, &i);
+    ok(in && i.waiters == 3 && i.listed == 3,
+       "inspect: three live waiters, the dead entry not counted (%llu, %zu listed)",
+       (unsigned long long)i.waiters, i.listed);
+    for (int k = 0; k < 3; k++)
+        snprintf(first[k], sizeof first[k], "%s", i.waiter[k]);
+    dump_keys(ctx, name, after, sizeof after);
+    ok(before[0] && strcmp(before, after) == 0,
+       "inspect: the lock key, counter and queue are as they were");
+    ok(i.held && i.token == token, "inspect: still the same holder");
+    pthread_join(th[1], NULL);
+    is_int(b[1].rc, DLOCK_ETIMEDOUT, "inspect: the second waiter gives up");
+    in = inspect_ok(d, name, &i);
+    ok(in && i.waiters == 2 && i.listed == 2 &&
+           strcmp(i.waiter[0], first[0]) == 0 && strcmp(i.waiter[1], first[2]) == 0,
+       "inspect: the waiter that gave up is not counted; the order stays (%llu)",
+       (unsigned long long)i.waiters);
+    is_int(hl ? dlock_release(hl) : -1, 0, "inspect: the holder releases");
+    pthread_join(th[0], NULL);
+    is_int(b[0].rc, 0, "inspect: the first waiter is granted");
+    ok(b[0].l && strcmp(dlock_lock_owner(b[0].l), first[0]) == 0,
+       "inspect: the first listed was the one served (%s)", first[0]);
+    in = inspect_ok(d, name, &i);
+    ok(in && i.held && b[0].l && i.token == dlock_lock_token(b[0].l) &&
+           strcmp(i.owner, first[0]) == 0 && i.waiters == 1 && i.listed == 1 &&
+           strcmp(i.waiter[0], first[2]) == 0,
+       "inspect: the new holder, one waiter left");
+    if (b[0].l)
+        dlock_release(b[0].l);
+    pthread_join(th[2], NULL);
+    is_int(b[2].rc, 0, "inspect: the third waiter is granted");
+    ok(b[2].l && strcmp(dlock_lock_owner(b[2].l), first[2]) == 0,
+       "inspect: in the order listed");
+
+    /* raise_token moves the counter: still not a grant. */
+    uint64_t t2 = b[2].l ? dlock_lock_token(b[2].l) : 0;
+    is_int(b[2].l ? dlock_lock_raise_token(b[2].l, t2 + 1000000) : -1, 0, "inspect: raised");
+    is_int(b[2].l ? dlock_lock_raise_token(b[2].l, t2 + 2000000) : -1, 0,
+           "inspect: raised again");
+    in = inspect_ok(d, name, &i);
+    ok(in && i.held && i.token == t2 && i.last_token == t2,
+       "inspect: held: the holder's token is the last granted, not the floor (%llu)",
+       (unsigned long long)i.last_token);
+    if (b[2].l)
+        dlock_release(b[2].l);
+    in = inspect_ok(d, name, &i);
+    ok(in && !i.held && i.last_token == t2 && i.waiters == 0,
+       "inspect: free: the last token granted %llu, not the raised counter",
+       (unsigned long long)i.last_token);
+    is_int(dlock_acquire(h, name, &o, &hl), 0, "inspect: granted again");
+    uint64_t t3 = hl ? dlock_lock_token(hl) : 0;
+    ok(t3 > t2 + 2000000, "inspect: above the floor (%llu)", (unsigned long long)t3);
+    if (hl)
+        dlock_release(hl);
+    in = inspect_ok(d, name, &i);
+    ok(in && !i.held && i.last_token == t3,
+       "inspect: then that grant is the last (%llu)", (unsigned long long)i.last_token);
+
+    freeReplyObject(redisCommand(ctx, "DEL %s", queue));
+    for (int k = 0; k < 3; k++)
+        dlock_client_close(w[k]);
+    redisFree(ctx);
+    dlock_client_close(d);
+    dlock_client_close(h);
+}
+
 /* ---- deadlines are deadlines (item 5) ------------------------------------- */
 
 
@@ -1395,6 +1570,7 @@ int main(void)
     test_restart();
     test_client_kill();
     test_stale_entry(single);
+    test_inspect(single);
     test_silent_store(single);
     test_eviction();
     return done_testing();

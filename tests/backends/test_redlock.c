@@ -550,6 +550,191 @@ static void test_silent_nodes(const char *uri)
     dlock_client_close(h);
 }
 
+/* ---- inspect (issue 12) -------------------------------------------------- */
+
+static int inspect_ok(dlock_client *c, const char *name, dlock_info *i)
+{
+    int rc = dlock_inspect(c, name, i);
+    if (rc)
+        diag("inspect %s: %s", name, dlock_errmsg(c));
+    return rc == 0;
+}
+
+static void raw_cmd(redisContext *ctx, const char *fmt, const char *a, const char *b)
+{
+    redisReply *r = redisCommand(ctx, fmt, a, b);
+    if (r)
+        freeReplyObject(r);
+}
+
+struct bg_in {
+    dlock_client *c;
+    const char *name;
+    int rc;
+};
+
+static void *bg_in_wait(void *arg)
+{
+    struct bg_in *b = arg;
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 1500, 30000);
+    b->rc = dlock_acquire(b->c, b->name, &o, &l);
+    if (l)
+        dlock_release(l);
+    return NULL;
+}
+
+/*
+ * inspect on Redlock reports what a quorum agrees on. The nodes' counters
+ * are set out of step first, so each node keeps a token of its own in its
+ * lock key and the grant writes the largest back: the token reported is
+ * the grant's, also once the node that drew it has lost the key. Held on
+ * 5, 4 and 3 of 5 nodes; free on 2 of 5, and with two owners on 2 nodes
+ * each; a waiter counted (the release channel's subscribers), then not
+ * once it gave up; never listed (no FIFO); no last token while free.
+ */
+static void test_inspect(const char *uri)
+{
+    dlock_client *h = open_ok(uri), *d = open_ok(uri), *wc = open_ok(uri);
+    redisContext *ctx[N];
+    dlock_lock *l = NULL;
+    dlock_info i;
+    int in;
+    char name[128], key[192], fence[192], v[64];
+    pthread_t th;
+    const unsigned held_all = DLOCK_KNOWS_HELD | DLOCK_KNOWS_OWNER | DLOCK_KNOWS_TOKEN |
+                              DLOCK_KNOWS_LEASE | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_LAST_TOKEN;
+    snprintf(name, sizeof name, "%sinspect", prefix);
+    snprintf(key, sizeof key, "dlock:%s:lock", name);
+    snprintf(fence, sizeof fence, "dlock:%s:fence", name);
+    for (int k = 0; k < N; k++)
+        ctx[k] = raw(uri, (size_t)k);
+    in = inspect_ok(d, name, &i);
+    ok(in && !i.held && i.waiters == 0 &&
+           i.known == (DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS),
+       "inspect: never taken: free, no waiters, no last token (known 0x%x)", i.known);
+    /* Node k's counter: 5e15 + 1000 k (above any clock, below 2^53). */
+    for (int k = 0; k < N; k++) {
+        snprintf(v, sizeof v, "%llu", 5000000000000000ull + 1000ull * (unsigned)k);
+        raw_cmd(ctx[k], "SET %s %s", fence, v);
+    }
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 10000);
+    is_int(dlock_acquire(h, name, &o, &l), 0, "inspect: granted on out-of-step counters");
+    uint64_t token = l ? dlock_lock_token(l) : 0;
+    ok(token == 5000000000000000ull + 1000ull * (N - 1) + 1, "inspect: the token, the largest (%llu)",
+       (unsigned long long)token);
+    in = inspect_ok(d, name, &i);
+    ok(in && i.held && i.known == held_all,
+       "inspect: held, every field but the order known (0x%x)", i.known);
+    ok(l && strcmp(i.owner, dlock_lock_owner(l)) == 0, "inspect: the holder's owner id %s",
+       i.owner);
+    ok(i.token == token && i.last_token == token, "inspect: the grant's token %llu",
+       (unsigned long long)i.token);
+    ok(i.lease_ms > 8500 && i.lease_ms <= 10000, "inspect: lease left %llu ms of 10000",
+       (unsigned long long)i.lease_ms);
+    ok(i.waiters == 0 && i.listed == 0, "inspect: no waiters");
+
+    struct bg_in b = {wc, name, 0};
+    pthread_create(&th, NULL, bg_in_wait, &b);
+    int seen = 0;
+    for (int k = 0; k < 100 && !seen; k++) {
+        sleep_ms(10);
+        seen = inspect_ok(d, name, &i) && (i.known & DLOCK_KNOWS_WAITERS) && i.waiters == 1;
+    }
+    ok(seen, "inspect: a waiter counted on every node (%llu)", (unsigned long long)i.waiters);
+    ok(!(i.known & DLOCK_KNOWS_ORDER) && i.listed == 0, "inspect: and not listed (no FIFO)");
+    pthread_join(th, NULL);
+    is_int(b.rc, DLOCK_ETIMEDOUT, "inspect: the waiter gives up");
+    in = inspect_ok(d, name, &i);
+    ok(in && i.waiters == 0, "inspect: then it is not counted (%llu)",
+       (unsigned long long)i.waiters);
+
+    /* The key gone on the node that drew the token, then on one more. */
+    for (int k = N - 1; k >= 3; k--) {
+        raw_cmd(ctx[k], "DEL %s", key, NULL);
+        in = inspect_ok(d, name, &i);
+        ok(in && i.held && i.token == token && l &&
+               strcmp(i.owner, dlock_lock_owner(l)) == 0,
+           "inspect: held on %d of %d nodes, the grant's token still (%llu)", k, N,
+           (unsigned long long)i.token);
+    }
+    raw_cmd(ctx[2], "DEL %s", key, NULL);
+    in = inspect_ok(d, name, &i);
+    ok(in && !i.held && i.known == (DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS),
+       "inspect: held on 2 of 5 only: free, nothing else known (0x%x)", i.known);
+    for (int k = 2; k < 4; k++)
+        raw_cmd(ctx[k], "SET %s %s PX 10000", key,
+                "0123456789abcdef0123456789abcdef:5000000000009999");
+    in = inspect_ok(d, name, &i);
+    ok(in && !i.held, "inspect: two owners on 2 nodes each: free");
+    raw_cmd(ctx[4], "SET %s %s PX 10000", key, "0123456789abcdef0123456789abcdef:5000000000009999");
+    in = inspect_ok(d, name, &i);
+    ok(in && i.held && i.token == 5000000000009999ull &&
+           strcmp(i.owner, "0123456789abcdef0123456789abcdef") == 0,
+       "inspect: the other owner on 3 of 5: held by it (%s)", i.owner);
+    if (l)
+        dlock_release(l); /* no longer ours on a quorum: DLOCK_ELOST */
+    for (int k = 0; k < N; k++) {
+        raw_cmd(ctx[k], "DEL %s %s", key, fence);
+        redisFree(ctx[k]);
+    }
+    dlock_client_close(wc);
+    dlock_client_close(d);
+    dlock_client_close(h);
+}
+
+/*
+ * Nodes down: with 3 of 5 answering and all holding, held; with one of them
+ * free, the owner's 2 nodes and the 2 silent ones could make a quorum:
+ * DLOCK_ECONNECT, saying it cannot tell; fewer than a quorum answering:
+ * DLOCK_ECONNECT naming the count. Never a guess.
+ */
+static void test_inspect_nodes_down(void)
+{
+    struct srv s[N];
+    char uri[256], name[128], key[192];
+    dlock_info i;
+    int in;
+    for (int k = 0; k < N; k++)
+        srv_start(&s[k], 0, NULL);
+    /* A node's reply may be slow on a loaded machine: it must not count
+     * as silent here. */
+    srv_uri(s, uri, sizeof uri, "node_timeout=2000");
+    snprintf(name, sizeof name, "%sinspect-down", prefix);
+    snprintf(key, sizeof key, "dlock:%s:lock", name);
+    dlock_client *c = open_ok(uri), *d = open_ok(uri);
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 30000);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "inspect down: granted on 5 of 5");
+    srv_kill(&s[3]);
+    srv_kill(&s[4]);
+    in = inspect_ok(d, name, &i);
+    ok(in && i.held && l && i.token == dlock_lock_token(l),
+       "inspect down: 2 of 5 down, 3 hold it: held, token %llu (%s)", (unsigned long long)i.token,
+       in ? "answered" : dlock_errmsg(d));
+    char one[256];
+    snprintf(one, sizeof one, "redis://127.0.0.1:%d/0", s[0].port);
+    redisContext *ctx = raw(one, 0);
+    raw_cmd(ctx, "DEL %s", key, NULL);
+    redisFree(ctx);
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_inspect(d, name, &i), DLOCK_ECONNECT, "inspect down: held on 2, 1 free, 2 silent: "
+                                                       "cannot tell → ECONNECT");
+    ok(strstr(dlock_errmsg(d), "cannot tell") != NULL, "inspect down: saying so: %s",
+       dlock_errmsg(d));
+    ok(i.known == 0 && !i.held, "inspect down: nothing reported");
+    ok(since_ms(t0) < 1000, "inspect down: in %.0f ms", since_ms(t0));
+    srv_kill(&s[2]);
+    is_int(dlock_inspect(d, name, &i), DLOCK_ECONNECT, "inspect down: 2 of 5 answering → ECONNECT");
+    ok(strstr(dlock_errmsg(d), "only 2 of 5") != NULL, "inspect down: %s", dlock_errmsg(d));
+    if (l)
+        dlock_release(l);
+    dlock_client_close(d);
+    dlock_client_close(c);
+    for (int k = 0; k < 2; k++)
+        srv_kill(&s[k]);
+}
+
 int main(void)
 {
     const char *uri = need_env("DLOCK_REDLOCK_URI");
@@ -564,5 +749,7 @@ int main(void)
     test_raise(uri);
     test_raise_nodes_down();
     test_store_floor(uri);
+    test_inspect(uri);
+    test_inspect_nodes_down();
     return done_testing();
 }

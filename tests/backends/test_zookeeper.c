@@ -19,6 +19,11 @@
  * leader is killed with scripts/stores/zk-node.sh. Both are always started
  * again.
  *
+ * Inspect: the holder's czxid and owner id, the waiters in order, a waiter
+ * that gave up not counted, a node of another recipe, a holder's session
+ * ended, no node created; fresh through a follower (the sync); bounded in a
+ * silent network.
+ *
  * Environment (scripts/stores/start.sh prints it):
  *   DLOCK_ZK_URI, DLOCK_ZK_ENSEMBLE_URI, DLOCK_STORES_DIR
  * A missing variable fails the run: these cases never skip silently. Every
@@ -636,6 +641,201 @@ static void test_silent_network(const char *uri, struct proxy *p)
     zookeeper_close(zh);
 }
 
+/* ---- inspect ------------------------------------------------------------- */
+
+/* An acquire on its own thread (it blocks until served or its deadline). */
+struct queued {
+    dlock_client *c;
+    const char *name;
+    unsigned wait_ms;
+    dlock_lock *l;
+    int rc;
+    pthread_t t;
+};
+
+static void *queued_main(void *arg)
+{
+    struct queued *q = arg;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, q->wait_ms, 0);
+    q->rc = dlock_acquire(q->c, q->name, &o, &q->l);
+    return NULL;
+}
+
+static void queue_up(struct queued *q, zhandle_t *zh, int nodes_then)
+{
+    double took;
+    pthread_create(&q->t, NULL, queued_main, q);
+    if (await_nodes(zh, q->name, nodes_then, 5000, &took) != nodes_then)
+        diag("%s: still not %d nodes after %.0f ms", q->name, nodes_then, took);
+}
+
+static int inspected(dlock_client *c, const char *name, dlock_info *i)
+{
+    int rc = dlock_inspect(c, name, i);
+    if (rc)
+        diag("inspect %s: %s", name, dlock_errmsg(c));
+    return rc == 0;
+}
+
+/* What inspect reads from the name's lock children: the holder (lowest
+ * sequence: czxid, owner id), the waiters in the order they are served, a
+ * waiter that gave up gone from the count, a holder whose session ended
+ * gone at once, a node of another recipe named by its prefix; it creates
+ * no node (not even the parent) and joins no queue. */
+static void test_inspect(const char *uri)
+{
+    char name[128], path[256], other[128], buf[384];
+    dlock_client *a = open_ok(uri), *b = open_ok(uri), *c = open_ok(uri), *d = open_ok(uri),
+                 *e = open_ok(uri);
+    zhandle_t *zh = raw_open(uri);
+    dlock_lock *la = NULL;
+    dlock_info i;
+    struct Stat st;
+    snprintf(name, sizeof name, "%sinspect", prefix);
+    snprintf(path, sizeof path, "/dlock/%s", name);
+
+    ok(inspected(e, name, &i) && !i.held && i.waiters == 0 && i.listed == 0,
+       "a name never taken: free, nobody waiting");
+    is_int(i.known, DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER,
+           "free: held and waiters known (no token, no last token: its nodes are gone)");
+    is_int(zoo_exists(zh, path, 0, &st), ZNONODE,
+           "inspecting created no node, not even the parent");
+
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
+    is_int(dlock_acquire(a, name, &o, &la), 0, "A holds");
+    ok(inspected(e, name, &i) && i.held, "held");
+    is_int(i.known, DLOCK_KNOWS_HELD | DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER | DLOCK_KNOWS_WAITERS |
+           DLOCK_KNOWS_ORDER | DLOCK_KNOWS_LAST_TOKEN, "everything but a lease");
+    ok(i.token == dlock_lock_token(la) && i.last_token == i.token, "A's token, the node's czxid");
+    is_str(i.owner, dlock_lock_owner(la), "A's owner id, from its node's name");
+    is_int(i.waiters, 0, "nobody waiting yet");
+
+    struct queued qb = {b, name, 20000, NULL, 0, 0}, qc = {c, name, 20000, NULL, 0, 0};
+    queue_up(&qb, zh, 2);
+    queue_up(&qc, zh, 3);
+    ok(inspected(e, name, &i) && i.held && i.token == dlock_lock_token(la), "still A's");
+    ok(i.waiters == 2 && i.listed == 2, "two waiters, both listed (%llu, %zu)",
+       (unsigned long long)i.waiters, i.listed);
+    char first[DLOCK_HOLDER_MAX], second[DLOCK_HOLDER_MAX];
+    snprintf(first, sizeof first, "%s", i.waiter[0]);
+    snprintf(second, sizeof second, "%s", i.waiter[1]);
+    ok(strlen(first) == 32 && strlen(second) == 32 && strcmp(first, second) != 0,
+       "named by their owner ids: %s, then %s", first, second);
+    is_int(count_nodes(zh, "/dlock", name), 3, "inspect added no node to the queue");
+
+    /* A waiter that gives up leaves the count at once (its node deleted). */
+    dlock_lock *ld = NULL;
+    o = wait_opts(DLOCK_WAIT_DEADLINE, 300, 0);
+    is_int(dlock_acquire(d, name, &o, &ld), DLOCK_ETIMEDOUT, "D waits 300 ms and gives up");
+    ok(inspected(e, name, &i) && i.waiters == 2 && i.listed == 2 && !strcmp(i.waiter[0], first) &&
+       !strcmp(i.waiter[1], second), "D is not counted: the same two waiters");
+
+    is_int(dlock_release(la), 0, "A releases");
+    pthread_join(qb.t, NULL);
+    is_int(qb.rc, 0, "B is served");
+    is_str(qb.l ? dlock_lock_owner(qb.l) : "", first, "B was the first waiter listed");
+    ok(inspected(e, name, &i) && i.held && qb.l && i.token == dlock_lock_token(qb.l),
+       "inspect names B's token");
+    is_str(i.owner, first, "and B as the holder");
+    ok(i.waiters == 1 && i.listed == 1 && !strcmp(i.waiter[0], second), "C waits alone");
+    dlock_release(qb.l);
+    pthread_join(qc.t, NULL);
+    is_int(qc.rc, 0, "C is served");
+    is_str(qc.l ? dlock_lock_owner(qc.l) : "", second, "C was the second");
+    dlock_release(qc.l);
+    ok(inspected(e, name, &i) && !i.held && i.waiters == 0, "free once everyone released");
+
+    /* Another recipe's node, held by a session that then ends. */
+    snprintf(other, sizeof other, "%sinspect-foreign", prefix);
+    snprintf(path, sizeof path, "/dlock/%s", other);
+    zhandle_t *zh2 = raw_open(uri);
+    int rc = zoo_create(zh, path, NULL, -1, &ZOO_OPEN_ACL_UNSAFE, 0, NULL, 0);
+    snprintf(buf, sizeof buf, "%s/_c_0b1e28ba-2fa1-11d2-883f-b9a761bde3fb-lock-", path);
+    if (rc == ZOK)
+        rc = zoo_create(zh2, buf, NULL, -1, &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL_SEQUENTIAL,
+                        NULL, 0);
+    is_int(rc, ZOK, "another session holds a node of another recipe");
+    ok(inspected(e, other, &i) && i.held && (i.known & DLOCK_KNOWS_OWNER),
+       "held by it: %s", i.owner);
+    is_str(i.owner, "_c_0b1e28ba-2fa1-11d2-883f-b9a761bde3fb", "named by its node's prefix");
+    zookeeper_close(zh2);
+    ok(inspected(e, other, &i) && !i.held, "its session closed: its node went, free at once");
+    zoo_delete(zh, path, -1);
+
+    zookeeper_close(zh);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    dlock_client_close(d);
+    dlock_client_close(e);
+}
+
+/* On an ensemble, a holder served by one server and an inspect by another
+ * that may lag behind: the sync ahead of the listing shows the grant at
+ * once, every time. */
+static void test_inspect_followers(const char *uri)
+{
+    char name[128], one[256], three[256];
+    dlock_uri *u = NULL;
+    char err[256];
+    if (dlock_uri_parse(uri, &u, err, sizeof err) != 0 || dlock_uri_host_count(u) < 2) {
+        ok(0, "an ensemble URI with several hosts");
+        dlock_uri_free(u);
+        return;
+    }
+    size_t last = dlock_uri_host_count(u) - 1;
+    unsigned p0 = dlock_uri_port(u, 0), pl = dlock_uri_port(u, last);
+    snprintf(one, sizeof one, "zookeeper://%s:%u/dlock", dlock_uri_host(u, 0), p0 ? p0 : 2181);
+    snprintf(three, sizeof three, "zookeeper://%s:%u/dlock", dlock_uri_host(u, last),
+             pl ? pl : 2181);
+    dlock_uri_free(u);
+    dlock_client *h = open_ok(one), *e = open_ok(three);
+    snprintf(name, sizeof name, "%sinspect-follower", prefix);
+    int fresh = 0, freed = 0;
+    enum { ROUNDS = 30 };
+    for (int r = 0; r < ROUNDS; r++) {
+        dlock_lock *l = NULL;
+        dlock_info i;
+        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
+        if (dlock_acquire(h, name, &o, &l) != 0) {
+            diag("acquire: %s", dlock_errmsg(h));
+            break;
+        }
+        fresh += inspected(e, name, &i) && i.held && i.token == dlock_lock_token(l);
+        dlock_release(l);
+        freed += inspected(e, name, &i) && !i.held;
+    }
+    is_int(fresh, ROUNDS, "granted through the first server, seen held through the last");
+    is_int(freed, ROUNDS, "and seen free right after each release");
+    dlock_client_close(h);
+    dlock_client_close(e);
+}
+
+/* Inspect is bounded by connect_timeout in a silent network. */
+static void test_inspect_silent(struct proxy *p)
+{
+    char puri[256], name[128];
+    dlock_info i;
+    proxied_uri(p, "?session_timeout=6000&connect_timeout=1000", puri, sizeof puri);
+    dlock_client *c = open_ok(puri);
+    snprintf(name, sizeof name, "%sinspect-silent", prefix);
+    ok(inspected(c, name, &i) && !i.held, "through the proxy: free");
+    proxy_set(p, PROXY_BLACKHOLE);
+    uint64_t t0 = dlock_monotonic_ns();
+    int rc = dlock_inspect(c, name, &i);
+    double ms = (dlock_monotonic_ns() - t0) / 1e6;
+    ok(rc == DLOCK_ECONNECT, "in silence: DLOCK_ECONNECT (%s): %s", dlock_err_name(rc),
+       dlock_errmsg(c));
+    ok(ms <= 1000 + MARGIN_MS, "within connect_timeout + %d ms (%.0f ms)", MARGIN_MS, ms);
+    ok(i.known == 0 && !i.held, "and nothing told");
+    proxy_heal(p);
+    rc = DLOCK_ECONNECT;
+    for (int k = 0; k < 100 && rc != 0; k++, sleep_ms(50))
+        rc = dlock_inspect(c, name, &i);
+    is_int(rc, 0, "network back: inspect answers again");
+    dlock_client_close(c);
+}
+
 /* ---- the single server killed (SIGKILL) and started again --------------- */
 
 static char stores_script[PATH_MAX];
@@ -1220,6 +1420,14 @@ int main(int argc, char **argv)
         test_lost_create_given_up(single_uri, &p, DLOCK_WAIT_DEADLINE);
     if (want("test_lost_create_given_up"))
         test_lost_create_given_up(single_uri, &p, DLOCK_WAIT_TRY);
+    if (want("test_inspect"))
+        test_inspect(single_uri);
+    if (want("test_inspect"))
+        test_inspect(ensemble_uri);
+    if (want("test_inspect_followers"))
+        test_inspect_followers(ensemble_uri);
+    if (want("test_inspect_silent"))
+        test_inspect_silent(&p);
     if (want("test_silent_network"))
         test_silent_network(single_uri, &p);
     if (want("test_digest_auth"))

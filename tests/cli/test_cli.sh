@@ -231,6 +231,44 @@ dl run "$uri" x '' -- true
 [ $rc -eq 64 ] && one_line && [[ $err == *empty* ]]
 check $? "an empty name among several: exit 64"
 
+# --- dlock inspect ---------------------------------------------------------------
+dl inspect "$uri" 'ins free'
+[ $rc -eq 0 ] && [[ $out == "ins free: free"* ]]
+check $? "inspect a name never taken: free"
+m="$dir/ins-held"
+"$DLOCK" run "$uri" 'ins held' -- sh -c "printf %s \"\$DLOCK_TOKEN\" >'$m.tok'; $(hold_until "$m")" </dev/null &
+bg_pids+=($!)
+wait_for "$m.ready"
+t_held=$(cat "$m.tok")
+dl inspect "$uri" 'ins held' 'ins free'
+[ $rc -eq 0 ] && [ "$(wc -l <"$dir/out")" -eq 2 ] && [[ $out == *"ins held: held by "*", token $t_held"* ]]
+check $? "inspect a held name: its holder and token ($t_held), one line per name"
+dl inspect --json "$uri" 'ins held'
+printf '%s' "$out" | /usr/bin/python3 -c '
+import json, sys
+o = json.loads(sys.stdin.read())
+ok = (o["name"] == "ins held" and o["held"] is True and o["token"] == int(sys.argv[1])
+      and len(o["owner"]) == 32 and o["lease_ms"] is None and o["waiters"] is None)
+sys.exit(0 if ok else 1)' "$t_held"
+check $? "--json: one object with name, held, token, owner, lease_ms and waiters (null: unknown)"
+dl run -n "$uri" 'ins held' -- true
+[ $rc -eq 75 ]
+check $? "inspecting took nothing: the holder still holds"
+touch "$m.go"
+wait "${bg_pids[-1]}"
+dl inspect
+[ $rc -eq 64 ] && one_line
+check $? "inspect without NAME: exit 64"
+dl inspect nope a
+[ $rc -eq 64 ] && one_line && [[ $err == *URI* ]]
+check $? "inspect with a first argument that is no URI: exit 64"
+dl inspect --bogus "$uri" a
+[ $rc -eq 64 ] && one_line && [[ $err == *--bogus* ]]
+check $? "inspect with an unknown option: exit 64 naming it"
+dl inspect 'redis://:s3cret@127.0.0.1:1/0' a
+[ $rc -eq 69 ] && one_line && [[ $err != *s3cret* ]]
+check $? "inspect an unreachable store: exit 69, the password not shown"
+
 # --- mutual exclusion -----------------------------------------------------------
 log="$dir/serial.log"
 pids=()
