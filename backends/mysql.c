@@ -216,6 +216,7 @@ struct mysql_conn {
     char *tls_ca, *tls_cert, *tls_key;
     unsigned port;
     int tls; /* 0 off, 1 encrypt, 2 encrypt and verify the server */
+    int ctl_dropped; /* the control session broke: its next open is a reconnect */
     uint64_t connect_ms, timeout_ms;
     char where[128];        /* "host:port" or the socket path, for messages */
     char *sql[N_STMTS];
@@ -646,8 +647,13 @@ static int exec_sql(struct mysql_conn *mc, struct session *s, const char *sql,
 static int ctl_session(struct mysql_conn *mc, struct bound *call, struct session **out)
 {
     int err = 0;
-    if (!mc->ctl)
+    if (!mc->ctl) {
         err = session_open(mc, 0, call, &mc->ctl);
+        if (err == 0 && mc->ctl_dropped) {
+            mc->ctl_dropped = 0;
+            dlock_count_reconnect(cl(mc));
+        }
+    }
     *out = mc->ctl;
     return err;
 }
@@ -663,6 +669,7 @@ static int ctl_dropped(struct mysql_conn *mc)
     int retry = !mc->ctl->silent_ms;
     session_close(mc->ctl);
     mc->ctl = NULL;
+    mc->ctl_dropped = 1;
     return retry;
 }
 

@@ -879,6 +879,7 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
         session_close(s);
         if (opened || silent || err == DLOCK_ETIMEDOUT || err == DLOCK_EBUSY)
             return err;
+        dlock_count_reconnect(conn->client); /* the next try opens or takes another */
         dlock_clearerr(conn->client);
     }
     h = calloc(1, sizeof *h);

@@ -393,7 +393,10 @@ int dlock_redis_node_connect(struct redis_conn *rc, struct redis_node *n, uint64
     if (n->cmd)
         return 0;
     n->stale = 0;
-    return dlock_redis_connect_ctx(rc, n, &n->cmd, budget_ns, 1);
+    int err = dlock_redis_connect_ctx(rc, n, &n->cmd, budget_ns, 1);
+    if (err == 0 && n->connected++)
+        dlock_count_reconnect(cl(rc));
+    return err;
 }
 
 void dlock_redis_drop_sub(struct redis_node *n)

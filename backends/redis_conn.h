@@ -15,6 +15,7 @@ struct redis_node {
     unsigned stale;    /* replies still to come for calls we stopped waiting for */
     uint64_t retry_at; /* after a failed connect, not before (CLOCK_MONOTONIC ns) */
     int subscribed;    /* sub is subscribed to the current wait's channel */
+    int connected;     /* cmd was connected once (a new one is a reconnect) */
 };
 
 /* A deadline wait's calls may run this far past the deadline (so that a

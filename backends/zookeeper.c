@@ -707,6 +707,8 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path, void 
     if (type == ZOO_SESSION_EVENT) {
         zc->state = state;
         if (state == ZOO_CONNECTED_STATE) {
+            if (zc->suspended_since)
+                dlock_count_reconnect(zc->base.client);
             zc->suspended_since = 0;
             zc->ever_connected = 1;
             zc->negotiated_ms = zoo_recv_timeout(zh);

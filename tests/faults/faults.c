@@ -795,6 +795,10 @@ static void case_store_restart(void)
            (unsigned long long)after, (unsigned long long)before[4]);
         if (l)
             dlock_release(l);
+        dlock_metrics m;
+        dlock_client_metrics(pc, &m);
+        ok(m.reconnects >= 1, "its metrics count the reconnection (%llu)",
+           (unsigned long long)m.reconnects);
     }
     dlock_client_close(pc);
 out:
