@@ -6,6 +6,7 @@
 #include <sys/time.h>
 
 #include "dlock_backend.h"
+#include "backends/redis_reply.h"
 
 struct redis_node {
     char *host;
@@ -129,25 +130,6 @@ size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *k
                                size_t nkeys, const char **extra, const size_t *extra_len,
                                size_t n, const char **argv, size_t *argvlen);
 
-/* What one server's "inspect" script call read (redis_script.h), parsed by
- * dlock_redis_reply_inspect() (backends/redis_reply.c). */
-#define DLOCK_REDIS_LISTED 16 /* = DLOCK_INFO_LISTED */
-struct redis_seen {
-    int held;            /* the lock key exists */
-    int has_owner;       /* its value is dlock's "<owner>:<token>" */
-    char owner[33];
-    uint64_t token;
-    long long pttl;      /* PTTL: -1 no expiry */
-    uint64_t last;       /* the last token granted (0: none) */
-    uint64_t counter;    /* the counter as a grant left it: last, or the
-                            raised counter's previous value (Redlock's merge) */
-    unsigned long long live; /* queued waiters the handoff would serve */
-    size_t listed;           /* the first of them, in queue order */
-    char waiter[DLOCK_REDIS_LISTED][33];
-    long long numsub;        /* subscribers of the channel asked about; -1 */
-};
-/* 0 with *s filled, or -1 when the reply is not what the script returns. */
-int dlock_redis_reply_inspect(const redisReply *r, struct redis_seen *s);
 /* Runs the script on node n synchronously (EVAL fallback on NOSCRIPT). */
 int dlock_redis_script(struct redis_conn *rc, struct redis_node *n, size_t argc,
                        const char **argv, const size_t *argvlen, redisReply **out);

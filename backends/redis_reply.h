@@ -62,4 +62,24 @@ int dlock_redis_info_field(const char *text, size_t len, const char *key, char *
  * evict). */
 int dlock_redis_policy_evicts(const char *policy);
 
+/* What one server's "inspect" script call read (redis_script.h), parsed by
+ * dlock_redis_reply_inspect() (backends/redis_reply.c). */
+#define DLOCK_REDIS_LISTED 16 /* = DLOCK_INFO_LISTED */
+struct redis_seen {
+    int held;            /* the lock key exists */
+    int has_owner;       /* its value is dlock's "<owner>:<token>" */
+    char owner[33];
+    uint64_t token;
+    long long pttl;      /* PTTL: -1 no expiry */
+    uint64_t last;       /* the last token granted (0: none) */
+    uint64_t counter;    /* the counter as a grant left it: last, or the
+                            raised counter's previous value (Redlock's merge) */
+    unsigned long long live; /* queued waiters the handoff would serve */
+    size_t listed;           /* the first of them, in queue order */
+    char waiter[DLOCK_REDIS_LISTED][33];
+    long long numsub;        /* subscribers of the channel asked about; -1 */
+};
+/* 0 with *s filled, or -1 when the reply is not what the script returns. */
+int dlock_redis_reply_inspect(const redisReply *r, struct redis_seen *s);
+
 #endif

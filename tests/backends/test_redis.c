@@ -1298,7 +1298,7 @@ static void test_inspect(const char *uri)
     dlock_lock *hl = NULL, *x = NULL;
     dlock_info i;
     int in;
-    char name[128], queue[192], first[3][33], before[4096], after[4096];
+    char name[128], queue[192], first[3][DLOCK_HOLDER_MAX], before[4096], after[4096];
     pthread_t th[3];
     struct bg_acquire b[3];
     const unsigned all = DLOCK_KNOWS_HELD | DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER |

@@ -30,6 +30,8 @@ static void look(const redisReply *r, size_t chan_len, int depth)
     dlock_redis_reply_handoff(r, owner, &token);
     dlock_redis_reply_subscribed(r, chan, chan_len);
     dlock_redis_reply_error_kind(r);
+    struct redis_seen seen;
+    dlock_redis_reply_inspect(r, &seen);
     if ((r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS ||
          r->type == REDIS_REPLY_ERROR) && r->str) {
         if (dlock_redis_info_field(r->str, r->len, "maxmemory_policy", field, sizeof field))
