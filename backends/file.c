@@ -46,9 +46,11 @@
  * counts or lists them); a lease (file locks have none: a holder holds
  * until it releases or dies); and for the few system calls between a new
  * holder's lock and its token write, the token and owner (the file then
- * still shows the previous grant's). After dlock_lock_raise_token() the
- * file holds the raised value (on a list of stores: the list's token,
- * which is then the holder's), and that is what inspect reports.
+ * still shows the previous grant's). The token and last token are the
+ * grant= the grant wrote on its owner line (files written before it: the
+ * first line). After dlock_lock_raise_token() the first line holds the
+ * raised value, which inspect does not take for a grant (on a list of
+ * stores, the file's own grant is reported, not the list's token).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -452,8 +454,10 @@ static int bump_token(struct file_conn *fc, int fd, const dlock_request *req,
     if (token == UINT64_MAX)
         return dlock_seterr(c, DLOCK_EPROTO, "the fencing token is exhausted");
     token++;
-    int len = snprintf(buf, sizeof buf, "%020" PRIu64 "\nowner=%s pid=%10ld\n", token,
-                       req->owner_hex, (long)getpid());
+    /* The first line is the name's counter (a raise moves it); grant= keeps
+     * what this grant was given, for inspect. */
+    int len = snprintf(buf, sizeof buf, "%020" PRIu64 "\nowner=%s pid=%10ld grant=%020" PRIu64 "\n",
+                       token, req->owner_hex, (long)getpid(), token);
     if (pwrite(fd, buf, (size_t)len, 0) != len)
         return dlock_seterr(c, DLOCK_EIO, "cannot write the fencing token: %s", strerror(errno));
     if (fc->fsync && fdatasync(fd) < 0)
@@ -696,8 +700,9 @@ static int file_raise_floor(dlock_conn *conn, uint64_t floor)
     return rc;
 }
 
-/* A grant's record: the 20-digit token line, then "owner=<32 hex> pid=<pid>". */
-#define CONTENTS_MAX (TOKEN_DIGITS + 1 + 80)
+/* A grant's record: the 20-digit token line, then "owner=<32 hex> pid=<pid>
+ * grant=<20 digits>" (grant= from this version on). */
+#define CONTENTS_MAX (TOKEN_DIGITS + 1 + 128)
 
 /* The lock file's contents, read twice in a row until two reads agree (a
  * holder may be rewriting it). *np: their length. -1 (errno) or 0. */
@@ -745,6 +750,18 @@ static int parse_contents(const char *buf, size_t n, uint64_t *tokenp, char *own
     if (h == 32 && (left == klen + 32 || o[32] == ' ' || o[32] == '\n') && ownersz > 32) {
         memcpy(owner, o, 32);
         owner[32] = '\0';
+    }
+    /* The grant's own token, where the line has it: the first line may have
+     * been raised since (dlock_lock_raise_token()), which granted nothing. */
+    static const char gkey[] = " grant=";
+    const char *end = memchr(o, '\n', left - klen);
+    const char *g = end ? memmem(o, (size_t)(end - o), gkey, sizeof gkey - 1) : NULL;
+    if (g && (size_t)(end - g) == sizeof gkey - 1 + TOKEN_DIGITS) {
+        uint64_t gt = 0;
+        for (i = 0, g += sizeof gkey - 1; i < TOKEN_DIGITS && g[i] >= '0' && g[i] <= '9'; i++)
+            gt = gt * 10 + (uint64_t)(g[i] - '0');
+        if (i == TOKEN_DIGITS)
+            *tokenp = gt;
     }
     return 0;
 }

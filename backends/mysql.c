@@ -1519,31 +1519,44 @@ static int query_result(struct mysql_conn *mc, struct session *s, const char *sq
 }
 
 /*
- * inspect, on the control session (autocommit), two statements bounded by
- * `timeout` together:
+ * inspect: one text statement on the control session (autocommit, no
+ * locking read, no row lock taken or waited for), bounded by `timeout`.
+ * A UNION ALL of:
  *
- * 1. The name's row of <table>_grants (token, owner, session_id of the
- *    latest grant recorded), a consistent read that waits for no row
- *    lock, with whether that session is still in
- *    information_schema.PROCESSLIST (which shows the sessions of the same
- *    user, or all of them with the PROCESS privilege).
- * 2. Whether the name's row is locked: SELECT ... FOR UPDATE NOWAIT, which
- *    never waits: held, it fails at once (the holder is untouched); free,
- *    it locks the row for that one autocommit statement and lets go: a
- *    try of the name that lands in that instant finds it busy (nobody can
- *    be waiting for a free row).
- *
- * Held: the owner and the token are the latest grant's, named while its
- * session is still there (a grant is recorded one round trip after its
- * row lock: in that instant the row names the previous grant).
+ *  'g' the name's row of <table>_grants (a consistent read) with the
+ *      trx_id of its session's InnoDB transaction when that transaction
+ *      is the grant's: in information_schema.INNODB_TRX, RUNNING (not in
+ *      LOCK WAIT), holding rows (trx_rows_locked > 0), started no later
+ *      than the grant was recorded (trx_started is the session's local
+ *      time, whole seconds: acquired_at is moved by the session's UTC
+ *      offset), and no later grant of another name names the session (a
+ *      pooled session that went on to hold another name);
+ *  'p' COUNT(*) of INNODB_TRX, read whatever the grants say, so that a
+ *      user without the PROCESS privilege always gets error 1227 rather
+ *      than a "free" that was never seen;
+ *  'w' (MariaDB) the transactions in LOCK WAIT that the holder's
+ *      transaction blocks (INNODB_LOCK_WAITS; a lock session holds only
+ *      its one row lock, so they wait for this name), whose session is
+ *      still running its lock statement (information_schema.PROCESSLIST
+ *      is live, the InnoDB views are a snapshot up to 0.1 s old: a waiter
+ *      that gave up is not counted), in queue order: by the number of
+ *      transactions each waits behind (the holder and the waiters queued
+ *      before it), then trx_wait_started and trx_id.
  */
+#define INSPECT_HOLDER                                                                            \
+    "(SELECT t.trx_id FROM information_schema.INNODB_TRX t WHERE t.trx_mysql_thread_id ="         \
+    " g.session_id AND t.trx_state = 'RUNNING' AND t.trx_rows_locked > 0 AND t.trx_started <="     \
+    " g.acquired_at + INTERVAL TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), NOW()) SECOND AND NOT"     \
+    " EXISTS (SELECT 1 FROM `%s_grants` o WHERE o.session_id = g.session_id AND o.k <> g.k AND"  \
+    " o.acquired_at > g.acquired_at) LIMIT 1)"
+
 static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
 {
     static const char what[] = "inspect";
     static const char hexd[] = "0123456789abcdef";
     struct mysql_conn *mc = (struct mysql_conn *)conn;
     unsigned char k[DLOCK_SHA256_LEN];
-    char kx[2 * DLOCK_SHA256_LEN + 1], sql[512];
+    char kx[2 * DLOCK_SHA256_LEN + 1], sql[3072];
     struct session *ctl;
     MYSQL_RES *res = NULL;
     int err = 0;
@@ -1555,49 +1568,82 @@ static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
     kx[sizeof kx - 1] = '\0';
     struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
     for (int tries = 0; tries < 2; tries++) {
-        uint64_t token = 0;
-        int granted = 0, alive = 0, held;
-        char owner[33] = "";
         if ((err = ctl_session(mc, &call, &ctl)) != 0)
             goto failed;
-        snprintf(sql, sizeof sql,
-                 "SELECT g.token, g.owner, (SELECT COUNT(*) FROM information_schema.PROCESSLIST p"
-                 " WHERE p.ID = g.session_id) FROM `%s_grants` g WHERE g.k = X'%s'",
-                 mc->table, kx);
-        if ((err = query_result(mc, ctl, sql, &call, what, &res)) != 0)
+        /* MySQL 8 has no INNODB_LOCK_WAITS (performance_schema's
+         * data_lock_waits instead): no waiters there. */
+        int mariadb = strstr(mysql_get_server_info(ctl->db), "MariaDB") != NULL;
+        int n = snprintf(sql, sizeof sql,
+                         "SELECT 'g' AS x, g.token AS a, g.owner AS b, " INSPECT_HOLDER " AS c,"
+                         " NULL AS d FROM `%s_grants` g WHERE g.k = X'%s'"
+                         " UNION ALL SELECT 'p', COUNT(*), NULL, NULL, NULL"
+                         " FROM information_schema.INNODB_TRX",
+                         mc->table, mc->table, kx);
+        if (mariadb && n > 0 && (size_t)n < sizeof sql)
+            n += snprintf(sql + n, sizeof sql - n,
+                          " UNION ALL SELECT 'w', w.trx_mysql_thread_id, w.trx_id,"
+                          " (SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS q"
+                          " WHERE q.requesting_trx_id = w.trx_id), w.trx_wait_started"
+                          " FROM information_schema.INNODB_TRX w"
+                          " JOIN information_schema.INNODB_LOCK_WAITS lw"
+                          " ON lw.requesting_trx_id = w.trx_id"
+                          " WHERE w.trx_state = 'LOCK WAIT' AND lw.blocking_trx_id ="
+                          " (SELECT " INSPECT_HOLDER " FROM `%s_grants` g WHERE g.k = X'%s')"
+                          " AND EXISTS (SELECT 1 FROM information_schema.PROCESSLIST p"
+                          " WHERE p.ID = w.trx_mysql_thread_id AND p.COMMAND IN ('Query', 'Execute')"
+                          " AND p.INFO LIKE '%%FOR UPDATE')",
+                          mc->table, mc->table, kx);
+        if (n > 0 && (size_t)n < sizeof sql)
+            n += snprintf(sql + n, sizeof sql - n, " ORDER BY x, c, d, b");
+        if (n <= 0 || (size_t)n >= sizeof sql)
+            return dlock_seterr(cl(mc), DLOCK_EINVAL, "mysql: inspect: statement too long");
+        if ((err = query_result(mc, ctl, sql, &call, what, &res)) != 0) {
+            if (!ctl->dead && ctl->last_errno == ER_SPECIFIC_ACCESS_DENIED_ERROR)
+                return dlock_seterr(cl(mc), DLOCK_ENOTSUP,
+                                    "mysql %s: inspecting MySQL locks needs the PROCESS privilege"
+                                    " (information_schema.INNODB_TRX); grant it with"
+                                    " GRANT PROCESS ON *.* TO user", mc->where);
             goto failed;
-        MYSQL_ROW row = mysql_fetch_row(res);
-        if (row && row[0] && row[1] && row[2]) {
-            granted = 1;
-            token = strtoull(row[0], NULL, 10);
-            snprintf(owner, sizeof owner, "%s", row[1]);
-            alive = strtoull(row[2], NULL, 10) > 0;
+        }
+        uint64_t token = 0;
+        int granted = 0, held = 0, seen = 0;
+        char owner[33] = "";
+        info->waiters = 0;
+        info->listed = 0;
+        for (MYSQL_ROW row; (row = mysql_fetch_row(res)) != NULL;) {
+            if (!row[0])
+                continue;
+            if (row[0][0] == 'g' && row[1] && row[2]) {
+                granted = 1;
+                token = strtoull(row[1], NULL, 10);
+                snprintf(owner, sizeof owner, "%s", row[2]);
+                held = row[3] != NULL;
+            } else if (row[0][0] == 'p') {
+                seen = 1;
+            } else if (row[0][0] == 'w' && row[1]) {
+                if (info->listed < DLOCK_INFO_LISTED)
+                    snprintf(info->waiter[info->listed++], DLOCK_HOLDER_MAX, "session %s", row[1]);
+                info->waiters++;
+            }
         }
         mysql_free_result(res);
-        res = NULL;
-        snprintf(sql, sizeof sql, "SELECT 1 FROM `%s` WHERE k = X'%s' FOR UPDATE NOWAIT",
-                 mc->table, kx);
-        err = query_result(mc, ctl, sql, &call, what, &res);
-        if (err == 0) {
-            held = 0;
-            mysql_free_result(res);
-        } else if (!ctl->dead && (ctl->last_errno == ER_LOCK_WAIT_TIMEOUT ||
-                                  ctl->last_errno == ERR_LOCK_NOWAIT)) {
-            held = 1;
-            dlock_clearerr(cl(mc));
-        } else {
-            goto failed;
-        }
-        info->known |= DLOCK_KNOWS_HELD;
+        if (!seen)
+            return dlock_seterr(cl(mc), DLOCK_EPROTO,
+                                "mysql %s: inspect: information_schema.INNODB_TRX gave no count",
+                                mc->where);
+        info->known |= DLOCK_KNOWS_HELD | DLOCK_KNOWS_LAST_TOKEN;
         info->held = held;
-        if (!held) {
-            info->last_token = granted ? token : 0;
-            info->known |= DLOCK_KNOWS_LAST_TOKEN;
-        } else if (granted && alive && strlen(owner) == 32) {
-            info->token = info->last_token = token;
-            snprintf(info->owner, sizeof info->owner, "%s", owner);
-            info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER | DLOCK_KNOWS_LAST_TOKEN;
+        info->last_token = granted ? token : 0;
+        if (held) {
+            info->token = token;
+            info->known |= DLOCK_KNOWS_TOKEN;
+            if (strlen(owner) == 32) {
+                snprintf(info->owner, sizeof info->owner, "%s", owner);
+                info->known |= DLOCK_KNOWS_OWNER;
+            }
         }
+        if (mariadb)
+            info->known |= DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER;
         return 0;
     failed:
         if (!ctl_dropped(mc))

@@ -17,7 +17,7 @@ struct dlock_hist {
 };
 struct dlock_counters {
     _Atomic uint64_t granted, busy, timed_out, failed, errors[DLOCK_METRICS_ERRORS];
-    _Atomic uint64_t releases, releases_lost, renewals, renewal_failures, losses, reconnects;
+    _Atomic uint64_t releases_ok, releases_lost, renewals, renewal_failures, losses, reconnects;
     struct dlock_hist wait, hold;
 };
 

@@ -50,9 +50,9 @@ void dlock_metrics_acquire(dlock_client *c, int rc, uint64_t took_ns)
 
 void dlock_metrics_release(dlock_client *c, int rc, uint64_t held_ns)
 {
-    add(&c->metrics.releases, 1);
-    if (rc == DLOCK_ELOST)
-        add(&c->metrics.releases_lost, 1);
+    /* Two counters, each only growing: "ok" as a difference could go back
+     * between a reader's two loads. */
+    add(rc == DLOCK_ELOST ? &c->metrics.releases_lost : &c->metrics.releases_ok, 1);
     observe(&c->metrics.hold, held_ns);
 }
 
@@ -99,8 +99,8 @@ int dlock_client_metrics(const dlock_client *c, dlock_metrics *m)
     m->failed = get(&s->failed);
     for (int i = 0; i < DLOCK_METRICS_ERRORS; i++)
         m->errors[i] = get(&s->errors[i]);
-    m->releases = get(&s->releases);
     m->releases_lost = get(&s->releases_lost);
+    m->releases = get(&s->releases_ok) + m->releases_lost;
     m->renewals = get(&s->renewals);
     m->renewal_failures = get(&s->renewal_failures);
     m->losses = get(&s->losses);
@@ -130,18 +130,46 @@ static void put(struct text *t, const char *fmt, ...)
         t->used += (size_t)n;
 }
 
-/* name="value"[,name="value"...]: what may go between the braces. */
+/* A label name the text already uses, or that Prometheus reserves. */
+static int label_taken(const char *name, size_t len, const char *all, const char *upto)
+{
+    static const char *const ours[] = {"le", "result", "code"};
+    for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++)
+        if (strlen(ours[i]) == len && memcmp(ours[i], name, len) == 0)
+            return 1;
+    if (len >= 2 && name[0] == '_' && name[1] == '_')
+        return 1;
+    /* The same name earlier in the list. */
+    for (const char *p = all; p < upto;) {
+        size_t n = strcspn(p, "=");
+        if (n == len && memcmp(p, name, len) == 0)
+            return 1;
+        p += n + 2; /* past =" */
+        while (*p && *p != '"')
+            p += *p == '\\' ? 2 : 1;
+        p += *p ? 1 : 0;
+        p += *p == ',' ? 1 : 0;
+    }
+    return 0;
+}
+
+/* name="value"[,name="value"...]: what may go between the braces, with no
+ * name twice and none of those the text adds itself (le, result, code) or
+ * Prometheus reserves (__*). */
 static int labels_ok(const char *s)
 {
     const char *p = s;
     if (!*p)
         return 1;
     for (;;) {
+        const char *name = p;
         if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '_'))
             return 0;
         while ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
                *p == '_')
             p++;
+        if (label_taken(name, (size_t)(p - name), s, name))
+            return 0;
         if (*p++ != '=' || *p++ != '"')
             return 0;
         while (*p && *p != '"' && *p != '\n') {
@@ -218,7 +246,8 @@ int dlock_metrics_format(const dlock_metrics *m, const char *labels, char *buf, 
         }
     help(&t, "dlock_releases_total", "counter",
          "Locks released in the store, by result (ok, lost: no longer ours).");
-    sample(&t, "dlock_releases_total", labels, "result=\"ok\"", m->releases - m->releases_lost);
+    sample(&t, "dlock_releases_total", labels, "result=\"ok\"",
+           m->releases >= m->releases_lost ? m->releases - m->releases_lost : 0);
     sample(&t, "dlock_releases_total", labels, "result=\"lost\"", m->releases_lost);
     help(&t, "dlock_renewals_total", "counter",
          "Lease renewals (dlock_renew and the keeper's), by result.");

@@ -199,6 +199,9 @@ typedef struct dlock_info {
     size_t listed;        /* the first .listed waiters, in the order they will be served */
     char waiter[DLOCK_INFO_LISTED][DLOCK_HOLDER_MAX];
     uint64_t last_token;  /* the last token granted for the name (0: none yet) */
+    /* Room for what later versions add, so that the struct's size never
+     * changes (a program built against this header stays safe). */
+    uint64_t reserved[16];
 } dlock_info;
 
 /*
@@ -253,6 +256,8 @@ typedef struct dlock_metrics {
     uint64_t reconnects;        /* connections the backend opened again after one broke */
     dlock_histogram wait;       /* how long each counted acquire took */
     dlock_histogram hold;       /* grant to release in the store */
+    /* Room for what later versions add: the struct's size never changes. */
+    uint64_t reserved[32];
 } dlock_metrics;
 
 /* Copies the client's metrics into *m (a lock-free snapshot: counters

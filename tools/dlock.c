@@ -35,6 +35,7 @@
 
 #include "check.h"
 #include "dlock.h"
+#include "dlock_backend.h" /* DLOCK_CAP_* */
 #ifdef DLOCK_HAVE_BENCH
 #include "bench/bench.h"
 #endif
@@ -1490,7 +1491,9 @@ static void print_inspect_json(const char *name, int store, int nstores, const d
         fputs(",\"last_token\":null}\n", stdout);
 }
 
-static void print_inspect_text(const char *name, const char *store, const dlock_info *i)
+/* leased: the store's locks have leases (DLOCK_CAP_LEASE). */
+static void print_inspect_text(const char *name, const char *store, const dlock_info *i,
+                               int leased)
 {
     unsigned k = i->known;
 
@@ -1511,7 +1514,7 @@ static void print_inspect_text(const char *name, const char *store, const dlock_
         if (k & DLOCK_KNOWS_LEASE)
             printf(", lease %.1f s left", (double)i->lease_ms / 1000);
         else
-            fputs(", no lease time", stdout);
+            fputs(leased ? ", lease left unknown" : ", no lease", stdout);
     }
     if (k & DLOCK_KNOWS_WAITERS)
         printf(", %" PRIu64 " waiting", i->waiters);
@@ -1624,7 +1627,8 @@ static int cmd_inspect(int argc, char **argv)
             if (json)
                 print_inspect_json(argv[a], (int)s + 1, (int)nstores, &info);
             else
-                print_inspect_text(argv[a], label, &info);
+                print_inspect_text(argv[a], label, &info,
+                                   (dlock_client_caps(client) & DLOCK_CAP_LEASE) != 0);
         }
         dlock_client_close(client);
     }

@@ -581,6 +581,14 @@ static void test_metrics(void)
     ok(strlen(small) == sizeof small - 1, "cut, NUL-terminated");
     is_int(dlock_metrics_format(&m, "app=x", text, sizeof text), DLOCK_EINVAL,
            "labels without quotes → DLOCK_EINVAL");
+    is_int(dlock_metrics_format(&m, "le=\"1\"", text, sizeof text), DLOCK_EINVAL,
+           "a label the text adds itself (le) → DLOCK_EINVAL");
+    is_int(dlock_metrics_format(&m, "a=\"1\",b=\"x\\\",\",a=\"2\"", text, sizeof text),
+           DLOCK_EINVAL, "a label name twice → DLOCK_EINVAL");
+    is_int(dlock_metrics_format(&m, "__name__=\"x\"", text, sizeof text), DLOCK_EINVAL,
+           "a reserved name (__*) → DLOCK_EINVAL");
+    ok(dlock_metrics_format(&m, "a=\"1\",b=\"x\\\",a=\\\"\"", text, sizeof text) > 0,
+       "a value that looks like another label is a value");
     is_int(dlock_metrics_format(NULL, NULL, text, sizeof text), DLOCK_EINVAL, "no metrics");
     dlock_client_close(c);
 }

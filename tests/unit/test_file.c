@@ -438,14 +438,27 @@ static void test_inspect(void)
     close(fds[0]);
     close(fds[1]);
 
-    /* Raised: the file holds the raised value (a list's token). */
+    /* Raised: the first line holds the raised value, which granted nothing:
+     * inspect reports the grant's token (grant= on the owner line). */
     is_int(dlock_acquire(a, "insp/raised", NULL, &l), 0, "acquire 'insp/raised'");
-    uint64_t big = dlock_lock_token(l) + 1000;
-    dlock_lock_raise_token(l, big);
-    ok(inspected(b, "insp/raised", &i) && i.held && i.token == big,
-       "after a raise, the raised value (%" PRIu64 ")", i.token);
-    is_str(i.owner, dlock_lock_owner(l), "the owner line stays");
+    uint64_t granted = l ? dlock_lock_token(l) : 0, big = granted + 1000;
+    is_int(l ? dlock_lock_raise_token(l, big) : -1, 0, "raise it by 1000");
+    int seen = inspected(b, "insp/raised", &i);
+    ok(seen && i.held && i.token == granted && i.last_token == granted,
+       "after a raise, still the grant's token (%" PRIu64 ", granted %" PRIu64 ")", i.token,
+       granted);
+    is_str(i.owner, l ? dlock_lock_owner(l) : "", "the owner line stays");
     dlock_release(l);
+    ok(inspected(b, "insp/raised", &i) && !i.held && i.last_token == granted,
+       "free: the last token granted is the grant's, not the raise");
+    is_int(dlock_acquire(a, "insp/raised", NULL, &l), 0, "acquire it again");
+    ok(l && dlock_lock_token(l) == big + 1, "its token is above the raise (%" PRIu64 ")",
+       l ? dlock_lock_token(l) : 0);
+    ok(inspected(b, "insp/raised", &i) && i.token == big + 1, "and inspect says so");
+    dlock_release(l);
+    put_lock_file("insp/old", "00000000000000000042\nowner=0123456789abcdef0123456789abcdef pid=        12\n");
+    ok(inspected(b, "insp/old", &i) && i.last_token == 42,
+       "a file written before grant= was recorded: the first line");
 
     /* Files dlock did not finish or did not write. */
     put_lock_file("insp/empty", "");
