@@ -1436,7 +1436,11 @@ static int pg_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
     uint64_t u = (uint64_t)key;
     int err;
     raise_settings(settings, sizeof settings, pc->timeout_ms);
-    if (pc->use_sequence)
+    /* Without SELECT on the fencing table (a monitoring role), the rest
+     * still tells: asked again without the name's row. */
+    int row_readable = !pc->use_sequence;
+again:
+    if (!row_readable)
         snprintf(token_sql, sizeof token_sql, "NULL::bigint");
     else
         snprintf(token_sql, sizeof token_sql, "(SELECT token FROM %s WHERE key = %" PRId64 ")",
@@ -1454,8 +1458,14 @@ static int pg_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
              "ORDER BY l.granted DESC%s, l.pid",
              settings, token_sql, u >> 32, u & 0xffffffffu,
              ordered ? ", l.waitstart NULLS LAST" : "");
-    if ((err = run_idle(pc, sql, 4, &r, "inspect", state)) != 0)
+    if ((err = run_idle(pc, sql, 4, &r, "inspect", state)) != 0) {
+        if (row_readable && strcmp(state, "42501") == 0) {
+            row_readable = 0;
+            dlock_clearerr(conn->client);
+            goto again;
+        }
         return store_failed(pc, err, state, "inspect");
+    }
     int rows = PQntuples(r), holder = -1;
     if (rows < 1) {
         PQclear(r);
@@ -1476,12 +1486,12 @@ static int pg_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
             session_name(r, i, info->waiter[info->listed++], DLOCK_HOLDER_MAX);
         info->waiters++;
     }
-    int have_row = !pc->use_sequence && !PQgetisnull(r, 0, 0);
+    int have_row = row_readable && !PQgetisnull(r, 0, 0);
     uint64_t row_token = have_row ? strtoull(PQgetvalue(r, 0, 0), NULL, 10) : 0;
     if (holder < 0) {
         /* Free: the name's counter is the last token granted (or the floor
          * a raise_token set it to); no row: none granted yet. */
-        if (!pc->use_sequence) {
+        if (row_readable) {
             info->last_token = row_token;
             info->known |= DLOCK_KNOWS_LAST_TOKEN;
         }

@@ -1013,6 +1013,7 @@ int dlock_check_main(int argc, char **argv)
     }
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART; /* a ^C must not cut a waitpid() short: no zombie */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     for (int i = 0; i < n && !interrupted; i++) {

@@ -216,42 +216,6 @@ static void test_killed_connection(void)
     dlock_client_close(b);
 }
 
-/* inspect: the grants row names the holder (its owner id, its token); the
- * row lock says whether it still holds: a released lock whose session
- * stays pooled, and a killed holder, are free. */
-static void test_inspect(void)
-{
-    char name[128], sql[64];
-    dlock_client *a = open_ok(uri), *d = open_ok(uri);
-    dlock_lock *l = NULL;
-    dlock_info i;
-    name_of(name, sizeof name, "inspect");
-    is_int(dlock_inspect(d, name, &i), 0, "inspect a name never taken");
-    ok(!i.held && (i.known & DLOCK_KNOWS_LAST_TOKEN) && i.last_token == 0, "free, no token yet");
-    is_int(try_lock(a, name, &l), 0, "A acquires");
-    is_int(dlock_inspect(d, name, &i), 0, "inspect it");
-    ok(i.held && strcmp(i.owner, dlock_lock_owner(l)) == 0 && i.token == dlock_lock_token(l),
-       "held by A's owner id %s, token %llu", i.owner, (unsigned long long)i.token);
-    ok(!(i.known & (DLOCK_KNOWS_LEASE | DLOCK_KNOWS_WAITERS)),
-       "no lease (another session's wait_timeout) and no waiters (known 0x%x)", i.known);
-    uint64_t t = dlock_lock_token(l);
-    is_int(dlock_release(l), 0, "A releases; its session stays in the pool");
-    is_int(dlock_inspect(d, name, &i), 0, "inspect again");
-    ok(!i.held && i.last_token == t, "free, the last token %llu", (unsigned long long)t);
-    is_int(try_lock(a, name, &l), 0, "A acquires again");
-    snprintf(sql, sizeof sql, "KILL %lld", holder_session(name));
-    ok(mysql_query(raw, sql) == 0, "the holding session is killed");
-    sleep_ms(50);
-    is_int(dlock_inspect(d, name, &i), 0, "inspect after the kill");
-    ok(!i.held && i.last_token == t + 1, "free: the server rolled back");
-    dlock_release(l);
-    is_int(try_lock(d, name, &l), 0, "inspecting left the lock free for others");
-    ok(l && dlock_lock_token(l) == t + 2, "with the next token");
-    dlock_release(l);
-    dlock_client_close(a);
-    dlock_client_close(d);
-}
-
 /* The lease is the session's wait_timeout: a holder that stops talking
  * loses the lock about a TTL later; renewals keep it. */
 static void test_lease(void)
@@ -1424,6 +1388,192 @@ static void test_store_floor(void)
     dlock_client_close(c);
     snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS %s, %s_grants", tbl, tbl);
     ok(mysql_query(raw, sql) == 0, "floor: tables dropped");
+}
+
+/* ---- inspect ---------------------------------------------------------- */
+
+struct waiter {
+    dlock_client *c;
+    const char *name;
+    uint64_t wait_ms;
+    dlock_lock *l;
+    int rc;
+};
+
+static void *wait_for(void *arg)
+{
+    struct waiter *w = arg;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, w->wait_ms, 30000);
+    w->rc = dlock_acquire(w->c, w->name, &o, &w->l);
+    return NULL;
+}
+
+struct inspect_loop {
+    dlock_client *c;
+    const char *name;
+    int stop, runs, errors;
+};
+
+static void *inspect_loop(void *arg)
+{
+    struct inspect_loop *il = arg;
+    dlock_info i;
+    while (!__atomic_load_n(&il->stop, __ATOMIC_SEQ_CST)) {
+        if (dlock_inspect(il->c, il->name, &i) != 0)
+            il->errors++;
+        il->runs++;
+    }
+    return NULL;
+}
+
+/* InnoDB's views are a snapshot refreshed at most every 0.1 s. */
+#define VIEWS_MS 150
+
+/* inspect reads InnoDB's transaction views (PROCESS privilege) and takes
+ * no lock: held/free, the holder's owner id and token, the waiters in
+ * queue order; a try concurrent with inspects never finds a free lock
+ * busy; without PROCESS, DLOCK_ENOTSUP. */
+static void test_inspect(void)
+{
+    char name[128], other[128], sql[256];
+    dlock_client *a = open_ok(uri), *b = open_ok(uri), *c = open_ok(uri), *e = open_ok(uri),
+                 *d = open_ok(uri);
+    dlock_lock *l = NULL, *l2 = NULL;
+    dlock_info i;
+    name_of(name, sizeof name, "inspect");
+    name_of(other, sizeof other, "inspect-other");
+    is_int(dlock_inspect(d, name, &i), 0, "inspect a name never taken (%s)", dlock_errmsg(d));
+    ok(!i.held && (i.known & DLOCK_KNOWS_HELD) && (i.known & DLOCK_KNOWS_LAST_TOKEN) &&
+           i.last_token == 0, "free, no token yet");
+    is_int(try_lock(a, name, &l), 0, "A acquires");
+    sleep_ms(VIEWS_MS);
+    is_int(dlock_inspect(d, name, &i), 0, "inspect it");
+    ok(i.held && l && strcmp(i.owner, dlock_lock_owner(l)) == 0 && i.token == dlock_lock_token(l) &&
+           i.last_token == i.token,
+       "held by A's owner id %s, token %llu", i.owner, (unsigned long long)i.token);
+    ok((i.known & DLOCK_KNOWS_WAITERS) && (i.known & DLOCK_KNOWS_ORDER) && i.waiters == 0 &&
+           i.listed == 0 && !(i.known & DLOCK_KNOWS_LEASE),
+       "no waiters, no lease (known 0x%x)", i.known);
+    uint64_t t = l ? dlock_lock_token(l) : 0;
+    long long sid = holder_session(name);
+    is_int(dlock_release(l), 0, "A releases; its session stays in the pool");
+    is_int(try_lock(a, other, &l2), 0, "A takes another name, on its pooled session");
+    ok(holder_session(other) == sid, "the same session (%lld) now holds the other name", sid);
+    sleep_ms(VIEWS_MS);
+    is_int(dlock_inspect(d, name, &i), 0, "inspect again");
+    ok(!i.held && i.last_token == t && !(i.known & DLOCK_KNOWS_OWNER),
+       "free (its session holds another name now), the last token %llu", (unsigned long long)t);
+    dlock_release(l2);
+
+    /* Waiters, in order; one that gives up is not counted. */
+    is_int(try_lock(a, name, &l), 0, "A acquires again");
+    struct waiter w1 = {b, name, 10000, NULL, -1}, w2 = {c, name, 10000, NULL, -1},
+                  w3 = {e, name, 400, NULL, -1};
+    pthread_t t1, t2, t3;
+    pthread_create(&t1, NULL, wait_for, &w1);
+    sleep_ms(300);
+    is_int(dlock_inspect(d, name, &i), 0, "inspect with one waiter");
+    ok(i.held && i.waiters == 1 && i.listed == 1 && strncmp(i.waiter[0], "session ", 8) == 0,
+       "held, 1 waiter: %s", i.listed ? i.waiter[0] : "-");
+    char first[DLOCK_HOLDER_MAX];
+    snprintf(first, sizeof first, "%s", i.waiter[0]);
+    pthread_create(&t2, NULL, wait_for, &w2);
+    sleep_ms(300);
+    is_int(dlock_inspect(d, name, &i), 0, "inspect with two waiters");
+    ok(i.waiters == 2 && i.listed == 2 && strcmp(i.waiter[0], first) == 0 &&
+           strcmp(i.waiter[1], first) != 0,
+       "2 waiters, in arrival order: %s, %s", i.waiter[0], i.listed > 1 ? i.waiter[1] : "-");
+    char second[DLOCK_HOLDER_MAX];
+    snprintf(second, sizeof second, "%s", i.waiter[1]);
+    pthread_create(&t3, NULL, wait_for, &w3);
+    sleep_ms(200);
+    is_int(dlock_inspect(d, name, &i), 0, "inspect with three waiters");
+    ok(i.waiters == 3 && i.listed == 3, "3 waiters (%llu)", (unsigned long long)i.waiters);
+    pthread_join(t3, NULL);
+    is_int(w3.rc, DLOCK_ETIMEDOUT, "the third waiter gives up at its deadline");
+    is_int(dlock_inspect(d, name, &i), 0, "inspect right after it gave up");
+    ok(i.waiters == 2 && i.listed == 2 && strcmp(i.waiter[0], first) == 0 &&
+           strcmp(i.waiter[1], second) == 0,
+       "it is not counted: %llu waiters", (unsigned long long)i.waiters);
+    is_int(dlock_release(l), 0, "A releases");
+    pthread_join(t1, NULL);
+    is_int(w1.rc, 0, "the first waiter gets it");
+    sleep_ms(VIEWS_MS);
+    is_int(dlock_inspect(d, name, &i), 0, "inspect after the hand-over");
+    ok(i.held && w1.l && strcmp(i.owner, dlock_lock_owner(w1.l)) == 0 &&
+           i.token == dlock_lock_token(w1.l) && i.waiters == 1 && strcmp(i.waiter[0], second) == 0,
+       "held by the first waiter (token %llu), the second still waits",
+       (unsigned long long)i.token);
+    dlock_release(w1.l);
+    pthread_join(t2, NULL);
+    is_int(w2.rc, 0, "the second waiter gets it");
+    uint64_t t2tok = w2.l ? dlock_lock_token(w2.l) : 0;
+
+    /* A killed holder is free. */
+    snprintf(sql, sizeof sql, "KILL %lld", holder_session(name));
+    ok(mysql_query(raw, sql) == 0, "the holding session is killed");
+    sleep_ms(VIEWS_MS);
+    is_int(dlock_inspect(d, name, &i), 0, "inspect after the kill");
+    ok(!i.held && i.last_token == t2tok, "free: the server rolled back");
+    dlock_release(w2.l);
+
+    /* Tries concurrent with inspects: none finds the free lock busy. */
+    struct inspect_loop il = {d, name, 0, 0, 0};
+    pthread_t ti;
+    pthread_create(&ti, NULL, inspect_loop, &il);
+    int busy = 0, other_err = 0;
+    for (int n = 0; n < 500; n++) {
+        int rc = try_lock(a, name, &l);
+        if (rc == DLOCK_EBUSY)
+            busy++;
+        else if (rc != 0)
+            other_err++;
+        else
+            dlock_release(l);
+    }
+    __atomic_store_n(&il.stop, 1, __ATOMIC_SEQ_CST);
+    pthread_join(ti, NULL);
+    ok(busy == 0 && other_err == 0 && il.errors == 0 && il.runs > 0,
+       "500 tries during %d inspects: %d busy, %d errors; inspect errors %d", il.runs, busy,
+       other_err, il.errors);
+    is_int(try_lock(d, name, &l), 0, "inspecting left the lock free for others");
+    dlock_release(l);
+
+    /* Without the PROCESS privilege: DLOCK_ENOTSUP, never a guess. */
+    MYSQL *root = root_connect();
+    if (!root) {
+        skip("needs a root session through the store's socket to create a user", "no PROCESS");
+    } else {
+        dlock_uri *pu = NULL;
+        char err[256], u[512];
+        dlock_uri_parse(uri, &pu, err, sizeof err);
+        const char *db = dlock_uri_path(pu) + 1;
+        mysql_query(root, "DROP USER IF EXISTS 'dlock_noproc'@'127.0.0.1'");
+        ok(mysql_query(root, "CREATE USER 'dlock_noproc'@'127.0.0.1' IDENTIFIED BY 'np-pw'") == 0,
+           "a user without PROCESS (%s)", mysql_error(root));
+        snprintf(sql, sizeof sql, "GRANT ALL PRIVILEGES ON `%s`.* TO 'dlock_noproc'@'127.0.0.1'", db);
+        ok(mysql_query(root, sql) == 0, "with every privilege on the database");
+        snprintf(u, sizeof u, "mysql://dlock_noproc:np-pw@%s:%u/%s", dlock_uri_host(pu, 0),
+                 dlock_uri_port(pu, 0), db);
+        dlock_client *np = open_ok(u);
+        is_int(try_lock(a, name, &l), 0, "A holds the lock");
+        is_int(dlock_inspect(np, name, &i), DLOCK_ENOTSUP, "inspect → DLOCK_ENOTSUP");
+        ok(strstr(dlock_errmsg(np), "PROCESS") != NULL, "%s", dlock_errmsg(np));
+        dlock_release(l);
+        is_int(dlock_inspect(np, name, &i), DLOCK_ENOTSUP, "free, still DLOCK_ENOTSUP");
+        char never[128];
+        name_of(never, sizeof never, "inspect-never");
+        is_int(dlock_inspect(np, never, &i), DLOCK_ENOTSUP, "a name never taken too");
+        dlock_client_close(np);
+        mysql_query(root, "DROP USER IF EXISTS 'dlock_noproc'@'127.0.0.1'");
+        dlock_uri_free(pu);
+        mysql_close(root);
+    }
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    dlock_client_close(e);
+    dlock_client_close(d);
 }
 
 int main(void)
