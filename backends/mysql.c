@@ -82,22 +82,37 @@
  * <table>_grants (a scan; the floor row included). A store whose tables
  * predate the floor has no floor row: floor 0.
  *
- * Inspect (be_inspect): on the control session, the name's row of
- * <table>_grants (token, owner, session_id: a consistent read, no row
- * lock) with whether session_id is still in information_schema.PROCESSLIST,
- * then whether the name's row is locked: SELECT ... FOR UPDATE NOWAIT in
- * autocommit, which fails at once when held and never waits (free, it
- * locks the row for that one statement: a try landing in that instant
- * finds it busy). Held is always known; the owner (owner_hex) and token
- * are the latest recorded grant's while its session lives; free, the last
- * token is the row's (0 when none). Cannot know without the PROCESS
- * privilege or performance_schema: the lease (the holder session's
- * wait_timeout is visible only to itself), the waiters (PROCESSLIST shows
- * their statement, not the key; InnoDB's lock views need PROCESS). Also:
- * for the round trip between a grant and its record, and for a row lock
- * taken outside dlock, the grants row names the previous grant; a lease
+ * Inspect (be_inspect) takes, waits for and probes no lock: one
+ * autocommit statement on the control session joins the name's row of
+ * <table>_grants (token, owner, session_id: a consistent read) with
+ * InnoDB's transaction views, which need the PROCESS privilege
+ * (information_schema.INNODB_TRX; without it MariaDB and MySQL fail with
+ * error 1227, and inspect returns DLOCK_ENOTSUP saying so: GRANT PROCESS
+ * ON *.* TO user). Held: the grants row's session has a RUNNING InnoDB
+ * transaction holding rows, started before the grant was recorded, and no
+ * later grant of another name names that session (a released lock's
+ * session rolled back; a pooled session may hold another name). Waiters
+ * (MariaDB: information_schema.INNODB_LOCK_WAITS): the transactions in
+ * LOCK WAIT that the holder's transaction blocks (a lock session holds
+ * only its one row lock), named "session <thread id>" (a waiter's owner
+ * id is stored only at its grant), in queue order (how many transactions
+ * each waits behind); one whose session is no longer running its lock
+ * statement (information_schema.PROCESSLIST, live) gave up and is not
+ * counted. MySQL 8 has no INNODB_LOCK_WAITS (performance_schema's
+ * data_lock_waits instead, not used): held, owner and tokens only there.
+ * InnoDB's views are a snapshot refreshed once nobody read them for 0.1 s:
+ * a grant recorded less than 0.12 s before is checked again 0.11 s later
+ * (within `timeout`); a release shows up to about 0.1 s late. Not known:
+ * the lease (the holder session's wait_timeout is visible only to
+ * itself). Tokens: the token column is the latest grant's as raised by
+ * raise_token (a list's acquire raises a store to the list's token, which
+ * is then the lock's token): inspect reports that value, not the one the
+ * store granted before the raise (not kept). Also: for the round trip
+ * between a grant and its record, and for a row lock taken outside dlock,
+ * the grants row names the previous grant (free, or its holder); a lease
  * counts whole seconds on the server, so a lock whose client-side lease
- * ended stays held up to a second longer.
+ * ended stays held up to a second longer. Reading the views and checking
+ * the session's later grants scan them and <table>_grants.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -1543,6 +1558,11 @@ static int query_result(struct mysql_conn *mc, struct session *s, const char *sq
  *      transactions each waits behind (the holder and the waiters queued
  *      before it), then trx_wait_started and trx_id.
  */
+/* InnoDB's views are a snapshot refreshed when read at most every 0.1 s
+ * (trx_i_s_cache): a grant recorded less than this long ago may not be in
+ * it yet. */
+#define VIEWS_AGE_MS "120"
+
 #define INSPECT_HOLDER                                                                            \
     "(SELECT t.trx_id FROM information_schema.INNODB_TRX t WHERE t.trx_mysql_thread_id ="         \
     " g.session_id AND t.trx_state = 'RUNNING' AND t.trx_rows_locked > 0 AND t.trx_started <="     \
@@ -1567,7 +1587,8 @@ static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
     }
     kx[sizeof kx - 1] = '\0';
     struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
-    for (int tries = 0; tries < 2; tries++) {
+    for (int tries = 0, again = 0; tries < 2; tries++) {
+    retry:
         if ((err = ctl_session(mc, &call, &ctl)) != 0)
             goto failed;
         /* MySQL 8 has no INNODB_LOCK_WAITS (performance_schema's
@@ -1575,7 +1596,8 @@ static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
         int mariadb = strstr(mysql_get_server_info(ctl->db), "MariaDB") != NULL;
         int n = snprintf(sql, sizeof sql,
                          "SELECT 'g' AS x, g.token AS a, g.owner AS b, " INSPECT_HOLDER " AS c,"
-                         " NULL AS d FROM `%s_grants` g WHERE g.k = X'%s'"
+                         " GREATEST(0, " VIEWS_AGE_MS " - TIMESTAMPDIFF(MICROSECOND, g.acquired_at,"
+                         " UTC_TIMESTAMP(6)) DIV 1000) AS d FROM `%s_grants` g WHERE g.k = X'%s'"
                          " UNION ALL SELECT 'p', COUNT(*), NULL, NULL, NULL"
                          " FROM information_schema.INNODB_TRX",
                          mc->table, mc->table, kx);
@@ -1605,7 +1627,7 @@ static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
                                     " GRANT PROCESS ON *.* TO user", mc->where);
             goto failed;
         }
-        uint64_t token = 0;
+        uint64_t token = 0, young = 0;
         int granted = 0, held = 0, seen = 0;
         char owner[33] = "";
         info->waiters = 0;
@@ -1618,6 +1640,7 @@ static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
                 token = strtoull(row[1], NULL, 10);
                 snprintf(owner, sizeof owner, "%s", row[2]);
                 held = row[3] != NULL;
+                young = row[4] ? strtoull(row[4], NULL, 10) : 0;
             } else if (row[0][0] == 'p') {
                 seen = 1;
             } else if (row[0][0] == 'w' && row[1]) {
@@ -1627,6 +1650,15 @@ static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
             }
         }
         mysql_free_result(res);
+        /* The grant was recorded after the views' snapshot may have been
+         * taken: read them again once the snapshot has expired. */
+        if (young && !again && dlock_monotonic_ns() + 110 * MS < call.until) {
+            again = 1;
+            if ((err = pause_ms(110, call.until)) != 0) /* 0.1 s without reads refreshes it */
+                return dlock_seterr(cl(mc), err, "mysql %s: inspect: interrupted", mc->where);
+            memset(info->waiter, 0, sizeof info->waiter);
+            goto retry;
+        }
         if (!seen)
             return dlock_seterr(cl(mc), DLOCK_EPROTO,
                                 "mysql %s: inspect: information_schema.INNODB_TRX gave no count",

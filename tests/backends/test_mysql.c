@@ -1392,7 +1392,7 @@ static void test_store_floor(void)
 
 /* ---- inspect ---------------------------------------------------------- */
 
-struct waiter {
+struct iwaiter {
     dlock_client *c;
     const char *name;
     uint64_t wait_ms;
@@ -1402,7 +1402,7 @@ struct waiter {
 
 static void *wait_for(void *arg)
 {
-    struct waiter *w = arg;
+    struct iwaiter *w = arg;
     dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, w->wait_ms, 30000);
     w->rc = dlock_acquire(w->c, w->name, &o, &w->l);
     return NULL;
@@ -1467,7 +1467,7 @@ static void test_inspect(void)
 
     /* Waiters, in order; one that gives up is not counted. */
     is_int(try_lock(a, name, &l), 0, "A acquires again");
-    struct waiter w1 = {b, name, 10000, NULL, -1}, w2 = {c, name, 10000, NULL, -1},
+    struct iwaiter w1 = {b, name, 10000, NULL, -1}, w2 = {c, name, 10000, NULL, -1},
                   w3 = {e, name, 400, NULL, -1};
     pthread_t t1, t2, t3;
     pthread_create(&t1, NULL, wait_for, &w1);
