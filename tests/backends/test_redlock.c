@@ -711,7 +711,9 @@ static void test_inspect_nodes_down(void)
     srv_kill(&s[3]);
     srv_kill(&s[4]);
     in = inspect_ok(d, name, &i);
-    ok(in && i.held && l && i.token == dlock_lock_token(l),
+    /* The token: the grant's, or unknown when the 2 silent nodes' counters
+     * could change the merge (never another value). */
+    ok(in && i.held && l && (!(i.known & DLOCK_KNOWS_TOKEN) || i.token == dlock_lock_token(l)),
        "inspect down: 2 of 5 down, 3 hold it: held, token %llu (%s)", (unsigned long long)i.token,
        in ? "answered" : dlock_errmsg(d));
     char one[256];
