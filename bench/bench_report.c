@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "bench_int.h"
+#include "tools/json.h"
 #include "dlock_backend.h"
 
 static const struct {
@@ -156,22 +157,6 @@ void bench_print_table(const bench_opts *o, const bench_result *r)
            (unsigned long long)r->violations);
 }
 
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 static void json_stats(FILE *f, const char *key, const bench_stats *s)
 {
     fprintf(f, "\"%s\":{\"n\":%zu,\"p50\":%.1f,\"p90\":%.1f,\"p99\":%.1f,"
@@ -190,12 +175,12 @@ static void json_tput(FILE *f, const char *key, const bench_tput *t)
 static void json_result(FILE *f, const bench_opts *o, const bench_result *r)
 {
     fprintf(f, "{\"uri\":");
-    json_string(f, r->uri_shown);
+    dlock_json_string(f, r->uri_shown);
     fprintf(f, ",\"backend\":");
-    json_string(f, r->backend);
+    dlock_json_string(f, r->backend);
     fprintf(f, ",\"store_version\":");
     if (r->store_version[0])
-        json_string(f, r->store_version);
+        dlock_json_string(f, r->store_version);
     else
         fprintf(f, "null");
     fprintf(f, ",\"caps\":[");
@@ -269,13 +254,13 @@ void bench_print_json(FILE *f, const bench_opts *o, const bench_result *rs,
     machine_name(machine, sizeof machine);
     cpu_model(cpu, sizeof cpu);
     fprintf(f, "{\"tool\":\"dlock bench\",\"units\":\"us\",\"machine\":{\"uname\":");
-    json_string(f, machine);
+    dlock_json_string(f, machine);
     fprintf(f, ",\"kernel\":");
-    json_string(f, uname(&u) == 0 ? u.release : "unknown");
+    dlock_json_string(f, uname(&u) == 0 ? u.release : "unknown");
     fprintf(f, ",\"cpu_model\":");
-    json_string(f, cpu);
+    dlock_json_string(f, cpu);
     fprintf(f, ",\"nproc\":%ld,\"dlock_version\":", cpu_count());
-    json_string(f, dlock_version());
+    dlock_json_string(f, dlock_version());
     fprintf(f, "},\"options\":{\"iterations\":%zu,\"handoffs\":%zu,"
                "\"contenders\":%zu,\"seconds\":%g,\"wait\":\"%s\",\"waiters\":[",
             o->iterations, o->handoffs, o->contenders, o->seconds, wait_name(o));

@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "tools/json.h"
 #include "dlock.h"
 
 #define PROCS_DEFAULT 4
@@ -814,20 +815,6 @@ static void print_table(struct result *res, int n, const struct options *o)
     }
 }
 
-static void json_string(const char *str)
-{
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)str; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20 || *p == 0x7f)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
-    putchar('"');
-}
-
 static void print_json(struct result *res, int n, const struct options *o)
 {
     putchar('[');
@@ -837,9 +824,9 @@ static void print_json(struct result *res, int n, const struct options *o)
         char verd[1024];
         verdict(r, verd, sizeof verd);
         printf("%s{\"uri\":", i ? ",\n " : "");
-        json_string(r->shown);
+        dlock_json_string(stdout, r->shown);
         printf(",\"backend\":");
-        json_string(r->backend);
+        dlock_json_string(stdout, r->backend);
         printf(",\"procs\":%d,\"ttl_ms\":%" PRIu32 ",\"pause_ms\":%u,\"rounds\":%d", o->procs,
                o->ttl_ms, o->pause_ms, o->rounds);
         printf(",\"ran\":%s,\"passed\":%s", r->unreachable ? "false" : "true",
@@ -874,14 +861,14 @@ static void print_json(struct result *res, int n, const struct options *o)
                    s->release_lost, s->acquire_errors, r->elapsed_s);
             if (s->worker_error[0]) {
                 printf(",\"first_error\":");
-                json_string(s->worker_error);
+                dlock_json_string(stdout, s->worker_error);
             }
         } else {
             printf(",\"error\":");
-            json_string(r->error);
+            dlock_json_string(stdout, r->error);
         }
         printf(",\"verdict\":");
-        json_string(verd);
+        dlock_json_string(stdout, verd);
         putchar('}');
     }
     printf("]\n");

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "tools/json.h"
 #include "dlock.h"
 #include "dlock_backend.h" /* DLOCK_CAP_* */
 #ifdef DLOCK_HAVE_BENCH
@@ -1432,27 +1433,12 @@ static int cmd_migrate(int argc, char **argv)
  * one object per name (and store) per line.
  */
 
-/* s as a JSON string. */
-static void json_str(const char *s)
-{
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20 || *p == 0x7f)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
-    putchar('"');
-}
-
 static void print_inspect_json(const char *name, int store, int nstores, const dlock_info *i)
 {
     unsigned k = i->known;
 
     fputs("{\"name\":", stdout);
-    json_str(name);
+    dlock_json_string(stdout, name);
     if (nstores > 1)
         printf(",\"store\":%d", store);
     printf(",\"held\":%s", !(k & DLOCK_KNOWS_HELD) ? "null" : i->held ? "true" : "false");
@@ -1462,7 +1448,7 @@ static void print_inspect_json(const char *name, int store, int nstores, const d
         fputs(",\"token\":null", stdout);
     fputs(",\"owner\":", stdout);
     if ((k & DLOCK_KNOWS_OWNER) && i->held)
-        json_str(i->owner);
+        dlock_json_string(stdout, i->owner);
     else
         fputs("null", stdout);
     if ((k & DLOCK_KNOWS_LEASE) && i->held)
@@ -1479,7 +1465,7 @@ static void print_inspect_json(const char *name, int store, int nstores, const d
         for (size_t w = 0; w < i->listed && w < DLOCK_INFO_LISTED; w++) {
             if (w)
                 putchar(',');
-            json_str(i->waiter[w]);
+            dlock_json_string(stdout, i->waiter[w]);
         }
         putchar(']');
     } else {
