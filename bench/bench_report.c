@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "bench_int.h"
-#include "tools/json.h"
+#include "tools/cli.h"
 #include "dlock_backend.h"
 
 static const struct {

@@ -41,7 +41,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "tools/json.h"
+#include "tools/cli.h"
 #include "dlock.h"
 
 #define PROCS_DEFAULT 4
@@ -111,33 +111,6 @@ struct result {
 };
 
 static volatile sig_atomic_t interrupted;
-
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static void say(const char *fmt, ...)
-{
-    va_list ap;
-
-    fputs("dlock: ", stderr);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-}
-
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-
-    fputs("dlock: ", stderr);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputs(" (see 'dlock check --help')\n", stderr);
-    return EX_USAGE;
-}
 
 static void print_usage(FILE *f)
 {
@@ -903,6 +876,7 @@ static int parse_options(int argc, char **argv, struct options *o)
         {"json", no_argument, NULL, 'J'},        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    dlock_usage_cmd = "check";
     unsigned long v;
     char *end;
     int c;
@@ -913,25 +887,25 @@ static int parse_options(int argc, char **argv, struct options *o)
         switch (c) {
         case 'p':
             if (parse_uint(optarg, 2, CHECK_SLOTS_MAX, &v) != 0)
-                return usage_error("invalid --procs '%.40s': expected 2..%d", optarg,
+                return dlock_usage_error("invalid --procs '%.40s': expected 2..%d", optarg,
                                    CHECK_SLOTS_MAX);
             o->procs = (int)v;
             break;
         case 'T':
             if (parse_uint(optarg, 10, 60000, &v) != 0)
-                return usage_error("invalid --ttl '%.40s': expected milliseconds 10..60000",
+                return dlock_usage_error("invalid --ttl '%.40s': expected milliseconds 10..60000",
                                    optarg);
             o->ttl_ms = (uint32_t)v;
             break;
         case 'P':
             if (parse_uint(optarg, 1, 300000, &v) != 0)
-                return usage_error("invalid --pause '%.40s': expected milliseconds 1..300000",
+                return dlock_usage_error("invalid --pause '%.40s': expected milliseconds 1..300000",
                                    optarg);
             o->pause_ms = (unsigned)v;
             break;
         case 'r':
             if (parse_uint(optarg, 0, ROUNDS_MAX, &v) != 0)
-                return usage_error("invalid --rounds '%.40s': expected 0..%d", optarg,
+                return dlock_usage_error("invalid --rounds '%.40s': expected 0..%d", optarg,
                                    ROUNDS_MAX);
             o->rounds = (int)v;
             break;
@@ -940,7 +914,7 @@ static int parse_options(int argc, char **argv, struct options *o)
             o->duration_s = strtod(optarg, &end);
             if (end == optarg || *end || errno || !(o->duration_s > 0) ||
                 o->duration_s > DURATION_MAX_S)
-                return usage_error("invalid --duration '%.40s': expected seconds, more than 0 "
+                return dlock_usage_error("invalid --duration '%.40s': expected seconds, more than 0 "
                                    "and at most %.0f", optarg, DURATION_MAX_S);
             break;
         case 'C':
@@ -953,9 +927,9 @@ static int parse_options(int argc, char **argv, struct options *o)
             print_usage(stdout);
             return fclose(stdout) == 0 ? EX_OK : EX_SOFTWARE;
         case ':':
-            return usage_error("option '%s' needs an argument", argv[optind - 1]);
+            return dlock_usage_error("option '%s' needs an argument", argv[optind - 1]);
         default:
-            return usage_error("invalid option '%s'", optopt && strncmp(argv[optind - 1], "--", 2)
+            return dlock_usage_error("invalid option '%s'", optopt && strncmp(argv[optind - 1], "--", 2)
                                                           ? (char[]){'-', (char)optopt, 0}
                                                           : argv[optind - 1]);
         }
@@ -963,7 +937,7 @@ static int parse_options(int argc, char **argv, struct options *o)
     if (!o->pause_ms)
         o->pause_ms = 2 * o->ttl_ms;
     if (optind == argc)
-        return usage_error("missing URI: the store to check");
+        return dlock_usage_error("missing URI: the store to check");
     return -1;
 }
 
@@ -981,7 +955,7 @@ int dlock_check_main(int argc, char **argv)
     n = argc - optind;
     res = calloc((size_t)n, sizeof *res);
     if (!res) {
-        say("out of memory");
+        dlock_say("out of memory");
         return EX_SOFTWARE;
     }
     /* Every URI is read (and its store asked) before anything runs: a typo
@@ -989,12 +963,12 @@ int dlock_check_main(int argc, char **argv)
     for (int i = 0; i < n; i++) {
         res[i].shown = shown_uri(argv[optind + i]);
         if (!res[i].shown) {
-            say("out of memory");
+            dlock_say("out of memory");
             return EX_SOFTWARE;
         }
         res[i].unreachable = probe(argv[optind + i], &res[i]);
         if (res[i].unreachable == EX_USAGE) {
-            say("%s: %s", res[i].shown, res[i].error);
+            dlock_say("%s: %s", res[i].shown, res[i].error);
             return EX_USAGE;
         }
     }
@@ -1007,11 +981,11 @@ int dlock_check_main(int argc, char **argv)
         if (!res[i].unreachable)
             check_one(argv[optind + i], &o, &res[i]);
         if (res[i].unreachable)
-            say("%s: %s", res[i].shown, res[i].error);
+            dlock_say("%s: %s", res[i].shown, res[i].error);
         judge(&res[i]);
     }
     if (interrupted) {
-        say("interrupted: no report");
+        dlock_say("interrupted: no report");
         return 128 + interrupted;
     }
     if (o.json)
@@ -1027,7 +1001,7 @@ int dlock_check_main(int argc, char **argv)
     }
     free(res);
     if (fflush(stdout) != 0 || ferror(stdout)) {
-        say("cannot write to standard output: %s", strerror(errno));
+        dlock_say("cannot write to standard output: %s", strerror(errno));
         return EX_SOFTWARE;
     }
     return failed ? EX_UNSAFE : other ? other : EX_OK;

@@ -34,7 +34,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "tools/json.h"
+#include "tools/cli.h"
 #include "dlock.h"
 #include "dlock_backend.h" /* DLOCK_CAP_* */
 #ifdef DLOCK_HAVE_BENCH
@@ -90,19 +90,6 @@ static volatile sig_atomic_t child_pid;
 
 /* Printable copies, so that every message stays on one line. */
 static char shown_name[SHOWN_MAX + 4], shown_cmd[SHOWN_MAX + 4];
-
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static void say(const char *fmt, ...)
-{
-    va_list ap;
-
-    fputs("dlock: ", stderr);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-}
 
 static void print_usage(FILE *f)
 {
@@ -167,25 +154,8 @@ static int finish_stdout(void)
 {
     if (fclose(stdout) == 0)
         return EX_OK;
-    say("cannot write to standard output: %s", strerror(errno));
+    dlock_say("cannot write to standard output: %s", strerror(errno));
     return EX_SOFTWARE;
-}
-
-/* The subcommand whose help a usage error points to. */
-static const char *usage_cmd = "run";
-
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-
-    fputs("dlock: ", stderr);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, " (see 'dlock %s --help')\n", usage_cmd);
-    return EX_USAGE;
 }
 
 static void make_printable(char *dst, const char *src)
@@ -306,7 +276,7 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
         switch (c) {
         case 'w':
             if (parse_seconds(optarg, &ra->wait_s) != 0)
-                return usage_error("invalid wait '%s': expected seconds >= 0",
+                return dlock_usage_error("invalid wait '%s': expected seconds >= 0",
                                    shown_value(optarg));
             have_wait = 1;
             break;
@@ -315,30 +285,30 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
             break;
         case 'T':
             if (parse_ttl(optarg, &ra->acq.ttl_ms) != 0)
-                return usage_error("invalid TTL '%s': expected milliseconds "
+                return dlock_usage_error("invalid TTL '%s': expected milliseconds "
                                    "1..%" PRIu32, shown_value(optarg), UINT32_MAX);
             break;
         case 'G':
             if (parse_seconds(optarg, &ra->grace_s) != 0)
-                return usage_error("invalid grace period '%s': expected seconds >= 0",
+                return dlock_usage_error("invalid grace period '%s': expected seconds >= 0",
                                    shown_value(optarg));
             break;
         case 'P':
             if (!*optarg)
-                return usage_error("--password-file needs a file name");
+                return dlock_usage_error("--password-file needs a file name");
             ra->password_file = optarg;
             break;
         case 'h':
             print_usage(stdout);
             return finish_stdout();
         case ':':
-            return usage_error("option '%s' needs an argument", argv[optind - 1]);
+            return dlock_usage_error("option '%s' needs an argument", argv[optind - 1]);
         default:
-            return usage_error("invalid option '%s'", bad_option(argv, buf));
+            return dlock_usage_error("invalid option '%s'", bad_option(argv, buf));
         }
     }
     if (have_wait && nonblock)
-        return usage_error("-w and -n cannot be used together");
+        return dlock_usage_error("-w and -n cannot be used together");
     if (nonblock)
         ra->acq.wait = DLOCK_WAIT_TRY;
     else if (have_wait)
@@ -361,18 +331,18 @@ static int parse_run_args(int argc, char **argv, struct run_args *ra)
     for (sep = optind; sep < argc && strcmp(argv[sep], "--") != 0; sep++)
         continue;
     if (sep == argc)
-        return usage_error("missing '--' before COMMAND");
+        return dlock_usage_error("missing '--' before COMMAND");
     npos = sep - optind;
     if (npos == 0)
-        return usage_error("missing lock NAME before '--'");
+        return dlock_usage_error("missing lock NAME before '--'");
     if (npos - 1 > DLOCK_NAMES_MAX)
-        return usage_error("too many arguments before '--': at most %d NAMEs",
+        return dlock_usage_error("too many arguments before '--': at most %d NAMEs",
                            DLOCK_NAMES_MAX);
     if (sep + 1 == argc)
-        return usage_error("missing COMMAND after '--'");
+        return dlock_usage_error("missing COMMAND after '--'");
     /* One argument is NAME; with more, the first is URI. */
     if (npos >= 2 && !strstr(argv[optind], "://"))
-        return usage_error("with several arguments before '--' the first is the URI, and "
+        return dlock_usage_error("with several arguments before '--' the first is the URI, and "
                            "'%s' is none: give the URI first (e.g. \"$DLOCK_URI\")",
                            shown_value(argv[optind]));
     ra->uri = npos >= 2 ? argv[optind] : NULL;
@@ -531,11 +501,11 @@ static int uri_with_password(const char *uri, const char *pw, const char *from,
 
     *out = NULL;
     if (uri[strcspn(uri, uri_spaces)]) {
-        say("%s gives the password of one URI, not of a list of stores", from);
+        dlock_say("%s gives the password of one URI, not of a list of stores", from);
         return EX_USAGE;
     }
     if (ui.colon) {
-        say("the URI has a password already, and another one comes from %s: "
+        dlock_say("the URI has a password already, and another one comes from %s: "
             "give it in one place only", from);
         return EX_USAGE;
     }
@@ -545,7 +515,7 @@ static int uri_with_password(const char *uri, const char *pw, const char *from,
         split = ui.at ? ui.at : ui.auth;
     *out = o = malloc(strlen(uri) + 3 * strlen(pw) + 3);
     if (!o) {
-        say("out of memory");
+        dlock_say("out of memory");
         return EX_SOFTWARE;
     }
     n = (size_t)(split - uri);
@@ -591,7 +561,7 @@ static int read_password_file(const char *path, char **pwp)
     make_printable(shown, path);
     f = fopen(path, "re");
     if (!f) {
-        say("cannot open the password file '%s': %s", shown, strerror(errno));
+        dlock_say("cannot open the password file '%s': %s", shown, strerror(errno));
         return EX_USAGE;
     }
     errno = 0;
@@ -600,7 +570,7 @@ static int read_password_file(const char *path, char **pwp)
     if (n < 0 && ferror(f)) {
         fclose(f);
         free(line);
-        say("cannot read the password file '%s': %s", shown, strerror(err));
+        dlock_say("cannot read the password file '%s': %s", shown, strerror(err));
         return EX_USAGE;
     }
     fclose(f);
@@ -614,7 +584,7 @@ static int read_password_file(const char *path, char **pwp)
         if (line)
             explicit_bzero(line, cap);
         free(line);
-        say("the password file '%s' %s", shown,
+        dlock_say("the password file '%s' %s", shown,
             n == 0 ? "has an empty first line (the password is that line)"
                    : "contains a NUL byte in its first line");
         return EX_USAGE;
@@ -646,7 +616,7 @@ static int add_password(const struct run_args *ra, const char *uri, char **out)
     if (!env)
         return PROCEED;
     if (!*env) {
-        say("DLOCK_PASSWORD is set but empty: unset it, or give the password");
+        dlock_say("DLOCK_PASSWORD is set but empty: unset it, or give the password");
         return EX_USAGE;
     }
     return uri_with_password(uri, env, "DLOCK_PASSWORD", out);
@@ -687,10 +657,10 @@ static int open_client(const char *uri, const struct run_args *ra, int with_pass
     if (err == 0)
         return PROCEED;
     if (with_password && (err == DLOCK_EBADURI || err == DLOCK_EAUTH))
-        say("cannot open lock store: %s (the password came from %s)",
+        dlock_say("cannot open lock store: %s (the password came from %s)",
             detail(*clientp, err), ra->password_file ? "--password-file" : "DLOCK_PASSWORD");
     else
-        say("cannot open lock store: %s", detail(*clientp, err));
+        dlock_say("cannot open lock store: %s", detail(*clientp, err));
     return exit_status_for(err);
 }
 
@@ -726,12 +696,12 @@ static int acquire(const struct run_args *ra, dlock_client *client, struct job *
     if (err == 0)
         return PROCEED;
     if (err == DLOCK_EBUSY)
-        say("lock '%s' is held elsewhere", shown_name);
+        dlock_say("lock '%s' is held elsewhere", shown_name);
     else if (err == DLOCK_ETIMEDOUT)
-        say("timed out after %.3g s waiting for lock '%s': %s",
+        dlock_say("timed out after %.3g s waiting for lock '%s': %s",
             (double)(dlock_monotonic_ns() - t0) / 1e9, shown_name, detail(client, err));
     else
-        say("cannot acquire lock '%s': %s", shown_name, detail(client, err));
+        dlock_say("cannot acquire lock '%s': %s", shown_name, detail(client, err));
     return exit_status_for(err);
 }
 
@@ -859,7 +829,7 @@ static int make_environment(struct job *job, const char *uri)
         !(job->own_env[1] = names_var(job->lock, "DLOCK_NAME=")) ||
         asprintf(&job->own_env[2], "DLOCK_URI=%s", clean) < 0) {
         free(clean);
-        say("cannot build the command's environment: out of memory");
+        dlock_say("cannot build the command's environment: out of memory");
         return EX_SOFTWARE;
     }
     free(clean);
@@ -944,11 +914,11 @@ static void report_exec_error(int fd)
     if (n != (ssize_t)sizeof ce)
         return;
     if (ce.stage == STAGE_EXEC)
-        say("cannot run '%s': %s", shown_cmd, strerror(ce.err));
+        dlock_say("cannot run '%s': %s", shown_cmd, strerror(ce.err));
     else if (ce.stage == STAGE_PGRP)
-        say("cannot give '%s' a process group of its own: %s", shown_cmd, strerror(ce.err));
+        dlock_say("cannot give '%s' a process group of its own: %s", shown_cmd, strerror(ce.err));
     else
-        say("cannot tie '%s' to dlock's life (PR_SET_PDEATHSIG): %s", shown_cmd,
+        dlock_say("cannot tie '%s' to dlock's life (PR_SET_PDEATHSIG): %s", shown_cmd,
             strerror(ce.err));
 }
 
@@ -1000,13 +970,13 @@ static void stop_group(struct job *job, pid_t pg)
     if (!*why)
         why = dlock_strerror(dlock_lock_lost(job->lock));
     if (job->ra->grace_ns == 0) {
-        say("lock '%s' was lost while '%s' ran: %s; killing its process group",
+        dlock_say("lock '%s' was lost while '%s' ran: %s; killing its process group",
             shown_name, shown_cmd, why);
         kill(-pg, SIGKILL);
         job->give_up_at = after_ns(REAP_AFTER_KILL_NS);
         return;
     }
-    say("lock '%s' was lost while '%s' ran: %s; stopping its process group "
+    dlock_say("lock '%s' was lost while '%s' ran: %s; stopping its process group "
         "(SIGTERM, SIGKILL after %g s)", shown_name, shown_cmd, why, job->ra->grace_s);
     kill(-pg, SIGTERM);
     kill(-pg, SIGCONT);
@@ -1065,7 +1035,7 @@ static int wait_command(struct job *job, pid_t pid, const sigset_t *waitmask)
             break;
         now = dlock_monotonic_ns();
         if (job->kill_at && job->kill_at != UINT64_MAX && now >= job->kill_at) {
-            say("'%s' and its process group did not stop within %g s of SIGTERM: "
+            dlock_say("'%s' and its process group did not stop within %g s of SIGTERM: "
                 "sending SIGKILL", shown_cmd, job->ra->grace_s);
             kill(-pid, SIGKILL);
             job->kill_at = 0;
@@ -1089,7 +1059,7 @@ static int wait_command(struct job *job, pid_t pid, const sigset_t *waitmask)
          * After a loss the wake-up pipe has served (and stays readable). */
         if (ppoll(&pfd, job->lost ? 0 : 1, until != UINT64_MAX ? &ts : NULL, waitmask) < 0 &&
             errno != EINTR) {
-            say("cannot wait for '%s': %s", shown_cmd, strerror(errno));
+            dlock_say("cannot wait for '%s': %s", shown_cmd, strerror(errno));
             return -1;
         }
     }
@@ -1104,7 +1074,7 @@ static int run_command(struct job *job)
     int status, handover, errpipe[2];
 
     if (pipe2(errpipe, O_CLOEXEC) != 0) {
-        say("cannot create a pipe: %s", strerror(errno));
+        dlock_say("cannot create a pipe: %s", strerror(errno));
         return EX_SOFTWARE;
     }
     /* Orphaned descendants come to dlock, which reaps them: a stopping
@@ -1119,7 +1089,7 @@ static int run_command(struct job *job)
         exec_command(job, parent, handover, errpipe[1]);
     close(errpipe[1]);
     if (pid < 0) {
-        say("cannot fork: %s", strerror(errno));
+        dlock_say("cannot fork: %s", strerror(errno));
         close(errpipe[0]);
         return EX_SOFTWARE;
     }
@@ -1147,7 +1117,7 @@ static int release(struct job *job, int status)
     int lost = dlock_lock_lost(job->lock), err;
 
     if (lost && !job->lost) {
-        say("lock '%s' was lost while '%s' ran: %s", shown_name, shown_cmd,
+        dlock_say("lock '%s' was lost while '%s' ran: %s", shown_name, shown_cmd,
             *dlock_lock_lost_detail(job->lock) ? dlock_lock_lost_detail(job->lock)
                                                 : dlock_strerror(lost));
         job->lost = 1;
@@ -1155,11 +1125,11 @@ static int release(struct job *job, int status)
     err = dlock_release(job->lock);
     job->lock = NULL;
     if (err == DLOCK_ELOST && !job->lost) {
-        say("lock '%s' was lost while '%s' ran: %s", shown_name, shown_cmd,
+        dlock_say("lock '%s' was lost while '%s' ran: %s", shown_name, shown_cmd,
             detail(client, err));
         job->lost = 1;
     } else if (err != 0 && err != DLOCK_ELOST) {
-        say("cannot release lock '%s': %s", shown_name, detail(client, err));
+        dlock_say("cannot release lock '%s': %s", shown_name, detail(client, err));
     }
     if (job->lost)
         return EX_SOFTWARE; /* the command was stopped: its status is ours */
@@ -1188,12 +1158,12 @@ static int cmd_run(int argc, char **argv)
         return status;
     uri = ra.uri ? ra.uri : default_uri(uribuf, sizeof uribuf);
     if (!uri)
-        return usage_error("default lock directory path too long; set DLOCK_URI");
+        return dlock_usage_error("default lock directory path too long; set DLOCK_URI");
     status = add_password(&ra, uri, &with_pw);
     if (status != PROCEED)
         return status;
     if (pipe2(job.wake, O_CLOEXEC | O_NONBLOCK) != 0) {
-        say("cannot create a pipe: %s", strerror(errno));
+        dlock_say("cannot create a pipe: %s", strerror(errno));
         wipe_free(with_pw);
         return EX_SOFTWARE;
     }
@@ -1250,7 +1220,7 @@ static int open_store(const char *uri, const char *which, dlock_client **cp)
     int err = dlock_client_open(uri, cp);
 
     if (err) {
-        say("cannot open %s: %s", which, detail(*cp, err));
+        dlock_say("cannot open %s: %s", which, detail(*cp, err));
         dlock_client_close(*cp);
         *cp = NULL;
     }
@@ -1274,10 +1244,10 @@ static int migrate_floor(dlock_client *old, dlock_client *new)
 
     if (err) {
         puts("* - failed");
-        say("cannot read the highest token of OLD: %s", detail(old, err));
+        dlock_say("cannot read the highest token of OLD: %s", detail(old, err));
     } else if ((err = dlock_client_raise_floor(new, top)) != 0) {
         puts("* - failed");
-        say("cannot raise NEW's tokens above %" PRIu64 " (OLD's highest): %s", top,
+        dlock_say("cannot raise NEW's tokens above %" PRIu64 " (OLD's highest): %s", top,
             detail(new, err));
     } else {
         printf("* %" PRIu64 " ok\n", top);
@@ -1309,7 +1279,7 @@ static int migrate_one(dlock_client *client, const char *name, double wait_s)
         if (err == 0)
             return EX_OK;
         /* The raise was made (and checked) while the lock was held. */
-        say("lock '%s' was migrated (token %" PRIu64 "), but releasing it failed: %s",
+        dlock_say("lock '%s' was migrated (token %" PRIu64 "), but releasing it failed: %s",
             shown_name, token, detail(client, err));
         return EX_SOFTWARE;
     }
@@ -1318,12 +1288,12 @@ static int migrate_one(dlock_client *client, const char *name, double wait_s)
         fputs(" - busy\n", stdout);
         /* Mostly held elsewhere; a store that did not answer in time also
          * times out: the library's detail says which. */
-        say("lock '%s' not migrated within %g s: %s", shown_name, wait_s,
+        dlock_say("lock '%s' not migrated within %g s: %s", shown_name, wait_s,
             detail(client, err));
         status = EX_TEMPFAIL;
     } else {
         fputs(" - failed\n", stdout);
-        say("cannot migrate lock '%s' (store 1 is OLD, store 2 is NEW): %s", shown_name,
+        dlock_say("cannot migrate lock '%s' (store 1 is OLD, store 2 is NEW): %s", shown_name,
             detail(client, err));
         status = migrate_status(err);
     }
@@ -1345,7 +1315,7 @@ static int cmd_migrate(int argc, char **argv)
     char buf[3], *list;
     int c, err, status, busy = 0, failed = 0;
 
-    usage_cmd = "migrate";
+    dlock_usage_cmd = "migrate";
     opterr = 0;
     optind = 1;
     /* "+": options end at OLD, so a NAME may start with '-'. */
@@ -1353,38 +1323,38 @@ static int cmd_migrate(int argc, char **argv)
         switch (c) {
         case 'w':
             if (parse_seconds(optarg, &wait_s) != 0)
-                return usage_error("invalid wait '%s': expected seconds >= 0",
+                return dlock_usage_error("invalid wait '%s': expected seconds >= 0",
                                    shown_value(optarg));
             break;
         case 'h':
             print_usage(stdout);
             return finish_stdout();
         case ':':
-            return usage_error("option '%s' needs an argument", argv[optind - 1]);
+            return dlock_usage_error("option '%s' needs an argument", argv[optind - 1]);
         default:
-            return usage_error("invalid option '%s'", bad_option(argv, buf));
+            return dlock_usage_error("invalid option '%s'", bad_option(argv, buf));
         }
     }
     if (argc - optind < 2)
-        return usage_error("missing OLD and NEW: the stores to migrate from and to");
+        return dlock_usage_error("missing OLD and NEW: the stores to migrate from and to");
     old_uri = argv[optind];
     new_uri = argv[optind + 1];
     if (old_uri[strcspn(old_uri, uri_spaces)])
-        return usage_error("OLD is a list of stores (it contains whitespace): "
+        return dlock_usage_error("OLD is a list of stores (it contains whitespace): "
                            "give one URI");
     if (new_uri[strcspn(new_uri, uri_spaces)])
-        return usage_error("NEW is a list of stores (it contains whitespace): "
+        return dlock_usage_error("NEW is a list of stores (it contains whitespace): "
                            "give one URI");
     if (same_store(old_uri, new_uri))
-        return usage_error("OLD and NEW are the same store");
+        return dlock_usage_error("OLD and NEW are the same store");
     for (int i = optind + 2; i < argc; i++) {
         size_t len = strlen(argv[i]);
 
         if (len == 0)
-            return usage_error("empty lock NAME (argument %d)", i - optind + 1);
+            return dlock_usage_error("empty lock NAME (argument %d)", i - optind + 1);
         if (len > DLOCK_NAME_MAX) {
             make_printable(shown_name, argv[i]);
-            return usage_error("lock NAME '%s' is longer than %d bytes", shown_name,
+            return dlock_usage_error("lock NAME '%s' is longer than %d bytes", shown_name,
                                DLOCK_NAME_MAX);
         }
     }
@@ -1402,13 +1372,13 @@ static int cmd_migrate(int argc, char **argv)
     if (optind + 2 == argc)
         return finish_stdout();
     if (asprintf(&list, "%s %s", old_uri, new_uri) < 0) {
-        say("out of memory");
+        dlock_say("out of memory");
         return EX_SOFTWARE;
     }
     err = dlock_client_open(list, &client);
     wipe_free(list);
     if (err) {
-        say("cannot open the list \"OLD NEW\": %s", detail(client, err));
+        dlock_say("cannot open the list \"OLD NEW\": %s", detail(client, err));
         dlock_client_close(client);
         return exit_status_for(err);
     }
@@ -1534,7 +1504,7 @@ static int cmd_inspect(int argc, char **argv)
     const char *uri;
     int c, json = 0, npos, first, status = EX_OK;
 
-    usage_cmd = "inspect";
+    dlock_usage_cmd = "inspect";
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "+:jh", longopts, NULL)) != -1) {
@@ -1546,26 +1516,26 @@ static int cmd_inspect(int argc, char **argv)
             print_usage(stdout);
             return finish_stdout();
         case ':':
-            return usage_error("option '%s' needs an argument", argv[optind - 1]);
+            return dlock_usage_error("option '%s' needs an argument", argv[optind - 1]);
         default:
-            return usage_error("invalid option '%s'", bad_option(argv, buf));
+            return dlock_usage_error("invalid option '%s'", bad_option(argv, buf));
         }
     }
     npos = argc - optind;
     if (npos == 0)
-        return usage_error("missing lock NAME");
+        return dlock_usage_error("missing lock NAME");
     if (npos >= 2 && !strstr(argv[optind], "://"))
-        return usage_error("with several arguments the first is the URI, and '%s' is none: "
+        return dlock_usage_error("with several arguments the first is the URI, and '%s' is none: "
                            "give the URI first (e.g. \"$DLOCK_URI\")", shown_value(argv[optind]));
     uri = npos >= 2 ? argv[optind] : default_uri(dflt, sizeof dflt);
     if (!uri) {
-        say("cannot build the default store's URI (set DLOCK_URI)");
+        dlock_say("cannot build the default store's URI (set DLOCK_URI)");
         return EX_SOFTWARE;
     }
     first = npos >= 2 ? optind + 1 : optind;
     for (int a = first; a < argc; a++)
         if (!argv[a][0] || strlen(argv[a]) > DLOCK_NAME_MAX)
-            return usage_error("lock NAME %d is empty or longer than %d bytes", a - first + 1,
+            return dlock_usage_error("lock NAME %d is empty or longer than %d bytes", a - first + 1,
                                DLOCK_NAME_MAX);
     /* A list of stores: each store alone, so that each says what it knows. */
     size_t nstores = 0;
@@ -1576,9 +1546,9 @@ static int cmd_inspect(int argc, char **argv)
         p += strcspn(p, uri_spaces);
     }
     if (nstores > sizeof words / sizeof words[0])
-        return usage_error("more than %zu stores in the list", sizeof words / sizeof words[0]);
+        return dlock_usage_error("more than %zu stores in the list", sizeof words / sizeof words[0]);
     if (!(wbuf = strdup(uri))) {
-        say("out of memory");
+        dlock_say("out of memory");
         return EX_SOFTWARE;
     }
     nstores = 0;
@@ -1590,7 +1560,7 @@ static int cmd_inspect(int argc, char **argv)
         int err = dlock_client_open(words[s], &client);
 
         if (err) {
-            say("cannot open lock store%s: %s", nstores > 1 ? " (in the list)" : "",
+            dlock_say("cannot open lock store%s: %s", nstores > 1 ? " (in the list)" : "",
                 detail(client, err));
             dlock_client_close(client);
             status = exit_status_for(err);
@@ -1605,7 +1575,7 @@ static int cmd_inspect(int argc, char **argv)
             err = dlock_inspect(client, argv[a], &info);
             if (err) {
                 make_printable(shown_name, argv[a]);
-                say("cannot inspect lock '%s'%s: %s", shown_name, label, detail(client, err));
+                dlock_say("cannot inspect lock '%s'%s: %s", shown_name, label, detail(client, err));
                 if (status == EX_OK)
                     status = exit_status_for(err);
                 continue;
@@ -1630,7 +1600,7 @@ static int cmd_bench(int argc, char **argv)
 #else
     (void)argc;
     (void)argv;
-    say("this dlock was built without the benchmark (meson -Dbench=true)");
+    dlock_say("this dlock was built without the benchmark (meson -Dbench=true)");
     return EX_UNAVAILABLE;
 #endif
 }
@@ -1664,6 +1634,6 @@ int main(int argc, char **argv)
         printf("dlock %s\n", dlock_version());
         return finish_stdout();
     }
-    say("unknown command '%s' (see 'dlock --help')", cmd);
+    dlock_say("unknown command '%s' (see 'dlock --help')", cmd);
     return EX_USAGE;
 }
