@@ -221,17 +221,10 @@ int dlock_client_open(const char *uri, dlock_client **clientp)
     *clientp = c = calloc(1, sizeof *c);
     if (!c)
         return DLOCK_ENOMEM;
+    if (dlock_names_init(&c->held) != 0)
+        return dlock_seterr(c, DLOCK_EIO, "cannot read random bytes for the client's name table");
     rc = client_connect(c, uri);
     return rc;
-}
-
-static void lock_unlink(dlock_lock *lock)
-{
-    for (dlock_lock **pp = &lock->client->locks; *pp; pp = &(*pp)->next)
-        if (*pp == lock) {
-            *pp = lock->next;
-            return;
-        }
 }
 
 void dlock_client_close(dlock_client *c)
@@ -240,13 +233,14 @@ void dlock_client_close(dlock_client *c)
         return;
     /* The keeper stops before anything it renews goes away. */
     dlock_keeper_stop(c);
-    while (c->locks) {
-        dlock_lock *lock = c->locks;
-        c->locks = lock->next;
-        lock->ops->release(c->conn, lock->held);
+    dlock_lock *lock;
+    while ((lock = dlock_names_any(&c->held)) != NULL) {
+        dlock_names_remove(&c->held, lock);
+        dlock_lock_ops(lock)->release(c->conn, lock->held);
         free(lock->lost_detail);
         free(lock);
     }
+    dlock_names_free(&c->held);
     if (c->conn)
         c->backend->close(c->conn);
     dlock_uri_free(c->uri);
@@ -303,34 +297,20 @@ void dlock_acquire_opts_init(dlock_acquire_opts *opts)
 
 static int report_lost(dlock_client *c, const char *detail);
 
-/* The next name of a lock after p (names are stored NUL-separated). */
-static const char *next_name(const char *p)
-{
-    return p + strlen(p) + 1;
-}
-
-/* Lock l has the name (len bytes). */
-static int lock_has(const dlock_lock *l, const char *name, size_t len)
-{
-    const char *p = l->name;
-    for (size_t i = 0; i < l->names; i++, p = next_name(p))
-        if (strlen(p) == len && memcmp(p, name, len) == 0)
-            return 1;
-    return 0;
-}
-
-/* The held lock with one of names, or NULL; *same: it has exactly them. */
+/* The held lock with one of names, or NULL; *same: it has exactly them.
+ * O(n) expected, whatever the client holds (core/held.c). */
 static dlock_lock *find_held(dlock_client *c, const dlock_name *names, size_t n, int *same)
 {
-    for (dlock_lock *l = c->locks; l; l = l->next)
-        for (size_t i = 0; i < n; i++)
-            if (lock_has(l, names[i].name, names[i].len)) {
-                size_t k = 0;
-                while (k < n && lock_has(l, names[k].name, names[k].len))
-                    k++;
-                *same = k == n && l->names == n;
-                return l;
-            }
+    for (size_t i = 0; i < n; i++) {
+        dlock_lock *l = dlock_names_find(&c->held, names[i].name, names[i].len);
+        if (!l)
+            continue;
+        size_t k = 0;
+        while (k < n && dlock_names_find(&c->held, names[k].name, names[k].len) == l)
+            k++;
+        *same = k == n && l->names == n;
+        return l;
+    }
     return NULL;
 }
 
@@ -426,21 +406,20 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
 
     for (size_t i = 0; i < n; i++)
         total += names[i].len + 1;
-    lock = malloc(sizeof *lock + total);
+    lock = malloc(sizeof *lock + n * sizeof lock->ent[0] + total);
     if (!lock)
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     dlock_name own[DLOCK_NAMES_MAX];
-    char *p = lock->name;
+    lock->names = (uint32_t)n;
+    char *p = dlock_lock_names(lock);
     for (size_t i = 0; i < n; i++) {
         memcpy(p, names[i].name, names[i].len);
         p[names[i].len] = '\0';
         own[i] = (dlock_name){p, names[i].len};
         p += names[i].len + 1;
     }
-    lock->names = n;
-    lock->name_len = names[0].len;
     lock->client = c;
-    lock->ops = n > 1 ? &dlock_composite_backend : c->backend;
+    dlock_names_prepare(&c->held, lock);
     lock->kept = NULL;
     lock->lost_detail = NULL;
     lock->holds = 1;
@@ -449,8 +428,8 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
     atomic_init(&lock->expires_ns, 0);
 
     memset(&req, 0, sizeof req);
-    req.name = lock->name;
-    req.name_len = lock->name_len;
+    req.name = dlock_lock_names(lock);
+    req.name_len = names[0].len;
     req.ttl_ms = opts->ttl_ms;
     req.wait = opts->wait;
     req.deadline_ns = opts->deadline_ns;
@@ -484,13 +463,20 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
         (rc = dlock_keeper_add(c, lock, opts->on_lost, opts->on_lost_user, estimated)) != 0) {
         dlock_errsave why;
         dlock_err_save(c, &why);
-        lock->ops->release(c->conn, held);
+        dlock_lock_ops(lock)->release(c->conn, held);
         free(lock);
         dlock_err_restore(c, &why);
         return finish(c, rc);
     }
-    lock->next = c->locks;
-    c->locks = lock;
+    /* The add can only fail for the table's first buckets, before the
+     * grant is used: give the grant back rather than hold it untracked. */
+    if ((rc = dlock_names_add(&c->held, lock)) != 0) {
+        if (lock->kept)
+            dlock_keeper_remove(lock);
+        dlock_lock_ops(lock)->release(c->conn, held);
+        free(lock);
+        return dlock_seterr(c, rc, "out of memory");
+    }
     *lockp = lock;
     return 0;
 }
@@ -574,10 +560,10 @@ int dlock_release(dlock_lock *lock)
     dlock_keeper_remove(lock); /* no keeper call on it from here on */
     lost = atomic_load(&lock->lost);
     snprintf(lost_detail, sizeof lost_detail, "%s", dlock_keeper_lost_detail(lock));
-    lock_unlink(lock);
+    dlock_names_remove(&c->held, lock);
     if (dlock_backend_v2(c->backend))
         lock->held->lease_end_ns = 0;
-    rc = lock->ops->release(c->conn, lock->held);
+    rc = dlock_lock_ops(lock)->release(c->conn, lock->held);
     dlock_metrics_release(c, rc, dlock_monotonic_ns() - lock->granted_ns);
     /* The store may not know (a Redlock quorum gone) or not answer (a
      * store down): the keeper did know. A grant reported lost is never
@@ -607,7 +593,7 @@ int dlock_renew(dlock_lock *lock, uint32_t ttl_ms)
     uint64_t sent = dlock_monotonic_ns();
     if (dlock_backend_v2(c->backend))
         lock->held->lease_end_ns = 0;
-    rc = lock->ops->renew(c->conn, lock->held, ttl_ms);
+    rc = dlock_lock_ops(lock)->renew(c->conn, lock->held, ttl_ms);
     if (dlock_client_expires(c))
         dlock_metrics_renewal(c, rc);
     uint64_t end = 0;
@@ -636,7 +622,7 @@ int dlock_lock_raise_token(dlock_lock *lock, uint64_t floor)
     if (atomic_load(&lock->lost)) /* never act on a grant reported lost */
         return report_lost(c, dlock_keeper_lost_detail(lock));
     dlock_keeper_hold(lock);
-    rc = finish(c, lock->ops->raise_token(c->conn, lock->held, floor));
+    rc = finish(c, dlock_lock_ops(lock)->raise_token(c->conn, lock->held, floor));
     dlock_keeper_unhold_call(lock, rc);
     return rc;
 }
@@ -712,8 +698,8 @@ const char *dlock_lock_name(const dlock_lock *lock, size_t *lenp)
     if (!lock)
         return NULL;
     if (lenp)
-        *lenp = lock->name_len;
-    return lock->name;
+        *lenp = lock->ent[0].len;
+    return dlock_lock_names(lock);
 }
 
 dlock_client *dlock_lock_client(const dlock_lock *lock)
@@ -750,11 +736,11 @@ const char *dlock_lock_name_at(const dlock_lock *lock, size_t i, size_t *lenp)
 {
     if (!lock || i >= lock->names)
         return NULL;
-    const char *p = lock->name;
-    while (i-- > 0)
-        p = next_name(p);
+    const char *p = dlock_lock_names(lock);
+    for (size_t k = 0; k < i; k++)
+        p += lock->ent[k].len + 1;
     if (lenp)
-        *lenp = strlen(p);
+        *lenp = lock->ent[i].len;
     return p;
 }
 

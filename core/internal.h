@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include "core/held.h"
 #include "dlock_backend.h"
 
 struct dlock_keeper;
@@ -25,33 +26,46 @@ struct dlock_client {
     const dlock_backend *backend;
     dlock_conn *conn;       /* NULL when open failed */
     dlock_uri *uri;         /* NULL when the URI did not parse */
-    struct dlock_lock *locks; /* held locks, for close and for EALREADY */
+    struct dlock_held_names held; /* for close and for EALREADY */
     struct dlock_keeper *keeper; /* NULL until the first kept lock */
     struct dlock_counters metrics;
     int err;
     char errmsg[DLOCK_ERRMSG_MAX];
 };
 
+/* Small on purpose: a client may hold 100 000 of them (issue: costs stay
+ * flat). One allocation: the struct, an entry per name, the names. */
 struct dlock_lock {
     dlock_client *client;
-    /* The methods held goes through, on client->conn: the client's backend,
-     * or dlock_composite_backend's for a several-name lock. */
-    const dlock_backend *ops;
     dlock_held *held;
-    struct dlock_lock *next;
     struct dlock_kept *kept; /* NULL unless acquired with keep */
-    unsigned int holds;      /* > 1 only for reentrant acquires */
-    uint32_t ttl_ms;
-    char owner_hex[33];      /* the grant's owner id */
+    char *lost_detail;       /* copied from the keeper when it lets go */
     uint64_t granted_ns;     /* when the grant returned (hold time) */
     /* Read from any thread: see dlock.h "Thread-safety". */
     _Atomic uint64_t expires_ns;
     _Atomic int lost;
-    char *lost_detail;       /* copied from the keeper when it lets go */
-    size_t names;            /* 1 unless acquired with several names */
-    size_t name_len;         /* the first name's */
-    char name[]; /* the names, in byte order, each NUL-terminated */
+    unsigned int holds;      /* > 1 only for reentrant acquires */
+    uint32_t ttl_ms;
+    uint32_t names;          /* 1 unless acquired with several names */
+    char owner_hex[33];      /* the grant's owner id */
+    /* The client's table entries, one per name; then the names, in byte
+     * order, each NUL-terminated (dlock_lock_names()). */
+    struct dlock_hent ent[];
 };
+
+/* The lock's names, NUL-separated; the first is ent[0].len bytes. */
+static inline char *dlock_lock_names(const struct dlock_lock *lock)
+{
+    return (char *)(lock->ent + lock->names);
+}
+
+/* The methods a lock goes through, on client->conn: the client's backend,
+ * or the composite backend's for a several-name lock (core/composite.c). */
+extern const dlock_backend dlock_composite_backend;
+static inline const dlock_backend *dlock_lock_ops(const struct dlock_lock *lock)
+{
+    return lock->names > 1 ? &dlock_composite_backend : lock->client->backend;
+}
 
 void dlock_ns_to_timespec(uint64_t ns, struct timespec *ts);
 int dlock_random_bytes(void *buf, size_t len);

@@ -140,7 +140,7 @@ static void *renewer_main(void *arg)
         lock->held->lease_end_ns = 0;
         sink.err = 0;
         sink.msg[0] = '\0';
-        int rc = lock->ops->keep(c->conn, lock->held, ttl);
+        int rc = dlock_lock_ops(lock)->keep(c->conn, lock->held, ttl);
         if (dlock_client_expires(c))
             dlock_metrics_renewal(c, rc);
         uint64_t end = rc == 0 ? dlock_lease_end(c, lock->held, sent, ttl) : 0;
@@ -385,8 +385,7 @@ void dlock_keeper_stop(dlock_client *c)
     pthread_mutex_unlock(&kp->mu);
     pthread_join(kp->renewer, NULL);
     pthread_join(kp->watchdog, NULL);
-    for (dlock_lock *l = c->locks; l; l = l->next)
-        dlock_keeper_remove(l);
+    dlock_names_each(&c->held, dlock_keeper_remove);
     pthread_mutex_destroy(&kp->mu);
     pthread_cond_destroy(&kp->renew_cv);
     pthread_cond_destroy(&kp->watch_cv);

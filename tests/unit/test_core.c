@@ -593,6 +593,70 @@ static void test_metrics(void)
     dlock_client_close(c);
 }
 
+/* The held-name table (core/held.c) through the API: many locks, names
+ * that share prefixes and lengths, several-name locks, removal and
+ * shrinking, close. Each check would fail with a table that lost, mixed up
+ * or kept a name. */
+static void test_many_held(void)
+{
+    enum { N = 20000 };
+    dlock_client *c = NULL;
+    dlock_lock **locks = calloc(N, sizeof *locks), *l = NULL;
+    char name[32];
+    int good = 1, rel;
+    is_int(dlock_client_open("fake://h/", &c), 0, "open for many locks");
+    for (int i = 0; i < N && good; i++) {
+        snprintf(name, sizeof name, "many-%d", i); /* many-1, many-10, many-100: prefixes */
+        good = dlock_acquire(c, name, NULL, &locks[i]) == 0;
+    }
+    ok(good, "20000 distinct names are acquired");
+    for (int i = 0; i < N && good; i += 7) {
+        snprintf(name, sizeof name, "many-%d", i);
+        good = dlock_acquire(c, name, NULL, &l) == DLOCK_EALREADY;
+    }
+    ok(good, "each held name is refused again (EALREADY)");
+    is_int(dlock_acquire(c, "many-", NULL, &l), 0, "a prefix of held names is another name");
+    is_int(dlock_release(l), 0, "and is released");
+    const char *two[] = {"many-5", "other"};
+    is_int(dlock_acquire_names(c, two, 2, NULL, &l), DLOCK_EALREADY,
+           "a several-name lock with one held name is refused");
+    for (int i = 0; i < N && good; i += 2) {
+        good = dlock_release(locks[i]) == 0;
+        locks[i] = NULL;
+    }
+    ok(good, "every other lock is released");
+    for (int i = 0; i < N && good; i++) {
+        snprintf(name, sizeof name, "many-%d", i);
+        int rc = dlock_acquire(c, name, NULL, &l);
+        good = i % 2 == 0 ? rc == 0 && dlock_release(l) == 0 : rc == DLOCK_EALREADY;
+    }
+    ok(good, "released names are free again, the others still held");
+    for (int i = 1; i < N && good; i += 2) {
+        good = dlock_release(locks[i]) == 0;
+        locks[i] = NULL;
+    }
+    ok(good, "the rest are released (the table shrinks)");
+    const char *three[] = {"c", "a", "b"};
+    is_int(dlock_acquire_names(c, three, 3, NULL, &l), 0, "a three-name lock");
+    is_int(dlock_acquire(c, "b", NULL, &locks[0]), DLOCK_EALREADY, "its middle name is held");
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    o.reentrant = 1;
+    dlock_lock *again = NULL;
+    const char *same[] = {"b", "c", "a"};
+    is_int(dlock_acquire_names(c, same, 3, &o, &again), 0, "reentrant with the same names");
+    ok(again == l, "finds the same lock");
+    dlock_release(again);
+    for (int i = 0; i < 100; i++) {
+        snprintf(name, sizeof name, "left-%d", i);
+        dlock_acquire(c, name, NULL, &locks[i]);
+    }
+    rel = fake.release;
+    dlock_client_close(c);
+    /* The three-name lock is still held once: one release per name. */
+    is_int(fake.release - rel, 103, "close releases each of 101 locks once (3 + 100)");
+    free(locks);
+}
+
 int main(void)
 {
     dlock_client *c = NULL;
@@ -610,6 +674,7 @@ int main(void)
     test_lists();
     test_names();
     test_metrics();
+    test_many_held();
     is_int(fake.opened, fake.close, "every opened connection was closed");
     return done_testing();
 }
