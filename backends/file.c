@@ -87,7 +87,7 @@ struct file_conn {
 struct file_held {
     dlock_held base;
     int fd;
-    char fname[DLOCK_FILE_ENCODED_MAX + 80];
+    char fname[]; /* as long as it is: a client may hold 100 000 locks */
 };
 
 static const char *const file_schemes[] = {"file", NULL};
@@ -494,14 +494,15 @@ static int file_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         close(fd);
         return rc;
     }
-    h = calloc(1, sizeof *h);
+    size_t flen = strlen(fname) + 1;
+    h = calloc(1, sizeof *h + flen);
     if (!h) {
         close(fd);
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     }
     h->base.token = token;
     h->fd = fd;
-    memcpy(h->fname, fname, sizeof h->fname);
+    memcpy(h->fname, fname, flen);
     *heldp = &h->base;
     return 0;
 }

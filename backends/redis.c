@@ -229,6 +229,14 @@ void dlock_redis_keys_free(struct redis_keys *keys)
     keys->buf = NULL;
 }
 
+int dlock_redis_held_keys(struct redis_conn *rc, const struct redis_held *h,
+                          struct redis_keys *keys)
+{
+    if (dlock_redis_keys(rc, h->name, h->name_len, keys) != 0)
+        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    return 0;
+}
+
 int dlock_redis_ctx_error(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp,
                           const char *what)
 {
@@ -670,12 +678,18 @@ fail:
     return err;
 }
 
-/* This wait's channel, "<prefix>w:<owner>": the owner id is fresh for
- * every acquire, so no two waits ever share a channel. */
-static void wait_channel(struct redis_conn *rc, struct redis_held *h)
+/* A wait's wake-up channel, "<prefix>w:<owner>": the owner id is fresh for
+ * every acquire, so no two waits ever share a channel. Only the acquire
+ * that waits needs it (not the held lock). */
+struct wait_chan {
+    char name[96];
+    size_t len; /* 0: not waiting (yet) */
+};
+
+static void wait_channel(struct redis_conn *rc, struct redis_held *h, struct wait_chan *w)
 {
-    int len = snprintf(h->channel, sizeof h->channel, "%.40sw:%s", rc->prefix, h->owner);
-    h->channel_len = (size_t)len;
+    int len = snprintf(w->name, sizeof w->name, "%.40sw:%s", rc->prefix, h->owner);
+    w->len = (size_t)len;
 }
 
 static int sub_error(struct redis_conn *rc, struct redis_node *n, const char *what)
@@ -788,7 +802,12 @@ static int call_keys(struct redis_conn *rc, const struct redis_keys *keys, size_
 static int call_op(struct redis_conn *rc, struct redis_held *h, const char **args,
                    const size_t *lens, size_t nargs, uint64_t until_ns, redisReply **out)
 {
-    return call_keys(rc, &h->keys, REDIS_NKEYS, args, lens, nargs, until_ns, out);
+    struct redis_keys keys;
+    int err = dlock_redis_held_keys(rc, h, &keys);
+    if (err == 0)
+        err = call_keys(rc, &keys, REDIS_NKEYS, args, lens, nargs, until_ns, out);
+    dlock_redis_keys_free(&keys);
+    return err;
 }
 
 /* `timeout` from now: the bound of a call without a deadline. */
@@ -813,15 +832,15 @@ static uint64_t step_until(struct redis_conn *rc, const dlock_request *req)
 }
 
 /* One acquire call of the script; 1 granted, 0 held (*pttl), <0 error. */
-static int try_acquire(struct redis_conn *rc, struct redis_held *h, const char *mode,
-                       long long *pttl, uint64_t until_ns)
+static int try_acquire(struct redis_conn *rc, struct redis_held *h, const struct wait_chan *w,
+                       const char *mode, long long *pttl, uint64_t until_ns)
 {
     char ttl[16];
     redisReply *r = NULL;
     long long granted = 0, value = 0;
     int err;
     snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
-    const char *chan = h->channel_len ? h->channel : "-";
+    const char *chan = w->len ? w->name : "-";
     const char *args[] = {"acquire", h->owner, ttl, chan, mode};
     const size_t lens[] = {7, 32, strlen(ttl), strlen(chan), strlen(mode)};
     /* A grant's lease starts on the server after this instant, even when
@@ -865,17 +884,17 @@ static int simple_op(struct redis_conn *rc, struct redis_held *h, const char *op
 /* Subscribes node n's subscriber connection to this wait's channel before
  * until_ns; a subscriber connection found dead (reset since the last wait)
  * is made again once. */
-static int subscribe_wait(struct redis_conn *rc, struct redis_node *n, struct redis_held *h,
+static int subscribe_wait(struct redis_conn *rc, struct redis_node *n, const struct wait_chan *w,
                           uint64_t until_ns)
 {
     uint64_t saved = dlock_redis_limit(rc, until_ns);
     int err;
     for (int attempt = 0;; attempt++) {
         int fresh = n->sub == NULL;
-        err = dlock_redis_subscribe_send(rc, n, h->channel, h->channel_len,
+        err = dlock_redis_subscribe_send(rc, n, w->name, w->len,
                                          tv_ns(&rc->connect_tv));
         if (!err)
-            err = dlock_redis_subscribe_confirm(rc, n, h->channel, h->channel_len);
+            err = dlock_redis_subscribe_confirm(rc, n, w->name, w->len);
         if (err != DLOCK_ECONNECT || fresh || attempt > 0 ||
             dlock_monotonic_ns() + MS >= rc->deadline_ns)
             break;
@@ -892,7 +911,7 @@ static int subscribe_wait(struct redis_conn *rc, struct redis_node *n, struct re
  * if it is gone (a restarted server is empty), the next acquire call
  * queues us again. The lock key is not touched.
  */
-static int recover(struct redis_conn *rc, struct redis_node *n, struct redis_held *h,
+static int recover(struct redis_conn *rc, struct redis_node *n, const struct wait_chan *w,
                    const dlock_request *req)
 {
     uint64_t until = dlock_monotonic_ns() + tv_ns(&rc->cmd_tv);
@@ -902,7 +921,7 @@ static int recover(struct redis_conn *rc, struct redis_node *n, struct redis_hel
     if (deadline)
         until = req->deadline_ns;
     for (;;) {
-        err = subscribe_wait(rc, n, h, until);
+        err = subscribe_wait(rc, n, w, until);
         if (err == 0)
             dlock_clearerr(cl(rc));
         if (err != DLOCK_ECONNECT)
@@ -935,7 +954,7 @@ static int recover(struct redis_conn *rc, struct redis_node *n, struct redis_hel
  * used again) and is skipped; a handoff already made to us is held by
  * nobody and expires with its lease (the TTL).
  */
-static void cancel_wait(struct redis_conn *rc, struct redis_held *h)
+static void cancel_wait(struct redis_conn *rc, struct redis_held *h, const struct wait_chan *w)
 {
     struct redis_node *n = &rc->nodes[0];
     char entry[192];
@@ -943,13 +962,13 @@ static void cancel_wait(struct redis_conn *rc, struct redis_held *h)
     dlock_errsave saved;
     uint64_t bound = tv_ns(&rc->cmd_tv) < DLOCK_REDIS_CLEANUP_NS ? tv_ns(&rc->cmd_tv)
                                                                  : DLOCK_REDIS_CLEANUP_NS;
-    snprintf(entry, sizeof entry, "%s|%" PRIu32 "|%s", h->owner, h->ttl_ms, h->channel);
+    snprintf(entry, sizeof entry, "%s|%" PRIu32 "|%s", h->owner, h->ttl_ms, w->name);
     dlock_err_save(cl(rc), &saved);
     int err = simple_op(rc, h, "cancel", entry, &res, dlock_monotonic_ns() + bound);
     if (err)
         dlock_redis_drop_sub(n);
     else
-        dlock_redis_unsubscribe(rc, n, h->channel, h->channel_len);
+        dlock_redis_unsubscribe(rc, n, w->name, w->len);
     dlock_err_restore(cl(rc), &saved); /* report the original failure, not the cleanup */
 }
 
@@ -961,7 +980,8 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
 
     /* First without queueing: an uncontended acquire is one script call,
      * with no subscription. */
-    err = try_acquire(rc, h, "try", &pttl, step_until(rc, req));
+    struct wait_chan w = {.len = 0};
+    err = try_acquire(rc, h, &w, "try", &pttl, step_until(rc, req));
     if (err != 0)
         return err < 0 ? err : 0;
     if (req->wait == DLOCK_WAIT_TRY)
@@ -969,13 +989,13 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
     if (req->wait == DLOCK_WAIT_DEADLINE && dlock_monotonic_ns() >= req->deadline_ns)
         return dlock_seterr(cl(rc), DLOCK_ETIMEDOUT,
                             "the deadline passed with the lock still held elsewhere");
-    wait_channel(rc, h);
-    if ((err = subscribe_wait(rc, n, h, step_until(rc, req))) != 0)
+    wait_channel(rc, h, &w);
+    if ((err = subscribe_wait(rc, n, &w, step_until(rc, req))) != 0)
         return err; /* not queued yet: nothing to leave */
     for (;;) {
-        err = try_acquire(rc, h, "wait", &pttl, step_until(rc, req));
+        err = try_acquire(rc, h, &w, "wait", &pttl, step_until(rc, req));
         if (err == 1) {
-            dlock_redis_unsubscribe(rc, n, h->channel, h->channel_len);
+            dlock_redis_unsubscribe(rc, n, w.name, w.len);
             return 0;
         }
         if (err < 0)
@@ -993,10 +1013,10 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
              * start may be far older. */
             h->base.token = token;
             h->base.lease_end_ns = read_ns + (uint64_t)h->ttl_ms * MS;
-            dlock_redis_unsubscribe(rc, n, h->channel, h->channel_len);
+            dlock_redis_unsubscribe(rc, n, w.name, w.len);
             return 0;
         }
-        if (err == DLOCK_ECONNECT && !silent && (err = recover(rc, n, h, req)) == 0)
+        if (err == DLOCK_ECONNECT && !silent && (err = recover(rc, n, &w, req)) == 0)
             continue;
         if (err < 0)
             break;
@@ -1006,11 +1026,11 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
             break;
         }
     }
-    cancel_wait(rc, h);
+    cancel_wait(rc, h, &w);
     return err;
 }
 
-static struct redis_held *held_new(struct redis_conn *rc, const dlock_request *req)
+static struct redis_held *held_new(const dlock_request *req)
 {
     struct redis_held *h = calloc(1, sizeof *h + req->name_len + 1);
     if (!h)
@@ -1019,23 +1039,18 @@ static struct redis_held *held_new(struct redis_conn *rc, const dlock_request *r
     h->ttl_ms = req->ttl_ms;
     h->name_len = req->name_len;
     memcpy(h->name, req->name, req->name_len + 1);
-    if (dlock_redis_keys(rc, req->name, req->name_len, &h->keys) != 0) {
-        free(h);
-        return NULL;
-    }
     return h;
 }
 
 static void held_free(struct redis_held *h)
 {
-    dlock_redis_keys_free(&h->keys);
     free(h);
 }
 
 static int redis_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
 {
     struct redis_conn *rc = (struct redis_conn *)conn;
-    struct redis_held *h = held_new(rc, req);
+    struct redis_held *h = held_new(req);
     int err;
     if (!h)
         return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
@@ -1147,7 +1162,11 @@ static int redis_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
     const char *args[4] = {"fence", h->owner, arg, "mark"};
     const size_t lens[4] = {5, 32, strlen(arg), 4};
     redisReply *r = NULL;
-    if ((err = call_keys(rc, &h->keys, REDIS_NKEYS_ALL, args, lens, 4, call_until(rc), &r)) != 0)
+    struct redis_keys keys;
+    if ((err = dlock_redis_held_keys(rc, h, &keys)) == 0)
+        err = call_keys(rc, &keys, REDIS_NKEYS_ALL, args, lens, 4, call_until(rc), &r);
+    dlock_redis_keys_free(&keys);
+    if (err)
         return err;
     err = dlock_redis_reply_int(r, &res);
     freeReplyObject(r);

@@ -70,9 +70,8 @@ struct redis_held {
      * base.lease_end_ns is zeroed by the core before each renewal; this is
      * not, so a raise between renewals still knows the lock is valid. */
     uint64_t valid_until;
-    char channel[96];   /* this wait's wake-up channel (single instance) */
-    size_t channel_len;
-    struct redis_keys keys;
+    /* Nothing derived from the name is kept (keys, channels): a client may
+     * hold 100 000 of these, so each call builds what it needs. */
     size_t name_len;
     char name[];
 };
@@ -80,6 +79,10 @@ struct redis_held {
 int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
                      struct redis_keys *keys);
 void dlock_redis_keys_free(struct redis_keys *keys);
+/* h's keys, malloc'ed (free with dlock_redis_keys_free); DLOCK_ENOMEM with
+ * detail when out of memory. */
+int dlock_redis_held_keys(struct redis_conn *rc, const struct redis_held *h,
+                          struct redis_keys *keys);
 /* Narrows rc's bound to until_ns (CLOCK_MONOTONIC) if that is earlier;
  * returns the bound to give back to dlock_redis_unlimit(). */
 uint64_t dlock_redis_limit(struct redis_conn *rc, uint64_t until_ns);

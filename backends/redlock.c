@@ -320,13 +320,31 @@ static void all_nodes_keys(struct redis_conn *rc, const struct redis_keys *keys,
     all_nodes_argv(rc, argc, argv, argvlen, replies, need, timeout_ns, flags, st);
 }
 
+/* all_nodes_keys() on h's keys, built for the call (not kept with the
+ * lock); out of memory: no node asked, every reply NULL. */
+static void held_nodes(struct redis_conn *rc, struct redis_held *h, size_t nkeys,
+                       const char **args, const size_t *lens, size_t nargs,
+                       redisReply **replies, size_t need, uint64_t timeout_ns, int flags,
+                       struct round *st)
+{
+    struct redis_keys keys;
+    if (dlock_redis_held_keys(rc, h, &keys) != 0) {
+        for (size_t i = 0; i < rc->nnodes; i++)
+            replies[i] = NULL;
+        if (st)
+            memset(st, 0, sizeof *st);
+        return;
+    }
+    all_nodes_keys(rc, &keys, nkeys, args, lens, nargs, replies, need, timeout_ns, flags, st);
+    dlock_redis_keys_free(&keys);
+}
+
 /* all_nodes_argv() of the script's operation args on h's keys. */
 static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **args,
                       const size_t *lens, size_t nargs, redisReply **replies, size_t need,
                       uint64_t timeout_ns, int flags, struct round *st)
 {
-    all_nodes_keys(rc, &h->keys, REDIS_NKEYS, args, lens, nargs, replies, need, timeout_ns,
-                   flags, st);
+    held_nodes(rc, h, REDIS_NKEYS, args, lens, nargs, replies, need, timeout_ns, flags, st);
 }
 
 static void free_replies(struct redis_conn *rc, redisReply **replies)
@@ -366,9 +384,19 @@ static const char *keys_channel(const struct redis_keys *keys, size_t *len, char
     return *buf;
 }
 
-static const char *release_channel(struct redis_held *h, size_t *len, char **buf)
+static const char *release_channel(struct redis_conn *rc, struct redis_held *h, size_t *len,
+                                   char **buf)
 {
-    return keys_channel(&h->keys, len, buf);
+    /* keys_channel()'s, from the name: "<prefix><name>:released" */
+    size_t plen = strlen(rc->prefix);
+    *buf = malloc(plen + h->name_len + sizeof ":released");
+    if (!*buf)
+        return NULL;
+    memcpy(*buf, rc->prefix, plen);
+    memcpy(*buf + plen, h->name, h->name_len);
+    memcpy(*buf + plen + h->name_len, ":released", sizeof ":released");
+    *len = plen + h->name_len + sizeof ":released" - 1;
+    return *buf;
 }
 
 /* Releases on every node and wakes waiters, waiting up to bound_ns for the
@@ -383,7 +411,7 @@ static void drop_all(struct redis_conn *rc, struct redis_held *h, size_t *ours, 
     size_t chan_len = 0;
     dlock_errsave saved;
     *ours = *not_ours = 0;
-    if (!release_channel(h, &chan_len, &chan))
+    if (!release_channel(rc, h, &chan_len, &chan))
         return;
     dlock_err_save(cl(rc), &saved);
     const char *args[3] = {"drop", h->owner, chan};
@@ -660,7 +688,7 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
             break;
         }
         if (!subscribed) { /* subscribe, then retry at once: no release unseen */
-            if (!release_channel(h, &chan_len, &chan)) {
+            if (!release_channel(rc, h, &chan_len, &chan)) {
                 err = dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
                 break;
             }
@@ -823,8 +851,8 @@ int dlock_redlock_raise(struct redis_conn *rc, struct redis_held *h, uint64_t fl
     /* Marked, unlike a grant's write-back: inspect tells a raise apart. */
     const char *args[4] = {"fence", h->owner, arg, "mark"};
     const size_t lens[4] = {5, 32, strlen(arg), 4};
-    all_nodes_keys(rc, &h->keys, REDIS_NKEYS_ALL, args, lens, 4, replies, quorum(rc),
-                   node_timeout_ns(rc), 0, &st);
+    held_nodes(rc, h, REDIS_NKEYS_ALL, args, lens, 4, replies, quorum(rc), node_timeout_ns(rc),
+               0, &st);
     count_ints(rc, replies, &ours, &not_ours);
     free_replies(rc, replies);
     if (ours >= quorum(rc) && dlock_monotonic_ns() < h->valid_until) {
