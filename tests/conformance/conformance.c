@@ -6,12 +6,13 @@
  * a missing behaviour is never a silent pass. Holders and waiters are
  * separate processes (fork), as in real use.
  *
- * Usage: conformance [--auth-env VAR] (URI | --env VAR)
+ * Usage: conformance [--auth-env VAR] [--many N] (URI | --env VAR)
  *   --env VAR       read the URI from the environment variable VAR (a
  *                   missing variable fails the run: no silent skip)
  *   --auth-env VAR  VAR holds a URI of the same store type with a correct
  *                   password: the suite checks it works and that a wrong
  *                   one is refused with DLOCK_EAUTH
+ *   --many N        one client holds N locks at once (default 10 000)
  * For networked stores the suite also points the URI at a closed loopback
  * port and expects DLOCK_ECONNECT.
  *
@@ -32,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sched.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1954,6 +1956,85 @@ static void test_lists(void)
     dlock_client_close(c);
 }
 
+/* --many: how many locks test_many_held holds (10 000 unless a store's
+ * meson entry says it cannot: MySQL's row locks take a session each). */
+static int many = 10000;
+
+/*
+ * One client holding many locks: each still excludes another client,
+ * renews and releases, and the names are free again afterwards. Costs that
+ * stay flat as a client holds more (a table of held names, shared
+ * sessions) must not cost correctness. The file backend holds a descriptor
+ * per lock: the count is cut to what RLIMIT_NOFILE allows, and said.
+ */
+static void test_many_held(void)
+{
+    SKIP_FOR_LISTS("many held locks");
+    int n = many, step;
+    if (strcmp(backend, "file") == 0) {
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+            rl.rlim_cur = rl.rlim_max;
+            setrlimit(RLIMIT_NOFILE, &rl);
+            if (rl.rlim_cur != RLIM_INFINITY && (rlim_t)n + 200 > rl.rlim_cur) {
+                n = rl.rlim_cur > 1200 ? (int)rl.rlim_cur - 200 : 1000;
+                diag("many held: RLIMIT_NOFILE is %llu, so %d locks (one descriptor each)",
+                     (unsigned long long)rl.rlim_cur, n);
+            }
+        }
+    }
+    step = n >= 1000 ? n / 1000 : 1;
+    dlock_client *c = client(), *other = client();
+    dlock_lock **locks = calloc((size_t)n, sizeof *locks), *l = NULL;
+    dlock_acquire_opts o = try_once();
+    o.ttl_ms = 120000;
+    char name[96];
+    int got = 0, busy = 0, renewed = 0, released = 0, free_again = 0, checked = 0;
+    uint64_t t0 = dlock_monotonic_ns();
+    for (int i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "%smany-%d", prefix, i);
+        if (dlock_acquire(c, name, &o, &locks[i]) == 0)
+            got++;
+        else if (got == i)
+            diag("many held: acquire %d: %s", i, dlock_errmsg(c));
+    }
+    is_int(got, n, "%s: one client acquires %d locks", backend, n);
+    diag("many held: %d acquired in %.1f s", got, (double)(dlock_monotonic_ns() - t0) / 1e9);
+    for (int i = 0; i < n; i += step, checked++) {
+        snprintf(name, sizeof name, "%smany-%d", prefix, i);
+        int rc = dlock_acquire(other, name, &o, &l);
+        busy += rc == DLOCK_EBUSY;
+        if (rc == 0)
+            dlock_release(l);
+    }
+    is_int(busy, checked, "%s: another client is refused each of %d sampled names", backend,
+           checked);
+    if (caps & DLOCK_CAP_RENEW) {
+        for (int i = 0; i < n; i++)
+            renewed += locks[i] && dlock_renew(locks[i], 120000) == 0;
+        is_int(renewed, got, "%s: each held lock renews", backend);
+    } else {
+        skip("the backend cannot renew", "%s: each held lock renews", backend);
+    }
+    for (int i = 0; i < n; i++)
+        if (locks[i]) {
+            int rc = dlock_release(locks[i]);
+            if (rc != 0 && released == i)
+                diag("many held: release %d: %s", i, dlock_errmsg(c));
+            released += rc == 0;
+        }
+    is_int(released, got, "%s: each held lock releases", backend);
+    for (int i = 0; i < n; i += step) {
+        snprintf(name, sizeof name, "%smany-%d", prefix, i);
+        if (dlock_acquire(other, name, &o, &l) == 0 && dlock_release(l) == 0)
+            free_again++;
+    }
+    is_int(free_again, checked, "%s: the sampled names are free again", backend);
+    free(locks);
+    dlock_client_close(other);
+    dlock_client_close(c);
+}
+
 int main(int argc, char **argv)
 {
     dlock_client *c;
@@ -1964,6 +2045,10 @@ int main(int argc, char **argv)
             one = need_env(argv[++i]);
         else if (strcmp(argv[i], "--auth-env") == 0 && i + 1 < argc)
             auth_uri = need_env(argv[++i]);
+        else if (strcmp(argv[i], "--many") == 0 && i + 1 < argc) {
+            if ((many = atoi(argv[++i])) <= 0)
+                nparts = -1, i = argc; /* the usage message */
+        }
         else if (argv[i][0] != '-')
             one = argv[i];
         else
@@ -1983,7 +2068,7 @@ int main(int argc, char **argv)
     }
     uri = nparts > 0 ? list : NULL;
     if (!uri) {
-        fprintf(stderr, "usage: conformance [--auth-env VAR] (URI | --env VAR)...\n");
+        fprintf(stderr, "usage: conformance [--auth-env VAR] [--many N] (URI | --env VAR)...\n");
         return 64;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -2040,6 +2125,7 @@ int main(int argc, char **argv)
         {"lock file replaced", test_file_loss, 0, NULL, 0},
         {"silent store: open", test_silent_open, 0, NULL, 0},
         {"silent store: calls", test_silent_calls, 0, NULL, 0},
+        {"many held locks", test_many_held, 0, NULL, 0},
     };
     run_parallel(cases, (int)(sizeof cases / sizeof cases[0]), 120);
     return done_testing();
