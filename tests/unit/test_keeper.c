@@ -28,6 +28,7 @@ static struct {
     atomic_int block_ms;
     atomic_int wrong_thread; /* keep() ran on the application's thread */
     atomic_int release_fails; /* release() says the store is unreachable */
+    atomic_int lose_every;    /* keep() refuses grants whose token it divides */
     pthread_t main_thread;
     uint64_t lease_end; /* set on held by acquire when non-zero */
 } fake;
@@ -74,10 +75,12 @@ static int fake_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 
 static int fake_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 {
-    (void)held, (void)ttl_ms;
+    (void)ttl_ms;
     fake.keeps++;
     if (pthread_equal(pthread_self(), fake.main_thread))
         fake.wrong_thread = 1;
+    if (fake.lose_every && held->token % (uint64_t)fake.lose_every == 0)
+        return dlock_seterr(conn->client, DLOCK_ELOST, "fake store: not the owner any more");
     switch (fake.mode) {
     case KEEP_LOST:
         return dlock_seterr(conn->client, DLOCK_ELOST, "fake store: not the owner any more");
@@ -365,6 +368,57 @@ static void test_estimated_lease_confirmed(dlock_client *c)
     fake.lease_end = 0;
 }
 
+/* Many kept locks with different TTLs (the keeper's heaps): every one is
+ * renewed, exactly the refused ones are reported, each once, and removing
+ * locks in any order leaves the others kept. */
+static void test_many_kept(dlock_client *c)
+{
+    enum { N = 1000, EVERY = 7 };
+    dlock_lock **l = calloc(N, sizeof *l);
+    char name[32];
+    int got = 0, lost = 0, wrong = 0, expected = 0;
+    reset(KEEP_OK);
+    for (int i = 0; i < N; i++) {
+        dlock_acquire_opts o = kept(600 + (uint32_t)(i % 5) * 100, NULL);
+        snprintf(name, sizeof name, "kept-%d", i);
+        got += dlock_acquire(c, name, &o, &l[i]) == 0;
+    }
+    is_int(got, N, "%d kept locks with five different TTLs", N);
+    sleep_ms(1300); /* over two of the shortest TTLs */
+    for (int i = 0; i < N; i++)
+        lost += dlock_lock_lost(l[i]) != 0 || dlock_lock_expires_ns(l[i]) <= dlock_monotonic_ns();
+    is_int(lost, 0, "every one is renewed in time (%d renewals)", (int)fake.keeps);
+    ok(fake.keeps >= 2 * N, "each about every TTL / 3 (%d renewals in 1.3 s)", (int)fake.keeps);
+    for (int i = 0; i < N; i++)
+        expected += dlock_lock_token(l[i]) % EVERY == 0;
+    fake.lose_every = EVERY;
+    wait_calls(expected, 5000);
+    is_int(seen.calls, expected, "exactly the %d refused locks are reported", expected);
+    for (int i = 0; i < N; i++) {
+        int should = dlock_lock_token(l[i]) % EVERY == 0;
+        wrong += (dlock_lock_lost(l[i]) == DLOCK_ELOST) != should;
+    }
+    is_int(wrong, 0, "each lock's own state says lost or not");
+    fake.lose_every = 0;
+    for (int i = 0; i < N; i += 2) /* every other one, then the rest backwards */
+        dlock_release(l[i]);
+    int keeps = fake.keeps;
+    sleep_ms(700);
+    lost = 0;
+    for (int i = 1; i < N; i += 2)
+        lost += dlock_lock_token(l[i]) % EVERY != 0 &&
+                (dlock_lock_lost(l[i]) != 0 || dlock_lock_expires_ns(l[i]) <= dlock_monotonic_ns());
+    is_int(lost, 0, "the locks left are still renewed after half were released");
+    ok(fake.keeps > keeps, "renewals go on (%d more)", (int)fake.keeps - keeps);
+    for (int i = N - 1; i >= 1; i -= 2)
+        dlock_release(l[i]);
+    keeps = fake.keeps;
+    sleep_ms(400);
+    is_int(fake.keeps, keeps, "no renewal once all are released");
+    is_int(seen.calls, expected, "and no further loss reported");
+    free(l);
+}
+
 static void test_refusals(void)
 {
     static dlock_backend v1, nolease;
@@ -443,6 +497,7 @@ int main(void)
     test_reentrant(c);
     test_reentrant_lost(c);
     test_estimated_lease_confirmed(c);
+    test_many_kept(c);
     dlock_client_close(c);
     test_refusals();
     test_close_stops();
