@@ -63,6 +63,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include <hiredis/sds.h>
+
 #include "config.h"
 #include "backends/redis_conn.h"
 #include "backends/redis_reply.h"
@@ -140,48 +142,86 @@ static uint64_t time_left(struct redis_conn *rc, uint64_t cap_ns)
     return left < MS ? MS : left;
 }
 
+/* A socket timeout already set that is longer than a call's bound by at
+ * most this much is kept: the call may overrun its bound by that. */
+#define ARM_SLACK_NS MS
+
+/* Where the timeouts last set on ctx are remembered; NULL if not known. */
+static uint64_t *armed_slot(struct redis_conn *rc, const redisContext *ctx)
+{
+    for (size_t i = 0; i < rc->nnodes; i++) {
+        if (rc->nodes[i].cmd == ctx)
+            return &rc->nodes[i].armed[0];
+        if (rc->nodes[i].sub == ctx)
+            return &rc->nodes[i].armed[1];
+    }
+    return NULL;
+}
+
 /* Bounds the next reply (and write) by `timeout` and the call's bound. */
 static void arm(struct redis_conn *rc, redisContext *ctx)
 {
     struct timeval tv;
-    ns_to_tv(time_left(rc, tv_ns(&rc->cmd_tv)), &tv);
+    uint64_t want = time_left(rc, tv_ns(&rc->cmd_tv)), *armed = armed_slot(rc, ctx);
+    if (armed && *armed >= want && *armed - want <= ARM_SLACK_NS)
+        return;
+    ns_to_tv(want, &tv);
     redisSetTimeout(ctx, tv);
+    if (armed)
+        *armed = want;
+}
+
+/*
+ * Writes what hiredis buffered for ctx with send(MSG_NOSIGNAL), not
+ * hiredis's write(2): a peer that closed gives EPIPE, never SIGPIPE, so
+ * no signal mask changes around each command (four system calls each).
+ * The socket's SO_SNDTIMEO bounds each send, as it bounds hiredis's.
+ * Reading never raises SIGPIPE.
+ */
+static int send_buffered(redisContext *ctx)
+{
+    size_t len = sdslen(ctx->obuf), off = 0;
+    while (off < len) {
+        ssize_t n = send(ctx->fd, ctx->obuf + off, len - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            ctx->err = REDIS_ERR_IO;
+            snprintf(ctx->errstr, sizeof ctx->errstr, "%s", strerror(errno));
+            return REDIS_ERR;
+        }
+        off += (size_t)n;
+    }
+    sdsclear(ctx->obuf);
+    return REDIS_OK;
 }
 
 redisReply *dlock_redis_call(struct redis_conn *rc, redisContext *ctx, size_t argc,
                              const char **argv, const size_t *argvlen)
 {
-    dlock_sigpipe sp;
-    arm(rc, ctx);
-    dlock_sigpipe_block(&sp);
-    redisReply *r = redisCommandArgv(ctx, (int)argc, argv, argvlen);
-    dlock_sigpipe_restore(&sp);
-    return r;
+    void *reply = NULL;
+    if (dlock_redis_send(rc, ctx, argc, argv, argvlen) != REDIS_OK ||
+        redisGetReply(ctx, &reply) != REDIS_OK)
+        return NULL;
+    return reply;
 }
 
 int dlock_redis_send(struct redis_conn *rc, redisContext *ctx, size_t argc, const char **argv,
                      const size_t *argvlen)
 {
-    dlock_sigpipe sp;
-    int done = 0, ok;
     if (redisAppendCommandArgv(ctx, (int)argc, argv, argvlen) != REDIS_OK)
         return REDIS_ERR;
     arm(rc, ctx);
-    dlock_sigpipe_block(&sp);
-    while ((ok = redisBufferWrite(ctx, &done)) == REDIS_OK && !done)
-        ;
-    dlock_sigpipe_restore(&sp);
-    return ok == REDIS_OK && done ? REDIS_OK : REDIS_ERR;
+    return send_buffered(ctx);
 }
 
 int dlock_redis_get_reply(struct redis_conn *rc, redisContext *ctx, void **reply)
 {
-    dlock_sigpipe sp;
     arm(rc, ctx);
-    dlock_sigpipe_block(&sp);
-    int ok = redisGetReply(ctx, reply);
-    dlock_sigpipe_restore(&sp);
-    return ok;
+    /* redisGetReply would write anything still buffered with write(2). */
+    if (sdslen(ctx->obuf) > 0 && send_buffered(ctx) != REDIS_OK)
+        return REDIS_ERR;
+    return redisGetReply(ctx, reply);
 }
 
 /* Errors are ignored: keepalive only shortens how long a dead peer goes
@@ -334,6 +374,7 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
     }
     *ctxp = ctx;
+    n->armed[ctxp == &n->sub] = 0; /* a new socket: nothing set on it yet */
     if (ctx->err) {
         err = dlock_redis_ctx_error(rc, n, ctxp, "cannot connect");
         goto out;

@@ -17,6 +17,10 @@ struct redis_node {
     uint64_t retry_at; /* after a failed connect, not before (CLOCK_MONOTONIC ns) */
     int subscribed;    /* sub is subscribed to the current wait's channel */
     int connected;     /* cmd was connected once (a new one is a reconnect) */
+    /* The socket timeouts last set on cmd [0] and sub [1] (ns; 0: not
+     * known), so that a call whose bound is the same need not set them
+     * again: two system calls saved per command (see arm()). */
+    uint64_t armed[2];
 };
 
 /* A deadline wait's calls may run this far past the deadline (so that a
@@ -113,9 +117,9 @@ int dlock_redis_ctx_error(struct redis_conn *rc, struct redis_node *n,
                           redisContext **ctxp, const char *what);
 /*
  * Every hiredis call that may write to a socket goes through these three:
- * hiredis writes with write(2), so each runs with SIGPIPE blocked in the
- * calling thread (dlock_sigpipe_block), and a keeper connection's deadline
- * bounds the reply.
+ * they write with send(MSG_NOSIGNAL) themselves (hiredis would write(2),
+ * and a closed peer would raise SIGPIPE), and bound the write and the reply
+ * by the call's bound (a keeper connection's deadline included).
  */
 /* redisCommandArgv: NULL on an I/O error (ctx->err says which). */
 redisReply *dlock_redis_call(struct redis_conn *rc, redisContext *ctx, size_t argc,
