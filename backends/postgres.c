@@ -7,16 +7,46 @@
  * integer (without a namespace: SHA-256(name)). Other languages can
  * compute the same key.
  *
- * Sessions: every held lock has a session of its own, taken from a small
- * per-client pool, because the session is the lease: the session's
- * idle_session_timeout is set to the lock's TTL, so a holder that stops
- * talking to the server (paused, partitioned, dead) loses its session and
- * with it the lock after the TTL; renew is a statement on that session.
+ * Sessions: the session is the lease. A session's idle_session_timeout is
+ * set to its locks' TTL, so a holder that stops talking to the server
+ * (paused, partitioned, dead) loses its session and with it its locks after
+ * the TTL; renew is a statement on the lock's session. Held locks share
+ * sessions (a session holds any number of session-level advisory locks and
+ * unlocks each alone): a try runs on a "holder session" whose lease is the
+ * same TTL, with fewer than SESSION_LOCKS_MAX (256) locks and not holding
+ * the key already, and the grant stays there. A blocking wait cannot run on
+ * a holder session (its locks' renewals and releases would queue behind
+ * it), so it first tries on a holder session, which grants most waits at
+ * once, and only if the lock is taken waits on a session that holds
+ * nothing; once granted, that is a holder session too. So a client's
+ * connections are its holder sessions, plus one per wait in progress,
+ * plus at most IDLE_KEEP (4) sessions left free by releases and kept for
+ * reuse (more are closed). A new holder session opens only when every
+ * holder session of that TTL is full, or for a wait that had to queue;
+ * a lock never moves, so a session stays while any of its locks is held.
+ * Locks taken without queueing under one TTL: ceil(H / 256) holder
+ * sessions for H locks; each wait that queued adds at most one more while
+ * its lock is held (later tries fill it). Each TTL has sessions of its own.
+ *
+ * Leases of session-mates. Any statement on a session restarts its idle
+ * timer, so renewing one lock prolongs its mates on the store: they stay
+ * held longer than their holders count on, never shorter (the client's
+ * lease of each lock is its own). A renewal with another TTL sets the
+ * session's lease to the longest its locks need (see session_idle()), so a
+ * dead holder's locks may then stay until that longer TTL runs out. A lock
+ * whose holder stops renewing it while its mates are renewed would stay as
+ * long as they do: so every use of a session (a try, a renewal, keep(), a
+ * release) first unlocks the session's other locks whose client-side lease
+ * has ended (session_expire()), and their handles report DLOCK_ELOST. A
+ * session that ends (its timer, a kill, no reply in time: it is closed)
+ * takes every lock on it, and each one reports DLOCK_ELOST on renew, keep
+ * and release.
  *
  * Waiting: a blocking pg_advisory_lock() waits in the server's lock queue
  * (first-come first-served, woken at once), bounded by lock_timeout for a
- * deadline. The lock and the fencing-token bump travel in one statement, so
- * an uncontended acquire is one round trip.
+ * deadline; a try ahead of it never jumps the queue (the server refuses a
+ * try while others wait). The lock and the fencing-token bump travel in one
+ * statement, so an uncontended acquire is one round trip.
  *
  * The acquire's transaction sets what it relies on, whatever the server's,
  * the database's or the role's defaults (or PGOPTIONS) say: READ COMMITTED
@@ -74,13 +104,20 @@
  *
  * Lost leases. A grant after a wait counts its lease from the reply's
  * arrival (the server's idle timer starts when it sends it), not from the
- * start of the call. keep() renews on the lock's own session, as renew()
- * does, bounded by the timeout and by the end of the lease.
+ * start of the call. keep() renews on the lock's session, as renew() does,
+ * bounded by the timeout and by the end of the lease (and, before it, by
+ * the wait for the session's mutex: at most one exchange of the
+ * application's thread on that session, `timeout`, or a raise's two).
  *
- * Inspect. Every statement of a lock's session (acquire, renew, keep,
+ * Inspect. Every statement on a holder session (acquire, renew, keep,
  * raise) starts with a comment, "/\*dlock owner=<owner_hex> ttl=<ms>
- * [token=<n>]*\/", which pg_stat_activity.query shows to other sessions
- * of the same role (or pg_read_all_stats). inspect runs one read-only
+ * [token=<n>] key=<key>*\/" (ttl: the session's lease; key: the lock the
+ * statement is for), which pg_stat_activity.query shows to other sessions
+ * of the same role (or pg_read_all_stats). It shows a session's latest
+ * statement only, so with several locks on a session the owner id and the
+ * token of a key are known when that statement was for the key; else the
+ * owner is named by the session ("pid N (client addr:port)"), and the
+ * lease is still the session's. inspect runs one read-only
  * statement on an idle pooled session (`timeout` on the server and the
  * client; no advisory or row lock taken, nothing waited for): pg_locks
  * rows of the name's advisory key in this database (granted: the holder;
@@ -89,10 +126,11 @@
  * address), and with token=table the name's row of the fencing table (a
  * plain MVCC read). It tells: held (always); the owner (the tag's owner id,
  * else "pid N (client addr:port)" for a session without the tag or one
- * whose activity the role may not see); the lease (the tag's TTL minus the
- * time the session has been idle, state_change; the whole TTL while it
- * runs a statement); the token (the tag's, after a renew or raise; else,
- * token=table, the name's row once the acquire committed); the waiters and
+ * whose activity the role may not see, or whose latest statement was for
+ * another of its locks); the lease (the tag's TTL minus the time the
+ * session has been idle, state_change; the whole TTL while it runs a
+ * statement); the token (the tag's, after a renew or raise of this lock;
+ * else, token=table, the name's row once the acquire committed); the waiters and
  * their order (owner ids from their acquire's tag). Cannot know: a
  * waiter whose client died while queued (the server notices only when it
  * is granted: it is counted and listed); the lease and token of a holder
@@ -106,6 +144,7 @@
 #include <inttypes.h>
 #include <libpq-fe.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,7 +160,13 @@
 /* token=table: the row of the fencing table that holds the store's floor
  * (raise_floor), the lowest bigint. */
 #define FLOOR_KEY "-9223372036854775808"
-#define POOL_MAX 64
+/* Locks that share one holder session at most: a session that ends (its
+ * lease, a timeout, an administrator) takes all of its locks with it, and
+ * every use of it scans its list. */
+#define SESSION_LOCKS_MAX 256
+/* Sessions holding nothing kept open for the next wait or try; more are
+ * closed as they fall free (after a burst of waits). */
+#define IDLE_KEEP 4
 /* idle_session_timeout, the lease, is an int of milliseconds. */
 #define TTL_MAX 2147483647u
 /* How long past its deadline a deadline wait waits for the server's reply
@@ -135,15 +180,25 @@ static const char *const pg_options[] = {
 
 /*
  * Threads: the keeper calls keep() while the application's thread may be in
- * any other method. keep() only uses its lock's own session, which no other
- * method touches while the lock is held (the pool skips busy slots without
- * reading them), and never changes `busy`: a session it had to close keeps
- * its slot (pg == NULL) until release() or renew() on the application's
- * thread frees it.
+ * any other method, and a holder session is shared by several locks, so
+ * keep() of one lock and the application's try, renew or release of another
+ * may meet on one session. Each session has a mutex, held around one
+ * exchange (a statement and its reply, bounded by `timeout`) and around
+ * every change to what keep() reads: the session's connection, idle_ms,
+ * its list of locks, and their handles. A blocking wait runs on a session
+ * that holds nothing, which keep() never touches, so no one waits behind
+ * it. The pool (which sessions exist) belongs to the application's thread;
+ * a session lives (its struct is never reused) while a handle points to
+ * it, so keep() can always reach its lock's session. One mutex at a time.
  */
+struct pg_held;
+
 struct pg_session {
-    PGconn *pg;           /* NULL once closed after a timeout */
-    int busy;             /* holds a lock (or waits for one) */
+    pthread_mutex_t mu;
+    PGconn *pg;           /* NULL once closed (after a timeout, or its end) */
+    int waiting;          /* a blocking wait runs on it: not shared */
+    size_t nheld;         /* handles pointing to it (held, lost or let go) */
+    struct pg_held *held; /* those handles */
     uint32_t idle_ms;     /* idle_session_timeout currently set (0 = off) */
     uint64_t timed_out_ms; /* closed after no reply for this long; 0: no */
     size_t host;          /* index of the host it is connected to */
@@ -167,15 +222,18 @@ struct pg_conn {
     char table[64];
     int use_sequence; /* token=sequence: one global sequence, not per-name rows */
     int server_version; /* PQserverVersion() of the latest new session */
-    struct pg_session pool[POOL_MAX];
+    struct pg_session **pool; /* grows; a session struct is never freed before close */
+    size_t npool, cap;
 };
 
 struct pg_held {
     dlock_held base;
     int64_t key;
     char owner_hex[33]; /* the grant's owner id, tagged on its statements */
-    struct pg_session *s;
+    struct pg_session *s; /* set at the grant, never changed */
     uint64_t lease_end_ns; /* as the client sees it: bounds keep() */
+    int gone; /* its lease ended and it was unlocked while mates kept s alive */
+    struct pg_held *prev, *next; /* s's list */
 };
 
 static dlock_client *cl(struct pg_conn *pc)
@@ -304,6 +362,13 @@ static int connect_host(struct pg_conn *pc, size_t i, uint64_t until_ns, PGconn 
 
 static void session_close(struct pg_session *s);
 
+/* Holds no lock and waits for none: the application's thread alone uses
+ * it, for an idle statement, a wait or a try. */
+static int session_free(const struct pg_session *s)
+{
+    return s->nheld == 0 && !s->waiting;
+}
+
 /* A new session on s, on the first host that accepts a read-write session,
  * starting with the pinned one; each host gets connect_timeout, all of them
  * together until until_ns (0: no limit). Landing on another host than the
@@ -332,9 +397,9 @@ static int session_open(struct pg_conn *pc, struct pg_session *s, uint64_t until
         return err;
     if (s->host != pc->pinned) {
         pc->pinned = s->host;
-        for (size_t j = 0; j < POOL_MAX; j++) {
-            struct pg_session *o = &pc->pool[j];
-            if (o != s && !o->busy && o->pg && o->host != s->host)
+        for (size_t j = 0; j < pc->npool; j++) {
+            struct pg_session *o = pc->pool[j];
+            if (o != s && session_free(o) && o->pg && o->host != s->host)
                 session_close(o);
         }
     }
@@ -360,13 +425,8 @@ static void session_close(struct pg_session *s)
     if (s->pg)
         PQfinish(s->pg);
     s->pg = NULL;
-    s->busy = 0;
 }
 
-/* After a failure that may have left a lock on a live session (session
- * locks outlive a failed statement): free everything it holds, at once and
- * synchronously, and pool it; close it if even that fails. A session holds
- * at most one dlock lock, so nothing else is lost. */
 static int run(struct pg_conn *pc, struct pg_session *s, const char *sql, int want,
                PGresult **out, const char *what, uint64_t until_ns);
 
@@ -375,51 +435,136 @@ static uint64_t after_timeout(struct pg_conn *pc)
     return dlock_monotonic_ns() + pc->timeout_ms * MS;
 }
 
-static void session_scrub(struct pg_conn *pc, struct pg_session *s, uint64_t until_ns)
+/* "SELECT pg_advisory_unlock(key)" where this session holds key: undoes a
+ * grant that a failed statement may have left (session locks outlive it),
+ * and never touches a key it does not hold. */
+static void unlock_if_held(char *sql, size_t len, int64_t key)
+{
+    uint64_t u = (uint64_t)key;
+    snprintf(sql, len,
+             "SELECT pg_advisory_unlock(%" PRId64 ") FROM pg_locks WHERE locktype = 'advisory'"
+             " AND pid = pg_backend_pid() AND classid = %" PRIu64 " AND objid = %" PRIu64
+             " AND objsubid = 1 AND granted",
+             key, u >> 32, u & 0xffffffffu);
+}
+
+/* After a failure that may have left key locked on a live session: free
+ * it, at once and synchronously (all the session's locks when it holds no
+ * other lock of ours); close the session if even that fails, which loses
+ * its other locks too. s->mu held (or s unshared). */
+static void session_scrub(struct pg_conn *pc, struct pg_session *s, int64_t key,
+                          uint64_t until_ns)
 {
     dlock_errsave why;
     PGresult *r = NULL;
+    char sql[320];
+    if (s->nheld == 0)
+        snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock_all()");
+    else
+        unlock_if_held(sql, sizeof sql, key);
     dlock_err_save(cl(pc), &why); /* report the failure, not this */
-    int ok = run(pc, s, "SELECT pg_advisory_unlock_all()", 0, &r, "freeing the session's locks",
+    int ok = run(pc, s, sql, 0, &r, "freeing the session's lock",
                  until_ns ? until_ns : after_timeout(pc)) == 0;
     PQclear(r);
     dlock_err_restore(cl(pc), &why);
-    if (ok)
-        s->busy = 0;
-    else
+    if (!ok)
         session_close(s);
 }
 
-/* An idle session with a live connection, opening one if needed (bounded
- * by until_ns, 0: connect_timeout per host only); *opened says which. A
- * pooled session may still turn out dead on its next statement (its
- * idle_session_timeout ran out while pooled, the server restarted). */
+/* A session struct for a new connection: one that holds nothing and is
+ * closed, else a new one. NULL: out of memory. */
+static struct pg_session *session_slot(struct pg_conn *pc)
+{
+    for (size_t i = 0; i < pc->npool; i++)
+        if (session_free(pc->pool[i]) && !pc->pool[i]->pg)
+            return pc->pool[i];
+    if (pc->npool == pc->cap) {
+        size_t cap = pc->cap ? pc->cap * 2 : 8;
+        struct pg_session **p = realloc(pc->pool, cap * sizeof *p);
+        if (!p)
+            return NULL;
+        pc->pool = p;
+        pc->cap = cap;
+    }
+    struct pg_session *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    if (pthread_mutex_init(&s->mu, NULL) != 0) {
+        free(s);
+        return NULL;
+    }
+    pc->pool[pc->npool++] = s;
+    return s;
+}
+
+/* A session that holds nothing, with a live connection, opening one if
+ * needed (bounded by until_ns, 0: connect_timeout per host only); *opened
+ * says which. A pooled session may still turn out dead on its next
+ * statement (its idle_session_timeout ran out while pooled, the server
+ * restarted). Only the application's thread touches such a session. */
 static int session_take(struct pg_conn *pc, struct pg_session **out, int *opened,
                         uint64_t until_ns)
 {
-    struct pg_session *fresh = NULL;
     *opened = 0;
-    for (size_t i = 0; i < POOL_MAX; i++) {
-        struct pg_session *s = &pc->pool[i];
-        if (s->busy)
+    for (size_t i = 0; i < pc->npool; i++) {
+        struct pg_session *s = pc->pool[i];
+        if (!session_free(s) || !s->pg)
             continue;
-        if (s->pg && PQstatus(s->pg) == CONNECTION_OK) {
+        if (PQstatus(s->pg) == CONNECTION_OK) {
             *out = s;
             return 0;
         }
         session_close(s);
-        if (!fresh)
-            fresh = s;
     }
+    struct pg_session *fresh = session_slot(pc);
     if (!fresh)
-        return dlock_seterr(cl(pc), DLOCK_ENOMEM,
-                            "more than %d locks held or awaited by one client (one session "
-                            "each)", POOL_MAX);
+        return dlock_seterr(cl(pc), DLOCK_ENOMEM, "out of memory");
     int err = session_open(pc, fresh, until_ns);
     if (err == 0) {
         *out = fresh;
         *opened = 1;
     }
+    return err;
+}
+
+static int holds_key(const struct pg_session *s, int64_t key)
+{
+    for (const struct pg_held *h = s->held; h; h = h->next)
+        if (h->key == key && !h->gone)
+            return 1;
+    return 0;
+}
+
+/* A live holder session whose lease (idle_session_timeout) is ttl_ms,
+ * with room, not holding key (session locks stack: a second grant there
+ * would be no exclusion), its mutex locked; NULL if none. */
+static struct pg_session *session_holder(struct pg_conn *pc, uint32_t ttl_ms, int64_t key)
+{
+    for (size_t i = 0; i < pc->npool; i++) {
+        struct pg_session *s = pc->pool[i];
+        if (s->nheld == 0 || s->waiting || s->nheld >= SESSION_LOCKS_MAX)
+            continue;
+        pthread_mutex_lock(&s->mu);
+        if (s->pg && PQstatus(s->pg) == CONNECTION_OK && s->idle_ms == ttl_ms &&
+            !holds_key(s, key))
+            return s;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
+/* The session for a try, its mutex locked: a holder session of its lease,
+ * else one that holds nothing (*opened: a new one). Tries pack onto few
+ * sessions; only waits need sessions of their own. */
+static int session_for_try(struct pg_conn *pc, const dlock_request *req, int64_t key,
+                           struct pg_session **out, int *opened, uint64_t until_ns)
+{
+    *opened = 0;
+    if ((*out = session_holder(pc, req->ttl_ms, key)) != NULL)
+        return 0;
+    int err = session_take(pc, out, opened, until_ns);
+    if (err == 0)
+        pthread_mutex_lock(&(*out)->mu);
     return err;
 }
 
@@ -626,8 +771,12 @@ static int parse_params(dlock_client *c, const dlock_uri *uri, struct pg_conn *p
 static void pg_close(dlock_conn *conn)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
-    for (size_t i = 0; i < POOL_MAX; i++)
-        session_close(&pc->pool[i]);
+    for (size_t i = 0; i < pc->npool; i++) {
+        session_close(pc->pool[i]);
+        pthread_mutex_destroy(&pc->pool[i]->mu);
+        free(pc->pool[i]);
+    }
+    free(pc->pool);
     for (size_t i = 0; i < pc->nhosts; i++) {
         free(pc->hostv[i]);
         free(pc->portv[i]);
@@ -666,8 +815,9 @@ static int pg_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     pc->base.client = c;
     if ((err = parse_params(c, uri, pc)) != 0)
         goto fail;
-    if ((err = session_open(pc, &pc->pool[0], 0)) != 0 ||
-        (err = create_table(pc, &pc->pool[0])) != 0)
+    struct pg_session *s = NULL;
+    int opened;
+    if ((err = session_take(pc, &s, &opened, 0)) != 0 || (err = create_table(pc, s)) != 0)
         goto fail;
     *connp = &pc->base;
     return 0;
@@ -678,24 +828,43 @@ fail:
     return err;
 }
 
-/* The tag that starts every statement of a lock's session, for inspect:
- * pg_stat_activity.query shows it to other sessions of the same role. */
+/* The tag that starts every statement on a holder session, for inspect:
+ * pg_stat_activity.query shows it to other sessions of the same role. It
+ * names the lock the statement is for (key), the session's lease (its
+ * idle_session_timeout) and, once known, the lock's token. */
 #define TAG_HEAD "/*dlock owner="
-static void tag(char *buf, size_t len, const char *owner_hex, uint32_t ttl_ms, uint64_t token)
+static void tag(char *buf, size_t len, const char *owner_hex, uint32_t ttl_ms, uint64_t token,
+                int64_t key)
 {
     if (token)
-        snprintf(buf, len, TAG_HEAD "%s ttl=%" PRIu32 " token=%" PRIu64 "*/ ", owner_hex, ttl_ms,
-                 token);
+        snprintf(buf, len, TAG_HEAD "%s ttl=%" PRIu32 " token=%" PRIu64 " key=%" PRId64 "*/ ",
+                 owner_hex, ttl_ms, token, key);
     else
-        snprintf(buf, len, TAG_HEAD "%s ttl=%" PRIu32 "*/ ", owner_hex, ttl_ms);
+        snprintf(buf, len, TAG_HEAD "%s ttl=%" PRIu32 " key=%" PRId64 "*/ ", owner_hex, ttl_ms,
+                 key);
 }
 
-/* "SET idle_session_timeout = ttl;" when the session's differs, else "". */
-static void idle_clause(struct pg_session *s, uint32_t ttl_ms, char *buf, size_t len)
+/* The lease a statement for one lock (self; NULL for an acquire) sets on
+ * s: the lock's TTL, or the session's current lease where longer while
+ * other locks of ours are on it. Each of them was promised at least that
+ * much from its own latest statement; shortening it could end their leases
+ * before their holders expect, lengthening it only keeps them on the store
+ * longer than their holders count on. */
+static uint32_t session_idle(const struct pg_session *s, const struct pg_held *self,
+                             uint32_t ttl_ms)
+{
+    for (const struct pg_held *h = s->held; h; h = h->next)
+        if (h != self && !h->gone)
+            return s->idle_ms > ttl_ms ? s->idle_ms : ttl_ms;
+    return ttl_ms;
+}
+
+/* "SET idle_session_timeout = ms;" when the session's differs, else "". */
+static void idle_clause(struct pg_session *s, uint32_t ms, char *buf, size_t len)
 {
     buf[0] = '\0';
-    if (s->idle_ms != ttl_ms)
-        snprintf(buf, len, "SET idle_session_timeout = %" PRIu32 "; ", ttl_ms);
+    if (s->idle_ms != ms)
+        snprintf(buf, len, "SET idle_session_timeout = %" PRIu32 "; ", ms);
 }
 
 /* Was the lock granted to us in the instant lock_timeout fired, or before
@@ -707,12 +876,7 @@ static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t ke
 {
     char sql[320];
     PGresult *r = NULL;
-    uint64_t u = (uint64_t)key;
-    snprintf(sql, sizeof sql,
-             "SELECT pg_advisory_unlock(%" PRId64 ") FROM pg_locks WHERE locktype = 'advisory'"
-             " AND pid = pg_backend_pid() AND classid = %" PRIu64 " AND objid = %" PRIu64
-             " AND objsubid = 1 AND granted",
-             key, u >> 32, u & 0xffffffffu);
+    unlock_if_held(sql, sizeof sql, key);
     dlock_errsave why;
     dlock_err_save(cl(pc), &why); /* report the timeout, not this */
     if (!until_ns)
@@ -720,6 +884,49 @@ static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t ke
     if (run(pc, s, sql, 0, &r, "checking for a late grant", until_ns) == 0)
         PQclear(r);
     dlock_err_restore(cl(pc), &why);
+}
+
+/* How many stale locks one statement unlocks at most. */
+#define EXPIRE_BATCH 32
+
+/*
+ * Locks on s, other than self, whose lease as their holder counts it has
+ * ended: unlocked now and marked gone. Alone on its session, such a lock
+ * goes with the session when its idle timer runs out; among mates that
+ * keep renewing, the timer never runs out, and without this it would stay
+ * held until the session ends. Its handle then reports DLOCK_ELOST. (A lock
+ * past its lease but still held is safe to renew: no one else had it; so
+ * the lock whose own statement this is, self, is never unlocked here.)
+ * s->mu held; one extra round trip, only when there is something to do.
+ */
+static void session_expire(struct pg_conn *pc, struct pg_session *s, const struct pg_held *self,
+                           uint64_t until_ns)
+{
+    struct pg_held *batch[EXPIRE_BATCH];
+    char sql[64 + EXPIRE_BATCH * 48];
+    uint64_t now = dlock_monotonic_ns();
+    for (;;) {
+        size_t n = 0, o = 0;
+        for (struct pg_held *h = s->held; h && n < EXPIRE_BATCH; h = h->next)
+            if (h != self && !h->gone && h->lease_end_ns <= now)
+                batch[n++] = h;
+        if (n == 0 || !s->pg)
+            return;
+        o += (size_t)snprintf(sql + o, sizeof sql - o, "SELECT ");
+        for (size_t i = 0; i < n; i++)
+            o += (size_t)snprintf(sql + o, sizeof sql - o, "%spg_advisory_unlock(%" PRId64 ")",
+                                  i ? ", " : "", batch[i]->key);
+        dlock_errsave why;
+        PGresult *r = NULL;
+        dlock_err_save(cl(pc), &why); /* this is not what the caller reports */
+        int err = run(pc, s, sql, 0, &r, "unlocking locks whose lease ended", until_ns);
+        PQclear(r);
+        dlock_err_restore(cl(pc), &why);
+        if (err)
+            return; /* a session gone takes them all; else tried at the next use */
+        for (size_t i = 0; i < n; i++)
+            batch[i]->gone = 1;
+    }
 }
 
 /* The client-side bound of one acquire: a try's statement gets `timeout`; a
@@ -736,18 +943,21 @@ static uint64_t acquire_until(const struct pg_conn *pc, const dlock_request *req
     return 0;
 }
 
-/* One attempt on session s. On success *token is the grant's, and
+/* One attempt on session s (bounded by cap_ns too, 0: no cap). On success *token is the grant's, and
  * *granted_ns the moment from which its lease counts: a try's start (the
  * server's idle timer starts later), or a waited grant's arrival (the wait
  * may have lasted longer than the TTL). */
 static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_request *req,
-                      int64_t key, uint64_t *token, uint64_t *granted_ns)
+                      int64_t key, uint64_t cap_ns, uint64_t *token, uint64_t *granted_ns)
 {
-    char sql[1400], idle[64], settings[320], tg[96];
+    char sql[1400], idle[64], settings[320], tg[128];
     PGresult *r = NULL;
     int stmt = 4, err;
     uint64_t start = dlock_monotonic_ns(), until = acquire_until(pc, req, start);
-    idle_clause(s, req->ttl_ms, idle, sizeof idle);
+    if (cap_ns && (!until || cap_ns < until))
+        until = cap_ns;
+    uint32_t lease_ms = session_idle(s, NULL, req->ttl_ms);
+    idle_clause(s, lease_ms, idle, sizeof idle);
     stmt += idle[0] != '\0';
     /* lock_timeout bounds each lock wait, statement_timeout all of them
      * together; 0 is none. A try waits for no lock at all (1 ms: the least
@@ -762,7 +972,7 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
         stmt_ms = lock_ms;
     }
     /* The transaction's own settings, whatever the server's defaults. */
-    tag(tg, sizeof tg, req->owner_hex, req->ttl_ms, 0);
+    tag(tg, sizeof tg, req->owner_hex, lease_ms, 0, key);
     snprintf(settings, sizeof settings,
              "%sSET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on; "
              "SET LOCAL lock_timeout = %" PRIu64 "; SET LOCAL statement_timeout = %" PRIu64 "; ",
@@ -808,7 +1018,7 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
     if (err)
         return err;
     if (idle[0])
-        s->idle_ms = req->ttl_ms;
+        s->idle_ms = lease_ms;
     if (PQntuples(r) != 1 || PQgetisnull(r, 0, 0)) {
         PQclear(r);
         if (req->wait == DLOCK_WAIT_TRY)
@@ -841,6 +1051,63 @@ static int ttl_check(struct pg_conn *pc, uint32_t ttl_ms)
     return 0;
 }
 
+/* A session that fell free: pooled, unless IDLE_KEEP others are already
+ * (it is closed). */
+static void session_trim(struct pg_conn *pc, struct pg_session *s)
+{
+    size_t idle = 0;
+    for (size_t i = 0; i < pc->npool; i++)
+        idle += pc->pool[i] != s && session_free(pc->pool[i]) && pc->pool[i]->pg;
+    if (idle >= IDLE_KEEP)
+        session_close(s);
+}
+
+/*
+ * A wait's first attempt: a try on a holder session of its lease, when
+ * there is one, so that a wait that need not wait (most of them) shares a
+ * session too. A try never overtakes a queue: the server refuses it while
+ * others wait for the lock, as it refuses the holder's rivals, and hands a
+ * released lock straight to the first waiter. Bounded by `timeout` and by
+ * a deadline wait's deadline (and margin). The session, its mutex still
+ * locked, on a grant; NULL otherwise (nothing is held, and nothing is
+ * reported: the wait follows).
+ */
+static struct pg_session *pre_try(struct pg_conn *pc, const dlock_request *req, int64_t key,
+                                  uint64_t *token, uint64_t *granted_ns)
+{
+    struct pg_session *s = session_holder(pc, req->ttl_ms, key);
+    if (!s)
+        return NULL;
+    dlock_request t = *req;
+    t.wait = DLOCK_WAIT_TRY;
+    uint64_t now = dlock_monotonic_ns();
+    uint64_t cap = req->wait == DLOCK_WAIT_DEADLINE ? acquire_until(pc, req, now) : 0;
+    uint64_t until = after_timeout(pc);
+    if (cap && cap < until)
+        until = cap;
+    session_expire(pc, s, NULL, until);
+    int err = acquire_on(pc, s, &t, key, cap, token, granted_ns);
+    if (err == 0)
+        return s;
+    if (s->pg && PQstatus(s->pg) == CONNECTION_OK) {
+        if (err != DLOCK_EBUSY && err != DLOCK_ETIMEDOUT)
+            session_scrub(pc, s, key, until);
+    } else {
+        session_close(s); /* gone: its locks are lost (their handles say so) */
+    }
+    pthread_mutex_unlock(&s->mu);
+    dlock_clearerr(cl(pc));
+    return NULL;
+}
+
+/*
+ * A try runs on a holder session (session_for_try: shared with other
+ * locks of the same lease) and the grant stays there. A wait runs on a
+ * session that holds nothing, since a session blocked in pg_advisory_lock
+ * could not renew or release its other locks; once granted, it is a holder
+ * session that later tries may join. So the client's connections are its
+ * holder sessions plus its waits in progress.
+ */
 static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
@@ -851,42 +1118,57 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     int err, opened;
     if ((err = ttl_check(pc, req->ttl_ms)) != 0)
         return err;
+    /* Before the grant: a grant is never left without its handle. */
+    if (!(h = calloc(1, sizeof *h)))
+        return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
+    if (req->wait != DLOCK_WAIT_TRY && (s = pre_try(pc, req, key, &token, &granted)) != NULL)
+        goto granted;
     for (;;) {
         uint64_t now = dlock_monotonic_ns();
         /* A new session for a deadline wait: by the deadline (and margin). */
         uint64_t open_until = req->wait == DLOCK_WAIT_DEADLINE ? acquire_until(pc, req, now) : 0;
-        if ((err = session_take(pc, &s, &opened, open_until)) != 0)
+        if (req->wait == DLOCK_WAIT_TRY) {
+            err = session_for_try(pc, req, key, &s, &opened, 0);
+        } else if ((err = session_take(pc, &s, &opened, open_until)) == 0) {
+            pthread_mutex_lock(&s->mu);
+            s->waiting = 1;
+        }
+        if (err) {
+            free(h);
             return err;
-        s->busy = 1; /* while we wait too */
-        err = acquire_on(pc, s, req, key, &token, &granted);
+        }
+        if (s->nheld)
+            session_expire(pc, s, NULL, after_timeout(pc));
+        err = acquire_on(pc, s, req, key, 0, &token, &granted);
+        s->waiting = 0;
         if (err == 0)
-            break;
-        s->busy = 0;
+            break; /* still under s->mu */
         if (s->pg && PQstatus(s->pg) == CONNECTION_OK) {
             /* Busy and timed out leave nothing held (a late grant was
              * undone). Any other failure may have come after the lock was
              * granted in the same statement. */
             if (err != DLOCK_EBUSY && err != DLOCK_ETIMEDOUT)
-                session_scrub(pc, s, acquire_until(pc, req, dlock_monotonic_ns()));
+                session_scrub(pc, s, key, acquire_until(pc, req, dlock_monotonic_ns()));
+            pthread_mutex_unlock(&s->mu);
+            free(h);
             return err;
         }
-        /* The session is gone, and whatever it was granted with it. A
-         * pooled one may have died while idle (its idle timer, a server
-         * restart, an administrator): try the next, then a new one. One
-         * closed for want of a reply: no retry (that would wait as long
-         * again). */
+        /* The session is gone, and whatever it was granted with it (and
+         * the locks it held: their handles report DLOCK_ELOST). A pooled
+         * one may have died while idle (its idle timer, a server restart,
+         * an administrator): try the next, then a new one. One closed for
+         * want of a reply: no retry (that would wait as long again). */
         int silent = s->timed_out_ms != 0;
         session_close(s);
-        if (opened || silent || err == DLOCK_ETIMEDOUT || err == DLOCK_EBUSY)
+        pthread_mutex_unlock(&s->mu);
+        if (opened || silent || err == DLOCK_ETIMEDOUT || err == DLOCK_EBUSY) {
+            free(h);
             return err;
+        }
         dlock_count_reconnect(conn->client); /* the next try opens or takes another */
         dlock_clearerr(conn->client);
     }
-    h = calloc(1, sizeof *h);
-    if (!h) {
-        session_close(s); /* ending the session frees the lock */
-        return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
-    }
+granted:
     h->base.token = token;
     h->key = key;
     memcpy(h->owner_hex, req->owner_hex, sizeof h->owner_hex);
@@ -894,27 +1176,36 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     h->lease_end_ns = granted + (uint64_t)req->ttl_ms * MS;
     if (req->wait != DLOCK_WAIT_TRY) /* the server's idle timer started about now */
         h->base.lease_end_ns = h->lease_end_ns;
+    h->next = s->held;
+    if (s->held)
+        s->held->prev = h;
+    s->held = h;
+    s->nheld++;
+    pthread_mutex_unlock(&s->mu);
     *heldp = &h->base;
     return 0;
 }
 
-/* Why a held lock's session is gone, for messages. */
+/* Why a held lock is gone, for messages. */
 static const char *lost_why(const struct pg_held *h)
 {
-    if (h->s && h->s->timed_out_ms)
+    if (h->gone)
+        return "the lock's lease had ended without a renewal, and it was unlocked on the"
+               " session it shared with locks that were still renewed";
+    if (h->s->timed_out_ms)
         return "the session holding the lock was closed after the server did not answer in time";
     return "the session holding the lock ended (lease ran out or connection lost)";
 }
 
 /* The lock is gone with its session (idle_session_timeout, killed, cut,
- * or closed by a timeout). The pool slot is freed for reuse, so the handle
- * lets go of it. Application thread only: it changes the pool. */
+ * or closed by a timeout), and so is every other lock on it: the session
+ * is closed, and stays in the pool, unused, until their handles are
+ * released. s->mu held. */
 static int session_lost(struct pg_conn *pc, struct pg_held *h)
 {
     int err = dlock_seterr(cl(pc), DLOCK_ELOST, "%s", lost_why(h));
-    if (h->s)
+    if (!h->gone)
         session_close(h->s);
-    h->s = NULL;
     return err;
 }
 
@@ -922,61 +1213,76 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
     struct pg_held *h = (struct pg_held *)held;
+    struct pg_session *s = h->s;
     char sql[160];
     PGresult *r = NULL;
     int err;
+    pthread_mutex_lock(&s->mu);
     /* The idle timer stays set: the pooled session may die of it while
      * unused, which the next acquire notices and survives; resetting it
      * here would cost every release a statement. */
-    if (!h->s || !h->s->pg) { /* lost earlier (a renew or the keeper saw it) */
+    if (h->gone || !s->pg) { /* lost earlier (a renew or the keeper saw it) */
         err = session_lost(pc, h);
-        free(h);
-        return err;
-    }
-    snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%" PRId64 ")", h->key);
-    err = run(pc, h->s, sql, 0, &r, "release", after_timeout(pc));
-    if (err && h->s->timed_out_ms) {
-        /* Closing the session frees the lock once the server notices. */
-        session_close(h->s);
-    } else if (err && PQstatus(h->s->pg) != CONNECTION_OK) {
-        err = session_lost(pc, h);
-    } else if (err == 0) {
-        int mine = PQgetvalue(r, 0, 0)[0] == 't';
-        PQclear(r);
-        h->s->busy = 0;
-        if (!mine)
-            err = dlock_seterr(conn->client, DLOCK_ELOST, "the session no longer held the lock");
     } else {
-        /* Unlock failed on a live session: it may still hold the lock. */
-        session_scrub(pc, h->s, 0);
+        session_expire(pc, s, h, after_timeout(pc));
+        snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%" PRId64 ")", h->key);
+        err = run(pc, s, sql, 0, &r, "release", after_timeout(pc));
+        if (err && s->timed_out_ms) {
+            /* Closing the session freed the lock once the server notices. */
+        } else if (err && (!s->pg || PQstatus(s->pg) != CONNECTION_OK)) {
+            err = session_lost(pc, h);
+        } else if (err == 0) {
+            int mine = PQgetvalue(r, 0, 0)[0] == 't';
+            PQclear(r);
+            if (!mine)
+                err = dlock_seterr(conn->client, DLOCK_ELOST,
+                                   "the session no longer held the lock");
+        } else {
+            /* Unlock failed on a live session: it may still hold the lock. */
+            session_scrub(pc, s, h->key, 0);
+        }
     }
+    if (h->prev)
+        h->prev->next = h->next;
+    else
+        s->held = h->next;
+    if (h->next)
+        h->next->prev = h->prev;
+    s->nheld--;
+    pthread_mutex_unlock(&s->mu);
+    if (session_free(s) && s->pg)
+        session_trim(pc, s);
     free(h);
     return err;
 }
 
-/* Resets the lease of h's session to ttl_ms (any statement restarts the
- * idle timer; the SET gives it the new TTL) and checks the lock is still
- * held there. 0, DLOCK_ELOST (not held), or run()'s error. Touches only
- * h's own session: safe on the keeper's thread. */
+/* Renews h: resets its session's idle timer (any statement does) and gives
+ * the session the lease h needs (see session_idle()). A statement that
+ * succeeds proves h is still held: session locks end only with their
+ * session or an unlock, a session struct is never reconnected while a
+ * handle points to it, and the only unlocks of a held lock are its release
+ * and session_expire(), which marks it gone. (pg_locks would say the same
+ * at a cost that grows with every lock on the server: ~1 ms a renewal
+ * with 1000 held.) 0, DLOCK_ELOST (gone), or run()'s error. Stale
+ * session-mates are let go first. Touches only h's own session, under its
+ * mutex (held by the caller): safe on the keeper's thread. */
 static int renew_on(struct pg_conn *pc, struct pg_held *h, uint32_t ttl_ms, uint64_t until_ns)
 {
-    char sql[420], tg[96];
+    struct pg_session *s = h->s;
+    char sql[200], tg[128];
     PGresult *r = NULL;
-    uint64_t u = (uint64_t)h->key, sent = dlock_monotonic_ns();
-    tag(tg, sizeof tg, h->owner_hex, ttl_ms, h->base.token);
-    snprintf(sql, sizeof sql,
-             "%sSET idle_session_timeout = %" PRIu32 "; SELECT count(*) FROM pg_locks WHERE"
-             " locktype = 'advisory' AND pid = pg_backend_pid() AND classid = %" PRIu64
-             " AND objid = %" PRIu64 " AND objsubid = 1 AND granted",
-             tg, ttl_ms, u >> 32, u & 0xffffffffu);
-    int err = run(pc, h->s, sql, 1, &r, "renew", until_ns);
+    if (h->gone)
+        return dlock_seterr(cl(pc), DLOCK_ELOST, "%s", lost_why(h));
+    session_expire(pc, s, h, until_ns);
+    uint32_t lease_ms = session_idle(s, h, ttl_ms);
+    uint64_t sent = dlock_monotonic_ns();
+    tag(tg, sizeof tg, h->owner_hex, lease_ms, h->base.token, h->key);
+    snprintf(sql, sizeof sql, "%sSET idle_session_timeout = %" PRIu32, tg, lease_ms);
+    int err = run(pc, s, sql, 0, &r, "renew", until_ns);
     if (err)
         return err;
-    h->s->idle_ms = ttl_ms;
-    int held_now = strcmp(PQgetvalue(r, 0, 0), "1") == 0;
     PQclear(r);
-    if (!held_now)
-        return dlock_seterr(cl(pc), DLOCK_ELOST, "the session no longer holds the lock");
+    s->idle_ms = lease_ms;
     h->lease_end_ns = sent + (uint64_t)ttl_ms * MS;
     return 0;
 }
@@ -985,19 +1291,21 @@ static int pg_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
     struct pg_held *h = (struct pg_held *)held;
+    struct pg_session *s = h->s;
     int err = ttl_check(pc, ttl_ms);
     if (err)
         return err;
-    if (!h->s || !h->s->pg)
-        return session_lost(pc, h);
-    err = renew_on(pc, h, ttl_ms, after_timeout(pc));
-    if (err && h->s->timed_out_ms)
-        return dlock_seterr(conn->client, DLOCK_ECONNECT,
-                            "postgresql: renew: no reply from the server within %" PRIu64
-                            " ms; the session was closed, and the lock is lost with it",
-                            h->s->timed_out_ms);
-    if (err && PQstatus(h->s->pg) != CONNECTION_OK)
-        return session_lost(pc, h);
+    pthread_mutex_lock(&s->mu);
+    if (h->gone || !s->pg)
+        err = session_lost(pc, h);
+    else if ((err = renew_on(pc, h, ttl_ms, after_timeout(pc))) != 0 && s->timed_out_ms)
+        err = dlock_seterr(conn->client, DLOCK_ECONNECT,
+                           "postgresql: renew: no reply from the server within %" PRIu64
+                           " ms; the session was closed, and the lock is lost with it",
+                           s->timed_out_ms);
+    else if (err && (!s->pg || PQstatus(s->pg) != CONNECTION_OK))
+        err = session_lost(pc, h);
+    pthread_mutex_unlock(&s->mu);
     return err;
 }
 
@@ -1080,11 +1388,10 @@ static void raise_settings(char *buf, size_t len, uint64_t ms)
  * held), and on the client a little longer (the deadline waits' margin) for
  * the server's answer; no answer by then closes the session, as for renew.
  */
-static int pg_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
+static int raise_on(struct pg_conn *pc, struct pg_held *h, uint64_t floor)
 {
-    struct pg_conn *pc = (struct pg_conn *)conn;
-    struct pg_held *h = (struct pg_held *)held;
-    char sql[1400], owned[256], settings[384], tg[96], rs[256];
+    dlock_conn *conn = &pc->base;
+    char sql[1400], owned[256], settings[384], tg[128], rs[256];
     PGresult *r = NULL;
     uint64_t u = (uint64_t)h->key, start = dlock_monotonic_ns();
     uint64_t end = start + pc->timeout_ms * MS;
@@ -1096,13 +1403,13 @@ static int pg_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
                             " bigint tokens: the next token must fit, so the floor must be at"
                             " most 9223372036854775806 (2^63 - 2)",
                             floor, pc->use_sequence ? "sequence" : "table");
-    if (!h->s || !h->s->pg)
+    if (h->gone || !h->s->pg)
         return session_lost(pc, h);
     snprintf(owned, sizeof owned,
              "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
              " AND classid = %" PRIu64 " AND objid = %" PRIu64 " AND objsubid = 1 AND granted)",
              u >> 32, u & 0xffffffffu);
-    tag(tg, sizeof tg, h->owner_hex, h->s->idle_ms, h->base.token);
+    tag(tg, sizeof tg, h->owner_hex, h->s->idle_ms, h->base.token, h->key);
     raise_settings(rs, sizeof rs, pc->timeout_ms);
     snprintf(settings, sizeof settings, "%s%s", tg, rs);
     if (pc->use_sequence) {
@@ -1155,6 +1462,19 @@ static int pg_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
         return dlock_seterr(conn->client, DLOCK_ELOST,
                             "the session no longer holds the lock; nothing was raised");
     return 0;
+}
+
+/* Under the session's mutex for both of its exchanges (a sequence raise
+ * that writes), within `timeout` and the margin in all: a keep() of a
+ * session-mate waits at most that long. */
+static int pg_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    struct pg_held *h = (struct pg_held *)held;
+    pthread_mutex_lock(&h->s->mu);
+    int err = raise_on(pc, h, floor);
+    pthread_mutex_unlock(&h->s->mu);
+    return err;
 }
 
 /* One transaction of its own (sql: raise_settings() then statements) on an
@@ -1312,19 +1632,16 @@ static int pg_raise_floor(dlock_conn *conn, uint64_t floor)
     return 0;
 }
 
-/* The keeper's renewal: as renew, on the lock's own session, but bounded
- * by the lease's end too (no reply by then: the lease is over anyway).
- * A session it has to give up is closed but keeps its pool slot, and
- * `busy` is never touched here: the pool belongs to the application's
- * thread, where release() frees the slot. */
-static int pg_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
+/* The keeper's renewal: as renew, on the lock's session under its mutex,
+ * but bounded by the lease's end too (no reply by then: the lease is over
+ * anyway). A session it finds gone is closed (every lock on it is lost),
+ * and stays in the pool until the application's thread releases them. */
+static int keep_on(struct pg_conn *pc, struct pg_held *h, uint32_t ttl_ms)
 {
-    struct pg_conn *pc = (struct pg_conn *)conn;
-    struct pg_held *h = (struct pg_held *)held;
+    dlock_conn *conn = &pc->base;
+    struct pg_session *s = h->s;
     uint64_t now = dlock_monotonic_ns(), until = now + pc->timeout_ms * MS;
-    if (ttl_check(pc, ttl_ms) != 0)
-        return DLOCK_EINVAL;
-    if (!h->s || !h->s->pg)
+    if (h->gone || !s->pg)
         return dlock_seterr(conn->client, DLOCK_ELOST, "%s", lost_why(h));
     if (now >= h->lease_end_ns)
         return dlock_seterr(conn->client, DLOCK_EEXPIRED,
@@ -1332,14 +1649,28 @@ static int pg_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     if (h->lease_end_ns < until)
         until = h->lease_end_ns;
     int err = renew_on(pc, h, ttl_ms, until);
-    if (err && h->s->timed_out_ms)
+    if (err && s->timed_out_ms)
         return dlock_seterr(conn->client, DLOCK_EEXPIRED,
                             "postgresql: no reply to the renewal within %" PRIu64
                             " ms%s; the session was closed, and the lock is lost with it",
-                            h->s->timed_out_ms, until < now + pc->timeout_ms * MS
-                                                    ? " (the lease's end)" : "");
-    if (err && PQstatus(h->s->pg) != CONNECTION_OK)
+                            s->timed_out_ms, until < now + pc->timeout_ms * MS
+                                                 ? " (the lease's end)" : "");
+    if (err && (!s->pg || PQstatus(s->pg) != CONNECTION_OK)) {
+        session_close(s);
         return dlock_seterr(conn->client, DLOCK_ELOST, "%s", lost_why(h));
+    }
+    return err;
+}
+
+static int pg_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    struct pg_held *h = (struct pg_held *)held;
+    if (ttl_check(pc, ttl_ms) != 0)
+        return DLOCK_EINVAL;
+    pthread_mutex_lock(&h->s->mu);
+    int err = keep_on(pc, h, ttl_ms);
+    pthread_mutex_unlock(&h->s->mu);
     return err;
 }
 
@@ -1367,10 +1698,13 @@ static int pg_ping(dlock_conn *conn)
     }
 }
 
-/* Reads the tag of a lock's statement (see tag()) at the start of q: the
- * owner id, the TTL the session's idle timer counts down, and the token
- * when the statement names it. 1 when q starts with a whole tag. */
-static int read_tag(const char *q, char owner[33], uint32_t *ttl_ms, uint64_t *token)
+/* Reads the tag of a statement on a holder session (see tag()) at the
+ * start of q: the owner id, the session's lease, the token when the
+ * statement names it, and the key of the lock it is for (*has_key = 0 for
+ * a tag without one: one lock per session, as dlock before issue 13
+ * wrote them). 1 when q starts with a whole tag. */
+static int read_tag(const char *q, char owner[33], uint32_t *ttl_ms, uint64_t *token,
+                    int64_t *key, int *has_key)
 {
     size_t h = sizeof TAG_HEAD - 1;
     char *end;
@@ -1387,25 +1721,46 @@ static int read_tag(const char *q, char owner[33], uint32_t *ttl_ms, uint64_t *t
         return 0;
     *ttl_ms = (uint32_t)v;
     *token = 0;
+    *has_key = 0;
     if (strncmp(end, " token=", 7) == 0) {
         q = end + 7;
         if (*q < '0' || *q > '9')
             return 0;
         *token = strtoull(q, &end, 10);
     }
+    if (strncmp(end, " key=", 5) == 0) {
+        q = end + 5;
+        if (*q != '-' && (*q < '0' || *q > '9'))
+            return 0;
+        *key = strtoll(q, &end, 10);
+        *has_key = 1;
+    }
     return strncmp(end, "*/", 2) == 0;
 }
 
+/* Is the statement at the start of q tagged, and for the lock key? A
+ * session's latest statement may be for another of the locks it holds. */
+static int tag_for(const char *q, int64_t key, char owner[33], uint32_t *ttl_ms, uint64_t *token,
+                   int *tagged)
+{
+    int64_t k = 0;
+    int has_key = 0;
+    *tagged = read_tag(q, owner, ttl_ms, token, &k, &has_key);
+    return *tagged && (!has_key || k == key);
+}
+
 /* What the store knows a session by: its owner id from its statements'
- * tag, else its pid and client address (pg_stat_activity shows those only
- * to the same role or pg_read_all_stats). */
-static void session_name(const PGresult *r, int row, char *buf, size_t len)
+ * tag when the latest statement is for this key, else its pid and client
+ * address (pg_stat_activity shows those only to the same role or
+ * pg_read_all_stats). */
+static void session_name(const PGresult *r, int row, int64_t key, char *buf, size_t len)
 {
     char owner[33];
     uint32_t ttl;
     uint64_t token;
+    int tagged;
     const char *pid = PQgetvalue(r, row, 1);
-    if (!PQgetisnull(r, row, 4) && read_tag(PQgetvalue(r, row, 4), owner, &ttl, &token))
+    if (!PQgetisnull(r, row, 4) && tag_for(PQgetvalue(r, row, 4), key, owner, &ttl, &token, &tagged))
         snprintf(buf, len, "%s", owner);
     else if (!PQgetisnull(r, row, 5))
         snprintf(buf, len, "pid %s (client %s:%s)", pid, PQgetvalue(r, row, 5),
@@ -1483,7 +1838,7 @@ again:
             continue;
         }
         if (ordered && info->listed < DLOCK_INFO_LISTED)
-            session_name(r, i, info->waiter[info->listed++], DLOCK_HOLDER_MAX);
+            session_name(r, i, key, info->waiter[info->listed++], DLOCK_HOLDER_MAX);
         info->waiters++;
     }
     int have_row = row_readable && !PQgetisnull(r, 0, 0);
@@ -1500,13 +1855,19 @@ again:
     }
     info->held = 1;
     info->known |= DLOCK_KNOWS_OWNER;
-    session_name(r, holder, info->owner, sizeof info->owner);
+    session_name(r, holder, key, info->owner, sizeof info->owner);
     char owner[33];
     uint32_t ttl = 0;
     uint64_t token = 0;
     const char *st = PQgetisnull(r, holder, 3) ? "" : PQgetvalue(r, holder, 3);
-    int tagged = !PQgetisnull(r, holder, 4) &&
-                 read_tag(PQgetvalue(r, holder, 4), owner, &ttl, &token);
+    /* tagged: a dlock holder session (its lease is the tag's, whichever of
+     * its locks the statement was for); mine: the statement was for this
+     * lock (its token is this lock's). */
+    int tagged = 0;
+    int mine = !PQgetisnull(r, holder, 4) &&
+               tag_for(PQgetvalue(r, holder, 4), key, owner, &ttl, &token, &tagged);
+    if (!mine)
+        token = 0;
     if (tagged && strcmp(st, "idle") == 0 && !PQgetisnull(r, holder, 7)) {
         /* The idle timer runs from state_change. */
         long long idle = strtoll(PQgetvalue(r, holder, 7), NULL, 10);
