@@ -87,7 +87,11 @@ struct file_conn {
 struct file_held {
     dlock_held base;
     int fd;
-    char fname[]; /* as long as it is: a client may hold 100 000 locks */
+    /* The request's name, kept by the core until the release (see
+     * dlock_request): the file name is encoded again when needed, not
+     * kept (a client may hold 100 000 locks). */
+    const char *name;
+    size_t name_len;
 };
 
 static const char *const file_schemes[] = {"file", NULL};
@@ -494,15 +498,15 @@ static int file_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         close(fd);
         return rc;
     }
-    size_t flen = strlen(fname) + 1;
-    h = calloc(1, sizeof *h + flen);
+    h = calloc(1, sizeof *h);
     if (!h) {
         close(fd);
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     }
     h->base.token = token;
     h->fd = fd;
-    memcpy(h->fname, fname, flen);
+    h->name = req->name;
+    h->name_len = req->name_len;
     *heldp = &h->base;
     return 0;
 }
@@ -512,7 +516,10 @@ static int file_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
 static int check_held(dlock_conn *conn, struct file_held *h)
 {
     struct file_conn *fc = (struct file_conn *)conn;
-    if (!still_linked(fc->dirfd, h->fname, h->fd))
+    char fname[DLOCK_FILE_ENCODED_MAX + 80];
+    /* It was encoded once already: it fits. */
+    (void)dlock_file_encode_name(h->name, h->name_len, fname, sizeof fname);
+    if (!still_linked(fc->dirfd, fname, h->fd))
         return dlock_seterr(conn->client, DLOCK_ELOST,
                             "the lock file was removed or replaced while the lock was held");
     return 0;

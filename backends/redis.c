@@ -729,7 +729,7 @@ struct wait_chan {
 
 static void wait_channel(struct redis_conn *rc, struct redis_held *h, struct wait_chan *w)
 {
-    int len = snprintf(w->name, sizeof w->name, "%.40sw:%s", rc->prefix, h->owner);
+    int len = snprintf(w->name, sizeof w->name, "%.40sw:%.32s", rc->prefix, h->owner);
     w->len = (size_t)len;
 }
 
@@ -1003,7 +1003,7 @@ static void cancel_wait(struct redis_conn *rc, struct redis_held *h, const struc
     dlock_errsave saved;
     uint64_t bound = tv_ns(&rc->cmd_tv) < DLOCK_REDIS_CLEANUP_NS ? tv_ns(&rc->cmd_tv)
                                                                  : DLOCK_REDIS_CLEANUP_NS;
-    snprintf(entry, sizeof entry, "%s|%" PRIu32 "|%s", h->owner, h->ttl_ms, w->name);
+    snprintf(entry, sizeof entry, "%.32s|%" PRIu32 "|%s", h->owner, h->ttl_ms, w->name);
     dlock_err_save(cl(rc), &saved);
     int err = simple_op(rc, h, "cancel", entry, &res, dlock_monotonic_ns() + bound);
     if (err)
@@ -1073,13 +1073,13 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
 
 static struct redis_held *held_new(const dlock_request *req)
 {
-    struct redis_held *h = calloc(1, sizeof *h + req->name_len + 1);
+    struct redis_held *h = calloc(1, sizeof *h);
     if (!h)
         return NULL;
-    memcpy(h->owner, req->owner_hex, 33);
+    memcpy(h->owner, req->owner_hex, sizeof h->owner);
     h->ttl_ms = req->ttl_ms;
-    h->name_len = req->name_len;
-    memcpy(h->name, req->name, req->name_len + 1);
+    h->name_len = (uint32_t)req->name_len;
+    h->name = req->name;
     return h;
 }
 

@@ -66,18 +66,20 @@ struct redis_keys {
     char *buf;
 };
 
+/* Small on purpose (a client may hold 100 000): 72 bytes. */
 struct redis_held {
     dlock_held base;
-    char owner[33];
+    char owner[32];     /* the owner id's hex digits, not NUL-terminated */
     uint32_t ttl_ms;
+    uint32_t name_len;  /* <= DLOCK_NAME_MAX */
     /* Redlock: the end of the last confirmed validity (CLOCK_MONOTONIC ns).
      * base.lease_end_ns is zeroed by the core before each renewal; this is
      * not, so a raise between renewals still knows the lock is valid. */
     uint64_t valid_until;
-    /* Nothing derived from the name is kept (keys, channels): a client may
-     * hold 100 000 of these, so each call builds what it needs. */
-    size_t name_len;
-    char name[];
+    /* The request's name, which the core keeps until the release (see
+     * dlock_request); nothing derived from it is kept (keys, channels):
+     * each call builds what it needs. */
+    const char *name;
 };
 
 int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,

@@ -14,6 +14,7 @@
 #include "config.h"
 #include "core/composite.h"
 #include "core/internal.h"
+#include "core/sha256.h"
 #include "core/uri.h"
 
 /* Schemes dlock knows, whose backend may be left out of a build. */
@@ -227,6 +228,14 @@ int dlock_client_open(const char *uri, dlock_client **clientp)
     return rc;
 }
 
+/* A lock the application had: what it may have made hangs off it. */
+static void lock_free(dlock_lock *lock)
+{
+    free(lock->lost_detail);
+    free(atomic_load(&lock->owner_hex));
+    free(lock);
+}
+
 void dlock_client_close(dlock_client *c)
 {
     if (!c || dlock_keeper_on_thread())
@@ -237,8 +246,7 @@ void dlock_client_close(dlock_client *c)
     while ((lock = dlock_names_any(&c->held)) != NULL) {
         dlock_names_remove(&c->held, lock);
         dlock_lock_ops(lock)->release(c->conn, lock->held);
-        free(lock->lost_detail);
-        free(lock);
+        lock_free(lock);
     }
     dlock_names_free(&c->held);
     if (c->conn)
@@ -437,7 +445,8 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
         free(lock);
         return dlock_seterr(c, rc, "cannot read random bytes for the owner id");
     }
-    memcpy(lock->owner_hex, req.owner_hex, sizeof lock->owner_hex);
+    memcpy(lock->owner, req.owner, sizeof lock->owner);
+    atomic_init(&lock->owner_hex, NULL);
     /* A deadline already past is one attempt that reports a timeout, so
      * backends only ever see future deadlines. */
     uint64_t sent = dlock_monotonic_ns(); /* also the lease's earliest start */
@@ -570,8 +579,7 @@ int dlock_release(dlock_lock *lock)
      * revived, and its release says so whatever the store answered. */
     if (lost)
         rc = report_lost(c, lost_detail);
-    free(lock->lost_detail);
-    free(lock);
+    lock_free(lock);
     return finish(c, rc);
 }
 
@@ -685,7 +693,19 @@ int dlock_inspect(dlock_client *c, const char *name, dlock_info *info)
 
 const char *dlock_lock_owner(const dlock_lock *lock)
 {
-    return lock ? lock->owner_hex : NULL;
+    if (!lock)
+        return NULL;
+    dlock_lock *l = (dlock_lock *)lock;
+    char *hex = atomic_load(&l->owner_hex), *mine, *none = NULL;
+    if (hex)
+        return hex;
+    if (!(mine = malloc(33)))
+        return NULL;
+    dlock_hex(l->owner, sizeof l->owner, mine);
+    if (atomic_compare_exchange_strong(&l->owner_hex, &none, mine))
+        return mine;
+    free(mine); /* another thread's is there */
+    return none;
 }
 
 uint64_t dlock_lock_token(const dlock_lock *lock)

@@ -47,7 +47,10 @@ struct dlock_lock {
     unsigned int holds;      /* > 1 only for reentrant acquires */
     uint32_t ttl_ms;
     uint32_t names;          /* 1 unless acquired with several names */
-    char owner_hex[33];      /* the grant's owner id */
+    unsigned char owner[16]; /* the grant's owner id */
+    /* Its hex digits, made at the first dlock_lock_owner(): 33 bytes a
+     * lock does not need otherwise. */
+    _Atomic(char *) owner_hex;
     /* The client's table entries, one per name; then the names, in byte
      * order, each NUL-terminated (dlock_lock_names()). */
     struct dlock_hent ent[];

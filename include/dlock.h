@@ -215,7 +215,8 @@ typedef struct dlock_info {
 DLOCK_API int dlock_inspect(dlock_client *client, const char *name, dlock_info *info);
 
 /* The owner id of this grant as 32 lower-case hex digits (the holder an
- * inspection names, where the store keeps it). Owned by the lock. */
+ * inspection names, where the store keeps it). Owned by the lock; made at
+ * the first call (NULL only when that runs out of memory). */
 DLOCK_API const char *dlock_lock_owner(const dlock_lock *lock);
 
 /*

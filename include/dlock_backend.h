@@ -123,7 +123,10 @@ typedef struct dlock_held {
     uint64_t lease_end_ns;
 } dlock_held;
 
-/* One acquire, as checked and completed by the core. */
+/* One acquire, as checked and completed by the core. name stays valid and
+ * unchanged until the held it grants is released (it is the lock's own
+ * copy): a backend may point at it rather than copy it. The rest of the
+ * request is the call's only. */
 typedef struct dlock_request {
     const char *name;       /* NUL-terminated, no embedded NUL */
     size_t name_len;        /* 1 .. DLOCK_NAME_MAX */
