@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -17,8 +18,13 @@ static const char usage_text[] =
     "ping-pong, then queues of waiters), throughput with many contenders, and\n"
     "checks mutual exclusion throughout. Latencies are in microseconds.\n"
     "\n"
+    "With --scale, measures instead what holding many locks costs one client:\n"
+    "for each N it takes N locks (10 min lease), reports the acquire rate\n"
+    "while filling and the memory per held lock, times acquire+release of one\n"
+    "more name and renewals with all N held, then releases everything.\n"
+    "\n"
     "options:\n"
-    "  --iterations N    uncontended and ping samples (default 2000)\n"
+    "  --iterations N    uncontended, ping and --scale samples (default 2000)\n"
     "  --handoffs N      ping-pong handoffs (default 500); each waiter run\n"
     "                    takes min(N, 300)\n"
     "  --contenders N    throughput threads, one client each (default 8)\n"
@@ -26,6 +32,9 @@ static const char usage_text[] =
     "  --waiters LIST    waiter counts for queued handoffs (default 2,20,200)\n"
     "  --wait MODE       how contended acquires wait: deadline (default; each\n"
     "                    gives up after 10 s) or forever\n"
+    "  --scale LIST      only the held-locks measurement, for each count N in\n"
+    "                    LIST (up to 8, comma-separated, each 1 to 10000000,\n"
+    "                    e.g. 10,1000,100000); --iterations sets its samples\n"
     "  --json            print one JSON object instead of the table\n"
     "  --chart FILE      also draw the run (latency percentiles, handoff\n"
     "                    against waiters, throughput) into FILE, SVG or\n"
@@ -33,7 +42,8 @@ static const char usage_text[] =
     "  -h, --help        show this help\n"
     "\n"
     "exit status: 0 ok, 1 mutual-exclusion violation, 64 usage or bad URI,\n"
-    "70 other error.\n";
+    "70 other error (with --scale: some N could not be held; the others are\n"
+    "still measured and reported).\n";
 
 static int usage_error(const char *what, const char *arg)
 {
@@ -84,6 +94,28 @@ static int parse_waiters(const char *s, bench_opts *o)
         o->n_waiters++;
     }
     return o->n_waiters ? 0 : -1;
+}
+
+/* "10,1000,100000": every item a count, no empty item, at most 8. */
+static int parse_scale(const char *s, bench_opts *o)
+{
+    char buf[128], *item, *comma;
+
+    if (strlen(s) >= sizeof buf)
+        return -1;
+    strcpy(buf, s);
+    o->n_scale = 0;
+    for (item = buf;; item = comma + 1) {
+        comma = strchr(item, ',');
+        if (comma)
+            *comma = '\0';
+        if (o->n_scale == BENCH_MAX_SCALE_SETS ||
+            parse_size(item, 1, BENCH_SCALE_MAX, &o->scale[o->n_scale]))
+            return -1;
+        o->n_scale++;
+        if (!comma)
+            return 0;
+    }
 }
 
 /* The value of --opt=V or --opt V; NULL when missing. */
@@ -161,7 +193,31 @@ static int parse_option(int argc, char **argv, int *i, bench_opts *o)
                                "counts, each 2 to 1000", "");
         return 0;
     }
+    if (option_is(arg, "--scale")) {
+        val = opt_value(arg, strlen("--scale"), argc, argv, i);
+        if (!val || parse_scale(val, o))
+            return usage_error("--scale wants up to 8 comma-separated counts, "
+                               "each 1 to 10000000", "");
+        return 0;
+    }
     return usage_error("unknown option ", arg);
+}
+
+/* --scale measures one client on its own: the options of the contended runs
+ * would be silently ignored, so they are refused. */
+static int check_scale(int argc, char **argv, const bench_opts *o)
+{
+    static const char *const crowd[] = { "--handoffs", "--contenders",
+                                         "--seconds", "--waiters", "--wait",
+                                         "--chart" };
+
+    if (!o->n_scale)
+        return 0;
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+        for (size_t k = 0; k < sizeof crowd / sizeof crowd[0]; k++)
+            if (option_is(argv[i], crowd[k]))
+                return usage_error(crowd[k], " does not apply to --scale");
+    return 0;
 }
 
 /* Fills o and collects the URIs into *urisp. Returns 0, -1 after printing
@@ -196,7 +252,7 @@ static int parse_args(int argc, char **argv, bench_opts *o, char ***urisp,
     }
     if (*n_uris == 0)
         return usage_error("no URI given", "");
-    return 0;
+    return check_scale(argc, argv, o);
 }
 
 /* "bench-<pid>-<random>": no two runs share a lock name. */
@@ -295,9 +351,34 @@ static int run_uri(const char *uri, dlock_client *c, const char *prefix,
     return 0;
 }
 
+/* --scale: each N on a client of its own. An N the store cannot hold is
+ * reported and the next one still runs; returns how many failed. */
+static size_t run_uri_scale(const char *uri, const char *prefix,
+                            const bench_opts *o, bench_result *r,
+                            bench_ctx *ctx, bench_watchdog *wd)
+{
+    char name[96];
+    size_t failed = 0;
+
+    for (size_t i = 0; i < o->n_scale; i++) {
+        /* Filling and releasing are capped apart from the two sample sets. */
+        phase(wd, r, "held locks at scale",
+              (2.0 * BENCH_SCALE_CAP_NS + BENCH_PHASE_CAP_NS) / 1e9, ctx);
+        snprintf(name, sizeof name, "%s-scale%zu", prefix, o->scale[i]);
+        if (bench_run_scale(uri, name, o->scale[i], o, &r->scale[i]) != 0) {
+            fprintf(stderr, "dlock bench: %s: %zu locks: %s\n", r->uri_shown,
+                    o->scale[i], r->scale[i].msg);
+            failed++;
+        }
+        r->n_scale = i + 1;
+    }
+    return failed;
+}
+
 static int run_all(char **uris, size_t n, dlock_client **clients,
                    const bench_opts *o, bench_result *rs)
 {
+    size_t scale_failed = 0;
     char prefix[32], uprefix[64];
     uint64_t violations = 0;
     bench_watchdog wd;
@@ -316,7 +397,12 @@ static int run_all(char **uris, size_t n, dlock_client **clients,
 
         snprintf(uprefix, sizeof uprefix, "%s-%zu", prefix, i);
         bench_ctx_init(&ctx);
-        rc = run_uri(uris[i], clients[i], uprefix, o, &rs[i], &ctx, &wd);
+        if (o->n_scale) {
+            scale_failed += run_uri_scale(uris[i], uprefix, o, &rs[i], &ctx, &wd);
+            rc = 0;
+        } else {
+            rc = run_uri(uris[i], clients[i], uprefix, o, &rs[i], &ctx, &wd);
+        }
         bench_watchdog_arm(&wd, "", "", 0);
         violations += rs[i].violations;
         if (rc != 0)
@@ -337,12 +423,27 @@ static int run_all(char **uris, size_t n, dlock_client **clients,
     if (status == BENCH_EXIT_OK && o->chart &&
         bench_render_chart(o, rs, n) != BENCH_EXIT_OK && !violations)
         status = BENCH_EXIT_ERROR;
+    if (status == BENCH_EXIT_OK && scale_failed)
+        status = BENCH_EXIT_ERROR;
     if (violations) {
         fprintf(stderr, "dlock bench: mutual exclusion was violated %llu "
                 "times\n", (unsigned long long)violations);
         status = BENCH_EXIT_VIOLATION;
     }
     return status;
+}
+
+/* A thousand waiters are a thousand clients, each with a socket or two (and
+ * a wake-up pipe on ZooKeeper): more than the usual soft limit of 1024
+ * descriptors, well under the usual hard one. */
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
 }
 
 int dlock_bench_main(int argc, char **argv)
@@ -358,6 +459,7 @@ int dlock_bench_main(int argc, char **argv)
         free(uris);
         return rc < 0 ? BENCH_EXIT_OK : rc;
     }
+    raise_fd_limit();
     clients = calloc(n, sizeof *clients);
     rs = calloc(n, sizeof *rs);
     if (!clients || !rs) {

@@ -21,6 +21,13 @@
 #define BENCH_PHASE_CAP_NS (20ull * 1000000000ull)  /* one measurement */
 #define BENCH_WAIT_NS (10ull * 1000000000ull)       /* one acquire, one peer */
 #define BENCH_WAITER_HANDOFFS 300  /* most samples per waiter set */
+/* --scale: up to 8 sizes of at most 10 million locks, each held on a 10 min
+ * lease so that none expires during the run; filling, and releasing, one
+ * size is cut after BENCH_SCALE_CAP_NS. */
+#define BENCH_MAX_SCALE_SETS 8
+#define BENCH_SCALE_MAX 10000000u
+#define BENCH_SCALE_TTL_MS 600000u
+#define BENCH_SCALE_CAP_NS (120ull * 1000000000ull)
 
 typedef struct bench_opts {
     size_t iterations;
@@ -29,6 +36,8 @@ typedef struct bench_opts {
     double seconds;
     size_t waiters[BENCH_MAX_WAITER_SETS];
     size_t n_waiters;
+    size_t scale[BENCH_MAX_SCALE_SETS];  /* --scale: only that measurement */
+    size_t n_scale;
     dlock_wait wait;  /* DLOCK_WAIT_DEADLINE (bounded) or DLOCK_WAIT_FOREVER */
     int json;
     const char *chart;  /* --chart FILE: render the JSON with plot.py */
@@ -86,6 +95,23 @@ typedef struct bench_tput {
     uint64_t timeouts;     /* acquires that gave up after BENCH_WAIT_NS */
 } bench_tput;
 
+/* One client holding `want` locks at once; see bench_scale.c. */
+typedef struct bench_scale_result {
+    size_t want;           /* N asked for */
+    size_t held;           /* locks actually taken */
+    double fill_rate;      /* acquisitions per second while filling */
+    double release_rate;   /* releases per second, oldest first */
+    size_t released;       /* within BENCH_SCALE_CAP_NS; close did the rest */
+    double heap_per_lock;  /* bytes, malloc heap in use (mallinfo2) */
+    int heap_known;        /* 0: the C library cannot tell */
+    double rss_per_lock;   /* bytes, resident set (/proc/self/statm) */
+    bench_stats extra;     /* acquire+release of one more name */
+    bench_stats renew;     /* renew of a held lock */
+    int renew_supported;
+    int err;               /* the error that ended this N early, 0: none */
+    char msg[DLOCK_ERRMSG_MAX + 128];
+} bench_scale_result;
+
 typedef struct bench_result {
     char *uri_shown;   /* password masked */
     char backend[32];
@@ -99,6 +125,8 @@ typedef struct bench_result {
     bench_tput tput_own;  /* each contender on its own name */
     bench_waiter_result waiters[BENCH_MAX_WAITER_SETS];
     size_t n_waiters;
+    bench_scale_result scale[BENCH_MAX_SCALE_SETS];
+    size_t n_scale;
     uint64_t violations;
 } bench_result;
 
@@ -146,6 +174,10 @@ int bench_run_throughput(const char *uri, const char *prefix, int own_names,
 int bench_run_waiters(const char *uri, const char *name, size_t waiters,
                       const bench_opts *o, bench_waiter_result *wr,
                       bench_result *r, bench_ctx *ctx);
+
+/* bench_scale.c: one client holding many locks. */
+int bench_run_scale(const char *uri, const char *prefix, size_t want,
+                    const bench_opts *o, bench_scale_result *sr);
 
 /* bench_report.c */
 char *bench_uri_mask(const char *uri);

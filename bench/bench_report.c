@@ -90,6 +90,12 @@ static void print_waiter_list(FILE *f, const bench_opts *o)
         fprintf(f, "%s%zu", i ? "," : "", o->waiters[i]);
 }
 
+static void print_scale_list(FILE *f, const bench_opts *o)
+{
+    for (size_t i = 0; i < o->n_scale; i++)
+        fprintf(f, "%s%zu", i ? "," : "", o->scale[i]);
+}
+
 static const char *wait_name(const bench_opts *o)
 {
     return o->wait == DLOCK_WAIT_FOREVER ? "forever" : "deadline";
@@ -102,6 +108,12 @@ void bench_print_header(const bench_opts *o)
     machine_name(machine, sizeof machine);
     printf("dlock bench: libdlock %s, %s, %ld CPUs\n", dlock_version(),
            machine, cpu_count());
+    if (o->n_scale) {
+        printf("options: --iterations %zu --scale ", o->iterations);
+        print_scale_list(stdout, o);
+        printf("\n");
+        return;
+    }
     printf("options: --iterations %zu --handoffs %zu --contenders %zu "
            "--seconds %g --wait %s --waiters ",
            o->iterations, o->handoffs, o->contenders, o->seconds, wait_name(o));
@@ -124,13 +136,60 @@ static void tput_row(size_t contenders, const char *what, const bench_tput *t)
     printf("\n");
 }
 
+/* --scale: the fill, memory and release figures per N, then the latencies
+ * measured with all N held (only for the N actually reached). */
+static void print_scale(const bench_result *r)
+{
+    char heap[32], label[64];
+
+    printf("  %-32s %12s %11s %11s %12s\n", "one client holding N locks",
+           "fill acq/s", "heap B/lock", "RSS B/lock", "release/s");
+    for (size_t i = 0; i < r->n_scale; i++) {
+        const bench_scale_result *s = &r->scale[i];
+
+        if (s->heap_known)
+            snprintf(heap, sizeof heap, "%.1f", s->heap_per_lock);
+        else
+            snprintf(heap, sizeof heap, "n/a");
+        snprintf(label, sizeof label, "N = %zu", s->want);
+        printf("  %-32s %12.1f %11s %11.1f %12.1f\n", label, s->fill_rate,
+               heap, s->rss_per_lock, s->release_rate);
+        if (s->err)
+            printf("    %zu held, then: %s\n", s->held, s->msg);
+        if (s->released < s->held)
+            printf("    %zu released in %llu s, the rest by closing the "
+                   "client\n", s->released,
+                   (unsigned long long)(BENCH_SCALE_CAP_NS / 1000000000u));
+    }
+    printf("  %-32s %7s %9s %9s %9s %9s\n", "latency with H held, us", "n",
+           "p50", "p99", "mean", "max");
+    for (size_t i = 0; i < r->n_scale; i++) {
+        const bench_scale_result *s = &r->scale[i];
+
+        if (!s->extra.n && !s->renew.n)
+            continue;
+        snprintf(label, sizeof label, "H = %zu, acq+rel 1 more", s->held);
+        row(label, &s->extra, "");
+        snprintf(label, sizeof label, "H = %zu, renew a held one", s->held);
+        if (s->renew_supported)
+            row(label, &s->renew, "");
+        else
+            printf("  %-32s %7s  (the backend cannot renew)\n", label, "n/a");
+    }
+}
+
 void bench_print_table(const bench_opts *o, const bench_result *r)
 {
     char label[64], note[96];
 
     printf("\n%s  (backend %s; caps ", r->uri_shown, r->backend);
     print_caps(stdout, r->caps, ",", "");
-    printf(")\n  %-32s %7s %9s %9s %9s %9s\n", "latency, us", "n", "p50",
+    printf(")\n");
+    if (o->n_scale) {
+        print_scale(r);
+        return;
+    }
+    printf("  %-32s %7s %9s %9s %9s %9s\n", "latency, us", "n", "p50",
            "p99", "mean", "max");
     if (r->ping_supported)
         row("store round trip (ping)", &r->ping, "");
@@ -172,6 +231,38 @@ static void json_tput(FILE *f, const char *key, const bench_tput *t)
             (unsigned long long)t->timeouts);
 }
 
+static void json_scale(FILE *f, const bench_result *r)
+{
+    fprintf(f, "\"scale\":[");
+    for (size_t i = 0; i < r->n_scale; i++) {
+        const bench_scale_result *s = &r->scale[i];
+
+        fprintf(f, "%s{\"locks\":%zu,\"held\":%zu,\"error\":", i ? "," : "",
+                s->want, s->held);
+        if (s->err)
+            dlock_json_string(f, s->msg);
+        else
+            fprintf(f, "null");
+        fprintf(f, ",\"fill_per_second\":%.1f,\"heap_bytes_per_lock\":",
+                s->fill_rate);
+        if (!s->heap_known)
+            fprintf(f, "null");
+        else
+            fprintf(f, "%.1f", s->heap_per_lock);
+        fprintf(f, ",\"rss_bytes_per_lock\":%.1f,\"released\":%zu,"
+                   "\"release_per_second\":%.1f,",
+                s->rss_per_lock, s->released, s->release_rate);
+        json_stats(f, "acquire_release_us", &s->extra);
+        fprintf(f, ",");
+        if (s->renew_supported)
+            json_stats(f, "renew_us", &s->renew);
+        else
+            fprintf(f, "\"renew_us\":null");
+        fprintf(f, "}");
+    }
+    fprintf(f, "]");
+}
+
 static void json_result(FILE *f, const bench_opts *o, const bench_result *r)
 {
     fprintf(f, "{\"uri\":");
@@ -186,6 +277,11 @@ static void json_result(FILE *f, const bench_opts *o, const bench_result *r)
     fprintf(f, ",\"caps\":[");
     print_caps(f, r->caps, ",", "\"");
     fprintf(f, "],");
+    if (o->n_scale) {
+        json_scale(f, r);
+        fprintf(f, "}");
+        return;
+    }
     if (r->ping_supported)
         json_stats(f, "ping_us", &r->ping);
     else
@@ -265,6 +361,8 @@ void bench_print_json(FILE *f, const bench_opts *o, const bench_result *rs,
                "\"contenders\":%zu,\"seconds\":%g,\"wait\":\"%s\",\"waiters\":[",
             o->iterations, o->handoffs, o->contenders, o->seconds, wait_name(o));
     print_waiter_list(f, o);
+    fprintf(f, "],\"scale\":[");
+    print_scale_list(f, o);
     fprintf(f, "]},\"results\":[");
     for (size_t i = 0; i < n; i++) {
         if (i)

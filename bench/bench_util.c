@@ -192,7 +192,11 @@ int bench_open_clients(const char *uri, dlock_client **clients, size_t n,
         int rc = dlock_client_open(uri, &clients[i]);
 
         if (rc != 0) {
-            bench_ctx_fail(ctx, rc, clients[i], "opening a client");
+            char what[64];
+
+            /* Which one: a store's connection limit shows as a round count. */
+            snprintf(what, sizeof what, "opening client %zu of %zu", i + 1, n);
+            bench_ctx_fail(ctx, rc, clients[i], what);
             bench_close_clients(clients, i + 1);
             return rc;
         }
