@@ -3,25 +3,71 @@
  * locks are InnoDB rows, through MariaDB Connector/C (libmariadb). The
  * server may be MariaDB (10.3 or later) or MySQL (8.0 or later).
  *
- * A held lock is an open transaction holding the row lock of its name
- * (`SELECT 1 FROM <table> WHERE k = ? FOR UPDATE`); rolling the transaction
- * back releases it, and so does the server when the session ends. Waiters
- * block in InnoDB's own lock queue, which grants the row to the next waiter
- * inside the releaser's ROLLBACK: no polling, no herd, no barging.
+ * A held lock is an open transaction holding the row lock of its name in
+ * <table>; rolling the transaction back releases it, and so does the
+ * server when the session ends. Waiters block in InnoDB's own lock queue,
+ * which grants the row to the next waiter inside the releaser's ROLLBACK:
+ * no polling, no herd, no barging.
+ *
+ * Two ways to take the row and its fencing token, option token: table
+ * (the default) or sequence (MariaDB 10.3+; MySQL has no sequences). Every
+ * client of a store must use the same: tokens of one are not ordered with
+ * the other's. token=sequence is not the default because its tokens are
+ * one counter for every name: they grow with all the store's grants (and
+ * a raise of one name raises all), so a list that also holds a ZooKeeper
+ * lock, whose tokens cannot be raised, fails once they pass ZooKeeper's
+ * transaction ids; token=table counts per name.
+ *
+ * token=sequence. One statement on the lock's session takes the row lock
+ * and the token: UPDATE <table> SET token = LAST_INSERT_ID(NEXTVAL(
+ * <table>_seq)), owner, session_id, acquired_at WHERE k = ? (see
+ * lock_row_seq). UPDATE queues for the row's exclusive lock as FOR UPDATE
+ * does and evaluates NEXTVAL once granted, so tokens grow in grant order;
+ * the reply's insert id is the token: one round trip, and a release is one
+ * ROLLBACK, which undoes the row's columns but not the sequence. NEXTVAL
+ * commits nothing: the server writes the sequence's table once per 1000
+ * values (CACHE), and after a restart starts again from the end of the
+ * last range written, skipping values. But it writes it without writing
+ * the redo log (a crash within InnoDB's next once-a-second flush loses
+ * it: seen here, a SIGKILL brought a sequence back 1100 values), so a
+ * token from a range not yet known on disk waits for a commit of a mark
+ * past it (seq_durable): one commit per range, i.e. per 1000 grants of the
+ * store (plus one per client per range it first meets, to read the mark:
+ * a round trip on the lock session), from a session opened for it, not
+ * one per grant. Tokens are then as durable as a commit
+ * (innodb_flush_log_at_trx_commit). One sequence for all names: a name's
+ * tokens grow, with gaps. A try is the same statement under SET STATEMENT
+ * innodb_lock_wait_timeout = 0, a deadline under max_statement_time = what
+ * is left of it (MariaDB ends the lock wait then, to the millisecond): no
+ * control session to end a wait. A name's row is created on the lock session at its first use
+ * (INSERT IGNORE, committed). So a client opens one session, used for the
+ * first lock; each lock held or waited for has a session of its own; the
+ * control session is opened only for raise_floor, token_top, inspect,
+ * and to KILL QUERY a wait interrupted by a signal (or one the server
+ * failed to end by its max_statement_time), and for a moment to commit
+ * the durable mark; ping uses an idle lock session. The sequence is
+ * created, with the lock table's token columns, by the first client that
+ * needs them (an older store's <table> gets them with ALTER TABLE ... ADD
+ * COLUMN, instant but waiting for a metadata lock behind held locks: at
+ * most 1 s, then the open fails with DLOCK_ESTORE), and starts above every
+ * token <table>_grants ever recorded.
+ *
+ * token=table (MySQL 8's path, and the only one before issue 13). The
+ * lock is `SELECT 1 FROM <table> WHERE k = ? FOR UPDATE`. Its token must be
+ * committed while the lock is held (a holder that dies rolls back its
+ * transaction, and the next holder must still get a higher token), but the
+ * lock row is locked by the holder's own open transaction. So the token
+ * lives in another table, <table>_grants, and an autocommit "control"
+ * session bumps it right after the grant, one round trip: INSERT ... ON
+ * DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), then one more on
+ * the lock session proves it lived through the bump (a commit, so a
+ * redo-log write, per grant). The control session also creates rows and
+ * sends KILL QUERY to end a wait at its deadline: a client has it from its
+ * open, plus a session per lock held or waited for.
  *
  * Sessions. One transaction per session, so every held lock has its own
- * session (releasing one lock must not release another). A client keeps a
- * small pool of idle lock sessions, plus one autocommit "control" session
- * for what must not wait for, or be undone with, a lock transaction: the
- * fencing token, creating rows, and KILL QUERY to end a wait at its
- * deadline.
- *
- * Fencing token. It must be committed while the lock is held (a holder that
- * dies rolls back its transaction, and the next holder must still get a
- * higher token), but the lock row is locked by the holder's own open
- * transaction. So the token lives in another table, <table>_grants, and the
- * control session bumps it in autocommit right after the grant, one round
- * trip: INSERT ... ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1).
+ * session (releasing one lock must not release another); a client keeps a
+ * small pool of idle lock sessions (IDLE_SESSIONS_MAX).
  *
  * Lease. The holding session is the lease: its wait_timeout is the TTL
  * rounded up to whole seconds, so a holder that stops talking (paused,
@@ -30,13 +76,17 @@
  * idle timer). The client also remembers the TTL on CLOCK_MONOTONIC, so a
  * renew or release after it reports DLOCK_ELOST even within the rounding.
  *
- * Deadlines. innodb_lock_wait_timeout counts whole seconds, so it is set to
- * cover the deadline (a server-side backstop) and the wait itself runs on
- * the non-blocking API, polling the socket until the exact deadline; then
- * the control session sends KILL QUERY, and the transaction is rolled back,
- * all within CLEANUP_MS (200 ms) past the deadline: what is not done by
- * then is abandoned by closing the session (the server rolls back when it
- * sees the connection closed, and ends a wait still queued at its
+ * Deadlines. token=sequence: max_statement_time ends the wait on the
+ * server at the deadline (and innodb_lock_wait_timeout is its maximum, so
+ * a dead waiter leaves the queue at its deadline); the client waits for
+ * that answer until CLEANUP_MS past it. token=table, and a wait cut short
+ * by a signal: innodb_lock_wait_timeout counts whole seconds, so it is set
+ * to cover the deadline (a server-side backstop) and the wait itself runs
+ * on the non-blocking API, polling the socket until the exact deadline;
+ * then the control session sends KILL QUERY, and the transaction is rolled
+ * back, all within CLEANUP_MS (200 ms) past the deadline: what is not done
+ * by then is abandoned by closing the session (the server rolls back when
+ * it sees the connection closed, and ends a wait still queued at its
  * innodb_lock_wait_timeout).
  *
  * Bounds. Every exchange with the server, the connect included, runs on
@@ -56,9 +106,12 @@
  *
  * Restarts. A wait whose session the server dropped is queued again on a
  * new session once the server answers, if the control session was
- * dropped too (a restart, a broken connection), until the deadline (or for
- * connect_timeout without one); a session killed alone (KILL) while the
- * server kept answering is reported, not waited on again.
+ * dropped too (a restart, a broken connection; token=sequence, without a
+ * control session: if a new session cannot connect at once), until the
+ * deadline (or for connect_timeout without one); a session killed alone
+ * (KILL) while the server kept answering is reported, not waited on again.
+ * A pooled session idle for a second or more may have been dropped for
+ * idleness (wait_timeout): a failure on it is retried once on a new one.
  *
  * Keeping. keep() renews on the lock's own session (SET SESSION
  * wait_timeout), bounded by the timeout and the lease's end, and touches
@@ -67,12 +120,18 @@
  * grant's arrival.
  *
  * Raising the token (raise_token, a floor carried over from another
- * store): the lock's session proves the row lock is still ours, then the
- * control session sets token = GREATEST(token, floor) in autocommit, only
- * where the grants row still names the lock's session. Two round trips.
+ * store): the lock's session proves the row lock is still ours, then
+ * token=table: the control session sets token = GREATEST(token, floor) in
+ * autocommit, only where the grants row still names the lock's session;
+ * token=sequence: SETVAL(seq, floor) on the lock's session (SETVAL never
+ * moves a sequence back, and is not undone by a rollback). Two round
+ * trips.
  *
- * Store-wide floor and top (raise_floor, token_top: dlock migrate). The
- * floor is a row of <table>_grants with the all-zero key (FLOOR_K, owner
+ * Store-wide floor and top (raise_floor, token_top: dlock migrate).
+ * token=sequence: the floor is SETVAL(seq, floor) (written to the
+ * sequence's table when beyond the cached range), the top the sequence's
+ * next_not_cached_value - 1 (an upper bound: up to the cache above the
+ * last grant). token=table: the floor is a row of <table>_grants with the all-zero key (FLOOR_K, owner
  * 'floor', session_id 0; no name's SHA-256 is all zeros), set by the
  * control session in autocommit to GREATEST(token, floor): as durable as
  * the grants' bumps (innodb_flush_log_at_trx_commit). Every grant's
@@ -83,7 +142,12 @@
  * predate the floor has no floor row: floor 0.
  *
  * Inspect (be_inspect) takes, waits for and probes no lock: one
- * autocommit statement on the control session joins the name's row of
+ * autocommit statement on the control session. token=sequence reads the
+ * lock row's grant at READ UNCOMMITTED (owner, token and session_id are
+ * written by the holder's UPDATE and rolled back by its release: an owner
+ * means a live holder), with the waiters as below (their sessions running
+ * the locking UPDATE); it knows no token of a free name (no
+ * DLOCK_KNOWS_LAST_TOKEN). token=table joins the name's row of
  * <table>_grants (token, owner, session_id: a consistent read) with
  * InnoDB's transaction views, which need the PROCESS privilege
  * (information_schema.INNODB_TRX; without it MariaDB and MySQL fail with
@@ -156,10 +220,18 @@
 
 /* The token column is BIGINT UNSIGNED, and the next grant adds 1. */
 #define TOKEN_FLOOR_MAX (UINT64_MAX - 1)
+/* token=sequence: a MariaDB sequence is a signed BIGINT whose largest
+ * value is 2^63 - 2, and the next grant takes the value after the floor. */
+#define SEQ_MAX 9223372036854775806ull
+#define SEQ_FLOOR_MAX (SEQ_MAX - 1)
+#define SEQ_CACHE 1000 /* values a server hands out per write of the sequence */
+#define ERR_STATEMENT_TIMEOUT 1969 /* MariaDB: max_statement_time ended it */
+#define ERR_UNKNOWN_SEQUENCE 4091  /* MariaDB: not a sequence */
 
 static const char *const mysql_schemes[] = {"mysql", "mariadb", NULL};
 static const char *const mysql_options_list[] = {
-    "connect_timeout", "timeout", "table", "socket", "tls", "tls_ca", "tls_cert", "tls_key", NULL,
+    "connect_timeout", "timeout", "table", "socket", "tls", "tls_ca", "tls_cert", "tls_key", "token",
+    NULL,
 };
 
 enum stmt_id {
@@ -197,11 +269,36 @@ static const char *const stmt_sql[N_STMTS] = {
                  " UTC_TIMESTAMP(6), acquired_at), token = GREATEST(token, VALUES(token))",
 };
 
+/* token=sequence: the holder's grant, written by its locking statement and
+ * never committed (a release rolls it back): visible only to READ
+ * UNCOMMITTED readers, i.e. inspect, while the lock is held; owner '' when
+ * free. Fixed-size and NOT NULL, so that a grant and its rollback update
+ * the row in place: a change of the record's size makes InnoDB move every
+ * lock queued on it (a hundred waiters made a rollback take 0.2 s). */
+#define LOCK_COLUMNS                                                                              \
+    " token BIGINT UNSIGNED NOT NULL DEFAULT 0 COMMENT 'token=sequence: the holder''s token',"    \
+    " owner CHAR(32) CHARACTER SET ascii NOT NULL DEFAULT ''"                                     \
+    " COMMENT 'token=sequence: the holder''s owner id',"                                          \
+    " session_id BIGINT UNSIGNED NOT NULL DEFAULT 0"                                              \
+    " COMMENT 'token=sequence: the holder''s CONNECTION_ID()',"                                   \
+    " acquired_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00'"                            \
+    " COMMENT 'token=sequence: the grant, UTC'"
+
+/* A lock table created before token=sequence gets its columns (instant in
+ * MariaDB 10.3+: metadata only). Its metadata lock waits for every
+ * transaction on the table, i.e. every held lock, and makes new statements
+ * on it wait behind it: at most 1 s. */
+static const char add_columns_sql[] =
+    "SET STATEMENT lock_wait_timeout = 1 FOR ALTER TABLE `@T` ADD COLUMN IF NOT EXISTS token BIGINT UNSIGNED NOT NULL DEFAULT 0,"
+    " ADD COLUMN IF NOT EXISTS owner CHAR(32) CHARACTER SET ascii NOT NULL DEFAULT '',"
+    " ADD COLUMN IF NOT EXISTS session_id BIGINT UNSIGNED NOT NULL DEFAULT 0,"
+    " ADD COLUMN IF NOT EXISTS acquired_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00'";
+
 static const char *const create_sql[] = {
     "CREATE TABLE IF NOT EXISTS `@T` ("
     " k BINARY(32) NOT NULL PRIMARY KEY COMMENT 'SHA-256 of the lock name',"
     " name VARBINARY(255) NOT NULL COMMENT 'the name, cut to 255 bytes, for people',"
-    " created_at DATETIME(6) NOT NULL COMMENT 'UTC'"
+    " created_at DATETIME(6) NOT NULL COMMENT 'UTC'," LOCK_COLUMNS
     ") ENGINE=InnoDB COMMENT='dlock: one row per lock name, row-locked by its holder'",
     "CREATE TABLE IF NOT EXISTS `@T_grants` ("
     " k BINARY(32) NOT NULL PRIMARY KEY COMMENT 'SHA-256 of the lock name',"
@@ -223,6 +320,7 @@ struct session {
                                   the server may still be working on it, so
                                   a retry would only wait again; 0: no */
     struct session *next;      /* in the idle pool */
+    uint64_t idle_since;       /* put in the pool then (CLOCK_MONOTONIC) */
 };
 
 struct mysql_conn {
@@ -232,6 +330,9 @@ struct mysql_conn {
     unsigned port;
     int tls; /* 0 off, 1 encrypt, 2 encrypt and verify the server */
     int ctl_dropped; /* the control session broke: its next open is a reconnect */
+    int token_opt;   /* option token: 0 absent (table), 1 table, 2 sequence */
+    int seq;         /* token=sequence: lock and token in one statement */
+    uint64_t durable; /* token=sequence: every token below it is on disk (seq_durable) */
     uint64_t connect_ms, timeout_ms;
     char where[128];        /* "host:port" or the socket path, for messages */
     char *sql[N_STMTS];
@@ -563,7 +664,10 @@ static void tune_socket(struct mysql_conn *mc, MYSQL *db)
  * Nothing is left to the server's defaults, which an administrator may
  * change (SET GLOBAL, init_connect, which these commands run after):
  * every session runs READ COMMITTED (a FOR UPDATE on a missing row takes
- * no gap lock, and the statements never depend on a snapshot); lock
+ * no gap lock, and the statements never depend on a snapshot), but for
+ * token=sequence's control session, READ UNCOMMITTED: inspect reads the
+ * holders' grants, never committed, there (nothing else it runs reads
+ * rows); lock
  * sessions without autocommit (the FOR UPDATE opens the transaction that
  * holds the lock); the control session with autocommit, so that every
  * token is committed the moment it is bumped, and it gives up on a row
@@ -591,7 +695,9 @@ static int session_open(struct mysql_conn *mc, int lock_role, struct bound *call
     mysql_options(s->db, MYSQL_OPT_NONBLOCK, 0);
     set_tls(mc, s->db);
     mysql_options(s->db, MYSQL_INIT_COMMAND,
-                  "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
+                  !lock_role && mc->seq
+                      ? "SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED"
+                      : "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
     if (lock_role)
         snprintf(limits, sizeof limits, "SET SESSION autocommit = 0, lock_wait_timeout = %u", io_s);
     else
@@ -688,6 +794,45 @@ static int ctl_dropped(struct mysql_conn *mc)
     return retry;
 }
 
+/*
+ * One prepared statement on the control session, by call (each round trip
+ * by `timeout` too): opens the session if needed, prepares, binds params
+ * (if any), executes and, with rows, stores the result set. A control
+ * session the server had dropped (idle past wait_timeout, a restart) is
+ * replaced and the statement run once more; not one that did not answer
+ * in time (see ctl_dropped). *stp is the statement, NULL if none.
+ */
+static int ctl_exec(struct mysql_conn *mc, enum stmt_id id, MYSQL_BIND *params, int rows,
+                    struct bound *call, const char *what, MYSQL_STMT **stp)
+{
+    int err = 0;
+    for (int tries = 0; tries < 2; tries++) {
+        struct session *ctl;
+        struct bound sb = stmt_bound(call, mc->timeout_ms);
+        *stp = NULL;
+        if ((err = ctl_session(mc, call, &ctl)) == 0 &&
+            (err = prepare(mc, ctl, id, &sb, stp)) == 0) {
+            if (params && mysql_stmt_bind_param(*stp, params) != 0)
+                return fail_on(mc, ctl, *stp, "bind");
+            sb = stmt_bound(call, mc->timeout_ms);
+            if ((err = run(mc, ctl, NB_EXECUTE, *stp, NULL, &sb, what)) == 0 &&
+                (!rows || (err = run(mc, ctl, NB_STMT_STORE, *stp, NULL, &sb, what)) == 0))
+                return 0;
+        }
+        if (!ctl_dropped(mc))
+            return err;
+    }
+    *stp = NULL;
+    return err;
+}
+
+/* The last failure on the control session was a row lock wait that ran
+ * out (its innodb_lock_wait_timeout, 1 s), the session still usable. */
+static int ctl_lock_timed_out(const struct mysql_conn *mc)
+{
+    return mc->ctl && !mc->ctl->dead && mc->ctl->last_errno == ER_LOCK_WAIT_TIMEOUT;
+}
+
 static void pool_drain(struct mysql_conn *mc)
 {
     while (mc->idle) {
@@ -698,11 +843,14 @@ static void pool_drain(struct mysql_conn *mc)
     mc->nidle = 0;
 }
 
-/* A lock session from the pool (*pooled = 1; it may have been dropped by
- * the server while idle), or a new one. */
+/* A lock session from the pool, or a new one. *pooled = 1 for a pooled
+ * session idle for a second or more, which the server may have dropped for
+ * it (wait_timeout counts whole seconds): a failure on it is worth one
+ * retry on a new session; not a session idle for less (the one be_open
+ * pooled, say), whose failure is its own (KILL). */
 static int pool_get(struct mysql_conn *mc, struct bound *call, struct session **out, int *pooled)
 {
-    *pooled = mc->idle != NULL;
+    *pooled = mc->idle && dlock_monotonic_ns() - mc->idle->idle_since >= 1000 * MS;
     if (mc->idle) {
         *out = mc->idle;
         mc->idle = mc->idle->next;
@@ -720,6 +868,7 @@ static void pool_put(struct mysql_conn *mc, struct session *s)
         return;
     }
     s->next = mc->idle;
+    s->idle_since = dlock_monotonic_ns();
     mc->idle = s;
     mc->nidle++;
 }
@@ -772,7 +921,8 @@ static int set_limits(struct mysql_conn *mc, struct session *s, const dlock_requ
     unsigned lease = ceil_s(req->ttl_ms), wait = s->lock_wait_s;
     char sql[160];
     int n;
-    if (req->wait == DLOCK_WAIT_FOREVER) {
+    if (req->wait == DLOCK_WAIT_FOREVER || (mc->seq && req->wait == DLOCK_WAIT_DEADLINE)) {
+        /* token=sequence ends a deadline's wait with max_statement_time. */
         wait = LOCK_WAIT_MAX_S;
     } else if (req->wait == DLOCK_WAIT_DEADLINE) {
         uint64_t now = dlock_monotonic_ns();
@@ -835,7 +985,7 @@ static void cancel_wait(struct mysql_conn *mc, struct session *s, struct nb *wai
             break;
     }
     if (err == 0 && nb_finish(wait, until_ns, 0) == 0) {
-        if (wait->ret == 0) { /* granted after all: read the row, then let go */
+        if (wait->ret == 0 && wait->st) { /* granted after all: read the row, then let go */
             struct nb rd = {.op = NB_STMT_STORE, .db = s->db, .st = wait->st};
             nb_step(&rd, -1);
             if (nb_finish(&rd, until_ns, 0) != 0)
@@ -858,8 +1008,11 @@ static void cancel_wait(struct mysql_conn *mc, struct session *s, struct nb *wai
 /* The error of a locking read that the server refused. */
 static int lock_error(struct mysql_conn *mc, struct session *s, MYSQL_STMT *st, int nowait)
 {
-    unsigned e = mysql_stmt_errno(st);
+    unsigned e = st ? mysql_stmt_errno(st) : mysql_errno(s->db);
     int err = fail_on(mc, s, st, "waiting for the row lock");
+    if (e == ERR_STATEMENT_TIMEOUT)
+        return dlock_seterr(cl(mc), DLOCK_ETIMEDOUT,
+                            "the deadline passed with the lock still held elsewhere");
     if ((e == ER_LOCK_WAIT_TIMEOUT && nowait) || e == ERR_LOCK_NOWAIT)
         return dlock_seterr(cl(mc), DLOCK_EBUSY, "the lock is held by another owner");
     if (e == ER_LOCK_WAIT_TIMEOUT)
@@ -929,6 +1082,190 @@ static int lock_row(struct mysql_conn *mc, struct session **sp, const dlock_requ
     return found;
 }
 
+static int query_result(struct mysql_conn *mc, struct session *s, const char *sql,
+                        const struct bound *b, const char *what, MYSQL_RES **out);
+
+/*
+ * token=sequence: MariaDB writes a sequence's table (its next range, a
+ * SETVAL) without writing the redo log at that moment: it reaches the disk
+ * with the next commit that does, or InnoDB's once-a-second flush. A crash
+ * before that restarts the sequence below tokens already handed out. So a
+ * token is returned only once known to be on disk: below the mark, a row
+ * of <table> with the all-zero key (FLOOR_K, no name's) whose token column
+ * a committed write sets to the sequence's next_not_cached_value: the
+ * commit writes the log up to itself, the sequence's earlier writes with
+ * it, so every value below the mark is as durable as a commit
+ * (innodb_flush_log_at_trx_commit). A commit per range of SEQ_CACHE
+ * values, not per grant; clients share the mark.
+ */
+
+/* Commits the mark on a session in autocommit: the control session if
+ * open, else one opened for it and closed after (rare: a new range). *mark:
+ * the mark now. */
+static int seq_checkpoint(struct mysql_conn *mc, struct bound *call, uint64_t *mark)
+{
+    static const char what[] = "writing the sequence's durable mark";
+    char sql[640];
+    int opened = !mc->ctl, err = 0;
+    snprintf(sql, sizeof sql,
+             "INSERT INTO `%s` (k, name, created_at, token) VALUES (" FLOOR_K ","
+             " 'dlock: tokens below are on disk', UTC_TIMESTAMP(6),"
+             " LAST_INSERT_ID((SELECT next_not_cached_value FROM `%s_seq`)))"
+             " ON DUPLICATE KEY UPDATE created_at = VALUES(created_at),"
+             " token = LAST_INSERT_ID(GREATEST(token, VALUES(token)))",
+             mc->table, mc->table);
+    for (int tries = 0; tries < 2; tries++) {
+        struct session *ctl;
+        if ((err = ctl_session(mc, call, &ctl)) == 0 &&
+            (err = exec_sql(mc, ctl, sql, call, what)) == 0) {
+            *mark = mysql_insert_id(ctl->db);
+            break;
+        }
+        if (!ctl_dropped(mc))
+            break;
+    }
+    if (opened && mc->ctl) {
+        session_close(mc->ctl);
+        mc->ctl = NULL;
+    }
+    return err;
+}
+
+/* Makes sure token is on disk before it is handed out (see above): below
+ * the mark as this client last saw it (no round trip), or as read now on
+ * s (a consistent read: the lock transaction stays as it is), or once a
+ * checkpoint has moved the mark past it. */
+static int seq_durable(struct mysql_conn *mc, struct session *s, uint64_t token,
+                       struct bound *call)
+{
+    char sql[256];
+    MYSQL_RES *res = NULL;
+    uint64_t mark = 0;
+    int err;
+    if (token < mc->durable)
+        return 0;
+    snprintf(sql, sizeof sql, "SELECT token FROM `%s` WHERE k = " FLOOR_K, mc->table);
+    struct bound b = stmt_bound(call, mc->timeout_ms);
+    if ((err = query_result(mc, s, sql, &b, "reading the sequence's durable mark", &res)) != 0)
+        return err;
+    MYSQL_ROW row = mysql_fetch_row(res);
+    mark = row && row[0] ? strtoull(row[0], NULL, 10) : 0;
+    mysql_free_result(res);
+    if (mark <= token && (err = seq_checkpoint(mc, call, &mark)) != 0)
+        return err;
+    if (mark <= token)
+        return dlock_seterr(cl(mc), DLOCK_EPROTO,
+                            "mysql %s: the sequence's durable mark (%" PRIu64 ") is not past"
+                            " token %" PRIu64 ": `%s_seq` changed outside dlock?",
+                            mc->where, mark, token, mc->table);
+    if (mark > mc->durable)
+        mc->durable = mark;
+    return 0;
+}
+
+/*
+ * token=sequence: the row lock and the token in one statement on the lock
+ * session, in its transaction:
+ *
+ *   UPDATE <table> SET token = LAST_INSERT_ID(NEXTVAL(<table>_seq)),
+ *     owner = ..., session_id = CONNECTION_ID(), acquired_at = ... WHERE k = ...
+ *
+ * UPDATE takes the row's exclusive lock, queueing in InnoDB as FOR UPDATE
+ * does, and evaluates NEXTVAL only once it holds it, so tokens grow in
+ * grant order; the reply carries LAST_INSERT_ID (mysql_insert_id): one
+ * round trip. A try runs it under SET STATEMENT innodb_lock_wait_timeout =
+ * 0, a deadline under max_statement_time = what is left of it (MariaDB
+ * ends the lock wait then, to the millisecond), both part of the same
+ * statement; the client waits for the answer until a margin past the
+ * deadline. Returns 1 (ours, *token set), 0 (the row does not exist yet)
+ * or an error, as lock_row.
+ */
+static int lock_row_seq(struct mysql_conn *mc, struct session **sp, const dlock_request *req,
+                        const unsigned char *k, struct bound *call, uint64_t *token)
+{
+    struct session *s = *sp;
+    int nowait = req->wait == DLOCK_WAIT_TRY, err;
+    char kx[2 * DLOCK_SHA256_LEN + 1], pre[96] = "", sql[640];
+    uint64_t start = dlock_monotonic_ns(), until = 0;
+    dlock_hex(k, DLOCK_SHA256_LEN, kx);
+    if (nowait) {
+        snprintf(pre, sizeof pre, "SET STATEMENT innodb_lock_wait_timeout = 0 FOR ");
+        until = call->until; /* a server that never answers must not hang a try */
+    } else if (req->wait == DLOCK_WAIT_DEADLINE) {
+        uint64_t left_us = req->deadline_ns > start ? (req->deadline_ns - start) / 1000u : 0;
+        if (left_us == 0)
+            left_us = 1; /* 0 would be no limit */
+        snprintf(pre, sizeof pre,
+                 "SET STATEMENT max_statement_time = %" PRIu64 ".%06" PRIu64 " FOR ",
+                 left_us / 1000000u, left_us % 1000000u);
+        until = req->deadline_ns + CLEANUP_MS * MS;
+    }
+    snprintf(sql, sizeof sql,
+             "%sUPDATE `%s` SET token = LAST_INSERT_ID(NEXTVAL(`%s_seq`)), owner = '%.32s',"
+             " session_id = CONNECTION_ID(), acquired_at = UTC_TIMESTAMP(6) WHERE k = X'%s'",
+             pre, mc->table, mc->table, req->owner_hex, kx);
+    struct nb c = {.op = NB_QUERY, .db = s->db, .sql = sql};
+    nb_step(&c, -1);
+    int w = nb_finish(&c, until, 1);
+    if (w == -1 && nowait) {
+        err = no_reply(mc, s, "acquire", start, DLOCK_ECONNECT);
+        *sp = NULL;
+        session_close(s);
+        return err;
+    }
+    if (w != 0) {
+        /* A signal, or no answer by the margin past the deadline: the
+         * server did not end the wait itself, so KILL QUERY it. */
+        uint64_t now = dlock_monotonic_ns();
+        if (w == -2)
+            err = dlock_seterr(cl(mc), DLOCK_EINTR, "a signal interrupted the wait");
+        else
+            err = dlock_seterr(cl(mc), DLOCK_ETIMEDOUT,
+                               "the deadline passed with the lock still held elsewhere (the"
+                               " server did not end the wait at its max_statement_time)");
+        *sp = NULL;
+        cancel_wait(mc, s, &c, now + CLEANUP_MS * MS);
+        return err;
+    }
+    if (c.ret != 0)
+        return lock_error(mc, s, NULL, nowait);
+    if (mysql_affected_rows(s->db) == 0)
+        return 0;
+    if ((*token = mysql_insert_id(s->db)) == 0)
+        return dlock_seterr(cl(mc), DLOCK_EPROTO, "mysql %s: no token from the grant", mc->where);
+    /* After a wait the bound is the statement's, not a deadline past. */
+    struct bound db = req->wait == DLOCK_WAIT_DEADLINE
+                          ? (struct bound){dlock_monotonic_ns() + CLEANUP_MS * MS, DLOCK_ETIMEDOUT, 0}
+                          : *call;
+    if ((err = seq_durable(mc, s, *token, req->wait == DLOCK_WAIT_FOREVER ? NULL : &db)) != 0)
+        return err;
+    return 1;
+}
+
+/* token=sequence: creates the name's row from its lock session (a name's
+ * first use only), committed at once so that it outlives the lock. A row
+ * lock conflict means the row exists (its creator or holder has it): not
+ * waited for (innodb_lock_wait_timeout = 0), and the UPDATE then queues. */
+static int create_row_seq(struct mysql_conn *mc, struct session *s, const dlock_request *req,
+                          const unsigned char *k, const struct bound *call)
+{
+    size_t nlen = req->name_len > NAME_COLUMN_MAX ? NAME_COLUMN_MAX : req->name_len;
+    char kx[2 * DLOCK_SHA256_LEN + 1], nx[2 * NAME_COLUMN_MAX + 1], sql[1024];
+    dlock_hex(k, DLOCK_SHA256_LEN, kx);
+    dlock_hex((const unsigned char *)req->name, nlen, nx);
+    snprintf(sql, sizeof sql,
+             "SET STATEMENT innodb_lock_wait_timeout = 0 FOR INSERT IGNORE INTO `%s` (k, name,"
+             " created_at) VALUES (X'%s', X'%s', UTC_TIMESTAMP(6))", mc->table, kx, nx);
+    int err = exec_sql(mc, s, sql, call, "creating the lock's row");
+    if (err && !s->dead && s->last_errno == ER_LOCK_WAIT_TIMEOUT) {
+        dlock_clearerr(cl(mc));
+        err = 0;
+    }
+    if (err == 0)
+        err = exec_sql(mc, s, "COMMIT", call, "creating the lock's row");
+    return err;
+}
+
 /* Creates the name's row from the control session. INSERT IGNORE waits
  * for a row lock only if another client created and locked the row in the
  * meantime; a lock wait timeout then means the row exists, which is all
@@ -940,26 +1277,12 @@ static int create_row(struct mysql_conn *mc, const dlock_request *req, const uns
     unsigned long nlen = req->name_len > NAME_COLUMN_MAX ? NAME_COLUMN_MAX : req->name_len;
     MYSQL_BIND b[2];
     MYSQL_STMT *st;
-    struct session *ctl;
-    int err;
-    for (int tries = 0; tries < 2; tries++) {
-        struct bound sb = stmt_bound(call, mc->timeout_ms);
-        if ((err = ctl_session(mc, call, &ctl)) != 0 ||
-            (err = prepare(mc, ctl, ST_CREATE_ROW, &sb, &st)) != 0)
-            goto failed;
-        bind_bytes(&b[0], k, &klen);
-        bind_bytes(&b[1], req->name, &nlen);
-        if (mysql_stmt_bind_param(st, b) != 0)
-            return fail_on(mc, ctl, st, "bind");
-        sb = stmt_bound(call, mc->timeout_ms);
-        err = run(mc, ctl, NB_EXECUTE, st, NULL, &sb, "creating the lock's row");
-        if (err == 0 || (!ctl->dead && mysql_stmt_errno(st) == ER_LOCK_WAIT_TIMEOUT)) {
-            dlock_clearerr(cl(mc));
-            return 0;
-        }
-    failed:
-        if (!ctl_dropped(mc))
-            return err;
+    bind_bytes(&b[0], k, &klen);
+    bind_bytes(&b[1], req->name, &nlen);
+    int err = ctl_exec(mc, ST_CREATE_ROW, b, 0, call, "creating the lock's row", &st);
+    if (err == 0 || ctl_lock_timed_out(mc)) {
+        dlock_clearerr(cl(mc));
+        return 0;
     }
     return err;
 }
@@ -974,37 +1297,24 @@ static int record_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock
     unsigned long long sid = mysql_thread_id(h->s->db);
     MYSQL_BIND bd[5];
     MYSQL_STMT *st;
-    struct session *ctl;
-    int err;
-    for (int tries = 0; tries < 2; tries++) {
-        if ((err = ctl_session(mc, b, &ctl)) != 0 || (err = prepare(mc, ctl, ST_GRANT, b, &st)) != 0)
-            goto failed;
-        bind_bytes(&bd[0], h->k, &klen);
-        bind_bytes(&bd[1], req->owner_hex, &olen);
-        bind_u64(&bd[2], &sid);
-        bind_bytes(&bd[3], req->owner_hex, &olen);
-        bind_u64(&bd[4], &sid);
-        if (mysql_stmt_bind_param(st, bd) != 0)
-            return fail_on(mc, ctl, st, "bind");
-        err = run(mc, ctl, NB_EXECUTE, st, NULL, b, "recording the grant");
-        if (err && !ctl->dead && mysql_stmt_errno(st) == ER_LOCK_WAIT_TIMEOUT)
-            return dlock_seterr(cl(mc), DLOCK_ESTORE,
-                                "mysql %s: the lock's token row or the floor row in %s_grants"
-                                " is locked by another transaction (not a dlock grant): gave up"
-                                " after 1 s", mc->where, mc->table);
-        if (err == 0) {
-            h->base.token = mysql_stmt_insert_id(st);
-            if (h->base.token == 0)
-                return dlock_seterr(cl(mc), DLOCK_EPROTO, "mysql %s: no token from the grant",
-                                    mc->where);
-            return 0;
-        }
-        /* A bump whose reply was lost may be repeated: tokens get a gap. */
-    failed:
-        if (!ctl_dropped(mc))
-            return err;
-    }
-    return err;
+    bind_bytes(&bd[0], h->k, &klen);
+    bind_bytes(&bd[1], req->owner_hex, &olen);
+    bind_u64(&bd[2], &sid);
+    bind_bytes(&bd[3], req->owner_hex, &olen);
+    bind_u64(&bd[4], &sid);
+    /* A bump whose reply was lost may be repeated: tokens get a gap. */
+    int err = ctl_exec(mc, ST_GRANT, bd, 0, b, "recording the grant", &st);
+    if (err && ctl_lock_timed_out(mc))
+        return dlock_seterr(cl(mc), DLOCK_ESTORE,
+                            "mysql %s: the lock's token row or the floor row in %s_grants"
+                            " is locked by another transaction (not a dlock grant): gave up"
+                            " after 1 s", mc->where, mc->table);
+    if (err)
+        return err;
+    h->base.token = mysql_stmt_insert_id(st);
+    if (h->base.token == 0)
+        return dlock_seterr(cl(mc), DLOCK_EPROTO, "mysql %s: no token from the grant", mc->where);
+    return 0;
 }
 
 /* After a failed attempt: a dropped session is closed, a live one has its
@@ -1043,9 +1353,19 @@ static int server_dropped_all(struct mysql_conn *mc, uint64_t until_ns)
     struct bound b = {until_ns, DLOCK_ECONNECT, 0};
     dlock_errsave why;
     int alive;
-    if (!mc->ctl)
-        return 1;
+    if (!mc->ctl && !mc->seq)
+        return 1; /* it was dropped too */
     dlock_err_save(cl(mc), &why);
+    if (!mc->ctl) {
+        /* token=sequence keeps no control session: a new session shows
+         * whether the server answers (and joins the pool if it does). */
+        struct session *p = NULL;
+        alive = session_open(mc, 1, &b, &p) == 0;
+        if (alive)
+            pool_put(mc, p);
+        dlock_err_restore(cl(mc), &why);
+        return !alive;
+    }
     alive = run(mc, mc->ctl, NB_QUERY, NULL, "DO 0", &b, "checking the server") == 0;
     if (!alive)
         ctl_dropped(mc);
@@ -1091,7 +1411,8 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
         }
         err = set_limits(mc, s, req, call);
         if (err == 0)
-            err = lock_row(mc, &s, req, h->k, call);
+            err = mc->seq ? lock_row_seq(mc, &s, req, h->k, call, &h->base.token)
+                          : lock_row(mc, &s, req, h->k, call);
         if (err == 1) {
             if (down_since) /* the failed reconnects are over */
                 dlock_clearerr(cl(mc));
@@ -1099,7 +1420,8 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
             return 0;
         }
         if (err == 0 && !created++) {
-            if ((err = create_row(mc, req, h->k, call)) == 0)
+            if ((err = mc->seq ? create_row_seq(mc, s, req, h->k, call)
+                               : create_row(mc, req, h->k, call)) == 0)
                 continue;
         } else if (err == 0) {
             err = dlock_seterr(cl(mc), DLOCK_ESTORE, "mysql %s: the lock's row keeps vanishing",
@@ -1170,6 +1492,10 @@ static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
      * still, so this end is never after the server's. */
     if (req->wait != DLOCK_WAIT_TRY)
         h->base.lease_end_ns = h->expires_ns;
+    if (mc->seq) { /* the token came with the row lock */
+        *heldp = &h->base;
+        return 0;
+    }
     /* The token and the confirmation share one bound: what is left of a
      * try's, `timeout` for a wait without a deadline, and a small margin
      * past a deadline (the grant may come at its last instant). */
@@ -1347,19 +1673,74 @@ static int lock_alive(struct mysql_conn *mc, struct mysql_held *h, uint64_t unti
     return 0;
 }
 
+/* A text statement with one integer result on the control session, by
+ * call, retried once as ctl_exec does. *v: its value (0 if NULL); *isnull. */
+static int ctl_query_u64(struct mysql_conn *mc, const char *sql, struct bound *call,
+                         const char *what, uint64_t *v, int *isnull)
+{
+    int err = 0;
+    for (int tries = 0; tries < 2; tries++) {
+        struct session *ctl;
+        MYSQL_RES *res = NULL;
+        struct bound sb = stmt_bound(call, mc->timeout_ms);
+        if ((err = ctl_session(mc, call, &ctl)) == 0 &&
+            (err = query_result(mc, ctl, sql, &sb, what, &res)) == 0) {
+            MYSQL_ROW row = mysql_fetch_row(res);
+            if (!row) {
+                mysql_free_result(res);
+                return dlock_seterr(cl(mc), DLOCK_EPROTO, "mysql %s: %s: no value returned",
+                                    mc->where, what);
+            }
+            *isnull = row[0] == NULL;
+            *v = row[0] ? strtoull(row[0], NULL, 10) : 0;
+            mysql_free_result(res);
+            return 0;
+        }
+        if (!ctl_dropped(mc))
+            return err;
+    }
+    return err;
+}
+
+static int floor_too_high(struct mysql_conn *mc, uint64_t floor)
+{
+    if (mc->seq && floor > SEQ_FLOOR_MAX)
+        return dlock_seterr(cl(mc), DLOCK_EINVAL,
+                            "mysql: token=sequence: a MariaDB sequence is a signed BIGINT up to"
+                            " 2^63 - 2, and the next grant takes the value after the floor: a"
+                            " floor must be at most 2^63 - 3 (%" PRIu64 ")",
+                            (uint64_t)SEQ_FLOOR_MAX);
+    if (floor > TOKEN_FLOOR_MAX)
+        return dlock_seterr(cl(mc), DLOCK_EINVAL,
+                            "mysql: tokens are BIGINT UNSIGNED: a floor must be at most"
+                            " 2^64 - 2 (%" PRIu64 ")", (uint64_t)TOKEN_FLOOR_MAX);
+    return 0;
+}
+
 /*
- * Raises the name's counter to floor (never lowers it): first the lock's
- * own session proves the row lock is still ours (lock_alive), then the
- * control session, in autocommit, sets token = GREATEST(token, floor) on
- * the name's grants row only while the latest grant recorded there is
- * ours (session_id). A later holder's grant is recorded only after it got
- * the row lock, i.e. after our transaction ended; so a raise that matches
- * is committed before any later token exists, and every later grant of the
- * name gets a token above floor. A raise that matches nothing raised
- * nothing: the lock was lost (or the row was changed by hand, while the
- * session still holds the row: DLOCK_ESTORE). Two round trips, bounded
- * together by `timeout` (plus connect_timeout to reopen the control
- * session); as durable as the grants' commits.
+ * Raises the name's counter to floor (never lowers it).
+ *
+ * token=table: first the lock's own session proves the row lock is still
+ * ours (lock_alive), then the control session, in autocommit, sets token =
+ * GREATEST(token, floor) on the name's grants row only while the latest
+ * grant recorded there is ours (session_id). A later holder's grant is
+ * recorded only after it got the row lock, i.e. after our transaction
+ * ended; so a raise that matches is committed before any later token
+ * exists, and every later grant of the name gets a token above floor. A
+ * raise that matches nothing raised nothing: the lock was lost (or the row
+ * was changed by hand, while the session still holds the row:
+ * DLOCK_ESTORE). Two round trips, bounded together by `timeout` (plus
+ * connect_timeout to reopen the control session); as durable as the
+ * grants' commits.
+ *
+ * token=sequence: the sequence is every name's, and SETVAL never moves it
+ * back (a value below the sequence's is ignored) and is atomic with
+ * NEXTVAL, so no lock is needed: lock_alive, then SETVAL(seq, floor) on the
+ * lock's own session (not undone by the lock transaction's rollback; the
+ * session answering proves the row lock still ours, as lock_alive does),
+ * then the durable mark is committed past it (seq_checkpoint: on disk).
+ * Every later grant of every name gets more than floor. Three round trips
+ * (and a connect, the control session being opened for the mark).
  */
 static int be_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
 {
@@ -1370,57 +1751,62 @@ static int be_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
     unsigned long long f = floor, sid;
     MYSQL_BIND bd[3];
     MYSQL_STMT *st;
-    struct session *ctl;
     int err;
-    if (floor > TOKEN_FLOOR_MAX)
-        return dlock_seterr(conn->client, DLOCK_EINVAL,
-                            "mysql: tokens are BIGINT UNSIGNED: a floor must be at most"
-                            " 2^64 - 2 (%" PRIu64 ")", (uint64_t)TOKEN_FLOOR_MAX);
+    if ((err = floor_too_high(mc, floor)) != 0)
+        return err;
     if (!h->s)
         return dlock_seterr(conn->client, DLOCK_ELOST, "the lock was lost earlier");
-    sid = mysql_thread_id(h->s->db); /* what record_grant wrote as session_id */
     struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
-    for (int tries = 0; tries < 2; tries++) {
-        if ((err = lock_alive(mc, h, call.until, what)) != 0)
+    if ((err = lock_alive(mc, h, call.until, what)) != 0)
+        return err;
+    if (mc->seq) {
+        char sql[160];
+        MYSQL_RES *res = NULL;
+        uint64_t mark = 0;
+        snprintf(sql, sizeof sql, "SELECT SETVAL(`%s_seq`, %llu)", mc->table, f);
+        if ((err = query_result(mc, h->s, sql, &call, what, &res)) != 0)
+            return hold_lost(mc, h, what, err);
+        mysql_free_result(res);
+        /* On disk before the call returns (see seq_durable). */
+        if ((err = seq_checkpoint(mc, &call, &mark)) != 0)
             return err;
-        if ((err = ctl_session(mc, &call, &ctl)) != 0 ||
-            (err = prepare(mc, ctl, ST_RAISE, &call, &st)) != 0)
-            goto failed;
-        bind_u64(&bd[0], &f);
-        bind_bytes(&bd[1], h->k, &klen);
-        bind_u64(&bd[2], &sid);
-        if (mysql_stmt_bind_param(st, bd) != 0)
-            return fail_on(mc, ctl, st, "bind");
-        err = run(mc, ctl, NB_EXECUTE, st, NULL, &call, what);
-        if (err && !ctl->dead && mysql_stmt_errno(st) == ER_LOCK_WAIT_TIMEOUT)
-            return dlock_seterr(cl(mc), DLOCK_ESTORE,
-                                "mysql %s: the lock's token row in %s_grants is locked by another"
-                                " transaction (not a dlock grant): gave up after 1 s; not raised",
-                                mc->where, mc->table);
-        if (err == 0) {
-            if (mysql_stmt_insert_id(st) != 0)
-                return 0;
-            /* No row names our session: a later grant was recorded (so
-             * the session is gone), or someone changed the row. */
-            if ((err = lock_alive(mc, h, call.until, what)) != 0)
-                return err;
-            return dlock_seterr(cl(mc), DLOCK_ESTORE,
-                                "mysql %s: %s: the lock is held, but its token row in %s_grants"
-                                " does not name its session (changed or deleted outside dlock?):"
-                                " nothing was raised", mc->where, what, mc->table);
-        }
-    failed:
-        if (!ctl_dropped(mc))
-            return err;
+        if (mark > mc->durable)
+            mc->durable = mark;
+        return 0;
     }
-    return err;
+    sid = mysql_thread_id(h->s->db); /* what record_grant wrote as session_id */
+    bind_u64(&bd[0], &f);
+    bind_bytes(&bd[1], h->k, &klen);
+    bind_u64(&bd[2], &sid);
+    err = ctl_exec(mc, ST_RAISE, bd, 0, &call, what, &st);
+    if (err && ctl_lock_timed_out(mc))
+        return dlock_seterr(cl(mc), DLOCK_ESTORE,
+                            "mysql %s: the lock's token row in %s_grants is locked by another"
+                            " transaction (not a dlock grant): gave up after 1 s; not raised",
+                            mc->where, mc->table);
+    if (err)
+        return err;
+    if (mysql_stmt_insert_id(st) != 0)
+        return 0;
+    /* No row names our session: a later grant was recorded (so the session
+     * is gone), or someone changed the row. */
+    if ((err = lock_alive(mc, h, call.until, what)) != 0)
+        return err;
+    return dlock_seterr(cl(mc), DLOCK_ESTORE,
+                        "mysql %s: %s: the lock is held, but its token row in %s_grants"
+                        " does not name its session (changed or deleted outside dlock?):"
+                        " nothing was raised", mc->where, what, mc->table);
 }
 
 /*
- * token_top: SELECT MAX(token) over <table>_grants (a scan of every name's
- * row, the floor's included) on the control session: a consistent read
- * (READ COMMITTED), no lock a grant waits for. One round trip (and
- * fetching its row), bounded by `timeout`.
+ * token_top, on the control session, one round trip bounded by `timeout`,
+ * taking no lock a grant waits for. token=table: MAX(token) over
+ * <table>_grants (a scan of every name's row, the floor's included; a
+ * consistent read). token=sequence: the sequence's next_not_cached_value
+ * - 1, at or above every value any server handed out (they come from the
+ * cached range below it) and every floor set (SETVAL moves it past one
+ * beyond the range): an upper bound, up to the cache (1000) above the last
+ * token granted.
  */
 static int be_token_top(dlock_conn *conn, uint64_t *top)
 {
@@ -1430,44 +1816,52 @@ static int be_token_top(dlock_conn *conn, uint64_t *top)
     my_bool isnull = 0;
     MYSQL_BIND rb;
     MYSQL_STMT *st;
-    struct session *ctl;
     int err;
     struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
-    for (int tries = 0; tries < 2; tries++) {
-        if ((err = ctl_session(mc, &call, &ctl)) != 0 ||
-            (err = prepare(mc, ctl, ST_TOP, &call, &st)) != 0 ||
-            (err = run(mc, ctl, NB_EXECUTE, st, NULL, &call, what)) != 0 ||
-            (err = run(mc, ctl, NB_STMT_STORE, st, NULL, &call, what)) != 0)
-            goto failed;
-        bind_u64(&rb, &v);
-        rb.is_null = &isnull;
-        if (mysql_stmt_bind_result(st, &rb) != 0) {
-            err = fail_on(mc, ctl, st, what);
-            mysql_stmt_free_result(st);
+    if (mc->seq) {
+        char sql[160];
+        uint64_t next = 0;
+        int null = 0;
+        snprintf(sql, sizeof sql, "SELECT next_not_cached_value FROM `%s_seq`", mc->table);
+        if ((err = ctl_query_u64(mc, sql, &call, what, &next, &null)) != 0)
             return err;
-        }
-        int got = mysql_stmt_fetch(st); /* the stored row: no round trip */
-        mysql_stmt_free_result(st);
-        if (got != 0 && got != MYSQL_DATA_TRUNCATED)
-            return dlock_seterr(cl(mc), DLOCK_EPROTO, "mysql %s: %s: no value returned",
-                                mc->where, what);
-        *top = isnull ? 0 : v;
+        *top = next > 0 ? next - 1 : 0;
         return 0;
-    failed:
-        if (!ctl_dropped(mc))
-            return err;
     }
-    return err;
+    if ((err = ctl_exec(mc, ST_TOP, NULL, 1, &call, what, &st)) != 0)
+        return err;
+    bind_u64(&rb, &v);
+    rb.is_null = &isnull;
+    if (mysql_stmt_bind_result(st, &rb) != 0) {
+        err = fail_on(mc, mc->ctl, st, what);
+        mysql_stmt_free_result(st);
+        return err;
+    }
+    int got = mysql_stmt_fetch(st); /* the stored row: no round trip */
+    mysql_stmt_free_result(st);
+    if (got != 0 && got != MYSQL_DATA_TRUNCATED)
+        return dlock_seterr(cl(mc), DLOCK_EPROTO, "mysql %s: %s: no value returned", mc->where,
+                            what);
+    *top = isnull ? 0 : v;
+    return 0;
 }
 
 /*
- * raise_floor: the control session, in autocommit (committed as a grant's
- * bump is, so as durable), sets the floor row of <table>_grants (key
- * FLOOR_K, owner 'floor') to GREATEST(token, floor), inserting it if
- * missing. Every grant's statement reads that row (under a shared row
- * lock, InnoDB's for a subquery of an INSERT) and takes GREATEST(name's token + 1, floor + 1), so a grant
- * recorded after the commit is above floor. One round trip, bounded by
- * `timeout`; the row lock it takes is held only for that statement.
+ * raise_floor, on the control session, one round trip bounded by
+ * `timeout`.
+ *
+ * token=table: in autocommit (committed as a grant's bump is, so as
+ * durable), sets the floor row of <table>_grants (key FLOOR_K, owner
+ * 'floor') to GREATEST(token, floor), inserting it if missing. Every
+ * grant's statement reads that row (under a shared row lock, InnoDB's for
+ * a subquery of an INSERT) and takes GREATEST(name's token + 1, floor +
+ * 1), so a grant recorded after the commit is above floor. The row lock it
+ * takes is held only for that statement.
+ *
+ * token=sequence: SETVAL(seq, floor), which never moves the sequence back:
+ * every later NEXTVAL, of any name, is above floor; then the durable mark
+ * is committed past it (seq_checkpoint), which puts the SETVAL on disk.
+ * Two round trips.
  */
 static int be_raise_floor(dlock_conn *conn, uint64_t floor)
 {
@@ -1476,34 +1870,31 @@ static int be_raise_floor(dlock_conn *conn, uint64_t floor)
     unsigned long long f = floor;
     MYSQL_BIND bd[1];
     MYSQL_STMT *st;
-    struct session *ctl;
     int err;
-    if (floor > TOKEN_FLOOR_MAX)
-        return dlock_seterr(conn->client, DLOCK_EINVAL,
-                            "mysql: tokens are BIGINT UNSIGNED: a floor must be at most"
-                            " 2^64 - 2 (%" PRIu64 ")", (uint64_t)TOKEN_FLOOR_MAX);
+    if ((err = floor_too_high(mc, floor)) != 0)
+        return err;
     if (floor == 0)
         return 0; /* every token is above 0 */
     struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
-    for (int tries = 0; tries < 2; tries++) {
-        if ((err = ctl_session(mc, &call, &ctl)) != 0 ||
-            (err = prepare(mc, ctl, ST_FLOOR, &call, &st)) != 0)
-            goto failed;
-        bind_u64(&bd[0], &f);
-        if (mysql_stmt_bind_param(st, bd) != 0)
-            return fail_on(mc, ctl, st, "bind");
-        err = run(mc, ctl, NB_EXECUTE, st, NULL, &call, what);
-        if (err && !ctl->dead && mysql_stmt_errno(st) == ER_LOCK_WAIT_TIMEOUT)
-            return dlock_seterr(cl(mc), DLOCK_ESTORE,
-                                "mysql %s: the floor row of %s_grants is locked by another"
-                                " transaction (not dlock's): gave up after 1 s; not raised",
-                                mc->where, mc->table);
-        if (err == 0)
-            return 0;
-    failed:
-        if (!ctl_dropped(mc))
+    if (mc->seq) {
+        char sql[160];
+        uint64_t v;
+        int null;
+        snprintf(sql, sizeof sql, "SELECT SETVAL(`%s_seq`, %llu)", mc->table, f);
+        if ((err = ctl_query_u64(mc, sql, &call, what, &v, &null)) != 0 ||
+            (err = seq_checkpoint(mc, &call, &v)) != 0) /* on disk: see seq_durable */
             return err;
+        if (v > mc->durable)
+            mc->durable = v;
+        return 0;
     }
+    bind_u64(&bd[0], &f);
+    err = ctl_exec(mc, ST_FLOOR, bd, 0, &call, what, &st);
+    if (err && ctl_lock_timed_out(mc))
+        return dlock_seterr(cl(mc), DLOCK_ESTORE,
+                            "mysql %s: the floor row of %s_grants is locked by another"
+                            " transaction (not dlock's): gave up after 1 s; not raised",
+                            mc->where, mc->table);
     return err;
 }
 
@@ -1570,6 +1961,39 @@ static int query_result(struct mysql_conn *mc, struct session *s, const char *sq
     " EXISTS (SELECT 1 FROM `%s_grants` o WHERE o.session_id = g.session_id AND o.k <> g.k AND"  \
     " o.acquired_at > g.acquired_at) LIMIT 1)"
 
+/*
+ * token=sequence's inspect statement, read on the control session at READ
+ * UNCOMMITTED: the holder's grant is the lock row's uncommitted owner,
+ * token, session and time (a release rolls them back to '' and 0: a row
+ * with an owner has a live holder); 'p' as above; 'w' as above, the holder's
+ * transaction found by the row's session_id, the waiters' sessions running
+ * the locking UPDATE (its NEXTVAL names the sequence).
+ */
+static int inspect_seq_sql(struct mysql_conn *mc, const char *kx, char *sql, size_t size)
+{
+    const char *t = mc->table;
+    return snprintf(sql, size,
+                    "SELECT 'g' AS x, l.token AS a, l.owner AS b, l.session_id AS c,"
+                    " GREATEST(0, " VIEWS_AGE_MS " - TIMESTAMPDIFF(MICROSECOND, l.acquired_at,"
+                    " UTC_TIMESTAMP(6)) DIV 1000) AS d FROM `%s` l"
+                    " WHERE l.k = X'%s' AND l.owner <> ''"
+                    " UNION ALL SELECT 'p', COUNT(*), NULL, NULL, NULL"
+                    " FROM information_schema.INNODB_TRX"
+                    " UNION ALL SELECT 'w', w.trx_mysql_thread_id, w.trx_id,"
+                    " (SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS q"
+                    " WHERE q.requesting_trx_id = w.trx_id), w.trx_wait_started"
+                    " FROM information_schema.INNODB_TRX w"
+                    " JOIN information_schema.INNODB_LOCK_WAITS lw ON lw.requesting_trx_id = w.trx_id"
+                    " WHERE w.trx_state = 'LOCK WAIT' AND lw.blocking_trx_id ="
+                    " (SELECT h.trx_id FROM information_schema.INNODB_TRX h JOIN `%s` l"
+                    " ON h.trx_mysql_thread_id = l.session_id WHERE l.k = X'%s'"
+                    " AND l.owner <> '' LIMIT 1)"
+                    " AND EXISTS (SELECT 1 FROM information_schema.PROCESSLIST p"
+                    " WHERE p.ID = w.trx_mysql_thread_id AND p.COMMAND IN ('Query', 'Execute')"
+                    " AND p.INFO LIKE '%%NEXTVAL(`%s_seq`)%%')",
+                    t, kx, t, kx, t);
+}
+
 static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
 {
     static const char what[] = "inspect";
@@ -1594,14 +2018,14 @@ static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
         /* MySQL 8 has no INNODB_LOCK_WAITS (performance_schema's
          * data_lock_waits instead): no waiters there. */
         int mariadb = strstr(mysql_get_server_info(ctl->db), "MariaDB") != NULL;
-        int n = snprintf(sql, sizeof sql,
+        int n = mc->seq ? inspect_seq_sql(mc, kx, sql, sizeof sql) : snprintf(sql, sizeof sql,
                          "SELECT 'g' AS x, g.token AS a, g.owner AS b, " INSPECT_HOLDER " AS c,"
                          " GREATEST(0, " VIEWS_AGE_MS " - TIMESTAMPDIFF(MICROSECOND, g.acquired_at,"
                          " UTC_TIMESTAMP(6)) DIV 1000) AS d FROM `%s_grants` g WHERE g.k = X'%s'"
                          " UNION ALL SELECT 'p', COUNT(*), NULL, NULL, NULL"
                          " FROM information_schema.INNODB_TRX",
                          mc->table, mc->table, kx);
-        if (mariadb && n > 0 && (size_t)n < sizeof sql)
+        if (mariadb && !mc->seq && n > 0 && (size_t)n < sizeof sql)
             n += snprintf(sql + n, sizeof sql - n,
                           " UNION ALL SELECT 'w', w.trx_mysql_thread_id, w.trx_id,"
                           " (SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS q"
@@ -1663,9 +2087,11 @@ static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
             return dlock_seterr(cl(mc), DLOCK_EPROTO,
                                 "mysql %s: inspect: information_schema.INNODB_TRX gave no count",
                                 mc->where);
-        info->known |= DLOCK_KNOWS_HELD | DLOCK_KNOWS_LAST_TOKEN;
+        /* token=sequence keeps no token of a free name (one sequence for
+         * every name; a grant is never committed). */
+        info->known |= DLOCK_KNOWS_HELD | (mc->seq ? 0 : DLOCK_KNOWS_LAST_TOKEN);
         info->held = held;
-        info->last_token = granted ? token : 0;
+        info->last_token = granted && !mc->seq ? token : 0;
         if (held) {
             info->token = token;
             info->known |= DLOCK_KNOWS_TOKEN;
@@ -1684,11 +2110,39 @@ static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
     return err;
 }
 
+/* token=sequence without a control session: SELECT 1 on an idle lock
+ * session (it reads no table, so opens no transaction), which goes back to
+ * the pool; one the server dropped while idle is replaced once. */
+static int ping_pooled(struct mysql_conn *mc)
+{
+    int err = 0;
+    for (int tries = 0; tries < 2; tries++) {
+        struct session *s;
+        int pooled = 0;
+        if ((err = pool_get(mc, NULL, &s, &pooled)) != 0)
+            return err;
+        struct bound b = stmt_bound(NULL, mc->timeout_ms);
+        if ((err = run(mc, s, NB_QUERY, NULL, "SELECT 1", &b, "SELECT 1")) == 0 &&
+            (err = run(mc, s, NB_STORE, NULL, NULL, &b, "SELECT 1")) == 0) {
+            pool_put(mc, s);
+            return 0;
+        }
+        int retry = s->dead && !s->silent_ms;
+        session_close(s);
+        if (!retry)
+            return err;
+        dlock_clearerr(cl(mc));
+    }
+    return err;
+}
+
 static int be_ping(dlock_conn *conn)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
     struct session *ctl;
     int err;
+    if (mc->seq && !mc->ctl)
+        return ping_pooled(mc);
     for (int tries = 0; tries < 2; tries++) {
         if ((err = ctl_session(mc, NULL, &ctl)) != 0)
             return err;
@@ -1795,6 +2249,10 @@ static int parse_uri(dlock_client *c, const dlock_uri *uri, struct mysql_conn *m
         (err = parse_tls(c, uri, mc)) || (err = check_table(c, table ? table : DEFAULT_TABLE)))
         return err;
     mc->socket = dup_param(uri, "socket");
+    const char *tok = dlock_uri_param(uri, "token");
+    if (tok && strcmp(tok, "table") != 0 && strcmp(tok, "sequence") != 0)
+        return dlock_seterr(c, DLOCK_EBADURI, "option token: table or sequence");
+    mc->token_opt = !tok ? 0 : strcmp(tok, "table") == 0 ? 1 : 2;
     if (nhosts > 1)
         return dlock_seterr(c, DLOCK_EBADURI, "a mysql:// URI names one server");
     if (nhosts == 0 && !mc->socket)
@@ -1851,6 +2309,86 @@ static int prepare_tables(struct mysql_conn *mc)
     return prepare(mc, mc->ctl, ST_CREATE_ROW, &b, &st);
 }
 
+/*
+ * token=sequence's objects, checked with one statement naming every
+ * column used and the sequence (reading the durable mark's row only). What is missing is
+ * created: the lock table, or its token=sequence columns on a table of an
+ * older dlock, and the sequence, starting above every token <table>_grants
+ * ever recorded (token=table's, an older dlock's; the floor row included),
+ * so that tokens keep growing across the change, and raised there if it
+ * already existed. Runs on a lock session (each DDL commits at once).
+ */
+static int setup_seq(struct mysql_conn *mc, struct session *s)
+{
+    static const char what[] = "cannot create the lock table or sequence";
+    char sql[512];
+    MYSQL_RES *res = NULL;
+    uint64_t max = 0;
+    struct bound b = stmt_bound(NULL, mc->timeout_ms);
+    /* Also reads the durable mark (seq_durable): tokens below it need no
+     * check. */
+    snprintf(sql, sizeof sql,
+             "SELECT (SELECT MAX(token) FROM `%s` WHERE k = " FLOOR_K " AND owner = ''"
+             " AND session_id = 0 AND acquired_at IS NOT NULL), next_not_cached_value"
+             " FROM `%s_seq`", mc->table, mc->table);
+    int err = query_result(mc, s, sql, &b, "checking the lock table", &res);
+    if (err == 0) {
+        MYSQL_ROW row = mysql_fetch_row(res);
+        mc->durable = row && row[0] ? strtoull(row[0], NULL, 10) : 0;
+        mysql_free_result(res);
+        return 0;
+    }
+    if (s->dead || (s->last_errno != ER_NO_SUCH_TABLE && s->last_errno != ER_BAD_FIELD_ERROR &&
+                    s->last_errno != ERR_UNKNOWN_SEQUENCE))
+        return err;
+    dlock_clearerr(cl(mc));
+    const char *ddl[] = {create_sql[0], add_columns_sql};
+    for (size_t i = 0; i < sizeof ddl / sizeof ddl[0]; i++) {
+        char *q = with_table(ddl[i], mc->table);
+        if (!q)
+            return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
+        err = exec_sql(mc, s, q, NULL, what);
+        free(q);
+        if (err && i == 1 && !s->dead && s->last_errno == ER_LOCK_WAIT_TIMEOUT)
+            return dlock_seterr(cl(mc), DLOCK_ESTORE,
+                                "mysql %s: token=sequence adds columns to %s, which waits for"
+                                " every lock held in it: gave up after 1 s; open it again once"
+                                " no lock is held (token=table clients stopped)",
+                                mc->where, mc->table);
+        if (err)
+            return err;
+    }
+    snprintf(sql, sizeof sql, "SELECT COALESCE(MAX(token), 0) FROM `%s_grants`", mc->table);
+    b = stmt_bound(NULL, mc->timeout_ms);
+    if ((err = query_result(mc, s, sql, &b, what, &res)) == 0) {
+        MYSQL_ROW row = mysql_fetch_row(res);
+        max = row && row[0] ? strtoull(row[0], NULL, 10) : 0;
+        mysql_free_result(res);
+    } else if (!s->dead && s->last_errno == ER_NO_SUCH_TABLE) {
+        dlock_clearerr(cl(mc)); /* a new store */
+    } else {
+        return err;
+    }
+    if (max >= SEQ_MAX)
+        return dlock_seterr(cl(mc), DLOCK_ESTORE,
+                            "mysql %s: %s_grants holds a token (%" PRIu64 ") beyond what a"
+                            " MariaDB sequence can exceed: use token=table", mc->where,
+                            mc->table, max);
+    snprintf(sql, sizeof sql,
+             "CREATE SEQUENCE IF NOT EXISTS `%s_seq` START WITH %" PRIu64 " MINVALUE 1"
+             " MAXVALUE %llu INCREMENT BY 1 CACHE %d NOCYCLE ENGINE=InnoDB"
+             " COMMENT='dlock: fencing tokens of every name (token=sequence)'",
+             mc->table, max + 1, SEQ_MAX, SEQ_CACHE);
+    if ((err = exec_sql(mc, s, sql, NULL, what)) != 0 || max == 0)
+        return err;
+    snprintf(sql, sizeof sql, "SELECT SETVAL(`%s_seq`, %" PRIu64 ")", mc->table, max);
+    b = stmt_bound(NULL, mc->timeout_ms);
+    if ((err = query_result(mc, s, sql, &b, what, &res)) != 0)
+        return err;
+    mysql_free_result(res);
+    return seq_checkpoint(mc, NULL, &max); /* on disk: see seq_durable */
+}
+
 static void library_init(void)
 {
     mysql_library_init(0, NULL, NULL);
@@ -1871,12 +2409,34 @@ static int be_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     }
     /* mysql_init() would do this lazily, but not thread-safely. */
     pthread_once(&once, library_init);
-    if ((err = session_open(mc, 0, NULL, &mc->ctl)) != 0 || (err = prepare_tables(mc)) != 0)
+    mc->seq = mc->token_opt == 2; /* not the default: see the header comment */
+    /* token=table: the control session, as ever; token=sequence: the first
+     * lock session, which sets up the store, then waits in the pool for the
+     * first acquire. */
+    struct session *s = NULL;
+    if ((err = session_open(mc, mc->seq, NULL, mc->seq ? &s : &mc->ctl)) != 0)
         goto fail;
+    MYSQL *db = mc->seq ? s->db : mc->ctl->db;
+    int mariadb = strstr(mysql_get_server_info(db), "MariaDB") != NULL;
     /* MySQL 8 schedules row-lock waiters by contention (CATS), not by
      * arrival: only MariaDB's queue is first-come first-served. */
-    if (!strstr(mysql_get_server_info(mc->ctl->db), "MariaDB"))
+    if (!mariadb)
         mc->base.caps = dlock_mysql_backend.caps & ~(unsigned)DLOCK_CAP_FIFO;
+    if (!mc->seq) {
+        if ((err = prepare_tables(mc)) != 0)
+            goto fail;
+    } else if (!mariadb || mysql_get_server_version(db) < 100300) {
+        session_close(s);
+        err = dlock_seterr(c, DLOCK_ENOTSUP, "mysql %s: token=sequence needs MariaDB 10.3 or"
+                                             " later (MySQL has no sequences): use token=table",
+                                             mc->where);
+        goto fail;
+    } else if ((err = setup_seq(mc, s)) != 0) {
+        session_close(s);
+        goto fail;
+    } else {
+        rollback_and_pool(mc, s, dlock_monotonic_ns() + mc->timeout_ms * MS);
+    }
     *connp = &mc->base;
     return 0;
 fail:

@@ -8,7 +8,12 @@
  * that goes silent behind a proxy); the keeper renewing on the lock's own
  * session while the client waits for another lock, and a grant after a
  * wait longer than the TTL; raising a name's tokens, and the store-wide
- * floor and top (issue 11).
+ * floor and top (issue 11); token=sequence (issue 13): a waiting client
+ * uses one session, and a store of an older dlock keeps its tokens growing.
+ * Cases run with token=sequence, and the ones about sessions, kills,
+ * tokens and inspect again with token=table (the default, MySQL's path);
+ * those reading <table>_grants with token=table only. Each mode on a lock
+ * table of its own, dropped at the end.
  *
  * Environment (scripts/stores/start.sh prints it): DLOCK_MYSQL_URI. A
  * missing variable fails the run: these cases never skip silently.
@@ -35,7 +40,15 @@
 
 #define MS 1000000ull
 
-static const char *uri;
+static const char *uri;  /* the URI the running case uses */
+static const char *uri_env; /* DLOCK_MYSQL_URI */
+static const char *uri_seq, *uri_table; /* token=sequence, token=table (the
+                                            default), each with a table of its own */
+static int table_mode;   /* uri is uri_table */
+/* The lock table of uri. Each mode has one of its own (dropped at the
+ * end): the store's default tables are left to the other suites, with
+ * neither this run's raised tokens (a million and more) nor a sequence. */
+static char lock_tbl[32] = "dlock_locks";
 static char prefix[64];
 static MYSQL *raw; /* a session of our own, to look behind the library */
 
@@ -70,6 +83,9 @@ static void raw_connect(void)
         printf("Bail out! raw connection: %s\n", mysql_error(raw));
         exit(1);
     }
+    /* token=sequence's grants are never committed: holder_session reads
+     * them as inspect does. */
+    mysql_query(raw, "SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED");
     dlock_uri_free(u);
 }
 
@@ -99,12 +115,17 @@ static void key_sql(const char *name, char out[80])
     snprintf(out, 80, "UNHEX('%s')", hex);
 }
 
-/* Session holding name, from the grants table (-1 if none recorded). */
+/* Session holding name (-1 if none recorded): token=table, from the grants
+ * table; token=sequence, the lock row's uncommitted grant. */
 static long long holder_session(const char *name)
 {
     char key[80], sql[256];
     key_sql(name, key);
-    snprintf(sql, sizeof sql, "SELECT session_id FROM dlock_locks_grants WHERE k = %s", key);
+    if (table_mode)
+        snprintf(sql, sizeof sql, "SELECT session_id FROM %s_grants WHERE k = %s", lock_tbl, key);
+    else
+        snprintf(sql, sizeof sql,
+                 "SELECT session_id FROM %s WHERE k = %s AND owner <> ''", lock_tbl, key);
     return raw_int(sql);
 }
 
@@ -123,7 +144,7 @@ static void test_names(void)
     is_int(try_lock(c1, a, &l1), 0, "a 300-byte name acquires");
     is_int(try_lock(c2, b, &l2), 0, "a name equal in its first 299 bytes is another lock");
     key_sql(a, key);
-    snprintf(sql, sizeof sql, "SELECT LENGTH(name) FROM dlock_locks WHERE k = %s", key);
+    snprintf(sql, sizeof sql, "SELECT LENGTH(name) FROM %s WHERE k = %s", lock_tbl, key);
     is_int(raw_int(sql), 255, "the row is keyed by SHA-256 of the name; the name column keeps 255 bytes");
     dlock_release(l1);
     dlock_release(l2);
@@ -209,7 +230,9 @@ static void test_killed_connection(void)
     snprintf(sql, sizeof sql, "KILL %lld", holder_session(name));
     mysql_query(raw, sql);
     is_int(dlock_release(la), DLOCK_ELOST, "release after a kill → DLOCK_ELOST");
-    is_int(try_lock(a, name, &la), 0, "and A's client keeps working");
+    /* The killed session's rollback may still be running on the server. */
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 2000, 30000);
+    is_int(dlock_acquire(a, name, &o, &la), 0, "and A's client keeps working");
     if (la)
         dlock_release(la);
     dlock_client_close(a);
@@ -365,21 +388,32 @@ static void test_options(void)
     dlock_client_close(c);
 
     /* A table of our own: created on first use, and used. */
-    char table[64], q[160], name[128];
+    char table[64], q[192], name[128];
     snprintf(table, sizeof table, "dlock_test_%d", (int)getpid());
-    snprintf(q, sizeof q, "table=%s&connect_timeout=3000&timeout=4000", table);
+    snprintf(q, sizeof q, "table=%s&connect_timeout=3000&timeout=4000&token=%s", table,
+             table_mode ? "table" : "sequence");
     with_query(q, u, sizeof u);
     c = NULL;
     is_int(dlock_client_open(u, &c), 0, "option table=%s opens (creating the tables)", table);
     dlock_lock *l = NULL;
     name_of(name, sizeof name, "own-table");
     is_int(try_lock(c, name, &l), 0, "and locks in it");
-    char sql[160];
-    snprintf(sql, sizeof sql, "SELECT token FROM %s_grants", table);
-    is_int(raw_int(sql), 1, "its grants table has the first token");
+    char sql[200];
+    is_int(l ? (long long)dlock_lock_token(l) : -1, 1, "a new store's first token is 1");
+    if (l)
+        dlock_release(l);
+    if (table_mode) {
+        snprintf(sql, sizeof sql, "SELECT token FROM %s_grants", table);
+        is_int(raw_int(sql), 1, "its grants table has the first token");
+    } else {
+        snprintf(sql, sizeof sql, "SELECT next_not_cached_value > 1 FROM %s_seq", table);
+        is_int(raw_int(sql), 1, "its sequence is past the first token");
+    }
     is_int(dlock_client_ping(c), 0, "ping (SELECT 1)");
     dlock_client_close(c);
-    snprintf(sql, sizeof sql, "DROP TABLE %s, %s_grants", table, table);
+    snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS %s, %s_grants", table, table);
+    mysql_query(raw, sql);
+    snprintf(sql, sizeof sql, "DROP SEQUENCE IF EXISTS %s_seq", table);
     mysql_query(raw, sql);
     dlock_uri_free(pu);
 }
@@ -922,7 +956,12 @@ static void test_server_defaults(void)
     mysql_real_connect(fresh, dlock_uri_host(u, 0), dlock_uri_user(u), dlock_uri_password(u),
                        dlock_uri_path(u) + 1, dlock_uri_port(u, 0), NULL, 0);
     dlock_uri_free(u);
-    snprintf(sql, sizeof sql, "SELECT token FROM dlock_locks_grants WHERE k = %s", key);
+    /* token=sequence: the sequence, not the lock row, must be past A's token. */
+    if (table_mode)
+        snprintf(sql, sizeof sql, "SELECT token FROM %s_grants WHERE k = %s", lock_tbl, key);
+    else
+        snprintf(sql, sizeof sql, "SELECT IF(next_not_cached_value > %llu, %llu, -1)"
+                 " FROM %s_seq", (unsigned long long)ta, (unsigned long long)ta, lock_tbl);
     long long seen = -1;
     if (mysql_query(fresh, sql) == 0) {
         MYSQL_RES *r = mysql_store_result(fresh);
@@ -959,8 +998,13 @@ static void test_server_defaults(void)
  * process list without any privilege). -1 if none. */
 static long long waiting_session(void)
 {
-    return raw_int("SELECT MAX(id) FROM information_schema.processlist WHERE info LIKE "
-                   "'SELECT 1 FROM `dlock_locks` WHERE k = % FOR UPDATE' AND id <> CONNECTION_ID()");
+    char sql[400];
+    snprintf(sql, sizeof sql,
+             "SELECT MAX(id) FROM information_schema.processlist WHERE (info LIKE"
+             " 'SELECT 1 FROM `%s` WHERE k = %% FOR UPDATE' OR info LIKE"
+             " '%%UPDATE `%s` SET token = LAST_INSERT_ID(NEXTVAL(%%') AND id <> CONNECTION_ID()",
+             lock_tbl, lock_tbl);
+    return raw_int(sql);
 }
 
 /*
@@ -1132,7 +1176,7 @@ static void test_foreign_row_lock(void)
     if (l)
         dlock_release(l);
     mysql_query(raw, "START TRANSACTION");
-    snprintf(sql, sizeof sql, "SELECT token FROM dlock_locks_grants WHERE k = %s FOR UPDATE", key);
+    snprintf(sql, sizeof sql, "SELECT token FROM %s_grants WHERE k = %s FOR UPDATE", lock_tbl, key);
     ok(raw_int(sql) >= 1, "another transaction locks X's token row");
     uint64_t t0 = dlock_monotonic_ns();
     int rc = try_lock(c, x, &l);
@@ -1156,7 +1200,7 @@ static uint64_t raw_counter(const char *name)
     char key[80], sql[256];
     uint64_t v = 0;
     key_sql(name, key);
-    snprintf(sql, sizeof sql, "SELECT token FROM dlock_locks_grants WHERE k = %s", key);
+    snprintf(sql, sizeof sql, "SELECT token FROM %s_grants WHERE k = %s", lock_tbl, key);
     if (mysql_query(raw, sql) != 0) {
         diag("raw query failed: %s", mysql_error(raw));
         return 0;
@@ -1241,7 +1285,7 @@ static void test_raise(void)
     /* The token row changed by hand while the lock is held. */
     is_int(try_lock(c, name, &l), 0, "raise: acquired");
     key_sql(name, key);
-    snprintf(sql, sizeof sql, "UPDATE dlock_locks_grants SET session_id = 0 WHERE k = %s", key);
+    snprintf(sql, sizeof sql, "UPDATE %s_grants SET session_id = 0 WHERE k = %s", lock_tbl, key);
     ok(mysql_query(raw, sql) == 0, "raise: the token row's session_id is changed by hand");
     before = raw_counter(name);
     is_int(l ? dlock_lock_raise_token(l, before + 1000) : -1, DLOCK_ESTORE,
@@ -1281,7 +1325,7 @@ static void test_raise(void)
     /* A token of 2^63 left in the shared table would be the store's top,
      * which no floor can exceed (the conformance suite's store floor). */
     key_sql(name, key);
-    snprintf(sql, sizeof sql, "DELETE FROM dlock_locks_grants WHERE k = %s", key);
+    snprintf(sql, sizeof sql, "DELETE FROM %s_grants WHERE k = %s", lock_tbl, key);
     ok(mysql_query(raw, sql) == 0, "raise: its token row deleted");
 }
 
@@ -1319,7 +1363,8 @@ static void test_store_floor(void)
     uint64_t top = 0;
     double el;
     snprintf(tbl, sizeof tbl, "tm_fl%d", (int)getpid());
-    snprintf(u, sizeof u, "%s%stable=%s", uri, strchr(uri, '?') ? "&" : "?", tbl);
+    snprintf(u, sizeof u, "%s%stoken=%s&table=%s", uri_env, strchr(uri_env, '?') ? "&" : "?",
+             table_mode ? "table" : "sequence", tbl);
     name_of(a, sizeof a, "floor-a");
     name_of(b, sizeof b, "floor-b");
     name_of(n3, sizeof n3, "floor-c");
@@ -1443,13 +1488,16 @@ static void test_inspect(void)
     name_of(name, sizeof name, "inspect");
     name_of(other, sizeof other, "inspect-other");
     is_int(dlock_inspect(d, name, &i), 0, "inspect a name never taken (%s)", dlock_errmsg(d));
-    ok(!i.held && (i.known & DLOCK_KNOWS_HELD) && (i.known & DLOCK_KNOWS_LAST_TOKEN) &&
-           i.last_token == 0, "free, no token yet");
+    /* token=sequence keeps no token of a free name: last_token unknown. */
+    ok(!i.held && (i.known & DLOCK_KNOWS_HELD) &&
+           (table_mode ? (i.known & DLOCK_KNOWS_LAST_TOKEN) && i.last_token == 0
+                       : !(i.known & DLOCK_KNOWS_LAST_TOKEN)),
+       "free, no token yet");
     is_int(try_lock(a, name, &l), 0, "A acquires");
     sleep_ms(VIEWS_MS);
     is_int(dlock_inspect(d, name, &i), 0, "inspect it");
     ok(i.held && l && strcmp(i.owner, dlock_lock_owner(l)) == 0 && i.token == dlock_lock_token(l) &&
-           i.last_token == i.token,
+           (!table_mode || i.last_token == i.token),
        "held by A's owner id %s, token %llu", i.owner, (unsigned long long)i.token);
     ok((i.known & DLOCK_KNOWS_WAITERS) && (i.known & DLOCK_KNOWS_ORDER) && i.waiters == 0 &&
            i.listed == 0 && !(i.known & DLOCK_KNOWS_LEASE),
@@ -1461,7 +1509,8 @@ static void test_inspect(void)
     ok(holder_session(other) == sid, "the same session (%lld) now holds the other name", sid);
     sleep_ms(VIEWS_MS);
     is_int(dlock_inspect(d, name, &i), 0, "inspect again");
-    ok(!i.held && i.last_token == t && !(i.known & DLOCK_KNOWS_OWNER),
+    ok(!i.held && (table_mode ? i.last_token == t : !(i.known & DLOCK_KNOWS_LAST_TOKEN)) &&
+           !(i.known & DLOCK_KNOWS_OWNER),
        "free (its session holds another name now), the last token %llu", (unsigned long long)t);
     dlock_release(l2);
 
@@ -1514,7 +1563,7 @@ static void test_inspect(void)
     ok(mysql_query(raw, sql) == 0, "the holding session is killed");
     sleep_ms(VIEWS_MS);
     is_int(dlock_inspect(d, name, &i), 0, "inspect after the kill");
-    ok(!i.held && i.last_token == t2tok, "free: the server rolled back");
+    ok(!i.held && (!table_mode || i.last_token == t2tok), "free: the server rolled back");
     dlock_release(w2.l);
 
     /* Tries concurrent with inspects: none finds the free lock busy. */
@@ -1576,26 +1625,221 @@ static void test_inspect(void)
     dlock_client_close(d);
 }
 
+/* ---- token=sequence (issue 13) ------------------------------------------ */
+
+/* Sessions of our user in the process list (every session of this test
+ * and its clients). */
+static long long user_sessions(void)
+{
+    return raw_int("SELECT COUNT(*) FROM information_schema.PROCESSLIST"
+                   " WHERE USER = SUBSTRING_INDEX(USER(), '@', 1)");
+}
+
+/*
+ * A client that waits for a lock uses one session: the lock's own, which
+ * both waits and gets the token (no control session to bump it, none to
+ * end the wait at its deadline). Before issue 13 it used two (its control
+ * session, opened with the client, and the waiting session), so 200
+ * waiting clients needed 400 connections.
+ */
+static void test_waiter_sessions(void)
+{
+    char x[128];
+    name_of(x, sizeof x, "one-session");
+    dlock_client *h = open_ok(uri);
+    dlock_lock *hl = NULL;
+    is_int(try_lock(h, x, &hl), 0, "H holds X");
+    long long before = user_sessions();
+    struct waiter wt = {uri, x, 5000, 30000, 0, 0, 0, 0, ""};
+    pthread_t t;
+    holders = max_holders = 0;
+    pthread_create(&t, NULL, waiter_main, &wt);
+    long long during = -1;
+    for (int i = 0; i < 50 && waiting_session() < 0; i++)
+        sleep_ms(20);
+    during = user_sessions();
+    is_int(during - before, 1, "a client opened and waiting for X uses one session (%lld - %lld)",
+           during, before);
+    dlock_release(hl);
+    pthread_join(t, NULL);
+    is_int(wt.rc, 0, "the waiter gets X once H releases (%s)", wt.msg);
+    dlock_client_close(h);
+}
+
+/*
+ * token=sequence on a store an older dlock (token=table) used: the lock
+ * table gets its columns, and the sequence starts above every token its
+ * grants table holds, another name's included (the sequence is every
+ * name's). Before issue 13 a name's first token was 1 whatever other names
+ * had. While a lock is held in the old table, adding the columns waits
+ * for it: the open gives up after 1 s (DLOCK_ESTORE, saying why). Then a raise moves every later grant above the floor (SETVAL), the
+ * top bounds the grants, a lower floor lowers nothing, and the backend
+ * refuses a floor a sequence cannot pass.
+ */
+static void test_sequence_upgrade(void)
+{
+    char u[512], tbl[32], a[128], b[128], sql[512];
+    uint64_t top = 0;
+    snprintf(tbl, sizeof tbl, "tm_sq%d", (int)getpid());
+    snprintf(u, sizeof u, "%s%stoken=sequence&table=%s", uri_env,
+             strchr(uri_env, '?') ? "&" : "?", tbl);
+    name_of(a, sizeof a, "seq-a");
+    name_of(b, sizeof b, "seq-b");
+    snprintf(sql, sizeof sql,
+             "CREATE TABLE %s (k BINARY(32) NOT NULL PRIMARY KEY, name VARBINARY(255) NOT NULL,"
+             " created_at DATETIME(6) NOT NULL) ENGINE=InnoDB", tbl);
+    ok(mysql_query(raw, sql) == 0, "seq: a lock table of an older dlock (%s)", mysql_error(raw));
+    snprintf(sql, sizeof sql,
+             "CREATE TABLE %s_grants (k BINARY(32) NOT NULL PRIMARY KEY, token BIGINT UNSIGNED"
+             " NOT NULL, owner CHAR(32) CHARACTER SET ascii NOT NULL, session_id BIGINT UNSIGNED"
+             " NOT NULL, acquired_at DATETIME(6) NOT NULL) ENGINE=InnoDB", tbl);
+    ok(mysql_query(raw, sql) == 0, "seq: and its grants table (%s)", mysql_error(raw));
+    snprintf(sql, sizeof sql,
+             "INSERT INTO %s_grants VALUES (UNHEX(SHA2('another name', 256)), 5000, REPEAT('a',"
+             " 32), 1, UTC_TIMESTAMP(6))", tbl);
+    ok(mysql_query(raw, sql) == 0, "seq: another name had token 5000 there");
+    /* A lock held there (a token=table client's open transaction): adding
+     * the columns waits for it, at most 1 s, and the open says why. */
+    snprintf(sql, sizeof sql, "INSERT INTO %s VALUES (UNHEX(SHA2('another name', 256)),"
+             " 'another name', UTC_TIMESTAMP(6))", tbl);
+    ok(mysql_query(raw, sql) == 0, "seq: its lock row");
+    MYSQL *holder = mysql_init(NULL);
+    dlock_uri *pu = NULL;
+    char perr[256];
+    dlock_uri_parse(uri_env, &pu, perr, sizeof perr);
+    mysql_real_connect(holder, dlock_uri_host(pu, 0), dlock_uri_user(pu), dlock_uri_password(pu),
+                       dlock_uri_path(pu) + 1, dlock_uri_port(pu, 0), NULL, 0);
+    dlock_uri_free(pu);
+    mysql_query(holder, "START TRANSACTION");
+    snprintf(sql, sizeof sql, "SELECT 1 FROM %s FOR UPDATE", tbl);
+    ok(mysql_query(holder, sql) == 0, "seq: another session holds it");
+    mysql_free_result(mysql_store_result(holder));
+    dlock_client *c = NULL;
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_client_open(u, &c), DLOCK_ESTORE, "seq: open → ESTORE while it is held");
+    double el = ms_since(t0);
+    ok(el < 3000 && strstr(dlock_errmsg(c), "held") != NULL, "seq: after about 1 s (%.0f ms): %s",
+       el, dlock_errmsg(c));
+    dlock_client_close(c);
+    mysql_query(holder, "ROLLBACK");
+    mysql_close(holder);
+    c = open_ok(u);
+    uint64_t ta = grant_once(c, a);
+    ok(ta > 5000, "seq: a new name's first token is above it (%llu > 5000)",
+       (unsigned long long)ta);
+    snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE"
+             " TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '%s' AND COLUMN_NAME IN ('token',"
+             " 'owner', 'session_id', 'acquired_at')", tbl);
+    is_int(raw_int(sql), 4, "seq: the old lock table got its four columns");
+    dlock_lock *l = NULL;
+    is_int(try_lock(c, b, &l), 0, "seq: acquire B");
+    uint64_t tb = l ? dlock_lock_token(l) : 0;
+    ok(tb > ta, "seq: tokens grow across names (%llu > %llu)", (unsigned long long)tb,
+       (unsigned long long)ta);
+    is_int(l ? dlock_lock_raise_token(l, tb + 100000) : -1, 0, "seq: raise B to +100000 (%s)",
+           dlock_errmsg(c));
+    ok(l && dlock_lock_token(l) == tb, "seq: B's own token is unchanged");
+    dlock_release(l);
+    uint64_t ta2 = grant_once(c, a);
+    ok(ta2 > tb + 100000, "seq: every name's next grant is above the raise (%llu)",
+       (unsigned long long)ta2);
+    is_int(dlock_client_token_top(c, &top), 0, "seq: top");
+    ok(top >= ta2, "seq: the top bounds the grants (%llu >= %llu)", (unsigned long long)top,
+       (unsigned long long)ta2);
+    is_int(dlock_client_raise_floor(c, 10), 0, "seq: a lower floor → 0");
+    ok(grant_once(c, b) > ta2, "seq: and lowers nothing");
+    is_int(dlock_client_raise_floor(c, top + 1000000), 0, "seq: floor top + 1e6");
+    ok(grant_once(c, b) > top + 1000000, "seq: grants go above it");
+    is_int(c->backend->raise_floor(c->conn, (1ull << 63) - 2), DLOCK_EINVAL,
+           "seq: the backend refuses 2^63 - 2 (the sequence's last value)");
+    ok(strstr(dlock_errmsg(c), "sequence") != NULL, "seq: naming the limit: %s", dlock_errmsg(c));
+    dlock_client_close(c);
+    snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS %s, %s_grants", tbl, tbl);
+    ok(mysql_query(raw, sql) == 0, "seq: tables dropped");
+    snprintf(sql, sizeof sql, "DROP SEQUENCE IF EXISTS %s_seq", tbl);
+    ok(mysql_query(raw, sql) == 0, "seq: sequence dropped");
+}
+
+/*
+ * token=sequence across a crash: mariadbd SIGKILLed right after a floor was
+ * set beyond the sequence's cached range and after grants past the end of
+ * a range: once it is back, the next token is above every token granted
+ * before and above the floor. MariaDB writes a sequence's new range and a
+ * SETVAL without writing the redo log: without the durable mark (a commit
+ * per range) the sequence came back below both (1067740 after 1067744).
+ */
+static void test_sequence_crash(void)
+{
+    pid_t server = store_pid();
+    const char *script = start_script();
+    if (!server || !*script) {
+        skip("no mariadbd of scripts/stores/start.sh, or no start.sh", "sequence crash");
+        return;
+    }
+    char a[128], cmd[1400];
+    name_of(a, sizeof a, "seq-crash");
+    dlock_client *c = open_ok(uri);
+    uint64_t top = 0, before = 0;
+    is_int(dlock_client_token_top(c, &top), 0, "seq crash: top (%llu)", (unsigned long long)top);
+    uint64_t floor = top + 5000; /* beyond the cache of 1000 */
+    is_int(dlock_client_raise_floor(c, floor), 0, "seq crash: floor top + 5000 (%s)",
+           dlock_errmsg(c));
+    before = grant_once(c, a);
+    ok(before > floor, "seq crash: grants above the floor (%llu)", (unsigned long long)before);
+    /* Past the end of the cached range too: a new range, written by NEXTVAL. */
+    for (int i = 0; i < 1100; i++)
+        before = grant_once(c, a);
+    kill(server, SIGKILL);
+    for (int i = 0; i < 500 && kill(server, 0) == 0; i++)
+        sleep_ms(10);
+    snprintf(cmd, sizeof cmd, "bash '%s' mariadb >/dev/null 2>&1", script);
+    ok(system(cmd) == 0, "seq crash: mariadbd SIGKILLed and started again");
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, 30000);
+    is_int(dlock_acquire(c, a, &o, &l), 0, "seq crash: the client opened before works on (%s)",
+           dlock_errmsg(c));
+    uint64_t after = l ? dlock_lock_token(l) : 0;
+    ok(after > before && after > floor, "seq crash: the next token is above them (%llu > %llu)",
+       (unsigned long long)after, (unsigned long long)before);
+    if (l)
+        dlock_release(l);
+    dlock_client_close(c);
+    mysql_close(raw); /* raw's session died with the server */
+    raw_connect();
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     uri = need_env("DLOCK_MYSQL_URI");
+    const char *env = uri_env = uri;
+    static char ut[1024], us[1024];
+    snprintf(ut, sizeof ut, "%s%stoken=table&table=tm_tab%d", env, strchr(env, '?') ? "&" : "?",
+             (int)getpid());
+    snprintf(us, sizeof us, "%s%stoken=sequence&table=tm_seq%d", env,
+             strchr(env, '?') ? "&" : "?", (int)getpid());
+    uri_table = ut;
+    uri = uri_seq = us;
     snprintf(prefix, sizeof prefix, "tm-%d-%08x/", (int)getpid(),
              (unsigned)(dlock_monotonic_ns() & 0xffffffffu));
     raw_connect();
     dlock_client_close(open_ok(uri)); /* creates the tables if needed */
+    dlock_client_close(open_ok(uri_table));
 
+    /* mode: 0 token=sequence only, 1 token=table (the default, MySQL's
+     * path) only, 2 both. */
     static const struct {
         const char *name;
         void (*run)(void);
+        int mode;
     } cases[] = {
         {"names", test_names},
         {"timeout_rollback", test_timeout_rollback},
-        {"killed_connection", test_killed_connection},
+        {"killed_connection", test_killed_connection, 2},
         {"lease", test_lease},
         {"two_locks", test_two_locks},
-        {"token_after_death", test_token_after_death},
-        {"options", test_options},
+        {"token_after_death", test_token_after_death, 2},
+        {"options", test_options, 2},
         {"socket", test_socket},
         {"silent_server_connect", test_silent_server_connect},
         {"silent_network", test_silent_network},
@@ -1603,13 +1847,16 @@ int main(void)
         {"keep_after_long_wait", test_keep_after_long_wait},
         {"deadline_silent_network", test_deadline_silent_network},
         {"frozen_server", test_frozen_server},
-        {"server_defaults", test_server_defaults},
-        {"foreign_row_lock", test_foreign_row_lock},
-        {"kill_sessions", test_kill_sessions},
+        {"server_defaults", test_server_defaults, 2},
+        {"foreign_row_lock", test_foreign_row_lock, 1},
+        {"kill_sessions", test_kill_sessions, 2},
         {"server_restart", test_server_restart},
-        {"raise", test_raise},
-        {"store_floor", test_store_floor},
-        {"inspect", test_inspect},
+        {"raise", test_raise, 1},
+        {"store_floor", test_store_floor, 1},
+        {"inspect", test_inspect, 2},
+        {"waiter_sessions", test_waiter_sessions, 0},
+        {"sequence_upgrade", test_sequence_upgrade, 0},
+        {"sequence_crash", test_sequence_crash, 0},
     };
     /* DLOCK_TEST_ONLY=case,case runs only those (for working on one). */
     const char *only = getenv("DLOCK_TEST_ONLY");
@@ -1620,8 +1867,26 @@ int main(void)
         snprintf(list, sizeof list, ",%s,", only ? only : "");
         if (only && *only && !strstr(list, pat))
             continue;
-        cases[i].run();
+        if (cases[i].mode != 1) {
+            uri = uri_seq;
+            table_mode = 0;
+            snprintf(lock_tbl, sizeof lock_tbl, "tm_seq%d", (int)getpid());
+            cases[i].run();
+        }
+        if (cases[i].mode != 0) {
+            diag("---- %s, token=table", cases[i].name);
+            uri = uri_table;
+            table_mode = 1;
+            snprintf(lock_tbl, sizeof lock_tbl, "tm_tab%d", (int)getpid());
+            cases[i].run();
+        }
     }
+    char drop[160];
+    snprintf(drop, sizeof drop, "DROP TABLE IF EXISTS tm_tab%d, tm_tab%d_grants, tm_seq%d",
+             (int)getpid(), (int)getpid(), (int)getpid());
+    mysql_query(raw, drop);
+    snprintf(drop, sizeof drop, "DROP SEQUENCE IF EXISTS tm_seq%d_seq", (int)getpid());
+    mysql_query(raw, drop);
 
     mysql_close(raw);
     mysql_library_end();
