@@ -6,13 +6,14 @@
  * a missing behaviour is never a silent pass. Holders and waiters are
  * separate processes (fork), as in real use.
  *
- * Usage: conformance [--auth-env VAR] [--many N] (URI | --env VAR)
+ * Usage: conformance [--auth-env VAR] [--many N] [--params P] (URI | --env VAR)
  *   --env VAR       read the URI from the environment variable VAR (a
  *                   missing variable fails the run: no silent skip)
  *   --auth-env VAR  VAR holds a URI of the same store type with a correct
  *                   password: the suite checks it works and that a wrong
  *                   one is refused with DLOCK_EAUTH
  *   --many N        one client holds N locks at once (default 10 000)
+ *   --params P      add the URI parameters P ("k=v&k2=v2") to every URI
  * For networked stores the suite also points the URI at a closed loopback
  * port and expects DLOCK_ECONNECT.
  *
@@ -1959,6 +1960,8 @@ static void test_lists(void)
 /* --many: how many locks test_many_held holds (10 000 unless a store's
  * meson entry says it cannot: MySQL's row locks take a session each). */
 static int many = 10000;
+/* --params: "k=v&k2=v2" added to every URI (a store's other mode). */
+static const char *params;
 
 /*
  * One client holding many locks: each still excludes another client,
@@ -2045,6 +2048,8 @@ int main(int argc, char **argv)
             one = need_env(argv[++i]);
         else if (strcmp(argv[i], "--auth-env") == 0 && i + 1 < argc)
             auth_uri = need_env(argv[++i]);
+        else if (strcmp(argv[i], "--params") == 0 && i + 1 < argc)
+            params = argv[++i];
         else if (strcmp(argv[i], "--many") == 0 && i + 1 < argc) {
             if ((many = atoi(argv[++i])) <= 0)
                 nparts = -1, i = argc; /* the usage message */
@@ -2061,6 +2066,14 @@ int main(int argc, char **argv)
             p += n + (p[n] != '\0');
         }
     }
+    for (int i = 0; params && i < nparts; i++) {
+        char with[DLOCK_URI_MAX];
+        if (uri_rewrite(parts[i], NULL, 0, NULL, params, with, sizeof with) != 0) {
+            fprintf(stderr, "conformance: cannot add '%s' to URI %d\n", params, i + 1);
+            return 64;
+        }
+        snprintf(parts[i], sizeof parts[i], "%s", with);
+    }
     for (int i = 0; i < nparts; i++) {
         if (i)
             strcat(list, " ");
@@ -2068,7 +2081,7 @@ int main(int argc, char **argv)
     }
     uri = nparts > 0 ? list : NULL;
     if (!uri) {
-        fprintf(stderr, "usage: conformance [--auth-env VAR] [--many N] (URI | --env VAR)...\n");
+        fprintf(stderr, "usage: conformance [--auth-env VAR] [--many N] [--params P] (URI | --env VAR)...\n");
         return 64;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
