@@ -35,7 +35,9 @@
  * store (plus one per client per range it first meets, to read the mark:
  * a round trip on the lock session), from a session opened for it, not
  * one per grant. Tokens are then as durable as a commit
- * (innodb_flush_log_at_trx_commit). One sequence for all names: a name's
+ * (innodb_flush_log_at_trx_commit). A deadline grant that has to wait for
+ * that commit gets `timeout` for it past the grant (the only case where a
+ * deadline wait may return later than its deadline + 200 ms). One sequence for all names: a name's
  * tokens grow, with gaps. A try is the same statement under SET STATEMENT
  * innodb_lock_wait_timeout = 0, a deadline under max_statement_time = what
  * is left of it (MariaDB ends the lock wait then, to the millisecond): no
@@ -1233,9 +1235,12 @@ static int lock_row_seq(struct mysql_conn *mc, struct session **sp, const dlock_
         return 0;
     if ((*token = mysql_insert_id(s->db)) == 0)
         return dlock_seterr(cl(mc), DLOCK_EPROTO, "mysql %s: no token from the grant", mc->where);
-    /* After a wait the bound is the statement's, not a deadline past. */
+    /* After a wait the bound is the statement's, not a deadline past: the
+     * mark (once per range) may need the control session opened and a
+     * commit, so it gets `timeout` at least, as any statement does. */
+    uint64_t mark_ns = mc->timeout_ms > CLEANUP_MS ? mc->timeout_ms * MS : CLEANUP_MS * MS;
     struct bound db = req->wait == DLOCK_WAIT_DEADLINE
-                          ? (struct bound){dlock_monotonic_ns() + CLEANUP_MS * MS, DLOCK_ETIMEDOUT, 0}
+                          ? (struct bound){dlock_monotonic_ns() + mark_ns, DLOCK_ETIMEDOUT, 0}
                           : *call;
     if ((err = seq_durable(mc, s, *token, req->wait == DLOCK_WAIT_FOREVER ? NULL : &db)) != 0)
         return err;

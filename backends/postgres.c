@@ -106,8 +106,10 @@
  * arrival (the server's idle timer starts when it sends it), not from the
  * start of the call. keep() renews on the lock's session, as renew() does,
  * bounded by the timeout and by the end of the lease (and, before it, by
- * the wait for the session's mutex: at most one exchange of the
- * application's thread on that session, `timeout`, or a raise's two).
+ * the wait for the session's mutex: the application's thread holds it for
+ * at most two exchanges on that session, `timeout` each: a try, release
+ * or raise, after unlocking mates whose lease ended). Keep a kept lock's
+ * TTL above 3 x `timeout` so that such a wait cannot eat its lease.
  *
  * Inspect. Every statement on a holder session (acquire, renew, keep,
  * raise) starts with a comment, "/\*dlock owner=<owner_hex> ttl=<ms>
@@ -1067,26 +1069,26 @@ static void session_trim(struct pg_conn *pc, struct pg_session *s)
  * there is one, so that a wait that need not wait (most of them) shares a
  * session too. A try never overtakes a queue: the server refuses it while
  * others wait for the lock, as it refuses the holder's rivals, and hands a
- * released lock straight to the first waiter. Bounded by `timeout` and by
- * a deadline wait's deadline (and margin). The session, its mutex still
- * locked, on a grant; NULL otherwise (nothing is held, and nothing is
- * reported: the wait follows).
+ * released lock straight to the first waiter. Each statement on the shared
+ * session is bounded by `timeout`, never less: a bound that ran out would
+ * close the session and lose its mates' locks, so a deadline nearer than
+ * `timeout` skips this and waits on a session of its own. The session,
+ * its mutex still locked, on a grant; NULL otherwise (nothing is held,
+ * and nothing is reported: the wait follows).
  */
 static struct pg_session *pre_try(struct pg_conn *pc, const dlock_request *req, int64_t key,
                                   uint64_t *token, uint64_t *granted_ns)
 {
+    uint64_t until = after_timeout(pc);
+    if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until)
+        return NULL;
     struct pg_session *s = session_holder(pc, req->ttl_ms, key);
     if (!s)
         return NULL;
     dlock_request t = *req;
     t.wait = DLOCK_WAIT_TRY;
-    uint64_t now = dlock_monotonic_ns();
-    uint64_t cap = req->wait == DLOCK_WAIT_DEADLINE ? acquire_until(pc, req, now) : 0;
-    uint64_t until = after_timeout(pc);
-    if (cap && cap < until)
-        until = cap;
     session_expire(pc, s, NULL, until);
-    int err = acquire_on(pc, s, &t, key, cap, token, granted_ns);
+    int err = acquire_on(pc, s, &t, key, 0, token, granted_ns);
     if (err == 0)
         return s;
     if (s->pg && PQstatus(s->pg) == CONNECTION_OK) {

@@ -65,6 +65,15 @@
 
 #include <hiredis/sds.h>
 
+/* hiredis 1.0 renamed its sds functions hi_sds* (Debian's 0.14 has sds*). */
+#if defined(HIREDIS_MAJOR) && HIREDIS_MAJOR >= 1
+#define obuf_len hi_sdslen
+#define obuf_clear hi_sdsclear
+#else
+#define obuf_len sdslen
+#define obuf_clear sdsclear
+#endif
+
 #include "config.h"
 #include "backends/redis_conn.h"
 #include "backends/redis_reply.h"
@@ -176,11 +185,12 @@ static void arm(struct redis_conn *rc, redisContext *ctx)
  * hiredis's write(2): a peer that closed gives EPIPE, never SIGPIPE, so
  * no signal mask changes around each command (four system calls each).
  * The socket's SO_SNDTIMEO bounds each send, as it bounds hiredis's.
- * Reading never raises SIGPIPE.
+ * Reading never raises SIGPIPE. Plain sockets only: hiredis's TLS (not
+ * used by dlock) would need its own write path.
  */
 static int send_buffered(redisContext *ctx)
 {
-    size_t len = sdslen(ctx->obuf), off = 0;
+    size_t len = obuf_len(ctx->obuf), off = 0;
     while (off < len) {
         ssize_t n = send(ctx->fd, ctx->obuf + off, len - off, MSG_NOSIGNAL);
         if (n < 0 && errno == EINTR)
@@ -192,7 +202,7 @@ static int send_buffered(redisContext *ctx)
         }
         off += (size_t)n;
     }
-    sdsclear(ctx->obuf);
+    obuf_clear(ctx->obuf);
     return REDIS_OK;
 }
 
@@ -219,7 +229,7 @@ int dlock_redis_get_reply(struct redis_conn *rc, redisContext *ctx, void **reply
 {
     arm(rc, ctx);
     /* redisGetReply would write anything still buffered with write(2). */
-    if (sdslen(ctx->obuf) > 0 && send_buffered(ctx) != REDIS_OK)
+    if (obuf_len(ctx->obuf) > 0 && send_buffered(ctx) != REDIS_OK)
         return REDIS_ERR;
     return redisGetReply(ctx, reply);
 }
@@ -248,7 +258,7 @@ int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
     char *p;
     for (int i = 0; i < REDIS_NKEYS_ALL; i++)
         total += plen + len + strlen(suffix[i]) + 1;
-    p = keys->buf = malloc(total);
+    p = keys->buf = total <= sizeof keys->small ? keys->small : malloc(total);
     if (!p)
         return DLOCK_ENOMEM;
     for (int i = 0; i < REDIS_NKEYS_ALL; i++) {
@@ -265,7 +275,8 @@ int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
 
 void dlock_redis_keys_free(struct redis_keys *keys)
 {
-    free(keys->buf);
+    if (keys->buf != keys->small)
+        free(keys->buf);
     keys->buf = NULL;
 }
 

@@ -63,7 +63,10 @@ enum { REDIS_NKEYS = 4, REDIS_KEY_RAISED = 4, REDIS_NKEYS_ALL = 5 };
 struct redis_keys {
     const char *k[REDIS_NKEYS_ALL];
     size_t len[REDIS_NKEYS_ALL];
-    char *buf;
+    char *buf;        /* small, or malloc'ed for long names */
+    char small[512];  /* so that a call on a short name needs no malloc
+                         (and a release cannot fail for want of memory);
+                         never copy a struct redis_keys */
 };
 
 /* Small on purpose (a client may hold 100 000): 72 bytes. */

@@ -483,7 +483,7 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
         if (lock->kept)
             dlock_keeper_remove(lock);
         dlock_lock_ops(lock)->release(c->conn, held);
-        free(lock);
+        lock_free(lock);
         return dlock_seterr(c, rc, "out of memory");
     }
     *lockp = lock;

@@ -2,7 +2,7 @@
  * The names a client holds: chained hash table, power-of-two buckets,
  * grown at one entry per bucket on average and shrunk below one in eight,
  * so that lookups, adds and removes are O(1) expected and the table costs
- * 8 to 16 bytes per name. Entries live inside their lock (no allocation per
+ * 8 to 16 bytes per name after growing (up to 64 just before it shrinks). Entries live inside their lock (no allocation per
  * name); a several-name lock's entries are one array, so an entry finds its
  * lock from its index.
  */
