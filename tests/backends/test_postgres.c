@@ -28,9 +28,8 @@
  * killed under three locks (all lost, the kept one reported by the
  * keeper); a lock left unrenewed among renewed mates let go after its
  * lease; the keeper renewing on a session the application uses meanwhile.
- * The silent-network case runs here with a TTL per role (one session
- * each), as tests/backends/silent_pool.h's one-session-per-lock
- * expectations no longer hold.
+ * The silent-network case (tests/backends/silent_pool.h) gives each role
+ * a TTL, so a session, of its own, and a second lock on A's session.
  *
  * Environment: DLOCK_POSTGRES_URI (scripts/stores/start.sh prints it); a
  * missing variable fails the run. The crash case also needs
@@ -58,7 +57,7 @@
 #include "tests/proxy.h"
 #include "tests/tap.h"
 #include "tests/util.h"
-#include "tests/backends/silent_pool.h" /* ms_since() */
+#include "tests/backends/silent_pool.h"
 
 #define MS 1000000ull
 
@@ -450,81 +449,12 @@ static void test_silent_server_connect(void)
 }
 
 /* Every call through a network that goes silent (the proxy keeps the
- * connections open and forwards nothing) returns within its bound. */
-/* As silent_pool_case() (tests/backends/silent_pool.h), with the locks
- * of each role on a session of its own: locks of one lease share a holder
- * session (issue 13), so each gets its own TTL. A and A2 share one: A's
- * renew finds no reply and closes it, and A2 is lost with it. */
+ * connections open and forwards nothing) returns within its bound; A2
+ * shares A's session and is lost with it (tests/backends/silent_pool.h). */
 static void test_silent_network(void)
 {
-    struct proxy p;
-    char pu[1024], a[128], a2[128], b[128], y1[128], y2[128], z[128];
-    dlock_lock *la = NULL, *la2 = NULL, *lb = NULL, *l1 = NULL, *l2 = NULL, *lz = NULL;
-    const uint64_t timeout = 1000, connect_ms = 2000, slack = 3000;
-    proxy_for_uri(&p, uri);
-    proxy_uri(&p, uri, "timeout=1000&connect_timeout=2000", pu, sizeof pu);
-    snprintf(a, sizeof a, "%ssilent-a", prefix);
-    snprintf(a2, sizeof a2, "%ssilent-a2", prefix);
-    snprintf(b, sizeof b, "%ssilent-b", prefix);
-    snprintf(y1, sizeof y1, "%ssilent-y1", prefix);
-    snprintf(y2, sizeof y2, "%ssilent-y2", prefix);
-    snprintf(z, sizeof z, "%ssilent-z", prefix);
-    dlock_client *c = open_ok(pu);
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 3000);
-    is_int(dlock_acquire(c, a, &o, &la), 0, "through the proxy: acquire A (TTL 3 s)");
-    is_int(dlock_acquire(c, a2, &o, &la2), 0, "and A2, on A's session");
-    o.ttl_ms = 3100;
-    is_int(dlock_acquire(c, b, &o, &lb), 0, "and B (another TTL: another session)");
-    o.ttl_ms = 3200;
-    is_int(dlock_acquire(c, y1, &o, &l1), 0, "and two more, released: two pooled sessions");
-    o.ttl_ms = 3300;
-    is_int(dlock_acquire(c, y2, &o, &l2), 0, "(the second)");
-    dlock_release(l1);
-    dlock_release(l2);
-
-    proxy_set(&p, PROXY_BLACKHOLE);
-    uint64_t t0 = dlock_monotonic_ns();
-    o.ttl_ms = 3400;
-    is_int(dlock_acquire(c, z, &o, &lz), DLOCK_ECONNECT, "silent network: a try → ECONNECT");
-    double el = ms_since(t0);
-    ok(el >= timeout - 50 && el < 2 * timeout - 100,
-       "after the timeout, not retried (%.0f ms; timeout %llu ms): %s", el,
-       (unsigned long long)timeout, dlock_errmsg(c));
-    ok(strstr(dlock_errmsg(c), "no reply") != NULL, "the message says the server did not answer");
-    t0 = dlock_monotonic_ns();
-    is_int(dlock_renew(la, 3000), DLOCK_ECONNECT, "renew → ECONNECT");
-    el = ms_since(t0);
-    ok(el < timeout + slack, "within the timeout (%.0f ms): %s", el, dlock_errmsg(c));
-    ok(strstr(dlock_errmsg(c), "lost") != NULL, "saying the lock is lost with its session");
-    t0 = dlock_monotonic_ns();
-    is_int(dlock_renew(la2, 3000), DLOCK_ELOST, "A2, on the session A's renew closed: ELOST");
-    ok(ms_since(t0) < 100, "at once (%.0f ms): %s", ms_since(t0), dlock_errmsg(c));
-    t0 = dlock_monotonic_ns();
-    int rc = dlock_release(lb);
-    el = ms_since(t0);
-    ok(rc == DLOCK_ECONNECT, "release → ECONNECT (%s)", dlock_err_name(rc));
-    ok(el < timeout + slack, "within the timeout (%.0f ms): %s", el, dlock_errmsg(c));
-    t0 = dlock_monotonic_ns();
-    is_int(dlock_client_ping(c), DLOCK_ECONNECT, "ping → ECONNECT");
-    el = ms_since(t0);
-    ok(el < 2 * timeout - 100, "within the timeout, not retried (%.0f ms): %s", el,
-       dlock_errmsg(c));
-    t0 = dlock_monotonic_ns();
-    is_int(dlock_client_ping(c), DLOCK_ECONNECT, "ping on a new session → ECONNECT");
-    el = ms_since(t0);
-    ok(el < connect_ms + slack, "within connect_timeout (%.0f ms): %s", el, dlock_errmsg(c));
-    t0 = dlock_monotonic_ns();
-    dlock_client *d = NULL;
-    is_int(dlock_client_open(pu, &d), DLOCK_ECONNECT, "open through the silent network → ECONNECT");
-    el = ms_since(t0);
-    ok(el < connect_ms + slack, "within connect_timeout (%.0f ms): %s", el, dlock_errmsg(d));
-    dlock_client_close(d);
-    is_int(dlock_release(la), DLOCK_ELOST, "A, whose renew closed its session: release → ELOST");
-    is_int(dlock_release(la2), DLOCK_ELOST, "A2 too");
-    t0 = dlock_monotonic_ns();
-    dlock_client_close(c);
-    ok(ms_since(t0) < 1000, "close returns at once (%.0f ms)", ms_since(t0));
-    proxy_stop(&p);
+    char a[128], a2[128], b[128];
+    silent_pool_case(uri, prefix, 2000, a, b, a2);
     /* The server ends the sessions once the proxy closes them. */
     int64_t ka = dlock_pg_key(NULL, a, strlen(a)), ka2 = dlock_pg_key(NULL, a2, strlen(a2));
     int64_t kb = dlock_pg_key(NULL, b, strlen(b));
