@@ -485,7 +485,7 @@ static void test_silent_server_connect(void)
 static void test_silent_network(void)
 {
     char a[128], b[128];
-    silent_pool_case(uri, prefix, 1000, a, b);
+    silent_pool_case(uri, prefix, 1000, a, b, NULL);
     /* The server rolls back once the proxy closes the sessions. */
     dlock_client *e = open_ok(uri);
     dlock_lock *la = NULL, *lb = NULL;
