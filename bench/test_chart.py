@@ -16,6 +16,10 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
+                                "tests"))
+from tap import Tap  # noqa: E402
+
 SVG_NS = "{http://www.w3.org/2000/svg}"
 EXPECTED_TEXT = [
     "latency (µs, log scale)",
@@ -28,19 +32,8 @@ EXPECTED_TEXT = [
     "p50", "p90", "p99", "max",
 ]
 
-n = 0
-failed = 0
-
-
-def check(ok, what, detail=""):
-    global n, failed
-    n += 1
-    print("%s %d - %s" % ("ok" if ok else "not ok", n, what))
-    if not ok:
-        failed += 1
-        for line in str(detail).splitlines():
-            print("# " + line)
-    return ok
+tap = Tap()
+check = tap.ok
 
 
 def svg_texts(path):
@@ -116,7 +109,7 @@ def main():
         with open(png, "rb") as f:
             ok = f.read(8) == b"\x89PNG\r\n\x1a\n"
     check(ok, "plot.py writes a PNG from the JSON on stdin", q.stderr)
-    return 1 if failed else 0
+    return tap.status()
 
 
 if __name__ == "__main__":

@@ -16,23 +16,16 @@ import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
+                                "tests"))
+from tap import Tap  # noqa: E402
+
 BAD_LISTS = ["0", "abc", "10,,100", "", "10,", ",10", "-5", "10000001",
              "1,2,3,4,5,6,7,8,9", "10;100", "1e3"]
 SAMPLES = 50
 
-n = 0
-failed = 0
-
-
-def check(ok, what, detail=""):
-    global n, failed
-    n += 1
-    print("%s %d - %s" % ("ok" if ok else "not ok", n, what))
-    if not ok:
-        failed += 1
-        for line in str(detail).splitlines():
-            print("# " + line)
-    return ok
+tap = Tap()
+check = tap.ok
 
 
 def run(args):
@@ -120,7 +113,7 @@ def main():
     check(p.returncode == 64 and "--waiters" in p.stderr,
           "--scale with --waiters is a usage error naming it",
           "status %d\n%s" % (p.returncode, p.stderr))
-    return 1 if failed else 0
+    return tap.status()
 
 
 if __name__ == "__main__":

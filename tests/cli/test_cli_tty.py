@@ -18,22 +18,17 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+from tap import Tap  # noqa: E402
+
 DLOCK = os.path.abspath(sys.argv[1])
 TMP = tempfile.mkdtemp(prefix="dlock-cli-tty.")
 URI = "file://" + TMP + "/locks"
-n = 0
-failed = 0
+tap = Tap()
 
 
 def ok(cond, desc, out=b""):
-    global n, failed
-    n += 1
-    print(("ok" if cond else "not ok") + " %d - %s" % (n, desc))
-    if not cond:
-        failed += 1
-        for line in out.decode(errors="replace").replace("\r", "").splitlines()[-15:]:
-            print("#   " + line)
-    sys.stdout.flush()
+    return tap.ok(cond, desc, out, tail=15)
 
 
 class Term:
@@ -177,5 +172,5 @@ try:
 finally:
     shutil.rmtree(TMP, ignore_errors=True)
 
-print("1..%d" % n)
-sys.exit(1 if failed else 0)
+tap.plan_now()
+sys.exit(tap.status())

@@ -3,22 +3,18 @@
 Prometheus client library's own parser, Debian's python3-prometheus-client)
 and says what tests/unit/metrics_text.c did. TAP output.
 Usage: test_metrics.py PATH/TO/metrics_text"""
+import os
 import subprocess
 import sys
 import tempfile
 
 from prometheus_client.parser import text_string_to_metric_families
 
-n = 0
-failed = 0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+from tap import Tap  # noqa: E402
 
-
-def ok(cond, desc):
-    global n, failed
-    n += 1
-    print(("ok %d - %s" if cond else "not ok %d - %s") % (n, desc))
-    if not cond:
-        failed += 1
+tap = Tap()
+ok = tap.ok
 
 
 def run(labels=None):
@@ -93,5 +89,5 @@ ok(rc == 0 and every and fams, "labels given are on every sample, escapes kept")
 rc, text = run('bad label')
 ok(rc != 0, "labels that are not name=\"value\" pairs are refused")
 
-print("1..%d" % n)
-sys.exit(1 if failed else 0)
+tap.plan_now()
+sys.exit(tap.status())
