@@ -69,7 +69,74 @@
  *
  * Sessions. One transaction per session, so every held lock has its own
  * session (releasing one lock must not release another); a client keeps a
- * small pool of idle lock sessions (IDLE_SESSIONS_MAX).
+ * small pool of idle lock sessions (IDLE_SESSIONS_MAX). lock=named shares
+ * them (below).
+ *
+ * lock=named (MariaDB; option lock: row, the default, or named). A lock is
+ * a user lock, GET_LOCK, not a row lock: a session holds any number of
+ * them and releases each alone (RELEASE_LOCK), so held locks share
+ * sessions, as PostgreSQL's advisory locks do (backends/postgres.c), and a
+ * client can hold 10 000 locks. Its tokens come from token=sequence's
+ * sequence and durable mark (seq_durable), so lock=named implies
+ * token=sequence (token=table is refused, DLOCK_EBADURI; MySQL, without
+ * sequences, DLOCK_ENOTSUP). Every client of a store must use the same
+ * lock option: a user lock and a row lock of one name do not exclude each
+ * other. The user lock's name is "dlock:" and 58 hex digits of
+ * SHA-256(SHA-256(database 0x00 table) || SHA-256(name)): MariaDB's user
+ * locks are server-wide, 64 characters at most. An acquire is one
+ * statement: SELECT IF(GET_LOCK(n, t) = 1, NEXTVAL(seq), 0), NEXTVAL being
+ * evaluated only once the lock is granted (a refused GET_LOCK takes no
+ * value): one round trip, tokens in grant order. t is 0 for a try, what is
+ * left of a deadline (GET_LOCK takes fractions of a second; the client
+ * waits CLEANUP_MS more for the answer), a year (its maximum) without one;
+ * a wait cut short by a signal or a server that did not end it in time
+ * has its session killed (KILL from the control session) and closed, so
+ * whatever it got is freed. The lock table keeps only the durable mark's
+ * row: names get no rows. GET_LOCK waiters are served first-come
+ * first-served (MariaDB's metadata lock queue), and a GET_LOCK(n, 0) never
+ * overtakes them.
+ *
+ * lock=named sessions. A try runs on a "holder session" whose lease
+ * (wait_timeout) is the same whole number of seconds, holding fewer than
+ * NAMED_LOCKS_MAX (256) locks and not the name already (GET_LOCK nests on
+ * one session: a second grant there would exclude nothing), and the grant
+ * stays there. A blocking wait cannot run on a holder session (its locks'
+ * renewals and releases would queue behind it): it first tries on a holder
+ * session (unless its deadline is nearer than `timeout`: a bound that ran
+ * out would close the shared session), and only if the lock is taken
+ * waits on a session that holds nothing, which then becomes a holder
+ * session. So a client's sessions are ceil(H / 256) per lease for H locks
+ * taken without queueing, plus one per wait in progress or per waited
+ * lock's session, plus up to IDLE_SESSIONS_MAX that hold nothing, plus the
+ * control session when opened (raise_floor, token_top, inspect, ping,
+ * a KILL; for a moment for the durable mark). A lock never moves; a
+ * session that ends (its lease, a KILL, a restart, no reply in time:
+ * closed) takes every lock on it, and each reports DLOCK_ELOST on renew,
+ * keep and release. A wait whose session the server dropped queues again
+ * on a new session if the server restarted since the wait began (its
+ * uptime, read on another session, says so; while it does not answer,
+ * tried every 100 ms to 1 s until the deadline, or for connect_timeout),
+ * not if the session was killed alone. Any statement restarts a
+ * session's idle timer, so renewing one lock prolongs its mates on the
+ * server; so every use of a session (a try, a
+ * renewal, keep(), a release) first releases its other locks whose
+ * client-side lease has ended (their handles then report DLOCK_ELOST). A
+ * renewal with another TTL sets the session's lease to the longest its
+ * live locks need. Renew (and keep, raise_token) proves the lock with
+ * SELECT IS_USED_LOCK(n) = CONNECTION_ID() (one round trip; a SET of
+ * wait_timeout before it when the lease changes); release is SELECT
+ * RELEASE_LOCK(n), 1 when it was ours, else DLOCK_ELOST. Threads: each
+ * session has a mutex, held around one exchange on it (see "named locks"
+ * below); keep() may wait for it behind the application's statement on
+ * the same session, `timeout` at most per exchange (two with a stale mate
+ * to release): keep a kept lock's TTL above 3 x `timeout`. raise_token,
+ * raise_floor and token_top are token=sequence's. inspect (control
+ * session, one statement): held, from IS_USED_LOCK, with the holder
+ * named "session <connection id>" (the owner id, token and lease are
+ * known to the holder's session only); the waiters, the sessions running
+ * GET_LOCK of the name (information_schema.PROCESSLIST: other users'
+ * sessions need the PROCESS privilege), the longest waiting first
+ * (TIME_MS); no last token of a free name.
  *
  * Lease. The holding session is the lease: its wait_timeout is the TTL
  * rounded up to whole seconds, so a holder that stops talking (paused,
@@ -211,6 +278,9 @@
 #define NAME_COLUMN_MAX 255    /* bytes of the name kept for people to read */
 #define LOCK_WAIT_MAX_S 1073741824u /* innodb_lock_wait_timeout's maximum */
 #define IDLE_SESSIONS_MAX 4
+/* lock=named: locks sharing one session at most. A session that ends takes
+ * them all, and every use of it scans its list. */
+#define NAMED_LOCKS_MAX 256
 #define MDL_WAIT_MAX_S 31536000u  /* lock_wait_timeout's maximum */
 #define CLEANUP_MS 200u /* past a deadline: ending a wait, letting go after a failure */
 #define MS 1000000ull
@@ -233,7 +303,7 @@
 static const char *const mysql_schemes[] = {"mysql", "mariadb", NULL};
 static const char *const mysql_options_list[] = {
     "connect_timeout", "timeout", "table", "socket", "tls", "tls_ca", "tls_cert", "tls_key", "token",
-    NULL,
+    "lock", NULL,
 };
 
 enum stmt_id {
@@ -311,8 +381,11 @@ static const char *const create_sql[] = {
     ") ENGINE=InnoDB COMMENT='dlock: latest grant of each lock, committed at grant time'",
 };
 
+struct mysql_held;
+
 struct session {
-    MYSQL *db;
+    MYSQL *db;                 /* lock=named: NULL once closed, the struct kept
+                                  while handles point to it */
     MYSQL_STMT *stmt[N_STMTS]; /* prepared on first use */
     unsigned wait_timeout_s;   /* as last set by us; 0 = server default */
     unsigned lock_wait_s;      /* innodb_lock_wait_timeout as last set; 0 = default */
@@ -322,7 +395,13 @@ struct session {
                                   the server may still be working on it, so
                                   a retry would only wait again; 0: no */
     struct session *next;      /* in the idle pool */
-    uint64_t idle_since;       /* put in the pool then (CLOCK_MONOTONIC) */
+    uint64_t idle_since;       /* put in the pool (lock=named: left holding
+                                  nothing) then (CLOCK_MONOTONIC) */
+    /* lock=named (see "named locks" below): */
+    pthread_mutex_t mu;        /* around each exchange and what keep() reads */
+    int waiting;               /* a blocking GET_LOCK runs on it: not shared */
+    size_t nheld;              /* handles pointing to it */
+    struct mysql_held *held;   /* those handles */
 };
 
 struct mysql_conn {
@@ -335,6 +414,10 @@ struct mysql_conn {
     int token_opt;   /* option token: 0 absent (table), 1 table, 2 sequence */
     int seq;         /* token=sequence: lock and token in one statement */
     uint64_t durable; /* token=sequence: every token below it is on disk (seq_durable) */
+    int named;       /* lock=named: GET_LOCK, held locks share sessions */
+    unsigned char salt[DLOCK_SHA256_LEN]; /* lock=named: SHA-256 of database, table */
+    struct session **nsess; /* lock=named: every session, holding or free */
+    size_t nn, ncap;
     uint64_t connect_ms, timeout_ms;
     char where[128];        /* "host:port" or the socket path, for messages */
     char *sql[N_STMTS];
@@ -349,12 +432,24 @@ struct mysql_held {
     unsigned char k[DLOCK_SHA256_LEN];
     uint32_t ttl_ms;
     uint64_t expires_ns;    /* end of the lease as the client sees it */
+    /* lock=named: */
+    char lname[7 + 58];     /* "dlock:" + 58 hex digits */
+    int gone;               /* let go on its session after its lease ended */
+    struct mysql_held *prev, *next; /* its session's handles */
 };
 
 static dlock_client *cl(struct mysql_conn *mc)
 {
     return mc->base.client;
 }
+
+/* lock=named (see "named locks" below). */
+static int named_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_held **heldp);
+static int named_release(struct mysql_conn *mc, struct mysql_held *h);
+static int named_renew(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_ms);
+static int named_keep(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_ms);
+static int named_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t floor);
+static int named_inspect(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info);
 
 static unsigned ceil_s(uint64_t ms)
 {
@@ -613,16 +708,27 @@ static int run(struct mysql_conn *mc, struct session *s, enum nb_op op, MYSQL_ST
  * nothing to read (it would otherwise drain the statement's reply with
  * its whole-second timeouts). The server ends the session, rolling back,
  * when it sees the connection closed. */
-static void session_close(struct session *s)
+static void session_disconnect(struct session *s)
 {
-    if (!s)
+    if (!s->db)
         return;
     if (s->dead && (int)mysql_get_socket(s->db) >= 0)
         shutdown((int)mysql_get_socket(s->db), SHUT_RDWR);
     for (int i = 0; i < N_STMTS; i++)
-        if (s->stmt[i])
+        if (s->stmt[i]) {
             mysql_stmt_close(s->stmt[i]);
+            s->stmt[i] = NULL;
+        }
     mysql_close(s->db);
+    s->db = NULL;
+}
+
+static void session_close(struct session *s)
+{
+    if (!s)
+        return;
+    session_disconnect(s);
+    pthread_mutex_destroy(&s->mu);
     free(s);
 }
 
@@ -671,11 +777,12 @@ static void tune_socket(struct mysql_conn *mc, MYSQL *db)
  * holders' grants, never committed, there (nothing else it runs reads
  * rows); lock
  * sessions without autocommit (the FOR UPDATE opens the transaction that
- * holds the lock); the control session with autocommit, so that every
- * token is committed the moment it is bumped, and it gives up on a row
- * lock after 1 s (it only ever waits in the rare race of creating a row,
- * or behind another client's bump). Metadata locks (a DDL on the tables)
- * are waited for at most `timeout`.
+ * holds the lock; lock=named's sessions, lock_role 2, run in autocommit:
+ * user locks need no transaction); the control session with autocommit,
+ * so that every token is committed the moment it is bumped, and it gives
+ * up on a row lock after 1 s (it only ever waits in the rare race of
+ * creating a row, or behind another client's bump). Metadata locks (a DDL
+ * on the tables) are waited for at most `timeout`.
  */
 static int session_open(struct mysql_conn *mc, int lock_role, struct bound *call,
                         struct session **out)
@@ -685,7 +792,12 @@ static int session_open(struct mysql_conn *mc, int lock_role, struct bound *call
     uint64_t start = dlock_monotonic_ns();
     my_bool off = 0;
     char limits[128];
-    if (!s || !(s->db = mysql_init(NULL))) {
+    if (!s || pthread_mutex_init(&s->mu, NULL) != 0) {
+        free(s);
+        return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
+    }
+    if (!(s->db = mysql_init(NULL))) {
+        pthread_mutex_destroy(&s->mu);
         free(s);
         return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
     }
@@ -700,8 +812,10 @@ static int session_open(struct mysql_conn *mc, int lock_role, struct bound *call
                   !lock_role && mc->seq
                       ? "SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED"
                       : "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
-    if (lock_role)
+    if (lock_role == 1)
         snprintf(limits, sizeof limits, "SET SESSION autocommit = 0, lock_wait_timeout = %u", io_s);
+    else if (lock_role == 2) /* lock=named: GET_LOCK needs no transaction */
+        snprintf(limits, sizeof limits, "SET SESSION autocommit = 1, lock_wait_timeout = %u", io_s);
     else
         snprintf(limits, sizeof limits,
                  "SET SESSION autocommit = 1, innodb_lock_wait_timeout = 1, lock_wait_timeout = %u",
@@ -1472,6 +1586,10 @@ static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     struct mysql_held *h = calloc(1, sizeof *h);
     uint64_t start = dlock_monotonic_ns();
     int err;
+    if (mc->named) {
+        free(h);
+        return named_acquire(mc, req, heldp);
+    }
     if (!h)
         return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
     dlock_sha256(req->name, req->name_len, h->k);
@@ -1571,6 +1689,8 @@ static int be_release(dlock_conn *conn, dlock_held *held)
     struct mysql_conn *mc = (struct mysql_conn *)conn;
     struct mysql_held *h = (struct mysql_held *)held;
     int err = 0;
+    if (mc->named)
+        return named_release(mc, h);
     if (!h->s) {
         err = dlock_seterr(conn->client, DLOCK_ELOST, "the lock was lost earlier");
     } else if ((err = query_until(mc, h->s, "ROLLBACK", dlock_monotonic_ns() + mc->timeout_ms * MS,
@@ -1611,6 +1731,8 @@ static int be_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
     struct mysql_held *h = (struct mysql_held *)held;
+    if (mc->named)
+        return named_renew(mc, h, ttl_ms);
     if (!h->s)
         return dlock_seterr(conn->client, DLOCK_ELOST, "the lock was lost earlier");
     uint64_t sent = dlock_monotonic_ns();
@@ -1636,6 +1758,8 @@ static int be_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
     struct mysql_held *h = (struct mysql_held *)held;
+    if (mc->named)
+        return named_keep(mc, h, ttl_ms);
     if (!h->s)
         return dlock_seterr(conn->client, DLOCK_ELOST, "the lock was lost earlier");
     uint64_t sent = dlock_monotonic_ns(), until = sent + mc->timeout_ms * MS;
@@ -1759,6 +1883,8 @@ static int be_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
     int err;
     if ((err = floor_too_high(mc, floor)) != 0)
         return err;
+    if (mc->named)
+        return named_raise(mc, h, floor);
     if (!h->s)
         return dlock_seterr(conn->client, DLOCK_ELOST, "the lock was lost earlier");
     struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
@@ -2009,6 +2135,8 @@ static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
     struct session *ctl;
     MYSQL_RES *res = NULL;
     int err = 0;
+    if (mc->named)
+        return named_inspect(mc, name, len, info);
     dlock_sha256(name, len, k);
     for (size_t i = 0; i < DLOCK_SHA256_LEN; i++) {
         kx[2 * i] = hexd[k[i] >> 4];
@@ -2146,7 +2274,7 @@ static int be_ping(dlock_conn *conn)
     struct mysql_conn *mc = (struct mysql_conn *)conn;
     struct session *ctl;
     int err;
-    if (mc->seq && !mc->ctl)
+    if (mc->seq && !mc->ctl && !mc->named)
         return ping_pooled(mc);
     for (int tries = 0; tries < 2; tries++) {
         if ((err = ctl_session(mc, NULL, &ctl)) != 0)
@@ -2161,12 +2289,737 @@ static int be_ping(dlock_conn *conn)
     return err;
 }
 
+/* ---- named locks (lock=named) ------------------------------------------- */
+
+/*
+ * Threads: the keeper calls keep() while the application's thread may be in
+ * any other method, and a session is shared by several locks, so keep() of
+ * one lock and the application's try, renew or release of another may meet
+ * on one session. Each session's mutex is held around one exchange (a
+ * statement and its reply, bounded by `timeout`) and around every change to
+ * what keep() reads: the session's connection, lease, list of handles and
+ * their state. A blocking GET_LOCK runs on a session that holds nothing,
+ * which keep() never touches. The list of sessions (mc->nsess) belongs to
+ * the application's thread; a session struct lives while a handle points
+ * to it. One mutex at a time.
+ */
+
+/* The user lock of key k: MariaDB's names are server-wide (every database
+ * shares them), so the database and the table are in the hash. */
+static void named_lock_name(const struct mysql_conn *mc, const unsigned char *k, char *out)
+{
+    unsigned char in[2 * DLOCK_SHA256_LEN], d[DLOCK_SHA256_LEN];
+    char hex[2 * DLOCK_SHA256_LEN + 1];
+    memcpy(in, mc->salt, DLOCK_SHA256_LEN);
+    memcpy(in + DLOCK_SHA256_LEN, k, DLOCK_SHA256_LEN);
+    dlock_sha256(in, sizeof in, d);
+    dlock_hex(d, sizeof d, hex);
+    snprintf(out, 7 + 58, "dlock:%.58s", hex);
+}
+
+static int named_add(struct mysql_conn *mc, struct session *s)
+{
+    if (mc->nn == mc->ncap) {
+        size_t cap = mc->ncap ? 2 * mc->ncap : 8;
+        struct session **p = realloc(mc->nsess, cap * sizeof *p);
+        if (!p)
+            return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
+        mc->nsess = p;
+        mc->ncap = cap;
+    }
+    mc->nsess[mc->nn++] = s;
+    return 0;
+}
+
+/* Closes sessions that hold nothing beyond IDLE_SESSIONS_MAX live ones, and
+ * frees the structs of closed ones no handle points to. */
+static void named_trim(struct mysql_conn *mc)
+{
+    size_t idle = 0, o = 0;
+    for (size_t i = 0; i < mc->nn; i++) {
+        struct session *s = mc->nsess[i];
+        if (s->nheld == 0 && !s->waiting) {
+            if (s->db && !s->dead && idle < IDLE_SESSIONS_MAX) {
+                idle++;
+            } else {
+                session_close(s);
+                continue;
+            }
+        }
+        mc->nsess[o++] = s;
+    }
+    mc->nn = o;
+}
+
+/* A session that holds nothing, live (as far as the client knows), or a
+ * new one; *opened says which. Not locked: only the application's thread
+ * sees a session without handles. */
+static int named_free_session(struct mysql_conn *mc, struct bound *call, struct session **out,
+                              int *opened)
+{
+    *opened = 0;
+    for (size_t i = 0; i < mc->nn; i++) {
+        struct session *s = mc->nsess[i];
+        if (s->nheld == 0 && !s->waiting && s->db && !s->dead) {
+            *out = s;
+            return 0;
+        }
+    }
+    int err = session_open(mc, 2, call, out);
+    if (err == 0 && (err = named_add(mc, *out)) != 0)
+        session_close(*out);
+    *opened = err == 0;
+    return err;
+}
+
+static int named_holds(const struct session *s, const char *lname)
+{
+    for (const struct mysql_held *h = s->held; h; h = h->next)
+        if (!h->gone && strcmp(h->lname, lname) == 0)
+            return 1;
+    return 0;
+}
+
+/* A live session of this lease with locks and room, not holding lname
+ * already (GET_LOCK nests on one session: a second grant there would be no
+ * exclusion), its mutex locked; NULL if none. */
+static struct session *named_holder(struct mysql_conn *mc, unsigned lease_s, const char *lname)
+{
+    for (size_t i = 0; i < mc->nn; i++) {
+        struct session *s = mc->nsess[i];
+        if (s->nheld == 0 || s->nheld >= NAMED_LOCKS_MAX || s->waiting)
+            continue;
+        pthread_mutex_lock(&s->mu);
+        if (s->db && !s->dead && s->wait_timeout_s == lease_s && !named_holds(s, lname))
+            return s;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
+/* An expression that fails (ER_SUBQUERY_NO_1_ROW) where it is evaluated:
+ * IF evaluates only the branch taken, so IF(ours, v, NOT_OURS) is v or an
+ * error, in a statement answered by an OK packet. (NULL would not do: SET
+ * takes it as 1 second, and a string makes the IF a string.) */
+#define NOT_OURS "(SELECT 1 UNION ALL SELECT 2)"
+
+/* How many stale locks one statement lets go at most. */
+#define EXPIRE_BATCH 32
+
+/*
+ * Locks on s, other than self, whose lease as their holder counts it has
+ * ended: released now and marked gone (their handles report DLOCK_ELOST).
+ * Alone on its session such a lock would go with the session when its
+ * wait_timeout runs out; among mates that keep the session busy it would
+ * stay held. s->mu held; one round trip, only when there is something to do.
+ */
+static void named_expire(struct mysql_conn *mc, struct session *s, const struct mysql_held *self,
+                         uint64_t until_ns)
+{
+    struct mysql_held *batch[EXPIRE_BATCH];
+    char sql[16 + EXPIRE_BATCH * 90];
+    uint64_t now = dlock_monotonic_ns();
+    for (;;) {
+        size_t n = 0, o = 0;
+        for (struct mysql_held *h = s->held; h && n < EXPIRE_BATCH; h = h->next)
+            if (h != self && !h->gone && h->expires_ns <= now)
+                batch[n++] = h;
+        if (n == 0 || !s->db)
+            return;
+        o += (size_t)snprintf(sql, sizeof sql, "SELECT ");
+        for (size_t i = 0; i < n; i++)
+            o += (size_t)snprintf(sql + o, sizeof sql - o, "%sRELEASE_LOCK('%s')", i ? ", " : "",
+                                  batch[i]->lname);
+        dlock_errsave why;
+        MYSQL_RES *res = NULL;
+        struct bound b = {until_ns, DLOCK_ECONNECT, 0};
+        dlock_err_save(cl(mc), &why); /* not what the caller reports */
+        int err = query_result(mc, s, sql, &b, "releasing locks whose lease ended", &res);
+        dlock_err_restore(cl(mc), &why);
+        if (err) {
+            if (s->dead) /* a session gone takes them all */
+                session_disconnect(s);
+            return; /* else tried again at the next use */
+        }
+        mysql_free_result(res);
+        for (size_t i = 0; i < n; i++)
+            batch[i]->gone = 1;
+    }
+}
+
+/* Why h is gone, for messages. */
+static const char *named_lost_why(const struct mysql_held *h)
+{
+    if (h->gone)
+        return "its lease had ended without a renewal, and it was released on the session it"
+               " shared with locks that were still in use";
+    if (h->s->silent_ms)
+        return "the session holding it was closed after the server did not answer in time";
+    return "the session holding it ended (its lease ran out, a KILL, or the connection was lost)";
+}
+
+/* A statement failed on s (err recorded): the session is gone if the
+ * server dropped it or did not answer, and every lock on it with it. */
+static int named_failed(struct session *s, int err)
+{
+    if (s->dead)
+        session_disconnect(s);
+    return err;
+}
+
+/*
+ * One GET_LOCK on s, with the token in the same statement:
+ *
+ *   SELECT IF(GET_LOCK('dlock:<hash>', t) = 1, NEXTVAL(<table>_seq), 0)
+ *
+ * NEXTVAL is evaluated only when the lock was granted (a refused or timed
+ * out GET_LOCK takes no value), once it was, so tokens grow in grant order.
+ * t: 0 for a try, what is left of a deadline (GET_LOCK takes fractions of
+ * a second), a year (its maximum) without one. The client waits for the
+ * answer: a try `timeout`, a deadline until CLEANUP_MS past it, a wait
+ * without one unbounded (TCP keepalives). Returns 1 (granted, *token), 0
+ * (not granted) or an error. A wait cut short (signal, no answer) has its
+ * session killed from the control session and closed (whatever it got is
+ * freed with it).
+ */
+static int named_get(struct mysql_conn *mc, struct session *s, const dlock_request *req,
+                     const char *lname, uint64_t until, uint64_t *token)
+{
+    char sql[256], t[48];
+    uint64_t start = dlock_monotonic_ns();
+    if (req->wait == DLOCK_WAIT_TRY) {
+        snprintf(t, sizeof t, "0");
+    } else if (req->wait == DLOCK_WAIT_DEADLINE) {
+        uint64_t left_us = req->deadline_ns > start ? (req->deadline_ns - start) / 1000u : 0;
+        snprintf(t, sizeof t, "%" PRIu64 ".%06" PRIu64, left_us / 1000000u, left_us % 1000000u);
+    } else {
+        snprintf(t, sizeof t, "%u", MDL_WAIT_MAX_S);
+    }
+    snprintf(sql, sizeof sql, "SELECT IF(GET_LOCK('%s', %s) = 1, NEXTVAL(`%s_seq`), 0)", lname, t,
+             mc->table);
+    struct nb c = {.op = NB_QUERY, .db = s->db, .sql = sql};
+    nb_step(&c, -1);
+    int w = nb_finish(&c, until, req->wait != DLOCK_WAIT_TRY);
+    if (w == -1 && req->wait == DLOCK_WAIT_TRY)
+        return named_failed(s, no_reply(mc, s, "acquire", start, DLOCK_ECONNECT));
+    if (w != 0) {
+        char kill[64];
+        struct session *ctl;
+        struct bound kb = {dlock_monotonic_ns() + CLEANUP_MS * MS, DLOCK_ECONNECT, 0};
+        dlock_errsave why;
+        int err = w == -2 ? dlock_seterr(cl(mc), DLOCK_EINTR, "a signal interrupted the wait")
+                          : dlock_seterr(cl(mc), DLOCK_ETIMEDOUT,
+                                         "the deadline passed with the lock still held elsewhere"
+                                         " (the server did not end the wait in time)");
+        dlock_err_save(cl(mc), &why);
+        snprintf(kill, sizeof kill, "KILL %lu", mysql_thread_id(s->db));
+        if (ctl_session(mc, &kb, &ctl) == 0 && run(mc, ctl, NB_QUERY, NULL, kill, &kb, "KILL") != 0)
+            ctl_dropped(mc);
+        dlock_err_restore(cl(mc), &why);
+        s->dead = 1;
+        s->silent_ms = (dlock_monotonic_ns() - start) / MS + 1;
+        session_disconnect(s);
+        return err;
+    }
+    if (c.ret != 0)
+        return named_failed(s, fail_on(mc, s, NULL, "acquire"));
+    struct nb r = {.op = NB_STORE, .db = s->db};
+    struct bound rb = stmt_bound(NULL, CLEANUP_MS);
+    nb_step(&r, -1);
+    if (nb_finish(&r, rb.until, 0) != 0)
+        return named_failed(s, no_reply(mc, s, "acquire", start, DLOCK_ECONNECT));
+    if (!r.res)
+        return named_failed(s, fail_on(mc, s, NULL, "acquire"));
+    MYSQL_ROW row = mysql_fetch_row(r.res);
+    *token = row && row[0] ? strtoull(row[0], NULL, 10) : 0;
+    mysql_free_result(r.res);
+    return *token != 0;
+}
+
+/* Undoes a grant on s whose handle will not be made (its token could not
+ * be made durable); closes the session if even that fails. */
+static void named_undo(struct mysql_conn *mc, struct session *s, const char *lname)
+{
+    char sql[128];
+    MYSQL_RES *res = NULL;
+    dlock_errsave why;
+    struct bound b = stmt_bound(NULL, mc->timeout_ms);
+    if (!s->db)
+        return;
+    dlock_err_save(cl(mc), &why);
+    snprintf(sql, sizeof sql, "SELECT RELEASE_LOCK('%s')", lname);
+    if (query_result(mc, s, sql, &b, "undoing a grant", &res) == 0) {
+        mysql_free_result(res);
+    } else {
+        s->dead = 1;
+        session_disconnect(s);
+    }
+    dlock_err_restore(cl(mc), &why);
+}
+
+/* One attempt on s (s->mu held): sets its lease first if it has none of
+ * this length yet (a session holding nothing), then GET_LOCK, and makes
+ * the token durable. 0 granted, else an error (DLOCK_EBUSY, DLOCK_ETIMEDOUT...). */
+static int named_attempt(struct mysql_conn *mc, struct session *s, const dlock_request *req,
+                         const char *lname, struct bound *call, uint64_t until, uint64_t *token)
+{
+    unsigned lease = ceil_s(req->ttl_ms);
+    int err;
+    if (s->nheld)
+        named_expire(mc, s, NULL, dlock_monotonic_ns() + mc->timeout_ms * MS);
+    if (!s->db)
+        return dlock_seterr(cl(mc), DLOCK_ECONNECT, "mysql %s: the session ended", mc->where);
+    if (s->nheld == 0 && s->wait_timeout_s != lease) {
+        char sql[64];
+        snprintf(sql, sizeof sql, "SET SESSION wait_timeout = %u", lease);
+        if ((err = exec_sql(mc, s, sql, call, "setting the session's lease")) != 0)
+            return named_failed(s, err);
+        s->wait_timeout_s = lease;
+    }
+    err = named_get(mc, s, req, lname, until, token);
+    if (err < 0 || err > 1)
+        return err;
+    if (err == 0) {
+        if (req->wait == DLOCK_WAIT_TRY)
+            return dlock_seterr(cl(mc), DLOCK_EBUSY, "the lock is held by another owner");
+        if (req->wait == DLOCK_WAIT_DEADLINE)
+            return dlock_seterr(cl(mc), DLOCK_ETIMEDOUT,
+                                "the deadline passed with the lock still held elsewhere");
+        return dlock_seterr(cl(mc), DLOCK_ESTORE,
+                            "mysql %s: GET_LOCK ended without the lock (killed?)", mc->where);
+    }
+    /* The mark (once per range) may need the control session and a
+     * commit: `timeout` at least, as any statement. */
+    struct bound db = stmt_bound(NULL, mc->timeout_ms > CLEANUP_MS ? mc->timeout_ms : CLEANUP_MS);
+    if (req->wait == DLOCK_WAIT_TRY)
+        db = *call;
+    if ((err = seq_durable(mc, s, *token, &db)) != 0) {
+        if (s->dead)
+            session_disconnect(s);
+        else
+            named_undo(mc, s, lname);
+        return err;
+    }
+    return 0;
+}
+
+/*
+ * A waiting session the server dropped, not one idle long enough to have
+ * been dropped for that: was the server restarted since since_ns (queue
+ * again), or was the session killed alone (an administrator's KILL: not
+ * waited on again)? A session that holds nothing (opened if need be)
+ * reads the server's uptime: restarted if it started after since_ns
+ * (whole seconds). While the server does not answer, tries again every
+ * 100 ms to 1 s, until the deadline, or for connect_timeout without one.
+ * 0 with *restarted set, or the error.
+ */
+static int named_restarted(struct mysql_conn *mc, const dlock_request *req, uint64_t since_ns,
+                           struct bound *call, int *restarted)
+{
+    uint64_t down_since = dlock_monotonic_ns(), backoff = 100;
+    uint64_t give_up = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns
+                                                        : down_since + mc->connect_ms * MS;
+    int err;
+    for (int dead = 0;;) {
+        struct session *s;
+        MYSQL_RES *res = NULL;
+        int opened;
+        if ((err = named_free_session(mc, call, &s, &opened)) == 0) {
+            struct bound b = stmt_bound(call, mc->timeout_ms);
+            err = query_result(mc, s, "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS"
+                               " WHERE VARIABLE_NAME = 'UPTIME'", &b, "checking the server",
+                               &res);
+            if (err == 0) {
+                MYSQL_ROW row = mysql_fetch_row(res);
+                uint64_t up_s = row && row[0] ? strtoull(row[0], NULL, 10) : UINT64_MAX;
+                mysql_free_result(res);
+                s->idle_since = dlock_monotonic_ns();
+                *restarted = up_s <= (dlock_monotonic_ns() - since_ns) / (1000 * MS) + 1;
+                dlock_clearerr(cl(mc));
+                return 0;
+            }
+            named_failed(s, err);
+            named_trim(mc);
+            if (!opened && dead++ < IDLE_SESSIONS_MAX)
+                continue; /* a free session the restart dropped too */
+        }
+        if (err != DLOCK_ECONNECT && err != DLOCK_ETIMEDOUT)
+            return err;
+        uint64_t now = dlock_monotonic_ns();
+        if (now + backoff * MS >= give_up)
+            return dlock_seterr(cl(mc), err == DLOCK_ETIMEDOUT ? DLOCK_ETIMEDOUT : DLOCK_ECONNECT,
+                                "mysql %s: the server dropped the waiting session and was not"
+                                " back in time (%s)", mc->where,
+                                req->wait == DLOCK_WAIT_DEADLINE ? "deadline" : "connect_timeout");
+        if ((err = pause_ms(backoff, give_up)) != 0)
+            return dlock_seterr(cl(mc), err, "a signal interrupted the wait");
+        backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
+        dead = 0;
+    }
+}
+
+/*
+ * A try runs on a session holding locks of the same lease (shared, up to
+ * NAMED_LOCKS_MAX), else on one holding nothing, and the grant stays there.
+ * A wait first tries so on a shared session (most waits need not wait),
+ * then waits on a session holding nothing: a session blocked in GET_LOCK
+ * could not renew or release its other locks. A deadline nearer than
+ * `timeout` skips the first try: a bound that ran out on a shared session
+ * would close it and lose its mates.
+ */
+static int named_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_held **heldp)
+{
+    struct mysql_held *h = calloc(1, sizeof *h);
+    struct session *s = NULL;
+    uint64_t start = dlock_monotonic_ns(), token = 0;
+    unsigned lease = ceil_s(req->ttl_ms);
+    int err = 0;
+    if (!h)
+        return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
+    dlock_sha256(req->name, req->name_len, h->k);
+    named_lock_name(mc, h->k, h->lname);
+    struct bound call = {0, DLOCK_ECONNECT, 0};
+    if (req->wait == DLOCK_WAIT_DEADLINE)
+        call = (struct bound){req->deadline_ns, DLOCK_ETIMEDOUT, 0};
+    else if (req->wait == DLOCK_WAIT_TRY)
+        call = (struct bound){start + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
+    if (req->wait != DLOCK_WAIT_TRY &&
+        (req->wait == DLOCK_WAIT_FOREVER || req->deadline_ns >= start + mc->timeout_ms * MS) &&
+        (s = named_holder(mc, lease, h->lname)) != NULL) {
+        dlock_request t = *req;
+        struct bound tb = {start + mc->timeout_ms * MS, DLOCK_ECONNECT, 0};
+        t.wait = DLOCK_WAIT_TRY;
+        if (named_attempt(mc, s, &t, h->lname, &tb, tb.until, &token) == 0)
+            goto granted;
+        pthread_mutex_unlock(&s->mu);
+        dlock_clearerr(cl(mc));
+        s = NULL;
+    }
+    for (int tries = 0;; tries++) {
+        int opened = 0, stale = 1;
+        uint64_t attempt = dlock_monotonic_ns();
+        if (req->wait == DLOCK_WAIT_TRY && (s = named_holder(mc, lease, h->lname)) != NULL) {
+            opened = 0;
+        } else {
+            if ((err = named_free_session(mc, &call, &s, &opened)) != 0)
+                break;
+            pthread_mutex_lock(&s->mu);
+            s->waiting = req->wait != DLOCK_WAIT_TRY;
+            /* Idle for a second or more: the server may have dropped it
+             * for that (wait_timeout counts whole seconds). */
+            stale = !opened && dlock_monotonic_ns() - s->idle_since >= 1000 * MS;
+        }
+        uint64_t until = req->wait == DLOCK_WAIT_TRY        ? call.until
+                         : req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns + CLEANUP_MS * MS
+                                                            : 0;
+        err = named_attempt(mc, s, req, h->lname, &call, until, &token);
+        s->waiting = 0;
+        if (err == 0)
+            goto granted;
+        int gone = !s->db, silent = s->silent_ms != 0;
+        if (s->nheld == 0)
+            s->idle_since = dlock_monotonic_ns();
+        pthread_mutex_unlock(&s->mu);
+        /* A session reused after it may have been dropped while idle (its
+         * lease, a restart): once more on another. Not one that did not
+         * answer (a retry would wait as long again). A wait whose session
+         * was dropped otherwise queues again if the server restarted, not
+         * if the session was killed alone (an administrator's KILL is not
+         * waited on again). */
+        if (!gone || silent || err == DLOCK_EBUSY || err == DLOCK_ETIMEDOUT || err == DLOCK_EINTR)
+            break;
+        if (req->wait != DLOCK_WAIT_TRY && (opened || !stale || tries > 0)) {
+            unsigned why = s->last_errno;
+            int restarted = 0;
+            if ((err = named_restarted(mc, req, attempt, &call, &restarted)) != 0)
+                break;
+            if (!restarted) {
+                err = dlock_seterr(cl(mc), DLOCK_ECONNECT,
+                                   "mysql %s: waiting for the lock: the waiting session was"
+                                   " killed (error %u; KILL from another session?) while the"
+                                   " server kept answering: not waited on again", mc->where,
+                                   why);
+                break;
+            }
+        } else if (opened || tries > 0) {
+            break;
+        }
+        dlock_count_reconnect(cl(mc)); /* the next attempt opens or takes another */
+        dlock_clearerr(cl(mc));
+    }
+    named_trim(mc);
+    free(h);
+    return err;
+granted:
+    h->base.token = token;
+    h->s = s;
+    h->ttl_ms = req->ttl_ms;
+    h->expires_ns = dlock_monotonic_ns() + (uint64_t)req->ttl_ms * MS;
+    if (req->wait != DLOCK_WAIT_TRY) /* the lease counts from the grant */
+        h->base.lease_end_ns = h->expires_ns;
+    h->next = s->held;
+    if (s->held)
+        s->held->prev = h;
+    s->held = h;
+    s->nheld++;
+    pthread_mutex_unlock(&s->mu);
+    *heldp = &h->base;
+    return 0;
+}
+
+static int named_release(struct mysql_conn *mc, struct mysql_held *h)
+{
+    struct session *s = h->s;
+    char sql[192];
+    int err = 0;
+    pthread_mutex_lock(&s->mu);
+    if (h->gone || !s->db) {
+        err = dlock_seterr(cl(mc), DLOCK_ELOST, "mysql %s: release: the lock was lost: %s",
+                           mc->where, named_lost_why(h));
+    } else {
+        uint64_t until = dlock_monotonic_ns() + mc->timeout_ms * MS;
+        named_expire(mc, s, h, until);
+        struct bound b = {until, DLOCK_ECONNECT, 0};
+        snprintf(sql, sizeof sql,
+                 "SET @dlock_released = IF(RELEASE_LOCK('%s') = 1, 1, " NOT_OURS ")", h->lname);
+        if (!s->db) {
+            err = dlock_seterr(cl(mc), DLOCK_ELOST, "mysql %s: release: the lock was lost: %s",
+                               mc->where, named_lost_why(h));
+        } else if ((err = run(mc, s, NB_QUERY, NULL, sql, &b, "release")) != 0) {
+            if (!s->dead && s->last_errno == ER_SUBQUERY_NO_1_ROW)
+                err = dlock_seterr(cl(mc), DLOCK_ELOST,
+                                   "mysql %s: release: the session no longer held the lock",
+                                   mc->where);
+            else if (s->dead && !s->silent_ms)
+                err = dlock_seterr(cl(mc), DLOCK_ELOST,
+                                   "mysql %s: release: the server dropped the session holding"
+                                   " the lock (%s): the lock is lost", mc->where,
+                                   mysql_error(s->db));
+            else if (!s->dead) /* RELEASE_LOCK failed on a live session: it may hold it still */
+                s->dead = 1;
+            if (s->dead)
+                session_disconnect(s);
+        } else if (dlock_monotonic_ns() >= h->expires_ns) {
+            err = lease_over(mc, h, "release");
+        }
+    }
+    if (h->prev)
+        h->prev->next = h->next;
+    else
+        s->held = h->next;
+    if (h->next)
+        h->next->prev = h->prev;
+    if (--s->nheld == 0)
+        s->idle_since = dlock_monotonic_ns();
+    pthread_mutex_unlock(&s->mu);
+    if (s->nheld == 0)
+        named_trim(mc);
+    free(h);
+    return err;
+}
+
+/*
+ * Renews h on its session (s->mu held), by until_ns, in one statement
+ * answered by an OK packet (no result set to read):
+ *
+ *   SET SESSION wait_timeout = IF(IS_USED_LOCK(n) = CONNECTION_ID(), L, NOT_OURS)
+ *
+ * It proves the lock is still ours (IS_USED_LOCK names the session: a
+ * GET_LOCK lock ends only with RELEASE_LOCK, which only its holder can do,
+ * or with its session), sets the lease L, the longest any live lock on
+ * the session needs (no mate's lease is cut short), and restarts the
+ * session's idle timer. Stale mates are let go first. 0, DLOCK_ELOST, or
+ * the error.
+ */
+static int named_renew_on(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_ms,
+                          uint64_t until_ns)
+{
+    struct session *s = h->s;
+    char sql[192];
+    int err;
+    if (h->gone || !s->db)
+        return dlock_seterr(cl(mc), DLOCK_ELOST, "mysql %s: the lock was lost: %s", mc->where,
+                            named_lost_why(h));
+    named_expire(mc, s, h, until_ns);
+    if (!s->db)
+        return dlock_seterr(cl(mc), DLOCK_ELOST, "mysql %s: the lock was lost: %s", mc->where,
+                            named_lost_why(h));
+    unsigned lease = ceil_s(ttl_ms);
+    for (const struct mysql_held *m = s->held; m; m = m->next)
+        if (m != h && !m->gone && s->wait_timeout_s > lease)
+            lease = s->wait_timeout_s;
+    uint64_t sent = dlock_monotonic_ns();
+    struct bound b = {until_ns, DLOCK_ECONNECT, 0};
+    snprintf(sql, sizeof sql, "SET SESSION wait_timeout = IF(IS_USED_LOCK('%s') = CONNECTION_ID(),"
+             " %u, " NOT_OURS ")", h->lname, lease);
+    if ((err = run(mc, s, NB_QUERY, NULL, sql, &b, "renew")) != 0) {
+        if (s->dead || s->last_errno != ER_SUBQUERY_NO_1_ROW)
+            goto failed;
+        h->gone = 1;
+        return dlock_seterr(cl(mc), DLOCK_ELOST,
+                            "mysql %s: renew: the session no longer holds the lock", mc->where);
+    }
+    s->wait_timeout_s = lease;
+    h->ttl_ms = ttl_ms;
+    h->expires_ns = sent + (uint64_t)ttl_ms * MS;
+    return 0;
+failed:
+    if (s->dead && !s->silent_ms)
+        err = dlock_seterr(cl(mc), DLOCK_ELOST,
+                           "mysql %s: renew: the server dropped the session holding the lock"
+                           " (%s): the lock is lost", mc->where, mysql_error(s->db));
+    return named_failed(s, err);
+}
+
+static int named_renew(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_ms)
+{
+    struct session *s = h->s;
+    int err;
+    pthread_mutex_lock(&s->mu);
+    uint64_t now = dlock_monotonic_ns();
+    if (!h->gone && s->db && now >= h->expires_ns) {
+        /* Possibly still ours on the server, but the lease is over: free
+         * it for others, never extend it. */
+        named_undo(mc, s, h->lname);
+        h->gone = 1;
+        err = lease_over(mc, h, "renew");
+    } else {
+        err = named_renew_on(mc, h, ttl_ms, now + mc->timeout_ms * MS);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return err;
+}
+
+/* The keeper's renewal: as renew, bounded by the lease's end too; touches
+ * h's session only (a session that fails is closed, its struct kept). */
+static int named_keep(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_ms)
+{
+    struct session *s = h->s;
+    int err;
+    pthread_mutex_lock(&s->mu);
+    uint64_t now = dlock_monotonic_ns(), until = now + mc->timeout_ms * MS;
+    if (h->expires_ns < until)
+        until = h->expires_ns;
+    if (!h->gone && s->db && now >= h->expires_ns) {
+        err = dlock_seterr(cl(mc), DLOCK_EEXPIRED,
+                           "mysql %s: the lease (%" PRIu32 " ms) had run out before it could be"
+                           " renewed", mc->where, h->ttl_ms);
+    } else {
+        err = named_renew_on(mc, h, ttl_ms, until);
+        if (err == DLOCK_ECONNECT && !s->db)
+            err = DLOCK_EEXPIRED;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return err;
+}
+
+/* raise_token: proves the lock (as renew, keeping the lease's end), then
+ * SETVAL on its session, then the durable mark past it (token=sequence). */
+static int named_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t floor)
+{
+    static const char what[] = "raising the token";
+    struct session *s = h->s;
+    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
+    char sql[160];
+    MYSQL_RES *res = NULL;
+    uint64_t mark = 0;
+    int err;
+    pthread_mutex_lock(&s->mu);
+    uint64_t now = dlock_monotonic_ns();
+    if (!h->gone && s->db && now >= h->expires_ns) {
+        named_undo(mc, s, h->lname);
+        h->gone = 1;
+        pthread_mutex_unlock(&s->mu);
+        return lease_over(mc, h, what);
+    }
+    uint32_t left = (uint32_t)((h->expires_ns - now + MS - 1) / MS), ttl = h->ttl_ms;
+    uint64_t expires = h->expires_ns;
+    if ((err = named_renew_on(mc, h, left, call.until)) == 0) {
+        h->expires_ns = expires; /* proven, not renewed */
+        h->ttl_ms = ttl;
+        snprintf(sql, sizeof sql, "SELECT SETVAL(`%s_seq`, %" PRIu64 ")", mc->table, floor);
+        if ((err = query_result(mc, s, sql, &call, what, &res)) != 0)
+            err = named_failed(s, err);
+        else
+            mysql_free_result(res);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (err)
+        return err;
+    if ((err = seq_checkpoint(mc, &call, &mark)) != 0)
+        return err;
+    if (mark > mc->durable)
+        mc->durable = mark;
+    return 0;
+}
+
+/*
+ * inspect: one statement on the control session. IS_USED_LOCK names the
+ * holder's session (its connection id); the waiters are the sessions
+ * running GET_LOCK of the name (PROCESSLIST, live; other users' sessions
+ * only with the PROCESS privilege), the longest waiting first (TIME_MS):
+ * MariaDB grants a user lock to its waiters in arrival order. Not known:
+ * the owner id, the token and the lease (kept on the holder's session
+ * only), the last token of a free name.
+ */
+static int named_inspect(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info)
+{
+    static const char what[] = "inspect";
+    unsigned char k[DLOCK_SHA256_LEN];
+    char lname[7 + 58], sql[768];
+    struct session *ctl;
+    MYSQL_RES *res = NULL;
+    int err = 0;
+    dlock_sha256(name, len, k);
+    named_lock_name(mc, k, lname);
+    snprintf(sql, sizeof sql,
+             "SELECT 'g' AS x, IS_USED_LOCK('%s') AS a, 0 AS t UNION ALL"
+             " SELECT 'w', ID, TIME_MS FROM information_schema.PROCESSLIST"
+             " WHERE INFO LIKE 'SELECT IF(GET_LOCK(''%s'',%%' AND COMMAND = 'Query'"
+             " AND ID <> CONNECTION_ID() AND ID <> COALESCE(IS_USED_LOCK('%s'), 0)"
+             " ORDER BY x, t DESC, a",
+             lname, lname, lname);
+    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
+    for (int tries = 0; tries < 2; tries++) {
+        if ((err = ctl_session(mc, &call, &ctl)) == 0 &&
+            (err = query_result(mc, ctl, sql, &call, what, &res)) == 0)
+            break;
+        if (!ctl_dropped(mc))
+            return err;
+    }
+    if (err)
+        return err;
+    info->held = 0;
+    info->waiters = 0;
+    info->listed = 0;
+    for (MYSQL_ROW row; (row = mysql_fetch_row(res)) != NULL;) {
+        if (!row[0] || !row[1])
+            continue;
+        if (row[0][0] == 'g') {
+            info->held = 1;
+            snprintf(info->owner, sizeof info->owner, "session %s", row[1]);
+        } else if (row[0][0] == 'w') {
+            if (info->listed < DLOCK_INFO_LISTED)
+                snprintf(info->waiter[info->listed++], DLOCK_HOLDER_MAX, "session %s", row[1]);
+            info->waiters++;
+        }
+    }
+    mysql_free_result(res);
+    info->known |= DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER;
+    if (info->held)
+        info->known |= DLOCK_KNOWS_OWNER;
+    return 0;
+}
+
 /* ---- open, close -------------------------------------------------------- */
 
 static void be_close(dlock_conn *conn)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
     pool_drain(mc);
+    for (size_t i = 0; i < mc->nn; i++)
+        session_close(mc->nsess[i]);
+    free(mc->nsess);
     session_close(mc->ctl);
     if (mc->password)
         explicit_bzero(mc->password, strlen(mc->password));
@@ -2258,6 +3111,14 @@ static int parse_uri(dlock_client *c, const dlock_uri *uri, struct mysql_conn *m
     if (tok && strcmp(tok, "table") != 0 && strcmp(tok, "sequence") != 0)
         return dlock_seterr(c, DLOCK_EBADURI, "option token: table or sequence");
     mc->token_opt = !tok ? 0 : strcmp(tok, "table") == 0 ? 1 : 2;
+    const char *lk = dlock_uri_param(uri, "lock");
+    if (lk && strcmp(lk, "row") != 0 && strcmp(lk, "named") != 0)
+        return dlock_seterr(c, DLOCK_EBADURI, "option lock: row or named");
+    mc->named = lk && strcmp(lk, "named") == 0;
+    if (mc->named && mc->token_opt == 1)
+        return dlock_seterr(c, DLOCK_EBADURI, "option lock=named takes its tokens from a"
+                                              " sequence: it needs token=sequence (the default"
+                                              " with lock=named), not token=table");
     if (nhosts > 1)
         return dlock_seterr(c, DLOCK_EBADURI, "a mysql:// URI names one server");
     if (nhosts == 0 && !mc->socket)
@@ -2284,6 +3145,17 @@ static int parse_uri(dlock_client *c, const dlock_uri *uri, struct mysql_conn *m
             return DLOCK_ENOMEM;
     if (!mc->database || !mc->host || !mc->table)
         return DLOCK_ENOMEM;
+    if (mc->named) { /* user locks are server-wide: the store's database and table */
+        size_t dl = strlen(mc->database), tl = strlen(mc->table);
+        char *salt = malloc(dl + 1 + tl);
+        if (!salt)
+            return DLOCK_ENOMEM;
+        memcpy(salt, mc->database, dl);
+        salt[dl] = '\0';
+        memcpy(salt + dl + 1, mc->table, tl);
+        dlock_sha256(salt, dl + 1 + tl, mc->salt);
+        free(salt);
+    }
     return 0;
 }
 
@@ -2414,12 +3286,12 @@ static int be_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     }
     /* mysql_init() would do this lazily, but not thread-safely. */
     pthread_once(&once, library_init);
-    mc->seq = mc->token_opt == 2; /* not the default: see the header comment */
+    mc->seq = mc->token_opt == 2 || mc->named; /* not the default: see the header comment */
     /* token=table: the control session, as ever; token=sequence: the first
      * lock session, which sets up the store, then waits in the pool for the
      * first acquire. */
     struct session *s = NULL;
-    if ((err = session_open(mc, mc->seq, NULL, mc->seq ? &s : &mc->ctl)) != 0)
+    if ((err = session_open(mc, mc->named ? 2 : mc->seq, NULL, mc->seq ? &s : &mc->ctl)) != 0)
         goto fail;
     MYSQL *db = mc->seq ? s->db : mc->ctl->db;
     int mariadb = strstr(mysql_get_server_info(db), "MariaDB") != NULL;
@@ -2432,13 +3304,20 @@ static int be_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
             goto fail;
     } else if (!mariadb || mysql_get_server_version(db) < 100300) {
         session_close(s);
-        err = dlock_seterr(c, DLOCK_ENOTSUP, "mysql %s: token=sequence needs MariaDB 10.3 or"
+        err = dlock_seterr(c, DLOCK_ENOTSUP, "mysql %s: %s needs MariaDB 10.3 or"
                                              " later (MySQL has no sequences): use token=table",
-                                             mc->where);
+                                             mc->where, mc->named ? "lock=named (its tokens come"
+                                             " from a sequence)" : "token=sequence");
         goto fail;
     } else if ((err = setup_seq(mc, s)) != 0) {
         session_close(s);
         goto fail;
+    } else if (mc->named) {
+        s->idle_since = dlock_monotonic_ns();
+        if ((err = named_add(mc, s)) != 0) {
+            session_close(s);
+            goto fail;
+        }
     } else {
         rollback_and_pool(mc, s, dlock_monotonic_ns() + mc->timeout_ms * MS);
     }

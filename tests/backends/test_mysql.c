@@ -9,7 +9,10 @@
  * session while the client waits for another lock, and a grant after a
  * wait longer than the TTL; raising a name's tokens, and the store-wide
  * floor and top (issue 11); token=sequence (issue 13): a waiting client
- * uses one session, and a store of an older dlock keeps its tokens growing.
+ * uses one session, and a store of an older dlock keeps its tokens growing;
+ * lock=named (user locks, MariaDB): a client holding 1000 locks on a few
+ * sessions, two locks on one session, a KILL of a shared session losing
+ * all its locks, a killed waiter, a session-mate's lease ending.
  * Cases run with token=sequence, and the ones about sessions, kills,
  * tokens and inspect again with token=table (the default, MySQL's path);
  * those reading <table>_grants with token=table only. Each mode on a lock
@@ -1808,6 +1811,238 @@ static void test_sequence_crash(void)
     raw_connect();
 }
 
+/* ---- lock=named (issue 13) ---------------------------------------------- */
+
+static const char *uri_named; /* lock=named on uri_seq's table */
+
+/* The user lock of name under lock=named: "dlock:" and 58 hex digits of
+ * SHA-256(SHA-256(database 0 table) || SHA-256(name)), the documented
+ * scheme. */
+static void named_lock_of(const char *name, char out[72])
+{
+    dlock_uri *u = NULL;
+    char err[256], salt[256], hex[2 * DLOCK_SHA256_LEN + 1];
+    unsigned char in[2 * DLOCK_SHA256_LEN], d[DLOCK_SHA256_LEN];
+    dlock_uri_parse(uri_env, &u, err, sizeof err);
+    int n = snprintf(salt, sizeof salt, "%s", dlock_uri_path(u) + 1);
+    n += 1 + snprintf(salt + n + 1, sizeof salt - (size_t)n - 1, "%s", lock_tbl);
+    dlock_uri_free(u);
+    dlock_sha256(salt, (size_t)n, in);
+    dlock_sha256(name, strlen(name), in + DLOCK_SHA256_LEN);
+    dlock_sha256(in, sizeof in, d);
+    dlock_hex(d, sizeof d, hex);
+    snprintf(out, 72, "dlock:%.58s", hex);
+}
+
+static void named_used_sql(const char *name, char *out, size_t len)
+{
+    char lname[72];
+    named_lock_of(name, lname);
+    snprintf(out, len, "SELECT IS_USED_LOCK('%s')", lname);
+}
+
+static long long named_holder_session(const char *name)
+{
+    char sql[160];
+    named_used_sql(name, sql, sizeof sql);
+    return raw_int(sql);
+}
+
+/*
+ * A client holding 1000 locks with lock=named uses a handful of sessions
+ * (GET_LOCK: a session holds up to 256 of them), not one per lock as with
+ * row locks; each lock still excludes another client, renews and
+ * releases.
+ */
+static void test_named_many(void)
+{
+    enum { N = 1000 };
+    static dlock_lock *l[N];
+    char name[128];
+    long long before = user_sessions();
+    dlock_client *c = open_ok(uri_named), *d = open_ok(uri_named);
+    int got = 0, busy = 0, renewed = 0, released = 0, free_again = 0;
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "%snamed-many-%d", prefix, i);
+        got += try_lock(c, name, &l[i]) == 0;
+    }
+    is_int(got, N, "one client holds %d locks", N);
+    long long during = user_sessions();
+    ok(during - before <= 10, "on at most 10 sessions, both clients together (%lld)",
+       during - before);
+    diag("sessions for %d held locks (and a client holding none): %lld", N, during - before);
+    for (int i = 0; i < N; i++) {
+        dlock_lock *x = NULL;
+        snprintf(name, sizeof name, "%snamed-many-%d", prefix, i);
+        busy += try_lock(d, name, &x) == DLOCK_EBUSY;
+        if (x)
+            dlock_release(x);
+    }
+    is_int(busy, N, "each excludes another client");
+    for (int i = 0; i < N; i++)
+        renewed += l[i] && dlock_renew(l[i], 30000) == 0;
+    is_int(renewed, N, "each renews");
+    for (int i = 0; i < N; i++)
+        released += l[i] && dlock_release(l[i]) == 0;
+    is_int(released, N, "each releases");
+    for (int i = 0; i < N; i++) {
+        dlock_lock *x = NULL;
+        snprintf(name, sizeof name, "%snamed-many-%d", prefix, i);
+        free_again += try_lock(d, name, &x) == 0;
+        if (x)
+            dlock_release(x);
+    }
+    is_int(free_again, N, "and each is free again for the other client");
+    dlock_client_close(c);
+    dlock_client_close(d);
+}
+
+/* Two locks on one session: releasing one leaves the other held. */
+static void test_named_two_locks(void)
+{
+    char x[128], y[128];
+    dlock_client *a = open_ok(uri_named), *b = open_ok(uri_named);
+    dlock_lock *lx = NULL, *ly = NULL, *l = NULL;
+    name_of(x, sizeof x, "named-two-x");
+    name_of(y, sizeof y, "named-two-y");
+    is_int(try_lock(a, x, &lx), 0, "A takes x");
+    is_int(try_lock(a, y, &ly), 0, "A takes y");
+    long long sx = named_holder_session(x), sy = named_holder_session(y);
+    ok(sx > 0 && sx == sy, "both user locks are held by one session (%lld, %lld)", sx, sy);
+    is_int(dlock_release(lx), 0, "A releases x");
+    ok(named_holder_session(x) < 0, "x's user lock is free on the server");
+    is_int(named_holder_session(y), sy, "y's is still held by the same session");
+    is_int(try_lock(b, y, &l), DLOCK_EBUSY, "B cannot take y");
+    is_int(dlock_renew(ly, 5000), 0, "A renews y");
+    is_int(try_lock(b, x, &l), 0, "B takes x");
+    if (l)
+        dlock_release(l);
+    is_int(dlock_release(ly), 0, "A releases y");
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* KILL of a shared session: every lock on it is lost, each reporting
+ * DLOCK_ELOST, and another client gets them at once; the client works on. */
+static void test_named_kill(void)
+{
+    char n[3][128], sql[64];
+    dlock_client *a = open_ok(uri_named), *b = open_ok(uri_named);
+    dlock_lock *l[3] = {NULL, NULL, NULL}, *x = NULL;
+    for (int i = 0; i < 3; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "named-kill-%d", i);
+        name_of(n[i], sizeof n[i], what);
+        is_int(try_lock(a, n[i], &l[i]), 0, "A takes lock %d", i);
+    }
+    long long sid = named_holder_session(n[0]);
+    ok(sid > 0 && named_holder_session(n[1]) == sid && named_holder_session(n[2]) == sid,
+       "all three on session %lld", sid);
+    snprintf(sql, sizeof sql, "KILL %lld", sid);
+    ok(mysql_query(raw, sql) == 0, "the shared session is killed: %s", mysql_error(raw));
+    sleep_ms(50);
+    for (int i = 0; i < 3; i++) {
+        is_int(try_lock(b, n[i], &x), 0, "B gets lock %d at once", i);
+        if (x)
+            dlock_release(x);
+    }
+    is_int(dlock_renew(l[0], 5000), DLOCK_ELOST, "A's renew of lock 0 → DLOCK_ELOST");
+    diag("%s", dlock_errmsg(a));
+    is_int(dlock_release(l[0]), DLOCK_ELOST, "its release → DLOCK_ELOST");
+    is_int(dlock_release(l[1]), DLOCK_ELOST, "lock 1's release → DLOCK_ELOST");
+    is_int(dlock_renew(l[2], 5000), DLOCK_ELOST, "lock 2's renew → DLOCK_ELOST");
+    is_int(dlock_release(l[2]), DLOCK_ELOST, "and its release");
+    is_int(try_lock(a, n[0], &x), 0, "A's client works on (a new session)");
+    if (x)
+        dlock_release(x);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* A lock whose lease ended while a mate on its session is renewed is let
+ * go at the session's next use (the renewals would otherwise keep it held
+ * on the server for as long as the mate lives), and reports DLOCK_ELOST. */
+static void test_named_mate_expiry(void)
+{
+    char x[128], y[128];
+    dlock_client *a = open_ok(uri_named), *b = open_ok(uri_named);
+    dlock_lock *lx = NULL, *ly = NULL, *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 1000);
+    name_of(x, sizeof x, "named-stale-x");
+    name_of(y, sizeof y, "named-stale-y");
+    is_int(dlock_acquire(a, x, &o, &lx), 0, "A takes x, 1 s lease");
+    is_int(dlock_acquire(a, y, &o, &ly), 0, "A takes y, 1 s lease, on the same session");
+    int renewed = 0;
+    for (int i = 0; i < 8; i++) {
+        sleep_ms(250);
+        renewed += dlock_renew(ly, 1000) == 0;
+    }
+    is_int(renewed, 8, "y renewed every 250 ms for 2 s, x never");
+    is_int(try_lock(b, x, &l), 0, "x was let go on the shared session: B takes it");
+    if (l)
+        dlock_release(l);
+    is_int(try_lock(b, y, &l), DLOCK_EBUSY, "y is still A's");
+    is_int(dlock_renew(lx, 1000), DLOCK_ELOST, "x's renew → DLOCK_ELOST");
+    diag("%s", dlock_errmsg(a));
+    dlock_release(lx);
+    is_int(dlock_release(ly), 0, "A releases y");
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* A waiter whose session is killed fails at once (an administrator's KILL
+ * is not waited on again), the holder keeps its lock, and the lock then
+ * goes to the next waiter in order. */
+static void test_named_kill_waiter(void)
+{
+    char x[128], sql[400];
+    dlock_client *h = open_ok(uri_named);
+    dlock_lock *hl = NULL;
+    name_of(x, sizeof x, "named-kill-waiter");
+    is_int(try_lock(h, x, &hl), 0, "H holds X");
+    struct waiter w = {uri_named, x, 10000, 30000, 0, 0, 0, 0, ""};
+    pthread_t t;
+    pthread_create(&t, NULL, waiter_main, &w);
+    long long wid = -1;
+    char lname[72], like[300];
+    named_lock_of(x, lname);
+    snprintf(like, sizeof like,
+             "SELECT MAX(id) FROM information_schema.processlist WHERE info LIKE"
+             " 'SELECT IF(GET_LOCK(''%s'',%%' AND id <> CONNECTION_ID()", lname);
+    for (int i = 0; i < 100 && wid <= 0; i++) {
+        sleep_ms(20);
+        wid = raw_int(like);
+    }
+    ok(wid > 0, "W waits in GET_LOCK on session %lld", wid);
+    snprintf(sql, sizeof sql, "KILL %lld", wid);
+    uint64_t t0 = dlock_monotonic_ns();
+    ok(mysql_query(raw, sql) == 0, "W's waiting session is killed (%s)", mysql_error(raw));
+    pthread_join(t, NULL);
+    diag("W: %s after %.0f ms: %s", dlock_err_name(w.rc), ms_since(t0), w.msg);
+    ok(w.rc != 0, "W's acquire fails");
+    ok(ms_since(t0) < 1000, "at once, not at its deadline (%.0f ms)", ms_since(t0));
+    is_int(dlock_renew(hl, 30000), 0, "H still holds X");
+    is_int(dlock_release(hl), 0, "H releases X");
+    dlock_client_close(h);
+}
+
+/* lock=named needs MariaDB's sequence for its tokens: with token=table the
+ * URI is refused, saying why. */
+static void test_named_options(void)
+{
+    char bad[1200];
+    dlock_client *c = NULL;
+    snprintf(bad, sizeof bad, "%s%slock=named&token=table", uri_env,
+             strchr(uri_env, '?') ? "&" : "?");
+    is_int(dlock_client_open(bad, &c), DLOCK_EBADURI, "lock=named&token=table → DLOCK_EBADURI");
+    ok(strstr(dlock_errmsg(c), "token=sequence") != NULL, "saying why: %s", dlock_errmsg(c));
+    dlock_client_close(c);
+    c = NULL;
+    snprintf(bad, sizeof bad, "%s%slock=advisory", uri_env, strchr(uri_env, '?') ? "&" : "?");
+    is_int(dlock_client_open(bad, &c), DLOCK_EBADURI, "lock=advisory → DLOCK_EBADURI");
+    dlock_client_close(c);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1818,6 +2053,10 @@ int main(void)
              (int)getpid());
     snprintf(us, sizeof us, "%s%stoken=sequence&table=tm_seq%d", env,
              strchr(env, '?') ? "&" : "?", (int)getpid());
+    static char un[1024];
+    snprintf(un, sizeof un, "%s%slock=named&token=sequence&table=tm_seq%d", env,
+             strchr(env, '?') ? "&" : "?", (int)getpid());
+    uri_named = un;
     uri_table = ut;
     uri = uri_seq = us;
     snprintf(prefix, sizeof prefix, "tm-%d-%08x/", (int)getpid(),
@@ -1857,6 +2096,12 @@ int main(void)
         {"waiter_sessions", test_waiter_sessions, 0},
         {"sequence_upgrade", test_sequence_upgrade, 0},
         {"sequence_crash", test_sequence_crash, 0},
+        {"named_options", test_named_options, 0},
+        {"named_many", test_named_many, 0},
+        {"named_two_locks", test_named_two_locks, 0},
+        {"named_kill", test_named_kill, 0},
+        {"named_mate_expiry", test_named_mate_expiry, 0},
+        {"named_kill_waiter", test_named_kill_waiter, 0},
     };
     /* DLOCK_TEST_ONLY=case,case runs only those (for working on one). */
     const char *only = getenv("DLOCK_TEST_ONLY");
