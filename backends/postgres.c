@@ -105,11 +105,14 @@
  * Lost leases. A grant after a wait counts its lease from the reply's
  * arrival (the server's idle timer starts when it sends it), not from the
  * start of the call. keep() renews on the lock's session, as renew() does,
- * bounded by the timeout and by the end of the lease (and, before it, by
- * the wait for the session's mutex: the application's thread holds it for
- * at most two exchanges on that session, `timeout` each: a try, release
- * or raise, after unlocking mates whose lease ended). Keep a kept lock's
- * TTL above 3 x `timeout` so that such a wait cannot eat its lease.
+ * bounded by the timeout, and when the lock is alone on its session by the
+ * end of its lease too. Every statement on a session shared with other
+ * locks gets the whole `timeout` (a session closed for want of a reply
+ * takes its mates' locks with it). Before its statement, keep() waits for
+ * the session's mutex: the application's thread holds it for a try,
+ * release, renew or raise, after unlocking mates whose lease ended (one
+ * statement per 32 of them), `timeout` each. Keep a kept lock's TTL well
+ * above 3 x `timeout` so that such a wait cannot eat its lease.
  *
  * Inspect. Every statement on a holder session (acquire, renew, keep,
  * raise) starts with a comment, "/\*dlock owner=<owner_hex> ttl=<ms>
@@ -529,6 +532,15 @@ static int session_take(struct pg_conn *pc, struct pg_session **out, int *opened
     return err;
 }
 
+/* Another lock of ours still lives on s besides self. */
+static int session_shared(const struct pg_session *s, const struct pg_held *self)
+{
+    for (const struct pg_held *h = s->held; h; h = h->next)
+        if (h != self && !h->gone)
+            return 1;
+    return 0;
+}
+
 static int holds_key(const struct pg_session *s, int64_t key)
 {
     for (const struct pg_held *h = s->held; h; h = h->next)
@@ -855,10 +867,7 @@ static void tag(char *buf, size_t len, const char *owner_hex, uint32_t ttl_ms, u
 static uint32_t session_idle(const struct pg_session *s, const struct pg_held *self,
                              uint32_t ttl_ms)
 {
-    for (const struct pg_held *h = s->held; h; h = h->next)
-        if (h != self && !h->gone)
-            return s->idle_ms > ttl_ms ? s->idle_ms : ttl_ms;
-    return ttl_ms;
+    return session_shared(s, self) && s->idle_ms > ttl_ms ? s->idle_ms : ttl_ms;
 }
 
 /* "SET idle_session_timeout = ms;" when the session's differs, else "". */
@@ -899,10 +908,11 @@ static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t ke
  * held until the session ends. Its handle then reports DLOCK_ELOST. (A lock
  * past its lease but still held is safe to renew: no one else had it; so
  * the lock whose own statement this is, self, is never unlocked here.)
- * s->mu held; one extra round trip, only when there is something to do.
+ * s->mu held; one extra round trip (per 32), only when there is something
+ * to do, each with the whole `timeout`: no reply closes the session, with
+ * every mate's lock.
  */
-static void session_expire(struct pg_conn *pc, struct pg_session *s, const struct pg_held *self,
-                           uint64_t until_ns)
+static void session_expire(struct pg_conn *pc, struct pg_session *s, const struct pg_held *self)
 {
     struct pg_held *batch[EXPIRE_BATCH];
     char sql[64 + EXPIRE_BATCH * 48];
@@ -921,7 +931,7 @@ static void session_expire(struct pg_conn *pc, struct pg_session *s, const struc
         dlock_errsave why;
         PGresult *r = NULL;
         dlock_err_save(cl(pc), &why); /* this is not what the caller reports */
-        int err = run(pc, s, sql, 0, &r, "unlocking locks whose lease ended", until_ns);
+        int err = run(pc, s, sql, 0, &r, "unlocking locks whose lease ended", after_timeout(pc));
         PQclear(r);
         dlock_err_restore(cl(pc), &why);
         if (err)
@@ -1079,21 +1089,20 @@ static void session_trim(struct pg_conn *pc, struct pg_session *s)
 static struct pg_session *pre_try(struct pg_conn *pc, const dlock_request *req, int64_t key,
                                   uint64_t *token, uint64_t *granted_ns)
 {
-    uint64_t until = after_timeout(pc);
-    if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until)
+    if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < after_timeout(pc))
         return NULL;
     struct pg_session *s = session_holder(pc, req->ttl_ms, key);
     if (!s)
         return NULL;
     dlock_request t = *req;
     t.wait = DLOCK_WAIT_TRY;
-    session_expire(pc, s, NULL, until);
+    session_expire(pc, s, NULL);
     int err = acquire_on(pc, s, &t, key, 0, token, granted_ns);
     if (err == 0)
         return s;
     if (s->pg && PQstatus(s->pg) == CONNECTION_OK) {
         if (err != DLOCK_EBUSY && err != DLOCK_ETIMEDOUT)
-            session_scrub(pc, s, key, until);
+            session_scrub(pc, s, key, after_timeout(pc));
     } else {
         session_close(s); /* gone: its locks are lost (their handles say so) */
     }
@@ -1140,7 +1149,7 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
             return err;
         }
         if (s->nheld)
-            session_expire(pc, s, NULL, after_timeout(pc));
+            session_expire(pc, s, NULL);
         err = acquire_on(pc, s, req, key, 0, &token, &granted);
         s->waiting = 0;
         if (err == 0)
@@ -1226,7 +1235,7 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
     if (h->gone || !s->pg) { /* lost earlier (a renew or the keeper saw it) */
         err = session_lost(pc, h);
     } else {
-        session_expire(pc, s, h, after_timeout(pc));
+        session_expire(pc, s, h);
         snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%" PRId64 ")", h->key);
         err = run(pc, s, sql, 0, &r, "release", after_timeout(pc));
         if (err && s->timed_out_ms) {
@@ -1266,8 +1275,10 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
  * and session_expire(), which marks it gone. (pg_locks would say the same
  * at a cost that grows with every lock on the server: ~1 ms a renewal
  * with 1000 held.) 0, DLOCK_ELOST (gone), or run()'s error. Stale
- * session-mates are let go first. Touches only h's own session, under its
- * mutex (held by the caller): safe on the keeper's thread. */
+ * session-mates are let go first. until_ns bounds the renewal's statement;
+ * 0: a whole `timeout` from when it is sent (always, on a shared session).
+ * Touches only h's own session, under its mutex (held by the caller): safe
+ * on the keeper's thread. */
 static int renew_on(struct pg_conn *pc, struct pg_held *h, uint32_t ttl_ms, uint64_t until_ns)
 {
     struct pg_session *s = h->s;
@@ -1275,7 +1286,9 @@ static int renew_on(struct pg_conn *pc, struct pg_held *h, uint32_t ttl_ms, uint
     PGresult *r = NULL;
     if (h->gone)
         return dlock_seterr(cl(pc), DLOCK_ELOST, "%s", lost_why(h));
-    session_expire(pc, s, h, until_ns);
+    session_expire(pc, s, h);
+    if (!until_ns) /* taken after the expiry's statement: a whole `timeout` */
+        until_ns = after_timeout(pc);
     uint32_t lease_ms = session_idle(s, h, ttl_ms);
     uint64_t sent = dlock_monotonic_ns();
     tag(tg, sizeof tg, h->owner_hex, lease_ms, h->base.token, h->key);
@@ -1300,7 +1313,7 @@ static int pg_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     pthread_mutex_lock(&s->mu);
     if (h->gone || !s->pg)
         err = session_lost(pc, h);
-    else if ((err = renew_on(pc, h, ttl_ms, after_timeout(pc))) != 0 && s->timed_out_ms)
+    else if ((err = renew_on(pc, h, ttl_ms, 0)) != 0 && s->timed_out_ms)
         err = dlock_seterr(conn->client, DLOCK_ECONNECT,
                            "postgresql: renew: no reply from the server within %" PRIu64
                            " ms; the session was closed, and the lock is lost with it",
@@ -1648,9 +1661,15 @@ static int keep_on(struct pg_conn *pc, struct pg_held *h, uint32_t ttl_ms)
     if (now >= h->lease_end_ns)
         return dlock_seterr(conn->client, DLOCK_EEXPIRED,
                             "postgresql: the lease had run out before it could be renewed");
-    if (h->lease_end_ns < until)
+    /* Alone on its session, the renewal need not outlive the lease (a
+     * session closed for want of a reply loses only this lock, which is
+     * ending anyway). With mates it gets the whole `timeout`: closing the
+     * session would lose theirs too, and a late reply is no harm (the
+     * watchdog reports this lock at its lease end all the same). */
+    int shared = session_shared(s, h);
+    if (h->lease_end_ns < until && !shared)
         until = h->lease_end_ns;
-    int err = renew_on(pc, h, ttl_ms, until);
+    int err = renew_on(pc, h, ttl_ms, shared ? 0 : until);
     if (err && s->timed_out_ms)
         return dlock_seterr(conn->client, DLOCK_EEXPIRED,
                             "postgresql: no reply to the renewal within %" PRIu64
