@@ -120,17 +120,36 @@
  * session's idle timer, so renewing one lock prolongs its mates on the
  * server; so every use of a session (a try, a
  * renewal, keep(), a release) first releases its other locks whose
- * client-side lease has ended (their handles then report DLOCK_ELOST). A
- * renewal with another TTL sets the session's lease to the longest its
- * live locks need. Renew (and keep, raise_token) proves the lock with
- * SELECT IS_USED_LOCK(n) = CONNECTION_ID() (one round trip; a SET of
- * wait_timeout before it when the lease changes); release is SELECT
- * RELEASE_LOCK(n), 1 when it was ours, else DLOCK_ELOST. Threads: each
- * session has a mutex, held around one exchange on it (see "named locks"
- * below); keep() may wait for it behind the application's statement on
- * the same session, `timeout` at most per exchange (two with a stale mate
- * to release): keep a kept lock's TTL above 3 x `timeout`. raise_token,
- * raise_floor and token_top are token=sequence's. inspect (control
+ * client-side lease has ended (their handles then report DLOCK_ELOST),
+ * EXPIRE_BATCH (64) at most per use, in one statement. Renew (and keep,
+ * raise_token) is one statement that proves the lock and sets the
+ * session's lease: SET SESSION wait_timeout = IF(IS_USED_LOCK(n) =
+ * CONNECTION_ID(), L, NOT_OURS), L the longest TTL (rounded up) among the
+ * session's live locks, so a renewal also lowers the session's lease once
+ * its longest-lived mate is gone (a release alone does not: until the next
+ * renewal on the session, the server keeps the remaining mates up to the
+ * released lock's lease; their client-side leases are unchanged). Release
+ * is SET @dlock_released = IF(RELEASE_LOCK(n) = 1, 1, NOT_OURS): an OK
+ * when it was ours, else DLOCK_ELOST. NOT_OURS fails the statement (a
+ * subquery of two rows) only where it is evaluated. Any statement that
+ * fails after GET_LOCK may have granted (NEXTVAL out of values, a result
+ * that could not be read) is followed by RELEASE_LOCK(n) (the session did
+ * not hold n before), or the session is closed. On a session with other
+ * live locks every statement gets a `timeout` of its own, counted once
+ * the session's mutex is taken (no reply in time closes the session and
+ * loses them all), so a try there may take more than one `timeout`.
+ * Threads: each session has a mutex, held around each exchange on it (see
+ * "named locks" below); keep() may wait for it while the application's
+ * thread uses the same session, which is at most 5 exchanges (a try:
+ * releasing stale mates, GET_LOCK, reading its result, the durable mark's
+ * read, undoing a grant that failed; raise_token 3; release, renew 2),
+ * each bounded by `timeout` (the durable mark's checkpoint, on the control
+ * session, runs with the mutex unlocked), and then needs 2 more itself:
+ * up to 7 x `timeout` when the server is slow but answering. A renewal
+ * whose reply comes after the lock's lease end reports DLOCK_EEXPIRED for
+ * that lock alone; keep a kept lock's TTL above 11 x `timeout` (the
+ * keeper renews with two thirds of it left) to ride through that.
+ * raise_token, raise_floor and token_top are token=sequence's. inspect (control
  * session, one statement): held, from IS_USED_LOCK, with the holder
  * named "session <connection id>" (the owner id, token and lease are
  * known to the holder's session only); the waiters, the sessions running
@@ -171,7 +190,8 @@
  * without a deadline has no client-side bound: TCP keepalives (idle 5 s,
  * every 2 s, 3 probes) end it about 11 s after the peer host or the
  * network died, and TCP_USER_TIMEOUT (= timeout) fails a connection whose
- * sent data stays unacknowledged.
+ * sent data stays unacknowledged. lock=named: a statement on a session
+ * that other held locks share gets a whole `timeout` of its own (above).
  *
  * Restarts. A wait whose session the server dropped is queued again on a
  * new session once the server answers, if the control session was
@@ -183,10 +203,14 @@
  * idleness (wait_timeout): a failure on it is retried once on a new one.
  *
  * Keeping. keep() renews on the lock's own session (SET SESSION
- * wait_timeout), bounded by the timeout and the lease's end, and touches
- * nothing else: the pool and the control session belong to the
- * application's thread. A grant after a wait counts its lease from the
- * grant's arrival.
+ * wait_timeout), bounded by the timeout and the lease's end (lock=named:
+ * by the lease's end only when the lock is alone on its session; among
+ * mates a late reply is DLOCK_EEXPIRED for that lock, the session kept),
+ * and touches nothing else: the pool and the control session belong to
+ * the application's thread. A grant counts its lease from the last reply
+ * on its session (token=sequence, lock=named: the grant's, or the durable
+ * mark's read there), where the server's idle timer started, not after
+ * the mark's checkpoint on the control session.
  *
  * Raising the token (raise_token, a floor carried over from another
  * store): the lock's session proves the row lock is still ours, then
@@ -402,6 +426,9 @@ struct session {
     int waiting;               /* a blocking GET_LOCK runs on it: not shared */
     size_t nheld;              /* handles pointing to it */
     struct mysql_held *held;   /* those handles */
+    unsigned pending_s;        /* the lease (s) of a grant on it not yet handed
+                                  out (its mark being committed, mu unlocked):
+                                  a renewal must not set a shorter one */
 };
 
 struct mysql_conn {
@@ -1250,24 +1277,42 @@ static int seq_checkpoint(struct mysql_conn *mc, struct bound *call, uint64_t *m
 /* Makes sure token is on disk before it is handed out (see above): below
  * the mark as this client last saw it (no round trip), or as read now on
  * s (a consistent read: the lock transaction stays as it is), or once a
- * checkpoint has moved the mark past it. */
-static int seq_durable(struct mysql_conn *mc, struct session *s, uint64_t token,
-                       struct bound *call)
+ * checkpoint has moved the mark past it. seq_mark_read: 0 with *behind set
+ * when a checkpoint is needed (*replied: when the read's reply came). */
+static int seq_mark_read(struct mysql_conn *mc, struct session *s, uint64_t token,
+                         struct bound *call, int *behind, uint64_t *replied)
 {
     char sql[256];
     MYSQL_RES *res = NULL;
     uint64_t mark = 0;
     int err;
+    *behind = 0;
     if (token < mc->durable)
         return 0;
     snprintf(sql, sizeof sql, "SELECT token FROM `%s` WHERE k = " FLOOR_K, mc->table);
     struct bound b = stmt_bound(call, mc->timeout_ms);
     if ((err = query_result(mc, s, sql, &b, "reading the sequence's durable mark", &res)) != 0)
         return err;
+    if (replied)
+        *replied = dlock_monotonic_ns();
     MYSQL_ROW row = mysql_fetch_row(res);
     mark = row && row[0] ? strtoull(row[0], NULL, 10) : 0;
     mysql_free_result(res);
-    if (mark <= token && (err = seq_checkpoint(mc, call, &mark)) != 0)
+    if (mark <= token)
+        *behind = 1;
+    else if (mark > mc->durable)
+        mc->durable = mark;
+    return 0;
+}
+
+/* The checkpoint for a token the mark read on its session was not past:
+ * the control session only, so it needs no lock session (lock=named runs
+ * it without the session's mutex). */
+static int seq_mark_past(struct mysql_conn *mc, uint64_t token, struct bound *call)
+{
+    uint64_t mark = 0;
+    int err;
+    if ((err = seq_checkpoint(mc, call, &mark)) != 0)
         return err;
     if (mark <= token)
         return dlock_seterr(cl(mc), DLOCK_EPROTO,
@@ -1277,6 +1322,17 @@ static int seq_durable(struct mysql_conn *mc, struct session *s, uint64_t token,
     if (mark > mc->durable)
         mc->durable = mark;
     return 0;
+}
+
+/* *replied: when the last reply on s came (the mark's read), unchanged
+ * when s was not used. */
+static int seq_durable(struct mysql_conn *mc, struct session *s, uint64_t token,
+                       struct bound *call, uint64_t *replied)
+{
+    int behind = 0, err = seq_mark_read(mc, s, token, call, &behind, replied);
+    if (err == 0 && behind)
+        err = seq_mark_past(mc, token, call);
+    return err;
 }
 
 /*
@@ -1293,11 +1349,13 @@ static int seq_durable(struct mysql_conn *mc, struct session *s, uint64_t token,
  * 0, a deadline under max_statement_time = what is left of it (MariaDB
  * ends the lock wait then, to the millisecond), both part of the same
  * statement; the client waits for the answer until a margin past the
- * deadline. Returns 1 (ours, *token set), 0 (the row does not exist yet)
- * or an error, as lock_row.
+ * deadline. Returns 1 (ours, *token set, *replied the time of the last
+ * reply on the session: the server's idle timer, the lease, starts
+ * there), 0 (the row does not exist yet) or an error, as lock_row.
  */
 static int lock_row_seq(struct mysql_conn *mc, struct session **sp, const dlock_request *req,
-                        const unsigned char *k, struct bound *call, uint64_t *token)
+                        const unsigned char *k, struct bound *call, uint64_t *token,
+                        uint64_t *replied)
 {
     struct session *s = *sp;
     int nowait = req->wait == DLOCK_WAIT_TRY, err;
@@ -1349,6 +1407,7 @@ static int lock_row_seq(struct mysql_conn *mc, struct session **sp, const dlock_
         return 0;
     if ((*token = mysql_insert_id(s->db)) == 0)
         return dlock_seterr(cl(mc), DLOCK_EPROTO, "mysql %s: no token from the grant", mc->where);
+    *replied = dlock_monotonic_ns(); /* or the mark's read, below */
     /* After a wait the bound is the statement's, not a deadline past: the
      * mark (once per range) may need the control session opened and a
      * commit, so it gets `timeout` at least, as any statement does. */
@@ -1356,7 +1415,8 @@ static int lock_row_seq(struct mysql_conn *mc, struct session **sp, const dlock_
     struct bound db = req->wait == DLOCK_WAIT_DEADLINE
                           ? (struct bound){dlock_monotonic_ns() + mark_ns, DLOCK_ETIMEDOUT, 0}
                           : *call;
-    if ((err = seq_durable(mc, s, *token, req->wait == DLOCK_WAIT_FOREVER ? NULL : &db)) != 0)
+    if ((err = seq_durable(mc, s, *token, req->wait == DLOCK_WAIT_FOREVER ? NULL : &db,
+                           replied)) != 0)
         return err;
     return 1;
 }
@@ -1530,7 +1590,7 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
         }
         err = set_limits(mc, s, req, call);
         if (err == 0)
-            err = mc->seq ? lock_row_seq(mc, &s, req, h->k, call, &h->base.token)
+            err = mc->seq ? lock_row_seq(mc, &s, req, h->k, call, &h->base.token, &h->expires_ns)
                           : lock_row(mc, &s, req, h->k, call);
         if (err == 1) {
             if (down_since) /* the failed reconnects are over */
@@ -1609,7 +1669,11 @@ static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
      * its arrival makes the client's view of the lease end a little later
      * than the server's, never earlier than the TTL. */
     h->ttl_ms = req->ttl_ms;
-    h->expires_ns = dlock_monotonic_ns() + (uint64_t)req->ttl_ms * MS;
+    /* token=sequence: from the last reply on the lock's session (take_lock
+     * left its time there), not after the durable mark's checkpoint on the
+     * control session (a connect, a commit), during which the server's
+     * idle timer already ran. */
+    h->expires_ns = (mc->seq ? h->expires_ns : dlock_monotonic_ns()) + (uint64_t)req->ttl_ms * MS;
     /* After a wait (possibly longer than the TTL), the lease counts from
      * the grant: the "DO 0" below restarts the server's idle timer later
      * still, so this end is never after the server's. */
@@ -2298,7 +2362,10 @@ static int be_ping(dlock_conn *conn)
  * on one session. Each session's mutex is held around one exchange (a
  * statement and its reply, bounded by `timeout`) and around every change to
  * what keep() reads: the session's connection, lease, list of handles and
- * their state. A blocking GET_LOCK runs on a session that holds nothing,
+ * their state. A use of a shared session holds it for a few exchanges at
+ * most (see the header: 5 for a try), never across a connect: an acquire's
+ * durable-mark checkpoint unlocks it (pending_s keeps that grant's lease
+ * from being lowered meanwhile). A blocking GET_LOCK runs on a session that holds nothing,
  * which keep() never touches. The list of sessions (mc->nsess) belongs to
  * the application's thread; a session struct lives while a handle points
  * to it. One mutex at a time.
@@ -2403,23 +2470,36 @@ static struct session *named_holder(struct mysql_conn *mc, unsigned lease_s, con
  * takes it as 1 second, and a string makes the IF a string.) */
 #define NOT_OURS "(SELECT 1 UNION ALL SELECT 2)"
 
-/* How many stale locks one statement lets go at most. */
-#define EXPIRE_BATCH 32
+/* How many stale locks one use of a session lets go at most (one
+ * statement, so the mutex is held for one exchange more; the rest go at
+ * the next uses). */
+#define EXPIRE_BATCH 64
+
+/* Whether s holds a live lock other than self: no reply in time on s
+ * would close it and lose them, so a statement there gets a full
+ * `timeout` of its own, counted once its mutex is taken. */
+static int named_mates(const struct session *s, const struct mysql_held *self)
+{
+    for (const struct mysql_held *m = s->held; m; m = m->next)
+        if (m != self && !m->gone)
+            return 1;
+    return 0;
+}
 
 /*
  * Locks on s, other than self, whose lease as their holder counts it has
  * ended: released now and marked gone (their handles report DLOCK_ELOST).
  * Alone on its session such a lock would go with the session when its
  * wait_timeout runs out; among mates that keep the session busy it would
- * stay held. s->mu held; one round trip, only when there is something to do.
+ * stay held. s->mu held; one round trip (bounded by a `timeout` of its own:
+ * s is shared), only when there is something to do, EXPIRE_BATCH at most.
  */
-static void named_expire(struct mysql_conn *mc, struct session *s, const struct mysql_held *self,
-                         uint64_t until_ns)
+static void named_expire(struct mysql_conn *mc, struct session *s, const struct mysql_held *self)
 {
     struct mysql_held *batch[EXPIRE_BATCH];
     char sql[16 + EXPIRE_BATCH * 90];
     uint64_t now = dlock_monotonic_ns();
-    for (;;) {
+    {
         size_t n = 0, o = 0;
         for (struct mysql_held *h = s->held; h && n < EXPIRE_BATCH; h = h->next)
             if (h != self && !h->gone && h->expires_ns <= now)
@@ -2432,7 +2512,7 @@ static void named_expire(struct mysql_conn *mc, struct session *s, const struct 
                                   batch[i]->lname);
         dlock_errsave why;
         MYSQL_RES *res = NULL;
-        struct bound b = {until_ns, DLOCK_ECONNECT, 0};
+        struct bound b = stmt_bound(NULL, mc->timeout_ms);
         dlock_err_save(cl(mc), &why); /* not what the caller reports */
         int err = query_result(mc, s, sql, &b, "releasing locks whose lease ended", &res);
         dlock_err_restore(cl(mc), &why);
@@ -2465,6 +2545,39 @@ static int named_failed(struct session *s, int err)
     if (s->dead)
         session_disconnect(s);
     return err;
+}
+
+/* Undoes a grant on s whose handle will not be made (its token could not
+ * be made durable); closes the session if even that fails. */
+static void named_undo(struct mysql_conn *mc, struct session *s, const char *lname)
+{
+    char sql[128];
+    MYSQL_RES *res = NULL;
+    dlock_errsave why;
+    struct bound b = stmt_bound(NULL, mc->timeout_ms);
+    if (!s->db)
+        return;
+    dlock_err_save(cl(mc), &why);
+    snprintf(sql, sizeof sql, "SELECT RELEASE_LOCK('%s')", lname);
+    if (query_result(mc, s, sql, &b, "undoing a grant", &res) == 0) {
+        mysql_free_result(res);
+    } else {
+        s->dead = 1;
+        session_disconnect(s);
+    }
+    dlock_err_restore(cl(mc), &why);
+}
+
+/* The acquire statement failed (err recorded) on s, which did not hold
+ * lname before (named_holds): if s is live, GET_LOCK may have granted it
+ * before the failure (NEXTVAL out of values, a result that could not be
+ * read), and a handle-less grant would stay on s (forever among mates, or
+ * nested by a later GET_LOCK on a pooled s): released, or s closed. */
+static int named_unget(struct mysql_conn *mc, struct session *s, const char *lname, int err)
+{
+    if (!s->dead)
+        named_undo(mc, s, lname);
+    return named_failed(s, err);
 }
 
 /*
@@ -2522,51 +2635,37 @@ static int named_get(struct mysql_conn *mc, struct session *s, const dlock_reque
         return err;
     }
     if (c.ret != 0)
-        return named_failed(s, fail_on(mc, s, NULL, "acquire"));
+        return named_unget(mc, s, lname, fail_on(mc, s, NULL, "acquire"));
     struct nb r = {.op = NB_STORE, .db = s->db};
-    struct bound rb = stmt_bound(NULL, CLEANUP_MS);
+    struct bound rb = stmt_bound(NULL, s->nheld ? mc->timeout_ms : CLEANUP_MS);
     nb_step(&r, -1);
     if (nb_finish(&r, rb.until, 0) != 0)
         return named_failed(s, no_reply(mc, s, "acquire", start, DLOCK_ECONNECT));
     if (!r.res)
-        return named_failed(s, fail_on(mc, s, NULL, "acquire"));
+        return named_unget(mc, s, lname, fail_on(mc, s, NULL, "acquire"));
     MYSQL_ROW row = mysql_fetch_row(r.res);
     *token = row && row[0] ? strtoull(row[0], NULL, 10) : 0;
     mysql_free_result(r.res);
     return *token != 0;
 }
 
-/* Undoes a grant on s whose handle will not be made (its token could not
- * be made durable); closes the session if even that fails. */
-static void named_undo(struct mysql_conn *mc, struct session *s, const char *lname)
-{
-    char sql[128];
-    MYSQL_RES *res = NULL;
-    dlock_errsave why;
-    struct bound b = stmt_bound(NULL, mc->timeout_ms);
-    if (!s->db)
-        return;
-    dlock_err_save(cl(mc), &why);
-    snprintf(sql, sizeof sql, "SELECT RELEASE_LOCK('%s')", lname);
-    if (query_result(mc, s, sql, &b, "undoing a grant", &res) == 0) {
-        mysql_free_result(res);
-    } else {
-        s->dead = 1;
-        session_disconnect(s);
-    }
-    dlock_err_restore(cl(mc), &why);
-}
-
 /* One attempt on s (s->mu held): sets its lease first if it has none of
  * this length yet (a session holding nothing), then GET_LOCK, and makes
- * the token durable. 0 granted, else an error (DLOCK_EBUSY, DLOCK_ETIMEDOUT...). */
+ * the token durable. 0 granted (*replied: when the last reply on s came,
+ * where the server's idle timer, the lease, starts), else an error
+ * (DLOCK_EBUSY, DLOCK_ETIMEDOUT...). On a shared session each statement
+ * gets a `timeout` of its own, not what is left of the try's (until is
+ * then ignored); the durable mark's checkpoint (the control session: a
+ * connect, a commit) runs with s->mu unlocked, so keep() of s's mates
+ * does not wait for it. */
 static int named_attempt(struct mysql_conn *mc, struct session *s, const dlock_request *req,
-                         const char *lname, struct bound *call, uint64_t until, uint64_t *token)
+                         const char *lname, struct bound *call, uint64_t until, uint64_t *token,
+                         uint64_t *replied)
 {
     unsigned lease = ceil_s(req->ttl_ms);
-    int err;
+    int err, behind = 0;
     if (s->nheld)
-        named_expire(mc, s, NULL, dlock_monotonic_ns() + mc->timeout_ms * MS);
+        named_expire(mc, s, NULL);
     if (!s->db)
         return dlock_seterr(cl(mc), DLOCK_ECONNECT, "mysql %s: the session ended", mc->where);
     if (s->nheld == 0 && s->wait_timeout_s != lease) {
@@ -2576,7 +2675,11 @@ static int named_attempt(struct mysql_conn *mc, struct session *s, const dlock_r
             return named_failed(s, err);
         s->wait_timeout_s = lease;
     }
+    int shared = named_mates(s, NULL);
+    if (shared)
+        until = dlock_monotonic_ns() + mc->timeout_ms * MS;
     err = named_get(mc, s, req, lname, until, token);
+    *replied = dlock_monotonic_ns();
     if (err < 0 || err > 1)
         return err;
     if (err == 0) {
@@ -2591,16 +2694,32 @@ static int named_attempt(struct mysql_conn *mc, struct session *s, const dlock_r
     /* The mark (once per range) may need the control session and a
      * commit: `timeout` at least, as any statement. */
     struct bound db = stmt_bound(NULL, mc->timeout_ms > CLEANUP_MS ? mc->timeout_ms : CLEANUP_MS);
-    if (req->wait == DLOCK_WAIT_TRY)
+    if (req->wait == DLOCK_WAIT_TRY && !shared)
         db = *call;
-    if ((err = seq_durable(mc, s, *token, &db)) != 0) {
+    if ((err = seq_mark_read(mc, s, *token, &db, &behind, replied)) != 0) {
         if (s->dead)
             session_disconnect(s);
         else
             named_undo(mc, s, lname);
         return err;
     }
-    return 0;
+    if (!behind)
+        return 0;
+    if (shared)
+        db = stmt_bound(NULL, mc->timeout_ms);
+    s->pending_s = lease;
+    pthread_mutex_unlock(&s->mu);
+    err = seq_mark_past(mc, *token, &db);
+    pthread_mutex_lock(&s->mu);
+    s->pending_s = 0;
+    if (!s->db) /* keep() of a mate found the session gone meanwhile */
+        return err ? err
+                   : dlock_seterr(cl(mc), DLOCK_ECONNECT, "mysql %s: acquire: the session"
+                                  " holding the new lock ended before its token was on disk",
+                                  mc->where);
+    if (err)
+        named_undo(mc, s, lname);
+    return err;
 }
 
 /*
@@ -2671,7 +2790,7 @@ static int named_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_
 {
     struct mysql_held *h = calloc(1, sizeof *h);
     struct session *s = NULL;
-    uint64_t start = dlock_monotonic_ns(), token = 0;
+    uint64_t start = dlock_monotonic_ns(), token = 0, replied = 0;
     unsigned lease = ceil_s(req->ttl_ms);
     int err = 0;
     if (!h)
@@ -2687,9 +2806,11 @@ static int named_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_
         (req->wait == DLOCK_WAIT_FOREVER || req->deadline_ns >= start + mc->timeout_ms * MS) &&
         (s = named_holder(mc, lease, h->lname)) != NULL) {
         dlock_request t = *req;
-        struct bound tb = {start + mc->timeout_ms * MS, DLOCK_ECONNECT, 0};
+        /* Counted once s->mu is ours (named_attempt counts again per
+         * statement: s is shared). */
+        struct bound tb = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 0};
         t.wait = DLOCK_WAIT_TRY;
-        if (named_attempt(mc, s, &t, h->lname, &tb, tb.until, &token) == 0)
+        if (named_attempt(mc, s, &t, h->lname, &tb, tb.until, &token, &replied) == 0)
             goto granted;
         pthread_mutex_unlock(&s->mu);
         dlock_clearerr(cl(mc));
@@ -2712,7 +2833,7 @@ static int named_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_
         uint64_t until = req->wait == DLOCK_WAIT_TRY        ? call.until
                          : req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns + CLEANUP_MS * MS
                                                             : 0;
-        err = named_attempt(mc, s, req, h->lname, &call, until, &token);
+        err = named_attempt(mc, s, req, h->lname, &call, until, &token, &replied);
         s->waiting = 0;
         if (err == 0)
             goto granted;
@@ -2754,7 +2875,9 @@ granted:
     h->base.token = token;
     h->s = s;
     h->ttl_ms = req->ttl_ms;
-    h->expires_ns = dlock_monotonic_ns() + (uint64_t)req->ttl_ms * MS;
+    /* From the last reply on s, where the server's idle timer started: not
+     * after a checkpoint on the control session. */
+    h->expires_ns = replied + (uint64_t)req->ttl_ms * MS;
     if (req->wait != DLOCK_WAIT_TRY) /* the lease counts from the grant */
         h->base.lease_end_ns = h->expires_ns;
     h->next = s->held;
@@ -2777,9 +2900,8 @@ static int named_release(struct mysql_conn *mc, struct mysql_held *h)
         err = dlock_seterr(cl(mc), DLOCK_ELOST, "mysql %s: release: the lock was lost: %s",
                            mc->where, named_lost_why(h));
     } else {
-        uint64_t until = dlock_monotonic_ns() + mc->timeout_ms * MS;
-        named_expire(mc, s, h, until);
-        struct bound b = {until, DLOCK_ECONNECT, 0};
+        named_expire(mc, s, h);
+        struct bound b = stmt_bound(NULL, mc->timeout_ms);
         snprintf(sql, sizeof sql,
                  "SET @dlock_released = IF(RELEASE_LOCK('%s') = 1, 1, " NOT_OURS ")", h->lname);
         if (!s->db) {
@@ -2819,20 +2941,24 @@ static int named_release(struct mysql_conn *mc, struct mysql_held *h)
 }
 
 /*
- * Renews h on its session (s->mu held), by until_ns, in one statement
- * answered by an OK packet (no result set to read):
+ * Renews h on its session (s->mu held) in one statement answered by an OK
+ * packet (no result set to read):
  *
  *   SET SESSION wait_timeout = IF(IS_USED_LOCK(n) = CONNECTION_ID(), L, NOT_OURS)
  *
  * It proves the lock is still ours (IS_USED_LOCK names the session: a
  * GET_LOCK lock ends only with RELEASE_LOCK, which only its holder can do,
- * or with its session), sets the lease L, the longest any live lock on
- * the session needs (no mate's lease is cut short), and restarts the
- * session's idle timer. Stale mates are let go first. 0, DLOCK_ELOST, or
- * the error.
+ * or with its session), sets the lease L, the longest the session's live
+ * locks need (each mate's TTL rounded up: no mate's lease is cut short,
+ * and one released no longer holds the others' up), and restarts the
+ * session's idle timer. Stale mates are let go first. Each statement gets
+ * `timeout` from when it starts; keep (the keeper's renewal) caps it by
+ * h's lease end only when h is alone on s (a bound that runs out closes
+ * the session: among mates, h's lease end must not cost them theirs), and
+ * a reply that comes after h's lease end is then DLOCK_EEXPIRED for h
+ * alone (h not renewed, the session kept). 0, DLOCK_ELOST, or the error.
  */
-static int named_renew_on(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_ms,
-                          uint64_t until_ns)
+static int named_renew_on(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_ms, int keep)
 {
     struct session *s = h->s;
     char sql[192];
@@ -2840,16 +2966,22 @@ static int named_renew_on(struct mysql_conn *mc, struct mysql_held *h, uint32_t 
     if (h->gone || !s->db)
         return dlock_seterr(cl(mc), DLOCK_ELOST, "mysql %s: the lock was lost: %s", mc->where,
                             named_lost_why(h));
-    named_expire(mc, s, h, until_ns);
+    named_expire(mc, s, h);
     if (!s->db)
         return dlock_seterr(cl(mc), DLOCK_ELOST, "mysql %s: the lock was lost: %s", mc->where,
                             named_lost_why(h));
-    unsigned lease = ceil_s(ttl_ms);
+    unsigned lease = ceil_s(ttl_ms) > s->pending_s ? ceil_s(ttl_ms) : s->pending_s;
+    int shared = s->pending_s != 0;
     for (const struct mysql_held *m = s->held; m; m = m->next)
-        if (m != h && !m->gone && s->wait_timeout_s > lease)
-            lease = s->wait_timeout_s;
+        if (m != h && !m->gone) {
+            shared = 1;
+            if (ceil_s(m->ttl_ms) > lease)
+                lease = ceil_s(m->ttl_ms);
+        }
     uint64_t sent = dlock_monotonic_ns();
-    struct bound b = {until_ns, DLOCK_ECONNECT, 0};
+    struct bound b = {sent + mc->timeout_ms * MS, DLOCK_ECONNECT, 0};
+    if (keep && !shared && h->expires_ns < b.until)
+        b.until = h->expires_ns;
     snprintf(sql, sizeof sql, "SET SESSION wait_timeout = IF(IS_USED_LOCK('%s') = CONNECTION_ID(),"
              " %u, " NOT_OURS ")", h->lname, lease);
     if ((err = run(mc, s, NB_QUERY, NULL, sql, &b, "renew")) != 0) {
@@ -2860,6 +2992,10 @@ static int named_renew_on(struct mysql_conn *mc, struct mysql_held *h, uint32_t 
                             "mysql %s: renew: the session no longer holds the lock", mc->where);
     }
     s->wait_timeout_s = lease;
+    if (keep && dlock_monotonic_ns() >= h->expires_ns)
+        return dlock_seterr(cl(mc), DLOCK_EEXPIRED,
+                            "mysql %s: the lease (%" PRIu32 " ms) ran out before the renewal's"
+                            " reply came", mc->where, h->ttl_ms);
     h->ttl_ms = ttl_ms;
     h->expires_ns = sent + (uint64_t)ttl_ms * MS;
     return 0;
@@ -2884,28 +3020,27 @@ static int named_renew(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl
         h->gone = 1;
         err = lease_over(mc, h, "renew");
     } else {
-        err = named_renew_on(mc, h, ttl_ms, now + mc->timeout_ms * MS);
+        err = named_renew_on(mc, h, ttl_ms, 0);
     }
     pthread_mutex_unlock(&s->mu);
     return err;
 }
 
-/* The keeper's renewal: as renew, bounded by the lease's end too; touches
- * h's session only (a session that fails is closed, its struct kept). */
+/* The keeper's renewal: as renew, bounded by the lease's end too when h is
+ * alone on its session (see named_renew_on); touches h's session only (a
+ * session that fails is closed, its struct kept). */
 static int named_keep(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_ms)
 {
     struct session *s = h->s;
     int err;
     pthread_mutex_lock(&s->mu);
-    uint64_t now = dlock_monotonic_ns(), until = now + mc->timeout_ms * MS;
-    if (h->expires_ns < until)
-        until = h->expires_ns;
+    uint64_t now = dlock_monotonic_ns();
     if (!h->gone && s->db && now >= h->expires_ns) {
         err = dlock_seterr(cl(mc), DLOCK_EEXPIRED,
                            "mysql %s: the lease (%" PRIu32 " ms) had run out before it could be"
                            " renewed", mc->where, h->ttl_ms);
     } else {
-        err = named_renew_on(mc, h, ttl_ms, until);
+        err = named_renew_on(mc, h, ttl_ms, 1);
         if (err == DLOCK_ECONNECT && !s->db)
             err = DLOCK_EEXPIRED;
     }
@@ -2914,12 +3049,12 @@ static int named_keep(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_
 }
 
 /* raise_token: proves the lock (as renew, keeping the lease's end), then
- * SETVAL on its session, then the durable mark past it (token=sequence). */
+ * SETVAL on its session, then the durable mark past it (token=sequence),
+ * the mark with s->mu unlocked. Each statement gets its own `timeout`. */
 static int named_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t floor)
 {
     static const char what[] = "raising the token";
     struct session *s = h->s;
-    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
     char sql[160];
     MYSQL_RES *res = NULL;
     uint64_t mark = 0;
@@ -2934,11 +3069,12 @@ static int named_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t flo
     }
     uint32_t left = (uint32_t)((h->expires_ns - now + MS - 1) / MS), ttl = h->ttl_ms;
     uint64_t expires = h->expires_ns;
-    if ((err = named_renew_on(mc, h, left, call.until)) == 0) {
+    if ((err = named_renew_on(mc, h, left, 0)) == 0) {
         h->expires_ns = expires; /* proven, not renewed */
         h->ttl_ms = ttl;
+        struct bound b = stmt_bound(NULL, mc->timeout_ms);
         snprintf(sql, sizeof sql, "SELECT SETVAL(`%s_seq`, %" PRIu64 ")", mc->table, floor);
-        if ((err = query_result(mc, s, sql, &call, what, &res)) != 0)
+        if ((err = query_result(mc, s, sql, &b, what, &res)) != 0)
             err = named_failed(s, err);
         else
             mysql_free_result(res);
@@ -2946,6 +3082,7 @@ static int named_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t flo
     pthread_mutex_unlock(&s->mu);
     if (err)
         return err;
+    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
     if ((err = seq_checkpoint(mc, &call, &mark)) != 0)
         return err;
     if (mark > mc->durable)

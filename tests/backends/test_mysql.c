@@ -2026,6 +2026,80 @@ static void test_named_kill_waiter(void)
     dlock_client_close(h);
 }
 
+/* The session's lease follows its live locks down too: once a long-TTL
+ * lock is released, renewing a short-TTL mate sets the session's
+ * wait_timeout back to the longest TTL of the locks left, so a holder that then stops talking
+ * frees the mate after its own TTL, not the released lock's. */
+static void test_named_lease_down(void)
+{
+    char x[128], y[128], z[128];
+    dlock_client *a = open_ok(uri_named), *b = open_ok(uri_named);
+    dlock_lock *lx = NULL, *ly = NULL, *lz = NULL, *l = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 2000);
+    name_of(x, sizeof x, "named-down-x");
+    name_of(y, sizeof y, "named-down-y");
+    name_of(z, sizeof z, "named-down-z");
+    is_int(dlock_acquire(a, x, &o, &lx), 0, "down: A takes x, 2 s lease");
+    is_int(dlock_acquire(a, y, &o, &ly), 0, "down: and y, 2 s lease");
+    is_int(dlock_acquire(a, z, &o, &lz), 0, "down: and z, 2 s lease");
+    ok(named_holder_session(x) == named_holder_session(y) &&
+           named_holder_session(x) == named_holder_session(z), "down: on one session");
+    is_int(dlock_renew(lx, 30000), 0, "down: x renewed for 30 s (the session's lease with it)");
+    is_int(dlock_release(lx), 0, "down: x released");
+    is_int(dlock_renew(ly, 2000), 0, "down: y renewed for 2 s (z, its mate, has 2 s too)");
+    sleep_ms(3500);
+    is_int(try_lock(b, y, &l), 0, "down: A silent for 3.5 s: the server let y go, B takes it");
+    if (l)
+        dlock_release(l);
+    is_int(dlock_renew(ly, 2000), DLOCK_ELOST, "down: A's renew of y → DLOCK_ELOST");
+    dlock_release(ly);
+    dlock_release(lz);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* An acquire whose statement fails after GET_LOCK granted the lock (NEXTVAL
+ * out of values: the floor set just below the sequence's last value)
+ * leaves no user lock behind on the session it shares with a held lock
+ * (there it would stay held, with no handle, for as long as the mate). */
+static void test_named_failed_get(void)
+{
+    char u[1200], tbl[32], saved[32], x[128], y[128], z[128], sql[256];
+    snprintf(tbl, sizeof tbl, "tm_nx%d", (int)getpid());
+    snprintf(u, sizeof u, "%s%slock=named&token=sequence&table=%s", uri_env,
+             strchr(uri_env, '?') ? "&" : "?", tbl);
+    snprintf(saved, sizeof saved, "%s", lock_tbl);
+    snprintf(lock_tbl, sizeof lock_tbl, "%s", tbl);
+    name_of(x, sizeof x, "named-nextval-x");
+    name_of(y, sizeof y, "named-nextval-y");
+    name_of(z, sizeof z, "named-nextval-z");
+    dlock_client *c = open_ok(u);
+    dlock_lock *lx = NULL, *ly = NULL, *lz = NULL;
+    is_int(try_lock(c, x, &lx), 0, "nextval: A takes x");
+    long long sid = named_holder_session(x);
+    is_int(c->backend->raise_floor(c->conn, (1ull << 63) - 3), 0,
+           "nextval: floor 2^63 - 3: one value left (%s)", dlock_errmsg(c));
+    int ry = try_lock(c, y, &ly);
+    diag("nextval: y: %s %s", dlock_err_name(ry), ry ? dlock_errmsg(c) : "");
+    int rz = try_lock(c, z, &lz);
+    ok(rz != 0, "nextval: an acquire past the sequence's last value fails: %s",
+       dlock_errmsg(c));
+    long long hz = named_holder_session(z), hy = ry ? named_holder_session(y) : -1;
+    ok(hz < 0, "nextval: z's user lock is not left held (x's session %lld, z's holder %lld)",
+       sid, hz);
+    ok(hy < 0, "nextval: nor y's if it failed (holder %lld)", hy);
+    is_int(dlock_renew(lx, 30000), 0, "nextval: x is still A's");
+    dlock_release(lz);
+    dlock_release(ly);
+    is_int(dlock_release(lx), 0, "nextval: A releases x");
+    dlock_client_close(c);
+    snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS %s", tbl);
+    ok(mysql_query(raw, sql) == 0, "nextval: table dropped");
+    snprintf(sql, sizeof sql, "DROP SEQUENCE IF EXISTS %s_seq", tbl);
+    ok(mysql_query(raw, sql) == 0, "nextval: sequence dropped");
+    snprintf(lock_tbl, sizeof lock_tbl, "%s", saved);
+}
+
 /* lock=named needs MariaDB's sequence for its tokens: with token=table the
  * URI is refused, saying why. */
 static void test_named_options(void)
@@ -2102,6 +2176,8 @@ int main(void)
         {"named_kill", test_named_kill, 0},
         {"named_mate_expiry", test_named_mate_expiry, 0},
         {"named_kill_waiter", test_named_kill_waiter, 0},
+        {"named_failed_get", test_named_failed_get, 0},
+        {"named_lease_down", test_named_lease_down, 0},
     };
     /* DLOCK_TEST_ONLY=case,case runs only those (for working on one). */
     const char *only = getenv("DLOCK_TEST_ONLY");
