@@ -109,10 +109,12 @@
  * end of its lease too. Every statement on a session shared with other
  * locks gets the whole `timeout` (a session closed for want of a reply
  * takes its mates' locks with it). Before its statement, keep() waits for
- * the session's mutex: the application's thread holds it for a try,
- * release, renew or raise, after unlocking mates whose lease ended (one
- * statement per 32 of them), `timeout` each. Keep a kept lock's TTL well
- * above 3 x `timeout` so that such a wait cannot eat its lease.
+ * the session's mutex: the application's thread holds it for at most
+ * three statements (unlocking up to 64 mates whose lease ended, then a
+ * try, release or renew, or a raise's two), `timeout` each, and keep()
+ * needs two itself: up to 5 x `timeout` when the server is slow but
+ * answering. The keeper renews with two thirds of the TTL left, so keep a
+ * kept lock's TTL above 8 x `timeout` to ride through that.
  *
  * Inspect. Every statement on a holder session (acquire, renew, keep,
  * raise) starts with a comment, "/\*dlock owner=<owner_hex> ttl=<ms>
@@ -897,8 +899,10 @@ static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t ke
     dlock_err_restore(cl(pc), &why);
 }
 
-/* How many stale locks one statement unlocks at most. */
-#define EXPIRE_BATCH 32
+/* How many stale locks one use of a session unlocks at most (one
+ * statement; the rest go at its next uses), so that a use holds the
+ * session's mutex for at most one statement more. */
+#define EXPIRE_BATCH 64
 
 /*
  * Locks on s, other than self, whose lease as their holder counts it has
@@ -908,37 +912,35 @@ static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t ke
  * held until the session ends. Its handle then reports DLOCK_ELOST. (A lock
  * past its lease but still held is safe to renew: no one else had it; so
  * the lock whose own statement this is, self, is never unlocked here.)
- * s->mu held; one extra round trip (per 32), only when there is something
- * to do, each with the whole `timeout`: no reply closes the session, with
- * every mate's lock.
+ * s->mu held; one extra round trip, only when there is something to do,
+ * with the whole `timeout`: no reply closes the session, with every mate's
+ * lock.
  */
 static void session_expire(struct pg_conn *pc, struct pg_session *s, const struct pg_held *self)
 {
     struct pg_held *batch[EXPIRE_BATCH];
     char sql[64 + EXPIRE_BATCH * 48];
     uint64_t now = dlock_monotonic_ns();
-    for (;;) {
-        size_t n = 0, o = 0;
-        for (struct pg_held *h = s->held; h && n < EXPIRE_BATCH; h = h->next)
-            if (h != self && !h->gone && h->lease_end_ns <= now)
-                batch[n++] = h;
-        if (n == 0 || !s->pg)
-            return;
-        o += (size_t)snprintf(sql + o, sizeof sql - o, "SELECT ");
-        for (size_t i = 0; i < n; i++)
-            o += (size_t)snprintf(sql + o, sizeof sql - o, "%spg_advisory_unlock(%" PRId64 ")",
-                                  i ? ", " : "", batch[i]->key);
-        dlock_errsave why;
-        PGresult *r = NULL;
-        dlock_err_save(cl(pc), &why); /* this is not what the caller reports */
-        int err = run(pc, s, sql, 0, &r, "unlocking locks whose lease ended", after_timeout(pc));
-        PQclear(r);
-        dlock_err_restore(cl(pc), &why);
-        if (err)
-            return; /* a session gone takes them all; else tried at the next use */
-        for (size_t i = 0; i < n; i++)
-            batch[i]->gone = 1;
-    }
+    size_t n = 0, o = 0;
+    for (struct pg_held *h = s->held; h && n < EXPIRE_BATCH; h = h->next)
+        if (h != self && !h->gone && h->lease_end_ns <= now)
+            batch[n++] = h;
+    if (n == 0 || !s->pg)
+        return;
+    o += (size_t)snprintf(sql + o, sizeof sql - o, "SELECT ");
+    for (size_t i = 0; i < n; i++)
+        o += (size_t)snprintf(sql + o, sizeof sql - o, "%spg_advisory_unlock(%" PRId64 ")",
+                              i ? ", " : "", batch[i]->key);
+    dlock_errsave why;
+    PGresult *r = NULL;
+    dlock_err_save(cl(pc), &why); /* this is not what the caller reports */
+    int err = run(pc, s, sql, 0, &r, "unlocking locks whose lease ended", after_timeout(pc));
+    PQclear(r);
+    dlock_err_restore(cl(pc), &why);
+    if (err)
+        return; /* a session gone takes them all; else tried at the next use */
+    for (size_t i = 0; i < n; i++)
+        batch[i]->gone = 1;
 }
 
 /* The client-side bound of one acquire: a try's statement gets `timeout`; a
