@@ -1165,6 +1165,35 @@ static int lock_error(struct mysql_conn *mc, struct session *s, MYSQL_STMT *st, 
 }
 
 /*
+ * The end of a row lock's statement that did not reply in time (nb_finish's
+ * w: -1 no reply by until, -2 a signal). A try the server does not answer:
+ * nothing to cancel (the control session would likely wait as long), so
+ * the session is closed, which undoes whatever it got once the server
+ * notices. A wait: DLOCK_EINTR or DLOCK_ETIMEDOUT (late: the detail), and
+ * the wait is cancelled (KILL QUERY, rollback) within CLEANUP_MS. *sp is
+ * no longer the caller's either way.
+ */
+static int lock_wait_cut(struct mysql_conn *mc, struct session *s, struct session **sp,
+                         struct nb *c, int w, int nowait, uint64_t start, uint64_t until,
+                         const char *late)
+{
+    int err;
+    *sp = NULL;
+    if (w == -1 && nowait) {
+        err = no_reply(mc, s, "acquire", start, DLOCK_ECONNECT);
+        session_close(s);
+        return err;
+    }
+    uint64_t now = dlock_monotonic_ns();
+    if (w == -2)
+        err = dlock_seterr(cl(mc), DLOCK_EINTR, "a signal interrupted the wait");
+    else
+        err = dlock_seterr(cl(mc), DLOCK_ETIMEDOUT, "%s", late);
+    cancel_wait(mc, s, c, (w == -1 && until > now ? until : now) + CLEANUP_MS * MS);
+    return err;
+}
+
+/*
  * One locking read of the name's row on session s. Returns 1 when the row
  * is ours, 0 when the row does not exist yet, or an error: DLOCK_EBUSY
  * (try), DLOCK_ETIMEDOUT, DLOCK_EINTR... After a wait that was cut short
@@ -1192,26 +1221,9 @@ static int lock_row(struct mysql_conn *mc, struct session **sp, const dlock_requ
     struct nb c = {.op = NB_EXECUTE, .db = s->db, .st = st};
     nb_step(&c, -1);
     int w = nb_finish(&c, until, 1);
-    if (w == -1 && nowait) {
-        /* A try the server does not answer: nothing to cancel, and the
-         * control session would likely wait as long. Closing the session
-         * undoes whatever it got once the server notices. */
-        err = no_reply(mc, s, "acquire", start, DLOCK_ECONNECT);
-        *sp = NULL;
-        session_close(s);
-        return err;
-    }
-    if (w != 0) {
-        uint64_t now = dlock_monotonic_ns();
-        if (w == -2)
-            err = dlock_seterr(cl(mc), DLOCK_EINTR, "a signal interrupted the wait");
-        else
-            err = dlock_seterr(cl(mc), DLOCK_ETIMEDOUT,
-                               "the deadline passed with the lock still held elsewhere");
-        *sp = NULL;
-        cancel_wait(mc, s, &c, (w == -1 && until > now ? until : now) + CLEANUP_MS * MS);
-        return err;
-    }
+    if (w != 0)
+        return lock_wait_cut(mc, s, sp, &c, w, nowait, start, until,
+                             "the deadline passed with the lock still held elsewhere");
     if (c.ret != 0)
         return lock_error(mc, s, st, nowait);
     /* The rows follow the statement's reply at once. */
@@ -1381,26 +1393,10 @@ static int lock_row_seq(struct mysql_conn *mc, struct session **sp, const dlock_
     struct nb c = {.op = NB_QUERY, .db = s->db, .sql = sql};
     nb_step(&c, -1);
     int w = nb_finish(&c, until, 1);
-    if (w == -1 && nowait) {
-        err = no_reply(mc, s, "acquire", start, DLOCK_ECONNECT);
-        *sp = NULL;
-        session_close(s);
-        return err;
-    }
-    if (w != 0) {
-        /* A signal, or no answer by the margin past the deadline: the
-         * server did not end the wait itself, so KILL QUERY it. */
-        uint64_t now = dlock_monotonic_ns();
-        if (w == -2)
-            err = dlock_seterr(cl(mc), DLOCK_EINTR, "a signal interrupted the wait");
-        else
-            err = dlock_seterr(cl(mc), DLOCK_ETIMEDOUT,
-                               "the deadline passed with the lock still held elsewhere (the"
-                               " server did not end the wait at its max_statement_time)");
-        *sp = NULL;
-        cancel_wait(mc, s, &c, now + CLEANUP_MS * MS);
-        return err;
-    }
+    if (w != 0) /* the server did not end the wait itself: KILL QUERY it */
+        return lock_wait_cut(mc, s, sp, &c, w, nowait, start, until,
+                             "the deadline passed with the lock still held elsewhere (the"
+                             " server did not end the wait at its max_statement_time)");
     if (c.ret != 0)
         return lock_error(mc, s, NULL, nowait);
     if (mysql_affected_rows(s->db) == 0)
