@@ -97,9 +97,10 @@
 #define KEEPALIVE_INTVL_S 1
 #define KEEPALIVE_CNT 3
 
-static const char *const redis_schemes[] = {"redis", NULL};
+static const char *const redis_schemes[] = {"redis", "redis+cluster", "redis+sentinel", NULL};
 static const char *const redis_options[] = {
-    "connect_timeout", "timeout", "prefix", "node_timeout", "allow_eviction", NULL,
+    "connect_timeout", "timeout", "prefix", "node_timeout", "allow_eviction", "wait_replicas",
+    "sentinel_user", "sentinel_password", NULL,
 };
 
 static void ms_to_tv(uint64_t ms, struct timeval *tv)
@@ -140,7 +141,7 @@ void dlock_redis_unlimit(struct redis_conn *rc, uint64_t saved)
 
 /* What is left of the connection's bound, capped at cap_ns; at least
  * 1 ms (0 would mean no limit to hiredis). cap_ns when there is none. */
-static uint64_t time_left(struct redis_conn *rc, uint64_t cap_ns)
+uint64_t dlock_redis_time_left(struct redis_conn *rc, uint64_t cap_ns)
 {
     uint64_t now = dlock_monotonic_ns(), left;
     if (!rc->deadline_ns)
@@ -171,7 +172,7 @@ static uint64_t *armed_slot(struct redis_conn *rc, const redisContext *ctx)
 static void arm(struct redis_conn *rc, redisContext *ctx)
 {
     struct timeval tv;
-    uint64_t want = time_left(rc, tv_ns(&rc->cmd_tv)), *armed = armed_slot(rc, ctx);
+    uint64_t want = dlock_redis_time_left(rc, tv_ns(&rc->cmd_tv)), *armed = armed_slot(rc, ctx);
     if (armed && *armed >= want && *armed - want <= ARM_SLACK_NS)
         return;
     ns_to_tv(want, &tv);
@@ -254,10 +255,18 @@ int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
     /* The floor key has no name in it: "<prefix>floor". */
     static const char *const suffix[REDIS_NKEYS_ALL] = {":lock", ":fence", ":queue", "floor",
                                                         ":raised"};
-    size_t plen = strlen(rc->prefix), total = 0;
+    /* Cluster: "{T}" after the prefix, T the tag of the name's slot (so
+     * the floor key too is in it). */
+    char tag[8] = "";
+    size_t plen = strlen(rc->prefix), tlen = 0, total = 0;
     char *p;
+    keys->slot = 0;
+    if (rc->mode == REDIS_CLUSTER) {
+        keys->slot = dlock_redis_slot(name, len);
+        tlen = (size_t)snprintf(tag, sizeof tag, "{%s}", dlock_redis_slot_tag(keys->slot));
+    }
     for (int i = 0; i < REDIS_NKEYS_ALL; i++)
-        total += plen + len + strlen(suffix[i]) + 1;
+        total += plen + tlen + len + strlen(suffix[i]) + 1;
     p = keys->buf = total <= sizeof keys->small ? keys->small : malloc(total);
     if (!p)
         return DLOCK_ENOMEM;
@@ -265,9 +274,10 @@ int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
         size_t slen = strlen(suffix[i]), nlen = i == 3 ? 0 : len;
         keys->k[i] = p;
         memcpy(p, rc->prefix, plen);
-        memcpy(p + plen, name, nlen);
-        memcpy(p + plen + nlen, suffix[i], slen + 1);
-        keys->len[i] = plen + nlen + slen;
+        memcpy(p + plen, tag, tlen);
+        memcpy(p + plen + tlen, name, nlen);
+        memcpy(p + plen + tlen + nlen, suffix[i], slen + 1);
+        keys->len[i] = plen + tlen + nlen + slen;
         p += keys->len[i] + 1;
     }
     return 0;
@@ -320,9 +330,9 @@ static int reply_error(struct redis_conn *rc, struct redis_node *n, redisReply *
     return dlock_seterr(cl(rc), code, "redis %s:%d: %s: %.120s", n->host, n->port, what, r->str);
 }
 
-static int command(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp,
-                   redisReply **out, size_t argc, const char **argv, const size_t *argvlen,
-                   const char *what)
+int dlock_redis_command(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp,
+                        redisReply **out, size_t argc, const char **argv, const size_t *argvlen,
+                        const char *what)
 {
     redisReply *r = dlock_redis_call(rc, *ctxp, argc, argv, argvlen);
     if (!r)
@@ -369,14 +379,20 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
                             uint64_t budget_ns, int cmd)
 {
     struct timeval tv;
-    const char *argv[4][3];
-    size_t lens[4][3], argc[4], nc = 0;
-    const char *what[4];
+    const char *argv[5][3];
+    size_t lens[5][3], argc[5], nc = 0;
+    const char *what[5];
     char db[16];
-    uint64_t until = dlock_monotonic_ns() + time_left(rc, budget_ns);
+    uint64_t until = dlock_monotonic_ns() + dlock_redis_time_left(rc, budget_ns);
     uint64_t saved = dlock_redis_limit(rc, until);
     int err = 0;
 
+    /* Sentinel: where the primary is now, asked on every new connection. */
+    if (rc->mode == REDIS_SENTINEL &&
+        (err = dlock_redis_sentinel_resolve(rc, n, until - dlock_monotonic_ns())) != 0) {
+        dlock_redis_unlimit(rc, saved);
+        return err;
+    }
     uint64_t now = dlock_monotonic_ns();
     ns_to_tv(until > now + MS ? until - now : MS, &tv);
     redisContext *ctx = redisConnectWithTimeout(n->host, n->port, tv);
@@ -407,10 +423,14 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
         argv[nc][1] = db, lens[nc][1] = strlen(db);
         argc[nc] = 2, what[nc++] = "SELECT";
     }
+    if (rc->mode == REDIS_SENTINEL) { /* the sentinels may lag a failover */
+        argv[nc][0] = "ROLE", lens[nc][0] = 4;
+        argc[nc] = 1, what[nc++] = "ROLE";
+    }
     if (cmd) {
         argv[nc][0] = "SCRIPT", lens[nc][0] = 6;
         argv[nc][1] = "LOAD", lens[nc][1] = 4;
-        argv[nc][2] = dlock_redis_lua, lens[nc][2] = sizeof dlock_redis_lua - 1;
+        argv[nc][2] = rc->lua, lens[nc][2] = rc->lua_len;
         argc[nc] = 3, what[nc++] = "SCRIPT LOAD";
         if (!rc->allow_eviction) {
             argv[nc][0] = "INFO", lens[nc][0] = 4;
@@ -434,6 +454,11 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
             err = check_eviction(rc, n, r); /* an error reply: the server does not say */
         else if (r->type == REDIS_REPLY_ERROR)
             err = reply_error(rc, n, r, what[i]);
+        else if (strcmp(what[i], "ROLE") == 0 && !dlock_redis_reply_is_primary(r))
+            err = dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                               "redis %s:%d is not the primary the sentinels named (a failover "
+                               "in progress?)",
+                               n->host, n->port);
         else if (strcmp(what[i], "SCRIPT LOAD") == 0 && dlock_redis_reply_sha(r, rc->sha) != 0)
             err = dlock_seterr(cl(rc), DLOCK_EPROTO, "redis %s:%d: unexpected SCRIPT LOAD reply",
                                n->host, n->port);
@@ -474,8 +499,10 @@ int dlock_redis_subscribe_send(struct redis_conn *rc, struct redis_node *n, cons
     n->subscribed = 0;
     if (!n->sub && (err = dlock_redis_connect_ctx(rc, n, &n->sub, connect_ns, 0)) != 0)
         return err;
-    if (dlock_redis_send(rc, n->sub, 2, (const char *[]){"SUBSCRIBE", chan},
-                         (size_t[]){9, len}) != REDIS_OK) {
+    int sharded = rc->mode == REDIS_CLUSTER;
+    if (dlock_redis_send(rc, n->sub, 2,
+                         (const char *[]){sharded ? "SSUBSCRIBE" : "SUBSCRIBE", chan},
+                         (size_t[]){sharded ? 10 : 9, len}) != REDIS_OK) {
         err = dlock_redis_ctx_error(rc, n, &n->sub, "SUBSCRIBE");
         dlock_redis_drop_sub(n);
         return err;
@@ -498,6 +525,17 @@ int dlock_redis_subscribe_confirm(struct redis_conn *rc, struct redis_node *n, c
         redisReply *r = v;
         int confirmed = dlock_redis_reply_subscribed(r, chan, len);
         int error = r->type == REDIS_REPLY_ERROR;
+        struct redis_redirect d;
+        if (error && rc->mode == REDIS_CLUSTER &&
+            dlock_redis_reply_redirect(r, &d) != REDIS_REDIR_NONE) {
+            /* Not this node's slot (any more): the map is stale. */
+            dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                         "redis %s:%d: SSUBSCRIBE: %.100s (the slot moved)", n->host, n->port,
+                         r->str);
+            freeReplyObject(r);
+            dlock_redis_cluster_stale(rc);
+            return DLOCK_ECONNECT;
+        }
         if (error)
             reply_error(rc, n, r, "SUBSCRIBE");
         freeReplyObject(r);
@@ -523,8 +561,10 @@ void dlock_redis_unsubscribe(struct redis_conn *rc, struct redis_node *n, const 
     if (!n->sub || !n->subscribed)
         return;
     n->subscribed = 0;
-    if (dlock_redis_send(rc, n->sub, 2, (const char *[]){"UNSUBSCRIBE", chan},
-                         (size_t[]){11, len}) != REDIS_OK)
+    int sharded = rc->mode == REDIS_CLUSTER;
+    if (dlock_redis_send(rc, n->sub, 2,
+                         (const char *[]){sharded ? "SUNSUBSCRIBE" : "UNSUBSCRIBE", chan},
+                         (size_t[]){sharded ? 12 : 11, len}) != REDIS_OK)
         dlock_redis_drop_sub(n);
 }
 
@@ -543,16 +583,37 @@ size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *k
     return i;
 }
 
-int dlock_redis_script(struct redis_conn *rc, struct redis_node *n, size_t argc,
-                       const char **argv, const size_t *argvlen, redisReply **out)
+/* One call on n's command connection, after ASKING when asking (both
+ * sent at once); the call's reply, or NULL on an I/O error. */
+static redisReply *call_asking(struct redis_conn *rc, struct redis_node *n, int asking,
+                               size_t argc, const char **argv, const size_t *argvlen)
+{
+    void *v = NULL;
+    if (!asking)
+        return dlock_redis_call(rc, n->cmd, argc, argv, argvlen);
+    if (redisAppendCommandArgv(n->cmd, 1, (const char *[]){"ASKING"}, (size_t[]){6}) !=
+            REDIS_OK ||
+        dlock_redis_send(rc, n->cmd, argc, argv, argvlen) != REDIS_OK ||
+        dlock_redis_get_reply(rc, n->cmd, &v) != REDIS_OK)
+        return NULL;
+    freeReplyObject(v); /* +OK */
+    v = NULL;
+    if (dlock_redis_get_reply(rc, n->cmd, &v) != REDIS_OK)
+        return NULL;
+    return v;
+}
+
+int dlock_redis_script_asking(struct redis_conn *rc, struct redis_node *n, int asking,
+                              size_t argc, const char **argv, const size_t *argvlen,
+                              redisReply **out, struct redis_redirect *redir)
 {
     const char *av[16];
     size_t al[16];
     int err;
-    if ((err = dlock_redis_node_connect(rc, n, tv_ns(rc->nnodes > 1 ? &rc->cmd_tv
-                                                                     : &rc->connect_tv))) != 0)
+    if ((err = dlock_redis_node_connect(rc, n, tv_ns(rc->mode == REDIS_REDLOCK ? &rc->cmd_tv
+                                                                               : &rc->connect_tv))) != 0)
         return err;
-    redisReply *r = dlock_redis_call(rc, n->cmd, argc, argv, argvlen);
+    redisReply *r = call_asking(rc, n, asking, argc, argv, argvlen);
     if (!r)
         return dlock_redis_ctx_error(rc, n, &n->cmd, "script call");
     if (dlock_redis_reply_error_kind(r) == DLOCK_REDIS_ERR_NOSCRIPT) {
@@ -561,18 +622,42 @@ int dlock_redis_script(struct redis_conn *rc, struct redis_node *n, size_t argc,
         memcpy(av, argv, argc * sizeof *av);
         memcpy(al, argvlen, argc * sizeof *al);
         av[0] = "EVAL", al[0] = 4;
-        av[1] = dlock_redis_lua, al[1] = sizeof dlock_redis_lua - 1;
-        r = dlock_redis_call(rc, n->cmd, argc, av, al);
+        av[1] = rc->lua, al[1] = rc->lua_len;
+        r = call_asking(rc, n, asking, argc, av, al);
         if (!r)
             return dlock_redis_ctx_error(rc, n, &n->cmd, "script call");
+    }
+    if (redir && dlock_redis_reply_redirect(r, redir) != REDIS_REDIR_NONE) {
+        freeReplyObject(r);
+        return REDIS_REDIRECTED;
+    }
+    if (rc->mode == REDIS_SENTINEL &&
+        dlock_redis_reply_error_kind(r) == DLOCK_REDIS_ERR_READONLY) {
+        /* A primary demoted by a failover: ask the sentinels again. */
+        err = dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                           "redis %s:%d is a replica now (READONLY): the primary changed",
+                           n->host, n->port);
+        freeReplyObject(r);
+        redisFree(n->cmd);
+        n->cmd = NULL;
+        n->stale = 0;
+        dlock_redis_drop_sub(n);
+        return err;
     }
     if (r->type == REDIS_REPLY_ERROR) {
         err = reply_error(rc, n, r, "script");
         freeReplyObject(r);
         return err;
     }
+    rc->last_node = n;
     *out = r;
     return 0;
+}
+
+int dlock_redis_script(struct redis_conn *rc, struct redis_node *n, size_t argc,
+                       const char **argv, const size_t *argvlen, redisReply **out)
+{
+    return dlock_redis_script_asking(rc, n, 0, argc, argv, argvlen, out, NULL);
 }
 
 static char *dup_or_null(const char *s)
@@ -590,12 +675,32 @@ static void free_sockets(struct redis_conn *rc)
     }
 }
 
-/* The keeper's connection: a copy of rc's settings with sockets of its
- * own, borrowing rc's strings. Nothing is connected until used. */
+static void set_mode(struct redis_conn *rc, enum redis_mode mode)
+{
+    rc->mode = mode;
+    rc->lua = mode == REDIS_CLUSTER ? dlock_redis_lua_sharded : dlock_redis_lua;
+    rc->lua_len = mode == REDIS_CLUSTER ? sizeof dlock_redis_lua_sharded - 1
+                                        : sizeof dlock_redis_lua - 1;
+}
+
+/* Room for the nodes of a connection: a cluster's grows as nodes are
+ * learnt, in place (pointers to nodes stay valid). */
+static size_t nodes_cap(enum redis_mode mode, size_t n)
+{
+    return mode == REDIS_CLUSTER && n < REDIS_CLUSTER_MAX_NODES ? REDIS_CLUSTER_MAX_NODES : n;
+}
+
+/* The keeper's connection: a copy of rc's settings with sockets and node
+ * addresses of its own (a cluster's keeper learns its own map from the
+ * seeds; a Sentinel keeper asks the sentinels itself), borrowing rc's
+ * other strings. Nothing is connected until used. */
 static struct redis_conn *keeper_conn_new(struct redis_conn *rc)
 {
+    /* The parent's seeds never change; the nodes it learnt after them
+     * are the parent thread's. */
+    size_t n = rc->mode == REDIS_CLUSTER ? rc->nseeds : rc->nnodes;
     struct redis_conn *kc = calloc(1, sizeof *kc);
-    if (!kc || !(kc->nodes = calloc(rc->nnodes, sizeof *kc->nodes))) {
+    if (!kc || !(kc->nodes = calloc(nodes_cap(rc->mode, n), sizeof *kc->nodes))) {
         free(kc);
         return NULL;
     }
@@ -608,12 +713,34 @@ static struct redis_conn *keeper_conn_new(struct redis_conn *rc)
     kc->allow_eviction = rc->allow_eviction;
     kc->connect_tv = rc->connect_tv;
     kc->cmd_tv = rc->cmd_tv;
-    kc->nnodes = rc->nnodes;
-    for (size_t i = 0; i < rc->nnodes; i++) {
-        kc->nodes[i].host = rc->nodes[i].host;
+    kc->wait_replicas = rc->wait_replicas;
+    kc->sentinel = rc->sentinel;
+    set_mode(kc, rc->mode);
+    kc->nnodes = kc->nseeds = n;
+    for (size_t i = 0; i < n; i++) {
         kc->nodes[i].port = rc->nodes[i].port;
+        /* Sentinel: the primary is asked for again. */
+        if (rc->mode != REDIS_SENTINEL && !(kc->nodes[i].host = strdup(rc->nodes[i].host)))
+            goto fail;
     }
+    if (rc->mode == REDIS_CLUSTER && dlock_redis_cluster_open(kc) != 0)
+        goto fail;
     return kc;
+fail:
+    for (size_t i = 0; i < n; i++)
+        free(kc->nodes[i].host);
+    free(kc->nodes);
+    free(kc);
+    return NULL;
+}
+
+static void free_nodes(struct redis_conn *rc)
+{
+    free_sockets(rc);
+    for (size_t i = 0; rc->nodes && i < rc->nnodes; i++)
+        free(rc->nodes[i].host);
+    free(rc->nodes);
+    dlock_redis_cluster_free(rc->cluster);
 }
 
 static void redis_close(dlock_conn *conn)
@@ -622,16 +749,13 @@ static void redis_close(dlock_conn *conn)
     /* The core never runs keep() during or after close: the keeper's
      * thread is gone, and so is any use of rc->keeper. */
     if (rc->keeper) {
-        free_sockets(rc->keeper);
-        free(rc->keeper->nodes);
+        free_nodes(rc->keeper);
         free(rc->keeper);
     }
-    free_sockets(rc);
-    for (size_t i = 0; rc->nodes && i < rc->nnodes; i++)
-        free(rc->nodes[i].host);
+    free_nodes(rc);
+    dlock_redis_sentinel_free(rc->sentinel);
     if (rc->password)
         explicit_bzero(rc->password, strlen(rc->password));
-    free(rc->nodes);
     free(rc->user);
     free(rc->password);
     free(rc->prefix);
@@ -641,25 +765,44 @@ static void redis_close(dlock_conn *conn)
 static int parse_options(dlock_client *c, const dlock_uri *uri, struct redis_conn *rc)
 {
     uint64_t connect_ms = DEFAULT_CONNECT_MS, timeout_ms = DEFAULT_TIMEOUT_MS;
-    uint64_t node_ms = DEFAULT_NODE_TIMEOUT_MS;
+    uint64_t node_ms = DEFAULT_NODE_TIMEOUT_MS, replicas = 0;
     const char *path = dlock_uri_path(uri), *prefix = dlock_uri_param(uri, "prefix");
     int err;
     if ((err = dlock_uri_param_uint(c, uri, "connect_timeout", 1, 3600000, &connect_ms)) ||
         (err = dlock_uri_param_uint(c, uri, "timeout", 1, 3600000, &timeout_ms)) ||
         (err = dlock_uri_param_uint(c, uri, "node_timeout", 1, 60000, &node_ms)) ||
+        (err = dlock_uri_param_uint(c, uri, "wait_replicas", 0, 1000, &replicas)) ||
         (err = dlock_uri_param_bool(c, uri, "allow_eviction", &rc->allow_eviction)))
         return err;
-    if (path[0] && strcmp(path, "/") != 0) {
+    if (rc->mode != REDIS_SENTINEL &&
+        (dlock_uri_param(uri, "sentinel_user") || dlock_uri_param(uri, "sentinel_password")))
+        return dlock_seterr(c, DLOCK_EBADURI,
+                            "sentinel_user and sentinel_password are options of "
+                            "redis+sentinel:// URIs");
+    if (replicas && rc->mode == REDIS_REDLOCK)
+        return dlock_seterr(c, DLOCK_EBADURI,
+                            "wait_replicas is not an option of Redlock (several hosts in a "
+                            "redis:// URI): its instances are independent, not replicated");
+    rc->wait_replicas = (unsigned)replicas;
+    if (rc->mode != REDIS_SENTINEL && path[0] && strcmp(path, "/") != 0) {
         char *end;
         long db = strtol(path + 1, &end, 10);
         if (*end || path[1] < '0' || path[1] > '9' || db < 0 || db > 65535)
             return dlock_seterr(c, DLOCK_EBADURI,
                                 "the path of a redis:// URI is a database number, as in /0");
+        if (db != 0 && rc->mode == REDIS_CLUSTER)
+            return dlock_seterr(c, DLOCK_EBADURI,
+                                "Redis Cluster has database 0 only; the path of a "
+                                "redis+cluster:// URI may be /0 or nothing");
         rc->db = (int)db;
     }
+    if (prefix && rc->mode == REDIS_CLUSTER && strpbrk(prefix, "{}"))
+        return dlock_seterr(c, DLOCK_EBADURI,
+                            "a redis+cluster:// prefix may not contain '{' or '}': dlock puts "
+                            "the hash tag of each lock's slot right after it");
     ms_to_tv(connect_ms, &rc->connect_tv);
     ms_to_tv(timeout_ms, &rc->cmd_tv);
-    if (dlock_uri_host_count(uri) > 1) /* Redlock: short per-node timeouts */
+    if (rc->mode == REDIS_REDLOCK) /* Redlock: short per-node timeouts */
         ms_to_tv(node_ms, &rc->cmd_tv);
     rc->prefix = strdup(prefix ? prefix : "dlock:");
     return rc->prefix ? 0 : DLOCK_ENOMEM;
@@ -668,23 +811,54 @@ static int parse_options(dlock_client *c, const dlock_uri *uri, struct redis_con
 static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
 {
     struct redis_conn *rc;
+    const char *scheme = dlock_uri_scheme(uri);
     size_t n = dlock_uri_host_count(uri);
+    enum redis_mode mode = strcmp(scheme, "redis+cluster") == 0    ? REDIS_CLUSTER
+                           : strcmp(scheme, "redis+sentinel") == 0 ? REDIS_SENTINEL
+                           : n > 1                                 ? REDIS_REDLOCK
+                                                                   : REDIS_SINGLE;
     int err;
 
     if (n == 0)
-        return dlock_seterr(c, DLOCK_EBADURI, "a redis:// URI needs a host, as in redis://127.0.0.1:6379/0");
+        return dlock_seterr(c, DLOCK_EBADURI,
+                            mode == REDIS_CLUSTER
+                                ? "a redis+cluster:// URI needs seed nodes, as in "
+                                  "redis+cluster://127.0.0.1:7000,127.0.0.1:7001"
+                            : mode == REDIS_SENTINEL
+                                ? "a redis+sentinel:// URI needs sentinels, as in "
+                                  "redis+sentinel://127.0.0.1:26379/mymaster/0"
+                                : "a redis:// URI needs a host, as in redis://127.0.0.1:6379/0");
     rc = calloc(1, sizeof *rc);
-    if (!rc || !(rc->nodes = calloc(n, sizeof *rc->nodes))) {
+    /* Sentinel: one node, the primary, whose address is asked for. */
+    size_t nn = mode == REDIS_SENTINEL ? 1 : n;
+    if (!rc || !(rc->nodes = calloc(nodes_cap(mode, nn), sizeof *rc->nodes))) {
         free(rc);
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     }
     rc->base.client = c;
-    rc->nnodes = n;
+    set_mode(rc, mode);
     rc->user = dup_or_null(dlock_uri_user(uri));
     rc->password = dup_or_null(dlock_uri_password(uri));
     if ((err = parse_options(c, uri, rc)) != 0)
         goto fail;
-    for (size_t i = 0; i < n; i++) {
+    if (mode == REDIS_SENTINEL) {
+        rc->nnodes = rc->nseeds = 1;
+        if ((err = dlock_redis_sentinel_open(rc, uri)) != 0)
+            goto fail;
+        rc->base.caps = 0; /* the backend's caps */
+        if ((err = dlock_redis_node_connect(rc, &rc->nodes[0], tv_ns(&rc->connect_tv))) != 0)
+            goto fail;
+        *connp = &rc->base;
+        return 0;
+    }
+    if (n > REDIS_CLUSTER_MAX_NODES) {
+        err = dlock_seterr(c, DLOCK_EBADURI, "more than %d hosts in a redis URI",
+                           REDIS_CLUSTER_MAX_NODES);
+        goto fail;
+    }
+    if (mode == REDIS_CLUSTER && (err = dlock_redis_cluster_open(rc)) != 0)
+        goto fail;
+    for (size_t i = 0; i < n; i++, rc->nnodes++) {
         rc->nodes[i].host = strdup(dlock_uri_host(uri, i));
         rc->nodes[i].port = dlock_uri_port(uri, i) ? (int)dlock_uri_port(uri, i) : DEFAULT_PORT;
         if (!rc->nodes[i].host) {
@@ -692,7 +866,17 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
             goto fail;
         }
     }
-    if (n == 1) {
+    rc->nseeds = n;
+    if (mode == REDIS_CLUSTER) {
+        /* The map, from the first seed that answers (with connect_timeout
+         * as the bound of the whole). */
+        uint64_t saved = dlock_redis_limit(rc, dlock_monotonic_ns() + tv_ns(&rc->connect_tv));
+        struct redis_node *any = dlock_redis_cluster_node(rc, 0, &err);
+        dlock_redis_unlimit(rc, saved);
+        if (!any)
+            goto fail;
+        rc->base.caps = 0;
+    } else if (n == 1) {
         rc->base.caps = 0; /* the backend's caps */
         /* connect_timeout bounds the connect and the handshake together. */
         if ((err = dlock_redis_node_connect(rc, &rc->nodes[0], tv_ns(&rc->connect_tv))) != 0)
@@ -738,9 +922,15 @@ struct wait_chan {
     size_t len; /* 0: not waiting (yet) */
 };
 
-static void wait_channel(struct redis_conn *rc, struct redis_held *h, struct wait_chan *w)
+static void wait_channel(struct redis_conn *rc, struct redis_held *h, unsigned slot,
+                         struct wait_chan *w)
 {
-    int len = snprintf(w->name, sizeof w->name, "%.40sw:%.32s", rc->prefix, h->owner);
+    /* Cluster: in the lock's slot, for SSUBSCRIBE and the script's
+     * SPUBLISH on the lock's shard. */
+    int len = rc->mode == REDIS_CLUSTER
+                  ? snprintf(w->name, sizeof w->name, "%.40s{%s}w:%.32s", rc->prefix,
+                             dlock_redis_slot_tag(slot), h->owner)
+                  : snprintf(w->name, sizeof w->name, "%.40sw:%.32s", rc->prefix, h->owner);
     w->len = (size_t)len;
 }
 
@@ -751,9 +941,13 @@ static int sub_error(struct redis_conn *rc, struct redis_node *n, const char *wh
     return err;
 }
 
+/* wait_handoff(): the node ended the subscription (its slot moved). */
+#define WAIT_MOVED 2
+
 /*
  * Waits until a handoff for owner arrives (1, *token set, *read_ns when
- * its bytes were read) or until_ns passes (0). Negative: error, the
+ * its bytes were read) or until_ns passes (0); WAIT_MOVED when a cluster
+ * node ended the subscription. Negative: error, the
  * subscriber connection dropped; *silent tells a server that stopped
  * answering (no reply to a PING) from a connection that was reset.
  *
@@ -764,8 +958,9 @@ static int sub_error(struct redis_conn *rc, struct redis_node *n, const char *wh
  * anything) ends the wait within 2 * timeout, not the lease. A dead peer
  * is also noticed by TCP keepalive (see keepalive()).
  */
-static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const char *owner,
-                        uint64_t until_ns, uint64_t *token, uint64_t *read_ns, int *silent)
+static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const struct wait_chan *w,
+                        const char *owner, uint64_t until_ns, uint64_t *token,
+                        uint64_t *read_ns, int *silent)
 {
     uint64_t quiet = tv_ns(&rc->cmd_tv), heard = dlock_monotonic_ns(), ping_by = 0;
     /* What the reader holds was read by an earlier call, no later than now. */
@@ -780,9 +975,16 @@ static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const char 
             return sub_error(rc, n, "reading the wake-up channel");
         if (reply) {
             int mine = dlock_redis_reply_handoff(reply, owner, token);
+            int gone = dlock_redis_reply_unsubscribed(reply, w->name, w->len);
             freeReplyObject(reply);
             if (mine)
                 return 1;
+            if (gone && n->subscribed) {
+                /* Cluster: the node lost the slot (a migration, a
+                 * failover) and ended our subscription itself. */
+                n->subscribed = 0;
+                return WAIT_MOVED;
+            }
             continue;
         }
         uint64_t now = dlock_monotonic_ns();
@@ -825,6 +1027,8 @@ static int run_op(struct redis_conn *rc, const struct redis_keys *keys, size_t n
     const char *argv[16];
     size_t argvlen[16];
     size_t argc = dlock_redis_script_argv(rc, keys, nkeys, args, lens, nargs, argv, argvlen);
+    if (rc->mode == REDIS_CLUSTER)
+        return dlock_redis_cluster_script(rc, keys->slot, argc, argv, argvlen, out);
     return dlock_redis_script(rc, &rc->nodes[0], argc, argv, argvlen, out);
 }
 
@@ -936,18 +1140,40 @@ static int simple_op(struct redis_conn *rc, struct redis_held *h, const char *op
 /* Subscribes node n's subscriber connection to this wait's channel before
  * until_ns; a subscriber connection found dead (reset since the last wait)
  * is made again once. */
-static int subscribe_wait(struct redis_conn *rc, struct redis_node *n, const struct wait_chan *w,
-                          uint64_t until_ns)
+/* The node a lock's calls go to: its slot's owner in a cluster (the map
+ * read again if stale), else the one node. NULL with *errp set. */
+static struct redis_node *lock_node(struct redis_conn *rc, unsigned slot, int *errp)
+{
+    if (rc->mode == REDIS_CLUSTER)
+        return dlock_redis_cluster_node(rc, slot, errp);
+    return &rc->nodes[0];
+}
+
+/* Subscribes to this wait's channel before until_ns, on the node of the
+ * lock's slot (*np becomes it; a subscription on another node is left);
+ * a subscriber connection found dead (reset since the last wait) is made
+ * again once; in a cluster, a node that no longer owns the slot (or is
+ * gone) is left for the new owner, twice at most. */
+static int subscribe_wait(struct redis_conn *rc, struct redis_node **np, unsigned slot,
+                          const struct wait_chan *w, uint64_t until_ns)
 {
     uint64_t saved = dlock_redis_limit(rc, until_ns);
-    int err;
+    int cluster = rc->mode == REDIS_CLUSTER, err = 0;
     for (int attempt = 0;; attempt++) {
+        struct redis_node *n = lock_node(rc, slot, &err);
+        if (!n)
+            break;
+        if (*np && *np != n)
+            dlock_redis_unsubscribe(rc, *np, w->name, w->len);
+        *np = n;
         int fresh = n->sub == NULL;
         err = dlock_redis_subscribe_send(rc, n, w->name, w->len,
                                          tv_ns(&rc->connect_tv));
         if (!err)
             err = dlock_redis_subscribe_confirm(rc, n, w->name, w->len);
-        if (err != DLOCK_ECONNECT || fresh || attempt > 0 ||
+        if (err == DLOCK_ECONNECT && cluster)
+            dlock_redis_cluster_stale(rc);
+        if (err != DLOCK_ECONNECT || (fresh && !cluster) || attempt >= (cluster ? 2 : 1) ||
             dlock_monotonic_ns() + MS >= rc->deadline_ns)
             break;
     }
@@ -957,14 +1183,16 @@ static int subscribe_wait(struct redis_conn *rc, struct redis_node *n, const str
 
 /*
  * The subscriber connection was reset (a server restart, CLIENT KILL, a
- * proxy that closed it): connect and subscribe again, trying every
- * RECONNECT_PAUSE_NS for up to `timeout` and never past the deadline. The
- * queue entry, if the server still has it, is live again (same channel);
- * if it is gone (a restarted server is empty), the next acquire call
- * queues us again. The lock key is not touched.
+ * proxy that closed it, a failover), or a cluster node ended the
+ * subscription (the slot moved): connect and subscribe again (on the
+ * slot's owner now), trying every RECONNECT_PAUSE_NS for up to `timeout`
+ * and never past the deadline. The queue entry, if the server still has
+ * it, is live again (same channel); if it is gone (a restarted server is
+ * empty), the next acquire call queues us again. The lock key is not
+ * touched.
  */
-static int recover(struct redis_conn *rc, struct redis_node *n, const struct wait_chan *w,
-                   const dlock_request *req)
+static int recover(struct redis_conn *rc, struct redis_node **np, unsigned slot,
+                   const struct wait_chan *w, const dlock_request *req)
 {
     uint64_t until = dlock_monotonic_ns() + tv_ns(&rc->cmd_tv);
     int deadline = req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until;
@@ -973,7 +1201,7 @@ static int recover(struct redis_conn *rc, struct redis_node *n, const struct wai
     if (deadline)
         until = req->deadline_ns;
     for (;;) {
-        err = subscribe_wait(rc, n, w, until);
+        err = subscribe_wait(rc, np, slot, w, until);
         if (err == 0)
             dlock_clearerr(cl(rc));
         if (err != DLOCK_ECONNECT)
@@ -1006,9 +1234,9 @@ static int recover(struct redis_conn *rc, struct redis_node *n, const struct wai
  * used again) and is skipped; a handoff already made to us is held by
  * nobody and expires with its lease (the TTL).
  */
-static void cancel_wait(struct redis_conn *rc, struct redis_held *h, const struct wait_chan *w)
+static void cancel_wait(struct redis_conn *rc, struct redis_held *h, struct redis_node *n,
+                        const struct wait_chan *w)
 {
-    struct redis_node *n = &rc->nodes[0];
     char entry[192];
     long long res;
     dlock_errsave saved;
@@ -1017,16 +1245,76 @@ static void cancel_wait(struct redis_conn *rc, struct redis_held *h, const struc
     snprintf(entry, sizeof entry, "%.32s|%" PRIu32 "|%s", h->owner, h->ttl_ms, w->name);
     dlock_err_save(cl(rc), &saved);
     int err = simple_op(rc, h, "cancel", entry, &res, dlock_monotonic_ns() + bound);
-    if (err)
+    if (n && err)
         dlock_redis_drop_sub(n);
-    else
+    else if (n)
         dlock_redis_unsubscribe(rc, n, w->name, w->len);
     dlock_err_restore(cl(rc), &saved); /* report the original failure, not the cleanup */
 }
 
+/*
+ * wait_replicas=N: a grant is not reported before N replicas have it.
+ * WAIT counts the replicas that acknowledged this connection's writes; a
+ * grant by handoff was written by the releaser's script, so the new holder
+ * first renews it (a write of its own, which also proves the grant is
+ * still ours). Fewer than N within `timeout`: the lock is released again
+ * and the acquire fails. This narrows, not closes, the window in which a
+ * failover loses a grant: replication stays asynchronous, and a replica
+ * that acknowledged may still not be the one promoted.
+ */
+static int confirm_grant(struct redis_conn *rc, struct redis_held *h, int handoff)
+{
+    char ttl[16], num[16], ms[24];
+    long long res = 0;
+    redisReply *r = NULL;
+    int err = 0;
+    if (!rc->wait_replicas)
+        return 0;
+    uint64_t until = call_until(rc), saved = dlock_redis_limit(rc, until);
+    if (handoff) {
+        uint64_t sent = dlock_monotonic_ns();
+        snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
+        if ((err = simple_op(rc, h, "renew", ttl, &res, until)) == 0 && res != 1)
+            err = dlock_seterr(cl(rc), DLOCK_ELOST,
+                               "the lock handed over to us was gone before the replicas "
+                               "acknowledged it");
+        if (!err && sent + (uint64_t)h->ttl_ms * MS > h->base.lease_end_ns)
+            h->base.lease_end_ns = sent + (uint64_t)h->ttl_ms * MS;
+    }
+    struct redis_node *n = rc->last_node ? rc->last_node : &rc->nodes[0];
+    if (!err && !n->cmd)
+        err = dlock_seterr(cl(rc), DLOCK_ECONNECT, "redis %s:%d: WAIT: not connected", n->host,
+                           n->port);
+    if (!err) {
+        /* WAIT's own timeout ends a little before the socket's. */
+        uint64_t left = dlock_redis_time_left(rc, tv_ns(&rc->cmd_tv)) / MS;
+        snprintf(num, sizeof num, "%u", rc->wait_replicas);
+        snprintf(ms, sizeof ms, "%" PRIu64, left > 20 ? left - 10 : 1);
+        err = dlock_redis_command(rc, n, &n->cmd, &r, 3, (const char *[]){"WAIT", num, ms},
+                                  (size_t[]){4, strlen(num), strlen(ms)}, "WAIT");
+    }
+    if (!err && (dlock_redis_reply_int(r, &res) != 0 || res < (long long)rc->wait_replicas))
+        err = dlock_seterr(cl(rc), DLOCK_ESTORE,
+                           "redis %s:%d: only %lld of the %u replicas wait_replicas asks for "
+                           "acknowledged the grant within %s ms; the lock was released",
+                           n->host, n->port, r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0,
+                           rc->wait_replicas, ms);
+    if (r)
+        freeReplyObject(r);
+    dlock_redis_unlimit(rc, saved);
+    if (err && err != DLOCK_ELOST) {
+        dlock_errsave why;
+        dlock_err_save(cl(rc), &why);
+        simple_op(rc, h, "release", NULL, &res, call_until(rc));
+        dlock_err_restore(cl(rc), &why);
+    }
+    return err;
+}
+
 static int acquire_single(struct redis_conn *rc, const dlock_request *req, struct redis_held *h)
 {
-    struct redis_node *n = &rc->nodes[0];
+    unsigned slot = rc->mode == REDIS_CLUSTER ? dlock_redis_slot(h->name, h->name_len) : 0;
+    struct redis_node *n = NULL;
     long long pttl = 0;
     int err, silent = 0;
 
@@ -1035,30 +1323,40 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
     struct wait_chan w = {.len = 0};
     err = try_acquire(rc, h, &w, "try", &pttl, step_until(rc, req));
     if (err != 0)
-        return err < 0 ? err : 0;
+        return err < 0 ? err : confirm_grant(rc, h, 0);
     if (req->wait == DLOCK_WAIT_TRY)
         return dlock_seterr(cl(rc), DLOCK_EBUSY, "the lock is held by another owner");
     if (req->wait == DLOCK_WAIT_DEADLINE && dlock_monotonic_ns() >= req->deadline_ns)
         return dlock_seterr(cl(rc), DLOCK_ETIMEDOUT,
                             "the deadline passed with the lock still held elsewhere");
-    wait_channel(rc, h, &w);
-    if ((err = subscribe_wait(rc, n, &w, step_until(rc, req))) != 0)
+    wait_channel(rc, h, slot, &w);
+    if ((err = subscribe_wait(rc, &n, slot, &w, step_until(rc, req))) != 0)
         return err; /* not queued yet: nothing to leave */
     for (;;) {
         err = try_acquire(rc, h, &w, "wait", &pttl, step_until(rc, req));
         if (err == 1) {
             dlock_redis_unsubscribe(rc, n, w.name, w.len);
-            return 0;
+            return confirm_grant(rc, h, 0);
         }
         if (err < 0)
             break;
+        if (rc->mode == REDIS_CLUSTER) {
+            /* The call found the slot elsewhere (MOVED): listen there,
+             * then ask again, so that no handoff made before is missed. */
+            struct redis_node *m = dlock_redis_cluster_peek(rc, slot);
+            if (m && m != n) {
+                if ((err = subscribe_wait(rc, &n, slot, &w, step_until(rc, req))) != 0)
+                    break;
+                continue;
+            }
+        }
         /* Wait for our handoff; at the latest when the lease runs out. */
         uint64_t now = dlock_monotonic_ns();
         uint64_t until = now + (uint64_t)(pttl > 0 ? pttl : 1) * MS + MS;
         if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until)
             until = req->deadline_ns;
         uint64_t token = 0, read_ns = 0;
-        err = wait_handoff(rc, n, h->owner, until, &token, &read_ns, &silent);
+        err = wait_handoff(rc, n, &w, h->owner, until, &token, &read_ns, &silent);
         if (err == 1) {
             /* The lease started when the releaser's script handed it
              * over, a one-way trip before we read the message; the call's
@@ -1066,9 +1364,13 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
             h->base.token = token;
             h->base.lease_end_ns = read_ns + (uint64_t)h->ttl_ms * MS;
             dlock_redis_unsubscribe(rc, n, w.name, w.len);
-            return 0;
+            return confirm_grant(rc, h, 1);
         }
-        if (err == DLOCK_ECONNECT && !silent && (err = recover(rc, n, &w, req)) == 0)
+        if (err == WAIT_MOVED) {
+            dlock_redis_cluster_stale(rc);
+            err = DLOCK_ECONNECT;
+        }
+        if (err == DLOCK_ECONNECT && !silent && (err = recover(rc, &n, slot, &w, req)) == 0)
             continue;
         if (err < 0)
             break;
@@ -1078,7 +1380,7 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
             break;
         }
     }
-    cancel_wait(rc, h, &w);
+    cancel_wait(rc, h, n, &w);
     return err;
 }
 
@@ -1106,7 +1408,7 @@ static int redis_acquire(dlock_conn *conn, const dlock_request *req, dlock_held 
     int err;
     if (!h)
         return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
-    err = rc->nnodes > 1 ? dlock_redlock_acquire(rc, req, h) : acquire_single(rc, req, h);
+    err = rc->mode == REDIS_REDLOCK ? dlock_redlock_acquire(rc, req, h) : acquire_single(rc, req, h);
     if (err) {
         held_free(h);
         return err;
@@ -1124,7 +1426,7 @@ static int redis_release(dlock_conn *conn, dlock_held *held)
     struct redis_held *h = (struct redis_held *)held;
     long long res = 0;
     int err;
-    if (rc->nnodes > 1)
+    if (rc->mode == REDIS_REDLOCK)
         err = dlock_redlock_release(rc, h);
     else if ((err = simple_op(rc, h, "release", NULL, &res, call_until(rc))) == 0 && res != 1)
         err = dlock_seterr(conn->client, DLOCK_ELOST, "%s%s", LOST_WHY,
@@ -1141,7 +1443,7 @@ static int redis_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     char ttl[16];
     long long res = 0;
     int err;
-    if (rc->nnodes > 1)
+    if (rc->mode == REDIS_REDLOCK)
         return dlock_redlock_renew(rc, h, ttl_ms);
     snprintf(ttl, sizeof ttl, "%" PRIu32, ttl_ms);
     if ((err = simple_op(rc, h, "renew", ttl, &res, call_until(rc))) != 0)
@@ -1168,7 +1470,7 @@ static int redis_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     if (!rc->keeper && !(rc->keeper = keeper_conn_new(rc)))
         return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
     kc = rc->keeper;
-    if (rc->nnodes > 1)
+    if (rc->mode == REDIS_REDLOCK)
         return dlock_redlock_keep(kc, h, ttl_ms);
     snprintf(ttl, sizeof ttl, "%" PRIu32, ttl_ms);
     if ((err = simple_op(kc, h, "renew", ttl, &res, call_until(kc))) != 0)
@@ -1207,7 +1509,7 @@ static int redis_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
     int err;
     if ((err = dlock_redis_floor_ok(rc, floor)) != 0)
         return err;
-    if (rc->nnodes > 1)
+    if (rc->mode == REDIS_REDLOCK)
         return dlock_redlock_raise(rc, h, floor);
     snprintf(arg, sizeof arg, "%" PRIu64, floor);
     /* Marked (KEYS[5]): inspect then still tells the last token granted. */
@@ -1290,7 +1592,7 @@ static void top_of(const redisReply *r, uint64_t *top)
 static char *fence_pattern(struct redis_conn *rc, size_t *len)
 {
     size_t plen = strlen(rc->prefix), o = 0;
-    char *p = malloc(2 * plen + sizeof "*:fence");
+    char *p = malloc(2 * plen + sizeof "{*}floor"); /* room for either */
     if (!p)
         return NULL;
     for (size_t i = 0; i < plen; i++) {
@@ -1315,7 +1617,7 @@ static int top_page(struct redis_conn *rc, struct redis_node *n, const char *pat
                     char *cursor, size_t cursor_cap, uint64_t *top)
 {
     redisReply *r = NULL, *m = NULL;
-    int err = command(rc, n, &n->cmd, &r, 6,
+    int err = dlock_redis_command(rc, n, &n->cmd, &r, 6,
                       (const char *[]){"SCAN", cursor, "MATCH", pat, "COUNT", SCAN_COUNT},
                       (size_t[]){4, strlen(cursor), 5, pat_len, 5, strlen(SCAN_COUNT)}, "SCAN");
     if (err)
@@ -1330,7 +1632,28 @@ static int top_page(struct redis_conn *rc, struct redis_node *n, const char *pat
     cursor[r->element[0]->len] = '\0';
     redisReply *keys = r->element[1];
     size_t nk = keys->elements;
-    if (nk > 0) {
+    if (nk > 0 && rc->mode == REDIS_CLUSTER) {
+        /* The keys of a page are in many slots: one GET each, pipelined. */
+        for (size_t i = 0; i < nk; i++) {
+            const redisReply *k = keys->element[i];
+            const char *kv = k->type == REDIS_REPLY_STRING ? k->str : "";
+            size_t kl = k->type == REDIS_REPLY_STRING ? k->len : 0;
+            if (redisAppendCommandArgv(n->cmd, 2, (const char *[]){"GET", kv},
+                                       (size_t[]){3, kl}) != REDIS_OK) {
+                freeReplyObject(r);
+                return dlock_redis_ctx_error(rc, n, &n->cmd, "GET");
+            }
+        }
+        for (size_t i = 0; i < nk && !err; i++) {
+            void *v = NULL;
+            if (dlock_redis_get_reply(rc, n->cmd, &v) != REDIS_OK || !v)
+                err = dlock_redis_ctx_error(rc, n, &n->cmd, "GET");
+            else
+                top_of(v, top);
+            if (v)
+                freeReplyObject(v);
+        }
+    } else if (nk > 0) {
         const char **argv = malloc((nk + 1) * sizeof *argv);
         size_t *lens = malloc((nk + 1) * sizeof *lens);
         if (!argv || !lens) {
@@ -1343,7 +1666,7 @@ static int top_page(struct redis_conn *rc, struct redis_node *n, const char *pat
             argv[i + 1] = k->type == REDIS_REPLY_STRING ? k->str : "";
             lens[i + 1] = k->type == REDIS_REPLY_STRING ? k->len : 0;
         }
-        err = command(rc, n, &n->cmd, &m, nk + 1, argv, lens, "MGET");
+        err = dlock_redis_command(rc, n, &n->cmd, &m, nk + 1, argv, lens, "MGET");
         free(argv);
         free(lens);
         if (!err && m->type != REDIS_REPLY_ARRAY)
@@ -1370,7 +1693,7 @@ int dlock_redis_node_top(struct redis_conn *rc, struct redis_node *n, uint64_t *
         n->cmd = NULL;
         n->stale = 0;
     }
-    if ((err = dlock_redis_node_connect(rc, n, tv_ns(rc->nnodes > 1 ? &rc->cmd_tv
+    if ((err = dlock_redis_node_connect(rc, n, tv_ns(rc->mode == REDIS_REDLOCK ? &rc->cmd_tv
                                                                      : &rc->connect_tv))) != 0)
         return err;
     if (!(pat = fence_pattern(rc, &pat_len)) || !(key = dlock_redis_floor_key(rc, &key_len))) {
@@ -1382,13 +1705,24 @@ int dlock_redis_node_top(struct redis_conn *rc, struct redis_node *n, uint64_t *
         if ((err = top_page(rc, n, pat, pat_len, cursor, sizeof cursor, &best)) != 0)
             goto out;
     } while (strcmp(cursor, "0") != 0);
-    /* The floor, and the clock: the next grant takes at least TIME in µs. */
-    if ((err = command(rc, n, &n->cmd, &r, 2, (const char *[]){"GET", key},
-                       (size_t[]){3, key_len}, "GET")) != 0)
-        goto out;
-    top_of(r, &best);
-    freeReplyObject(r);
-    if ((err = command(rc, n, &n->cmd, &r, 1, (const char *[]){"TIME"}, (size_t[]){4}, "TIME")) !=
+    if (rc->mode == REDIS_CLUSTER) {
+        /* A floor per slot, "<prefix>{T}floor": those of this node's. */
+        memcpy(pat + pat_len - strlen("*:fence"), "{*}floor", sizeof "{*}floor");
+        pat_len = strlen(pat);
+        do {
+            if ((err = top_page(rc, n, pat, pat_len, cursor, sizeof cursor, &best)) != 0)
+                goto out;
+        } while (strcmp(cursor, "0") != 0);
+    } else {
+        /* The floor. */
+        if ((err = dlock_redis_command(rc, n, &n->cmd, &r, 2, (const char *[]){"GET", key},
+                                       (size_t[]){3, key_len}, "GET")) != 0)
+            goto out;
+        top_of(r, &best);
+        freeReplyObject(r);
+    }
+    /* The clock: the next grant takes at least TIME in µs. */
+    if ((err = dlock_redis_command(rc, n, &n->cmd, &r, 1, (const char *[]){"TIME"}, (size_t[]){4}, "TIME")) !=
         0)
         goto out;
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
@@ -1412,12 +1746,75 @@ out:
  * SCAN of "<prefix>*:fence"), the floor key and TIME in µs. A connection
  * found reset (a server restart since the last call) is made again once.
  */
+/* A cluster's top: the largest over its primaries (each one's counters,
+ * floors and TIME), each bounded by `timeout`; the map is read first. */
+static int cluster_top(struct redis_conn *rc, uint64_t *top)
+{
+    struct redis_node *prim[REDIS_CLUSTER_MAX_NODES];
+    uint64_t best = 0;
+    uint64_t saved = dlock_redis_limit(rc, call_until(rc));
+    int np = dlock_redis_cluster_primaries(rc, prim);
+    dlock_redis_unlimit(rc, saved);
+    if (np < 0)
+        return np;
+    for (int i = 0; i < np; i++) {
+        uint64_t t = 0;
+        int err = dlock_redis_node_top(rc, prim[i], &t);
+        if (err) {
+            dlock_redis_cluster_stale(rc);
+            return err;
+        }
+        if (t > best)
+            best = t;
+    }
+    *top = best;
+    return 0;
+}
+
+/* A cluster's floor: one key per slot ("<prefix>{T}floor", read by the
+ * grants of that slot's names), each raised by one script call on the
+ * slot's owner, in slot order, each bounded by `timeout` and tried again
+ * once after a lost reply. 16384 round trips: an admin operation. */
+static int cluster_raise_floor(struct redis_conn *rc, const char *value)
+{
+    size_t plen = strlen(rc->prefix);
+    char *key = malloc(plen + 16);
+    int err = 0;
+    if (!key)
+        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    memcpy(key, rc->prefix, plen);
+    for (unsigned slot = 0; slot < REDIS_SLOTS && !err; slot++) {
+        const char *argv[8];
+        size_t argvlen[8];
+        redisReply *r = NULL;
+        long long res = 0;
+        int kl = snprintf(key + plen, 16, "{%s}floor", dlock_redis_slot_tag(slot));
+        size_t argc = dlock_redis_floor_argv(rc, key, plen + (size_t)kl, value, argv, argvlen);
+        uint64_t saved = dlock_redis_limit(rc, call_until(rc));
+        err = dlock_redis_cluster_script(rc, slot, argc, argv, argvlen, &r);
+        if (err == DLOCK_ECONNECT && dlock_monotonic_ns() + MS < rc->deadline_ns &&
+            (err = dlock_redis_cluster_script(rc, slot, argc, argv, argvlen, &r)) == 0)
+            dlock_clearerr(cl(rc));
+        dlock_redis_unlimit(rc, saved);
+        if (err)
+            break;
+        err = dlock_redis_reply_int(r, &res);
+        freeReplyObject(r);
+        if (err || res != 1)
+            err = dlock_seterr(cl(rc), DLOCK_EPROTO, "unexpected reply from the floor script");
+    }
+    free(key);
+    return err;
+}
+
 static int redis_token_top(dlock_conn *conn, uint64_t *top)
 {
     struct redis_conn *rc = (struct redis_conn *)conn;
     struct redis_node *n = &rc->nodes[0];
-    if (rc->nnodes > 1)
+    if (rc->mode == REDIS_REDLOCK)
         return dlock_redlock_top(rc, top);
+    if (rc->mode == REDIS_CLUSTER)
+        return cluster_top(rc, top);
     int had = n->cmd != NULL;
     int err = dlock_redis_node_top(rc, n, top);
     if (err == DLOCK_ECONNECT && had && (err = dlock_redis_node_top(rc, n, top)) == 0)
@@ -1443,8 +1840,11 @@ static int redis_raise_floor(dlock_conn *conn, uint64_t floor)
     int err;
     if ((err = dlock_redis_floor_ok(rc, floor)) != 0)
         return err;
-    if (rc->nnodes > 1)
+    if (rc->mode == REDIS_REDLOCK)
         return dlock_redlock_raise_floor(rc, floor);
+    snprintf(value, sizeof value, "%" PRIu64, floor);
+    if (rc->mode == REDIS_CLUSTER)
+        return cluster_raise_floor(rc, value);
     if (!(key = dlock_redis_floor_key(rc, &key_len)))
         return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
     snprintf(value, sizeof value, "%" PRIu64, floor);
@@ -1469,15 +1869,24 @@ static int redis_ping(dlock_conn *conn)
 {
     struct redis_conn *rc = (struct redis_conn *)conn;
     struct redis_node *n = &rc->nodes[0];
+    int err = 0;
     /* Redlock: a node still owed abandoned replies would answer with one. */
     for (size_t i = 0; i < rc->nnodes && n->stale; i++)
         n = &rc->nodes[i];
     if (n->stale)
         return dlock_seterr(conn->client, DLOCK_ECONNECT, "no Redlock node is ready to ping");
     uint64_t saved = dlock_redis_limit(rc, call_until(rc));
-    int err = dlock_redis_node_connect(rc, n, tv_ns(&rc->connect_tv));
+    /* Cluster: the owner of slot 0, which the map is read again to find. */
+    if (rc->mode == REDIS_CLUSTER) {
+        dlock_redis_cluster_stale(rc);
+        if (!(n = dlock_redis_cluster_node(rc, 0, &err))) {
+            dlock_redis_unlimit(rc, saved);
+            return err;
+        }
+    }
+    err = dlock_redis_node_connect(rc, n, tv_ns(&rc->connect_tv));
     if (!err)
-        err = command(rc, n, &n->cmd, NULL, 1, (const char *[]){"PING"}, (size_t[]){4}, "PING");
+        err = dlock_redis_command(rc, n, &n->cmd, NULL, 1, (const char *[]){"PING"}, (size_t[]){4}, "PING");
     dlock_redis_unlimit(rc, saved);
     return err;
 }
@@ -1500,7 +1909,7 @@ static int redis_inspect(dlock_conn *conn, const char *name, size_t len, dlock_i
     int err;
     if (dlock_redis_keys(rc, name, len, &keys) != 0)
         return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
-    if (rc->nnodes > 1) {
+    if (rc->mode == REDIS_REDLOCK) {
         err = dlock_redlock_inspect(rc, &keys, info);
         dlock_redis_keys_free(&keys);
         return err;

@@ -23,6 +23,23 @@ struct redis_node {
     uint64_t armed[2];
 };
 
+/* What a URI's scheme and host list make of a connection. */
+enum redis_mode {
+    REDIS_SINGLE,   /* redis://host: one Redis */
+    REDIS_REDLOCK,  /* redis://h1,h2,h3: independent instances, a quorum */
+    REDIS_CLUSTER,  /* redis+cluster://seeds: Redis Cluster (redis_cluster.c) */
+    REDIS_SENTINEL, /* redis+sentinel://sentinels/service: the primary the
+                       sentinels name (redis_sentinel.c) */
+};
+
+/* Redis Cluster has 16384 hash slots. */
+#define REDIS_SLOTS 16384u
+/* Nodes one cluster connection may know (a node is never forgotten, so
+ * pointers to them stay valid while the connection lives). */
+#define REDIS_CLUSTER_MAX_NODES 256
+struct redis_cluster;  /* the slot map (redis_cluster.c) */
+struct redis_sentinel; /* the sentinels and the service (redis_sentinel.c) */
+
 /* A deadline wait's calls may run this far past the deadline (so that a
  * deadline already past still makes one attempt)... */
 #define DLOCK_REDIS_FLOOR_NS 50000000ull
@@ -37,8 +54,24 @@ struct redis_conn {
     char *prefix;
     int db;
     struct timeval connect_tv, cmd_tv;
-    size_t nnodes; /* 1: single instance; more: Redlock */
+    enum redis_mode mode;
+    /* Single and Sentinel: 1 (Sentinel: the primary, found on connect).
+     * Redlock: the instances. Cluster: the nodes known so far, the seeds
+     * first (nseeds of them); room for REDIS_CLUSTER_MAX_NODES. */
+    size_t nnodes, nseeds;
     struct redis_node *nodes;
+    struct redis_cluster *cluster;   /* Cluster only; owned */
+    struct redis_sentinel *sentinel; /* Sentinel only; a keeper connection
+                                        borrows its parent's */
+    /* The node that ran the last script call (WAIT goes there). */
+    struct redis_node *last_node;
+    /* wait_replicas=N (not Redlock): a grant is reported only once N
+     * replicas acknowledged it (WAIT), or the acquire fails. */
+    unsigned wait_replicas;
+    /* The script: plain (PUBLISH, PUBSUB NUMSUB) or, for a cluster,
+     * sharded (SPUBLISH, PUBSUB SHARDNUMSUB), and its length. */
+    const char *lua;
+    size_t lua_len;
     char sha[41];       /* SHA1 of the script, as SCRIPT LOAD returned it */
     int allow_eviction; /* URI option: accept a maxmemory-policy that evicts */
     int retried;        /* the last call was sent again after a lost reply */
@@ -61,6 +94,7 @@ struct redis_conn {
  * the first REDIS_NKEYS. */
 enum { REDIS_NKEYS = 4, REDIS_KEY_RAISED = 4, REDIS_NKEYS_ALL = 5 };
 struct redis_keys {
+    unsigned slot; /* Cluster: the hash slot of every key (and channel) */
     const char *k[REDIS_NKEYS_ALL];
     size_t len[REDIS_NKEYS_ALL];
     char *buf;        /* small, or malloc'ed for long names */
@@ -142,6 +176,14 @@ size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *k
                                size_t nkeys, const char **extra, const size_t *extra_len,
                                size_t n, const char **argv, size_t *argvlen);
 
+/* A command on *ctxp (node n's): 0 with *out (NULL: freed), or the error
+ * (an error reply: DLOCK_ESTORE, DLOCK_EAUTH; an I/O error drops *ctxp). */
+int dlock_redis_command(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp,
+                        redisReply **out, size_t argc, const char **argv, const size_t *argvlen,
+                        const char *what);
+/* What is left of rc's bound, capped at cap_ns (at least 1 ms). */
+uint64_t dlock_redis_time_left(struct redis_conn *rc, uint64_t cap_ns);
+
 /* Runs the script on node n synchronously (EVAL fallback on NOSCRIPT). */
 int dlock_redis_script(struct redis_conn *rc, struct redis_node *n, size_t argc,
                        const char **argv, const size_t *argvlen, redisReply **out);
@@ -164,6 +206,46 @@ int dlock_redis_node_top(struct redis_conn *rc, struct redis_node *n, uint64_t *
  * pointing into key and value. */
 size_t dlock_redis_floor_argv(struct redis_conn *rc, const char *key, size_t key_len,
                               const char *value, const char **argv, size_t *argvlen);
+
+/* Cluster (backends/redis_cluster.c). */
+/* The slot of a lock name: CRC16 (XMODEM) of the name, mod 16384. */
+unsigned dlock_redis_slot(const char *name, size_t len);
+/* A short string (at most 4 characters) whose own slot is slot: the hash
+ * tag that puts every key and channel of the names of that slot in it. */
+const char *dlock_redis_slot_tag(unsigned slot);
+int dlock_redis_cluster_open(struct redis_conn *rc);
+void dlock_redis_cluster_free(struct redis_cluster *c);
+/* The node that owns slot (the map is read again first when it is stale);
+ * NULL with the error set when no node can say. */
+struct redis_node *dlock_redis_cluster_node(struct redis_conn *rc, unsigned slot, int *errp);
+/* The slot's owner as the map says now (no reading it again); NULL when
+ * not known. */
+struct redis_node *dlock_redis_cluster_peek(struct redis_conn *rc, unsigned slot);
+/* The map is out of date: read it again before the next use. */
+void dlock_redis_cluster_stale(struct redis_conn *rc);
+/* Runs a script call on the node owning slot, following MOVED, ASK,
+ * TRYAGAIN and CLUSTERDOWN within rc's bound. */
+int dlock_redis_cluster_script(struct redis_conn *rc, unsigned slot, size_t argc,
+                               const char **argv, const size_t *argvlen, redisReply **out);
+/* The primaries that own slots now (refreshing a stale map), into out
+ * (room for REDIS_CLUSTER_MAX_NODES); their count, or a negative error. */
+int dlock_redis_cluster_primaries(struct redis_conn *rc, struct redis_node **out);
+
+/* Sentinel (backends/redis_sentinel.c). */
+int dlock_redis_sentinel_open(struct redis_conn *rc, const dlock_uri *uri);
+void dlock_redis_sentinel_free(struct redis_sentinel *s);
+/* Asks the sentinels, in turn, for the service's primary, and points n at
+ * it; within budget_ns and rc's bound. A node that moved drops its
+ * sockets. */
+int dlock_redis_sentinel_resolve(struct redis_conn *rc, struct redis_node *n, uint64_t budget_ns);
+
+/* Script call replies that are not errors of the call but a direction:
+ * filled by dlock_redis_script() in cluster mode, which then returns
+ * REDIS_REDIRECTED. */
+#define REDIS_REDIRECTED 1
+int dlock_redis_script_asking(struct redis_conn *rc, struct redis_node *n, int asking,
+                              size_t argc, const char **argv, const size_t *argvlen,
+                              redisReply **out, struct redis_redirect *redir);
 
 /* Redlock (backends/redlock.c). */
 int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req,

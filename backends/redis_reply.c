@@ -72,7 +72,8 @@ int dlock_redis_reply_sha(const redisReply *r, char sha[41])
 
 int dlock_redis_reply_message(const redisReply *r, const char *chan, size_t chan_len)
 {
-    if (!array_of(r, 3) || !str_is(r->element[0], "message") ||
+    if (!array_of(r, 3) ||
+        (!str_is(r->element[0], "message") && !str_is(r->element[0], "smessage")) ||
         r->element[1]->type != REDIS_REPLY_STRING || r->element[2]->type != REDIS_REPLY_STRING)
         return 0;
     return !chan || str_eq(r->element[1], chan, chan_len);
@@ -101,7 +102,15 @@ int dlock_redis_reply_handoff(const redisReply *r, const char *owner, uint64_t *
 
 int dlock_redis_reply_subscribed(const redisReply *r, const char *chan, size_t chan_len)
 {
-    return array_of(r, 3) && str_is(r->element[0], "subscribe") &&
+    return array_of(r, 3) &&
+           (str_is(r->element[0], "subscribe") || str_is(r->element[0], "ssubscribe")) &&
+           str_eq(r->element[1], chan, chan_len);
+}
+
+int dlock_redis_reply_unsubscribed(const redisReply *r, const char *chan, size_t chan_len)
+{
+    return array_of(r, 3) &&
+           (str_is(r->element[0], "unsubscribe") || str_is(r->element[0], "sunsubscribe")) &&
            str_eq(r->element[1], chan, chan_len);
 }
 
@@ -131,7 +140,130 @@ int dlock_redis_reply_error_kind(const redisReply *r)
         has(r->str, r->len, "invalid password") ||
         has(r->str, r->len, "invalid username-password"))
         return DLOCK_REDIS_ERR_AUTH;
+    if (starts(r->str, r->len, "READONLY"))
+        return DLOCK_REDIS_ERR_READONLY;
     return DLOCK_REDIS_ERR_OTHER;
+}
+
+/* A decimal number of at most max (no sign), read from *p up to end;
+ * advances *p. -1 when there is none or it is larger. */
+static long long number(const char **p, const char *end, long long max)
+{
+    long long v = 0;
+    const char *s = *p;
+    if (s >= end || *s < '0' || *s > '9')
+        return -1;
+    for (; s < end && *s >= '0' && *s <= '9'; s++) {
+        v = v * 10 + (*s - '0');
+        if (v > max)
+            return -1;
+    }
+    *p = s;
+    return v;
+}
+
+int dlock_redis_reply_redirect(const redisReply *r, struct redis_redirect *d)
+{
+    d->kind = REDIS_REDIR_NONE;
+    if (!r || r->type != REDIS_REPLY_ERROR || !r->str)
+        return REDIS_REDIR_NONE;
+    const char *p = r->str, *end = r->str + r->len;
+    int kind;
+    if (starts(p, r->len, "TRYAGAIN"))
+        return d->kind = REDIS_REDIR_TRYAGAIN;
+    if (starts(p, r->len, "CLUSTERDOWN"))
+        return d->kind = REDIS_REDIR_DOWN;
+    if (starts(p, r->len, "MOVED "))
+        kind = REDIS_REDIR_MOVED, p += 6;
+    else if (starts(p, r->len, "ASK "))
+        kind = REDIS_REDIR_ASK, p += 4;
+    else
+        return REDIS_REDIR_NONE;
+    long long slot = number(&p, end, REDIS_SLOTS - 1);
+    if (slot < 0 || p >= end || *p++ != ' ')
+        return REDIS_REDIR_NONE;
+    /* host:port, the host maybe an IPv6 address (its last ':' ends it),
+     * maybe empty (the node does not know its own address: the one asked) */
+    const char *colon = NULL;
+    for (const char *q = p; q < end; q++)
+        if (*q == ':')
+            colon = q;
+    if (!colon || (size_t)(colon - p) >= sizeof d->host)
+        return REDIS_REDIR_NONE;
+    const char *q = colon + 1;
+    long long port = number(&q, end, 65535);
+    if (port <= 0 || q != end)
+        return REDIS_REDIR_NONE;
+    if (memchr(p, '\0', (size_t)(colon - p)))
+        return REDIS_REDIR_NONE;
+    memcpy(d->host, p, (size_t)(colon - p));
+    d->host[colon - p] = '\0';
+    d->slot = (unsigned)slot;
+    d->port = (int)port;
+    return d->kind = kind;
+}
+
+static int int_of(const redisReply *r, long long *v)
+{
+    if (!r)
+        return -1;
+    if (r->type == REDIS_REPLY_INTEGER) {
+        *v = r->integer;
+        return 0;
+    }
+    if (r->type == REDIS_REPLY_STRING && r->str) {
+        const char *p = r->str;
+        long long n = number(&p, r->str + r->len, 1LL << 40);
+        if (n < 0 || p != r->str + r->len)
+            return -1;
+        *v = n;
+        return 0;
+    }
+    return -1;
+}
+
+int dlock_redis_reply_slots(const redisReply *r, dlock_redis_slots_fn fn, void *arg)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY || (r->elements && !r->element))
+        return -1;
+    for (size_t i = 0; i < r->elements; i++) {
+        const redisReply *e = r->element[i], *node;
+        long long first, last, port;
+        if (!e || e->type != REDIS_REPLY_ARRAY || e->elements < 3 || !e->element ||
+            int_of(e->element[0], &first) != 0 || int_of(e->element[1], &last) != 0 ||
+            first < 0 || last < first || last >= (long long)REDIS_SLOTS)
+            continue;
+        node = e->element[2];
+        if (!node || node->type != REDIS_REPLY_ARRAY || node->elements < 2 || !node->element ||
+            !node->element[0] || node->element[0]->type != REDIS_REPLY_STRING ||
+            !node->element[0]->str || int_of(node->element[1], &port) != 0 || port <= 0 ||
+            port > 65535 || memchr(node->element[0]->str, '\0', node->element[0]->len))
+            continue;
+        if (fn(arg, (unsigned)first, (unsigned)last, node->element[0]->str,
+               node->element[0]->len, (int)port) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+int dlock_redis_reply_addr(const redisReply *r, char *host, size_t cap, int *port)
+{
+    long long p;
+    if (!array_of(r, 2) || r->element[0]->type != REDIS_REPLY_STRING || !r->element[0]->str ||
+        r->element[0]->len == 0 || r->element[0]->len >= cap ||
+        memchr(r->element[0]->str, '\0', r->element[0]->len) ||
+        int_of(r->element[1], &p) != 0 || p <= 0 || p > 65535)
+        return -1;
+    memcpy(host, r->element[0]->str, r->element[0]->len);
+    host[r->element[0]->len] = '\0';
+    *port = (int)p;
+    return 0;
+}
+
+int dlock_redis_reply_is_primary(const redisReply *r)
+{
+    return r && r->type == REDIS_REPLY_ARRAY && r->elements >= 1 && r->element &&
+           str_is(r->element[0], "master");
 }
 
 int dlock_redis_info_field(const char *text, size_t len, const char *key, char *out,

@@ -26,7 +26,8 @@ int dlock_redis_reply_yes(const redisReply *r);
  * sha; 0, or -1 when the reply is anything else. */
 int dlock_redis_reply_sha(const redisReply *r, char sha[41]);
 
-/* A pub/sub message, {"message", channel, payload}; when chan is not NULL,
+/* A pub/sub message, {"message", channel, payload} (or "smessage", a
+ * sharded one); when chan is not NULL,
  * only one on that channel (chan_len bytes). 1 or 0. */
 int dlock_redis_reply_message(const redisReply *r, const char *chan, size_t chan_len);
 
@@ -35,15 +36,53 @@ int dlock_redis_reply_message(const redisReply *r, const char *chan, size_t chan
  * set, else 0 (someone else's handoff, a confirmation, a pong...). */
 int dlock_redis_reply_handoff(const redisReply *r, const char *owner, uint64_t *token);
 
-/* The confirmation of SUBSCRIBE chan: {"subscribe", chan, count}. 1 or 0. */
+/* The confirmation of SUBSCRIBE chan: {"subscribe", chan, count}, or of
+ * SSUBSCRIBE: {"ssubscribe", ...}. 1 or 0. */
 int dlock_redis_reply_subscribed(const redisReply *r, const char *chan, size_t chan_len);
+
+/* The unsolicited notice that a subscription on chan ended:
+ * {"sunsubscribe", chan, count} (a cluster node that lost the channel's
+ * slot sends it) or {"unsubscribe", chan, count}. 1 or 0. */
+int dlock_redis_reply_unsubscribed(const redisReply *r, const char *chan, size_t chan_len);
 
 /* What an error reply means to dlock. */
 enum {
     DLOCK_REDIS_ERR_OTHER = 0, /* anything else: the store's error */
     DLOCK_REDIS_ERR_AUTH,      /* WRONGPASS, NOAUTH, invalid password */
     DLOCK_REDIS_ERR_NOSCRIPT,  /* the script cache was lost */
+    DLOCK_REDIS_ERR_READONLY,  /* a replica: the primary changed */
 };
+
+/* A cluster's redirection: "-MOVED slot host:port", "-ASK slot host:port",
+ * "-TRYAGAIN ...", "-CLUSTERDOWN ...". */
+enum { REDIS_REDIR_NONE, REDIS_REDIR_MOVED, REDIS_REDIR_ASK, REDIS_REDIR_TRYAGAIN,
+       REDIS_REDIR_DOWN };
+struct redis_redirect {
+    int kind;
+    unsigned slot;
+    char host[256]; /* MOVED, ASK: NUL-terminated; "" for the node asked */
+    int port;
+};
+/* Fills *d from an error reply; its kind (REDIS_REDIR_NONE for any other
+ * reply, or a MOVED/ASK whose slot, host or port does not parse). */
+int dlock_redis_reply_redirect(const redisReply *r, struct redis_redirect *d);
+
+/* One range of a CLUSTER SLOTS reply: slots first..last owned by the
+ * primary host:port (host "" when the node did not say: the node asked). */
+typedef int (*dlock_redis_slots_fn)(void *arg, unsigned first, unsigned last,
+                                    const char *host, size_t host_len, int port);
+/* Calls fn for each well-formed range of a CLUSTER SLOTS reply; 0, -1 when
+ * the reply is not an array or fn returned non-zero. Ranges that do not
+ * parse are skipped. */
+int dlock_redis_reply_slots(const redisReply *r, dlock_redis_slots_fn fn, void *arg);
+
+/* The primary's address in a SENTINEL get-master-addr-by-name reply
+ * ({host, port}): 0 with host (NUL-terminated, cap bytes) and *port set;
+ * -1 for anything else (nil: the sentinel does not know the service). */
+int dlock_redis_reply_addr(const redisReply *r, char *host, size_t cap, int *port);
+
+/* ROLE's reply names a primary: {"master", offset, replicas}. 1 or 0. */
+int dlock_redis_reply_is_primary(const redisReply *r);
 /* Classifies an error reply; DLOCK_REDIS_ERR_OTHER for anything that is
  * not an error reply. */
 int dlock_redis_reply_error_kind(const redisReply *r);

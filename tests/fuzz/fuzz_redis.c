@@ -16,6 +16,17 @@
 static const char owner[] = "0123456789abcdef0123456789abcdef";
 static const char chan[] = "dlock:w:0123456789abcdef0123456789abcdef";
 
+/* Checks what the slot-range parser hands on. */
+static int range_seen(void *arg, unsigned first, unsigned last, const char *host,
+                      size_t host_len, int port)
+{
+    (void)arg;
+    if (first > last || last >= 16384 || port <= 0 || port > 65535 ||
+        memchr(host, '\0', host_len))
+        __builtin_trap();
+    return 0;
+}
+
 static void look(const redisReply *r, size_t chan_len, int depth)
 {
     long long a, b;
@@ -30,6 +41,19 @@ static void look(const redisReply *r, size_t chan_len, int depth)
     dlock_redis_reply_handoff(r, owner, &token);
     dlock_redis_reply_subscribed(r, chan, chan_len);
     dlock_redis_reply_error_kind(r);
+    dlock_redis_reply_unsubscribed(r, chan, chan_len);
+    struct redis_redirect d;
+    if (dlock_redis_reply_redirect(r, &d) != REDIS_REDIR_NONE &&
+        (d.kind == REDIS_REDIR_MOVED || d.kind == REDIS_REDIR_ASK) &&
+        (d.slot >= 16384 || d.port <= 0 || d.port > 65535 || strlen(d.host) >= sizeof d.host))
+        __builtin_trap();
+    dlock_redis_reply_slots(r, range_seen, NULL);
+    char host[64];
+    int port;
+    if (dlock_redis_reply_addr(r, host, sizeof host, &port) == 0 &&
+        (port <= 0 || port > 65535 || !host[0] || strlen(host) >= sizeof host))
+        __builtin_trap();
+    dlock_redis_reply_is_primary(r);
     struct redis_seen seen;
     dlock_redis_reply_inspect(r, &seen);
     if ((r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS ||

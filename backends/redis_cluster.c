@@ -1,0 +1,379 @@
+/*
+ * redis+cluster://[user:password@]host:port[,host:port...][/0][?options]:
+ * Redis Cluster, from seed nodes (any of its nodes; one answering is
+ * enough). The lock operations are the single instance's (redis.c), run on
+ * the primary that owns the lock's hash slot; this file keeps the slot map
+ * and sends each call where it belongs.
+ *
+ * One slot per lock: every key of a name (":lock", ":fence", ":queue",
+ * ":raised"), the floor key its grants read, and every wait's wake-up
+ * channel carry the hash tag "{T}" right after the prefix, where T is a
+ * short string whose own slot is the slot of the name, CRC16(name) mod
+ * 16384 (dlock_redis_slot_tag()): "dlock:{T}orders:lock". So the whole
+ * script of an operation runs on one shard, whatever bytes the name holds
+ * (a name with braces in it cannot split its keys), and the store-wide
+ * floor is one key per slot, "<prefix>{T}floor", read by each grant on its
+ * own shard. Wake-ups are sharded pub/sub (SSUBSCRIBE, and SPUBLISH inside
+ * the script, redis_script.h): a handoff's message stays on the shard that
+ * owns the lock, never broadcast over the cluster bus.
+ *
+ * The map: CLUSTER SLOTS, read at open from the first seed that answers,
+ * and again when it is known to be stale: a MOVED reply (the slot's new
+ * owner is used at once, the rest of the map is read before the next
+ * call), a node that cannot be reached (a failover may be under way), an
+ * unsolicited SUNSUBSCRIBE (the node lost our channel's slot). ASK (a slot
+ * being migrated, the key already moved) sends that one call to the
+ * target, after ASKING, without touching the map; TRYAGAIN (a multi-key
+ * call while the slot's keys are split between the two nodes) and
+ * CLUSTERDOWN are tried again every REDIRECT_PAUSE_NS; at most MAX_HOPS
+ * directions per call, all within the call's bound. Nodes are kept for the
+ * connection's life (pointers to them stay valid), up to
+ * REDIS_CLUSTER_MAX_NODES.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backends/redis_conn.h"
+#include "backends/redis_reply.h"
+#include "core/internal.h"
+
+#define MS 1000000ull
+#define NO_NODE UINT16_MAX
+/* Directions followed by one call: a slot moved twice while we asked is
+ * possible, a loop between nodes that disagree is not worth more. */
+#define MAX_HOPS 16
+#define REDIRECT_PAUSE_NS (10 * MS)
+
+struct redis_cluster {
+    uint16_t owner[REDIS_SLOTS]; /* index into rc->nodes, or NO_NODE */
+    int stale;                   /* read the map again before the next use */
+    size_t ask_next;             /* the node to ask for the map first */
+};
+
+/* CRC16-CCITT (XMODEM), as Redis Cluster hashes keys. */
+static uint16_t crc16(const char *s, size_t len)
+{
+    uint16_t crc = 0;
+    for (size_t i = 0; i < len; i++) {
+        crc ^= (uint16_t)((unsigned char)s[i] << 8);
+        for (int b = 0; b < 8; b++)
+            crc = (uint16_t)(crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1);
+    }
+    return crc;
+}
+
+unsigned dlock_redis_slot(const char *name, size_t len)
+{
+    return crc16(name, len) & (REDIS_SLOTS - 1);
+}
+
+/* The tag of each slot: the first string in the order of
+ * tag_enumerate() that hashes to it. Strings of up to 3 of 62 characters
+ * cover nearly every slot, 4 the rest. Built once per process. */
+static char slot_tags[REDIS_SLOTS][5];
+static pthread_once_t tags_once = PTHREAD_ONCE_INIT;
+
+static void build_tags(void)
+{
+    static const char alpha[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    const size_t na = sizeof alpha - 1;
+    size_t left = REDIS_SLOTS;
+    char s[5];
+    for (size_t len = 1; len <= 4 && left > 0; len++) {
+        size_t total = 1;
+        for (size_t i = 0; i < len; i++)
+            total *= na;
+        for (size_t k = 0; k < total && left > 0; k++) {
+            size_t v = k;
+            for (size_t i = 0; i < len; i++, v /= na)
+                s[len - 1 - i] = alpha[v % na];
+            unsigned slot = crc16(s, len) & (REDIS_SLOTS - 1);
+            if (!slot_tags[slot][0]) {
+                memcpy(slot_tags[slot], s, len);
+                slot_tags[slot][len] = '\0';
+                left--;
+            }
+        }
+    }
+}
+
+const char *dlock_redis_slot_tag(unsigned slot)
+{
+    pthread_once(&tags_once, build_tags);
+    return slot_tags[slot & (REDIS_SLOTS - 1)];
+}
+
+static dlock_client *cl(struct redis_conn *rc)
+{
+    return rc->base.client;
+}
+
+int dlock_redis_cluster_open(struct redis_conn *rc)
+{
+    if (!(rc->cluster = malloc(sizeof *rc->cluster)))
+        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    for (size_t i = 0; i < REDIS_SLOTS; i++)
+        rc->cluster->owner[i] = NO_NODE;
+    rc->cluster->stale = 1;
+    rc->cluster->ask_next = 0;
+    pthread_once(&tags_once, build_tags);
+    return 0;
+}
+
+void dlock_redis_cluster_free(struct redis_cluster *c)
+{
+    free(c);
+}
+
+void dlock_redis_cluster_stale(struct redis_conn *rc)
+{
+    if (rc->cluster)
+        rc->cluster->stale = 1;
+}
+
+/* The node host:port (host_len bytes), added if new; its index, or -1
+ * (out of memory, or REDIS_CLUSTER_MAX_NODES known). */
+static int node_index(struct redis_conn *rc, const char *host, size_t host_len, int port)
+{
+    for (size_t i = 0; i < rc->nnodes; i++)
+        if (rc->nodes[i].port == port && strlen(rc->nodes[i].host) == host_len &&
+            memcmp(rc->nodes[i].host, host, host_len) == 0)
+            return (int)i;
+    if (rc->nnodes >= REDIS_CLUSTER_MAX_NODES) {
+        dlock_seterr(cl(rc), DLOCK_ESTORE, "redis cluster: more than %d nodes named",
+                     REDIS_CLUSTER_MAX_NODES);
+        return -1;
+    }
+    struct redis_node *n = &rc->nodes[rc->nnodes];
+    memset(n, 0, sizeof *n);
+    if (!(n->host = strndup(host, host_len))) {
+        dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+        return -1;
+    }
+    n->port = port;
+    return (int)rc->nnodes++;
+}
+
+struct slots_fill {
+    struct redis_conn *rc;
+    struct redis_node *asked;
+    uint16_t *owner;
+    size_t ranges;
+};
+
+static int fill_range(void *arg, unsigned first, unsigned last, const char *host,
+                      size_t host_len, int port)
+{
+    struct slots_fill *f = arg;
+    if (host_len == 0) { /* the node does not know its address: the one asked */
+        host = f->asked->host;
+        host_len = strlen(host);
+    }
+    int idx = node_index(f->rc, host, host_len, port);
+    if (idx < 0)
+        return -1;
+    for (unsigned s = first; s <= last; s++)
+        f->owner[s] = (uint16_t)idx;
+    f->ranges++;
+    return 0;
+}
+
+/* CLUSTER SLOTS from node n, into the map. */
+static int read_map(struct redis_conn *rc, struct redis_node *n)
+{
+    redisReply *r = NULL;
+    int err = dlock_redis_node_connect(rc, n, dlock_redis_tv_ns(&rc->connect_tv));
+    if (err)
+        return err;
+    err = dlock_redis_command(rc, n, &n->cmd, &r, 2, (const char *[]){"CLUSTER", "SLOTS"},
+                              (size_t[]){7, 5}, "CLUSTER SLOTS");
+    if (err) {
+        dlock_errsave why;
+        dlock_err_save(cl(rc), &why);
+        if (err == DLOCK_ESTORE && strstr(why.msg, "cluster support disabled"))
+            return dlock_seterr(cl(rc), DLOCK_ESTORE,
+                                "redis %s:%d is not a cluster node (cluster support disabled): "
+                                "use redis:// for a single Redis",
+                                n->host, n->port);
+        return err;
+    }
+    uint16_t *owner = malloc(sizeof rc->cluster->owner);
+    if (!owner) {
+        freeReplyObject(r);
+        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < REDIS_SLOTS; i++)
+        owner[i] = NO_NODE;
+    struct slots_fill f = {rc, n, owner, 0};
+    int bad = dlock_redis_reply_slots(r, fill_range, &f);
+    freeReplyObject(r);
+    if (bad || f.ranges == 0) {
+        free(owner);
+        dlock_errsave why;
+        dlock_err_save(cl(rc), &why);
+        if (bad && why.err != 0)
+            return why.err;
+        return dlock_seterr(cl(rc), DLOCK_EPROTO,
+                            "redis %s:%d: CLUSTER SLOTS names no slot owner (is the cluster "
+                            "formed?)",
+                            n->host, n->port);
+    }
+    memcpy(rc->cluster->owner, owner, sizeof rc->cluster->owner);
+    free(owner);
+    rc->cluster->stale = 0;
+    return 0;
+}
+
+/* Reads the map from the first node that answers, starting with the one
+ * that answered last time. */
+static int refresh(struct redis_conn *rc)
+{
+    struct redis_cluster *c = rc->cluster;
+    dlock_errsave first = {0, ""};
+    size_t known = rc->nnodes;
+    for (size_t k = 0; k < known; k++) {
+        size_t i = (c->ask_next + k) % known;
+        int err = read_map(rc, &rc->nodes[i]);
+        if (err == 0) {
+            c->ask_next = i;
+            dlock_clearerr(cl(rc));
+            return 0;
+        }
+        if (err == DLOCK_EAUTH || err == DLOCK_ENOMEM)
+            return err;
+        if (!first.err)
+            dlock_err_save(cl(rc), &first);
+        if (rc->deadline_ns && dlock_monotonic_ns() >= rc->deadline_ns)
+            break;
+    }
+    if (first.err)
+        dlock_err_restore(cl(rc), &first);
+    return first.err ? first.err
+                     : dlock_seterr(cl(rc), DLOCK_ECONNECT, "redis cluster: no node known");
+}
+
+struct redis_node *dlock_redis_cluster_node(struct redis_conn *rc, unsigned slot, int *errp)
+{
+    struct redis_cluster *c = rc->cluster;
+    slot &= REDIS_SLOTS - 1;
+    if (c->stale || c->owner[slot] == NO_NODE) {
+        int err = refresh(rc);
+        /* A map we could not read again is still the best guess. */
+        if (err && c->owner[slot] == NO_NODE) {
+            *errp = err;
+            return NULL;
+        }
+        if (!err && c->owner[slot] == NO_NODE) {
+            *errp = dlock_seterr(cl(rc), DLOCK_ESTORE,
+                                 "redis cluster: no node serves hash slot %u (CLUSTERDOWN?)",
+                                 slot);
+            return NULL;
+        }
+    }
+    return &rc->nodes[c->owner[slot]];
+}
+
+struct redis_node *dlock_redis_cluster_peek(struct redis_conn *rc, unsigned slot)
+{
+    uint16_t i = rc->cluster->owner[slot & (REDIS_SLOTS - 1)];
+    return i == NO_NODE ? NULL : &rc->nodes[i];
+}
+
+/* Sleeps REDIRECT_PAUSE_NS if rc's bound leaves time for it and one more
+ * try; 0, or -1 when it does not. */
+static int pause_for_retry(struct redis_conn *rc)
+{
+    if (rc->deadline_ns && dlock_monotonic_ns() + REDIRECT_PAUSE_NS + MS >= rc->deadline_ns)
+        return -1;
+    struct timespec ts;
+    dlock_ns_to_timespec(REDIRECT_PAUSE_NS, &ts);
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+    return 0;
+}
+
+int dlock_redis_cluster_script(struct redis_conn *rc, unsigned slot, size_t argc,
+                               const char **argv, const size_t *argvlen, redisReply **out)
+{
+    struct redis_redirect d;
+    struct redis_node *ask = NULL;
+    slot &= REDIS_SLOTS - 1;
+    for (int hop = 0;; hop++) {
+        struct redis_node *to = ask;
+        int err = 0;
+        if (!to && !(to = dlock_redis_cluster_node(rc, slot, &err)))
+            return err;
+        err = dlock_redis_script_asking(rc, to, ask != NULL, argc, argv, argvlen, out, &d);
+        ask = NULL;
+        if (err != REDIS_REDIRECTED) {
+            if (err == 0)
+                rc->last_node = to;
+            else if (err == DLOCK_ECONNECT)
+                rc->cluster->stale = 1; /* the node may be gone: a failover */
+            return err;
+        }
+        if (hop >= MAX_HOPS)
+            return dlock_seterr(cl(rc), DLOCK_ESTORE,
+                                "redis cluster: hash slot %u: redirected %d times (the cluster "
+                                "is being reconfigured?)",
+                                slot, hop + 1);
+        if (d.kind == REDIS_REDIR_MOVED || d.kind == REDIS_REDIR_ASK) {
+            const char *host = d.host[0] ? d.host : to->host;
+            int idx = node_index(rc, host, strlen(host), d.port);
+            if (idx < 0) {
+                dlock_errsave why;
+                dlock_err_save(cl(rc), &why);
+                return why.err ? why.err : DLOCK_ESTORE;
+            }
+            if (d.kind == REDIS_REDIR_ASK) {
+                ask = &rc->nodes[idx];
+            } else {
+                /* This slot at once; the rest of the map before the next
+                 * call (a MOVED seldom comes alone). */
+                rc->cluster->owner[d.slot] = (uint16_t)idx;
+                if (d.slot != slot)
+                    rc->cluster->owner[slot] = NO_NODE;
+                rc->cluster->stale = 1;
+                if (refresh(rc) != 0)
+                    rc->cluster->owner[d.slot] = (uint16_t)idx;
+            }
+            continue;
+        }
+        /* TRYAGAIN (the slot's keys are split by a migration in progress)
+         * or CLUSTERDOWN (no majority, or the slot unserved): a moment. */
+        if (d.kind == REDIS_REDIR_DOWN)
+            rc->cluster->stale = 1;
+        if (pause_for_retry(rc) != 0)
+            return dlock_seterr(cl(rc), DLOCK_ETIMEDOUT,
+                                "redis cluster: hash slot %u: %s until the call's bound passed",
+                                slot,
+                                d.kind == REDIS_REDIR_DOWN
+                                    ? "the cluster was down (CLUSTERDOWN)"
+                                    : "the slot was being migrated (TRYAGAIN)");
+    }
+}
+
+int dlock_redis_cluster_primaries(struct redis_conn *rc, struct redis_node **out)
+{
+    struct redis_cluster *c = rc->cluster;
+    unsigned char seen[REDIS_CLUSTER_MAX_NODES] = {0};
+    int n = 0;
+    if (c->stale) {
+        int err = refresh(rc);
+        if (err)
+            return err;
+    }
+    for (size_t s = 0; s < REDIS_SLOTS; s++) {
+        uint16_t i = c->owner[s];
+        if (i != NO_NODE && !seen[i]) {
+            seen[i] = 1;
+            out[n++] = &rc->nodes[i];
+        }
+    }
+    if (n == 0)
+        return dlock_seterr(cl(rc), DLOCK_ESTORE, "redis cluster: no node serves any slot");
+    return n;
+}
