@@ -1286,10 +1286,11 @@ static int confirm_grant(struct redis_conn *rc, struct redis_held *h, int handof
         err = dlock_seterr(cl(rc), DLOCK_ECONNECT, "redis %s:%d: WAIT: not connected", n->host,
                            n->port);
     if (!err) {
-        /* WAIT's own timeout ends a little before the socket's. */
+        /* WAIT's own timeout ends well before the socket's: the server
+         * answers a timed-out WAIT some milliseconds late. */
         uint64_t left = dlock_redis_time_left(rc, tv_ns(&rc->cmd_tv)) / MS;
         snprintf(num, sizeof num, "%u", rc->wait_replicas);
-        snprintf(ms, sizeof ms, "%" PRIu64, left > 20 ? left - 10 : 1);
+        snprintf(ms, sizeof ms, "%" PRIu64, left > 40 ? left - left / 4 - 10 : 1);
         err = dlock_redis_command(rc, n, &n->cmd, &r, 3, (const char *[]){"WAIT", num, ms},
                                   (size_t[]){4, strlen(num), strlen(ms)}, "WAIT");
     }
