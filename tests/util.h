@@ -231,7 +231,7 @@ static inline int uri_namespace(const char *src, const char *ns, char *out, size
                 return -1;
         } else {
             snprintf(params, sizeof params,
-                     strncmp(word, "redis:", 6) == 0 ? "prefix=%s:" : "table=%s", ns);
+                     strncmp(word, "redis", 5) == 0 ? "prefix=%s:" : "table=%s", ns);
             if (uri_rewrite(word, NULL, 0, NULL, params, one, sizeof one) != 0)
                 return -1;
         }
