@@ -2,6 +2,11 @@
  * redis://[user:password@]host[:port][/db][?options]: one Redis.
  * redis://h1:p1,h2:p2,h3:p3[/db]: Redlock over independent instances
  * (backends/redlock.c).
+ * redis+cluster://seeds: Redis Cluster, each lock on the shard of its
+ * slot (backends/redis_cluster.c); redis+sentinel://sentinels/SERVICE: the
+ * primary the sentinels name (backends/redis_sentinel.c). Both run this
+ * file's single-instance operations on the node they pick; wait_replicas=N
+ * makes each grant wait for N replicas (confirm_grant()).
  *
  * Every operation is one call of one Lua script (redis_script.h). A waiter
  * first subscribes to a channel of its own, fresh for every wait (and
@@ -23,10 +28,9 @@
  * and an MGET per page, then GET and TIME, each round trip bounded by
  * `timeout`: O(keys in the database) in all, an admin operation. Another
  * prefix that starts with this one ("dlock:" and "dlock:x:") is counted
- * too, which only raises the top. Redis Cluster: the floor key is in no
- * lock's hash slot (nor are a lock's three keys together today); a Cluster
- * scheme would tag each lock's keys "{<name>}" and keep a floor copy per
- * slot, raised on all of them.
+ * too, which only raises the top. Redis Cluster: a floor key per slot,
+ * "<prefix>{T}floor" in the slot of tag T, and every key of a name carries
+ * its slot's tag (redis_cluster.c); raise_floor raises all 16384.
  *
  * Inspect (dlock_inspect()): one call of the script's "inspect", which
  * only reads, atomically (every script call is): GET and PTTL of

@@ -331,14 +331,12 @@ int dlock_redis_cluster_script(struct redis_conn *rc, unsigned slot, size_t argc
             if (d.kind == REDIS_REDIR_ASK) {
                 ask = &rc->nodes[idx];
             } else {
-                /* This slot at once; the rest of the map before the next
-                 * call (a MOVED seldom comes alone). */
+                /* The rest of the map now (a MOVED seldom comes alone),
+                 * and this slot as the node that gave it up says, even if
+                 * the node asked for the map has not heard yet. */
+                refresh(rc);
+                dlock_clearerr(cl(rc));
                 rc->cluster->owner[d.slot] = (uint16_t)idx;
-                if (d.slot != slot)
-                    rc->cluster->owner[slot] = NO_NODE;
-                rc->cluster->stale = 1;
-                if (refresh(rc) != 0)
-                    rc->cluster->owner[d.slot] = (uint16_t)idx;
             }
             continue;
         }
