@@ -227,28 +227,57 @@ static int read_map(struct redis_conn *rc, struct redis_node *n)
     return 0;
 }
 
+/* A node that failed (no answer, a reset) is asked for the map only
+ * after the others, for this long. */
+#define NODE_PENALTY_NS (1000 * MS)
+
+void dlock_redis_cluster_failed(struct redis_conn *rc, struct redis_node *n)
+{
+    (void)rc;
+    n->retry_at = dlock_monotonic_ns() + NODE_PENALTY_NS;
+}
+
 /* Reads the map from the first node that answers, starting with the one
- * that answered last time. */
+ * that answered last time; nodes that failed lately go last. Each node
+ * gets at most half of what is left of the call's bound while others
+ * remain, so that one silent node (a paused primary) cannot use it all. */
 static int refresh(struct redis_conn *rc)
 {
     struct redis_cluster *c = rc->cluster;
     dlock_errsave first = {0, ""};
-    size_t known = rc->nnodes;
-    for (size_t k = 0; k < known; k++) {
-        size_t i = (c->ask_next + k) % known;
-        int err = read_map(rc, &rc->nodes[i]);
-        if (err == 0) {
-            c->ask_next = i;
-            dlock_clearerr(cl(rc));
-            return 0;
+    size_t known = rc->nnodes, tried = 0;
+    uint64_t now = dlock_monotonic_ns();
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t k = 0; k < known; k++) {
+            size_t i = (c->ask_next + k) % known;
+            struct redis_node *n = &rc->nodes[i];
+            if ((n->retry_at > now) != (pass == 1))
+                continue;
+            uint64_t saved = rc->deadline_ns;
+            if (rc->deadline_ns) {
+                uint64_t t = dlock_monotonic_ns();
+                uint64_t left = rc->deadline_ns > t ? rc->deadline_ns - t : 0;
+                dlock_redis_limit(rc, t + (++tried < known ? left / 2 : left));
+            }
+            int err = read_map(rc, n);
+            dlock_redis_unlimit(rc, saved);
+            if (err == 0) {
+                c->ask_next = i;
+                n->retry_at = 0;
+                dlock_clearerr(cl(rc));
+                return 0;
+            }
+            if (err == DLOCK_EAUTH || err == DLOCK_ENOMEM)
+                return err;
+            if (err != DLOCK_ESTORE)
+                dlock_redis_cluster_failed(rc, n);
+            if (!first.err)
+                dlock_err_save(cl(rc), &first);
+            if (rc->deadline_ns && dlock_monotonic_ns() >= rc->deadline_ns)
+                goto out;
         }
-        if (err == DLOCK_EAUTH || err == DLOCK_ENOMEM)
-            return err;
-        if (!first.err)
-            dlock_err_save(cl(rc), &first);
-        if (rc->deadline_ns && dlock_monotonic_ns() >= rc->deadline_ns)
-            break;
     }
+out:
     if (first.err)
         dlock_err_restore(cl(rc), &first);
     return first.err ? first.err
@@ -300,8 +329,9 @@ int dlock_redis_cluster_script(struct redis_conn *rc, unsigned slot, size_t argc
 {
     struct redis_redirect d;
     struct redis_node *ask = NULL;
+    int hop = 0;
     slot &= REDIS_SLOTS - 1;
-    for (int hop = 0;; hop++) {
+    for (;;) {
         struct redis_node *to = ask;
         int err = 0;
         if (!to && !(to = dlock_redis_cluster_node(rc, slot, &err)))
@@ -309,17 +339,22 @@ int dlock_redis_cluster_script(struct redis_conn *rc, unsigned slot, size_t argc
         err = dlock_redis_script_asking(rc, to, ask != NULL, argc, argv, argvlen, out, &d);
         ask = NULL;
         if (err != REDIS_REDIRECTED) {
-            if (err == 0)
+            if (err == 0) {
                 rc->last_node = to;
-            else if (err == DLOCK_ECONNECT)
-                rc->cluster->stale = 1; /* the node may be gone: a failover */
+            } else if (err == DLOCK_ECONNECT) {
+                /* The node may be gone or silent: a failover. */
+                rc->cluster->stale = 1;
+                dlock_redis_cluster_failed(rc, to);
+            }
             return err;
         }
-        if (hop >= MAX_HOPS)
+        /* MOVED and ASK count; TRYAGAIN and CLUSTERDOWN are bounded by
+         * the call's bound alone (a migration may take a while). */
+        if ((d.kind == REDIS_REDIR_MOVED || d.kind == REDIS_REDIR_ASK) && ++hop > MAX_HOPS)
             return dlock_seterr(cl(rc), DLOCK_ESTORE,
                                 "redis cluster: hash slot %u: redirected %d times (the cluster "
                                 "is being reconfigured?)",
-                                slot, hop + 1);
+                                slot, hop);
         if (d.kind == REDIS_REDIR_MOVED || d.kind == REDIS_REDIR_ASK) {
             const char *host = d.host[0] ? d.host : to->host;
             int idx = node_index(rc, host, strlen(host), d.port);
@@ -344,8 +379,12 @@ int dlock_redis_cluster_script(struct redis_conn *rc, unsigned slot, size_t argc
          * or CLUSTERDOWN (no majority, or the slot unserved): a moment. */
         if (d.kind == REDIS_REDIR_DOWN)
             rc->cluster->stale = 1;
+        hop = 0; /* progress here is bounded by time, not by hops */
+        /* The store is there but cannot serve the slot now: a transient
+         * failure like a lost connection (the acquire's deadline, if any,
+         * is the caller's to report). */
         if (pause_for_retry(rc) != 0)
-            return dlock_seterr(cl(rc), DLOCK_ETIMEDOUT,
+            return dlock_seterr(cl(rc), DLOCK_ECONNECT,
                                 "redis cluster: hash slot %u: %s until the call's bound passed",
                                 slot,
                                 d.kind == REDIS_REDIR_DOWN

@@ -221,6 +221,8 @@ struct redis_node *dlock_redis_cluster_node(struct redis_conn *rc, unsigned slot
 /* The slot's owner as the map says now (no reading it again); NULL when
  * not known. */
 struct redis_node *dlock_redis_cluster_peek(struct redis_conn *rc, unsigned slot);
+/* Node n did not answer: asked for the map last for a while. */
+void dlock_redis_cluster_failed(struct redis_conn *rc, struct redis_node *n);
 /* The map is out of date: read it again before the next use. */
 void dlock_redis_cluster_stale(struct redis_conn *rc);
 /* Runs a script call on the node owning slot, following MOVED, ASK,

@@ -3,13 +3,17 @@
 # starts again single instances started by start.sh, and kills client
 # connections from the server side. Instances are the names of DIR's
 # subdirectories: redis, redis-auth, redlock-1..5, postgres, mariadb,
-# zookeeper, zk-1..3.
+# zookeeper, zk-1..3, rcluster-1..6 (Redis Cluster nodes),
+# rsentinel-data-1..3 (the data nodes Sentinel fails over) and
+# rsentinel-1..3 (the sentinels).
 #
 #   scripts/stores/kill.sh [--dir DIR] INSTANCE...          SIGKILL, wait until gone
 #   scripts/stores/kill.sh [--dir DIR] pause INSTANCE...    SIGSTOP
 #   scripts/stores/kill.sh [--dir DIR] resume INSTANCE...   SIGCONT
 #   scripts/stores/kill.sh [--dir DIR] start INSTANCE...    start again, wait until ready
 #   scripts/stores/kill.sh [--dir DIR] leader               the ensemble's leader (zk-N)
+#   scripts/stores/kill.sh [--dir DIR] primary redis-sentinel     the data node the sentinels name primary
+#   scripts/stores/kill.sh [--dir DIR] primary rcluster SLOT|KEY  the cluster node serving SLOT (a number) or KEY's slot
 #   scripts/stores/kill.sh [--dir DIR] conns INSTANCE PORT...
 #
 # PostgreSQL is the postmaster and all its children (backends, checkpointer,
@@ -18,7 +22,19 @@
 # zoo.cfg), so it works for a store set started on other ports than the
 # defaults without the DLOCK_*_PORT variables. conns kills, on the server,
 # the client connections whose client-side (local) TCP port is one of PORT:
-# Redis CLIENT KILL ADDR, PostgreSQL pg_terminate_backend, MariaDB KILL.
+# Redis CLIENT KILL ADDR (with the password on cluster and sentinel
+# instances), PostgreSQL pg_terminate_backend, MariaDB KILL.
+#
+# Cluster and Sentinel: start also takes the store names redis-cluster and
+# redis-sentinel (all their instances). A cluster node comes back with its
+# nodes.conf and no data; a data node comes back as a replica of whoever the
+# sentinels name primary now (Sentinel would reconfigure it anyway; this
+# spares a test the window in which it is an empty primary). start waits for
+# the whole cluster or sentinel set to be consistent again (start.sh's
+# readiness) only when every instance of it runs; while a test keeps some
+# down it waits for the started ones alone (answering; a replica linked to
+# its primary if that one runs). primary asks the live sentinels or cluster
+# nodes, first answer wins: during a failover ask again after it settles.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -29,7 +45,7 @@ parse_args "" "$@"
 [ "${#ARGS[@]}" -ge 1 ] || { usage; exit 2; }
 action=kill
 case ${ARGS[0]} in
-    pause|resume|start|leader|conns|kill) action=${ARGS[0]}; ARGS=("${ARGS[@]:1}") ;;
+    pause|resume|start|leader|primary|conns|kill) action=${ARGS[0]}; ARGS=("${ARGS[@]:1}") ;;
 esac
 
 known() { # inst
@@ -85,6 +101,12 @@ export_ports() {
         list="$list $p"
     done
     [ -z "$list" ] || export DLOCK_REDLOCK_PORTS="${list# }"
+    list=$(dir_ports rcluster-)
+    [ -z "$list" ] || export DLOCK_REDIS_CLUSTER_PORTS="$list"
+    list=$(dir_ports rsentinel-data-)
+    [ -z "$list" ] || export DLOCK_REDIS_SENTINEL_DATA_PORTS="$list"
+    list=$(dir_ports rsentinel-)
+    [ -z "$list" ] || export DLOCK_REDIS_SENTINEL_PORTS="$list"
     list=
     for i in 1 2 3 4 5 6 7 8 9; do
         p=$(inst_port "zk-$i") || break
@@ -102,20 +124,75 @@ export_ports() {
 }
 
 start_insts() { # inst...
-    local inst stores=() ensemble=
+    local inst stores=() ensemble='' cluster=() sentinel=() args=()
     export_ports
     for inst in "$@"; do
+        case $inst in
+            redis-cluster|rcluster) mapfile -t -O "${#args[@]}" args < <(instances_of redis-cluster) ;;
+            redis-sentinel|rsentinel) mapfile -t -O "${#args[@]}" args < <(instances_of redis-sentinel) ;;
+            *) args+=("$inst") ;;
+        esac
+    done
+    for inst in "${args[@]+"${args[@]}"}"; do
         known "$inst"
         case $inst in
             redis|redis-auth|redlock-*)
                 "$here/start.sh" --node redis "$(inst_port "$inst")" --dir "$DIR" >&2 ;;
             postgres|mariadb|zookeeper) stores+=("$inst") ;;
             zk-*) ensemble=1 ;;
+            rcluster-*) cluster+=("$inst") ;;
+            rsentinel-*) sentinel+=("$inst") ;;
             *) die "cannot start '$inst'" ;;
         esac
     done
     [ -z "$ensemble" ] || stores+=(zk-ensemble)
     [ "${#stores[@]}" -eq 0 ] || "$here/start.sh" --dir "$DIR" "${stores[@]}" >/dev/null
+    [ "${#cluster[@]}" -eq 0 ] || "$here/start.sh" --node redis-cluster "${cluster[@]}" --dir "$DIR" >&2
+    [ "${#sentinel[@]}" -eq 0 ] || "$here/start.sh" --node redis-sentinel "${sentinel[@]}" --dir "$DIR" >&2
+}
+
+# The data node the live sentinels name primary.
+sentinel_primary() {
+    local port inst
+    export_ports
+    port=$(sentinel_says_primary) || die "no sentinel under $DIR answers"
+    # shellcheck disable=SC2046
+    inst=$(inst_by_port "$port" $(sentinel_data_insts)) ||
+        die "the sentinels name 127.0.0.1:$port, not a data node under $DIR"
+    echo "$inst"
+}
+
+# The cluster node that a live node says serves SLOT (a number, else a key).
+cluster_primary() { # slot|key
+    local slot=$1 inst port nodes owner
+    export_ports
+    for inst in $(instances_of redis-cluster); do
+        inst_pid "$inst" >/dev/null || continue
+        port=$(inst_port "$inst")
+        case $slot in
+            ''|*[!0-9]*) slot=$(rcli "$port" CLUSTER KEYSLOT "$1") || continue ;;
+        esac
+        [ "$slot" -le 16383 ] || die "slot $slot out of range (0..16383)"
+        nodes=$(rcli "$port" CLUSTER NODES) || continue
+        # id addr flags master ping pong epoch link slot...; "[...]" are
+        # slots in migration. Skip nodes flagged fail.
+        owner=$(printf '%s\n' "$nodes" | tr -d '\r' | awk -v s="$slot" '
+            $3 ~ /master/ && $3 !~ /fail/ {
+                for (i = 9; i <= NF; i++) {
+                    if ($i ~ /^\[/) continue
+                    n = split($i, r, "-")
+                    if (s + 0 >= r[1] + 0 && s + 0 <= r[n] + 0) {
+                        a = $2; sub(/@.*/, "", a); sub(/.*:/, "", a); print a; exit
+                    }
+                }
+            }')
+        [ -n "$owner" ] || continue
+        # shellcheck disable=SC2046
+        inst_by_port "$owner" $(instances_of redis-cluster) ||
+            die "slot $slot is served by 127.0.0.1:$owner, not a node under $DIR"
+        return 0
+    done
+    die "no live cluster node under $DIR knows who serves slot $slot"
 }
 
 conns() { # inst port...
@@ -128,6 +205,10 @@ conns() { # inst port...
         redis|redlock-*)
             for p in "$@"; do
                 timeout 5 redis-cli -h 127.0.0.1 -p "$port" CLIENT KILL ADDR "127.0.0.1:$p" >&2 || true
+            done ;;
+        rcluster-*|rsentinel-*)
+            for p in "$@"; do
+                rcli "$port" CLIENT KILL ADDR "127.0.0.1:$p" >&2 || true
             done ;;
         postgres)
             local in
@@ -163,5 +244,13 @@ case $action in
             if [ "$(zk_mode "$p" 2>/dev/null)" = leader ]; then echo "zk-$i"; exit 0; fi
         done
         die "no ensemble member under $DIR is the leader" ;;
+    primary)
+        case ${ARGS[0]:-} in
+            redis-sentinel|rsentinel|sentinel) sentinel_primary ;;
+            redis-cluster|rcluster)
+                [ "${#ARGS[@]}" -eq 2 ] || die "usage: kill.sh primary rcluster SLOT|KEY"
+                cluster_primary "${ARGS[1]}" ;;
+            *) die "usage: kill.sh primary redis-sentinel | kill.sh primary rcluster SLOT|KEY" ;;
+        esac ;;
     conns) [ "${#ARGS[@]}" -ge 1 ] || { usage; exit 2; }; conns "${ARGS[@]}" ;;
 esac

@@ -4,6 +4,7 @@
 # Layout under $DIR (default ${DLOCK_STORES_DIR:-/tmp/dlock-stores}), one
 # subdirectory per server instance:
 #   redis/ redis-auth/ redlock-1..5/ postgres/ mariadb/ zookeeper/ zk-1..3/
+#   rcluster-1..6/ rsentinel-data-1..3/ rsentinel-1..3/
 # each holding: pid (pidfile), port, comm (expected process name), log
 # (server log) and the server's data.
 
@@ -16,6 +17,9 @@
 : "${DLOCK_ZK_ENSEMBLE_PORTS:=2191 2192 2193}"
 : "${DLOCK_ZK_QUORUM_BASE:=2890}"    # ensemble node N: quorum port BASE+N
 : "${DLOCK_ZK_ELECTION_BASE:=3890}"  # ensemble node N: election port BASE+N
+: "${DLOCK_REDIS_CLUSTER_PORTS:=6400 6401 6402 6403 6404 6405}"  # cluster bus: port+10000
+: "${DLOCK_REDIS_SENTINEL_DATA_PORTS:=6410 6411 6412}"
+: "${DLOCK_REDIS_SENTINEL_PORTS:=26410 26411 26412}"
 : "${DLOCK_STORES_TIMEOUT:=60}"      # seconds to wait for each server
 : "${DLOCK_PG_BIN:=/usr/lib/postgresql/15/bin}"
 : "${DLOCK_ZK_HEAP:=256m}"
@@ -25,7 +29,10 @@ STORE_PASSWORD=dlock-secret-pw
 STORE_USER=dlock          # postgres superuser / mariadb user / database name
 STORE_PG_PW_USER=dlock_pw # postgres role that must authenticate with a password
 
-ALL_STORES="redis redlock postgres mariadb zookeeper zk-ensemble"
+ALL_STORES="redis redlock postgres mariadb zookeeper zk-ensemble redis-cluster redis-sentinel"
+
+# The name of the primary the sentinels monitor (in DLOCK_REDIS_SENTINEL_URI).
+SENTINEL_MASTER=dlock-primary
 
 DIR=${DLOCK_STORES_DIR:-/tmp/dlock-stores}
 
@@ -59,7 +66,9 @@ expand_names() {
     for n in "$@"; do
         case $n in
             all) out+=($ALL_STORES) ;;
-            redis|redlock|postgres|mariadb|zookeeper|zk-ensemble) out+=("$n") ;;
+            redis|redlock|postgres|mariadb|zookeeper|zk-ensemble|redis-cluster|redis-sentinel) out+=("$n") ;;
+            rcluster) out+=(redis-cluster) ;;
+            rsentinel|sentinel) out+=(redis-sentinel) ;;
             postgresql|pg) out+=(postgres) ;;
             mysql) out+=(mariadb) ;;
             zk) out+=(zookeeper) ;;
@@ -84,7 +93,42 @@ instances_of() {
         mariadb) echo mariadb ;;
         zookeeper) echo zookeeper ;;
         zk-ensemble) i=1; for _ in $DLOCK_ZK_ENSEMBLE_PORTS; do echo "zk-$i"; i=$((i + 1)); done ;;
+        redis-cluster) i=1; for _ in $DLOCK_REDIS_CLUSTER_PORTS; do echo "rcluster-$i"; i=$((i + 1)); done ;;
+        redis-sentinel)
+            i=1; for _ in $DLOCK_REDIS_SENTINEL_DATA_PORTS; do echo "rsentinel-data-$i"; i=$((i + 1)); done
+            i=1; for _ in $DLOCK_REDIS_SENTINEL_PORTS; do echo "rsentinel-$i"; i=$((i + 1)); done ;;
     esac
+}
+
+# The instance directories DIR holds for a store name, whatever the
+# DLOCK_*_PORTS variables say now (stop.sh must find every one it started).
+inst_dirs_of() { # name
+    local d b
+    for d in "$DIR"/*/; do
+        [ -d "$d" ] || continue
+        b=$(basename "$d")
+        case $1:$b in
+            redis:redis|redis:redis-auth) ;;
+            redlock:redlock-[0-9]*|zk-ensemble:zk-[0-9]*) ;;
+            redis-cluster:rcluster-[0-9]*) ;;
+            redis-sentinel:rsentinel-data-[0-9]*|redis-sentinel:rsentinel-[0-9]*) ;;
+            "$b:$b") ;;
+            *) continue ;;
+        esac
+        echo "$b"
+    done
+}
+
+# Joins lines into one space-separated line.
+joined() { tr '\n' ' ' | sed 's/ $//'; }
+
+# The instance under DIR among "$@" that listens on port $1.
+inst_by_port() { # port inst...
+    local port=$1 i; shift
+    for i in "$@"; do
+        if [ "$(inst_port "$i" 2>/dev/null)" = "$port" ]; then echo "$i"; return 0; fi
+    done
+    return 1
 }
 
 nth() { # N words... -> the Nth word (1-based)
@@ -92,6 +136,17 @@ nth() { # N words... -> the Nth word (1-based)
     [ "$n" -ge 1 ] && [ "$n" -le $# ] || return 1
     eval "echo \${$n}"
 }
+
+# The ports recorded under DIR for PREFIX1, PREFIX2... (space-separated), so
+# that a script acting on a running set needs none of the DLOCK_*_PORTS.
+dir_ports() { # prefix
+    local i=1 p list=''
+    while p=$(inst_port "$1$i"); do list="$list $p"; i=$((i + 1)); done
+    echo "${list# }"
+}
+
+sentinel_data_insts() { instances_of redis-sentinel | grep '^rsentinel-data-'; }
+sentinel_mon_insts() { instances_of redis-sentinel | grep -v '^rsentinel-data-'; }
 
 # ---- process bookkeeping -------------------------------------------------
 
@@ -143,21 +198,27 @@ launch() { # inst comm cmd...
 }
 
 # Waits until "$@" succeeds, at most $DLOCK_STORES_TIMEOUT seconds; on
-# timeout or if the process died, prints the log's tail and fails.
-wait_ready() { # inst cmd...
-    local inst=$1; shift
-    local d=$DIR/$inst deadline=$((SECONDS + DLOCK_STORES_TIMEOUT))
+# timeout or if the process (any of INSTS, a space-separated list) died,
+# prints the log's tail (and $WAIT_HINT if set) and fails.
+WAIT_HINT=
+wait_ready() { # insts cmd...
+    local insts=$1 inst; shift
+    local deadline=$((SECONDS + DLOCK_STORES_TIMEOUT))
     while :; do
         if "$@" >/dev/null 2>&1; then return 0; fi
-        if ! inst_pid "$inst" >/dev/null; then
-            log "$inst: server process exited; last lines of $d/log:"
-            tail -n 30 "$d/log" >&2 2>/dev/null || true
-            die "$inst did not start"
-        fi
+        for inst in $insts; do
+            if ! inst_pid "$inst" >/dev/null; then
+                log "$inst: server process exited; last lines of $DIR/$inst/log:"
+                tail -n 30 "$DIR/$inst/log" >&2 2>/dev/null || true
+                die "$inst did not start"
+            fi
+        done
         if [ $SECONDS -ge $deadline ]; then
-            log "$inst: not ready after ${DLOCK_STORES_TIMEOUT}s; last lines of $d/log:"
-            tail -n 30 "$d/log" >&2 2>/dev/null || true
-            die "$inst did not become ready"
+            inst=${insts%% *}
+            log "$inst: not ready after ${DLOCK_STORES_TIMEOUT}s; last lines of $DIR/$inst/log:"
+            tail -n 30 "$DIR/$inst/log" >&2 2>/dev/null || true
+            [ -z "$WAIT_HINT" ] || log "$WAIT_HINT"
+            die "$insts did not become ready"
         fi
         sleep 0.2
     done
@@ -221,6 +282,43 @@ redis_ping() { # port [password]
     [ "$out" = PONG ]
 }
 
+# redis-cli against 127.0.0.1:$1 with the store password (REDISCLI_AUTH
+# rather than -a, which warns on every call).
+rcli() { # port args...
+    local port=$1; shift
+    REDISCLI_AUTH=$STORE_PASSWORD timeout 5 redis-cli -h 127.0.0.1 -p "$port" "$@" 2>/dev/null
+}
+
+# Prints the value of FIELD in "field:value" lines (INFO, CLUSTER INFO).
+info_field() { # field
+    tr -d '\r' | sed -n "s/^$1://p"
+}
+
+# The port of the primary that the first live sentinel names.
+sentinel_says_primary() {
+    local inst port out
+    for inst in $(sentinel_mon_insts); do
+        inst_pid "$inst" >/dev/null || continue
+        port=$(inst_port "$inst") || continue
+        out=$(rcli "$port" SENTINEL get-master-addr-by-name "$SENTINEL_MASTER" | sed -n 2p) || continue
+        case $out in ''|*[!0-9]*) continue ;; esac
+        echo "$out"
+        return 0
+    done
+    return 1
+}
+
+# Counts, in a flattened SENTINEL reply (one field per line), the entries
+# of kind KIND (master, slave, sentinel) that are up and settled: not
+# s_down, o_down, disconnected or in a failover. (A peer sentinel keeps
+# "master_down", its vote in the last failover, for seconds after: that
+# is no fault of the peer.)
+count_flags() { # kind
+    awk -v f="$1" '{ sub(/\r$/, "") }
+        prev == "flags" && ($0 == f || index($0, f ",") == 1) && $0 !~ /(^|,)(s_down|o_down|disconnected|failover_in_progress)(,|$)/ { n++ }
+        { prev = $0 } END { print n + 0 }'
+}
+
 # Sends a ZooKeeper four-letter word to 127.0.0.1:$1 and prints the answer.
 zk4lw() { # port word
     timeout 5 bash -c '
@@ -255,7 +353,7 @@ maria_select1() { # port
 
 # Prints the eval-able assignments for the given (running) stores.
 print_env() { # names...
-    local n i p list
+    local n i p list inst ports dports
     for n in "$@"; do
         case $n in
             redis)
@@ -287,6 +385,34 @@ print_env() { # names...
             zookeeper)
                 if p=$(inst_port zookeeper) && inst_pid zookeeper >/dev/null; then
                     echo "DLOCK_ZK_URI=zookeeper://127.0.0.1:$p/dlock"
+                fi ;;
+            redis-cluster)
+                # Seeds: the first three nodes (the primaries when the
+                # cluster was created); a client learns the rest from them.
+                list='' ports='' i=0
+                for inst in $(instances_of redis-cluster); do
+                    if ! p=$(inst_port "$inst") || ! inst_pid "$inst" >/dev/null; then ports=''; break; fi
+                    ports=${ports:+$ports }$p
+                    i=$((i + 1))
+                    [ $i -gt 3 ] || list=${list:+$list,}127.0.0.1:$p
+                done
+                if [ -n "$ports" ]; then
+                    echo "DLOCK_REDIS_CLUSTER_URI=redis+cluster://:$STORE_PASSWORD@$list"
+                    echo "DLOCK_REDIS_CLUSTER_PORTS=\"$ports\""
+                fi ;;
+            redis-sentinel)
+                list='' ports='' dports=''
+                for inst in $(instances_of redis-sentinel); do
+                    if ! p=$(inst_port "$inst") || ! inst_pid "$inst" >/dev/null; then ports=''; break; fi
+                    case $inst in
+                        rsentinel-data-*) dports=${dports:+$dports }$p ;;
+                        *) ports=${ports:+$ports }$p; list=${list:+$list,}127.0.0.1:$p ;;
+                    esac
+                done
+                if [ -n "$ports" ]; then
+                    echo "DLOCK_REDIS_SENTINEL_URI=redis+sentinel://:$STORE_PASSWORD@$list/$SENTINEL_MASTER/0?sentinel_password=$STORE_PASSWORD"
+                    echo "DLOCK_REDIS_SENTINEL_DATA_PORTS=\"$dports\""
+                    echo "DLOCK_REDIS_SENTINEL_PORTS=\"$ports\""
                 fi ;;
         esac
     done

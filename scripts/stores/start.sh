@@ -2,9 +2,12 @@
 # Starts dlock's test coordination stores as plain background processes on
 # loopback ports, each in its own subdirectory of DIR, and waits until each
 # one really answers. Idempotent: a store that is already running (pidfile,
-# live process, answering) is left alone.
+# live process, answering) is left alone. (The Redis cluster and sentinel
+# sets are checked as a whole, and a set missing an instance gets it back
+# in its current layout: see their sections below and docs/stores.md.)
 #
-#   scripts/stores/start.sh [--dir DIR] [redis|redlock|postgres|mariadb|zookeeper|zk-ensemble|all ...]
+#   scripts/stores/start.sh [--dir DIR] [redis|redlock|postgres|mariadb|zookeeper|zk-ensemble|
+#                            redis-cluster|redis-sentinel|all ...]
 #
 # On success prints, on stdout, shell assignments for the started stores:
 #   eval "$(scripts/stores/start.sh)"
@@ -20,13 +23,17 @@ usage() {
 
 # ---- redis ---------------------------------------------------------------
 
-launch_redis_inst() { # inst port [password]
+launch_redis_inst() { # inst port [password [extra-config-line...]]
     local inst=$1 port=$2 pw=${3:-} d=$DIR/$1
+    shift 2; [ $# -eq 0 ] || shift
     if inst_pid "$inst" >/dev/null; then return 0; fi
     command -v redis-server >/dev/null || die "redis-server not found: run scripts/stores/install.sh"
     check_port_free "$inst" "$port"
     mkdir -p "$d/data"
     echo "$port" >"$d/port"
+    # A replica keeps the snapshot of its last full sync in dump.rdb and
+    # would load it at start: the test stores come back empty, always.
+    rm -f "$d/data/dump.rdb"
     {
         echo "port $port"
         echo "bind 127.0.0.1"
@@ -39,6 +46,7 @@ launch_redis_inst() { # inst port [password]
         echo "maxmemory 64mb"
         echo "maxclients 1000"
         [ -z "$pw" ] || echo "requirepass $pw"
+        [ $# -eq 0 ] || printf '%s\n' "$@"
     } >"$d/redis.conf"
     chmod 600 "$d/redis.conf"
     log "starting $inst on 127.0.0.1:$port"
@@ -306,6 +314,344 @@ ready_zk-ensemble() {
     wait_ready zk-1 zk_ensemble_ok
 }
 
+# ---- redis cluster -------------------------------------------------------
+#
+# Three primaries with a replica each, made by redis-cli --cluster create.
+# Each node keeps the cluster's layout in its nodes.conf across restarts but
+# not its data: a node started again rejoins empty, and a primary whose slots
+# a replica took over meanwhile comes back as that replica's replica.
+
+launch_rcluster_inst() { # inst port
+    local inst=$1 port=$2
+    if inst_pid "$inst" >/dev/null; then return 0; fi
+    check_port_free "$inst" $((port + 10000))
+    # repl-diskless-sync-delay 0: a primary otherwise waits 5 s for more
+    # replicas before it streams the first sync.
+    launch_redis_inst "$inst" "$port" "$STORE_PASSWORD" \
+        "masterauth $STORE_PASSWORD" \
+        "cluster-enabled yes" \
+        "cluster-config-file $DIR/$inst/nodes.conf" \
+        "cluster-node-timeout 1000" \
+        "repl-diskless-sync-delay 0"
+}
+
+launch_redis-cluster() {
+    local i=1 p
+    for p in $DLOCK_REDIS_CLUSTER_PORTS; do
+        launch_rcluster_inst "rcluster-$i" "$p"
+        i=$((i + 1))
+    done
+}
+
+# Ready: every node sees every slot served and every node, half of them are
+# primaries with one replica each, and every replica's link is up.
+cluster_ok() {
+    local inst port info repl n=0 primaries=0
+    for inst in $(instances_of redis-cluster); do n=$((n + 1)); done
+    for inst in $(instances_of redis-cluster); do
+        port=$(inst_port "$inst")
+        info=$(rcli "$port" CLUSTER INFO) || return 1
+        [ "$(info_field cluster_state <<<"$info")" = ok ] || return 1
+        [ "$(info_field cluster_slots_ok <<<"$info")" = 16384 ] || return 1
+        [ "$(info_field cluster_known_nodes <<<"$info")" = "$n" ] || return 1
+        repl=$(rcli "$port" INFO replication) || return 1
+        case $(info_field role <<<"$repl") in
+            master)
+                [ "$(info_field connected_slaves <<<"$repl")" = 1 ] || return 1
+                primaries=$((primaries + 1)) ;;
+            slave) [ "$(info_field master_link_status <<<"$repl")" = up ] || return 1 ;;
+            *) return 1 ;;
+        esac
+    done
+    [ "$primaries" -eq $((n / 2)) ]
+}
+
+# True if no node has a slot: the cluster was never created, or its
+# creation stopped half-way (nodes met, no slots).
+cluster_unformed() {
+    local inst info
+    for inst in $(instances_of redis-cluster); do
+        info=$(rcli "$(inst_port "$inst")" CLUSTER INFO) || die "$inst: CLUSTER INFO failed"
+        [ "$(info_field cluster_slots_assigned <<<"$info")" = 0 ] || return 1
+    done
+}
+
+create_cluster() {
+    local inst port addrs=() log=$DIR/rcluster-1/create.log
+    for inst in $(instances_of redis-cluster); do
+        port=$(inst_port "$inst")
+        addrs+=("127.0.0.1:$port")
+        # Left over from an interrupted create: forget the other nodes.
+        if [ "$(rcli "$port" CLUSTER INFO | info_field cluster_known_nodes)" != 1 ]; then
+            rcli "$port" CLUSTER RESET HARD >/dev/null || die "$inst: CLUSTER RESET failed"
+        fi
+    done
+    log "redis-cluster: creating the cluster (${#addrs[@]} nodes, a replica per primary)"
+    REDISCLI_AUTH=$STORE_PASSWORD timeout 120 redis-cli --cluster create "${addrs[@]}" \
+        --cluster-replicas 1 --cluster-yes >"$log" 2>&1 ||
+        { tail -n 20 "$log" >&2; die "redis-cluster: redis-cli --cluster create failed"; }
+}
+
+# Creates the cluster if need be; main() calls it right after the launches,
+# so that the cluster converges while the slower stores boot.
+form_redis-cluster() {
+    local inst
+    for inst in $(instances_of redis-cluster); do
+        wait_ready "$inst" redis_ping "$(inst_port "$inst")" "$STORE_PASSWORD"
+    done
+    if cluster_unformed; then create_cluster; fi
+}
+
+ready_redis-cluster() {
+    local all
+    all=$(instances_of redis-cluster | joined)
+    WAIT_HINT="redis-cluster: not ok (CLUSTER INFO, INFO replication on each node); if a node lost its nodes.conf: scripts/stores/stop.sh --clean redis-cluster"
+    wait_ready "$all" cluster_ok
+    WAIT_HINT=
+}
+
+# kill.sh start: the given nodes again, with their nodes.conf; the whole
+# cluster ready only if every node runs (a test may keep others down).
+node_redis-cluster() { # inst...
+    local inst all up=1
+    for inst in "$@"; do
+        launch_rcluster_inst "$inst" "$(inst_port "$inst")"
+    done
+    for inst in "$@"; do
+        wait_ready "$inst" redis_ping "$(inst_port "$inst")" "$STORE_PASSWORD"
+    done
+    all=$(instances_of redis-cluster | joined)
+    for inst in $all; do inst_pid "$inst" >/dev/null || up=; done
+    [ -z "$up" ] || wait_ready "$all" cluster_ok
+}
+
+# ---- redis sentinel ------------------------------------------------------
+#
+# Data nodes rsentinel-data-1..3 (1 the primary, the others its replicas)
+# and sentinels rsentinel-1..3 that monitor them as $SENTINEL_MASTER, quorum
+# 2. After a failover the sentinels rewrite their own sentinel.conf and (by
+# CONFIG REWRITE) the data nodes' redis.conf. When no process of the set
+# runs, start.sh writes every file anew, so a cold start always has data-1
+# primary; while some run, a node started again follows the current primary.
+
+SENTINEL_COLD=
+SENTINEL_PRIMARY=
+
+# The port of the current primary: as the sentinels say, else the live data
+# node that is a primary, else the one a live replica follows.
+current_primary() {
+    local inst port repl
+    sentinel_says_primary && return 0
+    for inst in $(sentinel_data_insts); do
+        inst_pid "$inst" >/dev/null || continue
+        port=$(inst_port "$inst") || continue
+        repl=$(rcli "$port" INFO replication) || continue
+        if [ "$(info_field role <<<"$repl")" = master ]; then echo "$port"; return 0; fi
+    done
+    for inst in $(sentinel_data_insts); do
+        inst_pid "$inst" >/dev/null || continue
+        port=$(inst_port "$inst") || continue
+        port=$(rcli "$port" INFO replication | info_field master_port)
+        if [ -n "$port" ]; then echo "$port"; return 0; fi
+    done
+    return 1
+}
+
+launch_rsentinel_data_inst() { # inst port primary-port
+    local inst=$1 port=$2 primary=$3 extra
+    if inst_pid "$inst" >/dev/null; then return 0; fi
+    extra=("masterauth $STORE_PASSWORD" "repl-diskless-sync-delay 0")
+    [ "$primary" = "$port" ] || extra+=("replicaof 127.0.0.1 $primary")
+    launch_redis_inst "$inst" "$port" "$STORE_PASSWORD" "${extra[@]}"
+}
+
+launch_rsentinel_inst() { # inst port primary-port
+    local inst=$1 port=$2 primary=$3 d=$DIR/$1
+    if inst_pid "$inst" >/dev/null; then return 0; fi
+    check_port_free "$inst" "$port"
+    mkdir -p "$d"
+    echo "$port" >"$d/port"
+    # Kept when it exists: the sentinel's state (epoch, primary, peers).
+    if [ ! -s "$d/sentinel.conf" ]; then
+        cat >"$d/sentinel.conf" <<EOF
+port $port
+bind 127.0.0.1
+protected-mode no
+daemonize no
+logfile ""
+dir $d
+requirepass $STORE_PASSWORD
+sentinel sentinel-pass $STORE_PASSWORD
+sentinel resolve-hostnames no
+sentinel announce-hostnames no
+sentinel monitor $SENTINEL_MASTER 127.0.0.1 $primary 2
+sentinel auth-pass $SENTINEL_MASTER $STORE_PASSWORD
+sentinel down-after-milliseconds $SENTINEL_MASTER 1000
+sentinel failover-timeout $SENTINEL_MASTER 5000
+sentinel parallel-syncs $SENTINEL_MASTER 1
+EOF
+        chmod 600 "$d/sentinel.conf"
+    fi
+    log "starting $inst (sentinel) on 127.0.0.1:$port"
+    launch "$inst" redis-server redis-server "$d/sentinel.conf" --sentinel
+}
+
+launch_redis-sentinel() {
+    local inst i p
+    SENTINEL_COLD=1
+    for inst in $(instances_of redis-sentinel); do
+        if inst_pid "$inst" >/dev/null; then SENTINEL_COLD=; fi
+    done
+    if [ -n "$SENTINEL_COLD" ] || ! SENTINEL_PRIMARY=$(current_primary); then
+        SENTINEL_PRIMARY=${DLOCK_REDIS_SENTINEL_DATA_PORTS%% *}
+    fi
+    if [ -n "$SENTINEL_COLD" ]; then
+        for inst in $(sentinel_mon_insts); do rm -f "$DIR/$inst/sentinel.conf"; done
+    fi
+    i=1
+    for p in $DLOCK_REDIS_SENTINEL_DATA_PORTS; do
+        launch_rsentinel_data_inst "rsentinel-data-$i" "$p" "$SENTINEL_PRIMARY"
+        i=$((i + 1))
+    done
+}
+
+# One data node is the primary (port $1, or "any") with every other one
+# linked to it.
+sentinel_data_ok() { # primary-port|any
+    local inst port repl n primary=
+    n=$(sentinel_data_insts | wc -l)
+    for inst in $(sentinel_data_insts); do
+        port=$(inst_port "$inst")
+        repl=$(rcli "$port" INFO replication) || return 1
+        [ "$(info_field role <<<"$repl")" = master ] || continue
+        [ -z "$primary" ] || return 1
+        primary=$port
+        [ "$(info_field connected_slaves <<<"$repl")" = $((n - 1)) ] || return 1
+    done
+    [ -n "$primary" ] || return 1
+    for inst in $(sentinel_data_insts); do
+        port=$(inst_port "$inst")
+        [ "$port" != "$primary" ] || continue
+        repl=$(rcli "$port" INFO replication) || return 1
+        [ "$(info_field master_port <<<"$repl")" = "$primary" ] || return 1
+        [ "$(info_field master_link_status <<<"$repl")" = up ] || return 1
+    done
+    [ "$1" = any ] || [ "$1" = "$primary" ]
+}
+
+# Every sentinel names the same live primary, sees it as a plain "master",
+# and knows the other sentinels and the replicas, none of them down.
+sentinel_ok() {
+    local inst port addr='' a nd ns
+    nd=$(sentinel_data_insts | wc -l)
+    ns=$(sentinel_mon_insts | wc -l)
+    for inst in $(sentinel_mon_insts); do
+        port=$(inst_port "$inst")
+        a=$(rcli "$port" SENTINEL get-master-addr-by-name "$SENTINEL_MASTER" | tr -d '\r' | sed -n 2p)
+        [ -n "$a" ] || return 1
+        [ -z "$addr" ] || [ "$a" = "$addr" ] || return 1
+        addr=$a
+        [ "$(rcli "$port" SENTINEL master "$SENTINEL_MASTER" | count_flags master)" = 1 ] || return 1
+    done
+    settle_old_primary "$addr"
+    for inst in $(sentinel_mon_insts); do
+        port=$(inst_port "$inst")
+        [ "$(rcli "$port" SENTINEL sentinels "$SENTINEL_MASTER" | count_flags sentinel)" = $((ns - 1)) ] || return 1
+        [ "$(rcli "$port" SENTINEL replicas "$SENTINEL_MASTER" | count_flags slave)" = $((nd - 1)) ] || return 1
+    done
+    sentinel_data_ok "$addr"
+}
+
+# After a SENTINEL FAILOVER the sentinels turned the old primary into a
+# replica only ~10 s later here (they read its role by an INFO sent every
+# 10 s, and wait until a wrong role looks lasting). Once they all agree on
+# the new primary, do it for them: start.sh waits for a consistent set, not
+# for Sentinel's caution.
+settle_old_primary() { # primary-port
+    local inst port
+    for inst in $(sentinel_data_insts); do
+        port=$(inst_port "$inst")
+        [ "$port" != "$1" ] || continue
+        if [ "$(rcli "$port" INFO replication | info_field role)" = master ]; then
+            log "$inst: a primary besides the sentinels' 127.0.0.1:$1: REPLICAOF it"
+            rcli "$port" REPLICAOF 127.0.0.1 "$1" >/dev/null || true
+        fi
+    done
+}
+
+# Starts the sentinels once the data nodes are up (see main()).
+form_redis-sentinel() {
+    local inst i p
+    for inst in $(sentinel_data_insts); do
+        wait_ready "$inst" redis_ping "$(inst_port "$inst")" "$STORE_PASSWORD"
+    done
+    # Sentinels find the replicas in the primary's INFO, which they read at
+    # once and then every 10 s: start them once the replicas are linked.
+    for inst in $(sentinel_mon_insts); do
+        inst_pid "$inst" >/dev/null && continue
+        wait_ready "$(sentinel_data_insts | joined)" sentinel_data_ok any
+        break
+    done
+    i=1
+    for p in $DLOCK_REDIS_SENTINEL_PORTS; do
+        launch_rsentinel_inst "rsentinel-$i" "$p" "$SENTINEL_PRIMARY"
+        i=$((i + 1))
+    done
+    for inst in $(sentinel_mon_insts); do
+        wait_ready "$inst" redis_ping "$(inst_port "$inst")" "$STORE_PASSWORD"
+    done
+}
+
+ready_redis-sentinel() {
+    local all
+    all=$(instances_of redis-sentinel | joined)
+    WAIT_HINT="redis-sentinel: not consistent (SENTINEL master/replicas/sentinels $SENTINEL_MASTER on each sentinel); a cold start resets it: scripts/stores/stop.sh redis-sentinel"
+    wait_ready "$all" sentinel_ok
+    WAIT_HINT=
+}
+
+# A data node answers and, if a replica of a live primary, is linked to it.
+data_node_ok() { # port
+    local repl mp
+    repl=$(rcli "$1" INFO replication) || return 1
+    [ "$(info_field role <<<"$repl")" = slave ] || return 0
+    mp=$(info_field master_port <<<"$repl")
+    redis_ping "$mp" "$STORE_PASSWORD" || return 0
+    [ "$(info_field master_link_status <<<"$repl")" = up ]
+}
+
+sentinel_answers() { # port
+    [ -n "$(rcli "$1" SENTINEL get-master-addr-by-name "$SENTINEL_MASTER" | sed -n 2p)" ]
+}
+
+# kill.sh start: the given instances again, data nodes following the
+# current primary; the whole set ready only if every instance runs.
+node_redis-sentinel() { # inst...
+    local inst all up=1 primary
+    primary=$(current_primary) || primary=${DLOCK_REDIS_SENTINEL_DATA_PORTS%% *}
+    for inst in "$@"; do
+        case $inst in
+            rsentinel-data-*) launch_rsentinel_data_inst "$inst" "$(inst_port "$inst")" "$primary" ;;
+            *) launch_rsentinel_inst "$inst" "$(inst_port "$inst")" "$primary" ;;
+        esac
+    done
+    for inst in "$@"; do
+        wait_ready "$inst" redis_ping "$(inst_port "$inst")" "$STORE_PASSWORD"
+    done
+    all=$(instances_of redis-sentinel | joined)
+    for inst in $all; do inst_pid "$inst" >/dev/null || up=; done
+    if [ -n "$up" ]; then
+        wait_ready "$all" sentinel_ok
+        return 0
+    fi
+    for inst in "$@"; do
+        case $inst in
+            rsentinel-data-*) wait_ready "$inst" data_node_ok "$(inst_port "$inst")" ;;
+            *) wait_ready "$inst" sentinel_answers "$(inst_port "$inst")" ;;
+        esac
+    done
+}
+
 # ---- main ----------------------------------------------------------------
 
 main() {
@@ -317,17 +663,32 @@ main() {
     exec 9>"$DIR/.lock"
     flock -w 600 9 || die "could not lock $DIR/.lock"
     # Launch everything first (the JVMs boot while the databases initialise),
-    # then wait for each.
-    for n in zookeeper zk-ensemble redis redlock postgres mariadb; do
-        case " $(echo $names) " in *" $n "*) "launch_$n" ;; esac
+    # then wait for each. The Redis cluster and sentinel set are formed in
+    # the background meanwhile: creating them needs only their own servers.
+    local form=() form_pid='' sel
+    sel=" $(joined <<<"$names") "
+    for n in zookeeper zk-ensemble redis redlock redis-cluster redis-sentinel; do
+        case $sel in *" $n "*) "launch_$n" ;; esac
     done
+    for n in redis-cluster redis-sentinel; do
+        case $sel in *" $n "*) form+=("$n") ;; esac
+    done
+    if [ "${#form[@]}" -gt 0 ]; then
+        ( for n in "${form[@]}"; do "form_$n"; done ) &
+        form_pid=$!
+    fi
+    for n in postgres mariadb; do
+        case $sel in *" $n "*) "launch_$n" ;; esac
+    done
+    if [ -n "$form_pid" ]; then wait "$form_pid" || exit 1; fi
     for n in $names; do "ready_$n"; done
     log "ready: $(echo $names) (${DIR}, $((SECONDS - t0))s)"
     # shellcheck disable=SC2086
     emit_env $names
 }
 
-# Called as "start.sh --node zk N" by zk-node.sh / redis-node.sh.
+# Called as "start.sh --node zk N" by zk-node.sh / redis-node.sh, and as
+# "start.sh --node redis-cluster|redis-sentinel INSTANCE..." by kill.sh.
 if [ "${1:-}" = --node ]; then
     kind=$2 id=$3; shift 3
     parse_args "" "$@"
@@ -341,11 +702,20 @@ if [ "${1:-}" = --node ]; then
                 [ "$(inst_port "$inst" 2>/dev/null)" = "$id" ] || continue
                 pw=
                 [ "$inst" != redis-auth ] || pw=$STORE_PASSWORD
-                launch_redis_inst "$inst" "$id" $pw
-                wait_ready "$inst" redis_ping "$id" $pw
+                launch_redis_inst "$inst" "$id" "$pw"
+                wait_ready "$inst" redis_ping "$id" "$pw"
                 exit 0
             done
             die "no redis instance with port $id under $DIR (start it with start.sh first)" ;;
+        redis-cluster|redis-sentinel)
+            DLOCK_REDIS_CLUSTER_PORTS=$(dir_ports rcluster-)
+            DLOCK_REDIS_SENTINEL_DATA_PORTS=$(dir_ports rsentinel-data-)
+            DLOCK_REDIS_SENTINEL_PORTS=$(dir_ports rsentinel-)
+            for inst in "$id" "${ARGS[@]+"${ARGS[@]}"}"; do
+                [ -f "$DIR/$inst/port" ] || die "no instance '$inst' under $DIR (start it with start.sh first)"
+            done
+            "node_$kind" "$id" "${ARGS[@]+"${ARGS[@]}"}" ;;
+        *) die "--node: unknown kind '$kind'" ;;
     esac
     exit 0
 fi

@@ -3,9 +3,12 @@
 # shutdown), waits up to 30 s, then SIGKILL. Only processes recorded in
 # DIR's pidfiles are signalled. Idempotent.
 #
-#   scripts/stores/stop.sh [--dir DIR] [--clean] [redis|redlock|postgres|mariadb|zookeeper|zk-ensemble|all ...]
+#   scripts/stores/stop.sh [--dir DIR] [--clean] [redis|redlock|postgres|mariadb|zookeeper|zk-ensemble|
+#                           redis-cluster|redis-sentinel|all ...]
 #
-# --clean also removes DIR (only when stopping all stores).
+# --clean also removes the data: all of DIR when stopping all stores, else
+# the named stores' instance directories (a new cluster is formed, and the
+# sentinel set starts afresh, at the next start).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -21,10 +24,10 @@ fi
 exec 9>"$DIR/.lock"
 flock -w 600 9 || die "could not lock $DIR/.lock"
 # Stop the instances of each store in parallel (a shutdown can take seconds).
+# The instances are those DIR holds, whatever the DLOCK_*_PORTS say now.
 pids=()
 for n in $names; do
-    for inst in $(instances_of "$n"); do
-        [ -d "$DIR/$inst" ] || continue
+    for inst in $(inst_dirs_of "$n"); do
         stop_inst "$inst" 9>&- &
         pids+=($!)
     done
@@ -33,15 +36,22 @@ rc=0
 for p in "${pids[@]+"${pids[@]}"}"; do wait "$p" || rc=1; done
 [ "$rc" -eq 0 ] || die "some stores could not be stopped"
 if [ -n "$CLEAN" ]; then
-    if [ "$(echo $names)" != "$(echo $ALL_STORES)" ]; then
-        die "--clean removes all of $DIR: use it with 'all' (the default)"
+    if [ "$(echo $names)" = "$(echo $ALL_STORES)" ]; then
+        # Make sure nothing of ours is left before removing the data.
+        for inst in "$DIR"/*/; do
+            inst=$(basename "$inst")
+            if inst_pid "$inst" >/dev/null; then die "$inst is still running; not removing $DIR"; fi
+        done
+        exec 9>&-
+        rm -rf "$DIR"
+        log "removed $DIR"
+    else
+        for n in $names; do
+            for inst in $(inst_dirs_of "$n"); do
+                if inst_pid "$inst" >/dev/null; then die "$inst is still running; not removing it"; fi
+                rm -rf "${DIR:?}/$inst"
+                log "removed $DIR/$inst"
+            done
+        done
     fi
-    # Make sure nothing of ours is left before removing the data.
-    for inst in "$DIR"/*/; do
-        inst=$(basename "$inst")
-        if inst_pid "$inst" >/dev/null; then die "$inst is still running; not removing $DIR"; fi
-    done
-    exec 9>&-
-    rm -rf "$DIR"
-    log "removed $DIR"
 fi

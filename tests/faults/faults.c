@@ -27,7 +27,8 @@
  *
  * Cases (--case NAME, default all that apply to the store):
  *   store-restart  a. the store SIGKILLed and started again (Redlock: all
- *                     five nodes; the ensemble: all three members)
+ *                     five nodes; the ensemble: all three members; Redis
+ *                     Cluster: all six nodes; Sentinel: the data nodes)
  *   conn-kill      b. the clients' connections killed by the server (Redis
  *                     CLIENT KILL, pg_terminate_backend, MariaDB KILL);
  *                     ZooKeeper: the holder's connection cut past its
@@ -37,6 +38,38 @@
  *   holder-pause   d. the holder's process group SIGSTOPped past its lease
  *   leader-kill    e. the ZooKeeper ensemble's leader SIGKILLed
  *   quorum         f. Redlock with 2 of 5 nodes down, then 3 of 5
+ *   cluster-failover g. Redis Cluster: a manual CLUSTER FAILOVER of the
+ *                     primary that owns the lock's slot (no write lost: the
+ *                     holder keeps its lock, renewed on the new primary),
+ *                     then back
+ *   slot-migrate   h. Redis Cluster: the slot of three names moved to
+ *                     another primary and back, ten keys per MIGRATE as
+ *                     redis-cli --cluster reshard does, with pauses
+ *                     (MIGRATING/IMPORTING: the calls wait out TRYAGAIN
+ *                     and ASK), while six processes take and hand off
+ *                     those locks in a loop
+ *   primary-kill   i. Redis Sentinel: the primary SIGKILLed, the sentinels
+ *                     fail over; with wait_replicas=1 (a grant acknowledged
+ *                     by a replica) no two holders overlap
+ *   node-pause     j. Redis Cluster and Sentinel: the data node serving the
+ *                     lock SIGSTOPped past a failover, then resumed (the
+ *                     silent network the conformance suite's proxy makes
+ *                     for other stores); wait_replicas=1
+ *
+ * Redis Cluster and Sentinel: the URI's hosts are seed nodes or sentinels,
+ * not the servers the client ends up talking to, so the store is every
+ * instance of its set (rcluster-*, or rsentinel-data-* and rsentinel-*
+ * under DLOCK_STORES_DIR): store-restart kills and restarts every node
+ * that holds data, all six of a cluster, the three data nodes of Sentinel
+ * (every node's data is lost at once: the client must find its way back
+ * from the seeds or through the sentinels, which live on, as they do on
+ * hosts of their own), conn-kill
+ * kills the clients' connections on each of them (CLIENT KILL, with the
+ * password). The suite finds slot owners, replicas and the primary itself
+ * (CLUSTER NODES, SENTINEL get-master-addr-by-name, through redis-cli),
+ * and before each case waits until the set is whole again (every slot
+ * served, each primary with its replicas online; cases do not depend on
+ * which node is primary).
  *
  * Stores are controlled with scripts/stores/kill.sh under DLOCK_STORES_DIR
  * (required for every networked store; the instance of each URI host is
@@ -47,6 +80,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -77,14 +111,27 @@ static const char *stores_dir;
 static unsigned int caps;
 static char backend[32]; /* file, redis, redlock, postgres, mysql, zookeeper */
 static int nhosts, ensemble;
+static int cluster, sentinel; /* redis+cluster://, redis+sentinel:// */
 static char prefix[64];
-static char inst[PROXY_MAX_UP][32]; /* the store instance of each URI host */
-static int inst_port[PROXY_MAX_UP];
+#define MAXINST 16
+/* The store's instances: the one of each URI host, or for Redis Cluster and
+ * Sentinel every instance of the set (the URI names seeds or sentinels). */
+static int ninst;
+static char inst[MAXINST][32];
+static int inst_port[MAXINST];
+static int inst_sentinel[MAXINST]; /* a sentinel, not a data node */
+static char data_pw[128], sentinel_pw[128], primary_name[64];
 static char curi[DLOCK_URI_MAX]; /* uri with the suite's timeouts */
 
 static int is(const char *b)
 {
     return strcmp(backend, b) == 0;
+}
+
+/* A Redis of any scheme: its keys outlive the connections. */
+static int is_redis(void)
+{
+    return is("redis") || is("redlock") || cluster || sentinel;
 }
 
 static double ms_of(uint64_t from, uint64_t to)
@@ -98,23 +145,28 @@ enum { EV_READY = 1, EV_GRANT, EV_LOST, EV_RENEW, EV_REL, EV_ERR };
 
 struct ev {
     int kind, who, rc;
+    int lock;       /* which of the case's names (slot-migrate), else 0 */
     uint64_t t;     /* when it happened (the end of the call) */
     uint64_t t0;    /* when the call started */
     uint64_t token;
     char msg[200];
 };
 
-#define MAXEV 256
+#define MAXEV 4096 /* slot-migrate's loops log a few hundred grants each */
+#define MAXLOCKS 4
 struct world {
     volatile int inside, overlaps, counter; /* inside: who is (0: nobody) */
     volatile int npairs, pair[16][2];       /* overlaps: (inside, entering) */
     volatile int release[MAXW + 2]; /* parent → holder who: renew and release now */
+    volatile int stop;              /* parent → loopers: no new acquire */
+    volatile int inside_k[MAXLOCKS], counter_k[MAXLOCKS]; /* per name (loopers) */
     volatile int nev;
     struct ev ev[MAXEV];
 };
 
 static struct world *W;
-static int me; /* who this process is: 0 the holder, 1.. the waiters */
+static int me;      /* who this process is: 0 the holder, 1.. the waiters */
+static int my_lock; /* the name a looper takes */
 
 static void log_ev(int kind, int rc, uint64_t t0, uint64_t token, const char *msg)
 {
@@ -123,6 +175,7 @@ static void log_ev(int kind, int rc, uint64_t t0, uint64_t token, const char *ms
         return;
     struct ev *e = &W->ev[i];
     e->who = me;
+    e->lock = my_lock;
     e->rc = rc;
     e->t = dlock_monotonic_ns();
     e->t0 = t0;
@@ -193,15 +246,25 @@ static void all_insts(char *buf, size_t len)
 {
     size_t o = 0;
     buf[0] = '\0';
-    for (int i = 0; i < nhosts; i++)
+    for (int i = 0; i < ninst; i++)
         o += (size_t)snprintf(buf + o, len - o, "%s%s", i ? " " : "", inst[i]);
+}
+
+/* The instances that hold data: all but Sentinel's sentinels. */
+static void data_insts(char *buf, size_t len)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < ninst; i++)
+        if (!inst_sentinel[i])
+            o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? " " : "", inst[i]);
 }
 
 /* Every instance of the URI running and answering again. */
 static int stores_restore(void)
 {
     char all[512];
-    if (!nhosts)
+    if (!ninst)
         return 0;
     all_insts(all, sizeof all);
     store_ctl("resume %s 2>/dev/null", all);
@@ -291,6 +354,58 @@ static int find_instance(int port, char *out, size_t len)
     return found;
 }
 
+static int cmp_inst(const void *a, const void *b)
+{
+    return strcmp((const char *)a, (const char *)b);
+}
+
+/* Redis Cluster and Sentinel: every instance under DIR whose name starts
+ * with pfx (rcluster-, or rsentinel- for the data nodes and sentinels).
+ * Returns 0, or -1 (Bail out! said) when there is none or too many. */
+static int set_instances(const char *pfx)
+{
+    DIR *d = opendir(stores_dir);
+    struct dirent *de;
+    ninst = 0;
+    while (d && (de = readdir(d))) {
+        char path[PATH_MAX];
+        if (strncmp(de->d_name, pfx, strlen(pfx)) != 0 || strlen(de->d_name) >= sizeof inst[0])
+            continue;
+        snprintf(path, sizeof path, "%s/%s/port", stores_dir, de->d_name);
+        if (access(path, R_OK) != 0)
+            continue;
+        if (ninst == MAXINST) {
+            printf("Bail out! more than %d instances %s* under %s\n", MAXINST, pfx, stores_dir);
+            closedir(d);
+            return -1;
+        }
+        memcpy(inst[ninst++], de->d_name, strlen(de->d_name) + 1);
+    }
+    if (d)
+        closedir(d);
+    if (!ninst) {
+        printf("Bail out! no instance %s* under DLOCK_STORES_DIR=%s: start the store with "
+               "scripts/stores/start.sh\n", pfx, stores_dir);
+        return -1;
+    }
+    qsort(inst, (size_t)ninst, sizeof inst[0], cmp_inst);
+    for (int i = 0; i < ninst; i++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s/port", stores_dir, inst[i]);
+        FILE *f = fopen(path, "r");
+        if (!f || fscanf(f, "%d", &inst_port[i]) != 1) {
+            printf("Bail out! no port in %s\n", path);
+            if (f)
+                fclose(f);
+            return -1;
+        }
+        fclose(f);
+        inst_sentinel[i] = strncmp(inst[i], "rsentinel-", 10) == 0 &&
+                           strncmp(inst[i], "rsentinel-data-", 15) != 0;
+    }
+    return 0;
+}
+
 /* The local ports of the TCP connections from the processes pids to
  * 127.0.0.1:server_port (read from /proc), for kill.sh conns. */
 static int client_ports(const pid_t *pids, int npids, int server_port, char *out, size_t len)
@@ -344,6 +459,450 @@ static int client_ports(const pid_t *pids, int npids, int server_port, char *out
         fclose(f);
     }
     return found;
+}
+
+/* ---- Redis Cluster and Sentinel: what the set looks like ------------------- */
+
+/*
+ * One command on the Redis (or sentinel) at 127.0.0.1:port, through
+ * redis-cli. The command goes on its stdin, so that no password shows in a
+ * process list (MIGRATE takes one in its arguments); the connection's
+ * password goes in REDISCLI_AUTH. out gets the reply, one element a line,
+ * trailing blanks cut; an error reply is text there too ("ERR ...":
+ * redis-cli exits 0 for those), and nothing when the server did not
+ * answer. Returns 0, or -1 when redis-cli could not run or took over 5 s.
+ */
+static int rcli_v(int port, const char *auth, char *out, size_t len, const char *fmt, va_list ap)
+{
+    char cmd[4096];
+    int in[2], rd[2];
+    out[0] = '\0';
+    int n = vsnprintf(cmd, sizeof cmd - 1, fmt, ap);
+    if (n < 0 || (size_t)n >= sizeof cmd - 1)
+        return -1;
+    cmd[n++] = '\n';
+    if (pipe(in) < 0)
+        return -1;
+    if (pipe(rd) < 0) {
+        close(in[0]);
+        close(in[1]);
+        return -1;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char p[16];
+        int null = open("/dev/null", O_WRONLY);
+        dup2(in[0], STDIN_FILENO);
+        dup2(rd[1], STDOUT_FILENO);
+        if (null >= 0) {
+            dup2(null, STDERR_FILENO);
+            close(null);
+        }
+        close(in[0]);
+        close(in[1]);
+        close(rd[0]);
+        close(rd[1]);
+        if (auth && *auth)
+            setenv("REDISCLI_AUTH", auth, 1);
+        else
+            unsetenv("REDISCLI_AUTH");
+        snprintf(p, sizeof p, "%d", port);
+        execlp("redis-cli", "redis-cli", "-h", "127.0.0.1", "-p", p, (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(rd[1]);
+    int failed = pid < 0;
+    if (!failed && write(in[1], cmd, (size_t)n) != n)
+        failed = 1;
+    close(in[1]);
+    size_t o = 0;
+    uint64_t end = dlock_monotonic_ns() + 5000 * MS;
+    while (!failed) {
+        uint64_t now = dlock_monotonic_ns();
+        struct pollfd pfd = {.fd = rd[0], .events = POLLIN};
+        if (now >= end || poll(&pfd, 1, (int)((end - now) / MS) + 1) == 0) {
+            failed = 1;
+            break;
+        }
+        char buf[4096];
+        ssize_t r = read(rd[0], buf, sizeof buf);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        size_t take = (size_t)r < len - 1 - o ? (size_t)r : len - 1 - o;
+        memcpy(out + o, buf, take); /* the rest is read and dropped */
+        o += take;
+    }
+    close(rd[0]);
+    if (pid > 0) {
+        int st = 0;
+        if (failed)
+            kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 127) {
+            diag("redis-cli cannot be run (the suite needs it for Redis Cluster and Sentinel)");
+            failed = 1;
+        }
+    }
+    while (o > 0 && (out[o - 1] == '\n' || out[o - 1] == '\r' || out[o - 1] == ' '))
+        o--;
+    out[o] = '\0';
+    return failed ? -1 : 0;
+}
+
+/* A command on a data node (the URI's password). */
+static int dcli(int port, char *out, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = rcli_v(port, data_pw, out, len, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* A command on a sentinel (sentinel_password). */
+static int scli(int port, char *out, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = rcli_v(port, sentinel_pw, out, len, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* The value of "key:" in an INFO or CLUSTER INFO reply, into v. */
+static int info_field(const char *reply, const char *key, char *v, size_t len)
+{
+    size_t kl = strlen(key);
+    for (const char *p = reply; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (strncmp(p, key, kl) == 0 && p[kl] == ':') {
+            size_t n = strcspn(p + kl + 1, "\r\n");
+            snprintf(v, len, "%.*s", (int)n, p + kl + 1);
+            return 0;
+        }
+    v[0] = '\0';
+    return -1;
+}
+
+/* Redis Cluster's hash slot of a key: CRC16 (XMODEM) mod 16384, of the
+ * part between the first '{' and the next '}' when that part is not empty. */
+static int key_slot(const char *k)
+{
+    size_t n = strlen(k);
+    const char *lb = strchr(k, '{');
+    if (lb) {
+        const char *rb = strchr(lb + 1, '}');
+        if (rb && rb > lb + 1) {
+            k = lb + 1;
+            n = (size_t)(rb - k);
+        }
+    }
+    unsigned crc = 0;
+    for (size_t i = 0; i < n; i++) {
+        crc ^= (unsigned)(unsigned char)k[i] << 8;
+        for (int b = 0; b < 8; b++)
+            crc = crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1;
+        crc &= 0xffff;
+    }
+    return (int)(crc & 16383);
+}
+
+/* One node as a CLUSTER NODES reply shows it. */
+struct cnode {
+    char id[48], of[48]; /* of: a replica's primary */
+    int port, primary, failing, myself;
+    int nr, lo[32], hi[32]; /* the slots it serves (a primary) */
+};
+
+/* The cluster as the node at port sees it; how many nodes (-1: no answer). */
+static int cluster_view(int port, struct cnode *v, int max)
+{
+    static char reply[16384];
+    int n = 0;
+    if (dcli(port, reply, sizeof reply, "CLUSTER NODES") != 0 || !strchr(reply, '@'))
+        return -1;
+    for (char *line = strtok(reply, "\n"); line && n < max; line = strtok(NULL, "\n")) {
+        struct cnode *c = &v[n];
+        char addr[128], flags[128], of[48];
+        int used = 0;
+        memset(c, 0, sizeof *c);
+        if (sscanf(line, "%47s %127s %127s %47s %*s %*s %*s %*s%n", c->id, addr, flags, of, &used) < 4)
+            continue;
+        if (!used) /* no link state: not a line to read slots from */
+            used = (int)strlen(line);
+        addr[strcspn(addr, "@,")] = '\0'; /* ip:port@cport[,hostname] */
+        char *colon = strrchr(addr, ':');
+        c->port = colon ? atoi(colon + 1) : 0;
+        c->primary = strstr(flags, "master") != NULL;
+        c->myself = strstr(flags, "myself") != NULL;
+        /* "fail" or "fail?": down (or suspected); noaddr, handshake: not yet known */
+        c->failing = strstr(flags, "fail") || strstr(flags, "noaddr") || strstr(flags, "handshake");
+        snprintf(c->of, sizeof c->of, "%s", strcmp(of, "-") ? of : "");
+        for (char *t = line + used; *t && c->nr < 32;) {
+            t += strspn(t, " ");
+            size_t w = strcspn(t, " ");
+            if (!w)
+                break;
+            if (*t != '[') { /* [slot->-id]: a migration in progress, not owned */
+                int lo, hi;
+                int k = sscanf(t, "%d-%d", &lo, &hi);
+                if (k >= 1) {
+                    c->lo[c->nr] = lo;
+                    c->hi[c->nr++] = k == 2 ? hi : lo;
+                }
+            }
+            t += w;
+        }
+        n++;
+    }
+    return n;
+}
+
+/* The primary serving slot in view v, or -1. */
+static int slot_owner(const struct cnode *v, int n, int slot)
+{
+    for (int i = 0; i < n; i++)
+        for (int r = 0; v[i].primary && r < v[i].nr; r++)
+            if (slot >= v[i].lo[r] && slot <= v[i].hi[r])
+                return i;
+    return -1;
+}
+
+/* The view of the first node that answers. */
+static int cluster_any_view(struct cnode *v, int max)
+{
+    for (int i = 0; i < ninst; i++) {
+        int n = cluster_view(inst_port[i], v, max);
+        if (n > 0)
+            return n;
+    }
+    return -1;
+}
+
+/* A layout as a string (each primary's port and slots, in port order), to
+ * compare what the nodes think. */
+static void layout_of(const struct cnode *v, int n, char *out, size_t len)
+{
+    size_t o = 0;
+    out[0] = '\0';
+    for (int port = 0, next; ; port = next) {
+        next = INT_MAX;
+        for (int i = 0; i < n; i++)
+            if (v[i].port > port && v[i].port < next)
+                next = v[i].port;
+        if (next == INT_MAX)
+            break;
+        for (int i = 0; i < n; i++) {
+            if (v[i].port != next || !v[i].primary || !v[i].nr)
+                continue;
+            o += (size_t)snprintf(out + o, o < len ? len - o : 0, "%s%d:", o ? " " : "", v[i].port);
+            for (int r = 0; r < v[i].nr && o < len; r++)
+                o += (size_t)snprintf(out + o, len - o, "%s%d-%d", r ? "," : "", v[i].lo[r], v[i].hi[r]);
+        }
+        if (o >= len)
+            break;
+    }
+}
+
+/*
+ * Is the cluster whole: every node answers with cluster_state:ok and all
+ * 16384 slots served, all agree on who serves what, no node is failing,
+ * each primary with slots has a replica, and its INFO replication shows
+ * every replica online. why: what is not (yet).
+ */
+static int cluster_whole(char *why, size_t len)
+{
+    static char reply[8192];
+    struct cnode v[16];
+    char first[1024] = "", lay[1024], val[64];
+    why[0] = '\0';
+    for (int i = 0; i < ninst; i++) {
+        if (dcli(inst_port[i], reply, sizeof reply, "CLUSTER INFO") != 0 ||
+            info_field(reply, "cluster_state", val, sizeof val) != 0) {
+            snprintf(why, len, "%s does not answer", inst[i]);
+            return 0;
+        }
+        if (strcmp(val, "ok") != 0) {
+            snprintf(why, len, "%s: cluster_state:%s", inst[i], val);
+            return 0;
+        }
+        info_field(reply, "cluster_slots_ok", val, sizeof val);
+        if (strcmp(val, "16384") != 0) {
+            snprintf(why, len, "%s: cluster_slots_ok:%s", inst[i], val);
+            return 0;
+        }
+        int n = cluster_view(inst_port[i], v, 16);
+        if (n != ninst) {
+            snprintf(why, len, "%s knows %d of the %d nodes", inst[i], n, ninst);
+            return 0;
+        }
+        layout_of(v, n, lay, sizeof lay);
+        if (!first[0]) {
+            snprintf(first, sizeof first, "%s", lay);
+        } else if (strcmp(first, lay) != 0) {
+            snprintf(why, len, "%s sees %s, %s sees %s", inst[0], first, inst[i], lay);
+            return 0;
+        }
+        for (int k = 0; k < n; k++) {
+            if (v[k].failing) {
+                snprintf(why, len, "%s sees port %d failing", inst[i], v[k].port);
+                return 0;
+            }
+            if (!v[k].primary || !v[k].nr)
+                continue;
+            int reps = 0;
+            for (int j = 0; j < n; j++)
+                reps += !v[j].primary && strcmp(v[j].of, v[k].id) == 0;
+            if (reps < 1) {
+                snprintf(why, len, "%s: primary %d has no replica", inst[i], v[k].port);
+                return 0;
+            }
+            if (v[k].myself) {
+                char rep[16];
+                if (dcli(v[k].port, reply, sizeof reply, "INFO replication") != 0)
+                    return 0;
+                info_field(reply, "connected_slaves", rep, sizeof rep);
+                int online = 0;
+                for (const char *p = reply; (p = strstr(p, "state=online")); p++)
+                    online++;
+                if (atoi(rep) != reps || online != reps) {
+                    snprintf(why, len, "primary %d: %s of %d replicas connected, %d online",
+                             v[k].port, rep, reps, online);
+                    return 0;
+                }
+            }
+        }
+    }
+    return 1;
+}
+
+/* The primary's port as sentinel sport names it, or 0. */
+static int sentinel_primary(int sport)
+{
+    char reply[256];
+    if (scli(sport, reply, sizeof reply, "SENTINEL get-master-addr-by-name %s", primary_name) != 0)
+        return 0;
+    char *nl = strchr(reply, '\n');
+    return nl ? atoi(nl + 1) : 0;
+}
+
+/* How many entries of a SENTINEL replicas/sentinels reply have exactly
+ * the flags want (nothing down or disconnected). */
+static int sentinel_flags(const char *reply, const char *want)
+{
+    int n = 0;
+    for (const char *p = reply; (p = strstr(p, "flags\n")); p += 6) {
+        const char *v = p + 6;
+        size_t w = strcspn(v, "\r\n");
+        n += (p == reply || p[-1] == '\n') && w == strlen(want) && strncmp(v, want, w) == 0;
+    }
+    return n;
+}
+
+/*
+ * Is the Sentinel set whole: every sentinel names the same primary, knows
+ * the other sentinels and the other data nodes with nothing down; that
+ * primary says role:master with every other data node connected and
+ * online, and each of those says it replicates from it with its link up.
+ * *primary: its port.
+ */
+static int sentinel_whole(int *primary, char *why, size_t len)
+{
+    static char reply[16384];
+    int ndata = 0, nsent = 0, p = 0;
+    char val[64];
+    why[0] = '\0';
+    for (int i = 0; i < ninst; i++)
+        inst_sentinel[i] ? nsent++ : ndata++;
+    for (int i = 0; i < ninst; i++) {
+        if (!inst_sentinel[i])
+            continue;
+        int q = sentinel_primary(inst_port[i]);
+        if (!q) {
+            snprintf(why, len, "%s names no primary", inst[i]);
+            return 0;
+        }
+        if (p && q != p) {
+            snprintf(why, len, "the sentinels name %d and %d", p, q);
+            return 0;
+        }
+        p = q;
+        if (scli(inst_port[i], reply, sizeof reply, "SENTINEL replicas %s", primary_name) != 0 ||
+            sentinel_flags(reply, "slave") != ndata - 1) {
+            snprintf(why, len, "%s sees %d of %d replicas up", inst[i], sentinel_flags(reply, "slave"),
+                     ndata - 1);
+            return 0;
+        }
+        if (scli(inst_port[i], reply, sizeof reply, "SENTINEL sentinels %s", primary_name) != 0 ||
+            sentinel_flags(reply, "sentinel") != nsent - 1) {
+            snprintf(why, len, "%s sees %d of %d other sentinels up", inst[i],
+                     sentinel_flags(reply, "sentinel"), nsent - 1);
+            return 0;
+        }
+    }
+    if (primary)
+        *primary = p;
+    if (dcli(p, reply, sizeof reply, "INFO replication") != 0 ||
+        info_field(reply, "role", val, sizeof val) != 0 || strcmp(val, "master") != 0) {
+        snprintf(why, len, "the primary %d says role:%s", p, val);
+        return 0;
+    }
+    info_field(reply, "connected_slaves", val, sizeof val);
+    int online = 0;
+    for (const char *s = reply; (s = strstr(s, "state=online")); s++)
+        online++;
+    if (atoi(val) != ndata - 1 || online != ndata - 1) {
+        snprintf(why, len, "the primary %d: %s replicas connected, %d online", p, val, online);
+        return 0;
+    }
+    for (int i = 0; i < ninst; i++) {
+        char mp[16], link[16];
+        if (inst_sentinel[i] || inst_port[i] == p)
+            continue;
+        if (dcli(inst_port[i], reply, sizeof reply, "INFO replication") != 0 ||
+            info_field(reply, "master_port", mp, sizeof mp) != 0 || atoi(mp) != p ||
+            info_field(reply, "master_link_status", link, sizeof link) != 0 ||
+            strcmp(link, "up") != 0) {
+            snprintf(why, len, "%s does not replicate from %d with its link up", inst[i], p);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Waits up to ms until the Redis set is whole (a no-op for other stores);
+ * says how long it took, or what is still wrong. */
+static int set_whole(unsigned ms, const char *when)
+{
+    char why[512] = "";
+    uint64_t t0 = dlock_monotonic_ns(), end = t0 + ms * MS;
+    if (!cluster && !sentinel)
+        return 1;
+    for (;;) {
+        if (cluster ? cluster_whole(why, sizeof why) : sentinel_whole(NULL, why, sizeof why)) {
+            diag("the %s is whole %s (%.0f ms)", cluster ? "cluster" : "sentinel set", when,
+                 ms_of(t0, dlock_monotonic_ns()));
+            return 1;
+        }
+        if (dlock_monotonic_ns() >= end)
+            break;
+        sleep_ms(200);
+    }
+    diag("the %s is not whole %s after %u ms: %s", cluster ? "cluster" : "sentinel set", when, ms,
+         why);
+    return 0;
+}
+
+/* The store instance at port (in the set), or NULL. */
+static const char *inst_at(int port)
+{
+    for (int i = 0; i < ninst; i++)
+        if (inst_port[i] == port)
+            return inst[i];
+    return NULL;
 }
 
 /* ---- the processes of a case ---------------------------------------------- */
@@ -737,7 +1296,9 @@ static void case_store_restart(void)
     uint64_t deadline = dlock_monotonic_ns() + 30000 * MS;
     if (setup_contention(pids, curi, curi, name, NW, deadline, 100, 1) != 0)
         goto out;
-    all_insts(all, sizeof all);
+    /* Sentinel: the sentinels live on (as they do on hosts of their own);
+     * the client must find the primary again through them. */
+    data_insts(all, sizeof all);
     /* The token probe: grants of another name right up to the kill (the
      * last commit may not have reached the disk), then one after. The
      * client stays open across the restart. */
@@ -754,8 +1315,9 @@ static void case_store_restart(void)
         }
     }
     uint64_t t_fault = dlock_monotonic_ns(); /* times below count from here */
-    for (int i = 0; i < nhosts; i++)
-        kill_fast(inst[i]);
+    for (int i = 0; i < ninst; i++)
+        if (!inst_sentinel[i])
+            kill_fast(inst[i]);
     is_int(store_ctl("%s", all), 0, "store killed (SIGKILL: %s)", all);
     uint64_t t_dead = dlock_monotonic_ns();
     sleep_ms(300);
@@ -841,7 +1403,7 @@ static void case_conn_kill(void)
     } else {
         int total = 0;
         t_fault = dlock_monotonic_ns();
-        for (int h = 0; h < nhosts; h++) {
+        for (int h = 0; h < ninst; h++) {
             char ports[2048];
             int n = client_ports(pids, NW + 1, inst_port[h], ports, sizeof ports);
             total += n;
@@ -851,7 +1413,7 @@ static void case_conn_kill(void)
         ok(total >= NW + 1, "killed %d client connections from the server side", total);
         /* Redis keeps the lock's key: only connections died. A SQL
          * session is the lock: killed, it is gone. */
-        must_lose = is("redis") || is("redlock") ? 0 : 1;
+        must_lose = is_redis() ? 0 : 1;
     }
     uint64_t bound = lease_ms();
     if (must_lose) /* told by then, or not at all */
@@ -970,13 +1532,13 @@ out:
     reap_all(pids, NW + 1, 0);
 }
 
-/* The ensemble member that leads, e.g. "zk-2"; "" when none. */
-static void zk_leader(char *out, size_t len)
+/* The first line kill.sh args prints (an instance name): "" when none. */
+static void store_line(const char *args, char *out, size_t len)
 {
-    char cmd[PATH_MAX + 128];
+    char cmd[PATH_MAX + 256];
     out[0] = '\0';
-    snprintf(cmd, sizeof cmd, "bash '%s/kill.sh' --dir '%s' leader 2>/dev/null",
-             DLOCK_STORES_SCRIPTS, stores_dir);
+    snprintf(cmd, sizeof cmd, "bash '%s/kill.sh' --dir '%s' %s 2>/dev/null", DLOCK_STORES_SCRIPTS,
+             stores_dir, args);
     fflush(stdout);
     FILE *p = popen(cmd, "r");
     if (!p)
@@ -984,6 +1546,12 @@ static void zk_leader(char *out, size_t len)
     if (fgets(out, (int)len, p))
         out[strcspn(out, "\r\n")] = '\0';
     pclose(p);
+}
+
+/* The ensemble member that leads, e.g. "zk-2"; "" when none. */
+static void zk_leader(char *out, size_t len)
+{
+    store_line("leader", out, len);
 }
 
 /* e. The ZooKeeper ensemble's leader killed while a lock is held and waited on. */
@@ -1121,6 +1689,608 @@ out:
     reap_all(pids, NW + 1, 0);
 }
 
+/* ---- Redis Cluster and Sentinel cases ----------------------------------------- */
+
+/* The keys of the lock name are all in slot, on the node at port that
+ * serves it, and the slot is the one CLUSTER KEYSLOT gives for the name. */
+static void check_keys_in_slot(int port, int slot, const char *name)
+{
+    static char reply[65536];
+    char ks[32], list[1024] = "";
+    size_t o = 0;
+    int n = 0;
+    dcli(port, ks, sizeof ks, "CLUSTER KEYSLOT \"%s\"", name);
+    is_int(atoi(ks), slot, "the suite's slot of %s is the server's (CLUSTER KEYSLOT %s)", name, ks);
+    dcli(port, reply, sizeof reply, "CLUSTER GETKEYSINSLOT %d 1000", slot);
+    for (char *k = strtok(reply, "\n"); k; k = strtok(NULL, "\n"))
+        if (strstr(k, name)) {
+            n++;
+            if (o < sizeof list - 200)
+                o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", o ? " " : "", k);
+        }
+    ok(n >= 1, "the lock's keys are in the slot of its name (%d): %s", slot, n ? list : "none there");
+}
+
+/* Waits up to ms until every node sees the node id serve slot. */
+static int slot_served_by(const char *id, int slot, unsigned ms)
+{
+    struct cnode v[16];
+    uint64_t end = dlock_monotonic_ns() + ms * MS;
+    for (;;) {
+        int all = 1;
+        for (int i = 0; i < ninst && all; i++) {
+            int n = cluster_view(inst_port[i], v, 16), o = n > 0 ? slot_owner(v, n, slot) : -1;
+            all = o >= 0 && strcmp(v[o].id, id) == 0;
+        }
+        if (all)
+            return 1;
+        if (dlock_monotonic_ns() >= end)
+            return 0;
+        sleep_ms(50);
+    }
+}
+
+/* CLUSTER FAILOVER on the replica rep, until every node sees it serve slot:
+ * the ms that took, or -1. Tried again while the replica refuses or the
+ * failover times out (a replica still syncing cannot take over). */
+static double manual_failover(const struct cnode *rep, int slot, unsigned ms)
+{
+    char reply[4096], link[16];
+    uint64_t t0 = dlock_monotonic_ns(), end = t0 + ms * MS;
+    while (dlock_monotonic_ns() < end) {
+        dcli(rep->port, reply, sizeof reply, "INFO replication");
+        info_field(reply, "master_link_status", link, sizeof link);
+        if (strcmp(link, "up") == 0) {
+            dcli(rep->port, reply, sizeof reply, "CLUSTER FAILOVER");
+            if (strcmp(reply, "OK") != 0)
+                diag("CLUSTER FAILOVER on port %d: %s", rep->port, reply);
+            else if (slot_served_by(rep->id, slot, 6000))
+                return ms_of(t0, dlock_monotonic_ns());
+        }
+        sleep_ms(200);
+    }
+    return -1;
+}
+
+/* g. Redis Cluster: a manual failover of the primary serving the lock. */
+static void case_cluster_failover(void)
+{
+    enum { NW = 3 };
+    char name[128];
+    pid_t pids[NW + 1] = {0};
+    struct cnode v[16], old, rep;
+    double took = -1;
+    name_of(name, sizeof name, "cluster-failover");
+    int slot = key_slot(name), n = cluster_any_view(v, 16), o = n > 0 ? slot_owner(v, n, slot) : -1;
+    int r = -1;
+    for (int i = 0; o >= 0 && i < n; i++)
+        if (!v[i].primary && !v[i].failing && strcmp(v[i].of, v[o].id) == 0)
+            r = i;
+    if (!ok(o >= 0 && r >= 0, "slot %d of the lock: served by %s, replica %s", slot,
+            o >= 0 ? inst_at(v[o].port) : "nobody", r >= 0 ? inst_at(v[r].port) : "none"))
+        return;
+    old = v[o];
+    rep = v[r];
+    uint64_t deadline = dlock_monotonic_ns() + 40000 * MS;
+    if (setup_contention(pids, curi, curi, name, NW, deadline, 100, 1) != 0)
+        goto out;
+    check_keys_in_slot(old.port, slot, name);
+    uint64_t t_fault = dlock_monotonic_ns();
+    took = manual_failover(&rep, slot, 15000);
+    ok(took >= 0, "CLUSTER FAILOVER: %s serves slot %d for every node %.0f ms later",
+       inst_at(rep.port), slot, took);
+    sleep_ms(lease_ms()); /* a lease of renewals on the new primary */
+    W->release[0] = 1;
+    wait_ev(0, EV_REL, 15000);
+    is_int(reap_all(pids, NW + 1, deadline + 3000 * MS), 0, "every process ended by itself (no hang)");
+    /* A manual failover loses no write and takes a fraction of the lease
+     * (the old primary holds its clients only until the replica has caught
+     * up): the lock is there on the new primary, and the holder's renewals,
+     * sent on with MOVED, keep it. */
+    check_holder(0, 1, t_fault, (uint64_t)(took > 0 ? took : 15000) + lease_ms());
+    struct ev *next = first_waiter_grant(t_fault);
+    if (next)
+        diag("cluster-failover: first waiter grant %.0f ms after the failover began",
+             ms_of(t_fault, next->t));
+    check_world(NW, 1, deadline, t_fault);
+out:
+    reap_all(pids, NW + 1, 0);
+    /* Back to the layout before: the next case (or run) should not find a
+     * pair that has just failed over, nor drift further each run. */
+    if (took >= 0) {
+        double back = manual_failover(&old, slot, 20000);
+        ok(back >= 0, "failed back: %s serves slot %d again (%.0f ms)", inst_at(old.port), slot, back);
+    }
+}
+
+/*
+ * A looper (who 1..MAXW) on name number k: acquires it (waiting up to 3 s)
+ * and releases it, again and again on one client, until W->stop; logs each
+ * grant (with its token), failure and release. Inside, the overlap check
+ * and counter of its name.
+ */
+static pid_t spawn_looper(int who, const char *u, int k, const char *name, unsigned work_ms)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    me = who;
+    my_lock = k;
+    child_setup(0);
+    dlock_client *c = NULL;
+    uint64_t t0 = dlock_monotonic_ns();
+    int rc = dlock_client_open(u, &c);
+    if (rc) {
+        log_ev(EV_ERR, rc, t0, 0, dlock_errmsg(c));
+        _exit(1);
+    }
+    log_ev(EV_READY, 0, t0, 0, "");
+    while (!W->stop) {
+        dlock_lock *l = NULL;
+        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 3000, ttl_ms());
+        t0 = dlock_monotonic_ns();
+        rc = dlock_acquire(c, name, &o, &l);
+        if (rc) {
+            log_ev(EV_ERR, rc, t0, 0, dlock_errmsg(c));
+            sleep_ms(50);
+            continue;
+        }
+        int was = __atomic_exchange_n(&W->inside_k[k], who, __ATOMIC_SEQ_CST), mine = who;
+        if (was) {
+            int i = __atomic_fetch_add(&W->overlaps, 1, __ATOMIC_SEQ_CST);
+            if (i < 16)
+                W->pair[i][0] = was, W->pair[i][1] = who;
+        }
+        log_ev(EV_GRANT, 0, t0, dlock_lock_token(l), "");
+        int v = W->counter_k[k]; /* deliberately not atomic */
+        sleep_ms(work_ms);
+        W->counter_k[k] = v + 1;
+        __atomic_compare_exchange_n(&W->inside_k[k], &mine, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        t0 = dlock_monotonic_ns();
+        rc = dlock_release(l);
+        log_ev(EV_REL, rc, t0, 0, rc ? dlock_errmsg(c) : "");
+    }
+    dlock_client_close(c);
+    _exit(0);
+}
+
+/*
+ * Moves slot from src to dst as an operator would (CLUSTER SETSLOT
+ * IMPORTING on dst, MIGRATING on src, MIGRATE of its keys, SETSLOT NODE on
+ * every primary), ten keys per MIGRATE as `redis-cli --cluster reshard`
+ * does, with a pause of 250 ms after each batch and once every key has
+ * moved, before the slot is handed over: locks are used while it is half
+ * moved. A dlock call names four keys, some of which do not exist (a free
+ * lock, an empty queue), and Redis runs a multi-key command during a
+ * migration only where all of its keys are: src answers ASK or TRYAGAIN,
+ * dst (after ASKING) TRYAGAIN, so calls wait out the move, retried by the
+ * client every 10 ms; the pauses keep the move well within the calls'
+ * 1 s bound, as a reshard of a slot with few keys is in practice (ms).
+ * Returns 0, or -1 (said why); *moved: keys moved.
+ */
+static int move_slot(int slot, const struct cnode *src, const struct cnode *dst,
+                     const struct cnode *v, int n, int *moved)
+{
+    static char keys[65536];
+    char reply[1024];
+    *moved = 0;
+    dcli(dst->port, reply, sizeof reply, "CLUSTER SETSLOT %d IMPORTING %s", slot, src->id);
+    if (strcmp(reply, "OK") != 0) {
+        diag("SETSLOT %d IMPORTING on %d: %s", slot, dst->port, reply);
+        return -1;
+    }
+    dcli(src->port, reply, sizeof reply, "CLUSTER SETSLOT %d MIGRATING %s", slot, dst->id);
+    if (strcmp(reply, "OK") != 0) {
+        diag("SETSLOT %d MIGRATING on %d: %s", slot, src->port, reply);
+        return -1;
+    }
+    uint64_t end = dlock_monotonic_ns() + 20000 * MS;
+    int errors = 0;
+    for (;;) {
+        static char quoted[65536 + 4096];
+        if (dcli(src->port, keys, sizeof keys, "CLUSTER GETKEYSINSLOT %d 10", slot) != 0) {
+            diag("CLUSTER GETKEYSINSLOT on %d: no answer", src->port);
+            return -1;
+        }
+        if (!keys[0])
+            break; /* and none comes back: src creates no key in a slot it migrates */
+        if (strchr(keys, '"') || strchr(keys, '\\') || strchr(keys, ' ')) {
+            diag("a key the suite cannot quote: %s", keys);
+            return -1;
+        }
+        /* One line per key: each quoted, on one line. */
+        size_t q = 0;
+        int batch = 0;
+        for (char *k = strtok(keys, "\r\n"); k; k = strtok(NULL, "\r\n"), batch++)
+            q += (size_t)snprintf(quoted + q, sizeof quoted - q, "%s\"%s\"", q ? " " : "", k);
+        /* The password goes on redis-cli's stdin, never in its arguments. */
+        dcli(src->port, reply, sizeof reply, "MIGRATE 127.0.0.1 %d \"\" 0 5000 AUTH \"%s\" KEYS %s",
+             dst->port, data_pw, quoted);
+        if (strcmp(reply, "OK") == 0)
+            *moved += batch;
+        else if (strcmp(reply, "NOKEY") != 0 && ++errors > 5) {
+            diag("MIGRATE of %s from %d to %d: %s", keys, src->port, dst->port, reply);
+            return -1;
+        }
+        if (dlock_monotonic_ns() >= end) {
+            diag("slot %d still has keys on %d after 20 s", slot, src->port);
+            return -1;
+        }
+        sleep_ms(250);
+    }
+    /* The new owner first, then the old one, then the others (as the
+     * Redis manual's order has it: no node points back at the old owner). */
+    const struct cnode *order[16];
+    int no = 0;
+    order[no++] = dst;
+    order[no++] = src;
+    for (int i = 0; i < n && no < 16; i++)
+        if (v[i].primary && v[i].nr && v[i].port != src->port && v[i].port != dst->port)
+            order[no++] = &v[i];
+    for (int i = 0; i < no; i++) {
+        dcli(order[i]->port, reply, sizeof reply, "CLUSTER SETSLOT %d NODE %s", slot, dst->id);
+        if (strcmp(reply, "OK") != 0) {
+            diag("SETSLOT %d NODE on %d: %s", slot, order[i]->port, reply);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* After a move that failed half way: no node left migrating or importing. */
+static void slot_stable(int slot, const struct cnode *v, int n)
+{
+    char reply[256];
+    for (int i = 0; i < n; i++)
+        if (v[i].primary)
+            dcli(v[i].port, reply, sizeof reply, "CLUSTER SETSLOT %d STABLE", slot);
+}
+
+/* Grants of looper who within [from, to). */
+static int grants_of(int who, uint64_t from, uint64_t to)
+{
+    int n = 0;
+    for (int i = 0; i < W->nev && i < MAXEV; i++)
+        n += W->ev[i].kind == EV_GRANT && W->ev[i].who == who && W->ev[i].t >= from &&
+             W->ev[i].t < to;
+    return n;
+}
+
+static int keys_in(int port, int slot)
+{
+    char reply[64];
+    if (dcli(port, reply, sizeof reply, "CLUSTER COUNTKEYSINSLOT %d", slot) != 0)
+        return -1;
+    return reply[0] >= '0' && reply[0] <= '9' ? atoi(reply) : -1;
+}
+
+/* h. Redis Cluster: the slot of three names moved away and back while
+ * six processes take and hand off those locks in a loop. */
+static void case_slot_migrate(void)
+{
+    enum { NN = 3, PER = 2, NW = NN * PER, WORK_MS = 20 };
+    char names[NN][128];
+    pid_t pids[NW + 1] = {0};
+    struct cnode v[16], src, dst;
+    int moved1 = 0, moved2 = 0, rc1 = -1, rc2 = -1;
+    name_of(names[0], sizeof names[0], "slot-migrate-0");
+    int slot = key_slot(names[0]);
+    for (int k = 1, i = 1; k < NN; i++) {
+        char t[128];
+        snprintf(t, sizeof t, "%sslot-migrate-%d", prefix, i);
+        if (key_slot(t) == slot)
+            snprintf(names[k++], sizeof names[0], "%s", t);
+    }
+    int n = cluster_any_view(v, 16), o = n > 0 ? slot_owner(v, n, slot) : -1, d = -1;
+    for (int i = 0; o >= 0 && i < n; i++)
+        if (i != o && v[i].primary && v[i].nr && !v[i].failing && d < 0)
+            d = i;
+    if (!ok(o >= 0 && d >= 0, "slot %d (names %s, %s, %s): served by %s, to move to %s", slot,
+            names[0], names[1], names[2], o >= 0 ? inst_at(v[o].port) : "nobody",
+            d >= 0 ? inst_at(v[d].port) : "no other primary"))
+        return;
+    src = v[o];
+    dst = v[d];
+    for (int k = 0; k < NN; k++)
+        for (int j = 0; j < PER; j++) {
+            int who = 1 + k * PER + j;
+            pids[who] = spawn_looper(who, curi, k, names[k], WORK_MS);
+        }
+    if (!waiters_ready(NW, 15000)) {
+        ok(0, "%d processes open their clients within 15 s", NW);
+        goto out;
+    }
+    sleep_ms(1000);
+    check_keys_in_slot(src.port, slot, names[0]);
+    uint64_t t1 = dlock_monotonic_ns();
+    rc1 = move_slot(slot, &src, &dst, v, n, &moved1);
+    uint64_t t1e = dlock_monotonic_ns();
+    ok(rc1 == 0, "slot %d moved from %s to %s (%d keys, one at a time) in %.0f ms", slot,
+       inst_at(src.port), inst_at(dst.port), moved1, ms_of(t1, t1e));
+    if (rc1 != 0)
+        goto out;
+    ok(keys_in(src.port, slot) == 0 && keys_in(dst.port, slot) > 0,
+       "its keys are all on %s now (%d there, %d left on %s)", inst_at(dst.port),
+       keys_in(dst.port, slot), keys_in(src.port, slot), inst_at(src.port));
+    sleep_ms(1500);
+    uint64_t t2 = dlock_monotonic_ns();
+    rc2 = move_slot(slot, &dst, &src, v, n, &moved2);
+    uint64_t t2e = dlock_monotonic_ns();
+    ok(rc2 == 0, "and moved back to %s (%d keys) in %.0f ms", inst_at(src.port), moved2,
+       ms_of(t2, t2e));
+    if (rc2 != 0)
+        goto out;
+    sleep_ms(1500);
+    W->stop = 1;
+    uint64_t t_stop = dlock_monotonic_ns();
+    is_int(reap_all(pids, NW + 1, t_stop + 8000 * MS), 0, "every process ended by itself (no hang)");
+
+    ok(W->nev <= MAXEV, "every event was logged (%d of at most %d)", W->nev, MAXEV);
+    is_int(W->overlaps, 0, "no two processes inside one lock at once");
+    for (int i = 0; i < W->overlaps && i < 16; i++)
+        diag("overlap: %d entered while %d was inside", W->pair[i][1], W->pair[i][0]);
+    int grants[NN] = {0}, increasing[NN], bad_err = 0, late = 0, bad_rel = 0, nerr = 0;
+    int during = 0, err_during = 0, rcs[8] = {0}, nrc[8] = {0}, ndistinct = 0;
+    uint64_t last[NN] = {0};
+    int seen[NN] = {0};
+    for (int k = 0; k < NN; k++)
+        increasing[k] = 1;
+    /* Events are logged in the order they happened within a name (a grant
+     * is logged inside the lock), so their order in the log is the grant
+     * order once sorted by time: walk them by time. */
+    struct ev **by_t = calloc(MAXEV, sizeof *by_t);
+    int ne = 0;
+    for (int i = 0; i < W->nev && i < MAXEV && by_t; i++)
+        by_t[ne++] = &W->ev[i];
+    if (by_t)
+        qsort(by_t, (size_t)ne, sizeof by_t[0], cmp_grant_time);
+    for (int i = 0; i < ne; i++) {
+        struct ev *e = by_t[i];
+        int half = (e->t >= t1 && e->t < t1e) || (e->t >= t2 && e->t < t2e);
+        if (e->kind == EV_GRANT) {
+            int k = e->lock;
+            if (seen[k] && e->token <= last[k]) {
+                if (increasing[k])
+                    diag("%s: token %llu (process %d) after %llu", names[k],
+                         (unsigned long long)e->token, e->who, (unsigned long long)last[k]);
+                increasing[k] = 0;
+            }
+            last[k] = e->token;
+            seen[k] = 1;
+            grants[k]++;
+            during += half;
+        } else if (e->kind == EV_ERR) {
+            nerr++;
+            err_during += half;
+            int j = 0;
+            while (j < ndistinct && rcs[j] != e->rc)
+                j++;
+            if (j == ndistinct && ndistinct < 8)
+                rcs[ndistinct++] = e->rc;
+            if (j < 8)
+                nrc[j]++;
+            if (!clear_error(e->rc) || !e->msg[0]) {
+                if (bad_err++ < 5)
+                    diag("process %d: unclear error %s: '%s'", e->who, dlock_err_name(e->rc), e->msg);
+            }
+            if (ms_of(e->t0, e->t) > 3000 + 250 + SLACK_MS && late++ < 5)
+                diag("process %d: a 3 s wait returned after %.0f ms", e->who, ms_of(e->t0, e->t));
+        } else if (e->kind == EV_REL && e->rc) {
+            if (bad_rel++ < 5)
+                diag("process %d: release %s: %s", e->who, dlock_err_name(e->rc), e->msg);
+        }
+    }
+    free(by_t);
+    for (int j = 0; j < ndistinct; j++)
+        diag("failed acquires: %d x %s", nrc[j], dlock_err_name(rcs[j]));
+    for (int i = 0, shown = 0; i < W->nev && i < MAXEV && shown < 3; i++)
+        if (W->ev[i].kind == EV_ERR) {
+            shown++;
+            diag("failed acquire: process %d, %+.0f ms from the first move: %s: %s", W->ev[i].who,
+                 ms_of(t1, W->ev[i].t), dlock_err_name(W->ev[i].rc), W->ev[i].msg);
+        }
+    diag("slot-migrate: %d grants (%d, %d, %d per name), %d while the slot was half moved; %d "
+         "failed acquires (%d then)",
+         grants[0] + grants[1] + grants[2], grants[0], grants[1], grants[2], during, nerr,
+         err_during);
+    for (int k = 0; k < NN; k++) {
+        ok(increasing[k], "%s: tokens strictly increase in grant order (%d grants)", names[k],
+           grants[k]);
+        ok(W->counter_k[k] == grants[k], "%s: the shared counter counts every grant (%d of %d)",
+           names[k], W->counter_k[k], grants[k]);
+    }
+    is_int(bad_err, 0, "every failed acquire is a clear error with detail");
+    is_int(late, 0, "no acquire returned more than %u ms past its 3 s deadline", 250 + SLACK_MS);
+    is_int(bad_rel, 0, "every release succeeded");
+    int idle1 = 0, idle2 = 0;
+    for (int w = 1; w <= NW; w++) {
+        int a = grants_of(w, t1e, t2), b = grants_of(w, t2e, t_stop + 1);
+        idle1 += a == 0;
+        idle2 += b == 0;
+        if (!a || !b)
+            diag("process %d: %d grants on %s after the move, %d after the move back", w, a,
+                 inst_at(dst.port), b);
+    }
+    is_int(idle1, 0, "every process got its lock again after the move, on the client it opened before");
+    is_int(idle2, 0, "and again after the move back");
+out:
+    W->stop = 1;
+    reap_all(pids, NW + 1, dlock_monotonic_ns() + 8000 * MS);
+    if (o >= 0 && d >= 0 && (rc1 != 0 || rc2 != 0))
+        slot_stable(slot, v, n);
+}
+
+/* i. Redis Sentinel: the primary SIGKILLed, the sentinels fail over. */
+static void case_primary_kill(void)
+{
+    enum { NW = 3 };
+    char name[128], wuri[DLOCK_URI_MAX], victim[32] = "", why[512];
+    pid_t pids[NW + 1] = {0};
+    int old = 0, now_p = 0;
+    name_of(name, sizeof name, "primary-kill");
+    /* A grant is reported once a replica has it: what makes a failover
+     * keep the lock (without it a promoted replica may lack the last
+     * grants, and two holders may overlap: docs/redis.md). */
+    if (uri_rewrite(curi, NULL, 0, NULL, "wait_replicas=1", wuri, sizeof wuri) != 0) {
+        ok(0, "cannot add wait_replicas=1 to the URI");
+        return;
+    }
+    store_line("primary redis-sentinel", victim, sizeof victim);
+    for (int i = 0; i < ninst; i++)
+        if (strcmp(inst[i], victim) == 0)
+            old = inst_port[i];
+    if (!ok(old && sentinel_whole(NULL, why, sizeof why),
+            "the sentinels name %s (port %d) primary, with its replicas online%s%s",
+            victim[0] ? victim : "none", old, why[0] ? ": " : "", why))
+        return;
+    uint64_t deadline = dlock_monotonic_ns() + 45000 * MS;
+    if (setup_contention(pids, wuri, wuri, name, NW, deadline, 100, 1) != 0)
+        goto out;
+    uint64_t t_fault = dlock_monotonic_ns();
+    kill_fast(victim);
+    is_int(store_ctl("%s", victim), 0, "the primary %s killed (SIGKILL)", victim);
+    /* Promoted: every live sentinel names another node, which says so. */
+    uint64_t t_new = 0;
+    for (uint64_t end = t_fault + 30000 * MS; !t_new && dlock_monotonic_ns() < end; sleep_ms(100)) {
+        int q = 0, agree = 1;
+        for (int i = 0; i < ninst && agree; i++) {
+            if (!inst_sentinel[i])
+                continue;
+            int x = sentinel_primary(inst_port[i]);
+            agree = x && x != old && (!q || x == q);
+            q = x;
+        }
+        char role[64];
+        if (agree && q && dcli(q, role, sizeof role, "ROLE") == 0 && strncmp(role, "master", 6) == 0) {
+            t_new = dlock_monotonic_ns();
+            now_p = q;
+        }
+    }
+    ok(t_new, "the sentinels promoted %s %.0f ms after the kill", now_p ? inst_at(now_p) : "nobody",
+       t_new ? ms_of(t_fault, t_new) : -1.0);
+    sleep_ms(1000);
+    W->release[0] = 1;
+    wait_ev(0, EV_REL, 20000);
+    is_int(reap_all(pids, NW + 1, deadline + 3000 * MS), 0, "every process ended by itself (no hang)");
+    /* The holder kept its lock (renewed on the new primary in time) or was
+     * told; never both a waiter and it inside. */
+    uint64_t failover_ms = t_new ? (uint64_t)ms_of(t_fault, t_new) : 30000;
+    check_holder(-1, 1, t_fault, failover_ms + lease_ms());
+    struct ev *next = first_waiter_grant(t_fault);
+    ok(next && next->t - t_fault <= (15000 + SLACK_MS) * MS,
+       "a waiter holds %.0f ms after the kill, on the client it opened before (bound 15 s + %u ms)",
+       next ? ms_of(t_fault, next->t) : -1.0, SLACK_MS);
+    check_world(NW, 1, deadline, t_fault);
+out:
+    reap_all(pids, NW + 1, 0);
+    if (victim[0]) {
+        uint64_t t0 = dlock_monotonic_ns();
+        is_int(store_ctl("start %s", victim), 0, "%s started again", victim);
+        int whole = set_whole(30000, "with the old primary back as a replica");
+        ok(whole, "the set is whole again %.0f ms after the start", ms_of(t0, dlock_monotonic_ns()));
+    }
+}
+
+/* The instance serving name now: the primary of its slot (Cluster), or the
+ * one the sentinels name (Sentinel); "" when unknown. */
+static void serving_node(const char *name, char *out, size_t len)
+{
+    struct cnode v[16];
+    const char *at = NULL;
+    out[0] = '\0';
+    if (cluster) {
+        int n = cluster_any_view(v, 16), o = n > 0 ? slot_owner(v, n, key_slot(name)) : -1;
+        at = o >= 0 ? inst_at(v[o].port) : NULL;
+    } else {
+        for (int i = 0; i < ninst && !at; i++)
+            if (inst_sentinel[i]) {
+                int p = sentinel_primary(inst_port[i]);
+                at = p ? inst_at(p) : NULL;
+            }
+    }
+    snprintf(out, len, "%s", at ? at : "");
+}
+
+/*
+ * j. Redis Cluster and Sentinel: the data node serving the lock stopped
+ * (SIGSTOP: its connections go silent, nothing is closed) for a failover's
+ * time, then resumed. What the conformance suite's proxy checks on other
+ * stores, here where the client talks to nodes no proxy stands before:
+ * calls return within their bound, the holder is told by its lease end
+ * unless it renewed on the new primary in time; with wait_replicas=1 no
+ * overlap, even when the stale primary wakes up with commands queued.
+ */
+static void case_node_pause(void)
+{
+    enum { NW = 2 };
+    char name[128], wuri[DLOCK_URI_MAX], victim[32];
+    pid_t pids[NW + 1] = {0};
+    dlock_client *pc = NULL;
+    int paused = 0;
+    name_of(name, sizeof name, "node-pause");
+    if (uri_rewrite(curi, NULL, 0, NULL, "wait_replicas=1", wuri, sizeof wuri) != 0) {
+        ok(0, "cannot add wait_replicas=1 to the URI");
+        return;
+    }
+    serving_node(name, victim, sizeof victim);
+    if (!ok(victim[0], "the lock is served by %s", victim[0] ? victim : "no known node"))
+        return;
+    uint64_t deadline = dlock_monotonic_ns() + 40000 * MS;
+    if (setup_contention(pids, wuri, wuri, name, NW, deadline, 100, 1) != 0)
+        goto out;
+    pc = open_ok(wuri);
+    {
+        dlock_lock *l = NULL;
+        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, ttl_ms());
+        if (dlock_acquire(pc, name, &o, &l) == 0) /* held: a busy answer, and pc is connected */
+            dlock_release(l);
+    }
+    is_int(store_ctl("pause %s", victim), 0, "%s stopped (SIGSTOP)", victim);
+    paused = 1;
+    uint64_t t_fault = dlock_monotonic_ns();
+    {
+        dlock_lock *l = NULL;
+        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, ttl_ms());
+        uint64_t t0 = dlock_monotonic_ns();
+        int rc = dlock_acquire(pc, name, &o, &l);
+        double took = ms_of(t0, dlock_monotonic_ns());
+        diag("node-pause: a try on the silent node: %s after %.0f ms: %s", dlock_err_name(rc), took,
+             dlock_errmsg(pc));
+        ok(took <= 1000 + SLACK_MS, "a try while the node is silent returns in %.0f ms (timeout "
+           "1000 ms + %u ms slack)", took, SLACK_MS);
+        if (rc == 0)
+            dlock_release(l);
+    }
+    /* Stopped until a waiter holds (the replica took over) and for at
+     * least three leases, at most 15 s. */
+    struct ev *next = NULL;
+    uint64_t min_end = t_fault + 3ull * lease_ms() * MS, max_end = t_fault + 15000 * MS;
+    while (dlock_monotonic_ns() < max_end &&
+           (!(next = first_waiter_grant(t_fault)) || dlock_monotonic_ns() < min_end))
+        sleep_ms(20);
+    uint64_t t_resume = dlock_monotonic_ns();
+    is_int(store_ctl("resume %s", victim), 0, "%s resumed after %.0f ms", victim,
+           ms_of(t_fault, t_resume));
+    paused = 0;
+    /* The replica has taken over by then (node timeout or down-after
+     * 1000 ms, then an election): a waiter must not need the stale node. */
+    ok(next && next->t < t_resume && next->t - t_fault <= (10000 + SLACK_MS) * MS,
+       "a waiter holds %.0f ms after the stop, while the old node is still stopped (bound 10 s + "
+       "%u ms)", next ? ms_of(t_fault, next->t) : -1.0, SLACK_MS);
+    sleep_ms(1000); /* the old primary wakes up with whatever was queued on it */
+    W->release[0] = 1;
+    wait_ev(0, EV_REL, 15000);
+    is_int(reap_all(pids, NW + 1, deadline + 3000 * MS), 0, "every process ended by itself (no hang)");
+    check_holder(-1, 1, t_fault, lease_ms());
+    check_world(NW, 1, deadline, t_fault);
+out:
+    if (paused)
+        store_ctl("resume %s", victim);
+    reap_all(pids, NW + 1, 0);
+    dlock_client_close(pc);
+}
+
 /* ---- running ---------------------------------------------------------------- */
 
 struct fcase {
@@ -1188,12 +2358,16 @@ static void run_case(const struct fcase *fc)
        ms_of(t0, dlock_monotonic_ns()) / 1000, done ? "" : " (killed at the time limit)");
     int rc = stores_restore();
     ok(rc == 0, "%s: the store's instances run again after the case", fc->name);
+    if (cluster || sentinel) /* the next case starts from a whole set, whoever is primary */
+        ok(set_whole(60000, "after the case"), "%s: the %s is whole again", fc->name,
+           cluster ? "cluster" : "sentinel set");
 }
 
 static void usage(void)
 {
     fprintf(stderr, "usage: faults (URI | --env VAR) [--case NAME] [--list]\n"
-                    "cases: store-restart conn-kill holder-kill holder-pause leader-kill quorum\n");
+                    "cases: store-restart conn-kill holder-kill holder-pause leader-kill quorum\n"
+                    "       cluster-failover slot-migrate primary-kill node-pause\n");
     exit(64);
 }
 
@@ -1235,17 +2409,32 @@ int main(int argc, char **argv)
             inst_port[i] = (int)(dlock_uri_port(u, (size_t)i)
                                      ? dlock_uri_port(u, (size_t)i)
                                      : scheme_default_port(dlock_uri_scheme(u)));
+        ninst = nhosts;
+        cluster = strcmp(dlock_uri_scheme(u), "redis+cluster") == 0;
+        sentinel = strcmp(dlock_uri_scheme(u), "redis+sentinel") == 0;
+        if (cluster || sentinel) {
+            /* The suite talks to the nodes itself (redis-cli), as the URI's
+             * user would: with its passwords. */
+            const char *pw = dlock_uri_password(u), *spw = dlock_uri_param(u, "sentinel_password");
+            const char *path = dlock_uri_path(u);
+            snprintf(data_pw, sizeof data_pw, "%s", pw ? pw : "");
+            snprintf(sentinel_pw, sizeof sentinel_pw, "%s", spw ? spw : "");
+            path += strspn(path, "/");
+            snprintf(primary_name, sizeof primary_name, "%.*s", (int)strcspn(path, "/"), path);
+        }
         dlock_uri_free(u);
     }
     dlock_client *c = open_ok(uri);
     caps = dlock_client_caps(c);
     snprintf(backend, sizeof backend, "%s", dlock_client_backend(c));
     dlock_client_close(c);
-    if (is("redis") && nhosts > 1)
+    if (cluster || sentinel)
+        snprintf(backend, sizeof backend, cluster ? "redis-cluster" : "redis-sentinel");
+    else if (is("redis") && nhosts > 1)
         snprintf(backend, sizeof backend, "redlock");
     ensemble = is("zookeeper") && nhosts > 1;
     const char *params = NULL;
-    if (is("redis") || is("redlock") || is("mysql"))
+    if (is_redis() || is("mysql"))
         params = "connect_timeout=1000&timeout=1000";
     else if (is("postgres")) /* libpq counts whole seconds, at least 2 */
         params = "connect_timeout=2000&timeout=1000";
@@ -1258,7 +2447,11 @@ int main(int argc, char **argv)
     char shown[1024];
     diag("faults: backend %s%s, caps 0x%x, uri %s", backend, ensemble ? " (ensemble)" : "", caps,
          shown_uri(curi, shown, sizeof shown));
-    if (nhosts) {
+    if (cluster || sentinel) {
+        stores_dir = need_env("DLOCK_STORES_DIR");
+        if (set_instances(cluster ? "rcluster-" : "rsentinel-") != 0)
+            return 1;
+    } else if (nhosts) {
         stores_dir = need_env("DLOCK_STORES_DIR");
         for (int i = 0; i < nhosts; i++)
             if (find_instance(inst_port[i], inst[i], sizeof inst[i]) != 0) {
@@ -1266,6 +2459,8 @@ int main(int argc, char **argv)
                        inst_port[i], stores_dir);
                 return 1;
             }
+    }
+    if (ninst) {
         char all[512];
         all_insts(all, sizeof all);
         diag("instances: %s (under %s)", all, stores_dir);
@@ -1274,17 +2469,28 @@ int main(int argc, char **argv)
     static const char *const no_store = "the file backend has no store process: the kernel holds its locks";
     const struct fcase cases[] = {
         {"store-restart", "the store SIGKILLed and started again while one holds and others wait",
-         case_store_restart, nhosts ? NULL : no_store},
+         case_store_restart, ninst ? NULL : no_store},
         {"conn-kill", "the clients' connections killed by the server (ZooKeeper: session expired)",
-         case_conn_kill, nhosts ? NULL : no_store},
+         case_conn_kill, ninst ? NULL : no_store},
         {"holder-kill", "the holder SIGKILLed: time until a waiter holds", case_holder_kill, NULL},
         {"holder-pause", "the holder's process group stopped past its lease, then resumed",
          case_holder_pause,
-         nhosts ? NULL : "a stopped holder keeps its kernel lock on the file backend: nothing is lost"},
+         ninst ? NULL : "a stopped holder keeps its kernel lock on the file backend: nothing is lost"},
         {"leader-kill", "the ensemble's leader SIGKILLed while a lock is held and waited on",
          case_leader_kill, ensemble ? NULL : "only the ZooKeeper ensemble has a leader to kill"},
         {"quorum", "Redlock with 2 of 5 nodes down, then 3 of 5", case_quorum,
          is("redlock") ? NULL : "only Redlock has a quorum of independent nodes"},
+        {"cluster-failover", "a manual failover of the cluster primary serving the lock, then back",
+         case_cluster_failover, cluster ? NULL : "only Redis Cluster has slots and their primaries"},
+        {"slot-migrate", "the locks' slot moved to another primary and back while they are used",
+         case_slot_migrate, cluster ? NULL : "only Redis Cluster moves slots"},
+        {"primary-kill", "the Sentinel primary SIGKILLed: the sentinels fail over (wait_replicas=1)",
+         case_primary_kill, sentinel ? NULL : "only Redis Sentinel fails a primary over by itself"},
+        {"node-pause", "the data node serving the lock stopped past a failover, then resumed",
+         case_node_pause,
+         cluster || sentinel ? NULL
+                             : "the client talks to the URI's hosts: the conformance suite's proxy "
+                               "cuts its network (network cut, silent store)"},
     };
     int n = (int)(sizeof cases / sizeof cases[0]), ran = 0;
     if (list) {
@@ -1292,8 +2498,12 @@ int main(int argc, char **argv)
             printf("%s\t%s\n", cases[i].name, cases[i].skip ? cases[i].skip : cases[i].what);
         return 0;
     }
-    if (nhosts && stores_restore() != 0) {
+    if (ninst && stores_restore() != 0) {
         printf("Bail out! the store's instances do not all run: start them with scripts/stores/start.sh\n");
+        return 1;
+    }
+    if (!set_whole(60000, "before the first case")) {
+        printf("Bail out! the Redis set is not whole: see scripts/stores/start.sh\n");
         return 1;
     }
     for (int i = 0; i < n; i++) {
