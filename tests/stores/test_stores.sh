@@ -88,6 +88,40 @@ if need DLOCK_REDIS_AUTH_URI "redis auth instance"; then
         expect_out PONG redis_cmd "$a" "$pw" ping
 fi
 
+if need DLOCK_REDIS_CLUSTER_URI "redis cluster"; then
+    read -r -a hosts <<<"$(uri_hosts "$DLOCK_REDIS_CLUSTER_URI")"
+    pw=${DLOCK_REDIS_CLUSTER_URI#redis+cluster://}
+    pw=${pw%%@*}
+    pw=${pw#*:}
+    check "redis cluster: a seed rejects a client without password" \
+        expect_match NOAUTH redis_cmd "${hosts[0]}" "" ping
+    for hp in "${hosts[@]}"; do
+        check "redis cluster: $hp says cluster_state:ok" \
+            expect_match '^cluster_state:ok' redis_cmd "$hp" "$pw" cluster info
+    done
+    check "redis cluster: 6 nodes, 3 of them primaries" \
+        expect_match '^3/6$' sh -c "REDISCLI_AUTH='$pw' timeout 10 redis-cli -h '${hosts[0]%:*}' \
+            -p '${hosts[0]##*:}' cluster nodes | awk '\$3 ~ /master/ { p++ } { n++ }
+            END { print p \"/\" n }'"
+fi
+
+if need DLOCK_REDIS_SENTINEL_URI "redis sentinel"; then
+    read -r -a hosts <<<"$(uri_hosts "$DLOCK_REDIS_SENTINEL_URI")"
+    pw=${DLOCK_REDIS_SENTINEL_URI#redis+sentinel://}
+    pw=${pw%%@*}
+    pw=${pw#*:}
+    spw=${DLOCK_REDIS_SENTINEL_URI##*sentinel_password=}
+    spw=${spw%%&*}
+    for hp in "${hosts[@]}"; do
+        check "redis sentinel: $hp names the primary of dlock-primary" \
+            expect_match '^127\.0\.0\.1$' redis_cmd "$hp" "$spw" sentinel get-master-addr-by-name dlock-primary
+    done
+    addr=$(redis_cmd "${hosts[0]}" "$spw" sentinel get-master-addr-by-name dlock-primary | tr '\n' ' ')
+    read -r ph pp <<<"$addr"
+    check "redis sentinel: the primary $ph:$pp has two replicas" \
+        expect_match '^connected_slaves:2' redis_cmd "$ph:$pp" "$pw" info replication
+fi
+
 # ---- postgres ------------------------------------------------------------
 
 pg() { # uri sql   (ignores ~/.pgpass and PGPASSWORD; never prompts)
