@@ -2122,7 +2122,7 @@ int main(int argc, char **argv)
             nhosts = (int)dlock_uri_host_count(u);
         dlock_uri_free(u);
     }
-    if (strcmp(backend, "redis") == 0 && nhosts > 1)
+    if (strcmp(backend, "redis") == 0 && nhosts > 1 && strncmp(uri, "redis:", 6) == 0)
         snprintf(backend, sizeof backend, "redlock");
     if (nhosts > PROXY_MAX_UP) {
         printf("Bail out! the suite's proxy takes at most %d hosts\n", PROXY_MAX_UP);
