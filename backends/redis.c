@@ -1881,9 +1881,8 @@ static int redis_ping(dlock_conn *conn)
     if (n->stale)
         return dlock_seterr(conn->client, DLOCK_ECONNECT, "no Redlock node is ready to ping");
     uint64_t saved = dlock_redis_limit(rc, call_until(rc));
-    /* Cluster: the owner of slot 0, which the map is read again to find. */
+    /* Cluster: the owner of slot 0 (the map read again only if stale). */
     if (rc->mode == REDIS_CLUSTER) {
-        dlock_redis_cluster_stale(rc);
         if (!(n = dlock_redis_cluster_node(rc, 0, &err))) {
             dlock_redis_unlimit(rc, saved);
             return err;
