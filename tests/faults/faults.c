@@ -991,13 +991,10 @@ static pid_t spawn_holder(int who, const char *u, const char *name, uint32_t ttl
  * EV_ERR); granted, it enters the critical section (shared counter, overlap
  * check), logs EV_GRANT, works work_ms, and releases (EV_REL).
  */
-static pid_t spawn_waiter(int who, const char *u, const char *name, uint64_t deadline,
-                          unsigned work_ms)
+/* In a child just forked as process who: its setup, then a client of its
+ * own on u (EV_READY logged); the child exits if it cannot open one. */
+static dlock_client *child_client(int who, const char *u)
 {
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid != 0)
-        return pid;
     me = who;
     child_setup(0);
     dlock_client *c = NULL;
@@ -1008,6 +1005,19 @@ static pid_t spawn_waiter(int who, const char *u, const char *name, uint64_t dea
         _exit(1);
     }
     log_ev(EV_READY, 0, t0, 0, "");
+    return c;
+}
+
+static pid_t spawn_waiter(int who, const char *u, const char *name, uint64_t deadline,
+                          unsigned work_ms)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    dlock_client *c = child_client(who, u);
+    uint64_t t0;
+    int rc;
     for (;;) {
         dlock_lock *l = NULL;
         dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 0, ttl_ms() * 4);
@@ -1815,17 +1825,10 @@ static pid_t spawn_looper(int who, const char *u, int k, const char *name, unsig
     pid_t pid = fork();
     if (pid != 0)
         return pid;
-    me = who;
     my_lock = k;
-    child_setup(0);
-    dlock_client *c = NULL;
-    uint64_t t0 = dlock_monotonic_ns();
-    int rc = dlock_client_open(u, &c);
-    if (rc) {
-        log_ev(EV_ERR, rc, t0, 0, dlock_errmsg(c));
-        _exit(1);
-    }
-    log_ev(EV_READY, 0, t0, 0, "");
+    dlock_client *c = child_client(who, u);
+    uint64_t t0;
+    int rc;
     while (!W->stop) {
         dlock_lock *l = NULL;
         dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 3000, ttl_ms());
