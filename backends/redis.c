@@ -456,6 +456,9 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
         redisReply *r = v;
         if (strcmp(what[i], "INFO") == 0)
             err = check_eviction(rc, n, r); /* an error reply: the server does not say */
+        else if (strcmp(what[i], "ROLE") == 0 && r->type == REDIS_REPLY_ERROR)
+            ; /* ROLE denied (it is @admin and @dangerous in ACLs): cannot
+               * tell here; a replica still refuses writes with READONLY */
         else if (r->type == REDIS_REPLY_ERROR)
             err = reply_error(rc, n, r, what[i]);
         else if (strcmp(what[i], "ROLE") == 0 && !dlock_redis_reply_is_primary(r))
@@ -533,12 +536,15 @@ int dlock_redis_subscribe_confirm(struct redis_conn *rc, struct redis_node *n, c
         if (error && rc->mode == REDIS_CLUSTER &&
             dlock_redis_reply_redirect(r, &d) != REDIS_REDIR_NONE) {
             /* Not this node's slot (any more): the map is stale. */
-            dlock_seterr(cl(rc), DLOCK_ECONNECT,
-                         "redis %s:%d: SSUBSCRIBE: %.100s (the slot moved)", n->host, n->port,
-                         r->str);
             freeReplyObject(r);
-            dlock_redis_cluster_stale(rc);
-            return DLOCK_ECONNECT;
+            if (d.kind == REDIS_REDIR_MOVED)
+                dlock_redis_cluster_moved(rc, &d, n);
+            else
+                dlock_redis_cluster_stale(rc);
+            return dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                                "redis %s:%d: SSUBSCRIBE: the slot is not served there (%s)",
+                                n->host, n->port,
+                                d.kind == REDIS_REDIR_MOVED ? "MOVED" : "being migrated");
         }
         if (error)
             reply_error(rc, n, r, "SUBSCRIBE");
@@ -721,10 +727,11 @@ static struct redis_conn *keeper_conn_new(struct redis_conn *rc)
     kc->sentinel = rc->sentinel;
     set_mode(kc, rc->mode);
     kc->nnodes = kc->nseeds = n;
-    for (size_t i = 0; i < n; i++) {
+    /* Sentinel: the primary is asked for again (the parent's address may
+     * be changing on its own thread). */
+    for (size_t i = 0; i < n && rc->mode != REDIS_SENTINEL; i++) {
         kc->nodes[i].port = rc->nodes[i].port;
-        /* Sentinel: the primary is asked for again. */
-        if (rc->mode != REDIS_SENTINEL && !(kc->nodes[i].host = strdup(rc->nodes[i].host)))
+        if (!(kc->nodes[i].host = strdup(rc->nodes[i].host)))
             goto fail;
     }
     if (rc->mode == REDIS_CLUSTER && dlock_redis_cluster_open(kc) != 0)
@@ -874,11 +881,14 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     if (mode == REDIS_CLUSTER) {
         /* The map, from the first seed that answers (with connect_timeout
          * as the bound of the whole). */
+        struct redis_node *prim[REDIS_CLUSTER_MAX_NODES];
         uint64_t saved = dlock_redis_limit(rc, dlock_monotonic_ns() + tv_ns(&rc->connect_tv));
-        struct redis_node *any = dlock_redis_cluster_node(rc, 0, &err);
+        int np = dlock_redis_cluster_primaries(rc, prim);
         dlock_redis_unlimit(rc, saved);
-        if (!any)
+        if (np < 0) {
+            err = np;
             goto fail;
+        }
         rc->base.caps = 0;
     } else if (n == 1) {
         rc->base.caps = 0; /* the backend's caps */
@@ -1257,61 +1267,93 @@ static void cancel_wait(struct redis_conn *rc, struct redis_held *h, struct redi
 }
 
 /*
- * wait_replicas=N: a grant is not reported before N replicas have it.
- * WAIT counts the replicas that acknowledged this connection's writes; a
- * grant by handoff was written by the releaser's script, so the new holder
- * first renews it (a write of its own, which also proves the grant is
- * still ours). Fewer than N within `timeout`: the lock is released again
- * and the acquire fails. This narrows, not closes, the window in which a
- * failover loses a grant: replication stays asynchronous, and a replica
- * that acknowledged may still not be the one promoted.
+ * WAIT for rc->wait_replicas replicas on node n's command connection,
+ * within rc's bound: 0 when that many acknowledged every write this
+ * connection made, else the error (what names the write). WAIT's own
+ * timeout ends well before the socket's: the server answers a timed-out
+ * WAIT some milliseconds late.
  */
-static int confirm_grant(struct redis_conn *rc, struct redis_held *h, int handoff)
+static int replicas_ack(struct redis_conn *rc, struct redis_node *n, const char *what)
 {
-    char ttl[16], num[16], ms[24];
-    long long res = 0;
+    char num[16], ms[24];
     redisReply *r = NULL;
-    int err = 0;
-    if (!rc->wait_replicas)
-        return 0;
-    uint64_t until = call_until(rc), saved = dlock_redis_limit(rc, until);
-    if (handoff) {
-        uint64_t sent = dlock_monotonic_ns();
-        snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
-        if ((err = simple_op(rc, h, "renew", ttl, &res, until)) == 0 && res != 1)
-            err = dlock_seterr(cl(rc), DLOCK_ELOST,
-                               "the lock handed over to us was gone before the replicas "
-                               "acknowledged it");
-        if (!err && sent + (uint64_t)h->ttl_ms * MS > h->base.lease_end_ns)
-            h->base.lease_end_ns = sent + (uint64_t)h->ttl_ms * MS;
-    }
-    struct redis_node *n = rc->last_node ? rc->last_node : &rc->nodes[0];
-    if (!err && !n->cmd)
-        err = dlock_seterr(cl(rc), DLOCK_ECONNECT, "redis %s:%d: WAIT: not connected", n->host,
-                           n->port);
-    if (!err) {
-        /* WAIT's own timeout ends well before the socket's: the server
-         * answers a timed-out WAIT some milliseconds late. */
-        uint64_t left = dlock_redis_time_left(rc, tv_ns(&rc->cmd_tv)) / MS;
-        snprintf(num, sizeof num, "%u", rc->wait_replicas);
-        snprintf(ms, sizeof ms, "%" PRIu64, left > 40 ? left - left / 4 - 10 : 1);
-        err = dlock_redis_command(rc, n, &n->cmd, &r, 3, (const char *[]){"WAIT", num, ms},
-                                  (size_t[]){4, strlen(num), strlen(ms)}, "WAIT");
-    }
-    if (!err && (dlock_redis_reply_int(r, &res) != 0 || res < (long long)rc->wait_replicas))
+    long long got = 0;
+    int err;
+    if (!n->cmd)
+        return dlock_seterr(cl(rc), DLOCK_ECONNECT, "redis %s:%d: WAIT: not connected",
+                            n->host, n->port);
+    uint64_t left = dlock_redis_time_left(rc, tv_ns(&rc->cmd_tv)) / MS;
+    snprintf(num, sizeof num, "%u", rc->wait_replicas);
+    snprintf(ms, sizeof ms, "%" PRIu64, left > 40 ? left - left / 4 - 10 : 1);
+    if ((err = dlock_redis_command(rc, n, &n->cmd, &r, 3, (const char *[]){"WAIT", num, ms},
+                                   (size_t[]){4, strlen(num), strlen(ms)}, "WAIT")) != 0)
+        return err;
+    if (dlock_redis_reply_int(r, &got) != 0 || got < (long long)rc->wait_replicas)
         err = dlock_seterr(cl(rc), DLOCK_ESTORE,
                            "redis %s:%d: only %lld of the %u replicas wait_replicas asks for "
-                           "acknowledged the grant within %s ms; the lock was released",
-                           n->host, n->port, r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0,
-                           rc->wait_replicas, ms);
-    if (r)
-        freeReplyObject(r);
+                           "acknowledged %s within %s ms",
+                           n->host, n->port, r->type == REDIS_REPLY_INTEGER ? r->integer : 0,
+                           rc->wait_replicas, what, ms);
+    freeReplyObject(r);
+    return err;
+}
+
+/* wait_replicas: WAIT after a write that is not a grant (a raised counter
+ * or floor), on node n (NULL: the one node), bounded by `timeout`. */
+static int ack_after(struct redis_conn *rc, struct redis_node *n, const char *what)
+{
+    if (!rc->wait_replicas)
+        return 0;
+    uint64_t saved = dlock_redis_limit(rc, call_until(rc));
+    int err = replicas_ack(rc, n ? n : &rc->nodes[0], what);
     dlock_redis_unlimit(rc, saved);
-    if (err && err != DLOCK_ELOST) {
+    return err;
+}
+
+/*
+ * wait_replicas=N: a grant is not reported before N replicas have it.
+ * WAIT counts the replicas that acknowledged this connection's own writes,
+ * and the grant may not be one of them: a handoff was written by the
+ * releaser's script, a grant found already ours (a retry after a lost
+ * reply, a handoff whose message was missed) wrote nothing. So the new
+ * holder first renews (a write of its own, which also proves the grant is
+ * still ours), then waits, both within until_ns (the acquire's bound: its
+ * deadline, or `timeout`). Fewer than N: the lock is released again
+ * (within DLOCK_REDIS_CLEANUP_NS) and the acquire fails. This narrows, not
+ * closes, the window in which a failover loses a grant: replication stays
+ * asynchronous, and a replica that acknowledged may still not be the one
+ * promoted.
+ */
+static int confirm_grant(struct redis_conn *rc, struct redis_held *h, uint64_t until_ns)
+{
+    char ttl[16];
+    long long res = 0;
+    int err;
+    if (!rc->wait_replicas)
+        return 0;
+    uint64_t saved = dlock_redis_limit(rc, until_ns), sent = dlock_monotonic_ns();
+    snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
+    if ((err = simple_op(rc, h, "renew", ttl, &res, until_ns)) == 0 && res != 1)
+        err = dlock_seterr(cl(rc), DLOCK_ESTORE,
+                           "the lock granted to us was gone before the replicas acknowledged "
+                           "it (its lease ran out, or the store lost it)");
+    if (!err && sent + (uint64_t)h->ttl_ms * MS > h->base.lease_end_ns)
+        h->base.lease_end_ns = sent + (uint64_t)h->ttl_ms * MS;
+    if (!err)
+        err = replicas_ack(rc, rc->last_node ? rc->last_node : &rc->nodes[0], "the grant");
+    dlock_redis_unlimit(rc, saved);
+    if (err) {
+        /* Whatever failed, the grant may stand: give it back (the script
+         * releases only our own). */
         dlock_errsave why;
+        uint64_t bound = tv_ns(&rc->cmd_tv) < DLOCK_REDIS_CLEANUP_NS ? tv_ns(&rc->cmd_tv)
+                                                                     : DLOCK_REDIS_CLEANUP_NS;
         dlock_err_save(cl(rc), &why);
-        simple_op(rc, h, "release", NULL, &res, call_until(rc));
+        res = 0;
+        int rel = simple_op(rc, h, "release", NULL, &res, dlock_monotonic_ns() + bound);
         dlock_err_restore(cl(rc), &why);
+        if (rel == 0 && res == 1)
+            dlock_seterr(cl(rc), why.err, "%s; the lock was released", why.msg);
     }
     return err;
 }
@@ -1328,7 +1370,7 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
     struct wait_chan w = {.len = 0};
     err = try_acquire(rc, h, &w, "try", &pttl, step_until(rc, req));
     if (err != 0)
-        return err < 0 ? err : confirm_grant(rc, h, 0);
+        return err < 0 ? err : confirm_grant(rc, h, step_until(rc, req));
     if (req->wait == DLOCK_WAIT_TRY)
         return dlock_seterr(cl(rc), DLOCK_EBUSY, "the lock is held by another owner");
     if (req->wait == DLOCK_WAIT_DEADLINE && dlock_monotonic_ns() >= req->deadline_ns)
@@ -1341,7 +1383,7 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
         err = try_acquire(rc, h, &w, "wait", &pttl, step_until(rc, req));
         if (err == 1) {
             dlock_redis_unsubscribe(rc, n, w.name, w.len);
-            return confirm_grant(rc, h, 0);
+            return confirm_grant(rc, h, step_until(rc, req));
         }
         if (err < 0)
             break;
@@ -1350,6 +1392,11 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
              * then ask again, so that no handoff made before is missed. */
             struct redis_node *m = dlock_redis_cluster_peek(rc, slot);
             if (m && m != n) {
+                if (req->wait == DLOCK_WAIT_DEADLINE && dlock_monotonic_ns() >= req->deadline_ns) {
+                    err = dlock_seterr(cl(rc), DLOCK_ETIMEDOUT,
+                                       "the deadline passed with the lock still held elsewhere");
+                    break;
+                }
                 if ((err = subscribe_wait(rc, &n, slot, &w, step_until(rc, req))) != 0)
                     break;
                 continue;
@@ -1369,13 +1416,22 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
             h->base.token = token;
             h->base.lease_end_ns = read_ns + (uint64_t)h->ttl_ms * MS;
             dlock_redis_unsubscribe(rc, n, w.name, w.len);
-            return confirm_grant(rc, h, 1);
+            return confirm_grant(rc, h, step_until(rc, req));
         }
         if (err == WAIT_MOVED) {
             dlock_redis_cluster_stale(rc);
             err = DLOCK_ECONNECT;
         }
-        if (err == DLOCK_ECONNECT && !silent && (err = recover(rc, &n, slot, &w, req)) == 0)
+        /* A silent server ends the wait on one Redis; in a cluster or
+         * under Sentinel it is what a dead primary looks like before its
+         * replica takes over: look for the new one (bounded by timeout). */
+        if (err == DLOCK_ECONNECT && silent && rc->mode == REDIS_CLUSTER) {
+            dlock_redis_cluster_failed(rc, n);
+            dlock_redis_cluster_stale(rc);
+        }
+        if (err == DLOCK_ECONNECT && (!silent || rc->mode == REDIS_CLUSTER ||
+                                      rc->mode == REDIS_SENTINEL) &&
+            (err = recover(rc, &n, slot, &w, req)) == 0)
             continue;
         if (err < 0)
             break;
@@ -1536,7 +1592,7 @@ static int redis_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
                             rc->retried ? "; a first call whose reply was lost may have "
                                           "raised the counter before that"
                                         : "");
-    return 0;
+    return ack_after(rc, rc->last_node, "the raised counter");
 }
 
 /* ---- store-wide: token_top, raise_floor ---------------------------------- */
@@ -1809,6 +1865,15 @@ static int cluster_raise_floor(struct redis_conn *rc, const char *value)
             err = dlock_seterr(cl(rc), DLOCK_EPROTO, "unexpected reply from the floor script");
     }
     free(key);
+    if (!err && rc->wait_replicas) { /* each primary: its slots' floors */
+        struct redis_node *prim[REDIS_CLUSTER_MAX_NODES];
+        uint64_t saved = dlock_redis_limit(rc, call_until(rc));
+        int np = dlock_redis_cluster_primaries(rc, prim);
+        dlock_redis_unlimit(rc, saved);
+        err = np < 0 ? np : 0;
+        for (int i = 0; i < np && !err; i++)
+            err = ack_after(rc, prim[i], "the raised floors");
+    }
     return err;
 }
 
@@ -1867,7 +1932,7 @@ static int redis_raise_floor(dlock_conn *conn, uint64_t floor)
     freeReplyObject(r);
     if (err || res != 1)
         return dlock_seterr(conn->client, DLOCK_EPROTO, "unexpected reply from the floor script");
-    return 0;
+    return ack_after(rc, rc->last_node, "the raised floor");
 }
 
 static int redis_ping(dlock_conn *conn)

@@ -32,6 +32,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -50,6 +51,7 @@
 struct redis_cluster {
     uint16_t owner[REDIS_SLOTS]; /* index into rc->nodes, or NO_NODE */
     int stale;                   /* read the map again before the next use */
+    const uint16_t *filling;     /* the map being read, while it is */
     size_t ask_next;             /* the node to ask for the map first */
 };
 
@@ -134,6 +136,28 @@ void dlock_redis_cluster_stale(struct redis_conn *rc)
         rc->cluster->stale = 1;
 }
 
+/* A node that may be forgotten to make room (a long-lived client of a
+ * cluster whose nodes come and go at new addresses): not a seed, no socket
+ * open, owning no slot in the map, not the last node used. SIZE_MAX if
+ * none. Its entry is reused in place, so pointers to nodes stay valid. */
+static size_t unused_node(struct redis_conn *rc)
+{
+    unsigned char owns[REDIS_CLUSTER_MAX_NODES] = {0};
+    const uint16_t *fill = rc->cluster->filling;
+    for (size_t s = 0; s < REDIS_SLOTS; s++) {
+        if (rc->cluster->owner[s] != NO_NODE)
+            owns[rc->cluster->owner[s]] = 1;
+        if (fill && fill[s] != NO_NODE)
+            owns[fill[s]] = 1;
+    }
+    for (size_t i = rc->nseeds; i < rc->nnodes; i++) {
+        struct redis_node *n = &rc->nodes[i];
+        if (!owns[i] && !n->cmd && !n->sub && n != rc->last_node)
+            return i;
+    }
+    return SIZE_MAX;
+}
+
 /* The node host:port (host_len bytes), added if new; its index, or -1
  * (out of memory, or REDIS_CLUSTER_MAX_NODES known). */
 static int node_index(struct redis_conn *rc, const char *host, size_t host_len, int port)
@@ -142,19 +166,26 @@ static int node_index(struct redis_conn *rc, const char *host, size_t host_len, 
         if (rc->nodes[i].port == port && strlen(rc->nodes[i].host) == host_len &&
             memcmp(rc->nodes[i].host, host, host_len) == 0)
             return (int)i;
-    if (rc->nnodes >= REDIS_CLUSTER_MAX_NODES) {
-        dlock_seterr(cl(rc), DLOCK_ESTORE, "redis cluster: more than %d nodes named",
+    size_t i = rc->nnodes;
+    if (i >= REDIS_CLUSTER_MAX_NODES && (i = unused_node(rc)) == SIZE_MAX) {
+        dlock_seterr(cl(rc), DLOCK_ESTORE,
+                     "redis cluster: more than %d nodes named, all of them in use",
                      REDIS_CLUSTER_MAX_NODES);
         return -1;
     }
-    struct redis_node *n = &rc->nodes[rc->nnodes];
-    memset(n, 0, sizeof *n);
-    if (!(n->host = strndup(host, host_len))) {
+    struct redis_node *n = &rc->nodes[i];
+    char *h = strndup(host, host_len);
+    if (!h) {
         dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
         return -1;
     }
+    free(n->host); /* a node reused: no socket, no slot */
+    memset(n, 0, sizeof *n);
+    n->host = h;
     n->port = port;
-    return (int)rc->nnodes++;
+    if (i == rc->nnodes)
+        rc->nnodes++;
+    return (int)i;
 }
 
 struct slots_fill {
@@ -162,6 +193,7 @@ struct slots_fill {
     struct redis_node *asked;
     uint16_t *owner;
     size_t ranges;
+    int err; /* node_index() failed: its error */
 };
 
 static int fill_range(void *arg, unsigned first, unsigned last, const char *host,
@@ -173,8 +205,12 @@ static int fill_range(void *arg, unsigned first, unsigned last, const char *host
         host_len = strlen(host);
     }
     int idx = node_index(f->rc, host, host_len, port);
-    if (idx < 0)
+    if (idx < 0) {
+        dlock_errsave why;
+        dlock_err_save(cl(f->rc), &why);
+        f->err = why.err ? why.err : DLOCK_ESTORE;
         return -1;
+    }
     for (unsigned s = first; s <= last; s++)
         f->owner[s] = (uint16_t)idx;
     f->ranges++;
@@ -207,15 +243,15 @@ static int read_map(struct redis_conn *rc, struct redis_node *n)
     }
     for (size_t i = 0; i < REDIS_SLOTS; i++)
         owner[i] = NO_NODE;
-    struct slots_fill f = {rc, n, owner, 0};
+    struct slots_fill f = {rc, n, owner, 0, 0};
+    rc->cluster->filling = owner;
     int bad = dlock_redis_reply_slots(r, fill_range, &f);
+    rc->cluster->filling = NULL;
     freeReplyObject(r);
     if (bad || f.ranges == 0) {
         free(owner);
-        dlock_errsave why;
-        dlock_err_save(cl(rc), &why);
-        if (bad && why.err != 0)
-            return why.err;
+        if (f.err)
+            return f.err;
         return dlock_seterr(cl(rc), DLOCK_EPROTO,
                             "redis %s:%d: CLUSTER SLOTS names no slot owner (is the cluster "
                             "formed?)",
@@ -324,6 +360,24 @@ static int pause_for_retry(struct redis_conn *rc)
     return 0;
 }
 
+struct redis_node *dlock_redis_cluster_moved(struct redis_conn *rc, const struct redis_redirect *d,
+                                             struct redis_node *asked)
+{
+    const char *host = d->host[0] ? d->host : asked->host;
+    int idx = node_index(rc, host, strlen(host), d->port);
+    if (idx < 0)
+        return NULL;
+    if (d->kind == REDIS_REDIR_MOVED) {
+        /* The rest of the map now (a MOVED seldom comes alone), and this
+         * slot as the node that gave it up says, even if the node asked
+         * for the map has not heard yet. */
+        refresh(rc);
+        dlock_clearerr(cl(rc));
+        rc->cluster->owner[d->slot] = (uint16_t)idx;
+    }
+    return &rc->nodes[idx];
+}
+
 int dlock_redis_cluster_script(struct redis_conn *rc, unsigned slot, size_t argc,
                                const char **argv, const size_t *argvlen, redisReply **out)
 {
@@ -356,23 +410,14 @@ int dlock_redis_cluster_script(struct redis_conn *rc, unsigned slot, size_t argc
                                 "is being reconfigured?)",
                                 slot, hop);
         if (d.kind == REDIS_REDIR_MOVED || d.kind == REDIS_REDIR_ASK) {
-            const char *host = d.host[0] ? d.host : to->host;
-            int idx = node_index(rc, host, strlen(host), d.port);
-            if (idx < 0) {
+            struct redis_node *m = dlock_redis_cluster_moved(rc, &d, to);
+            if (!m) {
                 dlock_errsave why;
                 dlock_err_save(cl(rc), &why);
                 return why.err ? why.err : DLOCK_ESTORE;
             }
-            if (d.kind == REDIS_REDIR_ASK) {
-                ask = &rc->nodes[idx];
-            } else {
-                /* The rest of the map now (a MOVED seldom comes alone),
-                 * and this slot as the node that gave it up says, even if
-                 * the node asked for the map has not heard yet. */
-                refresh(rc);
-                dlock_clearerr(cl(rc));
-                rc->cluster->owner[d.slot] = (uint16_t)idx;
-            }
+            if (d.kind == REDIS_REDIR_ASK)
+                ask = m;
             continue;
         }
         /* TRYAGAIN (the slot's keys are split by a migration in progress)

@@ -62,7 +62,8 @@ struct redis_conn {
     struct redis_node *nodes;
     struct redis_cluster *cluster;   /* Cluster only; owned */
     struct redis_sentinel *sentinel; /* Sentinel only; a keeper connection
-                                        borrows its parent's */
+                                        borrows its parent's, read only */
+    size_t sentinel_next; /* the sentinel this connection asks first */
     /* The node that ran the last script call (WAIT goes there). */
     struct redis_node *last_node;
     /* wait_replicas=N (not Redlock): a grant is reported only once N
@@ -225,6 +226,11 @@ struct redis_node *dlock_redis_cluster_peek(struct redis_conn *rc, unsigned slot
 void dlock_redis_cluster_failed(struct redis_conn *rc, struct redis_node *n);
 /* The map is out of date: read it again before the next use. */
 void dlock_redis_cluster_stale(struct redis_conn *rc);
+/* A MOVED or ASK answer d from node asked: the node it names (added if
+ * new); a MOVED also reads the map again and sets the slot's owner. NULL
+ * with the error set when the node cannot be added. */
+struct redis_node *dlock_redis_cluster_moved(struct redis_conn *rc, const struct redis_redirect *d,
+                                             struct redis_node *asked);
 /* Runs a script call on the node owning slot, following MOVED, ASK,
  * TRYAGAIN and CLUSTERDOWN within rc's bound. */
 int dlock_redis_cluster_script(struct redis_conn *rc, unsigned slot, size_t argc,

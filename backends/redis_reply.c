@@ -235,12 +235,17 @@ int dlock_redis_reply_slots(const redisReply *r, dlock_redis_slots_fn fn, void *
             continue;
         node = e->element[2];
         if (!node || node->type != REDIS_REPLY_ARRAY || node->elements < 2 || !node->element ||
-            !node->element[0] || node->element[0]->type != REDIS_REPLY_STRING ||
-            !node->element[0]->str || int_of(node->element[1], &port) != 0 || port <= 0 ||
-            port > 65535 || memchr(node->element[0]->str, '\0', node->element[0]->len))
+            !node->element[0] || int_of(node->element[1], &port) != 0 || port <= 0 ||
+            port > 65535)
             continue;
-        if (fn(arg, (unsigned)first, (unsigned)last, node->element[0]->str,
-               node->element[0]->len, (int)port) != 0)
+        /* nil (cluster-preferred-endpoint-type unknown-endpoint) or "":
+         * the node does not know its address. */
+        const redisReply *h = node->element[0];
+        int unknown = h->type == REDIS_REPLY_NIL;
+        if (!unknown && (h->type != REDIS_REPLY_STRING || !h->str || memchr(h->str, '\0', h->len)))
+            continue;
+        if (fn(arg, (unsigned)first, (unsigned)last, unknown ? "" : h->str,
+               unknown ? 0 : h->len, (int)port) != 0)
             return -1;
     }
     return 0;

@@ -7,10 +7,12 @@
  *
  * Every new connection to the primary (the command connection, a waiter's
  * subscriber connection, the keeper's) first asks the sentinels, in turn
- * from the one that answered last, `SENTINEL get-master-addr-by-name
- * SERVICE`, then checks with ROLE, in the connection's pipelined handshake
- * (redis.c), that the node it reached is a primary: during a failover the
- * sentinels may still name the old one. A connection kept across a
+ * from the one that answered that connection last, `SENTINEL
+ * get-master-addr-by-name SERVICE`, then checks with ROLE, in the
+ * connection's pipelined handshake (redis.c), that the node it reached is a
+ * primary: during a failover the sentinels may still name the old one (a
+ * user whose ACL denies ROLE is not refused: the check is skipped, and a
+ * replica still refuses writes with READONLY). A connection kept across a
  * failover meets it in one of three ways, each of which makes the next
  * call connect (and so ask) again: the old primary is gone (an I/O
  * error), it was turned into a replica (a write is refused with READONLY),
@@ -20,8 +22,9 @@
  * failover when it next uses the primary, which every waiter does at the
  * latest when the holder's lease ends, and every keeper at each renewal.
  *
- * Each question is bounded by connect_timeout and by the call's bound;
- * sentinels that do not answer are skipped.
+ * The questions are bounded by connect_timeout and by the call's bound in
+ * all; while other sentinels remain, one gets at most half of what is
+ * left, and one that failed is asked last the next time.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +43,6 @@ struct redis_sentinel {
     int *port;
     char *service;
     char *user, *password; /* the sentinels' own; NULL: none */
-    size_t next;           /* the sentinel to ask first (it answered last) */
 };
 
 static dlock_client *cl(struct redis_conn *rc)
@@ -177,24 +179,33 @@ out:
     return err;
 }
 
+/* Which failure says most: a refused password, then a sentinel that does
+ * not know the service, then one that could not be reached. */
+static int rank(int err)
+{
+    return err == DLOCK_EAUTH ? 3 : err == DLOCK_ESTORE ? 2 : err ? 1 : 0;
+}
+
 int dlock_redis_sentinel_resolve(struct redis_conn *rc, struct redis_node *n, uint64_t budget_ns)
 {
     struct redis_sentinel *s = rc->sentinel;
     uint64_t until = dlock_monotonic_ns() + dlock_redis_time_left(rc, budget_ns);
-    dlock_errsave first = {0, ""};
+    dlock_errsave best = {0, ""};
     char host[256];
     int port = 0;
-    /* The connection's own start: a keeper borrows s, and its thread must
-     * not write into it. */
-    size_t start = rc->parent ? 0 : s->next;
+    /* Each connection (a keeper's too: it only reads s) starts with the
+     * sentinel that answered it last, and a sentinel that failed is passed
+     * over next time. While others remain, one gets at most half of what
+     * is left, so that a silent one cannot use it all. */
     for (size_t k = 0; k < s->n; k++) {
-        size_t i = (start + k) % s->n;
-        uint64_t saved = dlock_redis_limit(rc, until);
-        int err = ask(rc, i, until, host, sizeof host, &port);
+        size_t i = (rc->sentinel_next + k) % s->n;
+        uint64_t now = dlock_monotonic_ns(), left = until > now ? until - now : 0;
+        uint64_t mine = now + (k + 1 < s->n ? left / 2 : left);
+        uint64_t saved = dlock_redis_limit(rc, mine);
+        int err = ask(rc, i, mine, host, sizeof host, &port);
         dlock_redis_unlimit(rc, saved);
         if (err == 0) {
-            if (!rc->parent)
-                s->next = i;
+            rc->sentinel_next = i;
             if (!n->host || strcmp(n->host, host) != 0 || n->port != port) {
                 char *h = strdup(host);
                 if (!h)
@@ -214,11 +225,13 @@ int dlock_redis_sentinel_resolve(struct redis_conn *rc, struct redis_node *n, ui
         }
         if (err == DLOCK_ENOMEM)
             return err;
-        if (!first.err || (first.err != DLOCK_EAUTH && err == DLOCK_EAUTH))
-            dlock_err_save(cl(rc), &first);
+        if (rank(err) > rank(best.err))
+            dlock_err_save(cl(rc), &best);
+        if (k == 0)
+            rc->sentinel_next = (i + 1) % s->n;
         if (dlock_monotonic_ns() >= until)
             break;
     }
-    dlock_err_restore(cl(rc), &first);
-    return first.err;
+    dlock_err_restore(cl(rc), &best);
+    return best.err;
 }

@@ -19,7 +19,8 @@
 
 /* Schemes dlock knows, whose backend may be left out of a build. */
 static const char *const known_schemes[] = {
-    "redis", "postgresql", "postgres", "mysql", "mariadb", "zookeeper", NULL,
+    "redis", "redis+cluster", "redis+sentinel", "postgresql", "postgres", "mysql", "mariadb",
+    "zookeeper", NULL,
 };
 
 /* Shorter passwords are not searched for in messages: masking every "ab" in
@@ -67,8 +68,10 @@ int dlock_vseterr(dlock_client *c, int code, const char *fmt, va_list ap)
         return code;
     *err_slot(c, &msg) = code;
     vsnprintf(full, sizeof full, fmt, ap);
-    if (c->uri)
+    if (c->uri) {
         redact(full, dlock_uri_password(c->uri));
+        redact(full, dlock_uri_param(c->uri, "sentinel_password"));
+    }
     size_t n = strlen(full);
     if (n >= DLOCK_ERRMSG_MAX)
         n = DLOCK_ERRMSG_MAX - 1;

@@ -255,21 +255,52 @@ static int parse_query(dlock_uri *u, const char *s, size_t len, char *err, size_
     return 0;
 }
 
-/* The raw URI with the password bytes replaced by "***". */
+/* Whether a query key names a secret: "password", or any key ending in
+ * "_password" (redis+sentinel's sentinel_password). */
+static int secret_key(const char *k, size_t n)
+{
+    static const char suffix[] = "password";
+    size_t sl = sizeof suffix - 1;
+    return n >= sl && memcmp(k + n - sl, suffix, sl) == 0 && (n == sl || k[n - sl - 1] == '_');
+}
+
+/* The raw URI with the password bytes, and the value of every query
+ * parameter that names a secret, replaced by "***". */
 static int make_redacted(dlock_uri *u, const char *s, const char *pw, size_t pwlen)
 {
-    size_t len = strlen(s);
-    if (!pw) {
-        u->redacted = strdup(s);
-        return u->redacted ? 0 : DLOCK_ENOMEM;
-    }
-    size_t pre = (size_t)(pw - s);
-    u->redacted = malloc(len - pwlen + 4);
-    if (!u->redacted)
+    size_t len = strlen(s), o = 0;
+    const char *q = strchr(pw ? pw + pwlen : s, '?');
+    /* Never longer than the URI plus "***" for the password and each
+     * parameter (each at least "&k=", 3 bytes). */
+    char *r = u->redacted = malloc(len + 4 + len + 1);
+    if (!r)
         return DLOCK_ENOMEM;
-    memcpy(u->redacted, s, pre);
-    memcpy(u->redacted + pre, "***", 3);
-    memcpy(u->redacted + pre + 3, pw + pwlen, len - pre - pwlen + 1);
+    size_t upto = q ? (size_t)(q - s) : len;
+    for (size_t i = 0; i < upto;) {
+        if (pw && s + i == pw) {
+            memcpy(r + o, "***", 3), o += 3;
+            i += pwlen;
+        } else {
+            r[o++] = s[i++];
+        }
+    }
+    for (size_t i = upto; i < len;) {
+        /* one "?k=v" or "&k=v" */
+        size_t start = i + 1, end = start;
+        r[o++] = s[i];
+        while (end < len && s[end] != '&')
+            end++;
+        const char *eq = memchr(s + start, '=', end - start);
+        if (eq && secret_key(s + start, (size_t)(eq - (s + start)))) {
+            size_t kl = (size_t)(eq - (s + start)) + 1;
+            memcpy(r + o, s + start, kl), o += kl;
+            memcpy(r + o, "***", 3), o += 3;
+        } else {
+            memcpy(r + o, s + start, end - start), o += end - start;
+        }
+        i = end;
+    }
+    r[o] = '\0';
     return 0;
 }
 

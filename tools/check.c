@@ -144,7 +144,22 @@ static void print_usage(FILE *f)
           f);
 }
 
-/* Printable, password-free copy of a URI list ("scheme://user:***@host"). */
+/* At a query parameter "k=v" (k up to end): the length of "k=" when k
+ * names a secret ("password", "*_password": sentinel_password), else 0. */
+static size_t secret_param(const char *k, const char *end)
+{
+    const char *eq = memchr(k, '=', (size_t)(end - k)), *amp = memchr(k, '&', (size_t)(end - k));
+    size_t n;
+    if (!eq || (amp && amp < eq))
+        return 0;
+    n = (size_t)(eq - k);
+    if (n < 8 || memcmp(eq - 8, "password", 8) != 0 || (n > 8 && eq[-9] != '_'))
+        return 0;
+    return n + 1;
+}
+
+/* Printable, password-free copy of a URI list ("scheme://user:***@host",
+ * "?sentinel_password=***"). */
 static char *shown_uri(const char *list)
 {
     size_t len = strlen(list);
@@ -172,10 +187,20 @@ static char *shown_uri(const char *list)
                 colon = memchr(auth, ':', (size_t)(at - auth));
         }
         for (const char *q = p; q < end; q++) {
+            size_t kl;
             if (colon && q == colon + 1) {
                 memcpy(o, "***", 3);
                 o += 3;
                 q = at - 1;
+                continue;
+            }
+            if ((*q == '?' || *q == '&') && (kl = secret_param(q + 1, end)) != 0) {
+                const char *amp = memchr(q + 1, '&', (size_t)(end - q - 1));
+                *o++ = *q;
+                memcpy(o, q + 1, kl);
+                memcpy(o + kl, "***", 3);
+                o += kl + 3;
+                q = (amp ? amp : end) - 1;
                 continue;
             }
             *o++ = (unsigned char)*q < 0x20 || *q == 0x7f ? '?' : *q;

@@ -112,6 +112,14 @@ int main(void)
        "first range: the primary, not its replica");
     ok(g.first[1] == 5461 && g.last[1] == 10922 && g.host[1][0] == '\0' && g.port[1] == 7001,
        "second range: a node that does not know its host");
+    g.n = 0;
+    r = parse("*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n_\r\n:7000\r\n$2\r\nid\r\n");
+    if (!r) /* hiredis 0.14 reads RESP2 only: nil as a null bulk string */
+        r = parse("*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n$-1\r\n:7000\r\n$2\r\nid\r\n");
+    is_int(dlock_redis_reply_slots(r, add_range, &g), 0, "CLUSTER SLOTS with a nil endpoint");
+    freeReplyObject(r);
+    ok(g.n == 1 && g.host[0][0] == '\0' && g.port[0] == 7000,
+       "a nil endpoint is the node asked (unknown-endpoint)");
     r = parse("-ERR This instance has cluster support disabled\r\n");
     is_int(dlock_redis_reply_slots(r, add_range, &g), -1, "an error is no map");
     freeReplyObject(r);

@@ -83,6 +83,17 @@ static void test_file_and_decoding(void)
         is_str(dlock_uri_redacted(u), "redis://user:***@host", "redacted with '@' in password");
         dlock_uri_free(u);
     }
+    u = parse_ok("redis+sentinel://:pw1@s1:26379,s2/mymaster/0?sentinel_password=sek&"
+                 "timeout=5&nopassword=x&password=p2");
+    if (u) {
+        is_str(dlock_uri_scheme(u), "redis+sentinel", "a scheme with '+'");
+        is_str(dlock_uri_param(u, "sentinel_password"), "sek", "sentinel_password parsed");
+        is_str(dlock_uri_redacted(u),
+               "redis+sentinel://:***@s1:26379,s2/mymaster/0?sentinel_password=***&timeout=5&"
+               "nopassword=x&password=***",
+               "redacted: the password and every *_password parameter (not 'nopassword')");
+        dlock_uri_free(u);
+    }
     u = parse_ok("postgresql://[2001:db8::7]/db");
     if (u) {
         is_str(dlock_uri_host(u, 0), "2001:db8::7", "IPv6 without port");
