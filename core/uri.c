@@ -277,12 +277,14 @@ static int make_redacted(dlock_uri *u, const char *s, const char *pw, size_t pwl
         return DLOCK_ENOMEM;
     size_t upto = q ? (size_t)(q - s) : len;
     for (size_t i = 0; i < upto;) {
-        if (pw && s + i == pw) {
+        if (pw && s + i == pw) { /* once: an empty password is "***" too */
             memcpy(r + o, "***", 3), o += 3;
             i += pwlen;
-        } else {
-            r[o++] = s[i++];
+            pw = NULL;
+            if (i >= upto)
+                break;
         }
+        r[o++] = s[i++];
     }
     for (size_t i = upto; i < len;) {
         /* one "?k=v" or "&k=v" */

@@ -94,6 +94,12 @@ static void test_file_and_decoding(void)
                "redacted: the password and every *_password parameter (not 'nopassword')");
         dlock_uri_free(u);
     }
+    u = parse_ok("redis://user:@host?password=");
+    if (u) {
+        is_str(dlock_uri_redacted(u), "redis://user:***@host?password=***",
+               "an empty password and an empty password parameter are masked once each");
+        dlock_uri_free(u);
+    }
     u = parse_ok("postgresql://[2001:db8::7]/db");
     if (u) {
         is_str(dlock_uri_host(u, 0), "2001:db8::7", "IPv6 without port");
