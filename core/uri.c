@@ -255,45 +255,45 @@ static int parse_query(dlock_uri *u, const char *s, size_t len, char *err, size_
     return 0;
 }
 
-/* Whether a query key names a secret: "password", or any key ending in
- * "_password" (redis+sentinel's sentinel_password). */
-static int secret_key(const char *k, size_t n)
+/* Whether a (decoded) query key names a secret: "password", or any key
+ * ending in "_password" (redis+sentinel's sentinel_password). */
+static int secret_key(const char *k)
 {
     static const char suffix[] = "password";
-    size_t sl = sizeof suffix - 1;
+    size_t n = strlen(k), sl = sizeof suffix - 1;
     return n >= sl && memcmp(k + n - sl, suffix, sl) == 0 && (n == sl || k[n - sl - 1] == '_');
 }
 
 /* The raw URI with the password bytes, and the value of every query
- * parameter that names a secret, replaced by "***". */
-static int make_redacted(dlock_uri *u, const char *s, const char *pw, size_t pwlen)
+ * parameter whose name (decoded) names a secret, replaced by "***".
+ * query: the '?' that starts the query in s, or NULL; the parameters are
+ * already parsed, one per '&'-separated part, in order. */
+static int make_redacted(dlock_uri *u, const char *s, const char *pw, size_t pwlen,
+                         const char *query)
 {
-    size_t len = strlen(s), o = 0;
-    const char *q = strchr(pw ? pw + pwlen : s, '?');
-    /* Never longer than the URI plus "***" for the password and each
-     * parameter (each at least "&k=", 3 bytes). */
-    char *r = u->redacted = malloc(len + 4 + len + 1);
+    size_t len = strlen(s), o = 0, upto = query ? (size_t)(query - s) : len;
+    /* Never longer than the URI plus "***" for the password and for each
+     * parameter (each at least "&k", 2 bytes). */
+    char *r = u->redacted = malloc(len + 3 + 2 * len + 1);
     if (!r)
         return DLOCK_ENOMEM;
-    size_t upto = q ? (size_t)(q - s) : len;
     for (size_t i = 0; i < upto;) {
         if (pw && s + i == pw) { /* once: an empty password is "***" too */
             memcpy(r + o, "***", 3), o += 3;
             i += pwlen;
             pw = NULL;
-            if (i >= upto)
-                break;
+            continue;
         }
         r[o++] = s[i++];
     }
-    for (size_t i = upto; i < len;) {
-        /* one "?k=v" or "&k=v" */
+    for (size_t i = upto, k = 0; i < len; k++) {
+        /* One "?k=v" or "&k=v", parameter k. */
         size_t start = i + 1, end = start;
         r[o++] = s[i];
         while (end < len && s[end] != '&')
             end++;
         const char *eq = memchr(s + start, '=', end - start);
-        if (eq && secret_key(s + start, (size_t)(eq - (s + start)))) {
+        if (eq && k < u->nparams && secret_key(u->params[k].key)) {
             size_t kl = (size_t)(eq - (s + start)) + 1;
             memcpy(r + o, s + start, kl), o += kl;
             memcpy(r + o, "***", 3), o += 3;
@@ -371,7 +371,7 @@ static int parse(dlock_uri *u, const char *s, char *err, size_t errlen)
         if (rc)
             return rc;
     }
-    return make_redacted(u, s, pw, pwlen);
+    return make_redacted(u, s, pw, pwlen, query);
 }
 
 int dlock_uri_parse(const char *s, dlock_uri **urip, char *err, size_t errlen)
