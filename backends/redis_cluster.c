@@ -115,12 +115,11 @@ static dlock_client *cl(struct redis_conn *rc)
 
 int dlock_redis_cluster_open(struct redis_conn *rc)
 {
-    if (!(rc->cluster = malloc(sizeof *rc->cluster)))
+    if (!(rc->cluster = calloc(1, sizeof *rc->cluster)))
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
     for (size_t i = 0; i < REDIS_SLOTS; i++)
         rc->cluster->owner[i] = NO_NODE;
     rc->cluster->stale = 1;
-    rc->cluster->ask_next = 0;
     pthread_once(&tags_once, build_tags);
     return 0;
 }
