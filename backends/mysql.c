@@ -245,10 +245,13 @@
  * InnoDB's transaction views, which need the PROCESS privilege
  * (information_schema.INNODB_TRX; without it MariaDB and MySQL fail with
  * error 1227, and inspect returns DLOCK_ENOTSUP saying so: GRANT PROCESS
- * ON *.* TO user). Held: the grants row's session has a RUNNING InnoDB
- * transaction holding rows, started before the grant was recorded, and no
- * later grant of another name names that session (a released lock's
- * session rolled back; a pooled session may hold another name). Waiters
+ * ON *.* TO user). Held: the row is locked, asked of the row itself by a
+ * shared NOWAIT locking read (row_locked), since the views are a snapshot
+ * that concurrent readers keep stale. The views find the holder's
+ * transaction for its waiters: the grants row's session has a RUNNING
+ * InnoDB transaction holding rows, started before the grant was recorded,
+ * and no later grant of another name names that session (a released
+ * lock's session rolled back; a pooled session may hold another name). Waiters
  * (MariaDB: information_schema.INNODB_LOCK_WAITS): the transactions in
  * LOCK WAIT that the holder's transaction blocks (a lock session holds
  * only its one row lock), named "session <thread id>" (a waiter's owner
@@ -259,7 +262,8 @@
  * data_lock_waits instead, not used): held, owner and tokens only there.
  * InnoDB's views are a snapshot refreshed once nobody read them for 0.1 s:
  * a grant recorded less than 0.12 s before is checked again 0.11 s later
- * (within `timeout`); a release shows up to about 0.1 s late. Not known:
+ * (within `timeout`); clients reading them every 0.1 s keep them stale,
+ * so waiters can show late. Not known:
  * the lease (the holder session's wait_timeout is visible only to
  * itself). Tokens: the token column is the latest grant's as raised by
  * raise_token (a list's acquire raises a store to the list's token, which
@@ -2116,9 +2120,10 @@ static int query_result(struct mysql_conn *mc, struct session *s, const char *sq
 }
 
 /*
- * inspect: one text statement on the control session (autocommit, no
- * locking read, no row lock taken or waited for), bounded by `timeout`.
- * A UNION ALL of:
+ * inspect: a text statement on the control session (autocommit, no
+ * locking read, no row lock taken or waited for), then for token=table
+ * row_locked's NOWAIT read of the row, bounded by `timeout` together.
+ * The first is a UNION ALL of:
  *
  *  'g' the name's row of <table>_grants (a consistent read) with the
  *      trx_id of its session's InnoDB transaction when that transaction
@@ -2183,6 +2188,38 @@ static int inspect_seq_sql(struct mysql_conn *mc, const char *kx, char *sql, siz
                     " WHERE p.ID = w.trx_mysql_thread_id AND p.COMMAND IN ('Query', 'Execute')"
                     " AND p.INFO LIKE '%%NEXTVAL(`%s_seq`)%%')",
                     t, kx, t, kx, t);
+}
+
+/*
+ * token=table's held: whether the name's row is locked, asked of the row
+ * itself, live (InnoDB's views are a snapshot that is not refreshed while
+ * anybody read it in the last 0.1 s: a client inspecting in a loop, or
+ * two, keep it stale for as long as they go on). A shared locking read
+ * with NOWAIT in the control session's autocommit: refused at once when a
+ * holder's (or a queued waiter's) exclusive lock is there, and when the
+ * row is free a shared lock for the statement's own moment, which no
+ * other inspect conflicts with and which a lock statement arriving then
+ * waits out (microseconds; it queues no one and passes no one).
+ */
+static int row_locked(struct mysql_conn *mc, struct session *ctl, const char *kx, int mariadb,
+                      const struct bound *b, int *locked)
+{
+    char sql[256];
+    MYSQL_RES *res = NULL;
+    snprintf(sql, sizeof sql, "SELECT 1 FROM `%s` WHERE k = X'%s' %s", mc->table, kx,
+             mariadb ? "LOCK IN SHARE MODE NOWAIT" : "FOR SHARE NOWAIT");
+    int err = query_result(mc, ctl, sql, b, "inspect", &res);
+    *locked = 0;
+    if (err == 0) {
+        mysql_free_result(res);
+        return 0;
+    }
+    if (!ctl->dead && (ctl->last_errno == ER_LOCK_WAIT_TIMEOUT || ctl->last_errno == ERR_LOCK_NOWAIT)) {
+        dlock_clearerr(cl(mc));
+        *locked = 1;
+        return 0;
+    }
+    return err;
 }
 
 static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
@@ -2280,12 +2317,17 @@ static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
             return dlock_seterr(cl(mc), DLOCK_EPROTO,
                                 "mysql %s: inspect: information_schema.INNODB_TRX gave no count",
                                 mc->where);
+        /* token=table: held is the row's lock, the grant the latest
+         * recorded (the views above only find the holder's transaction
+         * for the waiters it blocks). */
+        if (!mc->seq && (err = row_locked(mc, ctl, kx, mariadb, &call, &held)) != 0)
+            goto failed;
         /* token=sequence keeps no token of a free name (one sequence for
          * every name; a grant is never committed). */
         info->known |= DLOCK_KNOWS_HELD | (mc->seq ? 0 : DLOCK_KNOWS_LAST_TOKEN);
         info->held = held;
         info->last_token = granted && !mc->seq ? token : 0;
-        if (held) {
+        if (held && granted) {
             info->token = token;
             info->known |= DLOCK_KNOWS_TOKEN;
             if (strlen(owner) == 32) {
