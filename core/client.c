@@ -20,7 +20,7 @@
 /* Schemes dlock knows, whose backend may be left out of a build. */
 static const char *const known_schemes[] = {
     "redis", "redis+cluster", "redis+sentinel", "postgresql", "postgres", "mysql", "mariadb",
-    "zookeeper", NULL,
+    "zookeeper", "etcd", NULL,
 };
 
 /* Shorter passwords are not searched for in messages: masking every "ab" in

@@ -139,6 +139,7 @@ extern const dlock_backend dlock_redis_backend;
 extern const dlock_backend dlock_postgres_backend;
 extern const dlock_backend dlock_mysql_backend;
 extern const dlock_backend dlock_zookeeper_backend;
+extern const dlock_backend dlock_etcd_backend;
 void dlock_registry_init(void);
 
 #endif

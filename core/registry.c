@@ -68,6 +68,9 @@ static void register_builtins(void)
 #if HAVE_ZOOKEEPER
     register_locked(&dlock_zookeeper_backend);
 #endif
+#if HAVE_ETCD
+    register_locked(&dlock_etcd_backend);
+#endif
     pthread_rwlock_unlock(&registry_lock);
 }
 

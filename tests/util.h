@@ -223,7 +223,8 @@ static inline int uri_namespace(const char *src, const char *ns, char *out, size
         p += w;
         const char *q = strchr(word, '?');
         size_t base = q ? (size_t)(q - word) : w;
-        if (strncmp(word, "file:", 5) == 0 || strncmp(word, "zookeeper:", 10) == 0) {
+        if (strncmp(word, "file:", 5) == 0 || strncmp(word, "zookeeper:", 10) == 0 ||
+            strncmp(word, "etcd:", 5) == 0) {
             while (base > 0 && word[base - 1] == '/')
                 base--;
             if (snprintf(one, sizeof one, "%.*s/%s%s", (int)base, word, ns, q ? q : "") >=

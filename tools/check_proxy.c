@@ -50,7 +50,8 @@ static unsigned default_port(const char *scheme, size_t len)
         const char *scheme;
         unsigned port;
     } ports[] = {{"redis", 6379}, {"postgresql", 5432}, {"postgres", 5432},
-                 {"mysql", 3306}, {"mariadb", 3306},   {"zookeeper", 2181}};
+                 {"mysql", 3306}, {"mariadb", 3306},   {"zookeeper", 2181},
+                 {"etcd", 2379}};
 
     for (size_t i = 0; i < sizeof ports / sizeof ports[0]; i++)
         if (strlen(ports[i].scheme) == len && strncasecmp(ports[i].scheme, scheme, len) == 0)

@@ -67,7 +67,7 @@ trap cleanup EXIT
 ns_uri() {
     local u=$1 ns=$2 base q key=table
     case $u in
-    file:* | zookeeper:*)
+    file:* | zookeeper:* | etcd:*)
         base=${u%%\?*}
         q=${u#"$base"}
         echo "${base%/}/$ns$q"

@@ -1,0 +1,1223 @@
+/*
+ * etcd://[user:password@]host[:port][,host[:port]...][/prefix][?options]
+ * through etcd's v3 JSON gateway (etcd_http.c: libcurl and json-c; why
+ * not gRPC is said there).
+ *
+ * The recipe is etcd's own (clientv3/concurrency's Mutex), with a lease
+ * per lock:
+ *  - acquire grants a lease of the lock's TTL, then in one transaction
+ *    creates <prefix>/<name>/<lease id> with that lease, only if it does
+ *    not exist yet (so a repeat after a lost reply finds it instead), and
+ *    reads the name's two newest keys by create revision: ours, and the
+ *    one just before it. Our key's create revision is the fencing token:
+ *    global to the cluster, strictly increasing, kept across leader
+ *    changes and restarts. No key before ours: held (two round trips).
+ *  - a waiter watches only the key just before its own, for its deletion
+ *    (no herd; first come, first served in create order), from the
+ *    revision it read it at, so a deletion in between is delivered at
+ *    once. Once told, it reads the key just before its own again (one
+ *    round trip, which also checks that its own key is still there): none
+ *    is a grant, another is watched in turn (a waiter ahead gave up). The
+ *    watch carries gRPC's "hasleader" metadata, so a member that loses its
+ *    leader ends it rather than leaving it silent; a watch cancelled
+ *    because its revision was compacted, or ended by its member, is
+ *    started again after a new read. While waiting, the lease is kept
+ *    alive every third of the TTL; a keep-alive that had to move to
+ *    another endpoint moves the watch there too (a member stopped without
+ *    closing its connections is otherwise silent).
+ *  - release revokes the lease, which deletes the key in the same raft
+ *    entry: only our own key can go, and a lease already gone is reported
+ *    as DLOCK_ELOST. A waiter that gives up revokes its lease the same way.
+ *  - renew keeps the lease alive (one round trip) and checks the key is
+ *    still ours (another); a renew with another TTL (in whole seconds)
+ *    moves the key to a new lease in a transaction that checks the key's
+ *    create revision, then revokes the old lease. The keeper does the same
+ *    on its own HTTP connection.
+ *
+ * A lease per lock, not per client: each lock keeps the TTL its acquire
+ * asked for (a client lease would give every lock the first one's), a
+ * paused or cut-off holder loses exactly the locks whose lease ran out,
+ * and release is one call. The cost is a lease grant per acquire (one
+ * round trip, a raft write) and a keep-alive per held lock. etcd counts
+ * TTLs in whole seconds, at least its minimum (1.5 election timeouts,
+ * 2 s with the default settings): the server keeps a lock up to that much
+ * longer than the client's lease, which ends first, never later.
+ *
+ * Store-wide tokens (dlock migrate): create revisions are the cluster's
+ * revision, one counter for every write, which dlock cannot set.
+ * token_top is the current revision (from a read's header);
+ * raise_floor and raise_token check rather than store: 0 when floor is at
+ * most the current revision (every later grant is above it), else
+ * DLOCK_ENOTSUP naming both.
+ *
+ * Inspect reads the name's keys in create order (one range, no watch,
+ * nothing written): the first holds (token, owner id stored as the value),
+ * the others are the waiters in the order they will be served; the
+ * holder's lease time left comes from a second call (lease TimeToLive).
+ * Not known: the last token of a free name (its keys are gone).
+ *
+ * See docs/etcd.md for what this guarantees and where it is weaker.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "config.h"
+#include "backends/etcd_http.h"
+#include "core/internal.h"
+
+#define DEFAULT_PORT 2379
+#define DEFAULT_PREFIX "/dlock"
+#define DEFAULT_CONNECT_MS 2000
+#define DEFAULT_TIMEOUT_MS 5000
+#define MS UINT64_C(1000000)
+/* The waiters' lease: a waiter's key lives on a short lease of its
+ * client's, kept alive while it waits, so that a waiter that dies frees
+ * its place within this long (etcd's minimum TTL is 2 s by default). */
+#define WAIT_TTL_S 3
+#define RANGE_DESCEND "DESCEND"
+
+static const char *const etcd_schemes[] = {"etcd", NULL};
+static const char *const etcd_options[] = {"connect_timeout", "timeout", "tls", "cacert",
+                                           "cert", "key", NULL};
+
+struct etcd_conn {
+    dlock_conn base;
+    struct etcd_site site;
+    struct etcd_http app;    /* the application's thread */
+    struct etcd_http keeper; /* the keeper's thread */
+    CURL *watch;             /* the application's watch stream */
+    CURLM *multi;
+    int64_t wait_lease;      /* the waiters' short lease (0: none yet) */
+    uint64_t wait_kept;      /* when it was last granted or kept alive */
+    char *prefix;
+    char where[512];
+};
+
+struct etcd_held {
+    dlock_held base;
+    char *key;       /* <prefix>/<escaped name>/<lease id, 16 hex digits> */
+    size_t klen;
+    size_t dir;      /* the name's key prefix: key[0, dir) ends with '/' */
+    int64_t lease;
+    int64_t ttl_s;   /* the lease's TTL as asked */
+    uint32_t ttl_ms;
+    uint64_t end_ns; /* the client's lease end */
+    int waiting;     /* the key is on the waiters' lease */
+};
+
+static dlock_client *cl(struct etcd_conn *ec)
+{
+    return ec->base.client;
+}
+
+static int oom(struct etcd_conn *ec)
+{
+    return dlock_seterr(cl(ec), DLOCK_ENOMEM, "out of memory");
+}
+
+static uint64_t call_until(struct etcd_conn *ec)
+{
+    return dlock_monotonic_ns() + ec->site.timeout_ms * MS;
+}
+
+static int64_t ttl_seconds(uint32_t ttl_ms)
+{
+    return ((int64_t)ttl_ms + 999) / 1000;
+}
+
+/* ---- keys ---------------------------------------------------------------- */
+
+/* <prefix>/<name>/, with '%' and '/' in the name escaped (%25, %2F) so that
+ * no name's keys start with another name's prefix. */
+static char *name_dir(struct etcd_conn *ec, const char *name, size_t len, size_t *dlen)
+{
+    size_t plen = strlen(ec->prefix), n = plen + 1 + 3 * len + 1 + 16 + 1;
+    char *d = malloc(n), *o;
+    if (!d)
+        return NULL;
+    memcpy(d, ec->prefix, plen);
+    o = d + plen;
+    *o++ = '/';
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (c == '%' || c == '/') {
+            o += sprintf(o, "%%%02X", c);
+        } else {
+            *o++ = (char)c;
+        }
+    }
+    *o++ = '/';
+    *o = '\0';
+    *dlen = (size_t)(o - d);
+    return d;
+}
+
+/* The end of the range of keys starting with dir (its last byte + 1: dir
+ * ends with '/', so no carry). */
+static json_object *range_end(const char *dir, size_t dlen)
+{
+    char *e = malloc(dlen);
+    if (!e)
+        return NULL;
+    memcpy(e, dir, dlen);
+    e[dlen - 1]++;
+    json_object *j = etcd_new_bytes(e, dlen);
+    free(e);
+    return j;
+}
+
+static json_object *range_req(const char *dir, size_t dlen, const char *order, int64_t limit,
+                              int64_t max_create)
+{
+    json_object *r = json_object_new_object();
+    if (!r)
+        return NULL;
+    json_object_object_add(r, "key", etcd_new_bytes(dir, dlen));
+    json_object_object_add(r, "range_end", range_end(dir, dlen));
+    json_object_object_add(r, "sort_target", json_object_new_string("CREATE"));
+    json_object_object_add(r, "sort_order", json_object_new_string(order));
+    if (limit)
+        json_object_object_add(r, "limit", etcd_new_int(limit));
+    if (max_create)
+        json_object_object_add(r, "max_create_revision", etcd_new_int(max_create));
+    return r;
+}
+
+static json_object *wrap(const char *what, json_object *op)
+{
+    json_object *o = json_object_new_object();
+    if (o)
+        json_object_object_add(o, what, op);
+    return o;
+}
+
+/* A key of a range reply: its bytes (a new string), create revision,
+ * lease and value. */
+struct kv {
+    char *key;
+    size_t klen;
+    int64_t create, lease;
+    char value[DLOCK_HOLDER_MAX];
+};
+
+static int read_kv(json_object *o, struct kv *kv)
+{
+    unsigned char buf[3 * DLOCK_NAME_MAX + 512];
+    size_t len = sizeof buf - 1, vlen;
+    memset(kv, 0, sizeof *kv);
+    if (!o || etcd_bytes(etcd_get(o, "key"), buf, &len) != 0)
+        return -1;
+    buf[len] = '\0';
+    if (!(kv->key = malloc(len + 1)))
+        return -1;
+    memcpy(kv->key, buf, len + 1);
+    kv->klen = len;
+    kv->create = etcd_int(o, "create_revision");
+    kv->lease = etcd_int(o, "lease");
+    vlen = sizeof kv->value - 1;
+    if (etcd_get(o, "value") && etcd_bytes(etcd_get(o, "value"), (unsigned char *)kv->value, &vlen) == 0)
+        kv->value[vlen] = '\0';
+    else
+        kv->value[0] = '\0';
+    return 0;
+}
+
+static json_object *kvs_of(json_object *range)
+{
+    json_object *k = etcd_get(range, "kvs");
+    return k && json_object_is_type(k, json_type_array) ? k : NULL;
+}
+
+/* ---- calls ----------------------------------------------------------------- */
+
+/* A call whose reply must carry no error: 0 with *root (the caller puts
+ * it), else the error recorded. */
+static int call_ok(struct etcd_conn *ec, struct etcd_http *h, const char *path, json_object *req,
+                   uint64_t until, int late, const char *what, json_object **root)
+{
+    struct etcd_res r;
+    *root = NULL;
+    if (!req)
+        return oom(ec);
+    int err = etcd_call(&ec->site, h, path, req, until, late, &r);
+    json_object_put(req);
+    if (err)
+        return err;
+    if (r.code) {
+        err = etcd_error(&ec->site, &r, what);
+        json_object_put(r.root);
+        return err;
+    }
+    *root = r.root;
+    return 0;
+}
+
+static int lease_grant(struct etcd_conn *ec, struct etcd_http *h, int64_t ttl_s, uint64_t until,
+                       int64_t *id)
+{
+    json_object *req = json_object_new_object(), *root;
+    if (req)
+        json_object_object_add(req, "TTL", etcd_new_int(ttl_s));
+    int err = call_ok(ec, h, "/v3/lease/grant", req, until, DLOCK_ECONNECT, "lease grant", &root);
+    if (err)
+        return err;
+    *id = etcd_int(root, "ID");
+    json_object_put(root);
+    if (*id == 0)
+        return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: lease grant: no lease id", ec->where);
+    return 0;
+}
+
+/* Revokes a lease: 0, DLOCK_ELOST (already gone: expired), or an error. */
+static int lease_revoke(struct etcd_conn *ec, struct etcd_http *h, int64_t id, uint64_t until)
+{
+    struct etcd_res r;
+    json_object *req = json_object_new_object();
+    if (!req)
+        return oom(ec);
+    json_object_object_add(req, "ID", etcd_new_int(id));
+    int err = etcd_call(&ec->site, h, "/v3/lease/revoke", req, until, DLOCK_ECONNECT, &r);
+    json_object_put(req);
+    if (err)
+        return err;
+    if (r.code == ETCD_NOT_FOUND && r.again) {
+        /* An earlier attempt may have revoked it before its reply was
+         * lost: the lease is gone either way. */
+        err = 0;
+    } else if (r.code == ETCD_NOT_FOUND) {
+        err = dlock_seterr(cl(ec), DLOCK_ELOST, "etcd %s: the lock's lease had already expired",
+                           ec->where);
+    } else if (r.code) {
+        err = etcd_error(&ec->site, &r, "lease revoke");
+    }
+    json_object_put(r.root);
+    return err;
+}
+
+/* Keeps a lease alive: 0 with *ttl (seconds the server gave it again), or
+ * DLOCK_ELOST when it is gone. */
+static int lease_keepalive(struct etcd_conn *ec, struct etcd_http *h, int64_t id, uint64_t until,
+                           int64_t *ttl)
+{
+    json_object *req = json_object_new_object(), *root;
+    if (req)
+        json_object_object_add(req, "ID", etcd_new_int(id));
+    int err = call_ok(ec, h, "/v3/lease/keepalive", req, until, DLOCK_ECONNECT, "lease keep-alive",
+                      &root);
+    if (err)
+        return err;
+    *ttl = etcd_int(etcd_get(root, "result"), "TTL");
+    json_object_put(root);
+    if (*ttl <= 0)
+        return dlock_seterr(cl(ec), DLOCK_ELOST, "etcd %s: the lock's lease has expired", ec->where);
+    return 0;
+}
+
+/* ---- the watch ---------------------------------------------------------- */
+
+struct watch {
+    struct etcd_conn *ec;
+    char *buf;
+    size_t len, cap;
+    int done;        /* 1: the key was deleted; 2: the stream ended (start again) */
+    int64_t compact; /* cancelled: the revision compacted past */
+    char why[256];
+};
+
+static void watch_line(struct watch *w, const char *line)
+{
+    json_object *root = json_tokener_parse(line);
+    json_object *res = etcd_get(root, "result"), *ev;
+    if (!res) {
+        json_object *e = etcd_get(root, "error");
+        json_object *m = e ? etcd_get(e, "message") : NULL;
+        snprintf(w->why, sizeof w->why, "%s", m ? json_object_get_string(m) : "an unreadable reply");
+        w->done = 2;
+    } else if ((ev = etcd_get(res, "events")) && json_object_is_type(ev, json_type_array)) {
+        for (size_t i = 0; i < json_object_array_length(ev); i++) {
+            json_object *t = etcd_get(json_object_array_get_idx(ev, i), "type");
+            if (t && strcmp(json_object_get_string(t), "DELETE") == 0)
+                w->done = 1;
+        }
+    } else if (etcd_get(res, "canceled") && json_object_get_boolean(etcd_get(res, "canceled"))) {
+        w->compact = etcd_int(res, "compact_revision");
+        snprintf(w->why, sizeof w->why, "watch cancelled%s", w->compact ? ": compacted" : "");
+        w->done = 2;
+    }
+    json_object_put(root);
+}
+
+static size_t on_watch(char *data, size_t size, size_t n, void *user)
+{
+    struct watch *w = user;
+    size_t len = size * n;
+    if (w->len + len + 1 > w->cap) {
+        size_t cap = w->cap ? w->cap : 4096;
+        while (cap < w->len + len + 1)
+            cap *= 2;
+        char *b = realloc(w->buf, cap);
+        if (!b)
+            return 0;
+        w->buf = b;
+        w->cap = cap;
+    }
+    memcpy(w->buf + w->len, data, len);
+    w->len += len;
+    w->buf[w->len] = '\0';
+    char *nl;
+    while (!w->done && (nl = memchr(w->buf, '\n', w->len)) != NULL) {
+        *nl = '\0';
+        watch_line(w, w->buf);
+        size_t used = (size_t)(nl + 1 - w->buf);
+        memmove(w->buf, nl + 1, w->len - used + 1);
+        w->len -= used;
+    }
+    return w->done ? 0 : len; /* 0 ends the transfer */
+}
+
+/* The state of one wait, between the watch and the keep-alives. */
+struct wait {
+    struct etcd_held *held;
+    uint64_t until;      /* the deadline; 0: none */
+    uint64_t next_keep;  /* the next keep-alive */
+    uint64_t lease_from; /* when the last keep-alive (or the grant) was sent */
+};
+
+/* How often a wait keeps its leases alive: a third of the shorter. */
+static uint64_t keep_every_ms(const struct etcd_held *held)
+{
+    uint64_t ms = held->ttl_ms < WAIT_TTL_S * 1000 ? held->ttl_ms : WAIT_TTL_S * 1000;
+    return ms / 3 ? ms / 3 : 1;
+}
+
+static int place_lost(struct etcd_conn *ec)
+{
+    return dlock_seterr(cl(ec), DLOCK_ECONNECT,
+                        "etcd %s: the waiter's lease ran out (the store was out of reach or the"
+                        " client paused longer than its TTL): its place in the queue is gone",
+                        ec->where);
+}
+
+/* Keeps the waiters' lease and the lock's own alive. */
+static int keep_during_wait(struct etcd_conn *ec, struct wait *wt)
+{
+    int64_t ttl;
+    uint64_t sent = dlock_monotonic_ns();
+    int err = 0;
+    if (wt->held->waiting) {
+        err = lease_keepalive(ec, &ec->app, ec->wait_lease, call_until(ec), &ttl);
+        if (err == DLOCK_ELOST)
+            return place_lost(ec);
+        if (err)
+            return err;
+        ec->wait_kept = sent;
+    }
+    err = lease_keepalive(ec, &ec->app, wt->held->lease, call_until(ec), &ttl);
+    if (err == DLOCK_ELOST)
+        return place_lost(ec);
+    if (err)
+        return err;
+    wt->lease_from = sent;
+    wt->next_keep = sent + keep_every_ms(wt->held) * MS;
+    return 0;
+}
+
+/*
+ * Watches key (klen bytes) for its deletion from revision `from`, keeping
+ * the waiter's lease alive meanwhile. 0 when deleted, 1 when the watch
+ * ended without (read again and watch again), DLOCK_ETIMEDOUT at the
+ * deadline, or an error.
+ */
+static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, size_t klen,
+                        int64_t from)
+{
+    struct watch w = {.ec = ec};
+    struct curl_slist *hdr = NULL;
+    json_object *cr = json_object_new_object(), *req = wrap("create_request", cr), *filters;
+    int err = 0;
+    if (!cr || !req) {
+        json_object_put(req ? req : cr);
+        return oom(ec);
+    }
+    json_object_object_add(cr, "key", etcd_new_bytes(key, klen));
+    json_object_object_add(cr, "start_revision", etcd_new_int(from));
+    filters = json_object_new_array();
+    json_object_array_add(filters, json_object_new_string("NOPUT"));
+    json_object_object_add(cr, "filters", filters);
+    pthread_mutex_lock(&ec->site.mu);
+    size_t ep = ec->site.cur;
+    pthread_mutex_unlock(&ec->site.mu);
+    const char *body = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
+    CURL *h = ec->watch;
+    curl_easy_reset(h);
+    if ((err = etcd_prepare(&ec->site, h, ep, "/v3/watch", body, &hdr)) != 0)
+        goto out;
+    struct curl_slist *more = curl_slist_append(hdr, "Grpc-Metadata-hasleader: true");
+    if (!more) {
+        err = oom(ec);
+        goto out;
+    }
+    hdr = more;
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_watch);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)ec->site.connect_ms);
+    curl_multi_add_handle(ec->multi, h);
+    for (;;) {
+        int running = 0;
+        curl_multi_perform(ec->multi, &running);
+        if (w.done == 1)
+            break;
+        if (w.done || !running) {
+            err = 1;
+            break;
+        }
+        uint64_t now = dlock_monotonic_ns();
+        if (wt->until && now >= wt->until) {
+            err = DLOCK_ETIMEDOUT;
+            break;
+        }
+        if (now >= wt->next_keep) {
+            if ((err = keep_during_wait(ec, wt)) != 0)
+                break;
+            pthread_mutex_lock(&ec->site.mu);
+            size_t cur = ec->site.cur;
+            pthread_mutex_unlock(&ec->site.mu);
+            if (cur != ep) { /* the keep-alive found this endpoint out of reach */
+                err = 1;
+                break;
+            }
+            continue;
+        }
+        uint64_t wake = wt->next_keep;
+        if (wt->until && wt->until < wake)
+            wake = wt->until;
+        int ms = (int)((wake - now + MS - 1) / MS);
+        curl_multi_poll(ec->multi, NULL, 0, ms > 0 ? ms : 1, NULL);
+    }
+    curl_multi_remove_handle(ec->multi, h);
+out:
+    curl_slist_free_all(hdr);
+    json_object_put(req);
+    free(w.buf);
+    return err;
+}
+
+/* ---- acquire ---------------------------------------------------------------- */
+
+static json_object *create_cmp(const char *key, size_t klen, const char *result, int64_t rev)
+{
+    json_object *c = json_object_new_object();
+    if (!c)
+        return NULL;
+    json_object_object_add(c, "key", etcd_new_bytes(key, klen));
+    json_object_object_add(c, "target", json_object_new_string("CREATE"));
+    json_object_object_add(c, "result", json_object_new_string(result));
+    json_object_object_add(c, "create_revision", etcd_new_int(rev));
+    return c;
+}
+
+static json_object *put_lease(const char *key, size_t klen, int64_t lease)
+{
+    json_object *put = json_object_new_object();
+    if (!put)
+        return NULL;
+    json_object_object_add(put, "key", etcd_new_bytes(key, klen));
+    json_object_object_add(put, "ignore_value", json_object_new_boolean(1));
+    json_object_object_add(put, "lease", etcd_new_int(lease));
+    return wrap("request_put", put);
+}
+
+/*
+ * The grant, in one transaction: if every key of the name was created at
+ * or after ours (a compare over the name's range: none is before it) and
+ * ours is still there, our key moves to the lock's own lease and we hold.
+ * Otherwise it reads ours (still there?) and the key just before it. 0
+ * with *pred NULL when granted, else *pred and *rev (the read's
+ * revision, from which its deletion is watched).
+ */
+static int claim(struct etcd_conn *ec, struct etcd_held *held, struct kv *pred, int64_t *rev)
+{
+    json_object *req = json_object_new_object(), *cmps = json_object_new_array();
+    json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *own, *root;
+    json_object *first = create_cmp(held->key, held->dir, "GREATER", (int64_t)held->base.token - 1);
+    if (!req || !cmps || !ok || !ko || !first) {
+        json_object_put(req), json_object_put(cmps), json_object_put(ok);
+        json_object_put(ko), json_object_put(first);
+        return oom(ec);
+    }
+    json_object_object_add(first, "range_end", range_end(held->key, held->dir));
+    json_object_array_add(cmps, first);
+    json_object_array_add(cmps, create_cmp(held->key, held->klen, "EQUAL", (int64_t)held->base.token));
+    json_object_array_add(ok, put_lease(held->key, held->klen, held->lease));
+    own = json_object_new_object();
+    json_object_object_add(own, "key", etcd_new_bytes(held->key, held->klen));
+    json_object_object_add(own, "count_only", json_object_new_boolean(1));
+    json_object_array_add(ko, wrap("request_range", own));
+    json_object_array_add(ko, wrap("request_range", range_req(held->key, held->dir, RANGE_DESCEND,
+                                                               1, (int64_t)held->base.token - 1)));
+    json_object_object_add(req, "compare", cmps);
+    json_object_object_add(req, "success", ok);
+    json_object_object_add(req, "failure", ko);
+    int err = call_ok(ec, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT,
+                      "reading the queue", &root);
+    if (err)
+        return err;
+    memset(pred, 0, sizeof *pred);
+    *rev = etcd_int(etcd_get(root, "header"), "revision");
+    if (json_object_get_boolean(etcd_get(root, "succeeded"))) {
+        held->waiting = 0;
+        json_object_put(root);
+        return 0;
+    }
+    json_object *rs = etcd_get(root, "responses");
+    json_object *mine = rs ? etcd_get(json_object_array_get_idx(rs, 0), "response_range") : NULL;
+    json_object *before = rs ? etcd_get(json_object_array_get_idx(rs, 1), "response_range") : NULL;
+    if (!mine || !before) {
+        err = dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: reading the queue: a reply without"
+                           " its two ranges", ec->where);
+    } else if (etcd_int(mine, "count") == 0) {
+        err = place_lost(ec);
+    } else if (!kvs_of(before) || json_object_array_length(kvs_of(before)) == 0) {
+        /* Nobody before us, yet the compare failed: a key created in
+         * between went. Read again. */
+        err = 1;
+    } else if (read_kv(json_object_array_get_idx(kvs_of(before), 0), pred) != 0) {
+        err = dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: reading the queue: a bad key",
+                           ec->where);
+    }
+    json_object_put(root);
+    return err;
+}
+
+/* The waiters' lease, kept alive or granted anew. */
+static int wait_lease(struct etcd_conn *ec)
+{
+    uint64_t now = dlock_monotonic_ns();
+    int64_t ttl;
+    if (ec->wait_lease && now - ec->wait_kept < (WAIT_TTL_S * 1000 - 500) * MS) {
+        int err = lease_keepalive(ec, &ec->app, ec->wait_lease, call_until(ec), &ttl);
+        if (err == 0) {
+            ec->wait_kept = now;
+            return 0;
+        }
+        if (err != DLOCK_ELOST)
+            return err;
+        dlock_err_clear(cl(ec));
+    }
+    ec->wait_lease = 0;
+    int err = lease_grant(ec, &ec->app, WAIT_TTL_S, call_until(ec), &ec->wait_lease);
+    if (err == 0)
+        ec->wait_kept = now;
+    return err;
+}
+
+/* A waiter's key moves to the waiters' lease (its create revision, the
+ * token, stays). */
+static int start_waiting(struct etcd_conn *ec, struct etcd_held *held)
+{
+    json_object *req = json_object_new_object(), *cmps = json_object_new_array();
+    json_object *ok = json_object_new_array(), *root;
+    int err = wait_lease(ec);
+    if (err || !req || !cmps || !ok) {
+        json_object_put(req), json_object_put(cmps), json_object_put(ok);
+        return err ? err : oom(ec);
+    }
+    json_object_array_add(cmps, create_cmp(held->key, held->klen, "EQUAL", (int64_t)held->base.token));
+    json_object_array_add(ok, put_lease(held->key, held->klen, ec->wait_lease));
+    json_object_object_add(req, "compare", cmps);
+    json_object_object_add(req, "success", ok);
+    if ((err = call_ok(ec, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT,
+                       "joining the queue", &root)) != 0)
+        return err;
+    int moved = json_object_get_boolean(etcd_get(root, "succeeded"));
+    json_object_put(root);
+    if (!moved)
+        return place_lost(ec);
+    held->waiting = 1;
+    return 0;
+}
+
+/*
+ * Creates our key (only if absent) and reads the name's two newest keys:
+ * ours, whose create revision is the token, and the one before it.
+ */
+static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_request *req,
+                      struct kv *pred, int64_t *rev)
+{
+    json_object *txn = json_object_new_object(), *cmp = json_object_new_object();
+    json_object *cmps = json_object_new_array(), *ok = json_object_new_array();
+    json_object *ko = json_object_new_array(), *put = json_object_new_object(), *root;
+    if (!txn || !cmp || !cmps || !ok || !ko || !put) {
+        json_object_put(txn), json_object_put(cmp), json_object_put(cmps);
+        json_object_put(ok), json_object_put(ko), json_object_put(put);
+        return oom(ec);
+    }
+    json_object_object_add(cmp, "key", etcd_new_bytes(held->key, held->klen));
+    json_object_object_add(cmp, "target", json_object_new_string("CREATE"));
+    json_object_object_add(cmp, "result", json_object_new_string("EQUAL"));
+    json_object_object_add(cmp, "create_revision", etcd_new_int(0));
+    json_object_array_add(cmps, cmp);
+    json_object_object_add(put, "key", etcd_new_bytes(held->key, held->klen));
+    json_object_object_add(put, "value", etcd_new_bytes(req->owner_hex, 32));
+    json_object_object_add(put, "lease", etcd_new_int(held->lease));
+    json_object_array_add(ok, wrap("request_put", put));
+    json_object_array_add(ok, wrap("request_range", range_req(held->key, held->dir, RANGE_DESCEND,
+                                                               2, 0)));
+    json_object *mine = json_object_new_object();
+    json_object_object_add(mine, "key", etcd_new_bytes(held->key, held->klen));
+    json_object_array_add(ko, wrap("request_range", mine));
+    json_object_object_add(txn, "compare", cmps);
+    json_object_object_add(txn, "success", ok);
+    json_object_object_add(txn, "failure", ko);
+    int err = call_ok(ec, &ec->app, "/v3/kv/txn", txn, call_until(ec), DLOCK_ECONNECT,
+                      "creating the lock key", &root);
+    if (err)
+        return err;
+    json_object *rs = etcd_get(root, "responses");
+    int succeeded = json_object_get_boolean(etcd_get(root, "succeeded"));
+    json_object *range = rs ? etcd_get(json_object_array_get_idx(rs, succeeded ? 1 : 0),
+                                       "response_range") : NULL;
+    json_object *kvs = kvs_of(range);
+    struct kv own;
+    memset(pred, 0, sizeof *pred);
+    *rev = etcd_int(etcd_get(root, "header"), "revision");
+    if (!kvs || json_object_array_length(kvs) < 1 ||
+        read_kv(json_object_array_get_idx(kvs, 0), &own) != 0) {
+        json_object_put(root);
+        return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: creating the lock key: no key in the"
+                            " reply", ec->where);
+    }
+    int same = own.klen == held->klen && memcmp(own.key, held->key, held->klen) == 0;
+    held->base.token = (uint64_t)own.create;
+    free(own.key);
+    if (!same || own.create <= 0) {
+        json_object_put(root);
+        return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: creating the lock key: the reply"
+                            " names another key", ec->where);
+    }
+    if (succeeded && json_object_array_length(kvs) > 1 &&
+        read_kv(json_object_array_get_idx(kvs, 1), pred) != 0) {
+        json_object_put(root);
+        return oom(ec);
+    }
+    json_object_put(root);
+    /* A repeat after a lost reply found our key: read what is before it. */
+    if (!succeeded) {
+        while ((err = claim(ec, held, pred, rev)) == 1) {
+        }
+        return err;
+    }
+    return 0;
+}
+
+static void held_free(struct etcd_held *held)
+{
+    if (held) {
+        free(held->key);
+        free(held);
+    }
+}
+
+/* Leaves the queue (or gives a lock back) after a failure, keeping the
+ * failure's error. */
+static void give_up(struct etcd_conn *ec, struct etcd_held *held)
+{
+    dlock_errsave save;
+    dlock_err_save(cl(ec), &save);
+    if (held->waiting && held->base.token) {
+        /* On the waiters' lease, which goes on: delete the key itself,
+         * if it is still ours. */
+        json_object *req = json_object_new_object(), *cmps = json_object_new_array();
+        json_object *ok = json_object_new_array(), *del = json_object_new_object(), *root;
+        if (req && cmps && ok && del) {
+            json_object_array_add(cmps, create_cmp(held->key, held->klen, "EQUAL",
+                                                   (int64_t)held->base.token));
+            json_object_object_add(del, "key", etcd_new_bytes(held->key, held->klen));
+            json_object_array_add(ok, wrap("request_delete_range", del));
+            json_object_object_add(req, "compare", cmps);
+            json_object_object_add(req, "success", ok);
+            if (call_ok(ec, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT,
+                        "leaving the queue", &root) == 0)
+                json_object_put(root);
+        } else {
+            json_object_put(req), json_object_put(cmps), json_object_put(ok), json_object_put(del);
+        }
+    }
+    lease_revoke(ec, &ec->app, held->lease, call_until(ec));
+    dlock_err_restore(cl(ec), &save);
+}
+
+static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
+{
+    struct etcd_conn *ec = (struct etcd_conn *)conn;
+    struct etcd_held *held = calloc(1, sizeof *held);
+    struct kv pred = {0};
+    int64_t rev = 0;
+    int err;
+    if (!held)
+        return oom(ec);
+    held->ttl_ms = req->ttl_ms;
+    held->ttl_s = ttl_seconds(req->ttl_ms);
+    if (!(held->key = name_dir(ec, req->name, req->name_len, &held->dir))) {
+        free(held);
+        return oom(ec);
+    }
+    struct wait wt = {.held = held,
+                      .until = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : 0,
+                      .lease_from = dlock_monotonic_ns()};
+    if ((err = lease_grant(ec, &ec->app, held->ttl_s, call_until(ec), &held->lease)) != 0) {
+        held_free(held);
+        return err;
+    }
+    held->klen = held->dir + (size_t)sprintf(held->key + held->dir, "%016" PRIx64,
+                                             (uint64_t)held->lease);
+    wt.next_keep = wt.lease_from + keep_every_ms(held) * MS;
+    if ((err = create_key(ec, held, req, &pred, &rev)) != 0)
+        goto fail;
+    if (pred.key && req->wait == DLOCK_WAIT_TRY) {
+        err = dlock_seterr(cl(ec), DLOCK_EBUSY, "the lock is held by another owner");
+        goto fail;
+    }
+    if (pred.key && (err = start_waiting(ec, held)) != 0)
+        goto fail;
+    for (int quick = 0; pred.key;) {
+        uint64_t started = dlock_monotonic_ns();
+        err = watch_delete(ec, &wt, pred.key, pred.klen, rev + 1);
+        free(pred.key);
+        pred.key = NULL;
+        if (err == DLOCK_ETIMEDOUT) {
+            err = dlock_seterr(cl(ec), DLOCK_ETIMEDOUT,
+                               "the deadline passed with the lock still held elsewhere");
+            goto fail;
+        }
+        if (err < 0)
+            goto fail;
+        /* A watch that keeps ending at once (a member refusing it): not
+         * more than one start every 100 ms. */
+        quick = err == 1 && dlock_monotonic_ns() - started < 100 * MS ? quick + 1 : 0;
+        if (quick > 2) {
+            uint64_t t = dlock_monotonic_ns() + 100 * MS;
+            if (wt.until && t > wt.until)
+                t = wt.until;
+            struct timespec ts;
+            dlock_ns_to_timespec(t, &ts);
+            clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+        }
+        while ((err = claim(ec, held, &pred, &rev)) == 1) {
+        }
+        if (err)
+            goto fail;
+    }
+    held->end_ns = wt.lease_from + (uint64_t)held->ttl_ms * MS;
+    held->base.lease_end_ns = held->end_ns;
+    *heldp = &held->base;
+    return 0;
+fail:
+    free(pred.key);
+    give_up(ec, held);
+    held_free(held);
+    return err;
+}
+
+static int etcd_release(dlock_conn *conn, dlock_held *h)
+{
+    struct etcd_conn *ec = (struct etcd_conn *)conn;
+    struct etcd_held *held = (struct etcd_held *)h;
+    int err = lease_revoke(ec, &ec->app, held->lease, call_until(ec));
+    held_free(held);
+    return err;
+}
+
+/* Whether our key is still there with our create revision. */
+static int check_key(struct etcd_conn *ec, struct etcd_http *h, struct etcd_held *held,
+                     uint64_t until)
+{
+    json_object *req = json_object_new_object(), *root;
+    if (req)
+        json_object_object_add(req, "key", etcd_new_bytes(held->key, held->klen));
+    int err = call_ok(ec, h, "/v3/kv/range", req, until, DLOCK_ECONNECT, "reading the lock key",
+                      &root);
+    if (err)
+        return err;
+    json_object *kvs = kvs_of(root);
+    int64_t create = kvs && json_object_array_length(kvs) > 0
+                         ? etcd_int(json_object_array_get_idx(kvs, 0), "create_revision")
+                         : 0;
+    json_object_put(root);
+    if (create != (int64_t)held->base.token)
+        return dlock_seterr(cl(ec), DLOCK_ELOST, "etcd %s: the lock's key is gone", ec->where);
+    return 0;
+}
+
+/* Moves the key to a new lease of ttl_s (renew with another TTL). */
+static int move_lease(struct etcd_conn *ec, struct etcd_http *h, struct etcd_held *held,
+                      int64_t ttl_s, uint64_t until)
+{
+    int64_t id;
+    int err = lease_grant(ec, h, ttl_s, until, &id);
+    if (err)
+        return err;
+    json_object *txn = json_object_new_object(), *cmp = json_object_new_object();
+    json_object *cmps = json_object_new_array(), *ok = json_object_new_array();
+    json_object *put = json_object_new_object(), *root;
+    if (!txn || !cmp || !cmps || !ok || !put) {
+        json_object_put(txn), json_object_put(cmp), json_object_put(cmps);
+        json_object_put(ok), json_object_put(put);
+        return oom(ec);
+    }
+    json_object_object_add(cmp, "key", etcd_new_bytes(held->key, held->klen));
+    json_object_object_add(cmp, "target", json_object_new_string("CREATE"));
+    json_object_object_add(cmp, "result", json_object_new_string("EQUAL"));
+    json_object_object_add(cmp, "create_revision", etcd_new_int((int64_t)held->base.token));
+    json_object_array_add(cmps, cmp);
+    json_object_object_add(put, "key", etcd_new_bytes(held->key, held->klen));
+    json_object_object_add(put, "ignore_value", json_object_new_boolean(1));
+    json_object_object_add(put, "lease", etcd_new_int(id));
+    json_object_array_add(ok, wrap("request_put", put));
+    json_object_object_add(txn, "compare", cmps);
+    json_object_object_add(txn, "success", ok);
+    if ((err = call_ok(ec, h, "/v3/kv/txn", txn, until, DLOCK_ECONNECT, "moving the lease",
+                       &root)) != 0)
+        return err;
+    int moved = json_object_get_boolean(etcd_get(root, "succeeded"));
+    json_object_put(root);
+    dlock_errsave save;
+    if (!moved) {
+        lease_revoke(ec, h, id, until);
+        return dlock_seterr(cl(ec), DLOCK_ELOST, "etcd %s: the lock's key is gone", ec->where);
+    }
+    int64_t old = held->lease;
+    held->lease = id;
+    held->ttl_s = ttl_s;
+    dlock_err_save(cl(ec), &save);
+    lease_revoke(ec, h, old, until); /* holds nothing now; it expires anyway */
+    dlock_err_restore(cl(ec), &save);
+    return 0;
+}
+
+static int renew_on(struct etcd_conn *ec, struct etcd_http *h, struct etcd_held *held,
+                    uint32_t ttl_ms)
+{
+    uint64_t sent = dlock_monotonic_ns(), until = sent + ec->site.timeout_ms * MS;
+    int64_t ttl_s = ttl_seconds(ttl_ms), got;
+    int err;
+    if (sent >= held->end_ns) {
+        /* The lease the client was promised is over; what etcd still
+         * keeps (TTLs in whole seconds, at least its minimum) is not
+         * renewed but given back. */
+        dlock_errsave save;
+        dlock_err_save(cl(ec), &save);
+        lease_revoke(ec, h, held->lease, until);
+        dlock_err_restore(cl(ec), &save);
+        return dlock_seterr(cl(ec), DLOCK_ELOST, "etcd %s: the lease had ended %" PRIu64
+                            " ms before the renewal", ec->where, (uint64_t)((sent - held->end_ns) / MS));
+    }
+    if (ttl_s != held->ttl_s) {
+        err = move_lease(ec, h, held, ttl_s, until);
+    } else if ((err = lease_keepalive(ec, h, held->lease, until, &got)) == 0) {
+        err = check_key(ec, h, held, until);
+    }
+    if (err == 0) {
+        held->ttl_ms = ttl_ms;
+        held->end_ns = sent + (uint64_t)ttl_ms * MS;
+        held->base.lease_end_ns = held->end_ns;
+    }
+    return err;
+}
+
+static int etcd_renew(dlock_conn *conn, dlock_held *h, uint32_t ttl_ms)
+{
+    struct etcd_conn *ec = (struct etcd_conn *)conn;
+    return renew_on(ec, &ec->app, (struct etcd_held *)h, ttl_ms);
+}
+
+/* The keeper's thread: its own HTTP connection; the site (token,
+ * endpoint) is shared under its mutex. */
+static int etcd_keep(dlock_conn *conn, dlock_held *h, uint32_t ttl_ms)
+{
+    struct etcd_conn *ec = (struct etcd_conn *)conn;
+    return renew_on(ec, &ec->keeper, (struct etcd_held *)h, ttl_ms);
+}
+
+static int etcd_ping(dlock_conn *conn)
+{
+    struct etcd_conn *ec = (struct etcd_conn *)conn;
+    json_object *root;
+    int err = call_ok(ec, &ec->app, "/v3/maintenance/status", json_object_new_object(),
+                      call_until(ec), DLOCK_ECONNECT, "status", &root);
+    json_object_put(root);
+    return err;
+}
+
+/* The current revision: a count-only read of the prefix (which also
+ * checks that the user may read it). */
+static int current_revision(struct etcd_conn *ec, uint64_t until, int64_t *rev)
+{
+    size_t plen = strlen(ec->prefix);
+    char *dir = malloc(plen + 2);
+    if (!dir)
+        return oom(ec);
+    memcpy(dir, ec->prefix, plen);
+    dir[plen] = '/';
+    dir[plen + 1] = '\0';
+    json_object *req = range_req(dir, plen + 1, "NONE", 0, 0), *root;
+    free(dir);
+    if (req) {
+        json_object_object_del(req, "sort_target");
+        json_object_object_del(req, "sort_order");
+        json_object_object_add(req, "count_only", json_object_new_boolean(1));
+    }
+    int err = call_ok(ec, &ec->app, "/v3/kv/range", req, until, DLOCK_ECONNECT,
+                      "reading the prefix", &root);
+    if (err)
+        return err;
+    *rev = etcd_int(etcd_get(root, "header"), "revision");
+    json_object_put(root);
+    return 0;
+}
+
+static int etcd_token_top(dlock_conn *conn, uint64_t *top)
+{
+    struct etcd_conn *ec = (struct etcd_conn *)conn;
+    int64_t rev;
+    int err = current_revision(ec, call_until(ec), &rev);
+    if (err == 0)
+        *top = (uint64_t)rev;
+    return err;
+}
+
+static int check_floor(struct etcd_conn *ec, uint64_t floor, const char *what)
+{
+    int64_t rev;
+    int err = current_revision(ec, call_until(ec), &rev);
+    if (err)
+        return err;
+    if (floor <= (uint64_t)rev)
+        return 0; /* every later create revision is above the current one */
+    return dlock_seterr(cl(ec), DLOCK_ENOTSUP,
+                        "etcd's tokens are its revisions and cannot be raised: %s %" PRIu64
+                        " is above the current revision %" PRId64, what, floor, rev);
+}
+
+static int etcd_raise_floor(dlock_conn *conn, uint64_t floor)
+{
+    return check_floor((struct etcd_conn *)conn, floor, "the floor");
+}
+
+static int etcd_raise_token(dlock_conn *conn, dlock_held *h, uint64_t floor)
+{
+    struct etcd_conn *ec = (struct etcd_conn *)conn;
+    struct etcd_held *held = (struct etcd_held *)h;
+    int err = check_key(ec, &ec->app, held, call_until(ec));
+    return err ? err : check_floor(ec, floor, "the token");
+}
+
+static int etcd_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+{
+    struct etcd_conn *ec = (struct etcd_conn *)conn;
+    size_t dlen;
+    char *dir = name_dir(ec, name, len, &dlen);
+    json_object *root = NULL;
+    uint64_t until = call_until(ec);
+    if (!dir)
+        return oom(ec);
+    int err = call_ok(ec, &ec->app, "/v3/kv/range",
+                      range_req(dir, dlen, "ASCEND", DLOCK_INFO_LISTED + 1, 0), until,
+                      DLOCK_ECONNECT, "inspect", &root);
+    free(dir);
+    if (err)
+        return err;
+    json_object *kvs = kvs_of(root);
+    int64_t count = etcd_int(root, "count"), lease = 0;
+    info->known |= DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER;
+    info->held = count > 0;
+    info->waiters = count > 0 ? (uint64_t)(count - 1) : 0;
+    for (size_t i = 0; kvs && i < json_object_array_length(kvs); i++) {
+        struct kv kv;
+        if (read_kv(json_object_array_get_idx(kvs, i), &kv) != 0) {
+            json_object_put(root);
+            return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: inspect: a bad key", ec->where);
+        }
+        free(kv.key);
+        if (i == 0) {
+            info->token = (uint64_t)kv.create;
+            snprintf(info->owner, sizeof info->owner, "%s", kv.value);
+            info->known |= DLOCK_KNOWS_TOKEN | (kv.value[0] ? DLOCK_KNOWS_OWNER : 0);
+            lease = kv.lease;
+        } else if (info->listed < DLOCK_INFO_LISTED) {
+            snprintf(info->waiter[info->listed++], DLOCK_HOLDER_MAX, "%s", kv.value);
+        }
+    }
+    json_object_put(root);
+    if (lease) {
+        json_object *req = json_object_new_object();
+        if (req)
+            json_object_object_add(req, "ID", etcd_new_int(lease));
+        if ((err = call_ok(ec, &ec->app, "/v3/lease/timetolive", req, until, DLOCK_ECONNECT,
+                           "inspect: lease time to live", &root)) != 0)
+            return err;
+        int64_t ttl = etcd_int(root, "TTL");
+        json_object_put(root);
+        if (ttl > 0) {
+            info->lease_ms = (uint64_t)ttl * 1000;
+            info->known |= DLOCK_KNOWS_LEASE;
+        }
+    }
+    return 0;
+}
+
+/* ---- open and close ------------------------------------------------------ */
+
+static void etcd_close(dlock_conn *conn)
+{
+    struct etcd_conn *ec = (struct etcd_conn *)conn;
+    if (!ec)
+        return;
+    etcd_http_free(&ec->app);
+    etcd_http_free(&ec->keeper);
+    if (ec->watch)
+        curl_easy_cleanup(ec->watch);
+    if (ec->multi)
+        curl_multi_cleanup(ec->multi);
+    for (size_t i = 0; i < ec->site.n; i++)
+        free(ec->site.urls[i]);
+    free(ec->site.urls);
+    free(ec->site.user);
+    free(ec->site.password);
+    free(ec->site.cacert);
+    free(ec->site.cert);
+    free(ec->site.key);
+    free(ec->site.token);
+    free(ec->prefix);
+    pthread_mutex_destroy(&ec->site.mu);
+    free(ec);
+}
+
+static int dup_param(struct etcd_conn *ec, const dlock_uri *uri, const char *key, char **out)
+{
+    const char *v = dlock_uri_param(uri, key);
+    if (!v)
+        return 0;
+    if (!v[0])
+        return dlock_seterr(cl(ec), DLOCK_EBADURI, "etcd: %s= needs a file name", key);
+    if (!(*out = strdup(v)))
+        return oom(ec);
+    return 0;
+}
+
+static int parse_uri(struct etcd_conn *ec, const dlock_uri *uri)
+{
+    uint64_t connect_ms = DEFAULT_CONNECT_MS, timeout_ms = DEFAULT_TIMEOUT_MS;
+    const char *path = dlock_uri_path(uri);
+    int err, tls = 0;
+    if ((err = dlock_uri_param_uint(cl(ec), uri, "connect_timeout", 1, 3600000, &connect_ms)) ||
+        (err = dlock_uri_param_uint(cl(ec), uri, "timeout", 1, 3600000, &timeout_ms)) ||
+        (err = dlock_uri_param_bool(cl(ec), uri, "tls", &tls)) ||
+        (err = dup_param(ec, uri, "cacert", &ec->site.cacert)) ||
+        (err = dup_param(ec, uri, "cert", &ec->site.cert)) ||
+        (err = dup_param(ec, uri, "key", &ec->site.key)))
+        return err;
+    if (!!ec->site.cert != !!ec->site.key)
+        return dlock_seterr(cl(ec), DLOCK_EBADURI, "etcd: cert= and key= go together (a client"
+                            " certificate and its private key)");
+    ec->site.tls = tls || ec->site.cacert || ec->site.cert;
+    ec->site.connect_ms = connect_ms;
+    ec->site.timeout_ms = timeout_ms;
+    size_t n = dlock_uri_host_count(uri);
+    if (n == 0)
+        return dlock_seterr(cl(ec), DLOCK_EBADURI, "etcd: the URI names no endpoint (host:port)");
+    if (!(ec->site.urls = calloc(n, sizeof *ec->site.urls)))
+        return oom(ec);
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *host = dlock_uri_host(uri, i);
+        unsigned port = dlock_uri_port(uri, i) ? dlock_uri_port(uri, i) : DEFAULT_PORT;
+        int v6 = strchr(host, ':') != NULL;
+        char url[300];
+        if (snprintf(url, sizeof url, "%s://%s%s%s:%u", ec->site.tls ? "https" : "http",
+                     v6 ? "[" : "", host, v6 ? "]" : "", port) >= (int)sizeof url)
+            return dlock_seterr(cl(ec), DLOCK_EBADURI, "etcd: host name too long");
+        if (!(ec->site.urls[i] = strdup(url)))
+            return oom(ec);
+        ec->site.n = i + 1;
+        w += (size_t)snprintf(ec->where + w, w < sizeof ec->where ? sizeof ec->where - w : 0,
+                              "%s%s%s%s:%u", i ? "," : "", v6 ? "[" : "", host, v6 ? "]" : "",
+                              port);
+        if (w >= sizeof ec->where)
+            w = sizeof ec->where - 1;
+    }
+    ec->site.where = ec->where;
+    /* The prefix: the path without a trailing '/', "/dlock" when none. */
+    size_t plen = strlen(path);
+    while (plen > 1 && path[plen - 1] == '/')
+        plen--;
+    if (plen <= 1)
+        ec->prefix = strdup(DEFAULT_PREFIX);
+    else
+        ec->prefix = strndup(path, plen);
+    if (!ec->prefix)
+        return oom(ec);
+    if (dlock_uri_user(uri)) {
+        if (!(ec->site.user = strdup(dlock_uri_user(uri))) ||
+            (dlock_uri_password(uri) && !(ec->site.password = strdup(dlock_uri_password(uri)))))
+            return oom(ec);
+    } else if (dlock_uri_password(uri)) {
+        return dlock_seterr(cl(ec), DLOCK_EBADURI, "etcd: a password needs a user name");
+    }
+    return 0;
+}
+
+static int etcd_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
+{
+    struct etcd_conn *ec = calloc(1, sizeof *ec);
+    int64_t rev;
+    int err;
+    if (!ec)
+        return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
+    ec->base.client = c;
+    ec->site.client = c;
+    pthread_mutex_init(&ec->site.mu, NULL);
+    if ((err = parse_uri(ec, uri)) != 0 || (err = etcd_http_init(&ec->site, &ec->app)) != 0 ||
+        (err = etcd_http_init(&ec->site, &ec->keeper)) != 0)
+        goto fail;
+    if (!(ec->watch = curl_easy_init()) || !(ec->multi = curl_multi_init())) {
+        err = oom(ec);
+        goto fail;
+    }
+    /* Reach a member (and authenticate) within connect_timeout. */
+    uint64_t until = dlock_monotonic_ns() + ec->site.connect_ms * MS;
+    if (ec->site.user && (err = etcd_authenticate(&ec->site, &ec->app, until, DLOCK_ECONNECT)) != 0)
+        goto fail;
+    if ((err = current_revision(ec, until, &rev)) != 0)
+        goto fail;
+    *connp = &ec->base;
+    return 0;
+fail:
+    etcd_close(&ec->base);
+    return err;
+}
+
+const dlock_backend dlock_etcd_backend = {
+    .version = DLOCK_BACKEND_VERSION,
+    .name = "etcd",
+    .schemes = etcd_schemes,
+    /* No HOLDER_DEATH: a dead holder's lock goes when its lease runs out. */
+    .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
+            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE,
+    .options = etcd_options,
+    .open = etcd_open,
+    .close = etcd_close,
+    .acquire = etcd_acquire,
+    .release = etcd_release,
+    .renew = etcd_renew,
+    .ping = etcd_ping,
+    .keep = etcd_keep,
+    .raise_token = etcd_raise_token,
+    .token_top = etcd_token_top,
+    .raise_floor = etcd_raise_floor,
+    .inspect = etcd_inspect,
+};

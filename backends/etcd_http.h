@@ -1,0 +1,101 @@
+/*
+ * etcd's v3 JSON gateway over libcurl, for backends/etcd.c: endpoints
+ * tried in turn, the auth token, bounded calls, base64. See etcd_http.c.
+ */
+#ifndef DLOCK_ETCD_HTTP_H
+#define DLOCK_ETCD_HTTP_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <curl/curl.h>
+#include <json-c/json.h>
+
+#include "dlock_backend.h"
+
+/* gRPC status codes the gateway reports in {"code": N}. */
+enum {
+    ETCD_OK = 0,
+    ETCD_INVALID_ARGUMENT = 3,
+    ETCD_NOT_FOUND = 5,
+    ETCD_PERMISSION_DENIED = 7,
+    ETCD_FAILED_PRECONDITION = 9,
+    ETCD_UNAVAILABLE = 14,
+    ETCD_UNAUTHENTICATED = 16,
+};
+
+/* What a connection's handles share: the endpoints, the credentials and
+ * the auth token (the keeper's thread uses them too, under mu). */
+struct etcd_site {
+    dlock_client *client;
+    char **urls; /* "http://host:port", one per endpoint */
+    size_t n;
+    size_t cur;  /* the endpoint that answered last (under mu) */
+    char *user, *password;
+    char *cacert, *cert, *key; /* TLS files, NULL when not given */
+    int tls;
+    uint64_t connect_ms, timeout_ms;
+    const char *where; /* the endpoints, for messages */
+    pthread_mutex_t mu;
+    char *token;    /* under mu; NULL: none (no credentials, or auth off) */
+    unsigned gen;   /* bumped at each new token */
+};
+
+/* One thread's HTTP client: a libcurl handle (its connection is kept
+ * alive between calls) and the reply buffer. */
+struct etcd_http {
+    CURL *h;
+    char *buf;
+    size_t len, cap;
+    char err[CURL_ERROR_SIZE];
+};
+
+/* A reply: the parsed JSON (the caller puts it), the gRPC code the
+ * gateway gave (0: none) and whether the request may have reached a
+ * server before its reply was lost on an earlier attempt. */
+struct etcd_res {
+    json_object *root;
+    int code;
+    int again;
+};
+
+int etcd_global_init(void);
+int etcd_http_init(struct etcd_site *s, struct etcd_http *h);
+void etcd_http_free(struct etcd_http *h);
+
+/*
+ * POSTs req (JSON) to path ("/v3/kv/range"...) on the endpoint that
+ * answered last, then on the others in turn when one cannot be reached or
+ * has no leader, until `until` (absolute CLOCK_MONOTONIC; `late` is the
+ * error then: DLOCK_ECONNECT or DLOCK_ETIMEDOUT). Authenticates first when
+ * the site has credentials, and again once when the server says the token
+ * is no longer valid. Returns 0 with *r filled (r->code may be a gRPC
+ * error the caller maps: etcd_error()), or an error recorded on the site's
+ * client.
+ */
+int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_object *req,
+              uint64_t until, int late, struct etcd_res *r);
+/* Authenticates now (open): 0, DLOCK_EAUTH, or a connection error. */
+int etcd_authenticate(struct etcd_site *s, struct etcd_http *h, uint64_t until, int late);
+/* The curl options a request needs (URL, TLS, auth header), for the watch
+ * stream, which is driven by the caller. hdr is the caller's to free. */
+int etcd_prepare(struct etcd_site *s, CURL *h, size_t ep, const char *path, const char *body,
+                 struct curl_slist **hdr);
+/* Records a reply's gRPC error as a dlock error (what: the operation). */
+int etcd_error(struct etcd_site *s, const struct etcd_res *r, const char *what);
+
+/* Reading replies: a member by name (NULL when o is not an object or has
+ * none), an int64 (the gateway writes them as strings; 0 when absent). */
+json_object *etcd_get(json_object *o, const char *key);
+int64_t etcd_int(json_object *o, const char *key);
+/* A JSON string holding an int64 (how the gateway takes them). */
+json_object *etcd_new_int(int64_t v);
+
+/* Base64 (etcd's keys and values are bytes): the encoding of len bytes as
+ * a new JSON string; the decoding of a JSON string into out (room for
+ * *len bytes; *len set to what it holds). -1 on bad input or no room. */
+json_object *etcd_new_bytes(const void *data, size_t len);
+int etcd_bytes(json_object *str, unsigned char *out, size_t *len);
+
+#endif
