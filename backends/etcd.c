@@ -1161,7 +1161,10 @@ static int parse_uri(struct etcd_conn *ec, const dlock_uri *uri)
         ec->prefix = strndup(path, plen);
     if (!ec->prefix)
         return oom(ec);
-    if (dlock_uri_user(uri)) {
+    const char *user = dlock_uri_user(uri), *pw = dlock_uri_password(uri);
+    if (user && !user[0] && pw && pw[0])
+        return dlock_seterr(cl(ec), DLOCK_EBADURI, "etcd: a password needs a user name");
+    if (user && user[0]) {
         if (!(ec->site.user = strdup(dlock_uri_user(uri))) ||
             (dlock_uri_password(uri) && !(ec->site.password = strdup(dlock_uri_password(uri)))))
             return oom(ec);

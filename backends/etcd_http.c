@@ -291,8 +291,12 @@ static int auth_reply(struct etcd_site *s, json_object *root, long status)
         pthread_mutex_unlock(&s->mu);
         return 0;
     }
-    if (code == ETCD_FAILED_PRECONDITION && strstr(m, "not enabled"))
-        return 0; /* auth is off: every request is accepted without a token */
+    if (code == ETCD_FAILED_PRECONDITION && strstr(m, "not enabled")) {
+        pthread_mutex_lock(&s->mu);
+        s->gen++; /* auth is off: every request is accepted without a token */
+        pthread_mutex_unlock(&s->mu);
+        return 0;
+    }
     if (code == ETCD_INVALID_ARGUMENT || code == ETCD_UNAUTHENTICATED ||
         code == ETCD_PERMISSION_DENIED || strstr(m, "authentication failed"))
         return dlock_seterr(s->client, DLOCK_EAUTH, "etcd %s: authentication failed for user"

@@ -39,7 +39,7 @@ struct etcd_site {
     const char *where; /* the endpoints, for messages */
     pthread_mutex_t mu;
     char *token;    /* under mu; NULL: none (no credentials, or auth off) */
-    unsigned gen;   /* bumped at each new token */
+    unsigned gen;   /* bumped at each authentication (0: none yet) */
 };
 
 /* One thread's HTTP client: a libcurl handle (its connection is kept
