@@ -4,35 +4,44 @@
  * not gRPC is said there).
  *
  * The recipe is etcd's own (clientv3/concurrency's Mutex), with a lease
- * per lock:
+ * per lock and a short lease for waiting:
  *  - acquire grants a lease of the lock's TTL, then in one transaction
- *    creates <prefix>/<name>/<lease id> with that lease, only if it does
- *    not exist yet (so a repeat after a lost reply finds it instead), and
- *    reads the name's two newest keys by create revision: ours, and the
- *    one just before it. Our key's create revision is the fencing token:
- *    global to the cluster, strictly increasing, kept across leader
- *    changes and restarts. No key before ours: held (two round trips).
+ *    creates <prefix>/<name>/<lease id>: on that lease when the name has
+ *    no key at all (a compare over the name's range), and then it holds
+ *    (two round trips); else a try creates nothing (busy), and a wait
+ *    creates it on the client's waiters' lease (WAIT_TTL_S, granted once
+ *    and kept alive while the client waits, so that a waiter killed while
+ *    queued frees its place within seconds, not after the lock's TTL) and
+ *    reads the name's two newest keys: ours and the one before it. Our
+ *    key's create revision (the transaction's revision) is the fencing
+ *    token: global to the cluster, strictly increasing, kept across leader
+ *    changes and restarts. A repeat after a lost reply finds our key (the
+ *    put's previous version) and reads the queue again.
  *  - a waiter watches only the key just before its own, for its deletion
  *    (no herd; first come, first served in create order), from the
  *    revision it read it at, so a deletion in between is delivered at
- *    once. Once told, it reads the key just before its own again (one
- *    round trip, which also checks that its own key is still there): none
- *    is a grant, another is watched in turn (a waiter ahead gave up). The
- *    watch carries gRPC's "hasleader" metadata, so a member that loses its
+ *    once. Once told, one transaction (claim) grants it if every key of
+ *    the name was created at or after ours and ours is still there, moving
+ *    ours to the lock's lease; else it reads ours and the key now before
+ *    it, which is watched in turn (a waiter ahead gave up). The watch
+ *    carries gRPC's "hasleader" metadata, so a member that loses its
  *    leader ends it rather than leaving it silent; a watch cancelled
  *    because its revision was compacted, or ended by its member, is
- *    started again after a new read. While waiting, the lease is kept
- *    alive every third of the TTL; a keep-alive that had to move to
- *    another endpoint moves the watch there too (a member stopped without
- *    closing its connections is otherwise silent).
- *  - release revokes the lease, which deletes the key in the same raft
- *    entry: only our own key can go, and a lease already gone is reported
- *    as DLOCK_ELOST. A waiter that gives up revokes its lease the same way.
+ *    started again after a new read. While waiting, both leases are kept
+ *    alive every third of the shorter TTL; a keep-alive that had to move
+ *    to another endpoint moves the watch there too (a member stopped
+ *    without closing its connections is otherwise silent).
+ *  - release revokes the lock's lease, which deletes the key in the same
+ *    raft entry: only our own key can go, and a lease already gone is
+ *    reported as DLOCK_ELOST. A waiter that gives up deletes its key (if
+ *    still its own) and revokes the lock's lease.
  *  - renew keeps the lease alive (one round trip) and checks the key is
  *    still ours (another); a renew with another TTL (in whole seconds)
  *    moves the key to a new lease in a transaction that checks the key's
- *    create revision, then revokes the old lease. The keeper does the same
- *    on its own HTTP connection.
+ *    create revision, then revokes the old lease. A renew after the
+ *    client's lease ended is DLOCK_ELOST (and gives back what etcd still
+ *    kept: TTLs there are whole seconds, at least its minimum). The keeper
+ *    does the same on its own HTTP connection.
  *
  * A lease per lock, not per client: each lock keeps the TTL its acquire
  * asked for (a client lease would give every lock the first one's), a
@@ -615,103 +624,116 @@ static int wait_lease(struct etcd_conn *ec)
     return err;
 }
 
-/* A waiter's key moves to the waiters' lease (its create revision, the
- * token, stays). */
-static int start_waiting(struct etcd_conn *ec, struct etcd_held *held)
-{
-    json_object *req = json_object_new_object(), *cmps = json_object_new_array();
-    json_object *ok = json_object_new_array(), *root;
-    int err = wait_lease(ec);
-    if (err || !req || !cmps || !ok) {
-        json_object_put(req), json_object_put(cmps), json_object_put(ok);
-        return err ? err : oom(ec);
-    }
-    json_object_array_add(cmps, create_cmp(held->key, held->klen, "EQUAL", (int64_t)held->base.token));
-    json_object_array_add(ok, put_lease(held->key, held->klen, ec->wait_lease));
-    json_object_object_add(req, "compare", cmps);
-    json_object_object_add(req, "success", ok);
-    if ((err = call_ok(ec, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT,
-                       "joining the queue", &root)) != 0)
-        return err;
-    int moved = json_object_get_boolean(etcd_get(root, "succeeded"));
-    json_object_put(root);
-    if (!moved)
-        return place_lost(ec);
-    held->waiting = 1;
-    return 0;
-}
-
 /*
- * Creates our key (only if absent) and reads the name's two newest keys:
- * ours, whose create revision is the token, and the one before it.
+ * Our key, in one transaction. If the name has no key at all (a compare
+ * over its range: every key's create revision is 0 only when there is
+ * none), ours is created on the lock's own lease: held, in one round trip.
+ * Otherwise a try creates nothing and reads the newest key (busy), and a
+ * wait creates ours on the waiters' lease and reads the name's two newest
+ * keys: ours and the one before it, which it watches. Both puts ask for
+ * the key's previous version: a repeat after a lost reply finds our key
+ * there, and reads the queue again instead (claim). A key's create
+ * revision is the revision of the transaction that made it: the token.
  */
 static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_request *req,
-                      struct kv *pred, int64_t *rev)
+                      int try, struct kv *pred, int64_t *rev)
 {
-    json_object *txn = json_object_new_object(), *cmp = json_object_new_object();
-    json_object *cmps = json_object_new_array(), *ok = json_object_new_array();
-    json_object *ko = json_object_new_array(), *put = json_object_new_object(), *root;
-    if (!txn || !cmp || !cmps || !ok || !ko || !put) {
-        json_object_put(txn), json_object_put(cmp), json_object_put(cmps);
-        json_object_put(ok), json_object_put(ko), json_object_put(put);
+    json_object *txn = json_object_new_object(), *cmps = json_object_new_array();
+    json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *root;
+    json_object *empty = create_cmp(held->key, held->dir, "EQUAL", 0);
+    if (!txn || !cmps || !ok || !ko || !empty) {
+        json_object_put(txn), json_object_put(cmps), json_object_put(ok);
+        json_object_put(ko), json_object_put(empty);
         return oom(ec);
     }
-    json_object_object_add(cmp, "key", etcd_new_bytes(held->key, held->klen));
-    json_object_object_add(cmp, "target", json_object_new_string("CREATE"));
-    json_object_object_add(cmp, "result", json_object_new_string("EQUAL"));
-    json_object_object_add(cmp, "create_revision", etcd_new_int(0));
-    json_object_array_add(cmps, cmp);
-    json_object_object_add(put, "key", etcd_new_bytes(held->key, held->klen));
-    json_object_object_add(put, "value", etcd_new_bytes(req->owner_hex, 32));
-    json_object_object_add(put, "lease", etcd_new_int(held->lease));
-    json_object_array_add(ok, wrap("request_put", put));
-    json_object_array_add(ok, wrap("request_range", range_req(held->key, held->dir, RANGE_DESCEND,
-                                                               2, 0)));
-    json_object *mine = json_object_new_object();
-    json_object_object_add(mine, "key", etcd_new_bytes(held->key, held->klen));
-    json_object_array_add(ko, wrap("request_range", mine));
+    json_object_object_add(empty, "range_end", range_end(held->key, held->dir));
+    json_object_array_add(cmps, empty);
+    for (int branch = 0; branch < 2; branch++) {
+        if (branch == 1 && try) {
+            json_object_array_add(ko, wrap("request_range", range_req(held->key, held->dir,
+                                                                       RANGE_DESCEND, 1, 0)));
+            break;
+        }
+        json_object *put = json_object_new_object();
+        if (!put)
+            break;
+        json_object_object_add(put, "key", etcd_new_bytes(held->key, held->klen));
+        json_object_object_add(put, "value", etcd_new_bytes(req->owner_hex, 32));
+        json_object_object_add(put, "lease", etcd_new_int(branch ? ec->wait_lease : held->lease));
+        json_object_object_add(put, "prev_kv", json_object_new_boolean(1));
+        json_object_array_add(branch ? ko : ok, wrap("request_put", put));
+        if (branch)
+            json_object_array_add(ko, wrap("request_range", range_req(held->key, held->dir,
+                                                                       RANGE_DESCEND, 2, 0)));
+    }
     json_object_object_add(txn, "compare", cmps);
     json_object_object_add(txn, "success", ok);
     json_object_object_add(txn, "failure", ko);
-    int err = call_ok(ec, &ec->app, "/v3/kv/txn", txn, call_until(ec), DLOCK_ECONNECT,
-                      "creating the lock key", &root);
+    struct etcd_res r;
+    int err = etcd_call(&ec->site, &ec->app, "/v3/kv/txn", txn, call_until(ec), DLOCK_ECONNECT, &r);
+    json_object_put(txn);
     if (err)
         return err;
+    if (r.code == ETCD_NOT_FOUND && !try) {
+        /* The waiters' lease had expired: a new one, and again. */
+        json_object_put(r.root);
+        ec->wait_lease = 0;
+        return 1;
+    }
+    if (r.code) {
+        err = etcd_error(&ec->site, &r, "creating the lock key");
+        json_object_put(r.root);
+        return err;
+    }
+    root = r.root;
     json_object *rs = etcd_get(root, "responses");
     int succeeded = json_object_get_boolean(etcd_get(root, "succeeded"));
-    json_object *range = rs ? etcd_get(json_object_array_get_idx(rs, succeeded ? 1 : 0),
-                                       "response_range") : NULL;
+    json_object *put = !succeeded && try ? NULL
+                       : etcd_get(json_object_array_get_idx(rs, 0), "response_put");
+    json_object *range = !succeeded ? etcd_get(json_object_array_get_idx(rs, try ? 0 : 1),
+                                               "response_range") : NULL;
     json_object *kvs = kvs_of(range);
-    struct kv own;
     memset(pred, 0, sizeof *pred);
     *rev = etcd_int(etcd_get(root, "header"), "revision");
-    if (!kvs || json_object_array_length(kvs) < 1 ||
-        read_kv(json_object_array_get_idx(kvs, 0), &own) != 0) {
+    held->waiting = !succeeded && !try;
+    if (!rs || ((succeeded || !try) && !put) || (!succeeded && !kvs)) {
         json_object_put(root);
-        return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: creating the lock key: no key in the"
-                            " reply", ec->where);
+        return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: creating the lock key: a reply"
+                            " without its parts", ec->where);
     }
-    int same = own.klen == held->klen && memcmp(own.key, held->key, held->klen) == 0;
-    held->base.token = (uint64_t)own.create;
-    free(own.key);
-    if (!same || own.create <= 0) {
+    if (put && etcd_get(put, "prev_kv")) {
+        /* A repeat after a lost reply found our key: read what is before it. */
+        held->base.token = (uint64_t)etcd_int(etcd_get(put, "prev_kv"), "create_revision");
+        held->waiting = !succeeded;
         json_object_put(root);
-        return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: creating the lock key: the reply"
-                            " names another key", ec->where);
-    }
-    if (succeeded && json_object_array_length(kvs) > 1 &&
-        read_kv(json_object_array_get_idx(kvs, 1), pred) != 0) {
-        json_object_put(root);
-        return oom(ec);
-    }
-    json_object_put(root);
-    /* A repeat after a lost reply found our key: read what is before it. */
-    if (!succeeded) {
         while ((err = claim(ec, held, pred, rev)) == 1) {
         }
         return err;
     }
+    if (succeeded || !try)
+        held->base.token = (uint64_t)*rev;
+    /* Busy: the newest key; waiting: the one after ours (ours is the newest). */
+    size_t at = try ? 0 : 1;
+    if (!succeeded && json_object_array_length(kvs) > at &&
+        read_kv(json_object_array_get_idx(kvs, at), pred) != 0) {
+        json_object_put(root);
+        return oom(ec);
+    }
+    json_object_put(root);
+    if (!succeeded && !pred->key)
+        return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: creating the lock key: the name has"
+                            " keys, yet none before ours", ec->where);
     return 0;
+}
+
+/* The waiters' lease for a new wait: the client's own if it was kept
+ * alive recently enough to outlive the first keep-alive of the wait,
+ * else kept alive or granted now (a round trip). */
+static int wait_lease_for_wait(struct etcd_conn *ec)
+{
+    if (ec->wait_lease && dlock_monotonic_ns() - ec->wait_kept < (WAIT_TTL_S * 1000 - 1500) * MS)
+        return 0;
+    return wait_lease(ec);
 }
 
 static void held_free(struct etcd_held *held)
@@ -775,15 +797,28 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     }
     held->klen = held->dir + (size_t)sprintf(held->key + held->dir, "%016" PRIx64,
                                              (uint64_t)held->lease);
-    wt.next_keep = wt.lease_from + keep_every_ms(held) * MS;
-    if ((err = create_key(ec, held, req, &pred, &rev)) != 0)
+    int try = req->wait == DLOCK_WAIT_TRY;
+    for (int tries = 0;; tries++) {
+        if (!try && (err = wait_lease_for_wait(ec)) != 0)
+            goto fail;
+        if ((err = create_key(ec, held, req, try, &pred, &rev)) != 1)
+            break;
+        if (tries) {
+            err = place_lost(ec);
+            goto fail;
+        }
+    }
+    if (err)
         goto fail;
-    if (pred.key && req->wait == DLOCK_WAIT_TRY) {
+    if (pred.key && try) {
         err = dlock_seterr(cl(ec), DLOCK_EBUSY, "the lock is held by another owner");
         goto fail;
     }
-    if (pred.key && (err = start_waiting(ec, held)) != 0)
-        goto fail;
+    /* The first keep-alives: the lock's lease a third of its TTL after
+     * its grant, the waiters' a third of its TTL after it was last kept. */
+    wt.next_keep = wt.lease_from + keep_every_ms(held) * MS;
+    if (ec->wait_kept + WAIT_TTL_S * 1000 / 3 * MS < wt.next_keep)
+        wt.next_keep = ec->wait_kept + WAIT_TTL_S * 1000 / 3 * MS;
     for (int quick = 0; pred.key;) {
         uint64_t started = dlock_monotonic_ns();
         err = watch_delete(ec, &wt, pred.key, pred.klen, rev + 1);
