@@ -17,10 +17,11 @@
  * Endpoints: a call goes to the endpoint that answered last. One that
  * cannot be reached, or that answers "unavailable" (no leader, leader
  * changed, a follower cut off from the leader), passes the call to the
- * next; once every endpoint was tried, a call that was only ever refused
- * a connection fails at once with DLOCK_ECONNECT (a store that is down is
- * reported, not waited for), while "unavailable" is asked again 50 ms
- * later within the call's bound (an election takes about a second). Every
+ * next; once every endpoint failed in a row (refused, reset, silent past
+ * its share of the bound, a TLS handshake refused), the call fails with
+ * DLOCK_ECONNECT (a store that is down is reported, not waited for), while
+ * "unavailable" is asked again 50 ms later within the call's bound (an
+ * election takes about a second). Every
  * call is bounded by an absolute time: libcurl's timeouts are set from
  * it, in milliseconds, before each attempt.
  *
@@ -331,7 +332,7 @@ int etcd_authenticate(struct etcd_site *s, struct etcd_http *h, uint64_t until, 
     json_object_object_add(req, "password", json_object_new_string(s->password ? s->password : ""));
     char why[CURL_ERROR_SIZE + 64] = "";
     const char *body = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
-    size_t ep = endpoint_now(s), refused = 0;
+    size_t ep = endpoint_now(s), failed = 0;
     /* The token must not go out with the request that asks for one. */
     pthread_mutex_lock(&s->mu);
     free(s->token);
@@ -358,9 +359,9 @@ int etcd_authenticate(struct etcd_site *s, struct etcd_http *h, uint64_t until, 
         else
             snprintf(why, sizeof why, "%s: %s", s->urls[ep], root ? reply_message(root) : "no JSON");
         json_object_put(root);
-        refused = rc != CURLE_OK && !reached(rc) ? refused + 1 : 0;
+        failed = rc != CURLE_OK ? failed + 1 : 0;
         ep = (ep + 1) % s->n;
-        if (refused >= s->n) {
+        if (failed >= s->n) {
             err = dlock_seterr(s->client, DLOCK_ECONNECT, "etcd %s: cannot connect: %s", s->where, why);
             break;
         }
@@ -378,7 +379,7 @@ int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_o
 {
     const char *body = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
     char why[CURL_ERROR_SIZE + 64] = "";
-    size_t ep = endpoint_now(s), refused = 0;
+    size_t ep = endpoint_now(s), failed = 0;
     int reauth = 0, err;
     memset(r, 0, sizeof *r);
     if (!body)
@@ -425,16 +426,15 @@ int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_o
             return 0;
         }
         snprintf(why, sizeof why, "%s: %s", s->urls[ep], h->err[0] ? h->err : curl_easy_strerror(rc));
-        if (reached(rc)) {
+        if (reached(rc))
             r->again = 1;
-            refused = 0;
-        } else {
-            refused++;
-        }
         if (rc == CURLE_OPERATION_TIMEDOUT && dlock_monotonic_ns() >= until)
             return late_error(s, late, path, why);
+        /* Every endpoint failed once in a row: the store is out of reach
+         * (or a TLS handshake is refused), said now rather than tried in
+         * a loop. */
         ep = (ep + 1) % s->n;
-        if (refused >= s->n)
+        if (++failed >= s->n)
             return dlock_seterr(s->client, DLOCK_ECONNECT, "etcd %s: cannot connect: %s",
                                 s->where, why);
     }
