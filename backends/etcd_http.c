@@ -323,6 +323,16 @@ static int reached(CURLcode rc)
            rc != CURLE_SSL_CONNECT_ERROR;
 }
 
+/* What a reset TLS connection without a client certificate usually
+ * means (with TLS 1.3 the server's refusal arrives as a reset). */
+static const char *tls_hint(const struct etcd_site *s, CURLcode rc)
+{
+    if (s->tls && !s->cert &&
+        (rc == CURLE_SEND_ERROR || rc == CURLE_RECV_ERROR || rc == CURLE_SSL_CONNECT_ERROR))
+        return " (does the server require a client certificate? cert= and key=)";
+    return "";
+}
+
 int etcd_authenticate(struct etcd_site *s, struct etcd_http *h, uint64_t until, int late)
 {
     json_object *req = json_object_new_object();
@@ -362,7 +372,8 @@ int etcd_authenticate(struct etcd_site *s, struct etcd_http *h, uint64_t until, 
         failed = rc != CURLE_OK ? failed + 1 : 0;
         ep = (ep + 1) % s->n;
         if (failed >= s->n) {
-            err = dlock_seterr(s->client, DLOCK_ECONNECT, "etcd %s: cannot connect: %s", s->where, why);
+            err = dlock_seterr(s->client, DLOCK_ECONNECT, "etcd %s: cannot connect: %s%s", s->where,
+                               why, tls_hint(s, rc));
             break;
         }
         if (rc == CURLE_OK) {
@@ -435,7 +446,7 @@ int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_o
          * a loop. */
         ep = (ep + 1) % s->n;
         if (++failed >= s->n)
-            return dlock_seterr(s->client, DLOCK_ECONNECT, "etcd %s: cannot connect: %s",
-                                s->where, why);
+            return dlock_seterr(s->client, DLOCK_ECONNECT, "etcd %s: cannot connect: %s%s",
+                                s->where, why, tls_hint(s, rc));
     }
 }
