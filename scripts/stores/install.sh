@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs the coordination stores dlock's tests run against (Redis,
-# PostgreSQL 15, MariaDB, ZooKeeper 3.8 + a headless JRE) and the client
-# development libraries the backends link with, from Debian 12's packages only.
+# PostgreSQL 15, MariaDB, ZooKeeper 3.8 + a headless JRE, etcd 3.4) and the
+# client development libraries the backends link with, from Debian 12's
+# packages only.
 #
 # Idempotent. Needs root (or sudo). Daemons are NOT left running: the
 # stores are started as plain processes by scripts/stores/start.sh.
@@ -10,6 +11,11 @@
 # depends on the full (GUI) default-jre; the jars live in `libzookeeper-java`,
 # which is all start.sh needs (with default-jre-headless), so that is what we
 # install.
+#
+# etcd: etcd-server has the daemon, etcd-client etcdctl (start.sh and the
+# tests use it); the backend itself links libcurl and json-c, and the store
+# check also uses curl against etcd's JSON gateway; openssl makes the TLS
+# test's certificates (tests/backends/test_etcd_tls.sh).
 set -eu
 
 SUDO=
@@ -20,18 +26,21 @@ PKGS="redis-server redis-tools
 postgresql-15 postgresql-client-15
 mariadb-server mariadb-client
 libzookeeper-java default-jre-headless
+etcd-server etcd-client curl openssl
 libhiredis-dev libpq-dev libmariadb-dev libzookeeper-mt-dev
+libcurl4-openssl-dev libjson-c-dev
 procps util-linux"
 
-DAEMONS="redis-server postgres mariadbd mysqld mysqld_safe"
+DAEMONS="redis-server postgres mariadbd mysqld mysqld_safe etcd"
 
 # Pids of the daemons Debian's packaged services would run: by name, and by
-# their packaged configuration (so other users' servers are never matched).
+# their packaged configuration (so other users' servers are never matched;
+# the packaged etcd runs with no arguments, reading /etc/default/etcd).
 pids_of() {
     for d in $DAEMONS; do pgrep -x "$d" 2>/dev/null || true; done | sort -n |
         while read -r pid; do
             tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null |
-                grep -Eq ':6379|/etc/postgresql/|/var/run/postgresql|/run/mysqld|/var/lib/mysql|mysqld_safe' &&
+                grep -Eq ':6379|/etc/postgresql/|/var/run/postgresql|/run/mysqld|/var/lib/mysql|mysqld_safe|^/usr/bin/etcd $' &&
                 echo "$pid" || true
         done
 }

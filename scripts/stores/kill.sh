@@ -4,14 +4,16 @@
 # connections from the server side. Instances are the names of DIR's
 # subdirectories: redis, redis-auth, redlock-1..5, postgres, mariadb,
 # zookeeper, zk-1..3, rcluster-1..6 (Redis Cluster nodes),
-# rsentinel-data-1..3 (the data nodes Sentinel fails over) and
-# rsentinel-1..3 (the sentinels).
+# rsentinel-data-1..3 (the data nodes Sentinel fails over),
+# rsentinel-1..3 (the sentinels), etcd and etcd-1..3 (the etcd cluster's
+# members).
 #
 #   scripts/stores/kill.sh [--dir DIR] INSTANCE...          SIGKILL, wait until gone
 #   scripts/stores/kill.sh [--dir DIR] pause INSTANCE...    SIGSTOP
 #   scripts/stores/kill.sh [--dir DIR] resume INSTANCE...   SIGCONT
 #   scripts/stores/kill.sh [--dir DIR] start INSTANCE...    start again, wait until ready
 #   scripts/stores/kill.sh [--dir DIR] leader               the ensemble's leader (zk-N)
+#   scripts/stores/kill.sh [--dir DIR] leader etcd-cluster  SIGKILL the etcd cluster's leader, print it (etcd-N)
 #   scripts/stores/kill.sh [--dir DIR] primary redis-sentinel     the data node the sentinels name primary
 #   scripts/stores/kill.sh [--dir DIR] primary rcluster SLOT|KEY  the cluster node serving SLOT (a number) or KEY's slot
 #   scripts/stores/kill.sh [--dir DIR] conns INSTANCE PORT...
@@ -35,6 +37,24 @@
 # down it waits for the started ones alone (answering; a replica linked to
 # its primary if that one runs). primary asks the live sentinels or cluster
 # nodes, first answer wins: during a failover ask again after it settles.
+#
+# etcd: unlike "leader" for ZooKeeper, which only names the leader,
+# "leader etcd-cluster" kills it (one step, so the member that dies is the
+# one that led) and prints its name for a later "start etcd-N". A member
+# comes back with its data dir and rejoins; start waits for it to answer
+# when a quorum runs, for the whole cluster when every member runs, else
+# only until it listens. scripts/stores/etcd-node.sh does the same by member
+# number, and names the leader without killing it. conns is not supported
+# (the backend talks HTTP to the gateway; kill or pause a member instead).
+# Tests that run etcdctl themselves (e.g. "etcdctl compact REV") take the
+# endpoints and credentials from the URIs start.sh exports:
+#   DLOCK_ETCD_URI=etcd://dlock:dlock-secret-pw@127.0.0.1:2379/dlock
+#     -> etcdctl --endpoints=http://127.0.0.1:2379 --user=dlock:dlock-secret-pw
+#   DLOCK_ETCD_CLUSTER_URI=etcd://127.0.0.1:2479,127.0.0.1:2481,127.0.0.1:2483/dlock
+#     -> etcdctl --endpoints=http://127.0.0.1:2479,http://127.0.0.1:2481,http://127.0.0.1:2483
+# (or etcdctl's own ETCDCTL_ENDPOINTS and ETCDCTL_USER). User dlock may read,
+# write and compact; root (same password) is needed only for user and role
+# changes.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -95,6 +115,9 @@ export_ports() {
     if p=$(inst_port postgres); then export DLOCK_POSTGRES_PORT=$p; fi
     if p=$(inst_port mariadb); then export DLOCK_MARIADB_PORT=$p; fi
     if p=$(inst_port zookeeper); then export DLOCK_ZK_PORT=$p; fi
+    if p=$(inst_port etcd); then export DLOCK_ETCD_PORT=$p; fi
+    list=$(dir_ports etcd-)
+    [ -z "$list" ] || export DLOCK_ETCD_CLUSTER_PORTS="$list"
     list=
     for i in 1 2 3 4 5 6 7 8 9; do
         p=$(inst_port "redlock-$i") || break
@@ -124,10 +147,11 @@ export_ports() {
 }
 
 start_insts() { # inst...
-    local inst stores=() ensemble='' cluster=() sentinel=() args=()
+    local inst stores=() ensemble='' cluster=() sentinel=() etcds=() args=()
     export_ports
     for inst in "$@"; do
         case $inst in
+            etcd-cluster) mapfile -t -O "${#args[@]}" args < <(instances_of etcd-cluster) ;;
             redis-cluster|rcluster) mapfile -t -O "${#args[@]}" args < <(instances_of redis-cluster) ;;
             redis-sentinel|rsentinel) mapfile -t -O "${#args[@]}" args < <(instances_of redis-sentinel) ;;
             *) args+=("$inst") ;;
@@ -138,7 +162,8 @@ start_insts() { # inst...
         case $inst in
             redis|redis-auth|redlock-*)
                 "$here/start.sh" --node redis "$(inst_port "$inst")" --dir "$DIR" >&2 ;;
-            postgres|mariadb|zookeeper) stores+=("$inst") ;;
+            postgres|mariadb|zookeeper|etcd) stores+=("$inst") ;;
+            etcd-[0-9]*) etcds+=("$inst") ;;
             zk-*) ensemble=1 ;;
             rcluster-*) cluster+=("$inst") ;;
             rsentinel-*) sentinel+=("$inst") ;;
@@ -149,6 +174,24 @@ start_insts() { # inst...
     [ "${#stores[@]}" -eq 0 ] || "$here/start.sh" --dir "$DIR" "${stores[@]}" >/dev/null
     [ "${#cluster[@]}" -eq 0 ] || "$here/start.sh" --node redis-cluster "${cluster[@]}" --dir "$DIR" >&2
     [ "${#sentinel[@]}" -eq 0 ] || "$here/start.sh" --node redis-sentinel "${sentinel[@]}" --dir "$DIR" >&2
+    [ "${#etcds[@]}" -eq 0 ] || "$here/start.sh" --node etcd-cluster "${etcds[@]}" --dir "$DIR" >&2
+}
+
+# SIGKILLs the member of the etcd cluster that leads now; prints its name.
+kill_etcd_leader() {
+    local ports port inst
+    export_ports
+    ports=$(for inst in $(instances_of etcd-cluster); do
+                inst_pid "$inst" >/dev/null && inst_port "$inst"
+            done | joined) || true
+    [ -n "$ports" ] || die "no etcd-cluster member runs under $DIR"
+    # shellcheck disable=SC2086
+    port=$(etcd_leader_port $ports) || die "no etcd-cluster member under $DIR says it leads"
+    # shellcheck disable=SC2046
+    inst=$(inst_by_port "$port" $(instances_of etcd-cluster)) ||
+        die "the etcd leader 127.0.0.1:$port is not a member under $DIR"
+    signal_inst KILL "$inst"
+    echo "$inst"
 }
 
 # The data node the live sentinels name primary.
@@ -229,7 +272,7 @@ conns() { # inst port...
                     fi
                 done
             done ;;
-        *) die "conns: not supported for '$inst' (ZooKeeper: cut the session's connection instead)" ;;
+        *) die "conns: not supported for '$inst' (ZooKeeper: cut the session's connection instead; etcd: kill or pause a member)" ;;
     esac
 }
 
@@ -239,6 +282,11 @@ case $action in
     resume) for i in "${ARGS[@]}"; do signal_inst CONT "$i"; done ;;
     start) start_insts "${ARGS[@]}" ;;
     leader)
+        case ${ARGS[0]:-zk-ensemble} in
+            etcd-cluster) kill_etcd_leader; exit 0 ;;
+            zk-ensemble|zk) ;;
+            *) die "usage: kill.sh leader [zk-ensemble] | kill.sh leader etcd-cluster" ;;
+        esac
         for i in 1 2 3 4 5 6 7 8 9; do
             p=$(inst_port "zk-$i") || break
             if [ "$(zk_mode "$p" 2>/dev/null)" = leader ]; then echo "zk-$i"; exit 0; fi

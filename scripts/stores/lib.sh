@@ -4,7 +4,7 @@
 # Layout under $DIR (default ${DLOCK_STORES_DIR:-/tmp/dlock-stores}), one
 # subdirectory per server instance:
 #   redis/ redis-auth/ redlock-1..5/ postgres/ mariadb/ zookeeper/ zk-1..3/
-#   rcluster-1..6/ rsentinel-data-1..3/ rsentinel-1..3/
+#   rcluster-1..6/ rsentinel-data-1..3/ rsentinel-1..3/ etcd/ etcd-1..3/
 # each holding: pid (pidfile), port, comm (expected process name), log
 # (server log) and the server's data.
 
@@ -20,16 +20,18 @@
 : "${DLOCK_REDIS_CLUSTER_PORTS:=6400 6401 6402 6403 6404 6405}"  # cluster bus: port+10000
 : "${DLOCK_REDIS_SENTINEL_DATA_PORTS:=6410 6411 6412}"
 : "${DLOCK_REDIS_SENTINEL_PORTS:=26410 26411 26412}"
+: "${DLOCK_ETCD_PORT:=2379}"                      # peer port: port+1
+: "${DLOCK_ETCD_CLUSTER_PORTS:=2479 2481 2483}"  # member N's peer port: its port+1
 : "${DLOCK_STORES_TIMEOUT:=60}"      # seconds to wait for each server
 : "${DLOCK_PG_BIN:=/usr/lib/postgresql/15/bin}"
 : "${DLOCK_ZK_HEAP:=256m}"
 
 # Credentials (fixed: tests and docs rely on them).
 STORE_PASSWORD=dlock-secret-pw
-STORE_USER=dlock          # postgres superuser / mariadb user / database name
+STORE_USER=dlock          # postgres superuser / mariadb and etcd user / database name
 STORE_PG_PW_USER=dlock_pw # postgres role that must authenticate with a password
 
-ALL_STORES="redis redlock postgres mariadb zookeeper zk-ensemble redis-cluster redis-sentinel"
+ALL_STORES="redis redlock postgres mariadb zookeeper zk-ensemble redis-cluster redis-sentinel etcd etcd-cluster"
 
 # The name of the primary the sentinels monitor (in DLOCK_REDIS_SENTINEL_URI).
 SENTINEL_MASTER=dlock-primary
@@ -67,6 +69,7 @@ expand_names() {
         case $n in
             all) out+=($ALL_STORES) ;;
             redis|redlock|postgres|mariadb|zookeeper|zk-ensemble|redis-cluster|redis-sentinel) out+=("$n") ;;
+            etcd|etcd-cluster) out+=("$n") ;;
             rcluster) out+=(redis-cluster) ;;
             rsentinel|sentinel) out+=(redis-sentinel) ;;
             postgresql|pg) out+=(postgres) ;;
@@ -97,6 +100,8 @@ instances_of() {
         redis-sentinel)
             i=1; for _ in $DLOCK_REDIS_SENTINEL_DATA_PORTS; do echo "rsentinel-data-$i"; i=$((i + 1)); done
             i=1; for _ in $DLOCK_REDIS_SENTINEL_PORTS; do echo "rsentinel-$i"; i=$((i + 1)); done ;;
+        etcd) echo etcd ;;
+        etcd-cluster) i=1; for _ in $DLOCK_ETCD_CLUSTER_PORTS; do echo "etcd-$i"; i=$((i + 1)); done ;;
     esac
 }
 
@@ -112,6 +117,7 @@ inst_dirs_of() { # name
             redlock:redlock-[0-9]*|zk-ensemble:zk-[0-9]*) ;;
             redis-cluster:rcluster-[0-9]*) ;;
             redis-sentinel:rsentinel-data-[0-9]*|redis-sentinel:rsentinel-[0-9]*) ;;
+            etcd-cluster:etcd-[0-9]*) ;;
             "$b:$b") ;;
             *) continue ;;
         esac
@@ -339,6 +345,52 @@ zk_mode() {
 
 zk_serving() { zk_mode "$1" >/dev/null; }
 
+# etcdctl (v3 API) against ENDPOINTS (host:port[,host:port...]), as USER
+# ("name:password", or "" for no credentials). Fails within seconds on a
+# member that does not answer: a paused one accepts TCP (the kernel does)
+# and then never replies, which ECTL_TIMEOUT (per request) bounds. A user's
+# ETCDCTL_* variables must not redirect the probes.
+ectl() { # endpoints user args...
+    local eps=$1 user=$2 e list=''; shift 2
+    for e in ${eps//,/ }; do list=${list:+$list,}http://$e; done
+    timeout 10 env -u ETCDCTL_ENDPOINTS -u ETCDCTL_USER -u ETCDCTL_PASSWORD ETCDCTL_API=3 \
+        etcdctl --endpoints="$list" --dial-timeout=2s --command-timeout="${ECTL_TIMEOUT:-3s}" \
+        ${user:+"--user=$user"} "$@" 2>/dev/null
+}
+
+# A member answers a quorum read. The credentials are harmless while auth
+# is off (the server's "authentication is not enabled" is ignored by
+# etcdctl), and needed once it is on. A closed port fails at once: etcdctl
+# would retry the connection for all of its dial timeout.
+etcd_healthy() { # port [user]
+    port_open "$1" && ectl "127.0.0.1:$1" "${2:-}" endpoint health >/dev/null
+}
+
+# The "endpoint status" of each of PORTS that answers, one line each (in
+# no particular order): "port member-id is-leader raft-term". The members
+# are asked at once, each for at most 1 s (a loaded member on loopback
+# answers in well under that), so that a paused one costs a second, not
+# three per call; a closed port is skipped at once (etcdctl would retry it
+# for all of its dial timeout).
+etcd_status() { # ports...
+    local p pids=()
+    for p in "$@"; do
+        port_open "$p" || continue
+        ECTL_TIMEOUT=1s ectl "127.0.0.1:$p" "" endpoint status -w simple |
+            awk -F', ' -v p="$p" 'NF >= 7 { print p, $2, $5, $7 }' &
+        pids+=($!)
+    done
+    # Not a bare wait: start.sh's servers are its background jobs too.
+    [ "${#pids[@]}" -eq 0 ] || wait "${pids[@]}" || true
+}
+
+# The client port of the leader: a member that says it leads, with the
+# highest raft term among the answers (a member resumed after a pause may
+# still believe it leads an older term).
+etcd_leader_port() { # ports...
+    etcd_status "$@" | awk '$3 == "true" && $4 + 0 >= t { t = $4 + 0; p = $1 } END { if (p == "") exit 1; print p }'
+}
+
 pg_select1() { # port
     PGCONNECT_TIMEOUT=5 "$DLOCK_PG_BIN/psql" -X -w -q -At -h 127.0.0.1 -p "$1" -U "$STORE_USER" -d postgres \
         -c 'SELECT 1' 2>/dev/null | grep -qx 1
@@ -400,6 +452,17 @@ print_env() { # names...
                     echo "DLOCK_REDIS_CLUSTER_URI=redis+cluster://:$STORE_PASSWORD@$list"
                     echo "DLOCK_REDIS_CLUSTER_PORTS=\"$ports\""
                 fi ;;
+            etcd)
+                if p=$(inst_port etcd) && inst_pid etcd >/dev/null; then
+                    echo "DLOCK_ETCD_URI=etcd://$STORE_USER:$STORE_PASSWORD@127.0.0.1:$p/dlock"
+                fi ;;
+            etcd-cluster)
+                list=
+                for i in $(instances_of "$n"); do
+                    p=$(inst_port "$i") && inst_pid "$i" >/dev/null || { list=; break; }
+                    list=${list:+$list,}127.0.0.1:$p
+                done
+                [ -z "$list" ] || echo "DLOCK_ETCD_CLUSTER_URI=etcd://$list/dlock" ;;
             redis-sentinel)
                 list='' ports='' dports=''
                 for inst in $(instances_of redis-sentinel); do

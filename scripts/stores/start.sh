@@ -7,7 +7,7 @@
 # in its current layout: see their sections below and docs/stores.md.)
 #
 #   scripts/stores/start.sh [--dir DIR] [redis|redlock|postgres|mariadb|zookeeper|zk-ensemble|
-#                            redis-cluster|redis-sentinel|all ...]
+#                            redis-cluster|redis-sentinel|etcd|etcd-cluster|all ...]
 #
 # On success prints, on stdout, shell assignments for the started stores:
 #   eval "$(scripts/stores/start.sh)"
@@ -652,6 +652,182 @@ node_redis-sentinel() { # inst...
     done
 }
 
+# ---- etcd ----------------------------------------------------------------
+#
+# etcd 3.4 (Debian's etcd-server), v3 API and its JSON gateway on the client
+# port, which is what the backend talks to. Peer port: client port + 1.
+# Each member keeps its data dir across restarts (auth, users and keys
+# included); auto-compaction stays off (etcd's default) because tests
+# compact by hand.
+
+ETCD_QUOTA=134217728      # 128 MiB; etcd's default is 2 GiB
+STORE_ETCD_ROLE=dlock-rw  # etcd role of user dlock: readwrite on every key
+
+launch_etcd_inst() { # inst port initial-cluster token
+    local inst=$1 port=$2 cluster=$3 token=$4 d=$DIR/$1 peer=$(($2 + 1))
+    if inst_pid "$inst" >/dev/null; then return 0; fi
+    command -v etcd >/dev/null || die "etcd not found: run scripts/stores/install.sh"
+    check_port_free "$inst" "$port"
+    check_port_free "$inst" "$peer"
+    mkdir -p "$d"
+    echo "$port" >"$d/port"
+    echo "$token" >"$d/token"
+    log "starting $inst on 127.0.0.1:$port (peer port $peer)"
+    # With a data dir already there etcd ignores the --initial-* flags: a
+    # member started again rejoins with its log, whatever the token.
+    # --log-outputs is the file that launch() sends stderr to, so a Go panic
+    # and zap's lines land in the one log that wait_ready shows.
+    # --bcrypt-cost 4 (the least): the test user's password is hashed at
+    # that cost when it is created, so an authentication costs the member
+    # about a millisecond, not the default cost 10's 80 ms of CPU, which
+    # parallel suites opening clients by the hundred on two cores queued
+    # past connect_timeout. docs/etcd.md says what production costs.
+    launch "$inst" etcd etcd --name "$inst" --data-dir "$d/data" \
+        --listen-client-urls "http://127.0.0.1:$port" \
+        --advertise-client-urls "http://127.0.0.1:$port" \
+        --listen-peer-urls "http://127.0.0.1:$peer" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+        --initial-cluster "$cluster" --initial-cluster-state new \
+        --initial-cluster-token "$token" \
+        --heartbeat-interval 100 --election-timeout 1000 --bcrypt-cost 4 \
+        --quota-backend-bytes "$ETCD_QUOTA" --auto-compaction-retention 0 \
+        --logger zap --log-outputs "$d/log"
+}
+
+launch_etcd() {
+    local port=$DLOCK_ETCD_PORT
+    launch_etcd_inst etcd "$port" "etcd=http://127.0.0.1:$((port + 1))" "dlock-etcd"
+}
+
+# The dlock user may read and write every key, nothing else (no user or
+# role admin: that takes root). Checked at every start, done when missing:
+# each step may already be done (an interrupted start), so failures are
+# ignored and only the end result counts. Once auth is on, the changes need
+# root, whose password is the store password too.
+etcd_auth_ok() { # port
+    ectl "127.0.0.1:$1" "$STORE_USER:$STORE_PASSWORD" put /dlock-stores-probe x >/dev/null &&
+        ectl "127.0.0.1:$1" "$STORE_USER:$STORE_PASSWORD" del /dlock-stores-probe >/dev/null &&
+        ! ectl "127.0.0.1:$1" "" get /dlock-stores-probe >/dev/null
+}
+
+provision_etcd() { # port
+    local port=$1 as=''
+    etcd_auth_ok "$port" && return 0
+    etcd_healthy "$port" "" || as=root:$STORE_PASSWORD
+    log "etcd: creating users root and $STORE_USER, role $STORE_ETCD_ROLE; enabling auth"
+    {
+        ectl "127.0.0.1:$port" "$as" user add root --new-user-password="$STORE_PASSWORD"
+        ectl "127.0.0.1:$port" "$as" user grant-role root root
+        ectl "127.0.0.1:$port" "$as" user add "$STORE_USER" --new-user-password="$STORE_PASSWORD"
+        ectl "127.0.0.1:$port" "$as" user passwd "$STORE_USER" --interactive=false <<<"$STORE_PASSWORD"
+        ectl "127.0.0.1:$port" "$as" role add "$STORE_ETCD_ROLE"
+        ectl "127.0.0.1:$port" "$as" role grant-permission "$STORE_ETCD_ROLE" readwrite "" --from-key
+        ectl "127.0.0.1:$port" "$as" user grant-role "$STORE_USER" "$STORE_ETCD_ROLE"
+        ectl "127.0.0.1:$port" "$as" auth enable
+    } >>"$DIR/etcd/log" 2>&1 || true
+    etcd_auth_ok "$port" ||
+        die "etcd: provisioning auth failed (see $DIR/etcd/log); to start afresh: scripts/stores/stop.sh --clean etcd"
+}
+
+ready_etcd() {
+    local port
+    port=$(inst_port etcd)
+    wait_ready etcd etcd_healthy "$port" "$STORE_USER:$STORE_PASSWORD"
+    provision_etcd "$port"
+}
+
+# A new token each time the cluster is created, so that a member left over
+# from an earlier cluster cannot join this one (etcd derives member and
+# cluster ids from it).
+etcd_cluster_spec() { # -> sets ETCD_CLUSTER, ETCD_TOKEN and ETCD_FRESH
+    local i=1 p inst token=''
+    ETCD_CLUSTER=''
+    ETCD_FRESH=1
+    for p in $DLOCK_ETCD_CLUSTER_PORTS; do
+        ETCD_CLUSTER=${ETCD_CLUSTER:+$ETCD_CLUSTER,}etcd-$i=http://127.0.0.1:$((p + 1))
+        if [ -d "$DIR/etcd-$i/data/member" ]; then
+            ETCD_FRESH=
+            [ -n "$token" ] || token=$(cat "$DIR/etcd-$i/token" 2>/dev/null) || true
+        fi
+        i=$((i + 1))
+    done
+    if [ -n "$ETCD_FRESH" ]; then
+        ETCD_TOKEN=dlock-etcd-cluster-$(date +%s)-$$
+        for inst in $(instances_of etcd-cluster); do rm -rf "${DIR:?}/$inst/data"; done
+    else
+        ETCD_TOKEN=${token:-dlock-etcd-cluster}
+    fi
+}
+
+# A member without data cannot join a cluster that exists (it would need
+# "etcdctl member remove/add"): refuse rather than let it fail obscurely.
+etcd_member_has_data() { # inst
+    [ -d "$DIR/$1/data/member" ] ||
+        die "$1 has no data but other members of etcd-cluster do: scripts/stores/stop.sh --clean etcd-cluster, then start it again"
+}
+
+launch_etcd_member() { # inst (after etcd_cluster_spec)
+    local inst=$1 n=${1#etcd-} port
+    port=$(nth "$n" $DLOCK_ETCD_CLUSTER_PORTS) || die "no etcd-cluster member $n"
+    if inst_pid "$inst" >/dev/null; then return 0; fi
+    [ -n "$ETCD_FRESH" ] || etcd_member_has_data "$inst"
+    launch_etcd_inst "$inst" "$port" "$ETCD_CLUSTER" "$ETCD_TOKEN"
+}
+
+launch_etcd-cluster() {
+    local inst
+    etcd_cluster_spec
+    for inst in $(instances_of etcd-cluster); do launch_etcd_member "$inst"; done
+}
+
+# Ready: every member answers a quorum read, all of them are started
+# members, and exactly one of them leads.
+etcd_cluster_ok() {
+    local inst ports n st
+    ports=$(for inst in $(instances_of etcd-cluster); do inst_port "$inst"; done | joined)
+    n=$(wc -w <<<"$ports")
+    # shellcheck disable=SC2086
+    st=$(etcd_status $ports)
+    [ "$(wc -l <<<"$st")" -eq "$n" ] || return 1
+    [ "$(awk '$3 == "true"' <<<"$st" | wc -l)" -eq 1 ] || return 1
+    [ "$(ectl "127.0.0.1:${ports%% *}" "" member list | grep -c ', started, ')" -eq "$n" ]
+}
+
+ready_etcd-cluster() {
+    local inst all
+    all=$(instances_of etcd-cluster | joined)
+    for inst in $all; do
+        wait_ready "$all" etcd_healthy "$(inst_port "$inst")"
+    done
+    WAIT_HINT="etcd-cluster: not ready (etcdctl endpoint status, member list); to start afresh: scripts/stores/stop.sh --clean etcd-cluster"
+    wait_ready "$all" etcd_cluster_ok
+    WAIT_HINT=
+}
+
+# kill.sh start: the given members again, with their data. A member waits
+# for a quorum to answer only if a quorum runs (etcd_healthy is a quorum
+# read), else only until it listens; the whole cluster is checked when
+# every member runs.
+node_etcd-cluster() { # inst...
+    local inst all n=0 up=0
+    etcd_cluster_spec
+    for inst in "$@"; do launch_etcd_member "$inst"; done
+    all=$(instances_of etcd-cluster | joined)
+    for inst in $all; do
+        n=$((n + 1))
+        if inst_pid "$inst" >/dev/null; then up=$((up + 1)); fi
+    done
+    for inst in "$@"; do
+        if [ $((up * 2)) -gt "$n" ]; then
+            wait_ready "$inst" etcd_healthy "$(inst_port "$inst")"
+        else
+            wait_ready "$inst" port_open "$(inst_port "$inst")"
+            log "$inst: started, but only $up of $n members run: no quorum, not serving"
+        fi
+    done
+    [ "$up" -ne "$n" ] || wait_ready "$all" etcd_cluster_ok
+}
+
 # ---- main ----------------------------------------------------------------
 
 main() {
@@ -667,7 +843,7 @@ main() {
     # the background meanwhile: creating them needs only their own servers.
     local form=() form_pid='' sel
     sel=" $(joined <<<"$names") "
-    for n in zookeeper zk-ensemble redis redlock redis-cluster redis-sentinel; do
+    for n in zookeeper zk-ensemble redis redlock redis-cluster redis-sentinel etcd etcd-cluster; do
         case $sel in *" $n "*) "launch_$n" ;; esac
     done
     for n in redis-cluster redis-sentinel; do
@@ -688,7 +864,8 @@ main() {
 }
 
 # Called as "start.sh --node zk N" by zk-node.sh / redis-node.sh, and as
-# "start.sh --node redis-cluster|redis-sentinel INSTANCE..." by kill.sh.
+# "start.sh --node redis-cluster|redis-sentinel|etcd-cluster INSTANCE..." by
+# kill.sh.
 if [ "${1:-}" = --node ]; then
     kind=$2 id=$3; shift 3
     parse_args "" "$@"
@@ -707,7 +884,8 @@ if [ "${1:-}" = --node ]; then
                 exit 0
             done
             die "no redis instance with port $id under $DIR (start it with start.sh first)" ;;
-        redis-cluster|redis-sentinel)
+        redis-cluster|redis-sentinel|etcd-cluster)
+            DLOCK_ETCD_CLUSTER_PORTS=$(dir_ports etcd-)
             DLOCK_REDIS_CLUSTER_PORTS=$(dir_ports rcluster-)
             DLOCK_REDIS_SENTINEL_DATA_PORTS=$(dir_ports rsentinel-data-)
             DLOCK_REDIS_SENTINEL_PORTS=$(dir_ports rsentinel-)

@@ -4,7 +4,7 @@
 # DIR's pidfiles are signalled. Idempotent.
 #
 #   scripts/stores/stop.sh [--dir DIR] [--clean] [redis|redlock|postgres|mariadb|zookeeper|zk-ensemble|
-#                           redis-cluster|redis-sentinel|all ...]
+#                           redis-cluster|redis-sentinel|etcd|etcd-cluster|all ...]
 #
 # --clean also removes the data: all of DIR when stopping all stores, else
 # the named stores' instance directories (a new cluster is formed, and the
@@ -27,6 +27,14 @@ flock -w 600 9 || die "could not lock $DIR/.lock"
 # The instances are those DIR holds, whatever the DLOCK_*_PORTS say now.
 pids=()
 for n in $names; do
+    if [ "$n" = etcd-cluster ]; then
+        # One member after the other: a leader told to stop hands its
+        # leadership over first, and when the member it chose is stopping
+        # too, waits 7 s for the transfer to time out.
+        ( for inst in $(inst_dirs_of "$n"); do stop_inst "$inst"; done ) 9>&- &
+        pids+=($!)
+        continue
+    fi
     for inst in $(inst_dirs_of "$n"); do
         stop_inst "$inst" 9>&- &
         pids+=($!)

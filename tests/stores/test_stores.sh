@@ -6,7 +6,8 @@
 #   bash tests/stores/test_stores.sh
 #
 # Every check needs its DLOCK_*_URI variable: a missing one is a failure,
-# never a skip. Needs redis-cli, psql, mariadb (scripts/stores/install.sh).
+# never a skip. Needs redis-cli, psql, mariadb, etcdctl and curl
+# (scripts/stores/install.sh).
 set -u
 
 n=0
@@ -203,6 +204,81 @@ if need DLOCK_ZK_ENSEMBLE_URI "zookeeper ensemble"; then
     else
         not_ok "zookeeper ensemble: one leader, two followers" "modes:$modes"
     fi
+fi
+
+# ---- etcd ----------------------------------------------------------------
+
+# "etcd://[user:pw@]h1:p1,h2:p2/prefix" -> "http://h1:p1,http://h2:p2"
+etcd_endpoints() {
+    local h out=''
+    for h in $(uri_hosts "$1"); do out=${out:+$out,}http://$h; done
+    echo "$out"
+}
+# "etcd://user:pw@..." -> "user:pw" ("" without credentials)
+etcd_userinfo() {
+    local r=${1#etcd://}
+    r=${r%%/*}
+    case $r in *@*) echo "${r%@*}" ;; *) echo '' ;; esac
+}
+ectl() { # endpoints user|"" args...
+    local eps=$1 user=$2; shift 2
+    timeout 15 env -u ETCDCTL_ENDPOINTS -u ETCDCTL_USER -u ETCDCTL_PASSWORD ETCDCTL_API=3 \
+        etcdctl --endpoints="$eps" --dial-timeout=3s --command-timeout=5s ${user:+"--user=$user"} "$@"
+}
+# POST to the v3 JSON gateway (what the backend talks to); prints the body.
+gw() { # host:port path json [token]
+    timeout 15 curl -sS --max-time 10 -X POST ${4:+-H "Authorization: $4"} \
+        -d "$3" "http://$1$2"
+}
+b64() { printf %s "$1" | base64 -w0; }
+
+if need DLOCK_ETCD_URI "etcd with auth"; then
+    eps=$(etcd_endpoints "$DLOCK_ETCD_URI")
+    cred=$(etcd_userinfo "$DLOCK_ETCD_URI")
+    hp=$(uri_hosts "$DLOCK_ETCD_URI")
+    check "etcd on $hp: endpoint health with the URI's credentials" \
+        expect_match 'is healthy' ectl "$eps" "$cred" endpoint health
+    check "etcd: ${cred%%:*} can put, get and delete" \
+        expect_out "$(printf 'OK\ndlock-stores-test\nv\n1')" sh -c "
+            $(declare -f ectl); ectl '$eps' '$cred' put dlock-stores-test v &&
+            ectl '$eps' '$cred' get dlock-stores-test && ectl '$eps' '$cred' del dlock-stores-test"
+    check "etcd: a request without credentials is refused" \
+        expect_match 'user name is empty' ectl "$eps" "" get dlock-stores-test
+    check "etcd: a wrong password is refused" \
+        expect_match 'authentication failed' ectl "$eps" "${cred%%:*}:wrong-password" get dlock-stores-test
+    check "etcd: ${cred%%:*} is no admin (role list needs root)" \
+        expect_match 'permission denied' ectl "$eps" "$cred" role list
+    # The same through the JSON gateway on the client port.
+    check "etcd gateway: a range without a token is refused" \
+        expect_match 'user name is empty' gw "$hp" /v3/kv/range "{\"key\":\"$(b64 dlock-stores-test)\"}"
+    check "etcd gateway: authenticate with a wrong password is refused" \
+        expect_match 'authentication failed' gw "$hp" /v3/auth/authenticate \
+        "{\"name\":\"${cred%%:*}\",\"password\":\"wrong-password\"}"
+    tok=$(gw "$hp" /v3/auth/authenticate "{\"name\":\"${cred%%:*}\",\"password\":\"${cred#*:}\"}" 2>&1 |
+        sed -n 's/.*"token":"\([^"]*\)".*/\1/p')
+    if [ -n "$tok" ]; then ok "etcd gateway: authenticate with the URI's password gives a token"
+    else not_ok "etcd gateway: authenticate with the URI's password gives a token"; fi
+    check "etcd gateway: a range with the token is served" \
+        expect_match '"header":\{"cluster_id"' gw "$hp" /v3/kv/range "{\"key\":\"$(b64 dlock-stores-test)\"}" "$tok"
+fi
+
+if need DLOCK_ETCD_CLUSTER_URI "etcd cluster"; then
+    read -r -a hosts <<<"$(uri_hosts "$DLOCK_ETCD_CLUSTER_URI")"
+    eps=$(etcd_endpoints "$DLOCK_ETCD_CLUSTER_URI")
+    if [ "${#hosts[@]}" -eq 3 ]; then ok "etcd cluster: 3 members in DLOCK_ETCD_CLUSTER_URI"
+    else not_ok "etcd cluster: 3 members in DLOCK_ETCD_CLUSTER_URI" "got ${#hosts[@]}: $DLOCK_ETCD_CLUSTER_URI"; fi
+    for hp in "${hosts[@]}"; do
+        check "etcd cluster member $hp: endpoint health (no credentials)" \
+            expect_match 'is healthy' ectl "http://$hp" "" endpoint health
+    done
+    check "etcd cluster: member list has 3 started members" \
+        expect_out 3 sh -c "$(declare -f ectl); ectl '$eps' '' member list | grep -c ', started, '"
+    # endpoint status -w simple: endpoint, id, version, db size, is leader, ...
+    check "etcd cluster: exactly one member leads" \
+        expect_out '3 1' sh -c "$(declare -f ectl); ectl '$eps' '' endpoint status -w simple |
+            awk -F', ' '{ n++ } \$5 == \"true\" { l++ } END { print n + 0, l + 0 }'"
+    check "etcd cluster gateway: a range without a token is served" \
+        expect_match '"header":\{"cluster_id"' gw "${hosts[0]}" /v3/kv/range "{\"key\":\"$(b64 dlock-stores-test)\"}"
 fi
 
 echo "1..$n"

@@ -15,3 +15,5 @@ export DLOCK_REDIS_CLUSTER_PORTS="6400 6401 6402 6403 6404 6405"
 export DLOCK_REDIS_SENTINEL_URI='redis+sentinel://:dlock-secret-pw@127.0.0.1:26410,127.0.0.1:26411,127.0.0.1:26412/dlock-primary/0?sentinel_password=dlock-secret-pw'
 export DLOCK_REDIS_SENTINEL_DATA_PORTS="6410 6411 6412"
 export DLOCK_REDIS_SENTINEL_PORTS="26410 26411 26412"
+export DLOCK_ETCD_URI=etcd://dlock:dlock-secret-pw@127.0.0.1:2379/dlock
+export DLOCK_ETCD_CLUSTER_URI=etcd://127.0.0.1:2479,127.0.0.1:2481,127.0.0.1:2483/dlock
