@@ -75,6 +75,7 @@
 
 #include "config.h"
 #include "backends/etcd_http.h"
+#include "backends/etcd_reply.h"
 #include "core/internal.h"
 
 #define DEFAULT_PORT 2379
@@ -203,37 +204,6 @@ static json_object *wrap(const char *what, json_object *op)
     return o;
 }
 
-/* A key of a range reply: its bytes (a new string), create revision,
- * lease and value. */
-struct kv {
-    char *key;
-    size_t klen;
-    int64_t create, lease;
-    char value[DLOCK_HOLDER_MAX];
-};
-
-static int read_kv(json_object *o, struct kv *kv)
-{
-    unsigned char buf[3 * DLOCK_NAME_MAX + 512];
-    size_t len = sizeof buf - 1, vlen;
-    memset(kv, 0, sizeof *kv);
-    if (!o || etcd_bytes(etcd_get(o, "key"), buf, &len) != 0)
-        return -1;
-    buf[len] = '\0';
-    if (!(kv->key = malloc(len + 1)))
-        return -1;
-    memcpy(kv->key, buf, len + 1);
-    kv->klen = len;
-    kv->create = etcd_int(o, "create_revision");
-    kv->lease = etcd_int(o, "lease");
-    vlen = sizeof kv->value - 1;
-    if (etcd_get(o, "value") && etcd_bytes(etcd_get(o, "value"), (unsigned char *)kv->value, &vlen) == 0)
-        kv->value[vlen] = '\0';
-    else
-        kv->value[0] = '\0';
-    return 0;
-}
-
 static json_object *kvs_of(json_object *range)
 {
     json_object *k = etcd_get(range, "kvs");
@@ -327,63 +297,12 @@ static int lease_keepalive(struct etcd_conn *ec, struct etcd_http *h, int64_t id
 
 /* ---- the watch ---------------------------------------------------------- */
 
-struct watch {
-    struct etcd_conn *ec;
-    char *buf;
-    size_t len, cap;
-    int done;        /* 1: the key was deleted; 2: the stream ended (start again) */
-    int64_t compact; /* cancelled: the revision compacted past */
-    char why[256];
-};
-
-static void watch_line(struct watch *w, const char *line)
-{
-    json_object *root = json_tokener_parse(line);
-    json_object *res = etcd_get(root, "result"), *ev;
-    if (!res) {
-        json_object *e = etcd_get(root, "error");
-        json_object *m = e ? etcd_get(e, "message") : NULL;
-        snprintf(w->why, sizeof w->why, "%s", m ? json_object_get_string(m) : "an unreadable reply");
-        w->done = 2;
-    } else if ((ev = etcd_get(res, "events")) && json_object_is_type(ev, json_type_array)) {
-        for (size_t i = 0; i < json_object_array_length(ev); i++) {
-            json_object *t = etcd_get(json_object_array_get_idx(ev, i), "type");
-            if (t && strcmp(json_object_get_string(t), "DELETE") == 0)
-                w->done = 1;
-        }
-    } else if (etcd_get(res, "canceled") && json_object_get_boolean(etcd_get(res, "canceled"))) {
-        w->compact = etcd_int(res, "compact_revision");
-        snprintf(w->why, sizeof w->why, "watch cancelled%s", w->compact ? ": compacted" : "");
-        w->done = 2;
-    }
-    json_object_put(root);
-}
-
 static size_t on_watch(char *data, size_t size, size_t n, void *user)
 {
-    struct watch *w = user;
+    struct etcd_stream *w = user;
     size_t len = size * n;
-    if (w->len + len + 1 > w->cap) {
-        size_t cap = w->cap ? w->cap : 4096;
-        while (cap < w->len + len + 1)
-            cap *= 2;
-        char *b = realloc(w->buf, cap);
-        if (!b)
-            return 0;
-        w->buf = b;
-        w->cap = cap;
-    }
-    memcpy(w->buf + w->len, data, len);
-    w->len += len;
-    w->buf[w->len] = '\0';
-    char *nl;
-    while (!w->done && (nl = memchr(w->buf, '\n', w->len)) != NULL) {
-        *nl = '\0';
-        watch_line(w, w->buf);
-        size_t used = (size_t)(nl + 1 - w->buf);
-        memmove(w->buf, nl + 1, w->len - used + 1);
-        w->len -= used;
-    }
+    if (etcd_stream_feed(w, data, len) != len)
+        return 0;
     return w->done ? 0 : len; /* 0 ends the transfer */
 }
 
@@ -443,7 +362,7 @@ static int keep_during_wait(struct etcd_conn *ec, struct wait *wt)
 static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, size_t klen,
                         int64_t from)
 {
-    struct watch w = {.ec = ec};
+    struct etcd_stream w = {0};
     struct curl_slist *hdr = NULL;
     json_object *cr = json_object_new_object(), *req = wrap("create_request", cr), *filters;
     int err = 0;
@@ -511,7 +430,7 @@ static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, 
 out:
     curl_slist_free_all(hdr);
     json_object_put(req);
-    free(w.buf);
+    etcd_stream_free(&w);
     return err;
 }
 
@@ -548,7 +467,7 @@ static json_object *put_lease(const char *key, size_t klen, int64_t lease)
  * with *pred NULL when granted, else *pred and *rev (the read's
  * revision, from which its deletion is watched).
  */
-static int claim(struct etcd_conn *ec, struct etcd_held *held, struct kv *pred, int64_t *rev)
+static int claim(struct etcd_conn *ec, struct etcd_held *held, struct etcd_kv *pred, int64_t *rev)
 {
     json_object *req = json_object_new_object(), *cmps = json_object_new_array();
     json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *own, *root;
@@ -594,7 +513,7 @@ static int claim(struct etcd_conn *ec, struct etcd_held *held, struct kv *pred, 
         /* Nobody before us, yet the compare failed: a key created in
          * between went. Read again. */
         err = 1;
-    } else if (read_kv(json_object_array_get_idx(kvs_of(before), 0), pred) != 0) {
+    } else if (etcd_kv_read(json_object_array_get_idx(kvs_of(before), 0), pred) != 0) {
         err = dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: reading the queue: a bad key",
                            ec->where);
     }
@@ -636,7 +555,7 @@ static int wait_lease(struct etcd_conn *ec)
  * revision is the revision of the transaction that made it: the token.
  */
 static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_request *req,
-                      int try, struct kv *pred, int64_t *rev)
+                      int try, struct etcd_kv *pred, int64_t *rev)
 {
     json_object *txn = json_object_new_object(), *cmps = json_object_new_array();
     json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *root;
@@ -715,7 +634,7 @@ static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_
     /* Busy: the newest key; waiting: the one after ours (ours is the newest). */
     size_t at = try ? 0 : 1;
     if (!succeeded && json_object_array_length(kvs) > at &&
-        read_kv(json_object_array_get_idx(kvs, at), pred) != 0) {
+        etcd_kv_read(json_object_array_get_idx(kvs, at), pred) != 0) {
         json_object_put(root);
         return oom(ec);
     }
@@ -777,7 +696,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
 {
     struct etcd_conn *ec = (struct etcd_conn *)conn;
     struct etcd_held *held = calloc(1, sizeof *held);
-    struct kv pred = {0};
+    struct etcd_kv pred = {0};
     int64_t rev = 0;
     int err;
     if (!held)
@@ -1072,8 +991,8 @@ static int etcd_inspect(dlock_conn *conn, const char *name, size_t len, dlock_in
     info->held = count > 0;
     info->waiters = count > 0 ? (uint64_t)(count - 1) : 0;
     for (size_t i = 0; kvs && i < json_object_array_length(kvs); i++) {
-        struct kv kv;
-        if (read_kv(json_object_array_get_idx(kvs, i), &kv) != 0) {
+        struct etcd_kv kv;
+        if (etcd_kv_read(json_object_array_get_idx(kvs, i), &kv) != 0) {
             json_object_put(root);
             return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: inspect: a bad key", ec->where);
         }

@@ -1,0 +1,98 @@
+/* Reading etcd's replies: see etcd_reply.h. No I/O. */
+#include "backends/etcd_reply.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/etcd_http.h"
+
+int etcd_kv_read(json_object *o, struct etcd_kv *kv)
+{
+    json_object *k = etcd_get(o, "key");
+    size_t len, vlen;
+    memset(kv, 0, sizeof *kv);
+    if (!k || !json_object_is_type(k, json_type_string))
+        return -1;
+    /* base64 is 4 bytes for 3: the decoding fits in the encoding's length */
+    len = (size_t)json_object_get_string_len(k);
+    if (!(kv->key = malloc(len + 1)))
+        return -1;
+    if (etcd_bytes(k, (unsigned char *)kv->key, &len) != 0) {
+        free(kv->key);
+        kv->key = NULL;
+        return -1;
+    }
+    kv->key[len] = '\0';
+    kv->klen = len;
+    kv->create = etcd_int(o, "create_revision");
+    kv->lease = etcd_int(o, "lease");
+    vlen = sizeof kv->value - 1;
+    json_object *v = etcd_get(o, "value");
+    if (v && etcd_bytes(v, (unsigned char *)kv->value, &vlen) == 0)
+        kv->value[vlen] = '\0';
+    else
+        kv->value[0] = '\0';
+    return 0;
+}
+
+static void stream_line(struct etcd_stream *w, const char *line)
+{
+    json_object *root = json_tokener_parse(line);
+    json_object *res = etcd_get(root, "result"), *ev;
+    if (!res) {
+        json_object *e = etcd_get(root, "error");
+        json_object *m = e ? etcd_get(e, "message") : NULL;
+        snprintf(w->why, sizeof w->why, "%s",
+                 m && json_object_is_type(m, json_type_string) ? json_object_get_string(m)
+                                                               : "an unreadable reply");
+        w->done = 2;
+    } else if ((ev = etcd_get(res, "events")) && json_object_is_type(ev, json_type_array)) {
+        for (size_t i = 0; i < json_object_array_length(ev); i++) {
+            json_object *t = etcd_get(json_object_array_get_idx(ev, i), "type");
+            if (t && json_object_is_type(t, json_type_string) &&
+                strcmp(json_object_get_string(t), "DELETE") == 0)
+                w->done = 1;
+        }
+    } else if (etcd_get(res, "canceled") && json_object_get_boolean(etcd_get(res, "canceled"))) {
+        w->compact = etcd_int(res, "compact_revision");
+        snprintf(w->why, sizeof w->why, "the watch was cancelled%s",
+                 w->compact ? ": its revision was compacted" : "");
+        w->done = 2;
+    }
+    json_object_put(root);
+}
+
+size_t etcd_stream_feed(struct etcd_stream *w, const char *data, size_t len)
+{
+    if (w->done)
+        return len;
+    if (w->len + len + 1 > w->cap) {
+        size_t cap = w->cap ? w->cap : 4096;
+        while (cap < w->len + len + 1)
+            cap *= 2;
+        char *b = realloc(w->buf, cap);
+        if (!b)
+            return 0;
+        w->buf = b;
+        w->cap = cap;
+    }
+    memcpy(w->buf + w->len, data, len);
+    w->len += len;
+    w->buf[w->len] = '\0';
+    char *nl;
+    while (!w->done && (nl = memchr(w->buf, '\n', w->len)) != NULL) {
+        *nl = '\0';
+        stream_line(w, w->buf);
+        size_t used = (size_t)(nl + 1 - w->buf);
+        memmove(w->buf, nl + 1, w->len - used + 1);
+        w->len -= used;
+    }
+    return len;
+}
+
+void etcd_stream_free(struct etcd_stream *w)
+{
+    free(w->buf);
+    memset(w, 0, sizeof *w);
+}

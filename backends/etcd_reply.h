@@ -1,0 +1,42 @@
+/*
+ * Reading etcd's replies (backends/etcd_reply.c): a key of a range, and
+ * the watch stream. Pure: no connection; what a server sends is checked,
+ * never trusted (tests/fuzz/fuzz_etcd.c).
+ */
+#ifndef DLOCK_ETCD_REPLY_H
+#define DLOCK_ETCD_REPLY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <json-c/json.h>
+
+#include "dlock.h"
+
+/* A key of a range reply. */
+struct etcd_kv {
+    char *key;      /* its bytes, NUL-terminated (the caller frees it) */
+    size_t klen;
+    int64_t create, lease;
+    char value[DLOCK_HOLDER_MAX]; /* the value, cut to fit; "" when none */
+};
+
+/* Reads one element of a range reply's "kvs": 0, or -1 (not a key, or no
+ * memory) with nothing to free. */
+int etcd_kv_read(json_object *o, struct etcd_kv *kv);
+
+/* The watch stream: one JSON object per line. */
+struct etcd_stream {
+    char *buf;
+    size_t len, cap;
+    int done;        /* 1: a DELETE event came; 2: the watch ended (read again) */
+    int64_t compact; /* cancelled: the revision compacted past (0: not that) */
+    char why[256];   /* why it ended */
+};
+
+/* Takes len more bytes of the stream: len, or 0 on no memory (which ends
+ * the transfer). Once done is set, the rest is not read. */
+size_t etcd_stream_feed(struct etcd_stream *w, const char *data, size_t len);
+void etcd_stream_free(struct etcd_stream *w);
+
+#endif
