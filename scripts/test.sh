@@ -28,7 +28,7 @@ t_start=$(date +%s)
 
 # Backends whose code has landed are required: a missing library must fail
 # the run, not quietly build without the backend.
-opts="-Dredis=enabled -Dpostgres=enabled -Dmysql=enabled -Dzookeeper=enabled"
+opts="-Dredis=enabled -Dpostgres=enabled -Dmysql=enabled -Dzookeeper=enabled -Detcd=enabled"
 setup() { # dir, options...
     dir=$1
     shift
