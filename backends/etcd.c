@@ -102,6 +102,8 @@ struct etcd_conn {
     CURLM *multi;
     int64_t wait_lease;      /* the waiters' short lease (0: none yet) */
     uint64_t wait_kept;      /* when it was last granted or kept alive */
+    int64_t stale_lease;     /* a waiters' lease given up with a key maybe left on it */
+    int lost_place;          /* this wait's key is gone (set by place_lost) */
     char *prefix;
     char where[512];
 };
@@ -323,6 +325,7 @@ static uint64_t keep_every_ms(const struct etcd_held *held)
 
 static int place_lost(struct etcd_conn *ec)
 {
+    ec->lost_place = 1;
     return dlock_seterr(cl(ec), DLOCK_ECONNECT,
                         "etcd %s: the waiter's lease ran out (the store was out of reach or the"
                         " client paused longer than its TTL): its place in the queue is gone",
@@ -490,11 +493,24 @@ static int claim(struct etcd_conn *ec, struct etcd_held *held, struct etcd_kv *p
     json_object_object_add(req, "compare", cmps);
     json_object_object_add(req, "success", ok);
     json_object_object_add(req, "failure", ko);
-    int err = call_ok(ec, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT,
-                      "reading the queue", &root);
+    struct etcd_res r;
+    int err = etcd_call(&ec->site, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT, &r);
+    json_object_put(req);
+    memset(pred, 0, sizeof *pred);
     if (err)
         return err;
-    memset(pred, 0, sizeof *pred);
+    if (r.code == ETCD_NOT_FOUND) {
+        /* The lock's lease expired while the store was out of reach: a
+         * new one, and again. */
+        json_object_put(r.root);
+        return 2;
+    }
+    if (r.code) {
+        err = etcd_error(&ec->site, &r, "reading the queue");
+        json_object_put(r.root);
+        return err;
+    }
+    root = r.root;
     *rev = etcd_int(etcd_get(root, "header"), "revision");
     if (json_object_get_boolean(etcd_get(root, "succeeded"))) {
         held->waiting = 0;
@@ -526,6 +542,14 @@ static int wait_lease(struct etcd_conn *ec)
 {
     uint64_t now = dlock_monotonic_ns();
     int64_t ttl;
+    if (ec->stale_lease) {
+        /* Keys a failed wait could not delete go with it now. */
+        dlock_errsave save;
+        dlock_err_save(cl(ec), &save);
+        lease_revoke(ec, &ec->app, ec->stale_lease, call_until(ec));
+        dlock_err_restore(cl(ec), &save);
+        ec->stale_lease = 0;
+    }
     if (ec->wait_lease && now - ec->wait_kept < (WAIT_TTL_S * 1000 - 500) * MS) {
         int err = lease_keepalive(ec, &ec->app, ec->wait_lease, call_until(ec), &ttl);
         if (err == 0) {
@@ -650,7 +674,8 @@ static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_
  * else kept alive or granted now (a round trip). */
 static int wait_lease_for_wait(struct etcd_conn *ec)
 {
-    if (ec->wait_lease && dlock_monotonic_ns() - ec->wait_kept < (WAIT_TTL_S * 1000 - 1500) * MS)
+    if (ec->wait_lease && !ec->stale_lease &&
+        dlock_monotonic_ns() - ec->wait_kept < (WAIT_TTL_S * 1000 - 1500) * MS)
         return 0;
     return wait_lease(ec);
 }
@@ -668,6 +693,7 @@ static void held_free(struct etcd_held *held)
 static void give_up(struct etcd_conn *ec, struct etcd_held *held)
 {
     dlock_errsave save;
+    int deleted = 0;
     dlock_err_save(cl(ec), &save);
     if (held->waiting && held->base.token) {
         /* On the waiters' lease, which goes on: delete the key itself,
@@ -682,14 +708,52 @@ static void give_up(struct etcd_conn *ec, struct etcd_held *held)
             json_object_object_add(req, "compare", cmps);
             json_object_object_add(req, "success", ok);
             if (call_ok(ec, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT,
-                        "leaving the queue", &root) == 0)
+                        "leaving the queue", &root) == 0) {
                 json_object_put(root);
+                deleted = 1;
+            }
         } else {
             json_object_put(req), json_object_put(cmps), json_object_put(ok), json_object_put(del);
+        }
+        if (!deleted && ec->wait_lease) {
+            /* The key may still be there, on the waiters' lease: that
+             * lease must not be kept alive by the next wait (which would
+             * queue behind it); it is revoked at the next chance, and
+             * expires anyway within WAIT_TTL_S. */
+            ec->stale_lease = ec->wait_lease;
+            ec->wait_lease = 0;
         }
     }
     lease_revoke(ec, &ec->app, held->lease, call_until(ec));
     dlock_err_restore(cl(ec), &save);
+}
+
+static void pause_ms(uint64_t ms, uint64_t until)
+{
+    uint64_t t = dlock_monotonic_ns() + ms * MS;
+    if (until && t > until)
+        t = until;
+    struct timespec ts;
+    dlock_ns_to_timespec(t, &ts);
+    clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+}
+
+/*
+ * Whether a wait goes on after err: a store out of reach (an election, a
+ * member restarting) while the deadline has not passed and the waiter's
+ * key may still live (its waiters' lease was kept alive less than its TTL
+ * ago): 100 ms later it reads the queue again. A key known to be gone
+ * ends the wait.
+ */
+static int transient(struct etcd_conn *ec, const struct wait *wt, int err)
+{
+    uint64_t now = dlock_monotonic_ns();
+    if (err != DLOCK_ECONNECT || ec->lost_place || (wt->until && now >= wt->until) ||
+        now - ec->wait_kept >= WAIT_TTL_S * 1000 * MS)
+        return 0;
+    pause_ms(100, wt->until);
+    dlock_err_clear(cl(ec));
+    return 1;
 }
 
 static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
@@ -707,6 +771,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         free(held);
         return oom(ec);
     }
+    ec->lost_place = 0;
     struct wait wt = {.held = held,
                       .until = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : 0,
                       .lease_from = dlock_monotonic_ns()};
@@ -738,33 +803,37 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     wt.next_keep = wt.lease_from + keep_every_ms(held) * MS;
     if (ec->wait_kept + WAIT_TTL_S * 1000 / 3 * MS < wt.next_keep)
         wt.next_keep = ec->wait_kept + WAIT_TTL_S * 1000 / 3 * MS;
-    for (int quick = 0; pred.key;) {
-        uint64_t started = dlock_monotonic_ns();
-        err = watch_delete(ec, &wt, pred.key, pred.klen, rev + 1);
-        free(pred.key);
-        pred.key = NULL;
-        if (err == DLOCK_ETIMEDOUT) {
-            err = dlock_seterr(cl(ec), DLOCK_ETIMEDOUT,
-                               "the deadline passed with the lock still held elsewhere");
-            goto fail;
+    for (int quick = 0, granted = !pred.key; !granted;) {
+        if (pred.key) {
+            uint64_t started = dlock_monotonic_ns();
+            err = watch_delete(ec, &wt, pred.key, pred.klen, rev + 1);
+            free(pred.key);
+            pred.key = NULL;
+            if (err == DLOCK_ETIMEDOUT) {
+                err = dlock_seterr(cl(ec), DLOCK_ETIMEDOUT,
+                                   "the deadline passed with the lock still held elsewhere");
+                goto fail;
+            }
+            if (err < 0 && !transient(ec, &wt, err))
+                goto fail;
+            /* A watch that keeps ending at once (a member refusing it):
+             * not more than one start every 100 ms. */
+            quick = err == 1 && dlock_monotonic_ns() - started < 100 * MS ? quick + 1 : 0;
+            if (quick > 2)
+                pause_ms(100, wt.until);
         }
-        if (err < 0)
-            goto fail;
-        /* A watch that keeps ending at once (a member refusing it): not
-         * more than one start every 100 ms. */
-        quick = err == 1 && dlock_monotonic_ns() - started < 100 * MS ? quick + 1 : 0;
-        if (quick > 2) {
-            uint64_t t = dlock_monotonic_ns() + 100 * MS;
-            if (wt.until && t > wt.until)
-                t = wt.until;
-            struct timespec ts;
-            dlock_ns_to_timespec(t, &ts);
-            clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+        err = claim(ec, held, &pred, &rev);
+        if (err == 2) {
+            /* The lock's lease ran out during an outage: a new one. */
+            wt.lease_from = dlock_monotonic_ns();
+            if ((err = lease_grant(ec, &ec->app, held->ttl_s, call_until(ec), &held->lease)) != 0 &&
+                !transient(ec, &wt, err))
+                goto fail;
+            continue;
         }
-        while ((err = claim(ec, held, &pred, &rev)) == 1) {
-        }
-        if (err)
+        if (err < 0 && !transient(ec, &wt, err))
             goto fail;
+        granted = err == 0 && !pred.key;
     }
     held->end_ns = wt.lease_from + (uint64_t)held->ttl_ms * MS;
     held->base.lease_end_ns = held->end_ns;

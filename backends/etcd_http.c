@@ -271,6 +271,13 @@ static CURLcode post(struct etcd_site *s, struct etcd_http *h, size_t ep, const 
     *root = NULL;
     if (rc != CURLE_OK)
         return rc;
+    /* A new connection where one was open before (the member closed it,
+     * died, or the call moved to another endpoint): a reconnection. */
+    long fresh = 0;
+    curl_easy_getinfo(h->h, CURLINFO_NUM_CONNECTS, &fresh);
+    if (fresh > 0 && h->connected)
+        dlock_count_reconnect(s->client);
+    h->connected = 1;
     curl_easy_getinfo(h->h, CURLINFO_RESPONSE_CODE, status);
     *root = h->len ? json_tokener_parse(h->buf) : NULL;
     return CURLE_OK;
@@ -295,6 +302,7 @@ static int auth_reply(struct etcd_site *s, json_object *root, long status)
     if (code == ETCD_FAILED_PRECONDITION && strstr(m, "not enabled")) {
         pthread_mutex_lock(&s->mu);
         s->gen++; /* auth is off: every request is accepted without a token */
+        s->auth_off = 1;
         pthread_mutex_unlock(&s->mu);
         return 0;
     }
@@ -395,8 +403,11 @@ int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_o
     memset(r, 0, sizeof *r);
     if (!body)
         return dlock_seterr(s->client, DLOCK_ENOMEM, "out of memory");
+    /* No token: never had one, or the last authentication failed (a
+     * member restarting forgets its tokens, and may not answer the next
+     * authentication in time). */
     pthread_mutex_lock(&s->mu);
-    int need = s->user && !s->token && s->gen == 0;
+    int need = s->user && !s->token && !s->auth_off;
     pthread_mutex_unlock(&s->mu);
     if (need && (err = etcd_authenticate(s, h, until, late)) != 0)
         return err;
@@ -424,7 +435,9 @@ int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_o
                 pause_until(t < until ? t : until);
                 continue;
             }
-            if (s->user && !reauth && (code == ETCD_UNAUTHENTICATED || strstr(m, "invalid auth token"))) {
+            if (s->user && !reauth &&
+                (code == ETCD_UNAUTHENTICATED || strstr(m, "invalid auth token") ||
+                 strstr(m, "user name is empty"))) {
                 json_object_put(root);
                 reauth = 1;
                 if ((err = etcd_authenticate(s, h, until, late)) != 0)

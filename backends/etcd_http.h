@@ -40,6 +40,7 @@ struct etcd_site {
     pthread_mutex_t mu;
     char *token;    /* under mu; NULL: none (no credentials, or auth off) */
     unsigned gen;   /* bumped at each authentication (0: none yet) */
+    int auth_off;   /* the server said auth is not enabled (under mu) */
 };
 
 /* One thread's HTTP client: a libcurl handle (its connection is kept
@@ -49,6 +50,7 @@ struct etcd_http {
     char *buf;
     size_t len, cap;
     char err[CURL_ERROR_SIZE];
+    int connected; /* a call got through before (reconnections are counted) */
 };
 
 /* A reply: the parsed JSON (the caller puts it), the gRPC code the
