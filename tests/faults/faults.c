@@ -1,6 +1,7 @@
 /*
  * The fault suite: stores killed and restarted, connections killed from the
- * server side, holders killed and paused, the ZooKeeper leader killed,
+ * server side, holders killed and paused, the ZooKeeper or etcd leader
+ * killed, etcd members killed and stopped, etcd's history compacted,
  * Redlock nodes down. `faults (URI | --env VAR) [--case NAME]`.
  *
  * Every case runs a holder and waiters in processes of their own (as in real
@@ -27,16 +28,23 @@
  *
  * Cases (--case NAME, default all that apply to the store):
  *   store-restart  a. the store SIGKILLed and started again (Redlock: all
- *                     five nodes; the ensemble: all three members; Redis
- *                     Cluster: all six nodes; Sentinel: the data nodes)
+ *                     five nodes; the ensemble and the etcd cluster: all
+ *                     three members; Redis Cluster: all six nodes;
+ *                     Sentinel: the data nodes). etcd keeps its keys and
+ *                     leases on disk: a lock with a lease longer than the
+ *                     outage must survive it
  *   conn-kill      b. the clients' connections killed by the server (Redis
  *                     CLIENT KILL, pg_terminate_backend, MariaDB KILL);
  *                     ZooKeeper: the holder's connection cut past its
- *                     session timeout (tests/proxy.h), so the session expires
+ *                     session timeout (tests/proxy.h), so the session
+ *                     expires; etcd (no server-side kill) the same, past
+ *                     the holder's lease
  *   holder-kill    c. the holder SIGKILLed: time until a waiter holds,
  *                     against the TTL or the session timeout
  *   holder-pause   d. the holder's process group SIGSTOPped past its lease
- *   leader-kill    e. the ZooKeeper ensemble's leader SIGKILLed
+ *   leader-kill    e. the ZooKeeper ensemble's or the etcd cluster's leader
+ *                     SIGKILLed (etcd: the holder, on a lease longer than
+ *                     an election, must keep its lock)
  *   quorum         f. Redlock with 2 of 5 nodes down, then 3 of 5
  *   cluster-failover g. Redis Cluster: a manual CLUSTER FAILOVER of the
  *                     primary that owns the lock's slot (no write lost: the
@@ -55,6 +63,15 @@
  *                     lock SIGSTOPped past a failover, then resumed (the
  *                     silent network the conformance suite's proxy makes
  *                     for other stores); Sentinel with wait_replicas=1
+ *   member-kill    k. the etcd cluster: the member the clients talk to (the
+ *   member-pause      URI's first host) SIGKILLed, or SIGSTOPped (silent),
+ *                     until every waiter has held: the clients move to the
+ *                     other members, the holder keeps its lock
+ *   compaction     l. etcd: the history compacted past the revisions the
+ *                     waiters' watches started from; on the cluster their
+ *                     member is then killed, so every watch starts again
+ *                     after the compaction. A probe client (leader-kill,
+ *                     member-*) measures when the store grants again.
  *
  * Redis Cluster and Sentinel: the URI's hosts are seed nodes or sentinels,
  * not the servers the client ends up talking to, so the store is every
@@ -75,6 +92,14 @@
  * (required for every networked store; the instance of each URI host is
  * found by its port). After each case every instance of the URI is resumed
  * and started again, whatever the case did.
+ *
+ * etcd: the leader is named by scripts/stores/etcd-node.sh leader (kill.sh
+ * leader etcd-cluster would kill it at once, before the case could set up
+ * its clients); the suite runs etcdctl itself (compaction) with the URI's
+ * members and user in ETCDCTL_ENDPOINTS and ETCDCTL_USER, not in a process
+ * list. Leases are whole seconds (at least 2 s with the stores' 1 s
+ * election timeout), so the TTL is 2 s; a holder that must ride out an
+ * election or a failover gets 5 s.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -109,8 +134,8 @@
 static const char *uri;
 static const char *stores_dir;
 static unsigned int caps;
-static char backend[32]; /* file, redis, redlock, postgres, mysql, zookeeper */
-static int nhosts, ensemble;
+static char backend[32]; /* file, redis, redlock, postgres, mysql, zookeeper, etcd */
+static int nhosts, ensemble, etcd_cluster;
 static int cluster, sentinel; /* redis+cluster://, redis+sentinel:// */
 static char prefix[64];
 #define MAXINST 16
@@ -141,7 +166,7 @@ static double ms_of(uint64_t from, uint64_t to)
 
 /* ---- what the processes of a case log -------------------------------------- */
 
-enum { EV_READY = 1, EV_GRANT, EV_LOST, EV_RENEW, EV_REL, EV_ERR };
+enum { EV_READY = 1, EV_GRANT, EV_LOST, EV_RENEW, EV_REL, EV_ERR, EV_PROBE };
 
 struct ev {
     int kind, who, rc;
@@ -159,6 +184,7 @@ struct world {
     volatile int npairs, pair[16][2];       /* overlaps: (inside, entering) */
     volatile int release[MAXW + 2]; /* parent → holder who: renew and release now */
     volatile int stop;              /* parent → loopers: no new acquire */
+    volatile int go;                /* parent → probe: the fault is in, acquire now */
     volatile int inside_k[MAXLOCKS], counter_k[MAXLOCKS]; /* per name (loopers) */
     volatile int nev;
     struct ev ev[MAXEV];
@@ -909,7 +935,9 @@ static const char *inst_at(int port)
 
 static uint32_t ttl_ms(void)
 {
-    return is("mysql") ? 2000 : 1500; /* MySQL's wait_timeout: whole seconds */
+    /* MySQL's wait_timeout and etcd's leases count whole seconds (etcd's
+     * least is 2 s with the stores' 1 s election timeout). */
+    return is("mysql") || is("etcd") ? 2000 : 1500;
 }
 
 /* ZooKeeper: the session timeout the suite's URI asks for. */
@@ -1274,10 +1302,11 @@ static void name_of(char *buf, size_t len, const char *what)
 
 /* Holder plus nw waiters on name: the holder granted, the waiters queued.
  * Returns 0, or -1 (reported) when that could not be set up. */
-static int setup_contention(pid_t *pids, const char *hu, const char *wu, const char *name, int nw,
-                            uint64_t deadline, unsigned work_ms, int keep)
+static int setup_contention_ttl(pid_t *pids, const char *hu, const char *wu, const char *name,
+                                int nw, uint64_t deadline, unsigned work_ms, int keep,
+                                uint32_t holder_ttl)
 {
-    pids[0] = spawn_holder(0, hu, name, ttl_ms(), keep);
+    pids[0] = spawn_holder(0, hu, name, holder_ttl, keep);
     struct ev *g = wait_ev(0, EV_GRANT, 15000);
     if (!g) {
         struct ev *e = find_ev(0, EV_ERR);
@@ -1294,6 +1323,12 @@ static int setup_contention(pid_t *pids, const char *hu, const char *wu, const c
     }
     sleep_ms(400); /* queued */
     return 0;
+}
+
+static int setup_contention(pid_t *pids, const char *hu, const char *wu, const char *name, int nw,
+                            uint64_t deadline, unsigned work_ms, int keep)
+{
+    return setup_contention_ttl(pids, hu, wu, name, nw, deadline, work_ms, keep, ttl_ms());
 }
 
 /* a. The store SIGKILLed and started again while one holds and others wait. */
@@ -1315,6 +1350,17 @@ static void case_store_restart(void)
     char probe[128];
     name_of(probe, sizeof probe, "restart-probe");
     dlock_client *pc = open_ok(curi);
+    /* etcd keeps its keys and leases on disk: a lock held with a lease
+     * longer than the outage (not kept: nothing renews it meanwhile) is
+     * still held after the restart. */
+    dlock_lock *kept_lock = NULL;
+    if (is("etcd")) {
+        char kname[128];
+        name_of(kname, sizeof kname, "restart-durable");
+        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, 20000);
+        is_int(dlock_acquire(pc, kname, &o, &kept_lock), 0,
+               "a lock with a 20 s lease taken before the kill");
+    }
     uint64_t before[5] = {0};
     for (int i = 0; i < 5; i++) {
         dlock_lock *l = NULL;
@@ -1335,9 +1381,20 @@ static void case_store_restart(void)
     uint64_t t_back = dlock_monotonic_ns();
     diag("kill.sh took %.0f ms, the store was down for %.0f ms, start.sh took %.0f ms",
          ms_of(t_fault, t_dead), ms_of(t_dead, t_back), ms_of(t_dead + 300 * MS, t_back));
-    /* A store that kept its sessions (ZooKeeper persists them) may let the
-     * holder keep its lock; every other store has forgotten it. */
-    int must_lose = is("zookeeper") ? -1 : 1;
+    if (kept_lock) { /* renewed at once: its 20 s must not depend on the rest of the case */
+        uint64_t t0 = dlock_monotonic_ns();
+        int rr = dlock_renew(kept_lock, 20000);
+        is_int(rr, 0, "the lock taken before the kill survived the restart: renew 0 (%.0f ms)%s%s",
+               ms_of(t0, dlock_monotonic_ns()), rr ? ": " : "", rr ? dlock_errmsg(pc) : "");
+        int rl = dlock_release(kept_lock);
+        is_int(rl, 0, "and is released%s%s", rl ? ": " : "", rl ? dlock_errmsg(pc) : "");
+        kept_lock = NULL;
+    }
+    /* A store that kept its sessions (ZooKeeper persists them) or its
+     * leases (etcd: on becoming leader again it gives every lease its whole
+     * TTL) may let the holder keep its lock, unless the outage outlasted
+     * the holder's own lease; every other store has forgotten it. */
+    int must_lose = is("zookeeper") || is("etcd") ? -1 : 1;
     uint64_t bound = lease_ms() + ms_of(t_fault, t_back);
     wait_ev(0, EV_LOST, (unsigned)bound + SLACK_MS);
     sleep_ms(200);
@@ -1378,17 +1435,18 @@ out:
 }
 
 /* b. Connections killed by the server (ZooKeeper: a session expired by a
- * cut longer than its timeout). */
+ * cut longer than its timeout; etcd, which cannot kill a client's
+ * connections: the holder's lease expired the same way). */
 static void case_conn_kill(void)
 {
     enum { NW = 3 };
     char name[128], puri[DLOCK_URI_MAX];
     pid_t pids[NW + 1] = {0};
     struct proxy px;
-    int zk = is("zookeeper"), have_proxy = 0;
+    int zk = is("zookeeper"), cut = zk || is("etcd"), have_proxy = 0;
     const char *hu = curi;
     name_of(name, sizeof name, "conn-kill");
-    if (zk) {
+    if (cut) {
         proxy_for_uri(&px, curi);
         have_proxy = 1;
         if (proxy_uri(&px, curi, NULL, puri, sizeof puri) != 0) {
@@ -1402,13 +1460,13 @@ static void case_conn_kill(void)
         goto out;
     uint64_t t_fault;
     int must_lose;
-    if (zk) {
+    if (cut) {
         t_fault = dlock_monotonic_ns();
         proxy_set(&px, PROXY_DOWN);
-        sleep_ms(ZK_SESSION_MS + 1500); /* the servers expire the session */
+        sleep_ms(lease_ms() + 1500); /* the servers expire the session or lease */
         proxy_set(&px, PROXY_PASS);
-        diag("the holder's connection was cut for %.0f ms (session timeout %u ms)",
-             ms_of(t_fault, dlock_monotonic_ns()), ZK_SESSION_MS);
+        diag("the holder's connection%s cut for %.0f ms (%s %u ms)", nhosts > 1 ? "s were" : " was",
+             ms_of(t_fault, dlock_monotonic_ns()), zk ? "session timeout" : "lease", lease_ms());
         must_lose = 1;
     } else {
         int total = 0;
@@ -1434,7 +1492,7 @@ static void case_conn_kill(void)
     W->release[0] = 1;
     wait_ev(0, EV_REL, 15000);
     is_int(reap_all(pids, NW + 1, deadline + 3000 * MS), 0, "every process ended by itself (no hang)");
-    check_holder(must_lose, 1, t_fault, zk ? ZK_SESSION_MS : bound);
+    check_holder(must_lose, 1, t_fault, bound);
     struct ev *next = first_waiter_grant(t_fault);
     if (next)
         diag("first grant after the fault: %.0f ms", ms_of(t_fault, next->t));
@@ -1542,13 +1600,14 @@ out:
     reap_all(pids, NW + 1, 0);
 }
 
-/* The first line kill.sh args prints (an instance name): "" when none. */
-static void store_line(const char *args, char *out, size_t len)
+/* The first line `script args` prints (script: kill.sh, etcd-node.sh in
+ * scripts/stores): "" when none. */
+static void script_line(const char *script, const char *args, char *out, size_t len)
 {
     char cmd[PATH_MAX + 256];
     out[0] = '\0';
-    snprintf(cmd, sizeof cmd, "bash '%s/kill.sh' --dir '%s' %s 2>/dev/null", DLOCK_STORES_SCRIPTS,
-             stores_dir, args);
+    snprintf(cmd, sizeof cmd, "bash '%s/%s' --dir '%s' %s 2>/dev/null", DLOCK_STORES_SCRIPTS,
+             script, stores_dir, args);
     fflush(stdout);
     FILE *p = popen(cmd, "r");
     if (!p)
@@ -1558,52 +1617,346 @@ static void store_line(const char *args, char *out, size_t len)
     pclose(p);
 }
 
-/* The ensemble member that leads, e.g. "zk-2"; "" when none. */
-static void zk_leader(char *out, size_t len)
+static void store_line(const char *args, char *out, size_t len)
 {
-    store_line("leader", out, len);
+    script_line("kill.sh", args, out, len);
 }
 
-/* e. The ZooKeeper ensemble's leader killed while a lock is held and waited on. */
+/* The member that leads, e.g. "zk-2" or "etcd-3"; "" when none. ZooKeeper:
+ * kill.sh leader (srvr); etcd: etcd-node.sh leader (endpoint status, the
+ * highest term), which prints the member's number (kill.sh leader
+ * etcd-cluster would kill it at once). */
+static void store_leader(char *out, size_t len)
+{
+    if (!is("etcd")) {
+        script_line("kill.sh", "leader", out, len);
+        return;
+    }
+    char n[16];
+    script_line("etcd-node.sh", "leader", n, sizeof n);
+    out[0] = '\0';
+    if (n[0] >= '1' && n[0] <= '9' && strlen(n) < 4)
+        snprintf(out, len, "etcd-%s", n);
+}
+
+/* Polls until a member other than old leads (at most ms); when it was
+ * found (0: none), its name in out. */
+static uint64_t new_leader(const char *old, char *out, size_t len, unsigned ms)
+{
+    for (uint64_t end = dlock_monotonic_ns() + ms * MS; dlock_monotonic_ns() < end; sleep_ms(100)) {
+        store_leader(out, len);
+        if (out[0] && strcmp(out, old) != 0)
+            return dlock_monotonic_ns();
+    }
+    out[0] = '\0';
+    return 0;
+}
+
+/*
+ * A probe (who PROBE): a client opened now, before the fault; once W->go
+ * is set it acquires name (a name nobody else uses) until it gets it or
+ * deadline, on the same client, logging EV_PROBE at the grant (its own
+ * kind: its token is not in the case's order) and EV_ERR at each failure.
+ * What it measures: how soon after the fault the store grants again.
+ */
+enum { PROBE = MAXW + 1 };
+static pid_t spawn_probe(const char *u, const char *name, uint64_t deadline)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    dlock_client *c = child_client(PROBE, u);
+    while (!W->go)
+        sleep_ms(1);
+    for (;;) {
+        dlock_lock *l = NULL;
+        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 0, ttl_ms());
+        o.deadline_ns = deadline;
+        uint64_t t0 = dlock_monotonic_ns();
+        int rc = dlock_acquire(c, name, &o, &l);
+        if (rc == 0) {
+            log_ev(EV_PROBE, 0, t0, dlock_lock_token(l), "");
+            dlock_release(l);
+            break;
+        }
+        log_ev(EV_ERR, rc, t0, 0, dlock_errmsg(c));
+        if (dlock_monotonic_ns() >= deadline)
+            break;
+        sleep_ms(20);
+    }
+    dlock_client_close(c);
+    _exit(0);
+}
+
+/* What the probe saw, counted from t_fault. */
+static void probe_report(const char *what, uint64_t t_fault)
+{
+    struct ev *g = find_ev(PROBE, EV_PROBE);
+    int nerr = 0;
+    struct ev *first = NULL;
+    for (int i = 0; i < W->nev && i < MAXEV; i++)
+        if (W->ev[i].kind == EV_ERR && W->ev[i].who == PROBE && !nerr++)
+            first = &W->ev[i];
+    if (first)
+        diag("%s: probe: %d failed acquire%s before its grant, the first %s after %.0f ms: %s", what,
+             nerr, nerr > 1 ? "s" : "", dlock_err_name(first->rc), ms_of(first->t0, first->t),
+             first->msg);
+    ok(g != NULL, "%s: a new client call is granted after the fault (%.0f ms after it)", what,
+       g ? ms_of(t_fault, g->t) : -1.0);
+}
+
+/* etcd: a holder's lease longer than an election (1–2 s with the stores'
+ * 1 s election timeout) plus a keep interval, so that a holder whose
+ * keep-alives move to another member keeps its lock: what the cluster
+ * cases assert. */
+#define ETCD_HOLDER_TTL_MS 5000u
+
+/* e. The ensemble's (ZooKeeper) or cluster's (etcd) leader killed while a
+ * lock is held and waited on. */
 static void case_leader_kill(void)
 {
     enum { NW = 3 };
-    char name[128], leader[32], after[32];
-    pid_t pids[NW + 1] = {0};
+    char name[128], pname[128], leader[32], after[32];
+    pid_t pids[NW + 2] = {0};
     name_of(name, sizeof name, "leader-kill");
-    zk_leader(leader, sizeof leader);
-    if (!ok(leader[0], "the ensemble has a leader (%s)", leader[0] ? leader : "none"))
+    name_of(pname, sizeof pname, "leader-kill-probe");
+    store_leader(leader, sizeof leader);
+    if (!ok(leader[0], "the %s has a leader (%s)", ensemble ? "ensemble" : "cluster",
+            leader[0] ? leader : "none"))
         return;
     uint64_t deadline = dlock_monotonic_ns() + 40000 * MS;
-    if (setup_contention(pids, curi, curi, name, NW, deadline, 100, 1) != 0)
+    uint32_t httl = is("etcd") ? ETCD_HOLDER_TTL_MS : ttl_ms();
+    if (setup_contention_ttl(pids, curi, curi, name, NW, deadline, 100, 1, httl) != 0)
         goto out;
+    pids[NW + 1] = spawn_probe(curi, pname, deadline);
+    if (!wait_ev(PROBE, EV_READY, 15000)) {
+        ok(0, "the probe opens its client");
+        goto out;
+    }
     is_int(store_ctl("%s", leader), 0, "the leader %s killed (SIGKILL)", leader);
     uint64_t t_fault = dlock_monotonic_ns();
-    /* A new leader, from the survivors' srvr. */
-    uint64_t t_elected = 0;
-    for (uint64_t end = t_fault + 30000 * MS; dlock_monotonic_ns() < end; sleep_ms(100)) {
-        zk_leader(after, sizeof after);
-        if (after[0]) {
-            t_elected = dlock_monotonic_ns();
-            break;
-        }
-    }
+    W->go = 1;
+    uint64_t t_elected = new_leader(leader, after, sizeof after, 30000);
     ok(t_elected, "a new leader (%s) within 30 s: %.0f ms after the kill", after,
        t_elected ? ms_of(t_fault, t_elected) : -1.0);
-    sleep_ms(1000);
+    /* etcd: past the holder's own lease after the kill, so that keeping
+     * its lock took keep-alives on another member. */
+    if (is("etcd")) {
+        uint64_t until = t_fault + (httl + 500) * MS, now = dlock_monotonic_ns();
+        if (until > now)
+            sleep_ms((unsigned)((until - now) / MS));
+    } else {
+        sleep_ms(1000);
+    }
     W->release[0] = 1;
     wait_ev(0, EV_REL, 20000);
-    is_int(reap_all(pids, NW + 1, deadline + 3000 * MS), 0, "every process ended by itself (no hang)");
-    check_holder(-1, 1, t_fault, ZK_SESSION_MS);
+    is_int(reap_all(pids, NW + 2, deadline + 3000 * MS), 0, "every process ended by itself (no hang)");
+    /* etcd's new leader gives every lease its whole TTL again and the
+     * holder renews through the survivors: it must keep its lock. A
+     * ZooKeeper session may or may not outlive the election. */
+    check_holder(is("etcd") ? 0 : -1, 1, t_fault, is("etcd") ? httl : ZK_SESSION_MS);
     struct ev *next = first_waiter_grant(t_fault);
     if (next)
         diag("leader-kill: first waiter grant %.0f ms after the kill", ms_of(t_fault, next->t));
+    probe_report("leader-kill", t_fault);
     check_world(NW, 1, deadline, t_fault);
 out:
-    reap_all(pids, NW + 1, 0);
+    reap_all(pids, NW + 2, 0);
     uint64_t t0 = dlock_monotonic_ns();
     is_int(store_ctl("start %s", leader), 0, "%s started again", leader);
     diag("%s back in %.0f ms", leader, ms_of(t0, dlock_monotonic_ns()));
+}
+
+/*
+ * etcd cluster: the member the clients talk to first (the URI's first
+ * host) SIGKILLed, or SIGSTOPped (silent: its connections stay open and
+ * nothing answers), while a kept lock is held and waited on; brought back
+ * once every waiter has held. The clients must move to the other members:
+ * the holder keeps its lock, the waiters are granted while the member is
+ * still down, on their clients.
+ */
+static void member_fault(int pause)
+{
+    enum { NW = 3 };
+    char name[128], pname[128], leader[32], after[32];
+    const char *what = pause ? "member-pause" : "member-kill";
+    const char *target = inst[0];
+    pid_t pids[NW + 2] = {0};
+    name_of(name, sizeof name, what);
+    name_of(pname, sizeof pname, pause ? "member-pause-probe" : "member-kill-probe");
+    store_leader(leader, sizeof leader);
+    int was_leader = strcmp(leader, target) == 0;
+    diag("%s: %s (the URI's first host) is %s; the leader is %s", what, target,
+         was_leader ? "the leader" : "a follower", leader[0] ? leader : "unknown");
+    uint64_t deadline = dlock_monotonic_ns() + 40000 * MS;
+    if (setup_contention_ttl(pids, curi, curi, name, NW, deadline, 100, 1, ETCD_HOLDER_TTL_MS) != 0)
+        goto out;
+    pids[NW + 1] = spawn_probe(curi, pname, deadline);
+    if (!wait_ev(PROBE, EV_READY, 15000)) {
+        ok(0, "the probe opens its client");
+        goto out;
+    }
+    is_int(store_ctl("%s%s", pause ? "pause " : "", target), 0, "%s %s", target,
+           pause ? "stopped (SIGSTOP)" : "killed (SIGKILL)");
+    uint64_t t_fault = dlock_monotonic_ns();
+    W->go = 1;
+    if (was_leader) {
+        uint64_t t = new_leader(target, after, sizeof after, 30000);
+        ok(t, "a new leader (%s) within 30 s: %.0f ms after the fault", after,
+           t ? ms_of(t_fault, t) : -1.0);
+    }
+    /* Past the holder's lease: it kept the lock only through the others. */
+    sleep_ms(ETCD_HOLDER_TTL_MS + 500);
+    W->release[0] = 1;
+    wait_ev(0, EV_REL, 20000);
+    /* Every waiter served while the member is still down. */
+    for (uint64_t end = dlock_monotonic_ns() + 15000 * MS; dlock_monotonic_ns() < end; sleep_ms(20)) {
+        int rel = 0;
+        for (int i = 1; i <= NW; i++)
+            rel += find_ev(i, EV_REL) != NULL;
+        if (rel == NW)
+            break;
+    }
+    int served = 0;
+    for (int i = 1; i <= NW; i++)
+        served += find_ev(i, EV_REL) != NULL;
+    is_int(served, NW, "every waiter held and released while %s was still down", target);
+    uint64_t t_back0 = dlock_monotonic_ns();
+    if (pause)
+        is_int(store_ctl("resume %s", target), 0, "%s resumed", target);
+    else
+        is_int(store_ctl("start %s", target), 0, "%s started again", target);
+    diag("%s: %s down for %.0f ms, back in %.0f ms", what, target, ms_of(t_fault, t_back0),
+         ms_of(t_back0, dlock_monotonic_ns()));
+    is_int(reap_all(pids, NW + 2, deadline + 3000 * MS), 0, "every process ended by itself (no hang)");
+    check_holder(0, 1, t_fault, ETCD_HOLDER_TTL_MS);
+    struct ev *next = first_waiter_grant(t_fault);
+    if (next)
+        diag("%s: first waiter grant %.0f ms after the fault", what, ms_of(t_fault, next->t));
+    probe_report(what, t_fault);
+    check_world(NW, 1, deadline, t_fault);
+out:
+    reap_all(pids, NW + 2, 0);
+    store_ctl("resume %s 2>/dev/null", target);
+}
+
+static void case_member_kill(void)
+{
+    member_fault(0);
+}
+
+static void case_member_pause(void)
+{
+    member_fault(1);
+}
+
+/* etcdctl (v3) against the URI's members, as its user (ETCDCTL_ENDPOINTS
+ * and ETCDCTL_USER, set by main: no password in a process list); its
+ * stdout's first line into out. Returns its exit status (-1: not run). */
+static int etcdctl(char *out, size_t len, const char *fmt, ...)
+{
+    char args[512], cmd[1024], line[4096] = "";
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd,
+             "ETCDCTL_API=3 timeout 15 etcdctl --dial-timeout=2s --command-timeout=5s %s 2>&1", args);
+    fflush(stdout);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    if (!fgets(line, sizeof line, p))
+        line[0] = '\0';
+    while (fgetc(p) != EOF) {
+    }
+    int st = pclose(p);
+    line[strcspn(line, "\r\n")] = '\0';
+    if (out)
+        snprintf(out, len, "%s", line);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The store's current revision (a read's header), or 0. */
+static long long etcd_revision(void)
+{
+    char out[1024];
+    if (etcdctl(out, sizeof out, "get dlock-faults-no-such-key -w json") != 0)
+        return 0;
+    const char *r = strstr(out, "\"revision\":");
+    return r ? atoll(r + 11) : 0;
+}
+
+/*
+ * etcd: the store's history compacted while waiters watch the key before
+ * theirs. Their watches started at revisions now compacted: a watch that
+ * runs on is not cancelled, one started again from such a revision would
+ * be (and must then be started from a new read). On the cluster the
+ * member the clients talk to is then killed, so every watch ends and is
+ * started again after the compaction. The holder then releases: the
+ * waiters are granted in queue order (tokens increase), none overlaps,
+ * none had to give up its place.
+ */
+static void case_compaction(void)
+{
+    enum { NW = 3 };
+    char name[128], other[128], out[1024], leader[32] = "";
+    pid_t pids[NW + 1] = {0};
+    name_of(name, sizeof name, "compaction");
+    name_of(other, sizeof other, "compaction-other");
+    uint64_t deadline = dlock_monotonic_ns() + 40000 * MS;
+    uint32_t httl = etcd_cluster ? ETCD_HOLDER_TTL_MS : ttl_ms();
+    if (etcd_cluster)
+        store_leader(leader, sizeof leader);
+    if (setup_contention_ttl(pids, curi, curi, name, NW, deadline, 100, 1, httl) != 0)
+        goto out;
+    long long from = etcd_revision();
+    /* Writes after the waiters' reads, so that the compaction passes the
+     * revisions their watches started from. */
+    dlock_client *c = open_ok(curi);
+    for (int i = 0; i < 5; i++) {
+        dlock_lock *l = NULL;
+        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, ttl_ms());
+        if (dlock_acquire(c, other, &o, &l) == 0)
+            dlock_release(l);
+    }
+    dlock_client_close(c);
+    long long rev = etcd_revision();
+    ok(from > 0 && rev > from, "the store's revision moved on while they wait (%lld to %lld)", from,
+       rev);
+    uint64_t t_fault = dlock_monotonic_ns();
+    int rc = etcdctl(out, sizeof out, "compact %lld", rev);
+    is_int(rc, 0, "history compacted at revision %lld in %.0f ms: %s", rev,
+           ms_of(t_fault, dlock_monotonic_ns()), out);
+    rc = etcdctl(out, sizeof out, "get dlock-faults-no-such-key --rev=%lld", from);
+    ok(rc != 0 && strstr(out, "compacted"), "a read at revision %lld is refused: %s", from, out);
+    int killed_leader = 0;
+    if (etcd_cluster) {
+        killed_leader = strcmp(leader, inst[0]) == 0;
+        is_int(store_ctl("%s", inst[0]), 0, "%s (the members' first, where the watches run%s) "
+               "killed: the watches start again", inst[0], killed_leader ? ", the leader" : "");
+    }
+    sleep_ms(1500);
+    W->release[0] = 1;
+    wait_ev(0, EV_REL, 20000);
+    is_int(reap_all(pids, NW + 1, deadline + 3000 * MS), 0, "every process ended by itself (no hang)");
+    check_holder(0, 1, t_fault, httl);
+    struct ev *next = first_waiter_grant(t_fault);
+    if (next)
+        diag("compaction: first waiter grant %.0f ms after the compaction", ms_of(t_fault, next->t));
+    int nerr = 0;
+    for (int i = 0; i < W->nev && i < MAXEV; i++)
+        nerr += W->ev[i].kind == EV_ERR && W->ev[i].who >= 1 && W->ev[i].who <= NW;
+    if (killed_leader)
+        diag("compaction: %d waiter failure(s) (the member killed led: an election)", nerr);
+    else
+        is_int(nerr, 0, "no waiter failed: each kept its place in the queue");
+    check_world(NW, 1, deadline, t_fault);
+out:
+    reap_all(pids, NW + 1, 0);
+    if (etcd_cluster)
+        store_ctl("start %s", inst[0]);
 }
 
 /* f. Redlock with 2 of 5 nodes down (works), then 3 of 5 (fails cleanly). */
@@ -2377,7 +2730,8 @@ static void usage(void)
 {
     fprintf(stderr, "usage: faults (URI | --env VAR) [--case NAME] [--list]\n"
                     "cases: store-restart conn-kill holder-kill holder-pause leader-kill quorum\n"
-                    "       cluster-failover slot-migrate primary-kill node-pause\n");
+                    "       cluster-failover slot-migrate primary-kill node-pause\n"
+                    "       member-kill member-pause compaction\n");
     exit(64);
 }
 
@@ -2432,6 +2786,23 @@ int main(int argc, char **argv)
             path += strspn(path, "/");
             snprintf(primary_name, sizeof primary_name, "%.*s", (int)strcspn(path, "/"), path);
         }
+        if (strcmp(dlock_uri_scheme(u), "etcd") == 0) {
+            /* For the etcdctl the suite runs (compaction): in its
+             * environment, not in a process list. */
+            char eps[512] = "", cred[256];
+            size_t o = 0;
+            for (int i = 0; i < nhosts && o < sizeof eps; i++)
+                o += (size_t)snprintf(eps + o, sizeof eps - o, "%shttp://127.0.0.1:%d", i ? "," : "",
+                                      inst_port[i]);
+            setenv("ETCDCTL_ENDPOINTS", eps, 1);
+            unsetenv("ETCDCTL_USER");
+            unsetenv("ETCDCTL_PASSWORD");
+            if (dlock_uri_user(u) && *dlock_uri_user(u)) {
+                snprintf(cred, sizeof cred, "%s:%s", dlock_uri_user(u),
+                         dlock_uri_password(u) ? dlock_uri_password(u) : "");
+                setenv("ETCDCTL_USER", cred, 1);
+            }
+        }
         dlock_uri_free(u);
     }
     dlock_client *c = open_ok(uri);
@@ -2443,8 +2814,9 @@ int main(int argc, char **argv)
     else if (is("redis") && nhosts > 1)
         snprintf(backend, sizeof backend, "redlock");
     ensemble = is("zookeeper") && nhosts > 1;
+    etcd_cluster = is("etcd") && nhosts > 1;
     const char *params = NULL;
-    if (is_redis() || is("mysql"))
+    if (is_redis() || is("mysql") || is("etcd"))
         params = "connect_timeout=1000&timeout=1000";
     else if (is("postgres")) /* libpq counts whole seconds, at least 2 */
         params = "connect_timeout=2000&timeout=1000";
@@ -2480,14 +2852,17 @@ int main(int argc, char **argv)
     const struct fcase cases[] = {
         {"store-restart", "the store SIGKILLed and started again while one holds and others wait",
          case_store_restart, ninst ? NULL : no_store},
-        {"conn-kill", "the clients' connections killed by the server (ZooKeeper: session expired)",
+        {"conn-kill", "the clients' connections killed by the server (ZooKeeper, etcd: the holder's "
+                      "connections cut past its session or lease)",
          case_conn_kill, ninst ? NULL : no_store},
         {"holder-kill", "the holder SIGKILLed: time until a waiter holds", case_holder_kill, NULL},
         {"holder-pause", "the holder's process group stopped past its lease, then resumed",
          case_holder_pause,
          ninst ? NULL : "a stopped holder keeps its kernel lock on the file backend: nothing is lost"},
-        {"leader-kill", "the ensemble's leader SIGKILLed while a lock is held and waited on",
-         case_leader_kill, ensemble ? NULL : "only the ZooKeeper ensemble has a leader to kill"},
+        {"leader-kill", "the ensemble's or cluster's leader SIGKILLed while a lock is held and waited on",
+         case_leader_kill,
+         ensemble || etcd_cluster ? NULL
+                                  : "only the ZooKeeper ensemble and the etcd cluster have a leader to kill"},
         {"quorum", "Redlock with 2 of 5 nodes down, then 3 of 5", case_quorum,
          is("redlock") ? NULL : "only Redlock has a quorum of independent nodes"},
         {"cluster-failover", "a manual failover of the cluster primary serving the lock, then back",
@@ -2501,6 +2876,13 @@ int main(int argc, char **argv)
          cluster || sentinel ? NULL
                              : "the client talks to the URI's hosts: the conformance suite's proxy "
                                "cuts its network (network cut, silent store)"},
+        {"member-kill", "the etcd member the clients talk to SIGKILLed, started again later",
+         case_member_kill, etcd_cluster ? NULL : "only the etcd cluster has members to fail over to"},
+        {"member-pause", "the etcd member the clients talk to SIGSTOPped (silent), resumed later",
+         case_member_pause, etcd_cluster ? NULL : "only the etcd cluster has members to fail over to"},
+        {"compaction", "etcd's history compacted while waiters watch (cluster: then their member "
+                       "killed, so the watches start again)",
+         case_compaction, is("etcd") ? NULL : "only etcd has a history to compact"},
     };
     int n = (int)(sizeof cases / sizeof cases[0]), ran = 0;
     if (list) {
