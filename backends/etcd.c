@@ -19,15 +19,16 @@
  *    put's previous version) and reads the queue again.
  *  - a waiter watches only the key just before its own, for its deletion
  *    (no herd; first come, first served in create order), from the
- *    revision it read it at, so a deletion in between is delivered at
- *    once. Once told, one transaction (claim) grants it if every key of
+ *    member's current revision, then reads once whether the key went
+ *    before the watch started (see watch_delete: a watch from a past
+ *    revision can be told 100 ms late). Once told, one transaction (claim) grants it if every key of
  *    the name was created at or after ours and ours is still there, moving
  *    ours to the lock's lease; else it reads ours and the key now before
  *    it, which is watched in turn (a waiter ahead gave up). The watch
  *    carries gRPC's "hasleader" metadata, so a member that loses its
- *    leader ends it rather than leaving it silent; a watch cancelled
- *    because its revision was compacted, or ended by its member, is
- *    started again after a new read. While waiting, both leases are kept
+ *    leader ends it rather than leaving it silent; a watch ended by its
+ *    member (or cancelled) is started again after a new read. Watches
+ *    never start from a past revision, so compaction cannot cancel them. While waiting, both leases are kept
  *    alive every third of the shorter TTL; a keep-alive that had to move
  *    to another endpoint moves the watch there too (a member stopped
  *    without closing its connections is otherwise silent).
@@ -356,14 +357,37 @@ static int keep_during_wait(struct etcd_conn *ec, struct wait *wt)
     return 0;
 }
 
+/* Whether key still exists (a count-only read). */
+static int key_exists(struct etcd_conn *ec, const char *key, size_t klen, int *exists)
+{
+    json_object *req = json_object_new_object(), *root;
+    if (req) {
+        json_object_object_add(req, "key", etcd_new_bytes(key, klen));
+        json_object_object_add(req, "count_only", json_object_new_boolean(1));
+    }
+    int err = call_ok(ec, &ec->app, "/v3/kv/range", req, call_until(ec), DLOCK_ECONNECT,
+                      "reading the key before ours", &root);
+    if (err == 0) {
+        *exists = etcd_int(root, "count") > 0;
+        json_object_put(root);
+    }
+    return err;
+}
+
 /*
- * Watches key (klen bytes) for its deletion from revision `from`, keeping
- * the waiter's lease alive meanwhile. 0 when deleted, 1 when the watch
- * ended without (read again and watch again), DLOCK_ETIMEDOUT at the
- * deadline, or an error.
+ * Watches key (klen bytes) for its deletion, keeping the waiter's leases
+ * alive meanwhile. 0 when deleted, 1 when the watch ended without (read
+ * again and watch again), DLOCK_ETIMEDOUT at the deadline, or an error.
+ *
+ * The watch starts at the member's current revision, and once the member
+ * confirms it, one read says whether the key went before that: a watch
+ * asked to start from an earlier revision is "unsynced" on the server,
+ * which catches such watches up on a 100 ms tick, so a deletion right
+ * after it started would reach the waiter up to 100 ms late (seen: a
+ * handoff's p99 at 100 ms). A watch from the current revision hears every
+ * later event at once; the read covers the time before.
  */
-static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, size_t klen,
-                        int64_t from)
+static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, size_t klen)
 {
     struct etcd_stream w = {0};
     struct curl_slist *hdr = NULL;
@@ -374,7 +398,6 @@ static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, 
         return oom(ec);
     }
     json_object_object_add(cr, "key", etcd_new_bytes(key, klen));
-    json_object_object_add(cr, "start_revision", etcd_new_int(from));
     filters = json_object_new_array();
     json_object_array_add(filters, json_object_new_string("NOPUT"));
     json_object_object_add(cr, "filters", filters);
@@ -397,11 +420,19 @@ static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, 
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)ec->site.connect_ms);
     curl_multi_add_handle(ec->multi, h);
-    for (;;) {
+    for (int checked = 0;;) {
         int running = 0;
         curl_multi_perform(ec->multi, &running);
         if (w.done == 1)
             break;
+        if (w.created && !checked && !w.done) {
+            int exists = 1;
+            checked = 1;
+            if ((err = key_exists(ec, key, klen, &exists)) != 0)
+                break;
+            if (!exists)
+                break; /* gone before the watch started: err 0 */
+        }
         if (w.done || !running) {
             err = 1;
             break;
@@ -806,7 +837,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     for (int quick = 0, granted = !pred.key; !granted;) {
         if (pred.key) {
             uint64_t started = dlock_monotonic_ns();
-            err = watch_delete(ec, &wt, pred.key, pred.klen, rev + 1);
+            err = watch_delete(ec, &wt, pred.key, pred.klen);
             free(pred.key);
             pred.key = NULL;
             if (err == DLOCK_ETIMEDOUT) {

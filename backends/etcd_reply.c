@@ -40,6 +40,8 @@ static void stream_line(struct etcd_stream *w, const char *line)
 {
     json_object *root = json_tokener_parse(line);
     json_object *res = etcd_get(root, "result"), *ev;
+    if (res && etcd_get(res, "created") && json_object_get_boolean(etcd_get(res, "created")))
+        w->created = 1;
     if (!res) {
         json_object *e = etcd_get(root, "error");
         json_object *m = e ? etcd_get(e, "message") : NULL;

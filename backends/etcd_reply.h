@@ -30,6 +30,7 @@ struct etcd_stream {
     char *buf;
     size_t len, cap;
     int done;        /* 1: a DELETE event came; 2: the watch ended (read again) */
+    int created;     /* the server confirmed the watch */
     int64_t compact; /* cancelled: the revision compacted past (0: not that) */
     char why[256];   /* why it ended */
 };
