@@ -88,6 +88,8 @@
  * client's, kept alive while it waits, so that a waiter that dies frees
  * its place within this long (etcd's minimum TTL is 2 s by default). */
 #define WAIT_TTL_S 3
+/* How far past its deadline a deadline wait's calls and cleanup may run. */
+#define DEADLINE_SLACK_MS 150
 #define RANGE_DESCEND "DESCEND"
 
 static const char *const etcd_schemes[] = {"etcd", NULL};
@@ -105,6 +107,7 @@ struct etcd_conn {
     uint64_t wait_kept;      /* when it was last granted or kept alive */
     int64_t stale_lease;     /* a waiters' lease given up with a key maybe left on it */
     int lost_place;          /* this wait's key is gone (set by place_lost) */
+    uint64_t cap;            /* during a deadline wait: no call past this (0: none) */
     char *prefix;
     char where[512];
 };
@@ -119,6 +122,7 @@ struct etcd_held {
     uint32_t ttl_ms;
     uint64_t end_ns; /* the client's lease end */
     int waiting;     /* the key is on the waiters' lease */
+    int queued;      /* a wait: the key may be on the waiters' lease */
 };
 
 static dlock_client *cl(struct etcd_conn *ec)
@@ -131,14 +135,26 @@ static int oom(struct etcd_conn *ec)
     return dlock_seterr(cl(ec), DLOCK_ENOMEM, "out of memory");
 }
 
+/* A call's bound: `timeout`, or less within a deadline wait (cap). */
 static uint64_t call_until(struct etcd_conn *ec)
 {
-    return dlock_monotonic_ns() + ec->site.timeout_ms * MS;
+    uint64_t t = dlock_monotonic_ns() + ec->site.timeout_ms * MS;
+    return ec->cap && ec->cap < t ? ec->cap : t;
 }
 
 static int64_t ttl_seconds(uint32_t ttl_ms)
 {
     return ((int64_t)ttl_ms + 999) / 1000;
+}
+
+static void pause_ms(uint64_t ms, uint64_t until)
+{
+    uint64_t t = dlock_monotonic_ns() + ms * MS;
+    if (until && t > until)
+        t = until;
+    struct timespec ts;
+    dlock_ns_to_timespec(t, &ts);
+    clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
 }
 
 /* ---- keys ---------------------------------------------------------------- */
@@ -407,7 +423,7 @@ static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, 
     const char *body = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
     CURL *h = ec->watch;
     curl_easy_reset(h);
-    if ((err = etcd_prepare(&ec->site, h, ep, "/v3/watch", body, &hdr)) != 0)
+    if ((err = etcd_prepare(&ec->site, h, ep, "/v3/watch", body, 1, &hdr)) != 0)
         goto out;
     struct curl_slist *more = curl_slist_append(hdr, "Grpc-Metadata-hasleader: true");
     if (!more) {
@@ -625,12 +641,14 @@ static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_
     for (int branch = 0; branch < 2; branch++) {
         if (branch == 1 && try) {
             json_object_array_add(ko, wrap("request_range", range_req(held->key, held->dir,
-                                                                       RANGE_DESCEND, 1, 0)));
+                                                                       "ASCEND", 1, 0)));
             break;
         }
         json_object *put = json_object_new_object();
-        if (!put)
-            break;
+        if (!put) {
+            json_object_put(txn), json_object_put(cmps), json_object_put(ok), json_object_put(ko);
+            return oom(ec);
+        }
         json_object_object_add(put, "key", etcd_new_bytes(held->key, held->klen));
         json_object_object_add(put, "value", etcd_new_bytes(req->owner_hex, 32));
         json_object_object_add(put, "lease", etcd_new_int(branch ? ec->wait_lease : held->lease));
@@ -680,13 +698,14 @@ static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_
         held->base.token = (uint64_t)etcd_int(etcd_get(put, "prev_kv"), "create_revision");
         held->waiting = !succeeded;
         json_object_put(root);
-        while ((err = claim(ec, held, pred, rev)) == 1) {
-        }
-        return err;
+        for (int i = 0; (err = claim(ec, held, pred, rev)) == 1 && i < 50; i++)
+            pause_ms(10, 0);
+        return err == 1 ? dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: the queue would not"
+                                       " settle", ec->where) : err;
     }
     if (succeeded || !try)
         held->base.token = (uint64_t)*rev;
-    /* Busy: the newest key; waiting: the one after ours (ours is the newest). */
+    /* Busy: the oldest key; waiting: the one after ours (ours is the newest). */
     size_t at = try ? 0 : 1;
     if (!succeeded && json_object_array_length(kvs) > at &&
         etcd_kv_read(json_object_array_get_idx(kvs, at), pred) != 0) {
@@ -694,6 +713,15 @@ static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_
         return oom(ec);
     }
     json_object_put(root);
+    if (try && pred->key && pred->klen == held->klen &&
+        memcmp(pred->key, held->key, held->klen) == 0) {
+        /* A try repeated after a lost reply: the oldest key is the one its
+         * first attempt created (on an empty range): held. */
+        held->base.token = (uint64_t)pred->create;
+        free(pred->key);
+        memset(pred, 0, sizeof *pred);
+        return 0;
+    }
     if (!succeeded && !pred->key)
         return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: creating the lock key: the name has"
                             " keys, yet none before ours", ec->where);
@@ -726,14 +754,16 @@ static void give_up(struct etcd_conn *ec, struct etcd_held *held)
     dlock_errsave save;
     int deleted = 0;
     dlock_err_save(cl(ec), &save);
-    if (held->waiting && held->base.token) {
-        /* On the waiters' lease, which goes on: delete the key itself,
-         * if it is still ours. */
+    if (held->waiting || held->queued) {
+        /* Maybe on the waiters' lease, which goes on (even when the
+         * create's reply was lost): delete the key itself, if it is still
+         * ours (its name holds this acquire's lease id: nobody else's). */
         json_object *req = json_object_new_object(), *cmps = json_object_new_array();
         json_object *ok = json_object_new_array(), *del = json_object_new_object(), *root;
         if (req && cmps && ok && del) {
-            json_object_array_add(cmps, create_cmp(held->key, held->klen, "EQUAL",
-                                                   (int64_t)held->base.token));
+            if (held->base.token)
+                json_object_array_add(cmps, create_cmp(held->key, held->klen, "EQUAL",
+                                                       (int64_t)held->base.token));
             json_object_object_add(del, "key", etcd_new_bytes(held->key, held->klen));
             json_object_array_add(ok, wrap("request_delete_range", del));
             json_object_object_add(req, "compare", cmps);
@@ -759,15 +789,6 @@ static void give_up(struct etcd_conn *ec, struct etcd_held *held)
     dlock_err_restore(cl(ec), &save);
 }
 
-static void pause_ms(uint64_t ms, uint64_t until)
-{
-    uint64_t t = dlock_monotonic_ns() + ms * MS;
-    if (until && t > until)
-        t = until;
-    struct timespec ts;
-    dlock_ns_to_timespec(t, &ts);
-    clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
-}
 
 /*
  * Whether a wait goes on after err: a store out of reach (an election, a
@@ -803,6 +824,8 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         return oom(ec);
     }
     ec->lost_place = 0;
+    /* A deadline wait's calls end by the deadline + DEADLINE_SLACK_MS. */
+    ec->cap = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns + DEADLINE_SLACK_MS * MS : 0;
     struct wait wt = {.held = held,
                       .until = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : 0,
                       .lease_from = dlock_monotonic_ns()};
@@ -813,6 +836,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     held->klen = held->dir + (size_t)sprintf(held->key + held->dir, "%016" PRIx64,
                                              (uint64_t)held->lease);
     int try = req->wait == DLOCK_WAIT_TRY;
+    held->queued = !try;
     for (int tries = 0;; tries++) {
         if (!try && (err = wait_lease_for_wait(ec)) != 0)
             goto fail;
@@ -864,15 +888,36 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         }
         if (err < 0 && !transient(ec, &wt, err))
             goto fail;
+        if (err == 1) { /* a key came and went between compare and read: again */
+            pause_ms(10, wt.until);
+            if (wt.until && dlock_monotonic_ns() >= wt.until) {
+                err = dlock_seterr(cl(ec), DLOCK_ETIMEDOUT,
+                                   "the deadline passed with the lock still held elsewhere");
+                goto fail;
+            }
+        }
         granted = err == 0 && !pred.key;
     }
+    ec->cap = 0;
     held->end_ns = wt.lease_from + (uint64_t)held->ttl_ms * MS;
     held->base.lease_end_ns = held->end_ns;
     *heldp = &held->base;
     return 0;
 fail:
     free(pred.key);
+    if (wt.until && dlock_monotonic_ns() >= wt.until) {
+        /* Past the deadline: a call cut short by it is the deadline's
+         * doing, and the cleanup gets DEADLINE_SLACK_MS (what it cannot
+         * do then, the leases undo: the waiters' within WAIT_TTL_S). */
+        if (err == DLOCK_ECONNECT && !ec->lost_place) {
+            char was[DLOCK_ERRMSG_MAX];
+            snprintf(was, sizeof was, "%s", dlock_errmsg(cl(ec)));
+            err = dlock_seterr(cl(ec), DLOCK_ETIMEDOUT, "the deadline passed (%s)", was);
+        }
+        ec->cap = dlock_monotonic_ns() + DEADLINE_SLACK_MS * MS;
+    }
     give_up(ec, held);
+    ec->cap = 0;
     held_free(held);
     return err;
 }
@@ -898,12 +943,16 @@ static int check_key(struct etcd_conn *ec, struct etcd_http *h, struct etcd_held
     if (err)
         return err;
     json_object *kvs = kvs_of(root);
-    int64_t create = kvs && json_object_array_length(kvs) > 0
-                         ? etcd_int(json_object_array_get_idx(kvs, 0), "create_revision")
-                         : 0;
+    json_object *kv = kvs && json_object_array_length(kvs) > 0 ? json_object_array_get_idx(kvs, 0)
+                                                               : NULL;
+    int64_t create = etcd_int(kv, "create_revision"), lease = etcd_int(kv, "lease");
     json_object_put(root);
     if (create != (int64_t)held->base.token)
         return dlock_seterr(cl(ec), DLOCK_ELOST, "etcd %s: the lock's key is gone", ec->where);
+    /* On another lease (a move whose reply was lost), nobody keeps it. */
+    if (lease != held->lease)
+        return dlock_seterr(cl(ec), DLOCK_ELOST, "etcd %s: the lock's key is on a lease this"
+                            " client does not keep (a renewal's reply was lost)", ec->where);
     return 0;
 }
 
@@ -921,6 +970,7 @@ static int move_lease(struct etcd_conn *ec, struct etcd_http *h, struct etcd_hel
     if (!txn || !cmp || !cmps || !ok || !put) {
         json_object_put(txn), json_object_put(cmp), json_object_put(cmps);
         json_object_put(ok), json_object_put(put);
+        lease_revoke(ec, h, id, until);
         return oom(ec);
     }
     json_object_object_add(cmp, "key", etcd_new_bytes(held->key, held->klen));
@@ -934,12 +984,18 @@ static int move_lease(struct etcd_conn *ec, struct etcd_http *h, struct etcd_hel
     json_object_array_add(ok, wrap("request_put", put));
     json_object_object_add(txn, "compare", cmps);
     json_object_object_add(txn, "success", ok);
+    dlock_errsave save;
     if ((err = call_ok(ec, h, "/v3/kv/txn", txn, until, DLOCK_ECONNECT, "moving the lease",
-                       &root)) != 0)
+                       &root)) != 0) {
+        /* The move may have happened: the new lease goes, and with it the
+         * key if it moved (the next check then says lost: safe). */
+        dlock_err_save(cl(ec), &save);
+        lease_revoke(ec, h, id, until);
+        dlock_err_restore(cl(ec), &save);
         return err;
+    }
     int moved = json_object_get_boolean(etcd_get(root, "succeeded"));
     json_object_put(root);
-    dlock_errsave save;
     if (!moved) {
         lease_revoke(ec, h, id, until);
         return dlock_seterr(cl(ec), DLOCK_ELOST, "etcd %s: the lock's key is gone", ec->where);
@@ -972,6 +1028,10 @@ static int renew_on(struct etcd_conn *ec, struct etcd_http *h, struct etcd_held 
     }
     if (ttl_s != held->ttl_s) {
         err = move_lease(ec, h, held, ttl_s, until);
+        /* Failed, the key may be on the new lease, which nobody keeps:
+         * the client's lease ends no later than that one. */
+        if (err && sent + (uint64_t)ttl_ms * MS < held->end_ns)
+            held->end_ns = sent + (uint64_t)ttl_ms * MS;
     } else if ((err = lease_keepalive(ec, h, held->lease, until, &got)) == 0) {
         err = check_key(ec, h, held, until);
     }

@@ -96,13 +96,13 @@ void etcd_http_free(struct etcd_http *h)
 }
 
 int etcd_prepare(struct etcd_site *s, CURL *h, size_t ep, const char *path, const char *body,
-                 struct curl_slist **hdr)
+                 int with_token, struct curl_slist **hdr)
 {
     char url[512], auth[1200];
     struct curl_slist *l = curl_slist_append(NULL, "Content-Type: application/json");
     pthread_mutex_lock(&s->mu);
-    int has = s->token != NULL && snprintf(auth, sizeof auth, "Authorization: %s", s->token) <
-                                      (int)sizeof auth;
+    int has = with_token && s->token != NULL &&
+              snprintf(auth, sizeof auth, "Authorization: %s", s->token) < (int)sizeof auth;
     pthread_mutex_unlock(&s->mu);
     if (l && has)
         l = curl_slist_append(l, auth) ? l : (curl_slist_free_all(l), NULL);
@@ -250,14 +250,16 @@ static void pause_until(uint64_t t)
 /* One POST on endpoint ep, bounded by until: 0 with the reply parsed into
  * *root, or the curl error (its text in h->err). */
 static CURLcode post(struct etcd_site *s, struct etcd_http *h, size_t ep, const char *path,
-                     const char *body, uint64_t until, json_object **root, long *status)
+                     const char *body, int with_token, uint64_t until, json_object **root,
+                     long *status)
 {
     struct curl_slist *hdr = NULL;
     uint64_t now = dlock_monotonic_ns();
-    long left = (long)((until - now) / 1000000) + 1;
+    long left = until > now ? (long)((until - now) / 1000000) + 1 : 1;
     h->len = 0;
     h->err[0] = '\0';
-    if (etcd_prepare(s, h->h, ep, path, body, &hdr) != 0)
+    h->fresh = 0;
+    if (etcd_prepare(s, h->h, ep, path, body, with_token, &hdr) != 0)
         return CURLE_OUT_OF_MEMORY;
     curl_easy_setopt(h->h, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h->h, CURLOPT_WRITEDATA, h);
@@ -275,8 +277,10 @@ static CURLcode post(struct etcd_site *s, struct etcd_http *h, size_t ep, const 
      * died, or the call moved to another endpoint): a reconnection. */
     long fresh = 0;
     curl_easy_getinfo(h->h, CURLINFO_NUM_CONNECTS, &fresh);
-    if (fresh > 0 && h->connected)
+    if (fresh > 0 && h->connected) {
         dlock_count_reconnect(s->client);
+        h->fresh = 1;
+    }
     h->connected = 1;
     curl_easy_getinfo(h->h, CURLINFO_RESPONSE_CODE, status);
     *root = h->len ? json_tokener_parse(h->buf) : NULL;
@@ -351,11 +355,6 @@ int etcd_authenticate(struct etcd_site *s, struct etcd_http *h, uint64_t until, 
     char why[CURL_ERROR_SIZE + 64] = "";
     const char *body = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
     size_t ep = endpoint_now(s), failed = 0;
-    /* The token must not go out with the request that asks for one. */
-    pthread_mutex_lock(&s->mu);
-    free(s->token);
-    s->token = NULL;
-    pthread_mutex_unlock(&s->mu);
     int err;
     for (;;) {
         if (dlock_monotonic_ns() >= until) {
@@ -364,7 +363,9 @@ int etcd_authenticate(struct etcd_site *s, struct etcd_http *h, uint64_t until, 
         }
         json_object *root = NULL;
         long status = 0;
-        CURLcode rc = post(s, h, ep, "/v3/auth/authenticate", body, until, &root, &status);
+        /* The old token (if any) stays for the other thread's calls until
+         * the new one replaces it, and does not go out with this one. */
+        CURLcode rc = post(s, h, ep, "/v3/auth/authenticate", body, 0, until, &root, &status);
         if (rc == CURLE_OK && root && (int)etcd_int(root, "code") != ETCD_UNAVAILABLE) {
             err = auth_reply(s, root, status);
             json_object_put(root);
@@ -401,8 +402,12 @@ int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_o
     size_t ep = endpoint_now(s), failed = 0;
     int reauth = 0, err;
     memset(r, 0, sizeof *r);
-    if (!body)
-        return dlock_seterr(s->client, DLOCK_ENOMEM, "out of memory");
+    /* A builder that ran out of memory leaves a null where a value should
+     * be (json-c adds NULL as null): never send such a request (a compare
+     * without its range_end would test one key, not the range). No request
+     * of dlock's has a null, and base64, hex and words hold no ':' ',' '['. */
+    if (!body || strstr(body, ":null") || strstr(body, ",null") || strstr(body, "[null"))
+        return dlock_seterr(s->client, DLOCK_ENOMEM, "out of memory building a request");
     /* No token: never had one, or the last authentication failed (a
      * member restarting forgets its tokens, and may not answer the next
      * authentication in time). */
@@ -419,7 +424,12 @@ int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_o
         /* With other endpoints left, a silent one gets half of what is
          * left, so that the next still has time to answer. */
         uint64_t now = dlock_monotonic_ns(), a_until = s->n > 1 ? now + (until - now) / 2 : until;
-        CURLcode rc = post(s, h, ep, path, body, a_until, &root, &status);
+        pthread_mutex_lock(&s->mu);
+        unsigned gen = s->gen;
+        pthread_mutex_unlock(&s->mu);
+        CURLcode rc = post(s, h, ep, path, body, 1, a_until, &root, &status);
+        if (h->fresh)
+            r->again = 1;
         if (rc == CURLE_OK && !root)
             return dlock_seterr(s->client, DLOCK_EPROTO, "etcd %s: %s: HTTP %ld with no JSON"
                                 " reply (is this etcd's client port?)", s->urls[ep], path, status);
@@ -428,8 +438,12 @@ int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_o
             const char *m = reply_message(root);
             if (code == ETCD_UNAVAILABLE) {
                 snprintf(why, sizeof why, "%s: %s", s->urls[ep], m);
+                /* "leader changed" and "request timed out" may follow an
+                 * applied write; "no leader" applied nothing. */
+                if (strstr(m, "leader changed") || strstr(m, "timed out"))
+                    r->again = 1;
                 json_object_put(root);
-                r->again = 1; /* "leader changed" may follow an applied write */
+                failed = 0; /* a member answered: this is an election, not an outage */
                 ep = (ep + 1) % s->n;
                 uint64_t t = dlock_monotonic_ns() + UNAVAILABLE_PAUSE_MS * 1000000ull;
                 pause_until(t < until ? t : until);
@@ -439,6 +453,11 @@ int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_o
                 (code == ETCD_UNAUTHENTICATED || strstr(m, "invalid auth token") ||
                  strstr(m, "user name is empty"))) {
                 json_object_put(root);
+                pthread_mutex_lock(&s->mu);
+                int renewed = s->gen != gen; /* the other thread got a new token meanwhile */
+                pthread_mutex_unlock(&s->mu);
+                if (renewed)
+                    continue;
                 reauth = 1;
                 if ((err = etcd_authenticate(s, h, until, late)) != 0)
                     return err;

@@ -51,6 +51,7 @@ struct etcd_http {
     size_t len, cap;
     char err[CURL_ERROR_SIZE];
     int connected; /* a call got through before (reconnections are counted) */
+    int fresh;     /* the last call needed a new connection: libcurl may have sent it twice */
 };
 
 /* A reply: the parsed JSON (the caller puts it), the gRPC code the
@@ -83,7 +84,7 @@ int etcd_authenticate(struct etcd_site *s, struct etcd_http *h, uint64_t until, 
 /* The curl options a request needs (URL, TLS, auth header), for the watch
  * stream, which is driven by the caller. hdr is the caller's to free. */
 int etcd_prepare(struct etcd_site *s, CURL *h, size_t ep, const char *path, const char *body,
-                 struct curl_slist **hdr);
+                 int with_token, struct curl_slist **hdr);
 /* Records a reply's gRPC error as a dlock error (what: the operation). */
 int etcd_error(struct etcd_site *s, const struct etcd_res *r, const char *what);
 
