@@ -33,6 +33,7 @@
  * accepts any request; the credentials are then not used.
  */
 #include "backends/etcd_http.h"
+#include "backends/etcd_reply.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -63,20 +64,7 @@ static size_t on_body(char *data, size_t size, size_t n, void *user)
 {
     struct etcd_http *h = user;
     size_t len = size * n;
-    if (h->len + len + 1 > h->cap) {
-        size_t cap = h->cap ? h->cap : 4096;
-        while (cap < h->len + len + 1)
-            cap *= 2;
-        char *b = realloc(h->buf, cap);
-        if (!b)
-            return 0;
-        h->buf = b;
-        h->cap = cap;
-    }
-    memcpy(h->buf + h->len, data, len);
-    h->len += len;
-    h->buf[h->len] = '\0';
-    return len;
+    return etcd_append(&h->buf, &h->len, &h->cap, data, len) == 0 ? len : 0;
 }
 
 int etcd_http_init(struct etcd_site *s, struct etcd_http *h)

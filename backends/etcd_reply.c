@@ -65,23 +65,30 @@ static void stream_line(struct etcd_stream *w, const char *line)
     json_object_put(root);
 }
 
+int etcd_append(char **buf, size_t *len, size_t *cap, const char *data, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 4096;
+        while (c < *len + n + 1)
+            c *= 2;
+        char *b = realloc(*buf, c);
+        if (!b)
+            return -1;
+        *buf = b;
+        *cap = c;
+    }
+    memcpy(*buf + *len, data, n);
+    *len += n;
+    (*buf)[*len] = '\0';
+    return 0;
+}
+
 size_t etcd_stream_feed(struct etcd_stream *w, const char *data, size_t len)
 {
     if (w->done)
         return len;
-    if (w->len + len + 1 > w->cap) {
-        size_t cap = w->cap ? w->cap : 4096;
-        while (cap < w->len + len + 1)
-            cap *= 2;
-        char *b = realloc(w->buf, cap);
-        if (!b)
-            return 0;
-        w->buf = b;
-        w->cap = cap;
-    }
-    memcpy(w->buf + w->len, data, len);
-    w->len += len;
-    w->buf[w->len] = '\0';
+    if (etcd_append(&w->buf, &w->len, &w->cap, data, len) != 0)
+        return 0;
     char *nl;
     while (!w->done && (nl = memchr(w->buf, '\n', w->len)) != NULL) {
         *nl = '\0';

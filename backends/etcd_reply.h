@@ -25,6 +25,10 @@ struct etcd_kv {
  * memory) with nothing to free. */
 int etcd_kv_read(json_object *o, struct etcd_kv *kv);
 
+/* Appends len bytes to the growing, NUL-terminated buffer *buf (*len
+ * used, *cap allocated): 0, or -1 with nothing changed when out of memory. */
+int etcd_append(char **buf, size_t *len, size_t *cap, const char *data, size_t n);
+
 /* The watch stream: one JSON object per line. */
 struct etcd_stream {
     char *buf;
