@@ -262,10 +262,11 @@ static int lease_grant(struct etcd_conn *ec, struct etcd_http *h, int64_t ttl_s,
     int err = call_ok(ec, h, "/v3/lease/grant", req, until, DLOCK_ECONNECT, "lease grant", &root);
     if (err)
         return err;
-    *id = etcd_int(root, "ID");
+    int64_t got = etcd_int(root, "ID");
     json_object_put(root);
-    if (*id == 0)
+    if (got <= 0) /* never a key without a lease */
         return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: lease grant: no lease id", ec->where);
+    *id = got;
     return 0;
 }
 
@@ -830,6 +831,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
                       .until = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : 0,
                       .lease_from = dlock_monotonic_ns()};
     if ((err = lease_grant(ec, &ec->app, held->ttl_s, call_until(ec), &held->lease)) != 0) {
+        ec->cap = 0;
         held_free(held);
         return err;
     }
