@@ -415,15 +415,19 @@ static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, 
         return oom(ec);
     }
     json_object_object_add(cr, "key", etcd_new_bytes(key, klen));
-    filters = json_object_new_array();
-    json_object_array_add(filters, json_object_new_string("NOPUT"));
-    json_object_object_add(cr, "filters", filters);
+    if ((filters = json_object_new_array()) != NULL)
+        json_object_array_add(filters, json_object_new_string("NOPUT"));
+    json_object_object_add(cr, "filters", filters); /* NULL: a null, never sent */
     pthread_mutex_lock(&ec->site.mu);
     size_t ep = ec->site.cur;
     pthread_mutex_unlock(&ec->site.mu);
     const char *body = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
     CURL *h = ec->watch;
     curl_easy_reset(h);
+    if (!etcd_body_ok(body)) {
+        err = oom(ec);
+        goto out;
+    }
     if ((err = etcd_prepare(&ec->site, h, ep, "/v3/watch", body, 1, &hdr)) != 0)
         goto out;
     struct curl_slist *more = curl_slist_append(hdr, "Grpc-Metadata-hasleader: true");
@@ -521,18 +525,18 @@ static json_object *put_lease(const char *key, size_t klen, int64_t lease)
 static int claim(struct etcd_conn *ec, struct etcd_held *held, struct etcd_kv *pred, int64_t *rev)
 {
     json_object *req = json_object_new_object(), *cmps = json_object_new_array();
-    json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *own, *root;
+    json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *root;
+    json_object *own = json_object_new_object();
     json_object *first = create_cmp(held->key, held->dir, "GREATER", (int64_t)held->base.token - 1);
-    if (!req || !cmps || !ok || !ko || !first) {
+    if (!req || !cmps || !ok || !ko || !first || !own) {
         json_object_put(req), json_object_put(cmps), json_object_put(ok);
-        json_object_put(ko), json_object_put(first);
+        json_object_put(ko), json_object_put(first), json_object_put(own);
         return oom(ec);
     }
     json_object_object_add(first, "range_end", range_end(held->key, held->dir));
     json_object_array_add(cmps, first);
     json_object_array_add(cmps, create_cmp(held->key, held->klen, "EQUAL", (int64_t)held->base.token));
     json_object_array_add(ok, put_lease(held->key, held->klen, held->lease));
-    own = json_object_new_object();
     json_object_object_add(own, "key", etcd_new_bytes(held->key, held->klen));
     json_object_object_add(own, "count_only", json_object_new_boolean(1));
     json_object_array_add(ko, wrap("request_range", own));

@@ -382,6 +382,11 @@ int etcd_authenticate(struct etcd_site *s, struct etcd_http *h, uint64_t until, 
     return err;
 }
 
+int etcd_body_ok(const char *body)
+{
+    return body && !strstr(body, ":null") && !strstr(body, ",null") && !strstr(body, "[null");
+}
+
 int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_object *req,
               uint64_t until, int late, struct etcd_res *r)
 {
@@ -394,7 +399,7 @@ int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_o
      * be (json-c adds NULL as null): never send such a request (a compare
      * without its range_end would test one key, not the range). No request
      * of dlock's has a null, and base64, hex and words hold no ':' ',' '['. */
-    if (!body || strstr(body, ":null") || strstr(body, ",null") || strstr(body, "[null"))
+    if (!etcd_body_ok(body))
         return dlock_seterr(s->client, DLOCK_ENOMEM, "out of memory building a request");
     /* No token: never had one, or the last authentication failed (a
      * member restarting forgets its tokens, and may not answer the next

@@ -85,6 +85,10 @@ int etcd_authenticate(struct etcd_site *s, struct etcd_http *h, uint64_t until, 
  * stream, which is driven by the caller. hdr is the caller's to free. */
 int etcd_prepare(struct etcd_site *s, CURL *h, size_t ep, const char *path, const char *body,
                  int with_token, struct curl_slist **hdr);
+/* Whether a request's JSON is whole: a builder that ran out of memory
+ * leaves a null (json-c adds NULL as null), and no request of dlock's has
+ * one (base64, hex and words hold no ':' ',' '['). */
+int etcd_body_ok(const char *body);
 /* Records a reply's gRPC error as a dlock error (what: the operation). */
 int etcd_error(struct etcd_site *s, const struct etcd_res *r, const char *what);
 

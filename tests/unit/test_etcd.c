@@ -55,6 +55,18 @@ static void test_ints(void)
     is_int((int)etcd_int(o, "missing"), 0, "absent: 0");
     is_int((int)etcd_int(etcd_get(o, "x"), "y"), 5, "nested");
     ok(etcd_get(etcd_get(o, "n"), "y") == NULL, "a member of a number: none");
+    json_object *req = json_object_new_object();
+    json_object_object_add(req, "key", etcd_new_bytes("a/b", 3));
+    json_object_object_add(req, "range_end", NULL); /* what a failed allocation leaves */
+    ok(!etcd_body_ok(json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN)),
+       "a request with a null is never sent: %s",
+       json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN));
+    json_object_object_del(req, "range_end");
+    ok(etcd_body_ok(json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN)),
+       "a whole one is: %s", json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN));
+    ok(!etcd_body_ok("[null]") && !etcd_body_ok("[1,null]") && !etcd_body_ok(NULL),
+       "nulls in arrays, and no body, are refused");
+    json_object_put(req);
     json_object *v = etcd_new_int(-42);
     is_str(json_object_get_string(v), "-42", "an int64 goes out as a string");
     json_object_put(v);
