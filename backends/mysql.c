@@ -2125,14 +2125,8 @@ static int query_result(struct mysql_conn *mc, struct session *s, const char *sq
  * row_locked's NOWAIT read of the row, bounded by `timeout` together.
  * The first is a UNION ALL of:
  *
- *  'g' the name's row of <table>_grants (a consistent read) with the
- *      trx_id of its session's InnoDB transaction when that transaction
- *      is the grant's: in information_schema.INNODB_TRX, RUNNING (not in
- *      LOCK WAIT), holding rows (trx_rows_locked > 0), started no later
- *      than the grant was recorded (trx_started is the session's local
- *      time, whole seconds: acquired_at is moved by the session's UTC
- *      offset), and no later grant of another name names the session (a
- *      pooled session that went on to hold another name);
+ *  'g' the name's row of <table>_grants (a consistent read): token,
+ *      owner and the grant's age;
  *  'p' COUNT(*) of INNODB_TRX, read whatever the grants say, so that a
  *      user without the PROCESS privilege always gets error 1227 rather
  *      than a "free" that was never seen;
@@ -2150,6 +2144,13 @@ static int query_result(struct mysql_conn *mc, struct session *s, const char *sq
  * it yet. */
 #define VIEWS_AGE_MS "120"
 
+/* The holder's transaction, for 'w': the trx_id of the grants row's
+ * session's InnoDB transaction when that transaction is the grant's:
+ * RUNNING (not in LOCK WAIT), holding rows (trx_rows_locked > 0), started
+ * no later than the grant was recorded (trx_started is the session's local
+ * time, whole seconds: acquired_at is moved by the session's UTC offset),
+ * and no later grant of another name names the session (a pooled session
+ * that went on to hold another name). */
 #define INSPECT_HOLDER                                                                            \
     "(SELECT t.trx_id FROM information_schema.INNODB_TRX t WHERE t.trx_mysql_thread_id ="         \
     " g.session_id AND t.trx_state = 'RUNNING' AND t.trx_rows_locked > 0 AND t.trx_started <="     \
@@ -2249,12 +2250,13 @@ static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
          * data_lock_waits instead): no waiters there. */
         int mariadb = strstr(mysql_get_server_info(ctl->db), "MariaDB") != NULL;
         int n = mc->seq ? inspect_seq_sql(mc, kx, sql, sizeof sql) : snprintf(sql, sizeof sql,
-                         "SELECT 'g' AS x, g.token AS a, g.owner AS b, " INSPECT_HOLDER " AS c,"
+                         /* c: held is row_locked's, not the views' (below) */
+                         "SELECT 'g' AS x, g.token AS a, g.owner AS b, NULL AS c,"
                          " GREATEST(0, " VIEWS_AGE_MS " - TIMESTAMPDIFF(MICROSECOND, g.acquired_at,"
                          " UTC_TIMESTAMP(6)) DIV 1000) AS d FROM `%s_grants` g WHERE g.k = X'%s'"
                          " UNION ALL SELECT 'p', COUNT(*), NULL, NULL, NULL"
                          " FROM information_schema.INNODB_TRX",
-                         mc->table, mc->table, kx);
+                         mc->table, kx);
         if (mariadb && !mc->seq && n > 0 && (size_t)n < sizeof sql)
             n += snprintf(sql + n, sizeof sql - n,
                           " UNION ALL SELECT 'w', w.trx_mysql_thread_id, w.trx_id,"
