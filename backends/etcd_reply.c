@@ -45,9 +45,10 @@ static void stream_line(struct etcd_stream *w, const char *line)
     if (!res) {
         json_object *e = etcd_get(root, "error");
         json_object *m = e ? etcd_get(e, "message") : NULL;
+        const char *text = m && json_object_is_type(m, json_type_string)
+                               ? json_object_get_string(m) : NULL;
         snprintf(w->why, sizeof w->why, "%s",
-                 m && json_object_is_type(m, json_type_string) ? json_object_get_string(m)
-                                                               : "an unreadable reply");
+                 text && text[0] ? text : e ? "an error without a message" : "an unreadable reply");
         w->done = 2;
     } else if ((ev = etcd_get(res, "events")) && json_object_is_type(ev, json_type_array)) {
         for (size_t i = 0; i < json_object_array_length(ev); i++) {
