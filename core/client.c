@@ -355,6 +355,10 @@ static int check_request(dlock_client *c, const dlock_acquire_opts *o)
     }
     if (o->version >= 2 && o->on_lost && !o->keep)
         return dlock_seterr(c, DLOCK_EINVAL, "on_lost needs keep: only kept locks are watched");
+    if (o->version >= 3 && o->cancel && o->wait != DLOCK_WAIT_TRY &&
+        !(dlock_client_caps(c) & DLOCK_CAP_CANCEL))
+        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot cancel a wait",
+                            c->backend->name);
     return 0;
 }
 
@@ -394,6 +398,10 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
 
     if ((rc = check_request(c, opts)) != 0)
         return rc;
+    /* Before anything else, a reentrant hold included: a cancelled
+     * acquire never succeeds unless a grant beat the cancel. */
+    if (opts->version >= 3 && dlock_cancel_fired(opts->cancel))
+        return dlock_cancelled(c);
     if ((lock = find_held(c, names, n, &same)) != NULL) {
         if (opts->version < 2 || !opts->reentrant)
             return dlock_seterr(c, DLOCK_EALREADY,
@@ -444,6 +452,9 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
     req.ttl_ms = opts->ttl_ms;
     req.wait = opts->wait;
     req.deadline_ns = opts->deadline_ns;
+    req.cancel_fd = -1;
+    if (opts->version >= 3 && opts->cancel && opts->wait != DLOCK_WAIT_TRY)
+        req.cancel_fd = dlock_cancel_fd(opts->cancel);
     if ((rc = dlock_owner_new(req.owner, req.owner_hex)) != 0) {
         free(lock);
         return dlock_seterr(c, rc, "cannot read random bytes for the owner id");

@@ -73,6 +73,8 @@ static inline const dlock_backend *dlock_lock_ops(const struct dlock_lock *lock)
 void dlock_ns_to_timespec(uint64_t ns, struct timespec *ts);
 int dlock_random_bytes(void *buf, size_t len);
 int dlock_owner_new(unsigned char owner[16], char hex[33]);
+/* The eventfd of a cancel flag, -1 for NULL (core/cancel.c). */
+int dlock_cancel_fd(const dlock_cancel *cancel);
 #define dlock_clearerr dlock_err_clear
 
 /* Backend version gates: v2 added held->lease_end_ns and keep(). */

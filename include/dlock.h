@@ -21,7 +21,8 @@
  *   call on the same client: dlock_lock_lost(), dlock_lock_expires_ns(),
  *   dlock_lock_lost_fd() (of a lock that is not being released),
  *   dlock_lock_token(), dlock_lock_name(), dlock_strerror(),
- *   dlock_err_name(), dlock_version() and dlock_monotonic_ns().
+ *   dlock_err_name(), dlock_version(), dlock_monotonic_ns(),
+ *   dlock_cancel_fire() and dlock_cancel_fired().
  *
  *   A process that forks keeps its clients in the parent only: a child must
  *   open its own (the keeper's threads do not survive fork()).
@@ -89,7 +90,8 @@ extern "C" {
     XX(ESTORE, -18, "the store reported an error")                             \
     XX(EVERSION, -19, "incompatible ABI version")                              \
     XX(EEXIST, -20, "already registered")                                      \
-    XX(EEXPIRED, -21, "lease ran out without a confirmed renewal")
+    XX(EEXPIRED, -21, "lease ran out without a confirmed renewal")            \
+    XX(ECANCELED, -22, "the wait was cancelled")
 
 typedef enum dlock_errno {
     DLOCK_OK = 0,
@@ -283,8 +285,38 @@ typedef enum dlock_wait {
     DLOCK_WAIT_FOREVER = 2,  /* wait until granted */
 } dlock_wait;
 
-#define DLOCK_ACQUIRE_OPTS_VERSION 2
+#define DLOCK_ACQUIRE_OPTS_VERSION 3
 #define DLOCK_TTL_DEFAULT_MS 30000u
+
+/*
+ * Cancelling a wait. A dlock_cancel is a flag that any thread may raise
+ * (dlock_cancel_fire()), also while another thread waits in dlock_acquire()
+ * with it in .cancel: that wait then ends soon (as soon as the backend's
+ * store call in flight returns, bounded by its timeout), leaving the
+ * store's wait queue as a waiter past its deadline does, and the acquire
+ * fails with DLOCK_ECANCELED. An acquire that starts with the flag already
+ * raised fails at once without asking the store. A grant that reached the
+ * client before the wait noticed the flag is kept: the acquire succeeds
+ * (check dlock_cancel_fired() if a late grant is unwanted).
+ *
+ * Once raised, the flag stays raised: one dlock_cancel may cancel several
+ * acquires (of any clients) at once, and is made anew for the next wait.
+ * dlock_cancel_fire() is async-signal-safe, so a signal handler may call it.
+ * Every built-in backend can be cancelled (DLOCK_CAP_CANCEL); an acquire
+ * that may wait with a .cancel on a backend that cannot fails with
+ * DLOCK_ENOTSUP.
+ */
+typedef struct dlock_cancel dlock_cancel;
+
+/* Makes a cancel flag, not raised. DLOCK_ENOMEM, or DLOCK_EIO when no
+ * descriptor is left for it (it holds one eventfd). */
+DLOCK_API int dlock_cancel_new(dlock_cancel **cancelp);
+/* Raises the flag; harmless when raised already, and NULL is ignored. */
+DLOCK_API void dlock_cancel_fire(dlock_cancel *cancel);
+/* 1 once the flag is raised, else 0 (0 for NULL). */
+DLOCK_API int dlock_cancel_fired(const dlock_cancel *cancel);
+/* Frees the flag; no acquire may still be using it. NULL is ignored. */
+DLOCK_API void dlock_cancel_free(dlock_cancel *cancel);
 
 /*
  * Keeping leases. An acquire with .keep = 1 hands the lease to the client's
@@ -364,11 +396,15 @@ typedef struct dlock_acquire_opts {
      * without asking the store; dlock_release() lowers the count and
      * releases in the store only at zero. 0 (the default): DLOCK_EALREADY. */
     int reentrant;
+    /* Version 3. */
+    /* A flag that cancels the wait when raised from another thread (see
+     * "Cancelling a wait" above); NULL for none. */
+    dlock_cancel *cancel;
 } dlock_acquire_opts;
 
 #define DLOCK_ACQUIRE_OPTS_INIT                                                \
     { DLOCK_ACQUIRE_OPTS_VERSION, DLOCK_TTL_DEFAULT_MS, DLOCK_WAIT_FOREVER, 0, \
-      0, NULL, NULL, 0 }
+      0, NULL, NULL, 0, NULL }
 
 /* Fills *opts with the defaults of DLOCK_ACQUIRE_OPTS_INIT. */
 DLOCK_API void dlock_acquire_opts_init(dlock_acquire_opts *opts);
@@ -384,7 +420,7 @@ DLOCK_API void dlock_acquire_opts_init(dlock_acquire_opts *opts);
  * unless the acquire asks for .reentrant.
  *
  * Errors: DLOCK_EBUSY (try), DLOCK_ETIMEDOUT (deadline), DLOCK_EINTR (a signal
- * interrupted the wait), DLOCK_EINVAL (bad name or options), connection and
+ * interrupted the wait), DLOCK_ECANCELED (.cancel was raised), DLOCK_EINVAL (bad name or options), connection and
  * store errors. Detail in dlock_errmsg(client).
  */
 DLOCK_API int dlock_acquire(dlock_client *client, const char *name,

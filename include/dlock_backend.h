@@ -37,6 +37,7 @@ enum {
                                          (not only after its lease) */
     DLOCK_CAP_RAISE = 1u << 8,    /* a holder can raise its name's later tokens
                                      above any value (raise_token) */
+    DLOCK_CAP_CANCEL = 1u << 9,   /* waits end when request.cancel_fd fires */
 };
 
 /* A parsed URI. Opaque; read through the getters below. */
@@ -135,7 +136,20 @@ typedef struct dlock_request {
     uint64_t deadline_ns;   /* absolute CLOCK_MONOTONIC; DLOCK_WAIT_DEADLINE only */
     unsigned char owner[16];/* 128 random bits, fresh for every acquire */
     char owner_hex[33];     /* the same, as lower-case hex */
+    /* Readable (POLLIN) once the application cancels the wait, -1 when it
+     * cannot (no dlock_cancel given, or a try). A backend with
+     * DLOCK_CAP_CANCEL watches it beside whatever its wait blocks on; when
+     * it fires, the backend gives the wait up as it does at a deadline
+     * (leaving nothing behind in the store) and returns DLOCK_ECANCELED
+     * (dlock_request_cancelled() tells it from a deadline). A grant that
+     * arrived first may still be returned. Never read or close it. */
+    int cancel_fd;
 } dlock_request;
+
+/* 1 when req's wait has been cancelled (cancel_fd readable), else 0. */
+DLOCK_API int dlock_request_cancelled(const dlock_request *req);
+/* Records "the wait was cancelled" on client and returns DLOCK_ECANCELED. */
+DLOCK_API int dlock_cancelled(dlock_client *client);
 
 struct dlock_backend {
     unsigned int version; /* DLOCK_BACKEND_VERSION the backend was built for */

@@ -11,5 +11,6 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     libcurl4-openssl-dev libjson-c-dev \
     python3-matplotlib python3-prometheus-client \
     clang libclang-rt-14-dev valgrind \
+    g++ make python3-pytest python3-venv python3-setuptools \
     >/dev/null
 echo "install-deps: build dependencies present"

@@ -42,6 +42,7 @@
 
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 
@@ -1060,6 +1061,142 @@ static void test_names(void)
 }
 
 /* Cases that only mean something on leased stores. */
+static double ms_since(uint64_t t0, uint64_t t)
+{
+    return t >= t0 ? (t - t0) / 1e6 : -((t0 - t) / 1e6);
+}
+
+/* A wait another thread cancels (dlock_cancel). */
+struct cancelled_wait {
+    const char *name;
+    dlock_acquire_opts o;
+    dlock_client *c;
+    pthread_t th;
+    int rc;
+    uint64_t end_ns;
+    char why[DLOCK_ERRMSG_MAX];
+};
+
+static void *cancelled_wait_main(void *p)
+{
+    struct cancelled_wait *w = p;
+    dlock_lock *l = NULL;
+    w->rc = dlock_acquire(w->c, w->name, &w->o, &l);
+    w->end_ns = dlock_monotonic_ns();
+    snprintf(w->why, sizeof w->why, "%s", dlock_errmsg(w->c));
+    if (w->rc == 0)
+        dlock_release(l);
+    return NULL;
+}
+
+static void cancelled_wait_start(struct cancelled_wait *w, const char *name, dlock_wait how,
+                                 dlock_cancel *k)
+{
+    memset(w, 0, sizeof *w);
+    w->name = name;
+    w->c = client();
+    w->o = how == DLOCK_WAIT_DEADLINE ? wait_for(20000) : (dlock_acquire_opts)DLOCK_ACQUIRE_OPTS_INIT;
+    w->o.cancel = k;
+    if (pthread_create(&w->th, NULL, cancelled_wait_main, w) != 0)
+        abort();
+}
+
+/* Cancelling a wait from another thread ends it with DLOCK_ECANCELED, the
+ * waiter leaves the queue (the next waiter is served at the release, not
+ * after a ghost's lease), and the client stays usable. */
+static void test_cancel(void)
+{
+    char name[128];
+    if (!(caps & DLOCK_CAP_CANCEL)) {
+        skip("the backend does not declare DLOCK_CAP_CANCEL", "a wait can be cancelled");
+        return;
+    }
+    name_of(name, sizeof name, "cancel");
+    dlock_client *holder = client(), *next = client();
+    dlock_lock *l = NULL, *nl = NULL;
+    dlock_acquire_opts t = try_once();
+    is_int(dlock_acquire(holder, name, &t, &l), 0, "holder acquired");
+
+    dlock_cancel *k = NULL, *k2 = NULL;
+    is_int(dlock_cancel_new(&k), 0, "dlock_cancel_new");
+    is_int(dlock_cancel_new(&k2), 0, "a second flag");
+    if (!k || !k2)
+        return;
+    is_int(dlock_cancel_fired(k), 0, "a new flag is not raised");
+
+    /* Two waiters queue on the held lock: the forever one is cancelled, the
+     * deadline one behind it must get the lock when the holder lets go. */
+    struct cancelled_wait w, d;
+    cancelled_wait_start(&w, name, DLOCK_WAIT_FOREVER, k);
+    sleep_ms(300);
+    int got;
+    cancelled_wait_start(&d, name, DLOCK_WAIT_DEADLINE, k2);
+    sleep_ms(300);
+    uint64_t t0 = dlock_monotonic_ns();
+    dlock_cancel_fire(k);
+    ok(dlock_cancel_fired(k), "dlock_cancel_fired() after dlock_cancel_fire()");
+    pthread_join(w.th, NULL);
+    is_int(w.rc, DLOCK_ECANCELED, "a wait without deadline, cancelled from another thread: %s (%s)",
+           dlock_err_name(w.rc), w.why);
+    double ms = ms_since(t0, w.end_ns);
+    ok(ms < 5000, "it returned %.1f ms after the cancel (bound 5 s)", ms);
+    ok(strstr(w.why, "cancel") != NULL, "the detail says so: %s", w.why);
+    dlock_cancel_fire(k); /* twice is harmless */
+
+    /* The waiter behind is still queued (its own flag is not raised). */
+    t0 = dlock_monotonic_ns();
+    is_int(dlock_release(l), 0, "holder released");
+    pthread_join(d.th, NULL);
+    is_int(d.rc, 0, "the waiter queued behind the cancelled one got the lock: %s (%s)",
+           dlock_err_name(d.rc), d.why);
+    diag("handed over %.1f ms after the release", ms_since(t0, d.end_ns));
+
+    /* The cancelled client is usable, and the name is free again. */
+    t = try_once();
+    int rc = dlock_acquire(w.c, name, &t, &l);
+    is_int(rc, 0, "the cancelled client then takes the free lock%s%s", rc ? ": " : "",
+           rc ? dlock_errmsg(w.c) : "");
+
+    /* A deadline wait, cancelled: DLOCK_ECANCELED, not a timeout. */
+    dlock_cancel *k3 = NULL;
+    dlock_client_close(d.c);
+    d.c = NULL;
+    if (dlock_cancel_new(&k3) == 0) {
+        cancelled_wait_start(&d, name, DLOCK_WAIT_DEADLINE, k3);
+        sleep_ms(200);
+        t0 = dlock_monotonic_ns();
+        dlock_cancel_fire(k3);
+        pthread_join(d.th, NULL);
+        is_int(d.rc, DLOCK_ECANCELED, "a deadline wait, cancelled: %s (%s)", dlock_err_name(d.rc),
+               d.why);
+        ok(ms_since(t0, d.end_ns) < 5000, "after %.1f ms (bound 5 s)", ms_since(t0, d.end_ns));
+    }
+    dlock_client_close(d.c);
+
+    /* Raised before the acquire starts: refused at once, held or not. */
+    dlock_acquire_opts behind = wait_for(15000);
+    behind.cancel = k;
+    is_int(dlock_acquire(next, name, &behind, &nl), DLOCK_ECANCELED, "an acquire with a raised flag on a held lock: DLOCK_ECANCELED");
+    if (rc == 0)
+        is_int(dlock_release(l), 0, "released");
+    t = try_once();
+    t.cancel = k;
+    got = dlock_acquire(next, name, &t, &nl);
+    is_int(got, DLOCK_ECANCELED, "... and a try on the free lock: DLOCK_ECANCELED");
+    if (got == 0)
+        dlock_release(nl);
+    t.cancel = NULL;
+    is_int(dlock_acquire(next, name, &t, &nl), 0, "without the flag, the same client takes it");
+    if (nl)
+        dlock_release(nl);
+    dlock_cancel_free(k);
+    dlock_cancel_free(k2);
+    dlock_cancel_free(k3);
+    dlock_client_close(w.c);
+    dlock_client_close(holder);
+    dlock_client_close(next);
+}
+
 static void test_leases(void)
 {
     char name[128];
@@ -1218,10 +1355,6 @@ static void kill_group(pid_t pid)
     waitpid(pid, NULL, 0);
 }
 
-static double ms_since(uint64_t t0, uint64_t t)
-{
-    return t >= t0 ? (t - t0) / 1e6 : -((t0 - t) / 1e6);
-}
 
 static int lost_code(int err)
 {
@@ -2159,6 +2292,7 @@ int main(int argc, char **argv)
         {"several names, a long wait", test_names_long_wait, 0, NULL, 0},
         {"holder killed", test_holder_killed, 0, NULL, 0},
         {"dead waiter", test_dead_waiter, 0, NULL, 0},
+        {"cancelled wait", test_cancel, 0, NULL, 0},
         {"leases", test_leases, 0, NULL, 0},
         {"kept while blocked", test_keep_while_blocked, 0, NULL, 0},
         {"kept after a long wait", test_kept_after_long_wait, 0, NULL, 0},
