@@ -5,7 +5,9 @@
  * open-file-description lock (F_OFD_SETLK/F_OFD_SETLKW). The kernel
  * releases it when the holder closes the file or dies, and wakes the next
  * waiter itself: since Linux 5.0 blocked requests queue behind one another,
- * so a release wakes one waiter, in arrival order, however many wait. The
+ * so a release wakes one waiter, in arrival order, however many wait. A
+ * wait with a deadline or a cancel flag blocks in a helper thread, which
+ * is cancelled (its request leaves the kernel's queue) to give up. The
  * woken waiter still has to take the lock, and a new arrival that asks in
  * that instant gets it first (barging): so no DLOCK_CAP_FIFO.
  *
@@ -60,6 +62,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -230,15 +234,16 @@ static void whole_file(struct flock *fl)
     fl->l_whence = SEEK_SET;
 }
 
-/* A blocked F_OFD_SETLKW has no timeout of its own, so a deadline wait runs
- * it in a helper thread and cancels that thread (fcntl with a waiting
- * command is a cancellation point) when the deadline passes. */
+/* A blocked F_OFD_SETLKW has no timeout of its own and cannot watch a
+ * descriptor, so a wait with a deadline or a cancel flag runs it in a
+ * helper thread and cancels that thread (fcntl with a waiting command is a
+ * cancellation point) when the deadline passes or the flag is raised. The
+ * thread says it is done on an eventfd, polled beside the flag's. */
 struct waiter {
-    int fd;
+    int fd, donefd;
     int done, err;
     struct flock fl; /* not on waiter_main's stack: see there */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
 };
 
 static void *waiter_main(void *arg)
@@ -257,48 +262,65 @@ static void *waiter_main(void *arg)
     pthread_mutex_lock(&w->mu);
     w->done = 1;
     w->err = e;
-    pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
+    static const uint64_t one = 1;
+    if (write(w->donefd, &one, sizeof one) < 0)
+        abort(); /* an eventfd written once cannot refuse */
     return NULL;
 }
 
-/* Returns 0 once locked, DLOCK_ETIMEDOUT, or an errno-derived failure in
- * *sys_errno (with DLOCK_EIO). On timeout the caller must close fd: that
- * drops a lock granted in the instant the thread was cancelled. */
-static int wait_until(int fd, uint64_t deadline_ns, int *sys_errno)
+/* Returns 0 once locked, DLOCK_ETIMEDOUT (deadline_ns passed; UINT64_MAX:
+ * none), DLOCK_ECANCELED (cancel_fd fired), or an errno-derived failure in
+ * *sys_errno (with DLOCK_EIO). On timeout or cancel the caller must close
+ * fd: that drops a lock granted in the instant the thread was cancelled. */
+static int wait_until(int fd, uint64_t deadline_ns, int cancel_fd, int *sys_errno)
 {
     struct waiter w = {.fd = fd};
-    pthread_condattr_t ca;
     pthread_t th;
-    struct timespec ts;
-    int done, err, r;
+    int done, err, r, cancelled = 0, perr = 0;
 
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&w.cv, &ca);
-    pthread_condattr_destroy(&ca);
+    if ((w.donefd = eventfd(0, EFD_CLOEXEC)) < 0) {
+        *sys_errno = errno;
+        return DLOCK_EIO;
+    }
     pthread_mutex_init(&w.mu, NULL);
     if ((r = pthread_create(&th, NULL, waiter_main, &w)) != 0) {
-        pthread_cond_destroy(&w.cv);
         pthread_mutex_destroy(&w.mu);
+        close(w.donefd);
         *sys_errno = r;
         return DLOCK_EIO;
     }
-    dlock_ns_to_timespec(deadline_ns, &ts);
+    struct pollfd p[2] = {{.fd = w.donefd, .events = POLLIN}, {.fd = cancel_fd, .events = POLLIN}};
+    for (;;) {
+        struct timespec ts, *tsp = NULL;
+        if (deadline_ns != UINT64_MAX) {
+            uint64_t now = dlock_monotonic_ns(), left = deadline_ns > now ? deadline_ns - now : 0;
+            ts.tv_sec = (time_t)(left / 1000000000u);
+            ts.tv_nsec = (long)(left % 1000000000u);
+            tsp = &ts;
+        }
+        int n = ppoll(p, cancel_fd >= 0 ? 2 : 1, tsp, NULL);
+        if (n < 0 && errno == EINTR)
+            continue; /* the wait goes on, as F_OFD_SETLKW's own does */
+        perr = n < 0 ? errno : 0;
+        cancelled = n > 0 && (p[1].revents & POLLIN) && !(p[0].revents & POLLIN);
+        break; /* done, cancelled, timed out, or poll failed */
+    }
     pthread_mutex_lock(&w.mu);
-    while (!w.done)
-        if (pthread_cond_timedwait(&w.cv, &w.mu, &ts) == ETIMEDOUT)
-            break;
     done = w.done;
     err = w.err;
     pthread_mutex_unlock(&w.mu);
     if (!done)
         pthread_cancel(th);
     pthread_join(th, NULL);
-    pthread_cond_destroy(&w.cv);
     pthread_mutex_destroy(&w.mu);
+    close(w.donefd);
+    if (!done && perr) {
+        *sys_errno = perr;
+        return DLOCK_EIO;
+    }
     if (!done)
-        return DLOCK_ETIMEDOUT;
+        return cancelled ? DLOCK_ECANCELED : DLOCK_ETIMEDOUT;
     *sys_errno = err;
     return err ? DLOCK_EIO : 0;
 }
@@ -318,6 +340,8 @@ static int lock_fd(dlock_client *c, int fd, const dlock_request *req)
     case DLOCK_WAIT_TRY:
         return dlock_seterr(c, DLOCK_EBUSY, "the lock is held by another owner");
     case DLOCK_WAIT_FOREVER:
+        if (req->cancel_fd >= 0)
+            goto helper;
         if (fcntl(fd, F_OFD_SETLKW, &fl) == 0)
             return 0;
         e = errno;
@@ -325,7 +349,11 @@ static int lock_fd(dlock_client *c, int fd, const dlock_request *req)
             return dlock_seterr(c, DLOCK_EINTR, "a signal interrupted the wait");
         goto syserr;
     case DLOCK_WAIT_DEADLINE:
-        rc = wait_until(fd, req->deadline_ns, &e);
+    helper:
+        rc = wait_until(fd, req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : UINT64_MAX,
+                        req->cancel_fd, &e);
+        if (rc == DLOCK_ECANCELED)
+            return dlock_cancelled(c);
         if (rc == DLOCK_ETIMEDOUT)
             return dlock_seterr(c, rc, "the deadline passed with the lock still held elsewhere");
         if (rc == 0)
@@ -860,7 +888,7 @@ const dlock_backend dlock_file_backend = {
     .name = "file",
     .schemes = file_schemes,
     .caps = DLOCK_CAP_FENCING | DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH |
-            DLOCK_CAP_RAISE,
+            DLOCK_CAP_RAISE | DLOCK_CAP_CANCEL,
     .options = file_options,
     .open = file_open,
     .close = file_close,
