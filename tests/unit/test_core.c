@@ -255,6 +255,74 @@ static void test_acquire_checks(dlock_client *c)
     is_int(dlock_acquire(c, "a", NULL, NULL), DLOCK_EINVAL, "NULL lockp");
 }
 
+/* Cancel flags: the core's part (the backends' waits are conformance cases). */
+static void test_cancel(dlock_client *c)
+{
+    dlock_cancel *k = NULL;
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    dlock_lock *l = NULL, *again = NULL;
+    int calls = fake.acquire;
+
+    is_int(dlock_cancel_new(NULL), DLOCK_EINVAL, "dlock_cancel_new(NULL)");
+    dlock_cancel_fire(NULL);
+    is_int(dlock_cancel_fired(NULL), 0, "a NULL flag is never raised");
+    dlock_cancel_free(NULL);
+    if (dlock_cancel_new(&k) != 0 || !k) {
+        ok(0, "dlock_cancel_new");
+        return;
+    }
+    o.cancel = k;
+    is_int(dlock_acquire(c, "cancel", &o, &l), DLOCK_ENOTSUP,
+           "a wait with a flag on a backend without DLOCK_CAP_CANCEL");
+    ok(strstr(dlock_errmsg(c), "cannot cancel") != NULL, "says so: %s", dlock_errmsg(c));
+    is_int(fake.acquire, calls, "the backend was not asked");
+    o.wait = DLOCK_WAIT_TRY;
+    is_int(dlock_acquire(c, "cancel", &o, &l), 0, "a try needs no cancel support");
+    is_int(fake.last.cancel_fd, -1, "... and the backend gets no descriptor for it");
+    dlock_release(l);
+
+    unsigned int caps = fake_backend.caps;
+    fake_backend.caps |= DLOCK_CAP_CANCEL;
+    o.wait = DLOCK_WAIT_FOREVER;
+    is_int(dlock_acquire(c, "cancel", &o, &l), 0, "a wait with a flag on a backend with the cap");
+    ok(fake.last.cancel_fd >= 0, "the backend gets the flag's descriptor");
+    is_int(dlock_request_cancelled(&fake.last), 0, "not cancelled yet");
+    dlock_request none = fake.last;
+    none.cancel_fd = -1;
+    is_int(dlock_request_cancelled(&none), 0, "a request without a descriptor is never cancelled");
+    is_int(dlock_request_cancelled(NULL), 0, "nor is NULL");
+    dlock_cancel_fire(k);
+    dlock_cancel_fire(k);
+    is_int(dlock_cancel_fired(k), 1, "raised (twice is harmless)");
+    is_int(dlock_request_cancelled(&fake.last), 1, "the descriptor is readable once raised");
+    dlock_release(l);
+
+    dlock_metrics before, after;
+    dlock_client_metrics(c, &before);
+    calls = fake.acquire;
+    is_int(dlock_acquire(c, "cancel", &o, &l), DLOCK_ECANCELED, "a raised flag: DLOCK_ECANCELED");
+    is_str(dlock_errmsg(c), "the wait was cancelled", "detail");
+    ok(l == NULL, "no lock");
+    o.wait = DLOCK_WAIT_TRY;
+    is_int(dlock_acquire(c, "cancel", &o, &l), DLOCK_ECANCELED, "also for a try");
+    is_int(fake.acquire, calls, "the store was not asked");
+    dlock_client_metrics(c, &after);
+    is_int((int)(after.failed - before.failed), 0, "a refusal before the store is not counted");
+
+    dlock_acquire_opts r = DLOCK_ACQUIRE_OPTS_INIT;
+    r.reentrant = 1;
+    is_int(dlock_acquire(c, "cancel-r", &r, &l), 0, "a reentrant hold");
+    r.cancel = k;
+    is_int(dlock_acquire(c, "cancel-r", &r, &again), DLOCK_ECANCELED,
+           "a raised flag refuses even a hold of a lock already held");
+    is_int((int)dlock_lock_holds(l), 1, "the hold count is unchanged");
+    dlock_release(l);
+    is_int(dlock_cancelled(c), DLOCK_ECANCELED, "dlock_cancelled() returns DLOCK_ECANCELED");
+    is_str(dlock_err_name(DLOCK_ECANCELED), "DLOCK_ECANCELED", "the error's name");
+    fake_backend.caps = caps;
+    dlock_cancel_free(k);
+}
+
 static void test_acquire_flow(dlock_client *c)
 {
     dlock_acquire_opts o;
@@ -665,6 +733,7 @@ int main(void)
     is_int(dlock_client_open("fake://h/?alpha=1&beta=2&alpha=3", &c), 0, "open fake");
     test_acquire_checks(c);
     test_acquire_flow(c);
+    test_cancel(c);
     int rel = fake.release;
     dlock_client_close(c);
     is_int(fake.release - rel, 1, "close released the lock left held");
