@@ -285,6 +285,7 @@ static int part_acquire(dlock_conn *conn, const dlock_request *req, struct comp_
                 cut = 1;
             }
         }
+        one.cancel_fd = one.wait == DLOCK_WAIT_TRY ? -1 : req->cancel_fd;
         dlock_err_clear(s.c);
         p->sent = now;
         int rc = s.b->acquire(s.conn, &one, &p->h);
