@@ -678,21 +678,85 @@ static void on_lost(dlock_lock *lock, int err, void *user)
     (void)n;
 }
 
+/* While waiting: the signal that cancels the wait, and the flag it raises. */
+static const int cancelling[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+static volatile sig_atomic_t cancel_signal;
+static dlock_cancel *wait_cancel;
+
+static void cancel_wait(int sig)
+{
+    if (!cancel_signal)
+        cancel_signal = sig;
+    dlock_cancel_fire(wait_cancel);
+}
+
+/*
+ * A signal that would have killed dlock while it waits (Ctrl-C, a
+ * service manager's SIGTERM) first takes it out of the store's queue:
+ * without this, a waiter on ZooKeeper or etcd holds its place until its
+ * session or lease runs out. The signal is then raised again with its
+ * default action, so dlock ends as before. Signals ignored at startup stay
+ * ignored; a backend that cannot cancel is left to die as before.
+ */
+static void cancel_on_signals(dlock_client *client, struct sigaction *saved)
+{
+    if (!(dlock_client_caps(client) & DLOCK_CAP_CANCEL) || dlock_cancel_new(&wait_cancel) != 0)
+        return;
+    struct sigaction act = {.sa_handler = cancel_wait};
+    sigemptyset(&act.sa_mask);
+    for (size_t i = 0; i < sizeof cancelling / sizeof cancelling[0]; i++)
+        sigaddset(&act.sa_mask, cancelling[i]);
+    for (size_t i = 0; i < sizeof cancelling / sizeof cancelling[0]; i++)
+        if (startup_action[cancelling[i]].sa_handler != SIG_IGN)
+            sigaction(cancelling[i], &act, &saved[i]);
+        else
+            saved[i].sa_handler = SIG_IGN;
+}
+
+static void uncancel_on_signals(const struct sigaction *saved)
+{
+    if (!wait_cancel)
+        return;
+    for (size_t i = 0; i < sizeof cancelling / sizeof cancelling[0]; i++)
+        if (saved[i].sa_handler != SIG_IGN)
+            sigaction(cancelling[i], &saved[i], NULL);
+    dlock_cancel_free(wait_cancel);
+    wait_cancel = NULL;
+}
+
 static int acquire(const struct run_args *ra, dlock_client *client, struct job *job)
 {
     dlock_acquire_opts acq = ra->acq;
+    struct sigaction saved[sizeof cancelling / sizeof cancelling[0]];
     int err;
 
     acq.keep = 1;
     acq.on_lost = on_lost;
     acq.on_lost_user = &job->wake[1];
+    if (acq.wait != DLOCK_WAIT_TRY)
+        cancel_on_signals(client, saved);
+    acq.cancel = wait_cancel;
     uint64_t t0 = dlock_monotonic_ns();
-    /* No handler runs while waiting, so an interruption is spurious (a
-     * stop and continue); the deadline is absolute, so retrying is exact. */
+    /* The deadline is absolute, so retrying after an interruption (a stop
+     * and continue, or a cancelling signal's handler) is exact; a raised
+     * flag then ends the retry at once. */
     do
         err = dlock_acquire_names(client, (const char *const *)ra->names, (size_t)ra->nnames,
                                   &acq, &job->lock);
     while (err == DLOCK_EINTR);
+    if (acq.wait != DLOCK_WAIT_TRY)
+        uncancel_on_signals(saved);
+    if (cancel_signal && (err == DLOCK_ECANCELED || err == 0)) {
+        /* Out of the queue (or a grant that beat the signal given back):
+         * now end as the signal would have ended us. */
+        if (err == 0) {
+            dlock_release(job->lock);
+            job->lock = NULL;
+        }
+        signal(cancel_signal, SIG_DFL);
+        raise(cancel_signal);
+        return 128 + cancel_signal;
+    }
     if (err == 0)
         return PROCEED;
     if (err == DLOCK_EBUSY)
