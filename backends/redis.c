@@ -15,7 +15,12 @@
  * script and publishes one message to that waiter. Subscribing before
  * queueing means no release can slip in between unseen. The lock's PTTL
  * bounds each wait, so a holder that died is noticed when its lease runs
- * out.
+ * out. Cancel (DLOCK_CAP_CANCEL): the wait polls the request's cancel_fd
+ * beside the subscriber socket (and during the pause between reconnects);
+ * when it fires the waiter leaves as at a deadline (cancel_wait(): its
+ * queue entry removed, a handoff that raced it passed on to the next
+ * waiter, in one script call) and fails with DLOCK_ECANCELED. A handoff
+ * message read before the flag is noticed is a grant.
  *
  * Store-wide tokens (token_top, raise_floor): the floor lives in one key
  * per prefix, "<prefix>floor" (a plain integer string, no expiry: durable
@@ -900,7 +905,8 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         size_t up = 0, need = n / 2 + 1;
         dlock_errsave first = {0, ""};
         rc->base.caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING |
-                        DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_RAISE;
+                        DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_RAISE |
+                        DLOCK_CAP_CANCEL;
         for (size_t i = 0; i < n; i++) {
             err = dlock_redis_node_connect(rc, &rc->nodes[i], tv_ns(&rc->connect_tv));
             if (err == DLOCK_EAUTH || err == DLOCK_ESTORE)
@@ -957,11 +963,14 @@ static int sub_error(struct redis_conn *rc, struct redis_node *n, const char *wh
 
 /* wait_handoff(): the node ended the subscription (its slot moved). */
 #define WAIT_MOVED 2
+/* wait_handoff(): the request's cancel_fd fired first. */
+#define WAIT_CANCELLED 3
 
 /*
  * Waits until a handoff for owner arrives (1, *token set, *read_ns when
  * its bytes were read) or until_ns passes (0); WAIT_MOVED when a cluster
- * node ended the subscription. Negative: error, the
+ * node ended the subscription; WAIT_CANCELLED when cancel_fd (-1: none)
+ * turned readable with no handoff read. Negative: error, the
  * subscriber connection dropped; *silent tells a server that stopped
  * answering (no reply to a PING) from a connection that was reset.
  *
@@ -973,7 +982,7 @@ static int sub_error(struct redis_conn *rc, struct redis_node *n, const char *wh
  * is also noticed by TCP keepalive (see keepalive()).
  */
 static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const struct wait_chan *w,
-                        const char *owner, uint64_t until_ns, uint64_t *token,
+                        const char *owner, uint64_t until_ns, int cancel_fd, uint64_t *token,
                         uint64_t *read_ns, int *silent)
 {
     uint64_t quiet = tv_ns(&rc->cmd_tv), heard = dlock_monotonic_ns(), ping_by = 0;
@@ -1020,17 +1029,23 @@ static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const struc
         uint64_t wake = ping_by ? ping_by : heard + quiet;
         if (wake > until_ns)
             wake = until_ns;
-        struct pollfd pfd = {.fd = n->sub->fd, .events = POLLIN};
+        /* A negative fd is ignored by poll: no flag, nothing to watch. */
+        struct pollfd pfd[2] = {{.fd = n->sub->fd, .events = POLLIN},
+                                {.fd = cancel_fd, .events = POLLIN}};
         struct timespec ts;
         dlock_ns_to_timespec(wake > now ? wake - now : 0, &ts);
-        int pr = ppoll(&pfd, 1, &ts, NULL);
+        int pr = ppoll(pfd, 2, &ts, NULL);
         if (pr < 0 && errno == EINTR)
             return dlock_seterr(cl(rc), DLOCK_EINTR, "a signal interrupted the wait");
-        if (pr > 0) {
+        if (pr > 0 && pfd[0].revents) {
+            /* Read first: a handoff that came with the cancel is taken (the
+             * flag stays raised, so the next poll still sees it). */
             if (redisBufferRead(n->sub) != REDIS_OK)
                 return sub_error(rc, n, "reading the wake-up channel");
             *read_ns = heard = dlock_monotonic_ns();
             ping_by = 0;
+        } else if (pr > 0 && (pfd[1].revents & POLLIN)) {
+            return WAIT_CANCELLED;
         }
     }
 }
@@ -1223,10 +1238,15 @@ static int recover(struct redis_conn *rc, struct redis_node **np, unsigned slot,
         uint64_t now = dlock_monotonic_ns();
         if (now + RECONNECT_PAUSE_NS >= until)
             break;
+        /* The pause is part of the wait: the cancel flag ends it. */
+        struct pollfd pfd = {.fd = req->cancel_fd, .events = POLLIN};
         struct timespec ts;
         dlock_ns_to_timespec(RECONNECT_PAUSE_NS, &ts);
-        if (nanosleep(&ts, NULL) != 0 && errno == EINTR)
+        int pr = ppoll(&pfd, 1, &ts, NULL);
+        if (pr < 0 && errno == EINTR)
             return dlock_seterr(cl(rc), DLOCK_EINTR, "a signal interrupted the wait");
+        if (pr > 0 && (pfd.revents & POLLIN))
+            return dlock_cancelled(cl(rc));
     }
     dlock_err_save(cl(rc), &why);
     if (deadline)
@@ -1408,7 +1428,8 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
         if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until)
             until = req->deadline_ns;
         uint64_t token = 0, read_ns = 0;
-        err = wait_handoff(rc, n, &w, h->owner, until, &token, &read_ns, &silent);
+        err = wait_handoff(rc, n, &w, h->owner, until, req->cancel_fd, &token, &read_ns,
+                           &silent);
         if (err == 1) {
             /* The lease started when the releaser's script handed it
              * over, a one-way trip before we read the message; the call's
@@ -1417,6 +1438,10 @@ static int acquire_single(struct redis_conn *rc, const dlock_request *req, struc
             h->base.lease_end_ns = read_ns + (uint64_t)h->ttl_ms * MS;
             dlock_redis_unsubscribe(rc, n, w.name, w.len);
             return confirm_grant(rc, h, step_until(rc, req));
+        }
+        if (err == WAIT_CANCELLED) {
+            err = dlock_cancelled(cl(rc)); /* cancel_wait() below, as at a deadline */
+            break;
         }
         if (err == WAIT_MOVED) {
             dlock_redis_cluster_stale(rc);
@@ -2023,7 +2048,7 @@ const dlock_backend dlock_redis_backend = {
     .name = "redis",
     .schemes = redis_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
-            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_RAISE,
+            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_RAISE | DLOCK_CAP_CANCEL,
     .options = redis_options,
     .open = redis_open,
     .close = redis_close,

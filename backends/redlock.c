@@ -27,7 +27,12 @@
  * node before it retries, and each release publishes there. Not FIFO, and
  * every waiter wakes on a release: that is the price of having no single
  * queue to trust. A node whose subscriber connection drops (a restart,
- * CLIENT KILL) is subscribed again before the next attempt.
+ * CLIENT KILL) is subscribed again before the next attempt. The wait, the
+ * step back after a lost race and the pause while too few nodes answer
+ * all poll the request's cancel_fd too (DLOCK_CAP_CANCEL): a cancelled
+ * waiter unsubscribes, as one past its deadline, and fails with
+ * DLOCK_ECANCELED; a waiter holds nothing in the stores between attempts
+ * (a failed attempt is undone at once), so there is nothing else to undo.
  *
  * Inspect: the script's "inspect" (reads only) on every node at once,
  * merged into what a quorum agrees on (see dlock_redlock_inspect()): held
@@ -558,12 +563,15 @@ static int all_subscribed(struct redis_conn *rc)
     return 1;
 }
 
-/* Waits for a "released" message on any node, or until until_ns. Replies
- * that are only (un)subscribe confirmations are consumed on the way. */
-static int wait_release(struct redis_conn *rc, const char *chan, size_t len, uint64_t until_ns)
+/* Waits for a "released" message on any node, or until until_ns: 0;
+ * DLOCK_ECANCELED (no detail set) once cancel_fd (-1: none) is readable,
+ * DLOCK_EINTR on a signal. Replies that are only (un)subscribe
+ * confirmations are consumed on the way. */
+static int wait_release(struct redis_conn *rc, const char *chan, size_t len, uint64_t until_ns,
+                        int cancel_fd)
 {
     for (;;) {
-        struct pollfd pfd[MAX_NODES];
+        struct pollfd pfd[MAX_NODES + 1];
         size_t idx[MAX_NODES], np = 0;
         for (size_t i = 0; i < rc->nnodes; i++) {
             struct redis_node *n = &rc->nodes[i];
@@ -585,12 +593,18 @@ static int wait_release(struct redis_conn *rc, const char *chan, size_t len, uin
             return 0;
         struct timespec ts;
         dlock_ns_to_timespec(until_ns - now, &ts);
-        /* With no subscriber left this just waits out the bound. */
-        int pr = ppoll(np ? pfd : NULL, np, &ts, NULL);
+        /* Last, and ignored by poll when negative. With no subscriber
+         * left this just waits out the bound (or the cancel). */
+        pfd[np] = (struct pollfd){.fd = cancel_fd, .events = POLLIN};
+        int pr = ppoll(pfd, np + 1, &ts, NULL);
         if (pr < 0 && errno == EINTR)
             return DLOCK_EINTR;
         if (pr <= 0)
             return 0;
+        /* A release that came with the cancel is not read: the cancel wins
+         * (nothing is ours yet, there is nothing to give back). */
+        if (pfd[np].revents & POLLIN)
+            return DLOCK_ECANCELED;
         for (size_t k = 0; k < np; k++)
             if (pfd[k].revents && redisBufferRead(rc->nodes[idx[k]].sub) != REDIS_OK) {
                 dlock_redis_drop_sub(&rc->nodes[idx[k]]);
@@ -599,6 +613,19 @@ static int wait_release(struct redis_conn *rc, const char *chan, size_t len, uin
                 return 0;
             }
     }
+}
+
+/* Sleeps ns, but ends early when cancel_fd (-1: none) turns readable:
+ * DLOCK_ECANCELED then, DLOCK_EINTR on a signal, else 0. */
+static int pause_wait(uint64_t ns, int cancel_fd)
+{
+    struct pollfd pfd = {.fd = cancel_fd, .events = POLLIN};
+    struct timespec ts;
+    dlock_ns_to_timespec(ns, &ts);
+    int pr = ppoll(&pfd, 1, &ts, NULL);
+    if (pr < 0 && errno == EINTR)
+        return DLOCK_EINTR;
+    return pr > 0 && (pfd.revents & POLLIN) ? DLOCK_ECANCELED : 0;
 }
 
 int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struct redis_held *h)
@@ -638,10 +665,13 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
             if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < end)
                 end = req->deadline_ns;
             if (now + RECOVER_PAUSE_NS < end) {
-                struct timespec ts;
-                dlock_ns_to_timespec(RECOVER_PAUSE_NS, &ts);
-                if (nanosleep(&ts, NULL) != 0 && errno == EINTR) {
+                int pe = pause_wait(RECOVER_PAUSE_NS, req->cancel_fd);
+                if (pe == DLOCK_EINTR) {
                     err = dlock_seterr(cl(rc), DLOCK_EINTR, "a signal interrupted the wait");
+                    break;
+                }
+                if (pe == DLOCK_ECANCELED) {
+                    err = dlock_cancelled(cl(rc));
                     break;
                 }
                 for (size_t i = 0; i < rc->nnodes; i++)
@@ -709,8 +739,13 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
         uint64_t until = now + bound;
         if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until)
             until = req->deadline_ns;
-        if (wait_release(rc, chan, chan_len, until) == DLOCK_EINTR) {
+        int we = wait_release(rc, chan, chan_len, until, req->cancel_fd);
+        if (we == DLOCK_EINTR) {
             err = dlock_seterr(cl(rc), DLOCK_EINTR, "a signal interrupted the wait");
+            break;
+        }
+        if (we == DLOCK_ECANCELED) {
+            err = dlock_cancelled(cl(rc));
             break;
         }
         uint32_t rnd = 0;
@@ -719,9 +754,11 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
         uint64_t backoff = rnd % spread_ns, woke = dlock_monotonic_ns();
         if (req->wait == DLOCK_WAIT_DEADLINE && woke + backoff > req->deadline_ns)
             backoff = woke < req->deadline_ns ? req->deadline_ns - woke : 0;
-        struct timespec ts;
-        dlock_ns_to_timespec(backoff, &ts);
-        nanosleep(&ts, NULL);
+        /* A signal only shortens the step back (as it always did). */
+        if (pause_wait(backoff, req->cancel_fd) == DLOCK_ECANCELED) {
+            err = dlock_cancelled(cl(rc));
+            break;
+        }
         losses++;
     }
     if (subscribed)
