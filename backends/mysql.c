@@ -45,9 +45,9 @@
  * (INSERT IGNORE, committed). So a client opens one session, used for the
  * first lock; each lock held or waited for has a session of its own; the
  * control session is opened only for raise_floor, token_top, inspect,
- * and to KILL QUERY a wait interrupted by a signal (or one the server
- * failed to end by its max_statement_time), and for a moment to commit
- * the durable mark; ping uses an idle lock session. The sequence is
+ * and to KILL QUERY a wait interrupted by a signal or cancelled (or one
+ * the server failed to end by its max_statement_time), and for a moment
+ * to commit the durable mark; ping uses an idle lock session. The sequence is
  * created, with the lock table's token columns, by the first client that
  * needs them (an older store's <table> gets them with ALTER TABLE ... ADD
  * COLUMN, instant but waiting for a metadata lock behind held locks: at
@@ -89,8 +89,8 @@
  * value): one round trip, tokens in grant order. t is 0 for a try, what is
  * left of a deadline (GET_LOCK takes fractions of a second; the client
  * waits CLEANUP_MS more for the answer), a year (its maximum) without one;
- * a wait cut short by a signal or a server that did not end it in time
- * has its session killed (KILL from the control session) and closed, so
+ * a wait cut short by a signal, a cancel or a server that did not end it
+ * in time has its session killed (KILL from the control session) and closed, so
  * whatever it got is freed. The lock table keeps only the durable mark's
  * row: names get no rows. GET_LOCK waiters are served first-come
  * first-served (MariaDB's metadata lock queue), and a GET_LOCK(n, 0) never
@@ -176,6 +176,17 @@
  * by then is abandoned by closing the session (the server rolls back when
  * it sees the connection closed, and ends a wait still queued at its
  * innodb_lock_wait_timeout).
+ *
+ * Cancelling (DLOCK_CAP_CANCEL). Every lock wait (the locking read, the
+ * sequence's UPDATE, GET_LOCK) polls the request's cancel fd beside the
+ * socket, and so do the pauses between reconnects of a wait whose server
+ * went away. A cancel ends the wait as a signal does, then DLOCK_ECANCELED:
+ * a row lock's wait gets KILL QUERY from the control session (opened if
+ * need be) and a rollback (undoing a grant that came in that instant), and
+ * its session is pooled, all within CLEANUP_MS, else the session is closed
+ * (a wait without a deadline then stays queued on the server until the row
+ * reaches it); a GET_LOCK's session is killed (KILL) and closed, which
+ * frees whatever it got.
  *
  * Bounds. Every exchange with the server, the connect included, runs on
  * the non-blocking API with a bound of dlock's own, to the millisecond
@@ -611,27 +622,31 @@ struct nb {
 /* Waits for what status asks on db's socket, until until_ns (0: no
  * limit). Returns the events for the _cont call, -1 when until_ns passed
  * (the socket is polled once more at that instant), -2 when a signal
- * arrived (only with intr; otherwise the wait goes on). Connector/C's own
- * timeouts (MYSQL_WAIT_TIMEOUT) are not used: until_ns is the bound. */
-static int wait_io(MYSQL *db, int status, uint64_t until_ns, int intr)
+ * arrived (only with intr; otherwise the wait goes on), -3 when cancel_fd
+ * (-1: none) turned readable and the socket had nothing (a reply that came
+ * with the cancel is read). Connector/C's own timeouts (MYSQL_WAIT_TIMEOUT)
+ * are not used: until_ns is the bound. */
+static int wait_io(MYSQL *db, int status, uint64_t until_ns, int intr, int cancel_fd)
 {
     for (;;) {
-        struct pollfd pfd = {.fd = (int)mysql_get_socket(db)};
+        struct pollfd p[2] = {{.fd = (int)mysql_get_socket(db)},
+                              {.fd = cancel_fd, .events = POLLIN}};
+        struct pollfd *pfd = p;
         struct timespec ts, *tsp = NULL;
         int last = 0;
         if (status & MYSQL_WAIT_READ)
-            pfd.events |= POLLIN;
+            pfd->events |= POLLIN;
         if (status & MYSQL_WAIT_WRITE)
-            pfd.events |= POLLOUT;
+            pfd->events |= POLLOUT;
         if (status & MYSQL_WAIT_EXCEPT)
-            pfd.events |= POLLPRI;
+            pfd->events |= POLLPRI;
         if (until_ns) {
             uint64_t now = dlock_monotonic_ns();
             last = now >= until_ns;
             dlock_ns_to_timespec(last ? 0 : until_ns - now, &ts);
             tsp = &ts;
         }
-        int pr = ppoll(&pfd, 1, tsp, NULL);
+        int pr = ppoll(p, cancel_fd >= 0 ? 2 : 1, tsp, NULL);
         if (pr < 0 && errno == EINTR && !intr)
             continue;
         if (pr < 0)
@@ -641,14 +656,16 @@ static int wait_io(MYSQL *db, int status, uint64_t until_ns, int intr)
                 return -1;
             continue;
         }
-        if (pfd.revents & POLLNVAL) /* no socket: nothing will ever come */
+        if (pfd->revents == 0)
+            return -3;
+        if (pfd->revents & POLLNVAL) /* no socket: nothing will ever come */
             return -1;
         int ev = 0;
-        if (pfd.revents & (POLLIN | POLLHUP | POLLERR))
+        if (pfd->revents & (POLLIN | POLLHUP | POLLERR))
             ev |= MYSQL_WAIT_READ;
-        if (pfd.revents & (POLLOUT | POLLHUP | POLLERR))
+        if (pfd->revents & (POLLOUT | POLLHUP | POLLERR))
             ev |= MYSQL_WAIT_WRITE;
-        if (pfd.revents & POLLPRI)
+        if (pfd->revents & POLLPRI)
             ev |= MYSQL_WAIT_EXCEPT;
         return ev & status;
     }
@@ -688,17 +705,23 @@ static void nb_step(struct nb *c, int ev)
 }
 
 /* Runs a started call to its end: 0 when it is over, -1 when until_ns
- * passed first, -2 when a signal interrupted it (only with intr); in both
- * last cases it is still outstanding, and c->status says what it waits for. */
-static int nb_finish(struct nb *c, uint64_t until_ns, int intr)
+ * passed first, -2 when a signal interrupted it (only with intr), -3 when
+ * cancel_fd (-1: none) fired; in the last three cases it is still
+ * outstanding, and c->status says what it waits for. */
+static int nb_wait(struct nb *c, uint64_t until_ns, int intr, int cancel_fd)
 {
     while (c->status) {
-        int ev = wait_io(c->db, c->status, until_ns, intr);
+        int ev = wait_io(c->db, c->status, until_ns, intr, cancel_fd);
         if (ev < 0)
             return ev;
         nb_step(c, ev);
     }
     return 0;
+}
+
+static int nb_finish(struct nb *c, uint64_t until_ns, int intr)
+{
+    return nb_wait(c, until_ns, intr, -1);
 }
 
 static int nb_failed(const struct nb *c)
@@ -1169,13 +1192,14 @@ static int lock_error(struct mysql_conn *mc, struct session *s, MYSQL_STMT *st, 
 }
 
 /*
- * The end of a row lock's statement that did not reply in time (nb_finish's
- * w: -1 no reply by until, -2 a signal). A try the server does not answer:
- * nothing to cancel (the control session would likely wait as long), so
- * the session is closed, which undoes whatever it got once the server
- * notices. A wait: DLOCK_EINTR or DLOCK_ETIMEDOUT (late: the detail), and
- * the wait is cancelled (KILL QUERY, rollback) within CLEANUP_MS. *sp is
- * no longer the caller's either way.
+ * The end of a row lock's statement that did not reply in time (nb_wait's
+ * w: -1 no reply by until, -2 a signal, -3 the request's cancel fd). A try
+ * the server does not answer: nothing to cancel (the control session would
+ * likely wait as long), so the session is closed, which undoes whatever it
+ * got once the server notices. A wait: DLOCK_EINTR, DLOCK_ECANCELED or
+ * DLOCK_ETIMEDOUT (late: the detail), and the wait is cancelled (KILL
+ * QUERY, rollback) within CLEANUP_MS. *sp is no longer the caller's either
+ * way.
  */
 static int lock_wait_cut(struct mysql_conn *mc, struct session *s, struct session **sp,
                          struct nb *c, int w, int nowait, uint64_t start, uint64_t until,
@@ -1191,6 +1215,8 @@ static int lock_wait_cut(struct mysql_conn *mc, struct session *s, struct sessio
     uint64_t now = dlock_monotonic_ns();
     if (w == -2)
         err = dlock_seterr(cl(mc), DLOCK_EINTR, "a signal interrupted the wait");
+    else if (w == -3)
+        err = dlock_cancelled(cl(mc));
     else
         err = dlock_seterr(cl(mc), DLOCK_ETIMEDOUT, "%s", late);
     cancel_wait(mc, s, c, (w == -1 && until > now ? until : now) + CLEANUP_MS * MS);
@@ -1200,7 +1226,7 @@ static int lock_wait_cut(struct mysql_conn *mc, struct session *s, struct sessio
 /*
  * One locking read of the name's row on session s. Returns 1 when the row
  * is ours, 0 when the row does not exist yet, or an error: DLOCK_EBUSY
- * (try), DLOCK_ETIMEDOUT, DLOCK_EINTR... After a wait that was cut short
+ * (try), DLOCK_ETIMEDOUT, DLOCK_EINTR, DLOCK_ECANCELED... After a wait that was cut short
  * the session is already rolled back and pooled (or closed), and *sp is
  * NULL; after other errors the caller ends the transaction.
  */
@@ -1224,7 +1250,7 @@ static int lock_row(struct mysql_conn *mc, struct session **sp, const dlock_requ
                      : nowait ? call->until : 0;
     struct nb c = {.op = NB_EXECUTE, .db = s->db, .st = st};
     nb_step(&c, -1);
-    int w = nb_finish(&c, until, 1);
+    int w = nb_wait(&c, until, 1, nowait ? -1 : req->cancel_fd);
     if (w != 0)
         return lock_wait_cut(mc, s, sp, &c, w, nowait, start, until,
                              "the deadline passed with the lock still held elsewhere");
@@ -1396,7 +1422,7 @@ static int lock_row_seq(struct mysql_conn *mc, struct session **sp, const dlock_
              pre, mc->table, mc->table, req->owner_hex, kx);
     struct nb c = {.op = NB_QUERY, .db = s->db, .sql = sql};
     nb_step(&c, -1);
-    int w = nb_finish(&c, until, 1);
+    int w = nb_wait(&c, until, 1, nowait ? -1 : req->cancel_fd);
     if (w != 0) /* the server did not end the wait itself: KILL QUERY it */
         return lock_wait_cut(mc, s, sp, &c, w, nowait, start, until,
                              "the deadline passed with the lock still held elsewhere (the"
@@ -1507,16 +1533,21 @@ static void drop_or_pool(struct mysql_conn *mc, struct session *s)
         rollback_and_pool(mc, s, cleanup_until());
 }
 
-/* Sleeps ms, or less up to until_ns; DLOCK_EINTR if a signal came. */
-static int pause_ms(uint64_t ms, uint64_t until_ns)
+/* Sleeps ms, or less up to until_ns; DLOCK_EINTR if a signal came,
+ * DLOCK_ECANCELED (recorded) once cancel_fd (-1: none) turns readable. */
+static int pause_ms(struct mysql_conn *mc, uint64_t ms, uint64_t until_ns, int cancel_fd)
 {
     uint64_t now = dlock_monotonic_ns(), end = now + ms * MS;
+    struct pollfd p = {.fd = cancel_fd, .events = POLLIN};
     struct timespec ts;
     if (until_ns && until_ns < end)
         end = until_ns;
     dlock_ns_to_timespec(end > now ? end - now : 0, &ts);
-    if (ppoll(NULL, 0, &ts, NULL) < 0 && errno == EINTR)
+    int pr = ppoll(&p, 1, &ts, NULL); /* a negative fd is ignored */
+    if (pr < 0 && errno == EINTR)
         return DLOCK_EINTR;
+    if (pr > 0)
+        return dlock_cancelled(cl(mc));
     return 0;
 }
 
@@ -1583,8 +1614,10 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
                                     "mysql %s: the server dropped the waiting session and was not"
                                     " back in time (%s)", mc->where,
                                     err == DLOCK_ETIMEDOUT ? "deadline" : "connect_timeout");
-            if ((err = pause_ms(backoff, give_up)) != 0)
+            if ((err = pause_ms(mc, backoff, give_up, req->cancel_fd)) == DLOCK_EINTR)
                 return dlock_seterr(cl(mc), err, "a signal interrupted the wait");
+            if (err)
+                return err;
             backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
             continue;
         }
@@ -2310,7 +2343,8 @@ static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
          * taken: read them again once the snapshot has expired. */
         if (young && !again && dlock_monotonic_ns() + 110 * MS < call.until) {
             again = 1;
-            if ((err = pause_ms(110, call.until)) != 0) /* 0.1 s without reads refreshes it */
+            /* 0.1 s without reads refreshes it */
+            if ((err = pause_ms(mc, 110, call.until, -1)) != 0)
                 return dlock_seterr(cl(mc), err, "mysql %s: inspect: interrupted", mc->where);
             memset(info->waiter, 0, sizeof info->waiter);
             goto retry;
@@ -2631,9 +2665,9 @@ static int named_unget(struct mysql_conn *mc, struct session *s, const char *lna
  * a second), a year (its maximum) without one. The client waits for the
  * answer: a try `timeout`, a deadline until CLEANUP_MS past it, a wait
  * without one unbounded (TCP keepalives). Returns 1 (granted, *token), 0
- * (not granted) or an error. A wait cut short (signal, no answer) has its
- * session killed from the control session and closed (whatever it got is
- * freed with it).
+ * (not granted) or an error. A wait cut short (signal, cancel, no answer)
+ * has its session killed from the control session and closed (whatever it
+ * got is freed with it).
  */
 static int named_get(struct mysql_conn *mc, struct session *s, const dlock_request *req,
                      const char *lname, uint64_t until, uint64_t *token)
@@ -2652,7 +2686,8 @@ static int named_get(struct mysql_conn *mc, struct session *s, const dlock_reque
              mc->table);
     struct nb c = {.op = NB_QUERY, .db = s->db, .sql = sql};
     nb_step(&c, -1);
-    int w = nb_finish(&c, until, req->wait != DLOCK_WAIT_TRY);
+    int w = nb_wait(&c, until, req->wait != DLOCK_WAIT_TRY,
+                    req->wait != DLOCK_WAIT_TRY ? req->cancel_fd : -1);
     if (w == -1 && req->wait == DLOCK_WAIT_TRY)
         return named_failed(s, no_reply(mc, s, "acquire", start, DLOCK_ECONNECT));
     if (w != 0) {
@@ -2660,10 +2695,11 @@ static int named_get(struct mysql_conn *mc, struct session *s, const dlock_reque
         struct session *ctl;
         struct bound kb = {dlock_monotonic_ns() + CLEANUP_MS * MS, DLOCK_ECONNECT, 0};
         dlock_errsave why;
-        int err = w == -2 ? dlock_seterr(cl(mc), DLOCK_EINTR, "a signal interrupted the wait")
-                          : dlock_seterr(cl(mc), DLOCK_ETIMEDOUT,
-                                         "the deadline passed with the lock still held elsewhere"
-                                         " (the server did not end the wait in time)");
+        int err = w == -2   ? dlock_seterr(cl(mc), DLOCK_EINTR, "a signal interrupted the wait")
+                  : w == -3 ? dlock_cancelled(cl(mc))
+                            : dlock_seterr(cl(mc), DLOCK_ETIMEDOUT,
+                                           "the deadline passed with the lock still held elsewhere"
+                                           " (the server did not end the wait in time)");
         dlock_err_save(cl(mc), &why);
         snprintf(kill, sizeof kill, "KILL %lu", mysql_thread_id(s->db));
         if (ctl_session(mc, &kb, &ctl) == 0 && run(mc, ctl, NB_QUERY, NULL, kill, &kb, "KILL") != 0)
@@ -2810,8 +2846,10 @@ static int named_restarted(struct mysql_conn *mc, const dlock_request *req, uint
                                 "mysql %s: the server dropped the waiting session and was not"
                                 " back in time (%s)", mc->where,
                                 req->wait == DLOCK_WAIT_DEADLINE ? "deadline" : "connect_timeout");
-        if ((err = pause_ms(backoff, give_up)) != 0)
+        if ((err = pause_ms(mc, backoff, give_up, req->cancel_fd)) == DLOCK_EINTR)
             return dlock_seterr(cl(mc), err, "a signal interrupted the wait");
+        if (err)
+            return err;
         backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
         dead = 0;
     }
@@ -2887,7 +2925,8 @@ static int named_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_
          * was dropped otherwise queues again if the server restarted, not
          * if the session was killed alone (an administrator's KILL is not
          * waited on again). */
-        if (!gone || silent || err == DLOCK_EBUSY || err == DLOCK_ETIMEDOUT || err == DLOCK_EINTR)
+        if (!gone || silent || err == DLOCK_EBUSY || err == DLOCK_ETIMEDOUT || err == DLOCK_EINTR ||
+            err == DLOCK_ECANCELED)
             break;
         if (req->wait != DLOCK_WAIT_TRY && (opened || !stale || tries > 0)) {
             unsigned why = s->last_errno;
@@ -3510,7 +3549,8 @@ const dlock_backend dlock_mysql_backend = {
     .name = "mysql",
     .schemes = mysql_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
-            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
+            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
+            DLOCK_CAP_CANCEL,
     .options = mysql_options_list,
     .open = be_open,
     .close = be_close,

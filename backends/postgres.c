@@ -48,6 +48,15 @@
  * try while others wait). The lock and the fencing-token bump travel in one
  * statement, so an uncontended acquire is one round trip.
  *
+ * Cancelling (DLOCK_CAP_CANCEL): the wait polls the request's cancel fd
+ * beside the session's socket; when it fires, PQcancel() asks the server
+ * to cancel the statement (a blocking call: a connect to the same server,
+ * bounded by the session's tcp_user_timeout), which leaves the queue as
+ * lock_timeout does. The error reply then gets `timeout`, a grant that came
+ * in that instant is undone as a deadline's is, and the session stays
+ * pooled. A cancel that cannot be sent closes the session instead (the
+ * server then drops the waiter only once the lock reaches it).
+ *
  * The acquire's transaction sets what it relies on, whatever the server's,
  * the database's or the role's defaults (or PGOPTIONS) say: READ COMMITTED
  * (under repeatable read a waiter's snapshot predates the previous holder's
@@ -329,7 +338,7 @@ static void session_notice(void *arg, const PGresult *r)
         s->ended = 1;
 }
 
-static int wait_socket(PGconn *pg, short events, uint64_t until_ns);
+static int wait_socket(PGconn *pg, short events, uint64_t until_ns, int cancel_fd);
 
 /* libpq's non-blocking connect to host i alone, driven until until_ns. */
 static int connect_host(struct pg_conn *pc, size_t i, uint64_t until_ns, PGconn **out)
@@ -345,7 +354,7 @@ static int connect_host(struct pg_conn *pc, size_t i, uint64_t until_ns, PGconn 
     PostgresPollingStatusType st =
         PQstatus(pg) == CONNECTION_BAD ? PGRES_POLLING_FAILED : PGRES_POLLING_WRITING;
     while (st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {
-        int ev = wait_socket(pg, st == PGRES_POLLING_READING ? POLLIN : POLLOUT, until_ns);
+        int ev = wait_socket(pg, st == PGRES_POLLING_READING ? POLLIN : POLLOUT, until_ns, -1);
         if (ev == 0) {
             PQfinish(pg);
             return dlock_seterr(cl(pc), DLOCK_ECONNECT,
@@ -584,13 +593,19 @@ static int session_for_try(struct pg_conn *pc, const dlock_request *req, int64_t
     return err;
 }
 
-/* Waits for events on pg's socket until until_ns (0: no limit). Returns
- * the events seen, 0 when until_ns passed first, -1 on a poll error.
+/* wait_socket()'s answer when the cancel fd fired: outside poll's bits. */
+#define WAIT_CANCELLED 0x10000
+
+/* Waits for events on pg's socket until until_ns (0: no limit), and for
+ * cancel_fd (-1: none) to turn readable. Returns the events seen (the
+ * socket's first: a reply that came with the cancel is read),
+ * WAIT_CANCELLED, 0 when until_ns passed first, -1 on a poll error.
  * Signals do not end the wait: libpq's own blocking calls retried too. */
-static int wait_socket(PGconn *pg, short events, uint64_t until_ns)
+static int wait_socket(PGconn *pg, short events, uint64_t until_ns, int cancel_fd)
 {
-    struct pollfd pfd = {.fd = PQsocket(pg), .events = events};
-    if (pfd.fd < 0)
+    struct pollfd pfd[2] = {{.fd = PQsocket(pg), .events = events},
+                            {.fd = cancel_fd, .events = POLLIN}};
+    if (pfd[0].fd < 0)
         return -1;
     for (;;) {
         int ms = -1;
@@ -601,9 +616,11 @@ static int wait_socket(PGconn *pg, short events, uint64_t until_ns)
             uint64_t left = (until_ns - now + MS - 1) / MS;
             ms = left > INT32_MAX ? INT32_MAX : (int)left;
         }
-        int n = poll(&pfd, 1, ms);
+        int n = poll(pfd, cancel_fd >= 0 ? 2 : 1, ms);
+        if (n > 0 && pfd[0].revents)
+            return pfd[0].revents;
         if (n > 0)
-            return pfd.revents;
+            return WAIT_CANCELLED;
         if (n < 0 && errno != EINTR)
             return -1;
     }
@@ -625,6 +642,36 @@ static int timed_out(struct pg_conn *pc, struct pg_session *s, const char *what,
 }
 
 /*
+ * The application cancelled a lock wait (cancel_fd fired): asks the server
+ * to cancel the statement, as lock_timeout would have ended it, so that
+ * the session stays usable and leaves the lock's queue at once. libpq 15
+ * has only the blocking PQcancel(): a connect to the session's server and
+ * one packet, answered as soon as the server has signalled the session's
+ * backend; its socket gets the session's keepalives and tcp_user_timeout
+ * (= `timeout`), so a server gone silent does not hold it for the
+ * kernel's whole connect timeout. 0 when sent (the statement's reply, an
+ * error unless the grant won the race, follows on the session); else the
+ * session is closed, the only other way to end the wait (the server drops
+ * the waiter once the lock is granted to it and it finds no client).
+ */
+static int cancel_statement(struct pg_session *s)
+{
+    char why[256] = "";
+    PGcancel *pcl = PQgetCancel(s->pg);
+    int sent = pcl && PQcancel(pcl, why, (int)sizeof why);
+    PQfreeCancel(pcl);
+    if (sent)
+        return 0;
+    PQfinish(s->pg);
+    s->pg = NULL;
+    return -1;
+}
+
+static int run_cancellable(struct pg_conn *pc, struct pg_session *s, const char *sql, int want,
+                           PGresult **out, const char *what, uint64_t until_ns, int cancel_fd,
+                           int *cancelled);
+
+/*
  * Sends sql (one or more statements) and returns the result of statement
  * `want` (0-based) in *out, or the first error. The caller clears *out.
  * No reply by until_ns (0: no limit) closes the session (s->pg = NULL)
@@ -632,6 +679,22 @@ static int timed_out(struct pg_conn *pc, struct pg_session *s, const char *what,
  */
 static int run(struct pg_conn *pc, struct pg_session *s, const char *sql, int want,
                PGresult **out, const char *what, uint64_t until_ns)
+{
+    return run_cancellable(pc, s, sql, want, out, what, until_ns, -1, NULL);
+}
+
+/*
+ * run(), also watching cancel_fd (-1: none) while the reply is awaited.
+ * When it fires, the statement is cancelled on the server
+ * (cancel_statement()) and *cancelled set; its reply then gets `timeout`
+ * more (the lock wait is over), and is returned as run() does: a
+ * "canceling statement" error (SQLSTATE 57014), or the result when the
+ * statement ended first. A cancel that could not be sent closes the
+ * session (DLOCK_ECANCELED, s->pg NULL).
+ */
+static int run_cancellable(struct pg_conn *pc, struct pg_session *s, const char *sql, int want,
+                           PGresult **out, const char *what, uint64_t until_ns, int cancel_fd,
+                           int *cancelled)
 {
     PGresult *r, *keep = NULL, *bad = NULL;
     uint64_t start = dlock_monotonic_ns();
@@ -642,7 +705,7 @@ static int run(struct pg_conn *pc, struct pg_session *s, const char *sql, int wa
     if (!PQsendQuery(s->pg, sql))
         return result_error(pc, s->pg, NULL, what);
     while ((f = PQflush(s->pg)) == 1) {
-        if ((ev = wait_socket(s->pg, POLLIN | POLLOUT, until_ns)) == 0)
+        if ((ev = wait_socket(s->pg, POLLIN | POLLOUT, until_ns, -1)) == 0)
             return timed_out(pc, s, what, start);
         if (ev < 0 || ((ev & POLLIN) && !PQconsumeInput(s->pg)))
             break;
@@ -656,10 +719,22 @@ static int run(struct pg_conn *pc, struct pg_session *s, const char *sql, int wa
     for (;;) {
         /* A broken connection makes PQgetResult() return at once. */
         while (PQisBusy(s->pg) && PQstatus(s->pg) == CONNECTION_OK) {
-            if ((ev = wait_socket(s->pg, POLLIN, until_ns)) == 0) {
+            if ((ev = wait_socket(s->pg, POLLIN, until_ns, cancel_fd)) == 0) {
                 PQclear(keep);
                 PQclear(bad);
                 return timed_out(pc, s, what, start);
+            }
+            if (ev == WAIT_CANCELLED) {
+                *cancelled = 1;
+                cancel_fd = -1;
+                if (cancel_statement(s) != 0) {
+                    PQclear(keep);
+                    PQclear(bad);
+                    return dlock_cancelled(cl(pc));
+                }
+                start = dlock_monotonic_ns();
+                until_ns = after_timeout(pc);
+                continue;
             }
             if (ev < 0 || !PQconsumeInput(s->pg))
                 break;
@@ -1010,9 +1085,19 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
              "SELECT (SELECT token FROM f)",
              settings, idle, fn, key, pc->table, key, pc->table,
              req->wait == DLOCK_WAIT_TRY ? "got" : "true", pc->table);
-    err = run(pc, s, sql, stmt, &r,
-              req->wait == DLOCK_WAIT_TRY ? "acquire" : "waiting for the lock", until);
+    int cancelled = 0;
+    err = run_cancellable(pc, s, sql, stmt, &r,
+                          req->wait == DLOCK_WAIT_TRY ? "acquire" : "waiting for the lock", until,
+                          req->wait == DLOCK_WAIT_TRY ? -1 : req->cancel_fd, &cancelled);
     *granted_ns = req->wait == DLOCK_WAIT_TRY ? start : dlock_monotonic_ns();
+    /* Cancelled: left the queue as at a deadline (a grant in that instant
+     * is undone; a session closed for it freed everything). A grant that
+     * won the race is kept. */
+    if (err && cancelled) {
+        if (s->pg)
+            undo_late_grant(pc, s, key, 0);
+        return dlock_cancelled(cl(pc));
+    }
     /* statement_timeout (57014) ends a deadline wait like lock_timeout
      * (55P03); a cancel at any other time is someone else's. */
     if (err == DLOCK_ESTORE && strcmp(s->sqlstate, "57014") == 0 &&
@@ -1157,10 +1242,10 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
         if (err == 0)
             break; /* still under s->mu */
         if (s->pg && PQstatus(s->pg) == CONNECTION_OK) {
-            /* Busy and timed out leave nothing held (a late grant was
-             * undone). Any other failure may have come after the lock was
-             * granted in the same statement. */
-            if (err != DLOCK_EBUSY && err != DLOCK_ETIMEDOUT)
+            /* Busy, timed out and cancelled leave nothing held (a late
+             * grant was undone). Any other failure may have come after the
+             * lock was granted in the same statement. */
+            if (err != DLOCK_EBUSY && err != DLOCK_ETIMEDOUT && err != DLOCK_ECANCELED)
                 session_scrub(pc, s, key, acquire_until(pc, req, dlock_monotonic_ns()));
             pthread_mutex_unlock(&s->mu);
             free(h);
@@ -1174,7 +1259,8 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
         int silent = s->timed_out_ms != 0;
         session_close(s);
         pthread_mutex_unlock(&s->mu);
-        if (opened || silent || err == DLOCK_ETIMEDOUT || err == DLOCK_EBUSY) {
+        if (opened || silent || err == DLOCK_ETIMEDOUT || err == DLOCK_EBUSY ||
+            err == DLOCK_ECANCELED) {
             free(h);
             return err;
         }
@@ -1919,7 +2005,8 @@ const dlock_backend dlock_postgres_backend = {
     .name = "postgres",
     .schemes = pg_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
-            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
+            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
+            DLOCK_CAP_CANCEL,
     .options = pg_options,
     .open = pg_open,
     .close = pg_close,
