@@ -1,0 +1,556 @@
+"""Client, Lock and Cancel over libdlock's handles.
+
+libdlock requires one client's calls (and its locks') to be serialised;
+ctypes lets go of the GIL during every call, so each Client serialises them
+itself with a mutex. The calls libdlock allows from any thread at any time
+(token, name, lost, cancel fire) do not take it. Nothing about locking is
+decided here: every rule is libdlock's.
+"""
+
+import atexit
+import ctypes
+import threading
+import weakref
+
+from . import _lib
+from ._errors import error
+from ._lib import lib
+
+_DEFAULT_TTL = 30.0
+
+
+def monotonic():
+    """Now on the clock every dlock deadline uses (CLOCK_MONOTONIC), in
+    seconds: the same clock as time.monotonic() on Linux."""
+    return lib.dlock_monotonic_ns() / 1e9
+
+
+def _encode_name(name):
+    if isinstance(name, str):
+        name = name.encode("utf-8")
+    elif not isinstance(name, (bytes, bytearray)):
+        raise TypeError("a lock name is str or bytes, not {}".format(type(name).__name__))
+    name = bytes(name)
+    if not name or len(name) > _lib.NAME_MAX or b"\0" in name:
+        raise ValueError("a lock name is 1 to {} bytes without NUL".format(_lib.NAME_MAX))
+    return name
+
+
+def _decode(b):
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return b
+
+
+def _ttl_ms(ttl):
+    if ttl is None:
+        ttl = _DEFAULT_TTL
+    ms = round(ttl * 1000)
+    if not 0 < ms < 2**32:
+        raise ValueError("ttl is seconds, more than 0 and below 2^32 ms (got {!r})".format(ttl))
+    return ms
+
+
+class Cancel:
+    """A flag that cancels the waits it is passed to (cancel=) when fired.
+
+    fire() may be called from any thread (or a signal handler), also while
+    another thread waits with it; the wait then raises dlock.ECANCELED. Once
+    fired it stays fired: make a new Cancel for the next wait. One Cancel may
+    cancel several waits at once, of any clients.
+    """
+
+    def __init__(self):
+        p = ctypes.c_void_p()
+        rc = lib.dlock_cancel_new(ctypes.byref(p))
+        if rc:
+            raise error(rc)
+        self._p = p.value
+        self._users = 0
+        self._closing = False
+        self._mu = threading.Lock()
+
+    def fire(self):
+        """Raises the flag; harmless when raised already."""
+        p = self._p
+        if p:
+            lib.dlock_cancel_fire(p)
+
+    @property
+    def fired(self):
+        """True once fire() was called."""
+        p = self._p
+        return bool(p) and lib.dlock_cancel_fired(p) == 1
+
+    def _use(self):
+        with self._mu:
+            if not self._p:
+                raise ValueError("this Cancel was closed")
+            self._users += 1
+            return self._p
+
+    def _done(self):
+        with self._mu:
+            self._users -= 1
+            free = self._closing and self._users == 0
+        if free:
+            self._free()
+
+    def _free(self):
+        p, self._p = self._p, None
+        if p:
+            lib.dlock_cancel_free(p)
+
+    def close(self):
+        """Frees the flag now, or when the last wait using it ends."""
+        with self._mu:
+            self._closing = True
+            free = self._users == 0
+        if free:
+            self._free()
+
+    def __del__(self):
+        # No wait can be using it: each holds a reference while it runs.
+        if getattr(self, "_p", None):
+            self._free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Lock:
+    """A held lock. Released by release(), by leaving its `with` block, or
+    by closing its client.
+
+    .token   fencing token (int): pass it to the resource you protect
+    .name    the name (str, or bytes if it is not UTF-8); for a lock of several
+             names, the first in byte order (all are in .names)
+    .lost    True once the kept lock is known lost (keep=True only)
+    .held    True until released
+    """
+
+    def __init__(self, client, on_lost):
+        self._client = client
+        self._h = None
+        self._user_on_lost = on_lost
+        self._callbacks = []  # CFUNCTYPE objects: must live as long as the C lock
+        self._guard = threading.Lock()  # handle vs. readers from other threads
+        self.token = 0
+        self.name = None
+        self.names = ()
+        self.kept = False
+
+    def _fill(self, h, kept, single):
+        self._h = h
+        self.kept = kept
+        self.token = lib.dlock_lock_token(h)
+        if single is not None:
+            # The name asked for: three foreign calls fewer per acquire.
+            self.names = (single,)
+            self.name = single
+            return
+        names = []
+        n = lib.dlock_lock_name_count(h)
+        for i in range(n):
+            ln = ctypes.c_size_t()
+            p = lib.dlock_lock_name_at(h, i, ctypes.byref(ln))
+            names.append(_decode(ctypes.string_at(p, ln.value)))
+        self.names = tuple(names)
+        self.name = names[0] if names else None
+
+    def _lost_cb(self, h, err, _user):
+        # On a keeper thread: must return quickly and must not release. The
+        # handle is valid for the callback's duration (libdlock lets it read
+        # the lock), whatever a release on another thread is doing.
+        # An exception fn raises stops at ctypes, which reports it through
+        # sys.unraisablehook: nothing unwinds into the keeper.
+        fn = self._user_on_lost
+        if fn is None:
+            return
+        detail = lib.dlock_lock_lost_detail(h).decode("utf-8", "replace")
+        fn(self, error(err, detail or None))
+
+    @property
+    def held(self):
+        return self._h is not None
+
+    @property
+    def lost(self):
+        with self._guard:
+            h = self._h
+            return bool(h) and lib.dlock_lock_lost(h) != 0
+
+    @property
+    def lost_error(self):
+        """The error the loss was reported with (dlock.ELOST or
+        dlock.EEXPIRED, with libdlock's detail), or None while not known lost."""
+        with self._guard:
+            h = self._h
+            if not h:
+                return None
+            rc = lib.dlock_lock_lost(h)
+            if rc == 0:
+                return None
+            return error(rc, lib.dlock_lock_lost_detail(h).decode("utf-8", "replace") or None)
+
+    @property
+    def expires(self):
+        """Until when (dlock.monotonic() seconds) the lock is surely still
+        ours; float('inf') on stores without leases, 0.0 once known lost."""
+        with self._guard:
+            h = self._h
+            if not h:
+                return 0.0
+            ns = lib.dlock_lock_expires_ns(h)
+        return float("inf") if ns == 2**64 - 1 else ns / 1e9
+
+    @property
+    def holds(self):
+        """How many times this client holds the lock (reentrant=True)."""
+        with self._client._mu:
+            return lib.dlock_lock_holds(self._h) if self._h else 0
+
+    @property
+    def owner(self):
+        """This grant's owner id (32 hex digits), as inspect() names holders."""
+        with self._client._mu:
+            if not self._h:
+                return None
+            o = lib.dlock_lock_owner(self._h)
+            return o.decode() if o else None
+
+    def lost_fd(self):
+        """A descriptor that becomes readable when the kept lock is lost, for
+        select/poll/event loops. Owned by the lock: do not read or close it;
+        it is closed by release()."""
+        with self._guard:
+            if not self._h:
+                raise error(-1, "the lock was released")
+            rc = lib.dlock_lock_lost_fd(self._h)
+        if rc < 0:
+            raise error(rc)
+        return rc
+
+    def release(self):
+        """Releases the lock (one hold of a reentrant lock). Raises
+        dlock.ELOST if it was no longer ours: the store was not changed then.
+        Releasing a lock that is already released does nothing."""
+        c = self._client
+        with c._mu:
+            h = self._h
+            if not h:
+                return
+            last = lib.dlock_lock_holds(h) <= 1
+            if last:
+                with self._guard:
+                    self._h = None
+            rc = lib.dlock_release(h)
+            if last:
+                c._forget(h)
+            if rc:
+                raise error(rc, lib.dlock_errmsg(c._p).decode("utf-8", "replace") or None)
+
+    def renew(self, ttl=None):
+        """Resets the lease to ttl seconds from now (default 30). Raises
+        dlock.ELOST if the lock is no longer ours."""
+        ms = _ttl_ms(ttl)
+        c = self._client
+        with c._mu:
+            if not self._h:
+                raise error(-1, "the lock was released")
+            c._check(lib.dlock_renew(self._h, ms))
+
+    def raise_token(self, floor):
+        """Makes every later grant of this name on this store carry a token
+        above floor (dlock_lock_raise_token)."""
+        c = self._client
+        with c._mu:
+            if not self._h:
+                raise error(-1, "the lock was released")
+            c._check(lib.dlock_lock_raise_token(self._h, floor))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.release()
+        else:
+            # The body's exception is the one to see; a release error
+            # would only hide it.
+            try:
+                self.release()
+            except Exception:
+                pass
+
+    def __repr__(self):
+        state = "held" if self._h else "released"
+        return "<dlock.Lock {!r} token={} {}>".format(self.name, self.token, state)
+
+
+class _LockContext:
+    """What client.lock() returns: acquires on entering, releases on leaving."""
+
+    def __init__(self, client, names, kwargs):
+        self._client = client
+        self._names = names
+        self._kwargs = kwargs
+        self._lock = None
+
+    def __enter__(self):
+        self._lock = self._client.acquire(self._names, **self._kwargs)
+        return self._lock
+
+    def __exit__(self, *exc):
+        lock, self._lock = self._lock, None
+        return lock.__exit__(*exc)
+
+
+_open_clients = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all():
+    # Before the interpreter goes: a keeper thread must never call back into
+    # a Python that is being torn down.
+    for c in list(_open_clients):
+        c.close()
+
+
+class Client:
+    """A connection to one store (or a list of stores), from dlock.open()."""
+
+    def __init__(self, uri):
+        if isinstance(uri, str):
+            uri = uri.encode("utf-8")
+        p = ctypes.c_void_p()
+        self._mu = threading.RLock()  # serialises the calls libdlock requires serialised
+        self._pmu = threading.Lock()  # held briefly: the handle's lifetime
+        self._locks = {}  # C handle -> Lock: a reentrant grant is one Lock
+        self._closed = True  # until it is open
+        rc = lib.dlock_client_open(uri, ctypes.byref(p))
+        if rc:
+            msg = lib.dlock_errmsg(p.value).decode("utf-8", "replace")
+            lib.dlock_client_close(p.value)
+            raise error(rc, msg or None)
+        self._p = p.value
+        self._closed = False
+        self.backend = lib.dlock_client_backend(self._p).decode()
+        self.caps = lib.dlock_client_caps(self._p)
+        _open_clients.add(self)
+
+    def _check(self, rc):
+        if rc:
+            raise error(rc, lib.dlock_errmsg(self._p).decode("utf-8", "replace") or None)
+
+    def _forget(self, h):
+        self._locks.pop(h, None)
+
+    def _live(self):
+        if self._closed:
+            raise error(-1, "the client is closed")
+
+    def acquire(self, name, *, ttl=None, blocking=True, timeout=None, deadline=None,
+                keep=False, on_lost=None, reentrant=False, cancel=None):
+        """Takes the lock called name (str or bytes; a list or tuple of names
+        takes them all as one lock) and returns a Lock.
+
+        ttl       lease in seconds (default 30) on stores with leases
+        blocking  False: one attempt, dlock.EBUSY if held
+        timeout   seconds to wait at most, then dlock.ETIMEDOUT (a TimeoutError);
+                  None (default) waits until granted
+        deadline  instead of timeout: a dlock.monotonic() / time.monotonic() instant
+        keep      True: the client's keeper renews the lease until release
+        on_lost   with keep: fn(lock, error) called once if the lock is lost,
+                  on a keeper thread (return quickly; do not release there)
+        reentrant True: taking a name this client holds returns the same Lock
+                  with one more hold (else dlock.EALREADY)
+        cancel    a dlock.Cancel whose fire() ends the wait (dlock.ECANCELED)
+        """
+        multi = isinstance(name, (list, tuple))
+        enc = [_encode_name(n) for n in name] if multi else [_encode_name(name)]
+        if multi and not enc:
+            raise ValueError("no names")
+        if on_lost is not None and not keep:
+            raise ValueError("on_lost needs keep=True (only kept locks are watched)")
+        opts = _lib.AcquireOpts()
+        lib.dlock_acquire_opts_init(ctypes.byref(opts))
+        opts.ttl_ms = _ttl_ms(ttl)
+        if not blocking:
+            if timeout is not None or deadline is not None:
+                raise ValueError("a non-blocking acquire takes no timeout or deadline")
+            opts.wait = _lib.WAIT_TRY
+        elif timeout is not None or deadline is not None:
+            if timeout is not None and deadline is not None:
+                raise ValueError("timeout or deadline, not both")
+            opts.wait = _lib.WAIT_DEADLINE
+            if timeout is not None:
+                if timeout < 0:
+                    raise ValueError("timeout must be >= 0 (None waits forever)")
+                opts.deadline_ns = lib.dlock_monotonic_ns() + round(timeout * 1e9)
+            else:
+                opts.deadline_ns = max(0, round(deadline * 1e9))
+        else:
+            opts.wait = _lib.WAIT_FOREVER
+        opts.keep = 1 if keep else 0
+        opts.reentrant = 1 if reentrant else 0
+        lock = Lock(self, on_lost)
+        cb = None
+        if keep:
+            cb = _lib.LOST_FN(lock._lost_cb)
+            opts.on_lost = cb
+        out = ctypes.c_void_p()
+        cp = cancel._use() if cancel is not None else None
+        try:
+            opts.cancel = cp
+            with self._mu:
+                self._live()
+                if multi:
+                    arr = (ctypes.c_char_p * len(enc))(*enc)
+                    rc = lib.dlock_acquire_names(self._p, arr, len(enc), ctypes.byref(opts),
+                                                 ctypes.byref(out))
+                else:
+                    rc = lib.dlock_acquire_n(self._p, enc[0], len(enc[0]), ctypes.byref(opts),
+                                             ctypes.byref(out))
+                self._check(rc)
+                h = out.value
+                same = self._locks.get(h)
+                if same is not None:
+                    # Reentrant: the same grant, held once more.
+                    if cb is not None:
+                        same._callbacks.append(cb)
+                    return same
+                if cb is not None:
+                    lock._callbacks.append(cb)
+                lock._fill(h, bool(keep), None if multi else _decode(enc[0]))
+                self._locks[h] = lock
+                return lock
+        finally:
+            if cancel is not None:
+                cancel._done()
+
+    def lock(self, name, **kwargs):
+        """A context manager: `with client.lock(name, ttl=10) as l: ...`
+        acquires on entering (same arguments as acquire()) and releases on
+        leaving, also when the block raises."""
+        return _LockContext(self, name, kwargs)
+
+    def ping(self):
+        """One round trip to the store (dlock.ENOTSUP for file://)."""
+        with self._mu:
+            self._live()
+            self._check(lib.dlock_client_ping(self._p))
+
+    def inspect(self, name):
+        """What the store knows about a lock, without taking it: a dict with
+        the keys the store filled (held, token, owner, lease, waiters,
+        queue, last_token); a missing key is unknown, not zero."""
+        enc = _encode_name(name)
+        info = _lib.Info()
+        with self._mu:
+            self._live()
+            self._check(lib.dlock_inspect(self._p, enc, ctypes.byref(info)))
+        k = info.known
+        out = {}
+        if k & _lib.KNOWS_HELD:
+            out["held"] = bool(info.held)
+        if k & _lib.KNOWS_TOKEN:
+            out["token"] = info.token
+        if k & _lib.KNOWS_OWNER:
+            out["owner"] = info.owner.decode("utf-8", "replace")
+        if k & _lib.KNOWS_LEASE:
+            out["lease"] = info.lease_ms / 1000.0
+        if k & _lib.KNOWS_WAITERS:
+            out["waiters"] = info.waiters
+        if k & _lib.KNOWS_ORDER:
+            out["queue"] = [info.waiter[i].value.decode("utf-8", "replace")
+                            for i in range(min(info.listed, _lib.INFO_LISTED))]
+        if k & _lib.KNOWS_LAST_TOKEN:
+            out["last_token"] = info.last_token
+        return out
+
+    def _metrics(self):
+        # Readable while another thread is inside a call (libdlock keeps
+        # them with atomics), so not under _mu; _pmu only keeps close() from
+        # freeing the client meanwhile.
+        m = _lib.Metrics()
+        with self._pmu:
+            self._live()
+            rc = lib.dlock_client_metrics(self._p, ctypes.byref(m))
+        if rc:
+            raise error(rc)
+        return m
+
+    def metrics(self):
+        """The client's counters and histograms (dlock_client_metrics) as a
+        dict; histograms as {count, sum (s), buckets: [(le seconds, n)]}."""
+        m = self._metrics()
+        out = {f: getattr(m, f) for f in ("granted", "busy", "timed_out", "failed", "releases",
+                                          "releases_lost", "renewals", "renewal_failures",
+                                          "losses", "reconnects")}
+        out["errors"] = {lib.dlock_err_name(-i).decode(): m.errors[i]
+                         for i in range(1, _lib.METRICS_ERRORS) if m.errors[i]}
+        for f in ("wait", "hold"):
+            hgm = getattr(m, f)
+            out[f] = {"count": hgm.count, "sum": hgm.sum_ns / 1e9,
+                      "buckets": [(2**b / 1e6, hgm.le[b]) for b in range(_lib.METRICS_BUCKETS)]}
+        return out
+
+    def metrics_text(self, labels=None):
+        """The metrics in Prometheus' text format (dlock_metrics_format)."""
+        m = self._metrics()
+        lb = labels.encode() if labels else None
+        n = lib.dlock_metrics_format(ctypes.byref(m), lb, None, 0)
+        if n < 0:
+            raise error(n)
+        buf = ctypes.create_string_buffer(n + 1)
+        lib.dlock_metrics_format(ctypes.byref(m), lb, buf, n + 1)
+        return buf.value.decode()
+
+    def close(self):
+        """Closes the client, releasing every lock it still holds. Waits for
+        a call in progress on another thread to return first."""
+        with self._mu:
+            if self._closed:
+                return
+            self._closed = True
+            for lock in self._locks.values():
+                with lock._guard:
+                    lock._h = None
+            locks, self._locks = self._locks, {}
+            with self._pmu:
+                lib.dlock_client_close(self._p)
+                self._p = None
+            # The keeper is gone: the callbacks may be freed with their locks.
+            del locks
+        _open_clients.discard(self)
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def __del__(self):
+        # Locks keep their client alive, so none of this client's is in use.
+        if not getattr(self, "_closed", True):
+            self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "<dlock.Client {} {}>".format(self.backend if not self._closed else "-",
+                                             "closed" if self._closed else "open")
+
+
+def open(uri):  # noqa: A001 - the name the issue fixes
+    """Opens a client for the store named by uri ("file:///run/app/locks",
+    "redis://host:6379/0", ...; a whitespace-separated list of URIs holds
+    every lock in each store). Raises dlock.EBADURI, dlock.ECONNECT, ..."""
+    return Client(uri)
