@@ -1,8 +1,8 @@
 /*
  * What test_redis.c and test_redlock.c share: a direct connection to one
  * host of a URI, throwaway redis-server processes (killed and restarted by
- * the tests, gone with the test), and a loss callback that records what it
- * was told.
+ * the tests, gone with the test), a loss callback that records what it
+ * was told, and a wait in a thread of its own that the test cancels.
  */
 #ifndef DLOCK_TESTS_BACKENDS_REDIS_TEST_H
 #define DLOCK_TESTS_BACKENDS_REDIS_TEST_H
@@ -11,10 +11,13 @@
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/uri.h"
@@ -121,6 +124,139 @@ static inline void on_lost_cb(dlock_lock *lock, int err, void *user)
     s->calls++;
     s->err = err;
     pthread_mutex_unlock(&s->mu);
+}
+
+/* A wait for name on c in a thread of its own, with a cancel flag k that
+ * the test raises. It waits up to wait_ms: the bound on a test whose
+ * cancel goes unseen. */
+struct cwait {
+    dlock_client *c;
+    const char *name;
+    uint64_t wait_ms;
+    dlock_cancel *k;
+    pthread_t th;
+    atomic_int done;
+    int rc;
+    uint64_t done_ns;
+    dlock_lock *l;
+    char why[256];
+};
+
+static inline void *cwait_run(void *arg)
+{
+    struct cwait *w = arg;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, w->wait_ms, 30000);
+    o.cancel = w->k;
+    w->rc = dlock_acquire(w->c, w->name, &o, &w->l);
+    w->done_ns = dlock_monotonic_ns();
+    snprintf(w->why, sizeof w->why, "%s", w->rc ? dlock_errmsg(w->c) : "granted");
+    atomic_store(&w->done, 1);
+    return NULL;
+}
+
+static inline void cwait_start(struct cwait *w, dlock_client *c, const char *name,
+                               uint64_t wait_ms)
+{
+    w->c = c;
+    w->name = name;
+    w->wait_ms = wait_ms;
+    w->l = NULL;
+    w->rc = 1;
+    w->why[0] = '\0';
+    atomic_init(&w->done, 0);
+    if (dlock_cancel_new(&w->k) != 0) {
+        printf("Bail out! dlock_cancel_new failed\n");
+        exit(1);
+    }
+    pthread_create(&w->th, NULL, cwait_run, w);
+}
+
+/* Joins the wait; the flag is freed, the lock (if granted) kept in w->l. */
+static inline void cwait_join(struct cwait *w)
+{
+    pthread_join(w->th, NULL);
+    dlock_cancel_free(w->k);
+    w->k = NULL;
+}
+
+/* What cancel_race() saw. */
+struct race_seen {
+    int granted, cancelled, bad;
+    char first_bad[256];
+};
+
+static inline void race_bad(struct race_seen *r, int round, const char *what, dlock_client *c)
+{
+    if (!r->bad++)
+        snprintf(r->first_bad, sizeof r->first_bad, "round %d: %s: %s", round, what,
+                 c ? dlock_errmsg(c) : "");
+}
+
+/*
+ * rounds times: a holder takes name, a waiter queues behind it, then the
+ * holder's release and the waiter's cancel come close together: in turn
+ * release first and cancel first, 0 to 1 ms apart, so that the cancel lands
+ * before the release, as the waiter reads it, and while it takes the lock.
+ * Every round must end as a grant whose release succeeds, or as
+ * DLOCK_ECANCELED with nothing left held: a third client's try then gets
+ * the lock.
+ */
+static inline void cancel_race(const char *uri, const char *name, int rounds,
+                               struct race_seen *r)
+{
+    dlock_client *h = NULL, *wc = NULL, *third = NULL;
+    memset(r, 0, sizeof *r);
+    if (dlock_client_open(uri, &h) || dlock_client_open(uri, &wc) ||
+        dlock_client_open(uri, &third)) {
+        race_bad(r, 0, "open", NULL);
+        goto out;
+    }
+    dlock_acquire_opts t = wait_opts(DLOCK_WAIT_TRY, 0, 30000);
+    for (int i = 0; i < rounds; i++) {
+        dlock_lock *hl = NULL, *tl = NULL;
+        struct cwait w;
+        if (dlock_acquire(h, name, &t, &hl) != 0) {
+            race_bad(r, i, "the holder's try", h);
+            break;
+        }
+        cwait_start(&w, wc, name, 5000);
+        sleep_ms(20); /* waiting */
+        struct timespec gap = {0, (i / 2 % 5) * 250000L};
+        int rel = 0;
+        if (i % 2)
+            rel = dlock_release(hl);
+        else
+            dlock_cancel_fire(w.k);
+        nanosleep(&gap, NULL);
+        if (i % 2)
+            dlock_cancel_fire(w.k);
+        else
+            rel = dlock_release(hl);
+        cwait_join(&w);
+        if (rel != 0)
+            race_bad(r, i, "the holder's release", h);
+        if (w.rc == 0) {
+            r->granted++;
+            if (dlock_release(w.l) != 0)
+                race_bad(r, i, "the granted waiter's release", wc);
+        } else if (w.rc == DLOCK_ECANCELED) {
+            r->cancelled++;
+            if (dlock_acquire(third, name, &t, &tl) != 0)
+                race_bad(r, i, "cancelled, yet a third client's try failed", third);
+            else if (dlock_release(tl) != 0)
+                race_bad(r, i, "the third client's release", third);
+        } else {
+            race_bad(r, i, dlock_err_name(w.rc), NULL);
+            snprintf(r->first_bad + strlen(r->first_bad),
+                     sizeof r->first_bad - strlen(r->first_bad), "%s", w.why);
+        }
+        if (r->bad)
+            break;
+    }
+out:
+    dlock_client_close(third);
+    dlock_client_close(wc);
+    dlock_client_close(h);
 }
 
 #endif

@@ -2,8 +2,9 @@
  * Redis-only cases, against real servers: the script cache lost, a killed
  * waiter in the queue, a server that never answers, authentication,
  * Redlock's partial grants, validity, expiry and unreachable nodes, a write
- * to a reset connection (no SIGPIPE death), and the keeper (its own
- * connection, kept while the client waits, waited grants, refused renewals).
+ * to a reset connection (no SIGPIPE death), the keeper (its own
+ * connection, kept while the client waits, waited grants, refused renewals),
+ * and cancelled waits (in the reconnect pauses, and racing a release).
  *
  * Environment (scripts/stores/start.sh prints it):
  *   DLOCK_REDIS_URI, DLOCK_REDLOCK_URI, DLOCK_REDIS_AUTH_URI
@@ -1537,6 +1538,61 @@ static void test_eviction(void)
     srv_kill(&s);
 }
 
+/* ---- cancelled waits (issue 16) ------------------------------------------- */
+
+/*
+ * The server killed while a client waits behind a holder: the waiter has
+ * lost its subscriber connection and tries to connect again every 50 ms,
+ * for up to `timeout` (4 s here). A cancel during those pauses ends the
+ * wait at once with DLOCK_ECANCELED (bound 2 s). With a pause that does not
+ * watch the cancel descriptor, the wait went on to DLOCK_ECONNECT 3.7 s
+ * after the cancel.
+ */
+static void test_cancel_reconnect(void)
+{
+    struct srv s;
+    char uri[128], name[128];
+    struct cwait w;
+    srv_start(&s, 0, NULL);
+    snprintf(uri, sizeof uri, "redis://127.0.0.1:%d/0?timeout=4000", s.port);
+    snprintf(name, sizeof name, "%scancel-reconnect", prefix);
+    dlock_client *h = open_ok(uri), *c = open_ok(uri);
+    dlock_lock *hl = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 30000);
+    is_int(dlock_acquire(h, name, &o, &hl), 0, "cancel reconnect: a holder");
+    cwait_start(&w, c, name, 8000);
+    sleep_ms(300); /* queued */
+    srv_kill(&s);
+    sleep_ms(300);
+    int early = atomic_load(&w.done);
+    ok(!early, "cancel reconnect: 300 ms after the server was killed the waiter "
+       "still tries to connect again%s%s", early ? ", but it ended: " : "",
+       early ? w.why : "");
+    uint64_t t0 = dlock_monotonic_ns();
+    dlock_cancel_fire(w.k);
+    cwait_join(&w);
+    double ms = w.done_ns > t0 ? (w.done_ns - t0) / 1e6 : 0;
+    is_int(w.rc, DLOCK_ECANCELED, "cancel reconnect: the cancel ends the wait: %s (%s)",
+           dlock_err_name(w.rc), w.why);
+    ok(ms < 2000, "cancel reconnect: %.1f ms after the cancel (bound 2 s; `timeout` is 4 s)", ms);
+    dlock_client_close(c);
+    dlock_client_close(h);
+}
+
+/* A cancel racing the holder's release, 50 rounds (see cancel_race()). */
+static void test_cancel_race(const char *uri)
+{
+    char name[128];
+    struct race_seen r;
+    snprintf(name, sizeof name, "%scancel-race", prefix);
+    uint64_t t0 = dlock_monotonic_ns();
+    cancel_race(uri, name, 50, &r);
+    is_int(r.bad, 0, "cancel race: 50 rounds, each a grant released or ECANCELED with the lock "
+           "free%s%s", r.bad ? ": " : "", r.first_bad);
+    diag("cancel race: %d granted, %d cancelled, in %.0f ms", r.granted, r.cancelled,
+         since_ms(t0));
+}
+
 int main(void)
 {
     const char *single = need_env("DLOCK_REDIS_URI");
@@ -1573,5 +1629,7 @@ int main(void)
     test_inspect(single);
     test_silent_store(single);
     test_eviction();
+    test_cancel_reconnect();
+    test_cancel_race(single);
     return done_testing();
 }

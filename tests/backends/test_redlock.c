@@ -2,8 +2,9 @@
  * Redlock-only cases (issue 10): leases too short to ever be granted, the
  * message when a quorum is lost, every node killed and restarted while one
  * client holds and another waits (tokens, loss, recovery), fence counters
- * lost, and a wait whose nodes all go silent (deadlines are deadlines).
- * The older Redlock cases live in test_redis.c.
+ * lost, a wait whose nodes all go silent (deadlines are deadlines), and
+ * cancelled waits (issue 16: in the pauses while too few nodes answer, and
+ * racing a release). The older Redlock cases live in test_redis.c.
  *
  * Environment: DLOCK_REDLOCK_URI (scripts/stores/start.sh prints it). The
  * restart cases run redis-server processes of their own on free ports.
@@ -739,6 +740,65 @@ static void test_inspect_nodes_down(void)
         srv_kill(&s[k]);
 }
 
+/* ---- cancelled waits (issue 16) ------------------------------------------- */
+
+/*
+ * Three of five nodes killed while a client waits behind a holder: too few
+ * answer, and the waiter tries again every 100 ms for up to connect_timeout
+ * (3 s here). A cancel during those pauses ends the wait at once with
+ * DLOCK_ECANCELED (bound 1 s). With pauses that do not watch the cancel
+ * descriptor, the wait went on to DLOCK_ECONNECT 2.6 s after the cancel.
+ */
+static void test_cancel_no_quorum(void)
+{
+    struct srv s[N];
+    char uri[256], name[128];
+    struct cwait w;
+    for (int i = 0; i < N; i++)
+        srv_start(&s[i], 0, NULL);
+    srv_uri(s, uri, sizeof uri, "connect_timeout=3000");
+    snprintf(name, sizeof name, "%scancel-no-quorum", prefix);
+    dlock_client *h = open_ok(uri), *c = open_ok(uri);
+    dlock_lock *hl = NULL;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 30000);
+    is_int(dlock_acquire(h, name, &o, &hl), 0, "cancel no quorum: a holder");
+    cwait_start(&w, c, name, 8000);
+    sleep_ms(300); /* waiting for a release */
+    for (int i = 0; i < 3; i++)
+        srv_kill(&s[i]);
+    sleep_ms(300);
+    int early = atomic_load(&w.done);
+    ok(!early, "cancel no quorum: 300 ms after 3 of 5 nodes were killed the "
+       "waiter still tries again%s%s", early ? ", but it ended: " : "",
+       early ? w.why : "");
+    uint64_t t0 = dlock_monotonic_ns();
+    dlock_cancel_fire(w.k);
+    cwait_join(&w);
+    double ms = w.done_ns > t0 ? (w.done_ns - t0) / 1e6 : 0;
+    is_int(w.rc, DLOCK_ECANCELED, "cancel no quorum: the cancel ends the wait: %s (%s)",
+           dlock_err_name(w.rc), w.why);
+    ok(ms < 1000, "cancel no quorum: %.1f ms after the cancel (bound 1 s; connect_timeout is "
+       "3 s)", ms);
+    dlock_client_close(c);
+    dlock_client_close(h);
+    for (int i = 3; i < N; i++)
+        srv_kill(&s[i]);
+}
+
+/* A cancel racing the holder's release, 50 rounds (see cancel_race()). */
+static void test_cancel_race(const char *uri)
+{
+    char name[128];
+    struct race_seen r;
+    snprintf(name, sizeof name, "%scancel-race", prefix);
+    uint64_t t0 = dlock_monotonic_ns();
+    cancel_race(uri, name, 50, &r);
+    is_int(r.bad, 0, "cancel race: 50 rounds, each a grant released or ECANCELED with the lock "
+           "free%s%s", r.bad ? ": " : "", r.first_bad);
+    diag("cancel race: %d granted, %d cancelled, in %.0f ms", r.granted, r.cancelled,
+         since_ms(t0));
+}
+
 int main(void)
 {
     const char *uri = need_env("DLOCK_REDLOCK_URI");
@@ -755,5 +815,7 @@ int main(void)
     test_store_floor(uri);
     test_inspect(uri);
     test_inspect_nodes_down();
+    test_cancel_no_quorum();
+    test_cancel_race(uri);
     return done_testing();
 }
