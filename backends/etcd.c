@@ -31,7 +31,11 @@
  *    never start from a past revision, so compaction cannot cancel them. While waiting, both leases are kept
  *    alive every third of the shorter TTL; a keep-alive that had to move
  *    to another endpoint moves the watch there too (a member stopped
- *    without closing its connections is otherwise silent).
+ *    without closing its connections is otherwise silent). The request's
+ *    cancel fd is one more descriptor of the watch's curl_multi_poll (and
+ *    of the pauses between attempts); a call in flight (a keep-alive, a
+ *    read, bounded by `timeout`) is not cut short. Once it fires, the wait
+ *    gives up as at a deadline (below) and returns DLOCK_ECANCELED.
  *  - release revokes the lock's lease, which deletes the key in the same
  *    raft entry: only our own key can go, and a lease already gone is
  *    reported as DLOCK_ELOST. A waiter that gives up deletes its key (if
@@ -69,6 +73,7 @@
  * See docs/etcd.md for what this guarantees and where it is weaker.
  */
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -329,10 +334,26 @@ static size_t on_watch(char *data, size_t size, size_t n, void *user)
 /* The state of one wait, between the watch and the keep-alives. */
 struct wait {
     struct etcd_held *held;
+    int cancel_fd;       /* the request's; -1: none */
     uint64_t until;      /* the deadline; 0: none */
     uint64_t next_keep;  /* the next keep-alive */
     uint64_t lease_from; /* when the last keep-alive (or the grant) was sent */
 };
+
+/* pause_ms() within a wait, cut short when its cancel fd fires. */
+static void wait_pause(const struct wait *wt, uint64_t ms)
+{
+    if (wt->cancel_fd < 0) {
+        pause_ms(ms, wt->until);
+        return;
+    }
+    uint64_t now = dlock_monotonic_ns(), t = now + ms * MS;
+    if (wt->until && t > wt->until)
+        t = wt->until > now ? wt->until : now;
+    struct timespec rel = {(time_t)((t - now) / 1000000000u), (long)((t - now) % 1000000000u)};
+    struct pollfd p = {.fd = wt->cancel_fd, .events = POLLIN};
+    ppoll(&p, 1, &rel, NULL); /* a signal ends it early, as it does pause_ms() */
+}
 
 /* How often a wait keeps its leases alive: a third of the shorter. */
 static uint64_t keep_every_ms(const struct etcd_held *held)
@@ -394,7 +415,8 @@ static int key_exists(struct etcd_conn *ec, const char *key, size_t klen, int *e
 /*
  * Watches key (klen bytes) for its deletion, keeping the waiter's leases
  * alive meanwhile. 0 when deleted, 1 when the watch ended without (read
- * again and watch again), DLOCK_ETIMEDOUT at the deadline, or an error.
+ * again and watch again), DLOCK_ETIMEDOUT at the deadline, DLOCK_ECANCELED
+ * (nothing recorded) when the wait's cancel fd fired, or an error.
  *
  * The watch starts at the member's current revision, and once the member
  * confirms it, one read says whether the key went before that: a watch
@@ -479,7 +501,12 @@ static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, 
         if (wt->until && wt->until < wake)
             wake = wt->until;
         int ms = (int)((wake - now + MS - 1) / MS);
-        curl_multi_poll(ec->multi, NULL, 0, ms > 0 ? ms : 1, NULL);
+        struct curl_waitfd cancel = {wt->cancel_fd, CURL_WAIT_POLLIN, 0};
+        curl_multi_poll(ec->multi, &cancel, wt->cancel_fd >= 0, ms > 0 ? ms : 1, NULL);
+        if (cancel.revents) {
+            err = DLOCK_ECANCELED;
+            break;
+        }
     }
     curl_multi_remove_handle(ec->multi, h);
 out:
@@ -808,7 +835,7 @@ static int transient(struct etcd_conn *ec, const struct wait *wt, int err)
     if (err != DLOCK_ECONNECT || ec->lost_place || (wt->until && now >= wt->until) ||
         now - ec->wait_kept >= WAIT_TTL_S * 1000 * MS)
         return 0;
-    pause_ms(100, wt->until);
+    wait_pause(wt, 100);
     dlock_err_clear(cl(ec));
     return 1;
 }
@@ -832,6 +859,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     /* A deadline wait's calls end by the deadline + DEADLINE_SLACK_MS. */
     ec->cap = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns + DEADLINE_SLACK_MS * MS : 0;
     struct wait wt = {.held = held,
+                      .cancel_fd = req->cancel_fd,
                       .until = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : 0,
                       .lease_from = dlock_monotonic_ns()};
     if ((err = lease_grant(ec, &ec->app, held->ttl_s, call_until(ec), &held->lease)) != 0) {
@@ -865,11 +893,19 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     if (ec->wait_kept + WAIT_TTL_S * 1000 / 3 * MS < wt.next_keep)
         wt.next_keep = ec->wait_kept + WAIT_TTL_S * 1000 / 3 * MS;
     for (int quick = 0, granted = !pred.key; !granted;) {
+        if (dlock_request_cancelled(req)) {
+            err = dlock_cancelled(cl(ec));
+            goto fail;
+        }
         if (pred.key) {
             uint64_t started = dlock_monotonic_ns();
             err = watch_delete(ec, &wt, pred.key, pred.klen);
             free(pred.key);
             pred.key = NULL;
+            if (err == DLOCK_ECANCELED) {
+                err = dlock_cancelled(cl(ec));
+                goto fail;
+            }
             if (err == DLOCK_ETIMEDOUT) {
                 err = dlock_seterr(cl(ec), DLOCK_ETIMEDOUT,
                                    "the deadline passed with the lock still held elsewhere");
@@ -881,7 +917,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
              * not more than one start every 100 ms. */
             quick = err == 1 && dlock_monotonic_ns() - started < 100 * MS ? quick + 1 : 0;
             if (quick > 2)
-                pause_ms(100, wt.until);
+                wait_pause(&wt, 100);
         }
         err = claim(ec, held, &pred, &rev);
         if (err == 2) {
@@ -895,7 +931,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         if (err < 0 && !transient(ec, &wt, err))
             goto fail;
         if (err == 1) { /* a key came and went between compare and read: again */
-            pause_ms(10, wt.until);
+            wait_pause(&wt, 10);
             if (wt.until && dlock_monotonic_ns() >= wt.until) {
                 err = dlock_seterr(cl(ec), DLOCK_ETIMEDOUT,
                                    "the deadline passed with the lock still held elsewhere");
@@ -911,7 +947,17 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     return 0;
 fail:
     free(pred.key);
-    if (wt.until && dlock_monotonic_ns() >= wt.until) {
+    if ((err == DLOCK_ECONNECT || err == DLOCK_ETIMEDOUT) && dlock_request_cancelled(req)) {
+        /* A call that was in flight at the cancel failed (the store went
+         * silent): the wait ends as cancelled, the error kept in the detail. */
+        char was[DLOCK_ERRMSG_MAX];
+        snprintf(was, sizeof was, "%s", dlock_errmsg(cl(ec)));
+        err = dlock_seterr(cl(ec), DLOCK_ECANCELED, "the wait was cancelled (%s)", was);
+    }
+    if (err == DLOCK_ECANCELED) {
+        /* Given up as at a deadline: the cleanup gets DEADLINE_SLACK_MS. */
+        ec->cap = dlock_monotonic_ns() + DEADLINE_SLACK_MS * MS;
+    } else if (wt.until && dlock_monotonic_ns() >= wt.until) {
         /* Past the deadline: a call cut short by it is the deadline's
          * doing, and the cleanup gets DEADLINE_SLACK_MS (what it cannot
          * do then, the leases undo: the waiters' within WAIT_TTL_S). */
@@ -1330,7 +1376,7 @@ const dlock_backend dlock_etcd_backend = {
     .schemes = etcd_schemes,
     /* No HOLDER_DEATH: a dead holder's lock goes when its lease runs out. */
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
-            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE,
+            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_CANCEL,
     .options = etcd_options,
     .open = etcd_open,
     .close = etcd_close,

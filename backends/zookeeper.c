@@ -57,16 +57,31 @@
  * acquire gave up, a delete lost with the connection) is cleaned up there:
  * the node is deleted, or looked for by our owner id under its parent, as
  * soon as the session is connected again, whatever the application does.
+ *
+ * Cancel (request.cancel_fd): every wait of an acquire (for a reply, an
+ * event on the predecessor's watch, the session's return) blocks on the
+ * condition variable the client's threads broadcast, which cannot also
+ * watch a descriptor. With a cancel fd, the wait polls {wake_fd,
+ * cancel_fd} instead: an eventfd of the connection that the callbacks
+ * write while a waiter polls (zk_conn.polling), so nothing wakes on a
+ * timer. Once the fd fires, every wait of the acquire returns at once and
+ * it gives up as at a deadline: our node is deleted (a request left
+ * unanswered is cleaned up by its completion) and the answer is
+ * DLOCK_ECANCELED.
+ *
  * See docs/zookeeper.md for what this guarantees and where it is weaker.
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 /* The synchronous calls are declared only for the multithreaded client. */
 #define THREADED 1
@@ -99,6 +114,7 @@
 /* Results of our own waits, never ZooKeeper codes (those are <= 0). */
 #define NOREPLY 1000 /* no reply by the end of the wait */
 #define NOMEM 1001   /* no memory for the request */
+#define CANCELLED 1002 /* the acquire's wait was cancelled first */
 
 static const char *const zk_schemes[] = {"zookeeper", NULL};
 static const char *const zk_options[] = {"session_timeout", "connect_timeout", NULL};
@@ -142,6 +158,15 @@ struct zk_conn {
     unsigned gen;     /* counts sessions: a held lock belongs to one */
     pthread_mutex_t mu;
     pthread_cond_t cv; /* on CLOCK_MONOTONIC: events, replies */
+    /* The acquire's cancel fd (-1: none), and whether a wait saw it fire;
+     * the application's thread only. */
+    int cancel_fd;
+    int cancelled;
+    /* With a cancel fd, waits poll wake_fd (an eventfd made at the first
+     * such wait, -1 before) instead of waiting on cv; the callbacks write
+     * it while polling is set. Both under mu. */
+    int wake_fd;
+    int polling;
     /* Written by the client's event thread, under mu. */
     int state;                /* last session state reported */
     int ever_connected;       /* this session was established once */
@@ -424,6 +449,64 @@ static void call_free(struct zk_call *c)
     free(c);
 }
 
+/* Tells the waiter, under mu, that something changed. */
+static void wake(struct zk_conn *zc)
+{
+    pthread_cond_broadcast(&zc->cv);
+    if (zc->polling) {
+        uint64_t one = 1;
+        /* Cannot fail: the counter is drained by every poll, far below
+         * its limit, and the client's threads block every signal. */
+        while (write(zc->wake_fd, &one, sizeof one) < 0 && errno == EINTR)
+            ;
+    }
+}
+
+/* What one wait on cv ended with. */
+enum { WOKEN, TIMED_OUT, CANCEL_FIRED };
+
+/*
+ * Waits, mu held, for the next wake() or until `until` (ts: the same, for
+ * pthread_cond_timedwait; NEVER: no bound); spurious wakeups are the
+ * caller's loop's to see. During an acquire with a cancel fd: polls
+ * {wake_fd, cancel_fd} with mu released, and CANCEL_FIRED once the fd is
+ * readable, so that every later wait of the acquire ends at once too.
+ */
+static int cv_wait(struct zk_conn *zc, uint64_t until, const struct timespec *ts)
+{
+    if (zc->cancel_fd < 0 || zc->wake_fd < 0) {
+        if (until == NEVER)
+            return pthread_cond_wait(&zc->cv, &zc->mu), WOKEN;
+        return pthread_cond_timedwait(&zc->cv, &zc->mu, ts) == ETIMEDOUT ? TIMED_OUT : WOKEN;
+    }
+    struct pollfd p[2] = {{.fd = zc->wake_fd, .events = POLLIN},
+                          {.fd = zc->cancel_fd, .events = POLLIN}};
+    struct timespec rel, *relp = NULL;
+    uint64_t now = dlock_monotonic_ns();
+    if (until != NEVER) {
+        uint64_t left = until > now ? until - now : 0;
+        rel.tv_sec = (time_t)(left / 1000000000u);
+        rel.tv_nsec = (long)(left % 1000000000u);
+        relp = &rel;
+    }
+    /* A wake() after the caller's look at its condition, made under mu,
+     * finds polling set and leaves wake_fd readable for this poll. */
+    zc->polling = 1;
+    pthread_mutex_unlock(&zc->mu);
+    int n = ppoll(p, 2, relp, NULL); /* EINTR: a spurious wakeup */
+    uint64_t drained;
+    if (n > 0 && (p[0].revents & POLLIN))
+        while (read(zc->wake_fd, &drained, sizeof drained) < 0 && errno == EINTR)
+            ;
+    pthread_mutex_lock(&zc->mu);
+    zc->polling = 0;
+    if (n > 0 && (p[1].revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL))) {
+        zc->cancelled = 1;
+        return CANCEL_FIRED;
+    }
+    return n == 0 ? TIMED_OUT : WOKEN;
+}
+
 static void call_complete(struct zk_call *c, int rc)
 {
     struct zk_conn *zc = c->zc;
@@ -438,7 +521,7 @@ static void call_complete(struct zk_call *c, int rc)
                 zc->seen_zxid = z[i];
     }
     int cleanup = c->abandoned && c->gen == zc->gen;
-    pthread_cond_broadcast(&zc->cv);
+    wake(zc);
     pthread_mutex_unlock(&zc->mu);
     if (cleanup && c->leaves == LEAVES_CREATED && rc == ZOK)
         o = orphan_node(zc, c->created, c->gen);
@@ -522,25 +605,22 @@ static int call_sent(struct zk_call *c, int rc)
 
 /* The reply's code, or NOREPLY if it has not come by until (NEVER: the C
  * client's own timeout bounds the wait, 2/3 of the session timeout into a
- * silent network). */
+ * silent network), or CANCELLED if the acquire's cancel fd fired first. */
 static int call_wait(struct zk_call *c, uint64_t until)
 {
     struct zk_conn *zc = c->zc;
     struct timespec ts;
+    int why = WOKEN;
     if (until != NEVER)
         dlock_ns_to_timespec(until, &ts);
     pthread_mutex_lock(&zc->mu);
-    while (!c->done) {
-        if (until == NEVER)
-            pthread_cond_wait(&zc->cv, &zc->mu);
-        else if (pthread_cond_timedwait(&zc->cv, &zc->mu, &ts) == ETIMEDOUT)
-            break;
-    }
+    while (!c->done && (why = cv_wait(zc, until, &ts)) == WOKEN)
+        ;
     /* Given up in the same critical section as the last look at done: a
      * reply that comes after it is the completion's to clean up. */
     if (!c->done)
         c->abandoned = 1;
-    int rc = c->done ? c->rc : NOREPLY;
+    int rc = c->done ? c->rc : why == CANCEL_FIRED ? CANCELLED : NOREPLY;
     pthread_mutex_unlock(&zc->mu);
     return rc;
 }
@@ -719,7 +799,7 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path, void 
     }
     gen = zc->gen;
     zc->events++;
-    pthread_cond_broadcast(&zc->cv);
+    wake(zc);
     pthread_mutex_unlock(&zc->mu);
     /* Connected again: what given-up requests left goes now, whether or not
      * the application ever calls again. */
@@ -735,21 +815,18 @@ static uint64_t events_now(struct zk_conn *zc)
     return e;
 }
 
-/* Waits until an event after `seen` or until `until`; 1 on an event. */
+/* Waits until an event after `seen` or until `until`; 1 on an event, 0
+ * at `until`, -1 when the acquire's cancel fd fired first. */
 static int wait_event(struct zk_conn *zc, uint64_t seen, uint64_t until)
 {
     struct timespec ts;
-    int got;
+    int got, why = WOKEN;
     if (until != NEVER)
         dlock_ns_to_timespec(until, &ts);
     pthread_mutex_lock(&zc->mu);
-    while (zc->events == seen) {
-        if (until == NEVER)
-            pthread_cond_wait(&zc->cv, &zc->mu);
-        else if (pthread_cond_timedwait(&zc->cv, &zc->mu, &ts) == ETIMEDOUT)
-            break;
-    }
-    got = zc->events != seen;
+    while (zc->events == seen && (why = cv_wait(zc, until, &ts)) == WOKEN)
+        ;
+    got = zc->events != seen ? 1 : why == CANCEL_FIRED ? -1 : 0;
     pthread_mutex_unlock(&zc->mu);
     return got;
 }
@@ -865,7 +942,8 @@ static enum session_status wait_connected(struct zk_conn *zc, uint64_t until)
         if (st != SESSION_SUSPENDED || now >= until)
             return st;
         uint64_t slice = now + SUSPENDED_SLICE_MS * MS;
-        wait_event(zc, seen, slice < until ? slice : until);
+        if (wait_event(zc, seen, slice < until ? slice : until) < 0)
+            return st; /* cancelled: the caller sees zc->cancelled */
     }
 }
 
@@ -893,6 +971,8 @@ static int session_connect(struct zk_conn *zc, uint64_t until)
                 return err;
             continue;
         }
+        if (zc->cancelled)
+            return dlock_cancelled(cl(zc));
         return dlock_seterr(cl(zc), DLOCK_ECONNECT,
                             "zookeeper %s: no session with any server (connect_timeout or "
                             "deadline reached)", zc->hosts);
@@ -906,6 +986,8 @@ static int zk_error(struct zk_conn *zc, int rc, const char *what, const char *pa
     int code = DLOCK_ESTORE;
     if (rc == NOMEM)
         return oom(zc);
+    if (rc == CANCELLED)
+        return dlock_cancelled(cl(zc));
     if (rc == NOREPLY)
         return dlock_seterr(cl(zc), DLOCK_ECONNECT, "zookeeper %s: %s %.80s: no reply in time",
                             zc->hosts, what, path);
@@ -1010,6 +1092,8 @@ static int no_reply(struct zk_acq *a)
 /* An acquire step's request failed with rc: its result for the turn. */
 static int step_error(struct zk_acq *a, int rc, const char *what, const char *path)
 {
+    if (rc == CANCELLED)
+        return dlock_cancelled(cl(a->zc));
     if (rc == NOREPLY)
         return no_reply(a);
     if (is_connection_error(rc))
@@ -1092,8 +1176,8 @@ static int create_and_list(struct zk_acq *a, struct zk_kids *k)
             return oom(zc);
         if (lrc == ZOK)
             return 0;
-        if (lrc == NOREPLY)
-            return no_reply(a); /* our node is deleted by drop_node() */
+        if (lrc == NOREPLY || lrc == CANCELLED) /* our node is deleted by drop_node() */
+            return step_error(a, lrc, "cannot list", a->parent);
         return list_kids(a, k);
     }
     if (rc == ZNONODE) { /* no parent yet, or its container was just removed */
@@ -1139,7 +1223,10 @@ static int wait_predecessor(struct zk_acq *a, const char *pred)
     if (rc != ZOK)
         return err;
     uint64_t until = a->req->wait == DLOCK_WAIT_DEADLINE ? a->req->deadline_ns : NEVER;
-    if (!wait_event(zc, seen, until))
+    int got = wait_event(zc, seen, until);
+    if (got < 0)
+        return dlock_cancelled(cl(zc));
+    if (!got)
         return dlock_seterr(cl(zc), DLOCK_ETIMEDOUT,
                             "the deadline passed with the lock still held elsewhere");
     return 0;
@@ -1160,7 +1247,7 @@ static int acquire_turn(struct zk_acq *a, struct zk_kids *k)
 {
     struct zk_conn *zc = a->zc;
     if (session_connect(zc, a->until) != 0)
-        return no_session(a);
+        return zc->cancelled ? dlock_cancelled(cl(zc)) : no_session(a);
     if (a->node && a->gen != zc->gen) { /* its session died: the node went with it */
         free(a->node);
         a->node = NULL;
@@ -1292,6 +1379,26 @@ static void unwatch_held(struct zk_conn *zc, struct zk_held *h)
     pthread_mutex_unlock(&zc->mu);
 }
 
+/* The acquire's waits watch req's cancel fd (if any), through wake_fd,
+ * made at the first such acquire. */
+static int watch_cancel(struct zk_conn *zc, const dlock_request *req)
+{
+    if (req->cancel_fd < 0)
+        return 0;
+    if (zc->wake_fd < 0) {
+        int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (fd < 0)
+            return dlock_seterr(cl(zc), errno == ENOMEM ? DLOCK_ENOMEM : DLOCK_EIO,
+                                "cannot make an eventfd to watch the cancel flag: %s",
+                                strerror(errno));
+        pthread_mutex_lock(&zc->mu);
+        zc->wake_fd = fd;
+        pthread_mutex_unlock(&zc->mu);
+    }
+    zc->cancel_fd = req->cancel_fd;
+    return 0;
+}
+
 static int zk_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
 {
     struct zk_conn *zc = (struct zk_conn *)conn;
@@ -1302,16 +1409,19 @@ static int zk_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
         a.until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS;
     else
         a.until = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : NEVER;
-    if ((err = acquire_paths(&a)) == 0) {
+    if ((err = acquire_paths(&a)) == 0 && (err = watch_cancel(zc, req)) == 0) {
         do {
             uint64_t seen = events_now(zc);
             zk_kids_free(&k);
-            err = acquire_turn(&a, &k);
+            err = zc->cancelled ? dlock_cancelled(cl(zc)) : acquire_turn(&a, &k);
             if (err == RETRY && session_status(zc) == SESSION_UP)
                 retry_pause(zc, seen);
         } while (err == AGAIN || err == RETRY);
     }
     zk_kids_free(&k);
+    /* The cleanup's delete is waited for as at a deadline, not cut short. */
+    zc->cancel_fd = -1;
+    zc->cancelled = 0;
     if (err == 0) {
         size_t len = strlen(a.node) + 1;
         struct zk_held *h = malloc(sizeof *h + len);
@@ -1612,6 +1722,8 @@ static void zk_close(dlock_conn *conn)
     free(zc->auth);
     free(zc->hosts);
     free(zc->root);
+    if (zc->wake_fd >= 0)
+        close(zc->wake_fd);
     pthread_cond_destroy(&zc->cv);
     pthread_mutex_destroy(&zc->mu);
     free(zc);
@@ -1697,6 +1809,7 @@ static int zk_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     if (!zc)
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     zc->base.client = c;
+    zc->cancel_fd = zc->wake_fd = -1;
     pthread_mutex_init(&zc->mu, NULL);
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -1801,7 +1914,8 @@ const dlock_backend dlock_zookeeper_backend = {
     /* No LEASE or RENEW: the lease is the session, which a live holder
      * keeps alive by itself; the TTL is not used. No HOLDER_DEATH: a dead
      * holder's lock is freed when its session times out, not at once. */
-    .caps = DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE,
+    .caps = DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE |
+            DLOCK_CAP_CANCEL,
     .options = zk_options,
     .open = zk_open,
     .close = zk_close,
