@@ -13,4 +13,8 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     clang libclang-rt-14-dev valgrind \
     g++ make python3-pytest python3-venv python3-setuptools \
     >/dev/null
+# Node.js with npm and its headers, for the Node.js package: the machine's
+# own when it has one, else Debian's.
+command -v npm >/dev/null 2>&1 && [ -f /usr/include/node/node_api.h ] ||
+    $SUDO apt-get install -y -qq --no-install-recommends nodejs npm libnode-dev >/dev/null
 echo "install-deps: build dependencies present"

@@ -26,6 +26,9 @@ ASAN_BUILD=$BUILD-asan
 FUZZ_BUILD=$BUILD-fuzz
 export DLOCK_STORES_DIR=${DLOCK_STORES_DIR:-/tmp/dlock-stores}
 export DLOCK_FUZZ_SECONDS=${DLOCK_FUZZ_SECONDS:-30}
+# Suites that take store URIs from the environment (the bindings') fail,
+# rather than skip, a store whose URI is missing.
+export DLOCK_STORES_REQUIRED=1
 t_start=$(date +%s)
 
 # Backends whose code has landed are required: a missing library must fail
@@ -46,6 +49,9 @@ fresh_logs() { rm -f "$1"/meson-logs/testlog*.json; }
 setup "$BUILD" -Dwerror=true $opts
 meson compile -C "$BUILD"
 fresh_logs "$BUILD"
+# The Node.js addon, against this build's libdlock (node-gyp, packages from
+# the npm registry). A failed build leaves the 'node' test to fail.
+sh bindings/node/build.sh "$BUILD" || echo "test.sh: the Node.js addon did not build" >&2
 
 # A sanitizer or fuzz build that does not compile is counted as a failure
 # (its log is missing) and the run goes on.

@@ -1,0 +1,103 @@
+// Type declarations of the dlock package (lib/index.js). Units: ttl and
+// wait in milliseconds; deadline an absolute wall-clock time. See README.md.
+
+import { EventEmitter } from 'node:events';
+
+/** The error table of libdlock: name -> errno (negative). */
+export declare const codes: Readonly<Record<DlockErrorCode, number>>;
+
+export type DlockErrorCode =
+  | 'DLOCK_EINVAL' | 'DLOCK_EBADURI' | 'DLOCK_ESCHEME' | 'DLOCK_ENOBACKEND'
+  | 'DLOCK_ECONNECT' | 'DLOCK_EAUTH' | 'DLOCK_EBUSY' | 'DLOCK_ETIMEDOUT'
+  | 'DLOCK_ELOST' | 'DLOCK_ENOTOWNER' | 'DLOCK_ENOTSUP' | 'DLOCK_EPROTO'
+  | 'DLOCK_ENOMEM' | 'DLOCK_EIO' | 'DLOCK_EALREADY' | 'DLOCK_EDEADLK'
+  | 'DLOCK_EINTR' | 'DLOCK_ESTORE' | 'DLOCK_EVERSION' | 'DLOCK_EEXIST'
+  | 'DLOCK_EEXPIRED' | 'DLOCK_ECANCELED';
+
+/** Version of the libdlock loaded, e.g. "0.1.0". */
+export declare const version: string;
+/** Path of the libdlock loaded (DLOCK_LIBRARY overrides it). */
+export declare const library: string;
+
+/** Every failure libdlock reports. */
+export declare class DlockError extends Error {
+  readonly name: 'DlockError';
+  /** e.g. 'DLOCK_EBUSY' */
+  readonly code: DlockErrorCode;
+  /** e.g. -7 */
+  readonly errno: number;
+}
+
+export interface Capabilities {
+  readonly lease: boolean;
+  readonly renew: boolean;
+  readonly fencing: boolean;
+  readonly fifo: boolean;
+  readonly blocking: boolean;
+  readonly shared: boolean;
+  readonly deadline: boolean;
+  readonly holderDeath: boolean;
+  readonly raise: boolean;
+  readonly cancel: boolean;
+}
+
+export interface AcquireOptions {
+  /** Lease in ms (default 30000); backends without leases ignore it. */
+  ttl?: number;
+  /** 'try': one attempt (DLOCK_EBUSY); 'forever' (default); a number: at
+   * most that many ms from the call, then DLOCK_ETIMEDOUT. */
+  wait?: 'try' | 'forever' | number;
+  /** Absolute end of the wait: a Date or ms since the epoch (Date.now()).
+   * Not with a wait other than 'deadline'. */
+  deadline?: Date | number;
+  /** The client's keeper renews (or checks) the lock until release. */
+  keep?: boolean;
+  /** Acquiring a name this client holds returns the same Lock, one more hold. */
+  reentrant?: boolean;
+  /** Aborting ends the wait: the promise rejects with signal.reason. */
+  signal?: AbortSignal;
+}
+
+export type LostCode = 'DLOCK_ELOST' | 'DLOCK_EEXPIRED';
+
+export declare class Lock extends EventEmitter {
+  private constructor();
+  /** Fencing token: above every earlier grant of the name on the store. */
+  readonly token: bigint;
+  readonly name: string;
+  readonly client: Client;
+  /** null, or why a kept lock was lost. */
+  readonly lost: LostCode | null;
+  /** true once released in the store (or by close()). */
+  readonly released: boolean;
+  release(): Promise<void>;
+  /** Resets the lease to ttl ms from now. */
+  renew(ttl: number): Promise<void>;
+  [Symbol.asyncDispose](): Promise<void>;
+
+  on(event: 'lost', listener: (err: DlockError) => void): this;
+  once(event: 'lost', listener: (err: DlockError) => void): this;
+  off(event: 'lost', listener: (err: DlockError) => void): this;
+  addListener(event: 'lost', listener: (err: DlockError) => void): this;
+  removeListener(event: 'lost', listener: (err: DlockError) => void): this;
+  emit(event: 'lost', err: DlockError): boolean;
+}
+
+export declare class Client {
+  private constructor();
+  /** The backend's name, e.g. 'redis'. */
+  readonly backend: string;
+  readonly caps: Capabilities;
+  readonly closed: boolean;
+  acquire(name: string, opts?: AcquireOptions): Promise<Lock>;
+  /** Runs fn holding the lock; releases it whatever fn does. */
+  withLock<T>(name: string, fn: (lock: Lock) => T | Promise<T>): Promise<T>;
+  withLock<T>(name: string, opts: AcquireOptions,
+              fn: (lock: Lock) => T | Promise<T>): Promise<T>;
+  /** Releases every lock still held and ends the client's thread. */
+  close(): Promise<void>;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+/** Connects to the store named by uri ("redis://host:6379/0", "file:///dir"...). */
+export declare function open(uri: string): Promise<Client>;

@@ -1,0 +1,623 @@
+/*
+ * The native half of the Node.js package: libdlock's calls run off the
+ * main thread, each client's in order, and come back as promises.
+ *
+ * Design
+ *   Loading. The addon does not link libdlock: load(path) dlopen()s it and
+ *   takes every function it uses with dlsym(), once per process. So the
+ *   JS loader decides which library is used (DLOCK_LIBRARY, else the one
+ *   pkg-config named at build time, else the system loader's search) and
+ *   a missing library is an error naming the path instead of a failed
+ *   require() with a loader message. Only dlock.h's types and constants
+ *   come from the headers pkg-config found.
+ *
+ *   Threads. libdlock wants one client's calls serialised, and a wait can
+ *   last as long as a lock is held, so every client has its own worker
+ *   thread (not the libuv pool, where a few long waits would starve fs and
+ *   dns) with a FIFO queue of jobs. The worker runs each job and hands it
+ *   back through the client's thread-safe function, whose callback on the
+ *   main thread settles the job's promise (within a callback scope, so
+ *   promise reactions run at once). The thread-safe function is referenced
+ *   only while a job is pending: an idle client does not keep the process
+ *   alive. The JS object is referenced too while a job is pending, so its
+ *   finalizer never races a reply.
+ *
+ *   Locks. The worker keeps every held dlock_lock in a table keyed by a
+ *   64-bit id; JS only ever sees ids, so a release after close() (which
+ *   frees the handles) is an error, never a use after free. A reentrant
+ *   acquire that returns a handle already in the table returns its id.
+ *
+ *   Loss. Kept locks report loss through on_lost on a keeper thread; the
+ *   callback looks the handle up (under the table's mutex) and queues a
+ *   "lost" message on the same thread-safe function, which calls the JS
+ *   dispatch function given at construction. on_lost is never called
+ *   after dlock_release() or dlock_client_close() return, and the worker
+ *   releases the thread-safe function only after close, so it is alive
+ *   whenever the keeper uses it.
+ *
+ *   Cancel. A Cancel object owns a dlock_cancel shared with the job that
+ *   uses it; fire() raises it from the main thread (dlock_cancel_fire() is
+ *   safe from any thread), and the flag is freed when both are done. The
+ *   JS side fires it on the AbortSignal's abort and on close().
+ *
+ *   A client collected without close() is closed on its worker (its locks
+ *   released there); the worker then ends. Nothing joins the workers: a
+ *   process that exits with a call in flight leaves the stores to drop the
+ *   connection. The environment's teardown (process exit) finalizes the
+ *   thread-safe functions and collects every client, so a worker may
+ *   finish a job after its thread-safe function is gone: the finalizer
+ *   marks the core (tsfn_gone, under its mutex), and the worker and the
+ *   keeper check the mark, under the same mutex, before every call on it.
+ */
+#include <napi.h>
+
+#include <dlfcn.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include <dlock.h>
+
+namespace {
+
+/* Every libdlock function the addon calls. */
+#define DLOCK_NODE_FUNCS(X)                                                    \
+    X(dlock_strerror)                                                          \
+    X(dlock_err_name)                                                          \
+    X(dlock_version)                                                           \
+    X(dlock_monotonic_ns)                                                      \
+    X(dlock_client_open)                                                       \
+    X(dlock_client_close)                                                      \
+    X(dlock_errmsg)                                                            \
+    X(dlock_client_backend)                                                    \
+    X(dlock_client_caps)                                                       \
+    X(dlock_acquire_n)                                                         \
+    X(dlock_release)                                                           \
+    X(dlock_renew)                                                             \
+    X(dlock_lock_token)                                                        \
+    X(dlock_lock_holds)                                                        \
+    X(dlock_lock_lost_detail)                                                  \
+    X(dlock_cancel_new)                                                        \
+    X(dlock_cancel_fire)                                                       \
+    X(dlock_cancel_free)
+
+struct Lib {
+    void *handle = nullptr;
+    std::string path;
+#define DLOCK_NODE_PTR_(f) decltype(&::f) f = nullptr;
+    DLOCK_NODE_FUNCS(DLOCK_NODE_PTR_)
+#undef DLOCK_NODE_PTR_
+};
+
+/* Loaded once per process, shared by every environment (worker_threads
+ * included); written only under lib_mu before `loaded` is set. */
+Lib lib;
+std::mutex lib_mu;
+bool loaded = false;
+
+struct CancelFlag {
+    dlock_cancel *flag = nullptr;
+    ~CancelFlag() { lib.dlock_cancel_free(flag); }
+};
+
+enum class Kind { Open, Acquire, Release, Renew, Close, Lost };
+
+struct Job {
+    Kind kind;
+    /* Inputs. */
+    std::string str; /* URI or lock name */
+    dlock_acquire_opts opts = DLOCK_ACQUIRE_OPTS_INIT;
+    uint32_t ttl = 0;
+    uint64_t id = 0;
+    std::shared_ptr<CancelFlag> cancel;
+    /* Outputs. */
+    int rc = 0;
+    std::string detail;
+    std::string backend;
+    unsigned int caps = 0;
+    uint64_t token = 0;
+    unsigned int holds = 0;
+    /* Main thread only. */
+    std::unique_ptr<Napi::Promise::Deferred> deferred;
+    struct Core *core = nullptr;
+    explicit Job(Kind k) : kind(k) {}
+};
+
+class ClientWrap;
+
+struct Core {
+    /* The queue, and the lock table that on_lost reads from keeper threads. */
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Job *> queue;
+    std::unordered_map<uint64_t, dlock_lock *> locks;
+    std::unordered_map<dlock_lock *, uint64_t> ids;
+    uint64_t next_id = 1;
+    /* The cancel flag of the acquire the worker is in, if any. */
+    std::shared_ptr<CancelFlag> running_cancel;
+    /* Set, under mu, when the thread-safe function is finalized: by the
+     * worker's release after close, or by the environment's teardown
+     * (process exit), which may come first. */
+    bool tsfn_gone = false;
+    Napi::ThreadSafeFunction tsfn;
+    /* Worker only. */
+    dlock_client *client = nullptr;
+    /* Main thread only. */
+    ClientWrap *wrap = nullptr;
+    unsigned int pending = 0;
+    bool closing = false;
+};
+
+void on_complete(Napi::Env env, Napi::Function dispatch, Job *job);
+
+/* Hands a job to the main thread; false once the environment is gone (the
+ * thread-safe function is then freed, or about to be). Called with core->mu
+ * held, which the thread-safe function's finalizer takes to say so. */
+bool reply(Core *core, Job *job)
+{
+    return !core->tsfn_gone && core->tsfn.NonBlockingCall(job, on_complete) == napi_ok;
+}
+
+void on_lost(dlock_lock *lock, int err, void *user)
+{
+    Core *core = static_cast<Core *>(user);
+    Job *job = new Job(Kind::Lost);
+    job->rc = err;
+    job->detail = lib.dlock_lock_lost_detail(lock);
+    std::lock_guard<std::mutex> g(core->mu);
+    auto it = core->ids.find(lock);
+    job->id = it == core->ids.end() ? 0 : it->second;
+    if (job->id == 0 || !reply(core, job))
+        delete job;
+}
+
+void run_job(Core *core, Job *job)
+{
+    switch (job->kind) {
+    case Kind::Open:
+        job->rc = lib.dlock_client_open(job->str.c_str(), &core->client);
+        if (job->rc == 0) {
+            job->backend = lib.dlock_client_backend(core->client);
+            job->caps = lib.dlock_client_caps(core->client);
+        }
+        break;
+    case Kind::Acquire: {
+        dlock_lock *lock = nullptr;
+        job->opts.on_lost = job->opts.keep ? on_lost : nullptr;
+        job->opts.on_lost_user = core;
+        job->opts.cancel = job->cancel ? job->cancel->flag : nullptr;
+        {
+            std::lock_guard<std::mutex> g(core->mu);
+            core->running_cancel = job->cancel;
+        }
+        job->rc = lib.dlock_acquire_n(core->client, job->str.data(), job->str.size(), &job->opts,
+                                      &lock);
+        {
+            std::lock_guard<std::mutex> g(core->mu);
+            core->running_cancel.reset();
+        }
+        if (job->rc == 0) {
+            job->token = lib.dlock_lock_token(lock);
+            job->holds = lib.dlock_lock_holds(lock);
+            std::lock_guard<std::mutex> g(core->mu);
+            auto it = core->ids.find(lock);
+            if (it != core->ids.end()) {
+                job->id = it->second;
+            } else {
+                job->id = core->next_id++;
+                core->locks[job->id] = lock;
+                core->ids[lock] = job->id;
+            }
+        }
+        break;
+    }
+    case Kind::Release:
+    case Kind::Renew: {
+        dlock_lock *lock = nullptr;
+        {
+            std::lock_guard<std::mutex> g(core->mu);
+            auto it = core->locks.find(job->id);
+            if (it != core->locks.end())
+                lock = it->second;
+        }
+        if (!lock) {
+            job->rc = DLOCK_EINVAL;
+            job->detail = "the lock was already released";
+            return;
+        }
+        if (job->kind == Kind::Renew) {
+            job->rc = lib.dlock_renew(lock, job->ttl);
+            job->holds = lib.dlock_lock_holds(lock);
+            break;
+        }
+        /* A lock held more than once stays allocated: count first. */
+        unsigned int holds = lib.dlock_lock_holds(lock);
+        if (holds <= 1) {
+            /* Out of the table before the handle is freed, so on_lost
+             * (which cannot run past dlock_release) never finds a stale one. */
+            std::lock_guard<std::mutex> g(core->mu);
+            core->locks.erase(job->id);
+            core->ids.erase(lock);
+        }
+        job->rc = lib.dlock_release(lock);
+        job->holds = holds <= 1 ? 0 : holds - 1;
+        break;
+    }
+    case Kind::Close:
+        lib.dlock_client_close(core->client);
+        core->client = nullptr;
+        {
+            std::lock_guard<std::mutex> g(core->mu);
+            core->locks.clear();
+            core->ids.clear();
+        }
+        break;
+    case Kind::Lost:
+        break;
+    }
+    if (job->rc != 0) {
+        const char *m = lib.dlock_errmsg(core->client);
+        job->detail = m && *m ? m : lib.dlock_strerror(job->rc);
+    }
+}
+
+void worker_main(std::shared_ptr<Core> core)
+{
+    for (;;) {
+        Job *job;
+        {
+            std::unique_lock<std::mutex> g(core->mu);
+            core->cv.wait(g, [&] { return !core->queue.empty(); });
+            job = core->queue.front();
+            core->queue.pop_front();
+        }
+        run_job(core.get(), job);
+        /* A failed open leaves a client that only carries the detail:
+         * close it, and this worker is done. */
+        bool last = job->kind == Kind::Close || (job->kind == Kind::Open && job->rc != 0);
+        if (job->kind == Kind::Open && job->rc != 0) {
+            lib.dlock_client_close(core->client);
+            core->client = nullptr;
+        }
+        std::lock_guard<std::mutex> g(core->mu);
+        if (!reply(core.get(), job))
+            delete job;
+        if (last) {
+            if (!core->tsfn_gone)
+                core->tsfn.Release();
+            break;
+        }
+    }
+}
+
+Napi::Object error_object(Napi::Env env, const Job *job)
+{
+    Napi::Object e = Napi::Object::New(env);
+    e.Set("errno", Napi::Number::New(env, job->rc));
+    e.Set("code", Napi::String::New(env, lib.dlock_err_name(job->rc)));
+    e.Set("detail", Napi::String::New(env, job->detail));
+    e.Set("holds", Napi::Number::New(env, job->holds));
+    return e;
+}
+
+Napi::Object caps_object(Napi::Env env, unsigned int caps)
+{
+    /* Bits of DLOCK_CAP_* (dlock_backend.h; numbers are ABI). */
+    static const char *const names[] = {"lease",    "renew",       "fencing", "fifo",
+                                        "blocking", "shared",      "deadline",
+                                        "holderDeath", "raise",    "cancel"};
+    Napi::Object o = Napi::Object::New(env);
+    for (unsigned int i = 0; i < sizeof names / sizeof names[0]; i++)
+        o.Set(names[i], Napi::Boolean::New(env, (caps >> i) & 1u));
+    return o;
+}
+
+class CancelWrap : public Napi::ObjectWrap<CancelWrap> {
+public:
+    static Napi::Function Init(Napi::Env env)
+    {
+        return DefineClass(env, "Cancel",
+                           {InstanceMethod<&CancelWrap::Fire>("fire")});
+    }
+    explicit CancelWrap(const Napi::CallbackInfo &info) : Napi::ObjectWrap<CancelWrap>(info)
+    {
+        flag = std::make_shared<CancelFlag>();
+        int rc = lib.dlock_cancel_new(&flag->flag);
+        if (rc != 0)
+            throw Napi::Error::New(info.Env(), std::string("dlock_cancel_new: ") +
+                                                   lib.dlock_strerror(rc));
+    }
+    Napi::Value Fire(const Napi::CallbackInfo &info)
+    {
+        lib.dlock_cancel_fire(flag->flag);
+        return info.Env().Undefined();
+    }
+    std::shared_ptr<CancelFlag> flag;
+};
+
+struct Addon {
+    Napi::FunctionReference cancel_ctor;
+};
+
+class ClientWrap : public Napi::ObjectWrap<ClientWrap> {
+public:
+    static Napi::Function Init(Napi::Env env)
+    {
+        return DefineClass(env, "Client",
+                           {InstanceMethod<&ClientWrap::Open>("open"),
+                            InstanceMethod<&ClientWrap::Acquire>("acquire"),
+                            InstanceMethod<&ClientWrap::Release>("release"),
+                            InstanceMethod<&ClientWrap::Renew>("renew"),
+                            InstanceMethod<&ClientWrap::Close>("close")});
+    }
+
+    /* new Client(dispatch): dispatch(id, errno, code, detail) is called on
+     * the main thread when a kept lock is lost. */
+    explicit ClientWrap(const Napi::CallbackInfo &info) : Napi::ObjectWrap<ClientWrap>(info)
+    {
+        Napi::Env env = info.Env();
+        if (!loaded)
+            throw Napi::Error::New(env, "libdlock is not loaded");
+        if (info.Length() < 1 || !info[0].IsFunction())
+            throw Napi::TypeError::New(env, "dispatch function expected");
+        core = std::make_shared<Core>();
+        core->wrap = this;
+        core->tsfn = Napi::ThreadSafeFunction::New(
+            env, info[0].As<Napi::Function>(), "dlock", 0, 1,
+            [](Napi::Env, std::shared_ptr<Core> *hold) {
+                {
+                    std::lock_guard<std::mutex> g((*hold)->mu);
+                    (*hold)->tsfn_gone = true;
+                }
+                delete hold;
+            },
+            new std::shared_ptr<Core>(core));
+        core->tsfn.Unref(env);
+        std::thread(worker_main, core).detach();
+    }
+
+    ~ClientWrap() override
+    {
+        /* Collected: no job is pending (they hold a reference). Close on
+         * the worker unless close() or a failed open ended it already. */
+        core->wrap = nullptr;
+        if (!core->closing)
+            push(new Job(Kind::Close));
+        /* Only the environment's teardown (a worker thread terminated, the
+         * process exiting) collects a client with waits in flight: end
+         * those that can be cancelled, so the close behind them runs. */
+        std::lock_guard<std::mutex> g(core->mu);
+        if (core->running_cancel)
+            lib.dlock_cancel_fire(core->running_cancel->flag);
+        for (Job *job : core->queue)
+            if (job->cancel)
+                lib.dlock_cancel_fire(job->cancel->flag);
+    }
+
+    /* Called by on_complete for a job that had a promise. */
+    void done()
+    {
+        if (--core->pending == 0) {
+            core->tsfn.Unref(Env());
+            Unref();
+        }
+    }
+
+    std::shared_ptr<Core> core;
+
+private:
+    void push(Job *job)
+    {
+        {
+            std::lock_guard<std::mutex> g(core->mu);
+            core->queue.push_back(job);
+        }
+        core->cv.notify_one();
+    }
+
+    Napi::Value submit(Napi::Env env, Job *job)
+    {
+        if (core->closing) {
+            Napi::Promise::Deferred d = Napi::Promise::Deferred::New(env);
+            job->rc = DLOCK_EINVAL;
+            job->detail = "the client is closed";
+            d.Reject(error_object(env, job));
+            delete job;
+            return d.Promise();
+        }
+        job->deferred = std::make_unique<Napi::Promise::Deferred>(Napi::Promise::Deferred::New(env));
+        job->core = core.get();
+        Napi::Value p = job->deferred->Promise();
+        if (core->pending++ == 0) {
+            core->tsfn.Ref(env);
+            Ref();
+        }
+        if (job->kind == Kind::Close)
+            core->closing = true;
+        push(job);
+        return p;
+    }
+
+    Napi::Value Open(const Napi::CallbackInfo &info)
+    {
+        Job *job = new Job(Kind::Open);
+        job->str = info[0].As<Napi::String>().Utf8Value();
+        return submit(info.Env(), job);
+    }
+
+    /* acquire(name, ttl, wait, relMs, keep, reentrant, cancel|null) */
+    Napi::Value Acquire(const Napi::CallbackInfo &info)
+    {
+        Napi::Env env = info.Env();
+        Job *job = new Job(Kind::Acquire);
+        job->str = info[0].As<Napi::String>().Utf8Value();
+        job->opts.ttl_ms = info[1].As<Napi::Number>().Uint32Value();
+        job->opts.wait = static_cast<dlock_wait>(info[2].As<Napi::Number>().Int32Value());
+        if (job->opts.wait == DLOCK_WAIT_DEADLINE) {
+            /* The deadline counts from the call, not from when the worker
+             * gets to it behind this client's other calls. */
+            double ms = info[3].As<Napi::Number>().DoubleValue();
+            uint64_t now = lib.dlock_monotonic_ns();
+            job->opts.deadline_ns = ms <= 0 ? now : now + static_cast<uint64_t>(ms * 1e6);
+        }
+        job->opts.keep = info[4].ToBoolean() ? 1 : 0;
+        job->opts.reentrant = info[5].ToBoolean() ? 1 : 0;
+        if (info.Length() > 6 && info[6].IsObject()) {
+            Napi::Object o = info[6].As<Napi::Object>();
+            Addon *addon = env.GetInstanceData<Addon>();
+            if (!o.InstanceOf(addon->cancel_ctor.Value())) {
+                delete job;
+                throw Napi::TypeError::New(env, "Cancel expected");
+            }
+            job->cancel = CancelWrap::Unwrap(o)->flag;
+        }
+        return submit(env, job);
+    }
+
+    Napi::Value Release(const Napi::CallbackInfo &info)
+    {
+        Job *job = new Job(Kind::Release);
+        job->id = static_cast<uint64_t>(info[0].As<Napi::Number>().Int64Value());
+        return submit(info.Env(), job);
+    }
+
+    Napi::Value Renew(const Napi::CallbackInfo &info)
+    {
+        Job *job = new Job(Kind::Renew);
+        job->id = static_cast<uint64_t>(info[0].As<Napi::Number>().Int64Value());
+        job->ttl = info[1].As<Napi::Number>().Uint32Value();
+        return submit(info.Env(), job);
+    }
+
+    Napi::Value Close(const Napi::CallbackInfo &info)
+    {
+        Napi::Env env = info.Env();
+        if (core->closing) {
+            Napi::Promise::Deferred d = Napi::Promise::Deferred::New(env);
+            d.Resolve(env.Undefined());
+            return d.Promise();
+        }
+        return submit(env, new Job(Kind::Close));
+    }
+};
+
+void on_complete(Napi::Env env, Napi::Function dispatch, Job *job)
+{
+    std::unique_ptr<Job> owned(job);
+    if (env == nullptr)
+        return;
+    if (job->kind == Kind::Lost) {
+        dispatch.Call({Napi::Number::New(env, static_cast<double>(job->id)),
+                       Napi::Number::New(env, job->rc),
+                       Napi::String::New(env, lib.dlock_err_name(job->rc)),
+                       Napi::String::New(env, job->detail)});
+        return;
+    }
+    if (!job->deferred)
+        return; /* the close of a collected client */
+    Napi::Value result = env.Undefined();
+    if (job->rc != 0) {
+        result = error_object(env, job);
+    } else if (job->kind == Kind::Open) {
+        Napi::Object o = Napi::Object::New(env);
+        o.Set("backend", Napi::String::New(env, job->backend));
+        o.Set("caps", caps_object(env, job->caps));
+        result = o;
+    } else if (job->kind == Kind::Acquire) {
+        Napi::Object o = Napi::Object::New(env);
+        o.Set("id", Napi::Number::New(env, static_cast<double>(job->id)));
+        o.Set("token", Napi::BigInt::New(env, job->token));
+        o.Set("holds", Napi::Number::New(env, job->holds));
+        result = o;
+    } else if (job->kind == Kind::Release || job->kind == Kind::Renew) {
+        result = Napi::Number::New(env, job->holds);
+    }
+    /* A failed open ended the worker: later calls are refused. */
+    if (job->kind == Kind::Open && job->rc != 0)
+        job->core->closing = true;
+    /* Bookkeeping before settling, so that a reaction calling again sees
+     * the right pending count. */
+    job->core->wrap->done();
+    if (job->rc == 0)
+        job->deferred->Resolve(result);
+    else
+        job->deferred->Reject(result);
+}
+
+Napi::Value Load(const Napi::CallbackInfo &info)
+{
+    Napi::Env env = info.Env();
+    std::string path = info[0].As<Napi::String>().Utf8Value();
+    std::lock_guard<std::mutex> g(lib_mu);
+    if (loaded)
+        return Napi::String::New(env, lib.path); /* another environment did */
+    dlerror();
+    void *h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        throw Napi::Error::New(env, std::string("cannot load libdlock: ") + (e ? e : path));
+    }
+    Lib l;
+    l.handle = h;
+#define DLOCK_NODE_SYM_(f)                                                              \
+    l.f = reinterpret_cast<decltype(&::f)>(dlsym(h, #f));                               \
+    if (!l.f) {                                                                         \
+        dlclose(h);                                                                     \
+        throw Napi::Error::New(env, "cannot load libdlock: " + path + " has no " #f     \
+                                    " (too old for this package)");                     \
+    }
+    DLOCK_NODE_FUNCS(DLOCK_NODE_SYM_)
+#undef DLOCK_NODE_SYM_
+    char real[4096];
+    /* The file actually mapped, for dlock.library. */
+    Dl_info di;
+    if (dladdr(reinterpret_cast<void *>(l.dlock_version), &di) && di.dli_fname &&
+        realpath(di.dli_fname, real))
+        l.path = real;
+    else
+        l.path = path;
+    lib = l;
+    loaded = true;
+    return Napi::String::New(env, lib.path);
+}
+
+Napi::Value Version(const Napi::CallbackInfo &info)
+{
+    return Napi::String::New(info.Env(), lib.dlock_version());
+}
+
+Napi::Value Strerror(const Napi::CallbackInfo &info)
+{
+    return Napi::String::New(info.Env(), lib.dlock_strerror(info[0].As<Napi::Number>().Int32Value()));
+}
+
+Napi::Object Init(Napi::Env env, Napi::Object exports)
+{
+    Addon *addon = new Addon;
+    Napi::Function cancel = CancelWrap::Init(env);
+    addon->cancel_ctor = Napi::Persistent(cancel);
+    env.SetInstanceData(addon);
+    exports.Set("Cancel", cancel);
+    exports.Set("Client", ClientWrap::Init(env));
+    exports.Set("load", Napi::Function::New(env, Load));
+    exports.Set("version", Napi::Function::New(env, Version));
+    exports.Set("strerror", Napi::Function::New(env, Strerror));
+    /* The error table, from the header this was built with. */
+    Napi::Object codes = Napi::Object::New(env);
+#define DLOCK_NODE_CODE_(name, num, text) codes.Set("DLOCK_" #name, Napi::Number::New(env, num));
+    DLOCK_ERRNO_MAP(DLOCK_NODE_CODE_)
+#undef DLOCK_NODE_CODE_
+    exports.Set("codes", codes);
+    return exports;
+}
+
+} // namespace
+
+NODE_API_MODULE(dlock, Init)

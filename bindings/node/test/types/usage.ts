@@ -1,0 +1,25 @@
+// Compiled (not run) by test/types.test.js: index.d.ts must be valid and
+// describe the API the way the README uses it.
+import * as dlock from '../../index';
+
+async function main(): Promise<bigint> {
+  const client: dlock.Client = await dlock.open('file:///tmp/locks');
+  const ac = new AbortController();
+  const lock = await client.acquire('job', {
+    ttl: 10_000, wait: 5000, keep: true, reentrant: false, signal: ac.signal,
+  });
+  lock.on('lost', (err: dlock.DlockError) => console.log(err.code, err.errno, err.message));
+  const lost: 'DLOCK_ELOST' | 'DLOCK_EEXPIRED' | null = lock.lost;
+  await lock.renew(20_000);
+  const token: bigint = lock.token;
+  await lock.release();
+  await client.acquire('x', { wait: 'try' });
+  await client.acquire('x', { deadline: new Date(Date.now() + 1000) });
+  const n: number = await client.withLock('job', async (l) => Number(l.token));
+  const s: string = await client.withLock('job', { wait: 'forever' }, () => 'done');
+  const busy: number = dlock.codes.DLOCK_EBUSY;
+  console.log(lost, n, s, busy, dlock.version, dlock.library, client.caps.cancel);
+  await client.close();
+  return token;
+}
+void main;
