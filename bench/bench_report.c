@@ -19,6 +19,7 @@ static const struct {
     { DLOCK_CAP_FENCING, "fencing" },   { DLOCK_CAP_FIFO, "fifo" },
     { DLOCK_CAP_BLOCKING, "blocking" }, { DLOCK_CAP_SHARED, "shared" },
     { DLOCK_CAP_DEADLINE, "deadline" }, { DLOCK_CAP_HOLDER_DEATH, "holder-death" },
+    { DLOCK_CAP_RAISE, "raise" },       { DLOCK_CAP_CANCEL, "cancel" },
 };
 #define N_CAPS (sizeof cap_names / sizeof cap_names[0])
 
