@@ -63,6 +63,7 @@
 #include <string.h>
 #include <dirent.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -270,21 +271,30 @@ static void *waiter_main(void *arg)
 }
 
 /* Returns 0 once locked, DLOCK_ETIMEDOUT (deadline_ns passed; UINT64_MAX:
- * none), DLOCK_ECANCELED (cancel_fd fired), or an errno-derived failure in
+ * none), DLOCK_ECANCELED (cancel_fd fired), DLOCK_EINTR (a signal, without
+ * deadline), or an errno-derived failure in
  * *sys_errno (with DLOCK_EIO). On timeout or cancel the caller must close
  * fd: that drops a lock granted in the instant the thread was cancelled. */
 static int wait_until(int fd, uint64_t deadline_ns, int cancel_fd, int *sys_errno)
 {
     struct waiter w = {.fd = fd};
     pthread_t th;
-    int done, err, r, cancelled = 0, perr = 0;
+    int done, err, r, cancelled = 0, perr = 0, interrupted = 0;
 
     if ((w.donefd = eventfd(0, EFD_CLOEXEC)) < 0) {
         *sys_errno = errno;
         return DLOCK_EIO;
     }
     pthread_mutex_init(&w.mu, NULL);
-    if ((r = pthread_create(&th, NULL, waiter_main, &w)) != 0) {
+    /* The helper thread takes no signal (it inherits this mask), so that a
+     * signal to the process reaches the waiting thread, whose ppoll() it
+     * interrupts, not the helper, whose fcntl() would only retry. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    r = pthread_create(&th, NULL, waiter_main, &w);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (r != 0) {
         pthread_mutex_destroy(&w.mu);
         close(w.donefd);
         *sys_errno = r;
@@ -300,8 +310,18 @@ static int wait_until(int fd, uint64_t deadline_ns, int cancel_fd, int *sys_errn
             tsp = &ts;
         }
         int n = ppoll(p, cancel_fd >= 0 ? 2 : 1, tsp, NULL);
-        if (n < 0 && errno == EINTR)
-            continue; /* the wait goes on, as F_OFD_SETLKW's own does */
+        /* A signal ends a wait without deadline, as a plain F_OFD_SETLKW's
+         * EINTR does; a deadline wait goes on (it always has). */
+        if (n < 0 && errno == EINTR && deadline_ns != UINT64_MAX)
+            continue;
+        if (n < 0 && errno == EINTR) {
+            /* A handler that raised the flag makes it a cancel. */
+            interrupted = 1;
+            n = cancel_fd >= 0 ? poll(&p[1], 1, 0) : 0;
+            if (n < 0)
+                n = 0;
+            p[0].revents = 0;
+        }
         perr = n < 0 ? errno : 0;
         cancelled = n > 0 && (p[1].revents & POLLIN) && !(p[0].revents & POLLIN);
         break; /* done, cancelled, timed out, or poll failed */
@@ -320,7 +340,7 @@ static int wait_until(int fd, uint64_t deadline_ns, int cancel_fd, int *sys_errn
         return DLOCK_EIO;
     }
     if (!done)
-        return cancelled ? DLOCK_ECANCELED : DLOCK_ETIMEDOUT;
+        return cancelled ? DLOCK_ECANCELED : interrupted ? DLOCK_EINTR : DLOCK_ETIMEDOUT;
     *sys_errno = err;
     return err ? DLOCK_EIO : 0;
 }
@@ -354,6 +374,8 @@ static int lock_fd(dlock_client *c, int fd, const dlock_request *req)
                         req->cancel_fd, &e);
         if (rc == DLOCK_ECANCELED)
             return dlock_cancelled(c);
+        if (rc == DLOCK_EINTR)
+            return dlock_seterr(c, DLOCK_EINTR, "a signal interrupted the wait");
         if (rc == DLOCK_ETIMEDOUT)
             return dlock_seterr(c, rc, "the deadline passed with the lock still held elsewhere");
         if (rc == 0)

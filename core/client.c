@@ -453,8 +453,6 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
     req.wait = opts->wait;
     req.deadline_ns = opts->deadline_ns;
     req.cancel_fd = -1;
-    if (opts->version >= 3 && opts->cancel && opts->wait != DLOCK_WAIT_TRY)
-        req.cancel_fd = dlock_cancel_fd(opts->cancel);
     if ((rc = dlock_owner_new(req.owner, req.owner_hex)) != 0) {
         free(lock);
         return dlock_seterr(c, rc, "cannot read random bytes for the owner id");
@@ -467,12 +465,18 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
     int expired = req.wait == DLOCK_WAIT_DEADLINE && req.deadline_ns <= sent;
     if (expired)
         req.wait = DLOCK_WAIT_TRY;
+    if (opts->version >= 3 && opts->cancel && req.wait != DLOCK_WAIT_TRY)
+        req.cancel_fd = dlock_cancel_fd(opts->cancel);
     if (n > 1)
         rc = dlock_composite_acquire(c->conn, &req, own, n, &held);
     else
         rc = c->backend->acquire(c->conn, &req, &held);
     if (rc == DLOCK_EBUSY && expired)
         rc = dlock_seterr(c, DLOCK_ETIMEDOUT, "the deadline passed with the lock still held elsewhere");
+    /* A signal whose handler raised the flag is a cancel, whichever the
+     * backend noticed first (it left the queue either way). */
+    if (rc == DLOCK_EINTR && opts->version >= 3 && dlock_cancel_fired(opts->cancel))
+        rc = dlock_cancelled(c);
     lock->granted_ns = dlock_monotonic_ns();
     dlock_metrics_acquire(c, rc, lock->granted_ns - sent);
     if (rc) {

@@ -295,9 +295,11 @@ typedef enum dlock_wait {
  * store call in flight returns, bounded by its timeout), leaving the
  * store's wait queue as a waiter past its deadline does, and the acquire
  * fails with DLOCK_ECANCELED. An acquire that starts with the flag already
- * raised fails at once without asking the store. A grant that reached the
- * client before the wait noticed the flag is kept: the acquire succeeds
- * (check dlock_cancel_fired() if a late grant is unwanted).
+ * raised fails at once without asking the store. A grant the store made
+ * before the wait could be withdrawn (it reached the client first, or the
+ * store granted it before the cancel reached the store) is kept: the acquire
+ * succeeds (check dlock_cancel_fired() if a late grant is unwanted). Either
+ * way nothing is left behind: DLOCK_ECANCELED means not held, not queued.
  *
  * Once raised, the flag stays raised: one dlock_cancel may cancel several
  * acquires (of any clients) at once, and is made anew for the next wait.

@@ -685,8 +685,15 @@ static dlock_cancel *wait_cancel;
 
 static void cancel_wait(int sig)
 {
-    if (!cancel_signal)
-        cancel_signal = sig;
+    if (cancel_signal) {
+        /* A second signal while the first one's cleanup runs: die now. */
+        struct sigaction dfl = {.sa_handler = SIG_DFL};
+        sigemptyset(&dfl.sa_mask);
+        sigaction(sig, &dfl, NULL);
+        raise(sig);
+        return;
+    }
+    cancel_signal = sig;
     dlock_cancel_fire(wait_cancel);
 }
 
@@ -746,9 +753,10 @@ static int acquire(const struct run_args *ra, dlock_client *client, struct job *
     while (err == DLOCK_EINTR);
     if (acq.wait != DLOCK_WAIT_TRY)
         uncancel_on_signals(saved);
-    if (cancel_signal && (err == DLOCK_ECANCELED || err == 0)) {
-        /* Out of the queue (or a grant that beat the signal given back):
-         * now end as the signal would have ended us. */
+    if (cancel_signal) {
+        /* Out of the queue (or a grant that beat the signal given back;
+         * or the wait ended otherwise meanwhile): now end as the signal
+         * would have ended us. */
         if (err == 0) {
             dlock_release(job->lock);
             job->lock = NULL;

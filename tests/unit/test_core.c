@@ -22,6 +22,7 @@ static struct {
     char last_name[DLOCK_NAME_MAX + 1];
     uint64_t next_token;
     const char *echo_in_error; /* put this text into the next error */
+    dlock_cancel *fire_in_acquire; /* raised inside acquire, as a signal handler would */
 } fake;
 
 struct fake_conn {
@@ -55,6 +56,7 @@ static int fake_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     fake.acquire++;
     fake.last = *req;
     memcpy(fake.last_name, req->name, req->name_len + 1);
+    dlock_cancel_fire(fake.fire_in_acquire);
     if (fake.fail_acquire_at && fake.acquire == fake.fail_acquire_at)
         return dlock_seterr(conn->client, DLOCK_EBUSY, "fake acquire number %d refused",
                             fake.acquire);
@@ -283,6 +285,24 @@ static void test_cancel(dlock_client *c)
 
     unsigned int caps = fake_backend.caps;
     fake_backend.caps |= DLOCK_CAP_CANCEL;
+    o.wait = DLOCK_WAIT_DEADLINE;
+    o.deadline_ns = 1; /* long past: one attempt */
+    is_int(dlock_acquire(c, "cancel", &o, &l), 0, "a deadline already past, with a flag");
+    is_int(fake.last.cancel_fd, -1, "... is a try: the backend gets no descriptor");
+    dlock_release(l);
+    dlock_cancel *in = NULL;
+    if (dlock_cancel_new(&in) == 0) {
+        o.wait = DLOCK_WAIT_FOREVER;
+        o.cancel = in;
+        fake.fire_in_acquire = in;
+        fake.fail_acquire = DLOCK_EINTR;
+        is_int(dlock_acquire(c, "cancel", &o, &l), DLOCK_ECANCELED,
+               "a wait a signal interrupted, whose handler raised the flag: DLOCK_ECANCELED");
+        fake.fail_acquire = 0;
+        fake.fire_in_acquire = NULL;
+        o.cancel = k;
+        dlock_cancel_free(in);
+    }
     o.wait = DLOCK_WAIT_FOREVER;
     is_int(dlock_acquire(c, "cancel", &o, &l), 0, "a wait with a flag on a backend with the cap");
     ok(fake.last.cancel_fd >= 0, "the backend gets the flag's descriptor");
