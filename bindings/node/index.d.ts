@@ -42,13 +42,15 @@ export interface Capabilities {
 }
 
 export interface AcquireOptions {
-  /** Lease in ms (default 30000); backends without leases ignore it. */
+  /** Lease in ms, an integer from 1 to 2^32-1 (default 30000); backends
+   * without leases ignore it. Out of range: TypeError. */
   ttl?: number;
-  /** 'try': one attempt (DLOCK_EBUSY); 'forever' (default); a number: at
-   * most that many ms from the call, then DLOCK_ETIMEDOUT. */
+  /** 'try': one attempt (DLOCK_EBUSY); 'forever' (default); a finite number
+   * >= 0: at most that many ms from the call, then DLOCK_ETIMEDOUT (more
+   * than 2^63 ns away: forever). NaN, negative, Infinity: TypeError. */
   wait?: 'try' | 'forever' | number;
-  /** Absolute end of the wait: a Date or ms since the epoch (Date.now()).
-   * Not with a wait other than 'deadline'. */
+  /** Absolute end of the wait: a Date or ms since the epoch (Date.now());
+   * more than 2^63 ns away: forever. Not with a wait other than 'deadline'. */
   deadline?: Date | number;
   /** The client's keeper renews (or checks) the lock until release. */
   keep?: boolean;
@@ -71,7 +73,7 @@ export declare class Lock extends EventEmitter {
   /** true once released in the store (or by close()). */
   readonly released: boolean;
   release(): Promise<void>;
-  /** Resets the lease to ttl ms from now. */
+  /** Resets the lease to ttl ms from now (an integer from 1 to 2^32-1). */
   renew(ttl: number): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
 

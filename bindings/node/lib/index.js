@@ -30,13 +30,24 @@ function invalid(message) {
   return new DlockError('DLOCK_EINVAL', codes.DLOCK_EINVAL, message);
 }
 
+// A bad option's value, for its error.
+function show(v) {
+  if (typeof v === 'number') return String(v);
+  if (typeof v === 'string') return `'${v}'`;
+  if (v instanceof Date) return 'an invalid Date';
+  return v === null ? 'null' : `a value of type ${typeof v}`;
+}
+
 function checkTtl(ttl, what) {
   if (!Number.isInteger(ttl) || ttl <= 0 || ttl > TTL_MAX)
-    throw new TypeError(`${what} must be an integer number of milliseconds, 1 to ${TTL_MAX}`);
+    throw new TypeError(`${what} must be an integer number of milliseconds, 1 to ${TTL_MAX}, ` +
+                        `not ${show(ttl)}`);
   return ttl;
 }
 
-// -> [ttl, wait mode, deadline in ms from now]
+// -> [ttl, wait mode, deadline in ms from now]. A deadline too far for
+// libdlock's clock (past 2^63 ns, 292 years) is a wait forever: the addon
+// turns it into one.
 function waitOf(opts) {
   const ttl = opts.ttl === undefined ? 30000 : checkTtl(opts.ttl, 'ttl');
   const { wait, deadline } = opts;
@@ -45,14 +56,16 @@ function waitOf(opts) {
       throw new TypeError("deadline cannot be combined with wait (other than 'deadline')");
     const at = deadline instanceof Date ? deadline.getTime() : deadline;
     if (typeof at !== 'number' || !Number.isFinite(at))
-      throw new TypeError('deadline must be a Date or milliseconds since the epoch');
+      throw new TypeError('deadline must be a valid Date or a finite number of milliseconds ' +
+                          `since the epoch, not ${show(deadline)}`);
     return [ttl, WAIT_DEADLINE, at - Date.now()];
   }
   if (wait === undefined || wait === 'forever') return [ttl, WAIT_FOREVER, 0];
   if (wait === 'try') return [ttl, WAIT_TRY, 0];
   if (typeof wait === 'number' && wait >= 0 && Number.isFinite(wait))
     return [ttl, WAIT_DEADLINE, wait];
-  throw new TypeError("wait must be 'try', 'forever' or a number of milliseconds");
+  throw new TypeError("wait must be 'try', 'forever' or a finite number of milliseconds >= 0, " +
+                      `not ${show(wait)}`);
 }
 
 class Lock extends EventEmitter {
@@ -141,8 +154,13 @@ class Client {
       }
       throw toError(e);
     } finally {
-      if (cancel) this.#waits.delete(cancel);
       signal?.removeEventListener('abort', onAbort);
+      if (cancel) {
+        this.#waits.delete(cancel);
+        // Its eventfd now, not at GC: a loop of waits would pile them up.
+        // A fire() after this does nothing.
+        cancel.close();
+      }
     }
     let lock = this.#locks.get(r.id);
     if (!lock) {

@@ -30,15 +30,23 @@
  *   Loss. Kept locks report loss through on_lost on a keeper thread; the
  *   callback looks the handle up (under the table's mutex) and queues a
  *   "lost" message on the same thread-safe function, which calls the JS
- *   dispatch function given at construction. on_lost is never called
- *   after dlock_release() or dlock_client_close() return, and the worker
- *   releases the thread-safe function only after close, so it is alive
- *   whenever the keeper uses it.
+ *   dispatch function given at construction. A loss can come before the
+ *   worker has filed the lock (even inside dlock_acquire_n()): on_lost
+ *   then finds nothing, and the worker, which files the lock and queues the
+ *   acquire's reply in one critical section, sees dlock_lock_lost() and
+ *   queues the message itself, right after the reply. A flag per lock, set
+ *   under the mutex, makes it one message whoever sends it. on_lost is
+ *   never called after dlock_release() or dlock_client_close() return, and
+ *   the worker releases the thread-safe function only after close, so it
+ *   is alive whenever the keeper uses it.
  *
  *   Cancel. A Cancel object owns a dlock_cancel shared with the job that
  *   uses it; fire() raises it from the main thread (dlock_cancel_fire() is
- *   safe from any thread), and the flag is freed when both are done. The
- *   JS side fires it on the AbortSignal's abort and on close().
+ *   safe from any thread), and the flag (an eventfd) is freed when both are
+ *   done: the JS side close()s it when the acquire settles, as a loop of
+ *   waits would run out of descriptors long before GC freed them. A fire()
+ *   after close() does nothing. The JS side fires it on the AbortSignal's
+ *   abort and on close().
  *
  *   A client collected without close() is closed on its worker (its locks
  *   released there); the worker then ends. Nothing joins the workers: a
@@ -55,6 +63,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -83,6 +92,7 @@ namespace {
     X(dlock_renew)                                                             \
     X(dlock_lock_token)                                                        \
     X(dlock_lock_holds)                                                        \
+    X(dlock_lock_lost)                                                         \
     X(dlock_lock_lost_detail)                                                  \
     X(dlock_cancel_new)                                                        \
     X(dlock_cancel_fire)                                                       \
@@ -107,6 +117,13 @@ struct CancelFlag {
     ~CancelFlag() { lib.dlock_cancel_free(flag); }
 };
 
+/* A lock the worker holds, by handle. */
+struct Held {
+    uint64_t id;
+    /* Its loss went to JS already (under Core::mu): reported once. */
+    bool lost_reported;
+};
+
 enum class Kind { Open, Acquire, Release, Renew, Close, Lost };
 
 struct Job {
@@ -119,6 +136,7 @@ struct Job {
     std::shared_ptr<CancelFlag> cancel;
     /* Outputs. */
     int rc = 0;
+    dlock_lock *lock = nullptr; /* granted, until the worker files it */
     std::string detail;
     std::string backend;
     unsigned int caps = 0;
@@ -138,7 +156,7 @@ struct Core {
     std::condition_variable cv;
     std::deque<Job *> queue;
     std::unordered_map<uint64_t, dlock_lock *> locks;
-    std::unordered_map<dlock_lock *, uint64_t> ids;
+    std::unordered_map<dlock_lock *, Held> held;
     uint64_t next_id = 1;
     /* The cancel flag of the acquire the worker is in, if any. */
     std::shared_ptr<CancelFlag> running_cancel;
@@ -172,10 +190,42 @@ void on_lost(dlock_lock *lock, int err, void *user)
     job->rc = err;
     job->detail = lib.dlock_lock_lost_detail(lock);
     std::lock_guard<std::mutex> g(core->mu);
-    auto it = core->ids.find(lock);
-    job->id = it == core->ids.end() ? 0 : it->second;
-    if (job->id == 0 || !reply(core, job))
+    auto it = core->held.find(lock);
+    /* Not filed yet (the acquire has not returned, or its worker has not
+     * got the mutex): file_lock() reports it. */
+    if (it == core->held.end() || it->second.lost_reported) {
         delete job;
+        return;
+    }
+    it->second.lost_reported = true;
+    job->id = it->second.id;
+    if (!reply(core, job))
+        delete job;
+}
+
+/* Files a granted lock under an id, and returns the report of a loss that
+ * on_lost dropped because it came before. Called with core->mu held, in the
+ * critical section that queues the acquire's reply: on_lost either ran
+ * before (the lock is lost already, and reported here once) or runs after
+ * that reply, so JS always has the Lock when a loss arrives. */
+Job *file_lock(Core *core, Job *job)
+{
+    auto it = core->held.find(job->lock);
+    if (it != core->held.end()) { /* reentrant: filed at its first grant */
+        job->id = it->second.id;
+        return nullptr;
+    }
+    job->id = core->next_id++;
+    core->locks[job->id] = job->lock;
+    int lost = lib.dlock_lock_lost(job->lock);
+    core->held[job->lock] = Held{job->id, lost != 0};
+    if (lost == 0)
+        return nullptr;
+    Job *report = new Job(Kind::Lost);
+    report->rc = lost;
+    report->detail = lib.dlock_lock_lost_detail(job->lock);
+    report->id = job->id;
+    return report;
 }
 
 void run_job(Core *core, Job *job)
@@ -189,7 +239,6 @@ void run_job(Core *core, Job *job)
         }
         break;
     case Kind::Acquire: {
-        dlock_lock *lock = nullptr;
         job->opts.on_lost = job->opts.keep ? on_lost : nullptr;
         job->opts.on_lost_user = core;
         job->opts.cancel = job->cancel ? job->cancel->flag : nullptr;
@@ -198,23 +247,14 @@ void run_job(Core *core, Job *job)
             core->running_cancel = job->cancel;
         }
         job->rc = lib.dlock_acquire_n(core->client, job->str.data(), job->str.size(), &job->opts,
-                                      &lock);
+                                      &job->lock);
         {
             std::lock_guard<std::mutex> g(core->mu);
             core->running_cancel.reset();
         }
         if (job->rc == 0) {
-            job->token = lib.dlock_lock_token(lock);
-            job->holds = lib.dlock_lock_holds(lock);
-            std::lock_guard<std::mutex> g(core->mu);
-            auto it = core->ids.find(lock);
-            if (it != core->ids.end()) {
-                job->id = it->second;
-            } else {
-                job->id = core->next_id++;
-                core->locks[job->id] = lock;
-                core->ids[lock] = job->id;
-            }
+            job->token = lib.dlock_lock_token(job->lock);
+            job->holds = lib.dlock_lock_holds(job->lock);
         }
         break;
     }
@@ -244,7 +284,7 @@ void run_job(Core *core, Job *job)
              * (which cannot run past dlock_release) never finds a stale one. */
             std::lock_guard<std::mutex> g(core->mu);
             core->locks.erase(job->id);
-            core->ids.erase(lock);
+            core->held.erase(lock);
         }
         job->rc = lib.dlock_release(lock);
         job->holds = holds <= 1 ? 0 : holds - 1;
@@ -256,7 +296,7 @@ void run_job(Core *core, Job *job)
         {
             std::lock_guard<std::mutex> g(core->mu);
             core->locks.clear();
-            core->ids.clear();
+            core->held.clear();
         }
         break;
     case Kind::Lost:
@@ -287,8 +327,12 @@ void worker_main(std::shared_ptr<Core> core)
             core->client = nullptr;
         }
         std::lock_guard<std::mutex> g(core->mu);
+        Job *lost = job->kind == Kind::Acquire && job->rc == 0 ? file_lock(core.get(), job)
+                                                               : nullptr;
         if (!reply(core.get(), job))
             delete job;
+        if (lost && !reply(core.get(), lost))
+            delete lost;
         if (last) {
             if (!core->tsfn_gone)
                 core->tsfn.Release();
@@ -324,7 +368,8 @@ public:
     static Napi::Function Init(Napi::Env env)
     {
         return DefineClass(env, "Cancel",
-                           {InstanceMethod<&CancelWrap::Fire>("fire")});
+                           {InstanceMethod<&CancelWrap::Fire>("fire"),
+                            InstanceMethod<&CancelWrap::Close>("close")});
     }
     explicit CancelWrap(const Napi::CallbackInfo &info) : Napi::ObjectWrap<CancelWrap>(info)
     {
@@ -334,9 +379,18 @@ public:
             throw Napi::Error::New(info.Env(), std::string("dlock_cancel_new: ") +
                                                    lib.dlock_strerror(rc));
     }
+    /* After close(), nothing: an abort that comes late is harmless. */
     Napi::Value Fire(const Napi::CallbackInfo &info)
     {
-        lib.dlock_cancel_fire(flag->flag);
+        if (flag)
+            lib.dlock_cancel_fire(flag->flag);
+        return info.Env().Undefined();
+    }
+    /* Gives up the flag (an eventfd) now rather than at GC, which is late
+     * enough to run out of descriptors; a job still using it keeps it. */
+    Napi::Value Close(const Napi::CallbackInfo &info)
+    {
+        flag.reset();
         return info.Env().Undefined();
     }
     std::shared_ptr<CancelFlag> flag;
@@ -413,6 +467,17 @@ public:
     std::shared_ptr<Core> core;
 
 private:
+    /* lib/index.js checks too, with the option's name; this keeps a wrong
+     * caller from wrapping around 2^32. */
+    static uint32_t ttl_arg(const Napi::Value &v)
+    {
+        double ttl = v.As<Napi::Number>().DoubleValue();
+        if (!(ttl >= 1 && ttl <= UINT32_MAX) || ttl != std::floor(ttl))
+            throw Napi::TypeError::New(v.Env(), "ttl must be an integer number of milliseconds, "
+                                                "1 to 4294967295");
+        return static_cast<uint32_t>(ttl);
+    }
+
     void push(Job *job)
     {
         {
@@ -456,29 +521,36 @@ private:
     Napi::Value Acquire(const Napi::CallbackInfo &info)
     {
         Napi::Env env = info.Env();
-        Job *job = new Job(Kind::Acquire);
+        auto job = std::make_unique<Job>(Kind::Acquire);
         job->str = info[0].As<Napi::String>().Utf8Value();
-        job->opts.ttl_ms = info[1].As<Napi::Number>().Uint32Value();
+        job->opts.ttl_ms = ttl_arg(info[1]);
         job->opts.wait = static_cast<dlock_wait>(info[2].As<Napi::Number>().Int32Value());
         if (job->opts.wait == DLOCK_WAIT_DEADLINE) {
             /* The deadline counts from the call, not from when the worker
              * gets to it behind this client's other calls. */
-            double ms = info[3].As<Napi::Number>().DoubleValue();
+            double ns = info[3].As<Napi::Number>().DoubleValue() * 1e6;
+            if (std::isnan(ns))
+                throw Napi::TypeError::New(env, "the wait must be a number of milliseconds");
             uint64_t now = lib.dlock_monotonic_ns();
-            job->opts.deadline_ns = ms <= 0 ? now : now + static_cast<uint64_t>(ms * 1e6);
+            /* 2^63 ns is 292 years: a wait past that never ends, and the
+             * deadline would not fit (the conversion is undefined past 2^64). */
+            if (ns >= 9223372036854775808.0)
+                job->opts.wait = DLOCK_WAIT_FOREVER;
+            else
+                job->opts.deadline_ns = ns <= 0 ? now : now + static_cast<uint64_t>(ns);
         }
         job->opts.keep = info[4].ToBoolean() ? 1 : 0;
         job->opts.reentrant = info[5].ToBoolean() ? 1 : 0;
         if (info.Length() > 6 && info[6].IsObject()) {
             Napi::Object o = info[6].As<Napi::Object>();
             Addon *addon = env.GetInstanceData<Addon>();
-            if (!o.InstanceOf(addon->cancel_ctor.Value())) {
-                delete job;
+            if (!o.InstanceOf(addon->cancel_ctor.Value()))
                 throw Napi::TypeError::New(env, "Cancel expected");
-            }
             job->cancel = CancelWrap::Unwrap(o)->flag;
+            if (!job->cancel)
+                throw Napi::TypeError::New(env, "the Cancel is closed");
         }
-        return submit(env, job);
+        return submit(env, job.release());
     }
 
     Napi::Value Release(const Napi::CallbackInfo &info)
@@ -490,9 +562,10 @@ private:
 
     Napi::Value Renew(const Napi::CallbackInfo &info)
     {
+        uint32_t ttl = ttl_arg(info[1]);
         Job *job = new Job(Kind::Renew);
         job->id = static_cast<uint64_t>(info[0].As<Napi::Number>().Int64Value());
-        job->ttl = info[1].As<Napi::Number>().Uint32Value();
+        job->ttl = ttl;
         return submit(info.Env(), job);
     }
 

@@ -132,6 +132,17 @@ test('options are checked', async () => {
     await assert.rejects(c.acquire('x', { signal: {} }), TypeError);
     await assert.rejects(c.acquire(7), TypeError);
     await assert.rejects(c.acquire('a\0b', { wait: 'try' }), (e) => e.code === 'DLOCK_EINVAL');
+    // Out of range: a TypeError saying what was wrong, never a wrap-around.
+    for (const wait of [NaN, -1, Infinity, -Infinity])
+      await assert.rejects(c.acquire('x', { wait }), { name: 'TypeError', message: /finite number/ });
+    for (const deadline of [new Date(NaN), NaN, Infinity, '2030-01-01'])
+      await assert.rejects(c.acquire('x', { deadline }), { name: 'TypeError', message: /deadline/ });
+    for (const ttl of [2 ** 32, -1, NaN, Infinity, '1000'])
+      await assert.rejects(c.acquire('x', { ttl }), { name: 'TypeError', message: /1 to 4294967295/ });
+    const big = await c.acquire(lockName('ttl-max'), { ttl: 2 ** 32 - 1, wait: 'try' });
+    await big.renew(2 ** 32 - 1);
+    await assert.rejects(big.renew(2 ** 32), { name: 'TypeError', message: /1 to 4294967295/ });
+    await big.release();
     // A deadline already past is one attempt, DLOCK_ETIMEDOUT when held.
     const l = await c.acquire('past');
     const d = await dlock.open(fileUri());
@@ -139,6 +150,73 @@ test('options are checked', async () => {
                          (e) => e.code === 'DLOCK_ETIMEDOUT');
     await d.close();
     await l.release();
+  } finally {
+    await c.close();
+  }
+});
+
+test('a wait or deadline past what the clock holds waits forever', async (t) => {
+  const uri = fileUri();
+  const a = await dlock.open(uri), b = await dlock.open(uri);
+  try {
+    if (!b.caps.cancel) {
+      t.skip(`${b.backend} cannot cancel a wait (no DLOCK_CAP_CANCEL)`);
+      return;
+    }
+    const name = lockName('far');
+    const held = await a.acquire(name);
+    // ms * 1e6 past 2^64 ns used to wrap to a deadline already past: an
+    // instant DLOCK_ETIMEDOUT. Past 2^63 ns (292 years) is now forever,
+    // and below it a deadline; each waits until aborted.
+    for (const opts of [{ wait: 1e14 }, { wait: Number.MAX_VALUE }, { wait: 9e12 },
+                        { deadline: new Date(8.64e15) }, { deadline: 1e300 }]) {
+      const ac = new AbortController();
+      const reason = new Error('stop');
+      const timer = setTimeout(() => ac.abort(reason), 300);
+      const t0 = Date.now();
+      await assert.rejects(b.acquire(name, { ...opts, signal: ac.signal }), (e) => e === reason,
+                           `${JSON.stringify(opts)}: waits until aborted`);
+      clearTimeout(timer);
+      const took = Date.now() - t0;
+      assert.ok(took >= 250, `${JSON.stringify(opts)}: ended after ${took} ms, before the abort`);
+    }
+    await held.release();
+  } finally {
+    await a.close();
+    await b.close();
+  }
+});
+
+test('waits free their cancel flags when they end: descriptors stay flat', async (t) => {
+  const nfd = () => fs.readdirSync('/proc/self/fd').length;
+  const c = await dlock.open(fileUri());
+  try {
+    if (!c.caps.cancel) {
+      t.skip(`${c.backend} cannot cancel a wait (no DLOCK_CAP_CANCEL)`);
+      return;
+    }
+    const name = lockName('fds');
+    await (await c.acquire(name)).release();
+    const before = nfd();
+    let most = before;
+    // Each wait makes a flag (an eventfd): with a signal, and without one
+    // on a backend that can cancel (for close()). They used to stay open
+    // until GC: about +120 descriptors per 500 waits.
+    for (let i = 0; i < 500; i++) {
+      const ac = new AbortController();
+      const l = await c.acquire(name, i % 2 ? { signal: ac.signal } : { wait: 10000 });
+      await l.release();
+      ac.abort(); // after the wait: nothing to cancel, and no crash
+      if (i % 25 === 0) most = Math.max(most, nfd());
+    }
+    most = Math.max(most, nfd());
+    assert.ok(most - before < 30, `descriptors went from ${before} to ${most} over 500 waits`);
+    // The flag itself: fire() after close() does nothing.
+    const native = require('../lib/native');
+    const k = new native.Cancel();
+    k.close();
+    k.fire();
+    k.close();
   } finally {
     await c.close();
   }
