@@ -5,18 +5,48 @@ ctypes lets go of the GIL during every call, so each Client serialises them
 itself with a mutex. The calls libdlock allows from any thread at any time
 (token, name, lost, cancel fire) do not take it. Nothing about locking is
 decided here: every rule is libdlock's.
+
+Each wait on a backend that can cancel runs with a flag of the client's own
+(an internal Cancel, linked to the caller's cancel= if any), so that close()
+and the exit hook can end a wait in flight: otherwise they would wait for the
+mutex that the wait holds, for ever. A child made by fork() shares the
+parent's connections, lock files and sessions, so its inherited clients are
+disowned there and never reach libdlock again: closing one would release the
+parent's locks.
 """
 
 import atexit
 import ctypes
+import math
+import os
+import sys
 import threading
+import time
 import weakref
 
-from . import _lib
+from . import _errors, _lib
 from ._errors import error
 from ._lib import lib
 
 _DEFAULT_TTL = 30.0
+
+_errno = {cls.__name__: code for code, cls in _errors.by_errno.items()}
+_EINVAL = _errno["EINVAL"]
+_ECANCELED = _errno["ECANCELED"]
+
+# Deadlines are nanoseconds on CLOCK_MONOTONIC in a uint64; libdlock's
+# arithmetic on them is signed in places, so anything from 2^63 on means
+# never (some 292 years of uptime).
+_NEVER_NS = 2**63
+_TTL_MAX_MS = 2**32 - 1
+
+# How often an acquire queued behind another call on its client looks at
+# its cancel= flag. The mutex cannot also wait for the flag's descriptor,
+# and a fire() from a signal handler cannot safely notify a condition.
+_QUEUED_POLL_S = 0.05
+
+# At exit, how long the hook waits for the calls it cancelled to return.
+_EXIT_GRACE_S = 5.0
 
 
 def monotonic():
@@ -46,42 +76,87 @@ def _decode(b):
 def _ttl_ms(ttl):
     if ttl is None:
         ttl = _DEFAULT_TTL
+    ttl = float(ttl)
+    if math.isnan(ttl) or ttl <= 0:
+        raise ValueError("ttl is seconds, more than 0 (got {!r})".format(ttl))
+    # Compared before rounding: round(inf) raises, and a uint32 field
+    # would silently wrap a larger value.
+    if ttl * 1000 >= _TTL_MAX_MS + 0.5:
+        raise error(_EINVAL, "ttl {!r} s is beyond libdlock's 2^32-1 ms (about 49.7 days)"
+                    .format(ttl))
     ms = round(ttl * 1000)
-    if not 0 < ms < 2**32:
-        raise ValueError("ttl is seconds, more than 0 and below 2^32 ms (got {!r})".format(ttl))
+    if ms <= 0:
+        raise ValueError("ttl is seconds, at least 1 ms (got {!r})".format(ttl))
     return ms
+
+
+def _deadline_ns(timeout, deadline):
+    """The deadline for opts.deadline_ns, or None for a wait without end (a
+    deadline at or past 2^63 ns: a uint64 must not wrap to a near one)."""
+    if timeout is not None:
+        timeout = float(timeout)
+        if math.isnan(timeout) or timeout < 0:
+            raise ValueError("timeout must be >= 0 (None waits forever)")
+        now = lib.dlock_monotonic_ns()
+        if timeout * 1e9 >= _NEVER_NS - now:
+            return None
+        return now + round(timeout * 1e9)
+    deadline = float(deadline)
+    if math.isnan(deadline):
+        raise ValueError("deadline must be a number")
+    if deadline * 1e9 >= _NEVER_NS:
+        return None
+    return max(0, round(deadline * 1e9))
+
+
+def _forked_error():
+    return error(_EINVAL, "this client belongs to the parent process (inherited through "
+                          "fork()); open a new client in the child")
+
+
+_cancels = weakref.WeakSet()  # every Cancel, for the fork hook
 
 
 class Cancel:
     """A flag that cancels the waits it is passed to (cancel=) when fired.
 
-    fire() may be called from any thread (or a signal handler), also while
-    another thread waits with it; the wait then raises dlock.ECANCELED. Once
-    fired it stays fired: make a new Cancel for the next wait. One Cancel may
-    cancel several waits at once, of any clients.
+    fire() may be called from any thread, also while another thread waits
+    with it; the wait then raises dlock.ECANCELED. (From a signal handler it
+    only ends waits on threads other than the main one: see the README.)
+    Once fired it stays fired: make a new Cancel for the next wait. One
+    Cancel may cancel several waits at once, of any clients.
     """
 
     def __init__(self):
+        self._p = None
+        # Reentrant: fire() from a signal handler runs on the main thread,
+        # maybe while that thread is inside close() or a link below. Every
+        # use of _p is under it, so close() waits for a fire() in progress
+        # and a fire() after close() finds nothing to fire.
+        self._mu = threading.RLock()
+        self._users = 0
+        self._closing = False
+        self._links = set()  # internal Cancels of the waits using this one
         p = ctypes.c_void_p()
         rc = lib.dlock_cancel_new(ctypes.byref(p))
         if rc:
             raise error(rc)
         self._p = p.value
-        self._users = 0
-        self._closing = False
-        self._mu = threading.Lock()
+        _cancels.add(self)
 
     def fire(self):
-        """Raises the flag; harmless when raised already."""
-        p = self._p
-        if p:
-            lib.dlock_cancel_fire(p)
+        """Raises the flag; harmless when raised already, or closed."""
+        with self._mu:
+            if self._p:
+                lib.dlock_cancel_fire(self._p)
+            for k in tuple(self._links):
+                k.fire()
 
     @property
     def fired(self):
-        """True once fire() was called."""
-        p = self._p
-        return bool(p) and lib.dlock_cancel_fired(p) == 1
+        """True once fire() was called (False once closed)."""
+        with self._mu:
+            return bool(self._p) and lib.dlock_cancel_fired(self._p) == 1
 
     def _use(self):
         with self._mu:
@@ -93,22 +168,43 @@ class Cancel:
     def _done(self):
         with self._mu:
             self._users -= 1
-            free = self._closing and self._users == 0
-        if free:
-            self._free()
+            if self._closing and self._users == 0:
+                self._free()
+
+    def _link(self, k):
+        # k, a client's own flag for one wait, is fired with this one; at
+        # once if this one is fired already (the wait must not start).
+        with self._mu:
+            self._links.add(k)
+            if self._p and lib.dlock_cancel_fired(self._p):
+                k.fire()
+
+    def _unlink(self, k):
+        with self._mu:
+            self._links.discard(k)
 
     def _free(self):
-        p, self._p = self._p, None
-        if p:
-            lib.dlock_cancel_free(p)
+        with self._mu:
+            p, self._p = self._p, None
+            if p:
+                lib.dlock_cancel_free(p)
+
+    def _after_fork(self):
+        # In the child: a parent's thread may have held the mutex, and the
+        # links are the parent's waits (their eventfds are shared with the
+        # parent: firing one here would cancel the parent's wait).
+        self._mu = threading.RLock()
+        self._links = set()
+        self._users = 0
+        if self._closing:
+            self._free()
 
     def close(self):
         """Frees the flag now, or when the last wait using it ends."""
         with self._mu:
             self._closing = True
-            free = self._users == 0
-        if free:
-            self._free()
+            if self._users == 0:
+                self._free()
 
     def __del__(self):
         # No wait can be using it: each holds a reference while it runs.
@@ -211,12 +307,16 @@ class Lock:
     @property
     def holds(self):
         """How many times this client holds the lock (reentrant=True)."""
+        if self._client._forked:
+            return 0
         with self._client._mu:
             return lib.dlock_lock_holds(self._h) if self._h else 0
 
     @property
     def owner(self):
         """This grant's owner id (32 hex digits), as inspect() names holders."""
+        if self._client._forked:
+            return None
         with self._client._mu:
             if not self._h:
                 return None
@@ -227,6 +327,8 @@ class Lock:
         """A descriptor that becomes readable when the kept lock is lost, for
         select/poll/event loops. Owned by the lock: do not read or close it;
         it is closed by release()."""
+        if self._client._forked:
+            raise _forked_error()
         with self._guard:
             if not self._h:
                 raise error(-1, "the lock was released")
@@ -240,6 +342,9 @@ class Lock:
         dlock.ELOST if it was no longer ours: the store was not changed then.
         Releasing a lock that is already released does nothing."""
         c = self._client
+        if c._forked:
+            # Before the mutex: a thread of the parent may have held it.
+            raise _forked_error()
         with c._mu:
             h = self._h
             if not h:
@@ -259,6 +364,8 @@ class Lock:
         dlock.ELOST if the lock is no longer ours."""
         ms = _ttl_ms(ttl)
         c = self._client
+        if c._forked:
+            raise _forked_error()
         with c._mu:
             if not self._h:
                 raise error(-1, "the lock was released")
@@ -268,6 +375,8 @@ class Lock:
         """Makes every later grant of this name on this store carry a token
         above floor (dlock_lock_raise_token)."""
         c = self._client
+        if c._forked:
+            raise _forked_error()
         with c._mu:
             if not self._h:
                 raise error(-1, "the lock was released")
@@ -316,9 +425,29 @@ _open_clients = weakref.WeakSet()
 @atexit.register
 def _close_all():
     # Before the interpreter goes: a keeper thread must never call back into
-    # a Python that is being torn down.
+    # a Python that is being torn down. A daemon thread may still wait on a
+    # client: cancel every wait first, then close each client, never
+    # waiting without end for one whose call does not return.
+    clients = list(_open_clients)
+    for c in clients:
+        c._interrupt()
+    end = time.monotonic() + _EXIT_GRACE_S
+    for c in clients:
+        if not c._close(max(0.0, end - time.monotonic())):
+            sys.stderr.write("dlock: {!r} still busy in a call at exit: left open (its locks "
+                             "end with their leases or connections)\n".format(c))
+
+
+def _after_fork_in_child():
+    # The child has one thread; the parent's clients are not its own.
     for c in list(_open_clients):
-        c.close()
+        c._disown()
+    for k in list(_cancels):
+        k._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Client:
@@ -329,9 +458,13 @@ class Client:
             uri = uri.encode("utf-8")
         p = ctypes.c_void_p()
         self._mu = threading.RLock()  # serialises the calls libdlock requires serialised
-        self._pmu = threading.Lock()  # held briefly: the handle's lifetime
+        self._pmu = threading.Lock()  # held briefly: the handle's lifetime, _closing, _wait
         self._locks = {}  # C handle -> Lock: a reentrant grant is one Lock
         self._closed = True  # until it is open
+        self._closing = False  # close() began: no new wait may start
+        self._forked = False  # inherited by a child of fork(): never call libdlock for it
+        self._wait = None  # the internal Cancel of the wait in flight (under _pmu)
+        self._spare = None  # an unfired internal Cancel for the next wait (under _mu)
         rc = lib.dlock_client_open(uri, ctypes.byref(p))
         if rc:
             msg = lib.dlock_errmsg(p.value).decode("utf-8", "replace")
@@ -351,8 +484,44 @@ class Client:
         self._locks.pop(h, None)
 
     def _live(self):
+        if self._forked:
+            raise _forked_error()
         if self._closed:
-            raise error(-1, "the client is closed")
+            raise error(_EINVAL, "the client is closed")
+
+    def _enter(self, cancel):
+        """Takes the client's mutex; with a cancel, gives up (ECANCELED) when
+        it is fired while another thread's call holds the mutex."""
+        if self._forked:
+            # Before the mutex: a thread of the parent may have held it.
+            raise _forked_error()
+        if cancel is None:
+            self._mu.acquire()
+            return
+        while not self._mu.acquire(timeout=_QUEUED_POLL_S):
+            if cancel.fired:
+                raise error(_ECANCELED, "the wait was cancelled (queued behind another call "
+                                        "on this client)")
+
+    def _disown(self):
+        # In a child of fork(): the handles are the parent's (its connections,
+        # lock files, sessions), and the keeper's threads did not survive the
+        # fork. Drop them without a call: closing would release the parent's
+        # locks. The mutexes may have been held by a parent's thread.
+        self._forked = True
+        self._closed = True
+        self._p = None
+        self._mu = threading.RLock()
+        self._pmu = threading.Lock()
+        for lock in self._locks.values():
+            lock._guard = threading.Lock()
+            lock._h = None
+        self._locks = {}
+        self._wait = None
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare._after_fork()  # not linked to any client: freeing it is the child's own
+        _open_clients.discard(self)
 
     def acquire(self, name, *, ttl=None, blocking=True, timeout=None, deadline=None,
                 keep=False, on_lost=None, reentrant=False, cancel=None):
@@ -387,13 +556,12 @@ class Client:
         elif timeout is not None or deadline is not None:
             if timeout is not None and deadline is not None:
                 raise ValueError("timeout or deadline, not both")
-            opts.wait = _lib.WAIT_DEADLINE
-            if timeout is not None:
-                if timeout < 0:
-                    raise ValueError("timeout must be >= 0 (None waits forever)")
-                opts.deadline_ns = lib.dlock_monotonic_ns() + round(timeout * 1e9)
+            dl = _deadline_ns(timeout, deadline)
+            if dl is None:
+                opts.wait = _lib.WAIT_FOREVER
             else:
-                opts.deadline_ns = max(0, round(deadline * 1e9))
+                opts.wait = _lib.WAIT_DEADLINE
+                opts.deadline_ns = dl
         else:
             opts.wait = _lib.WAIT_FOREVER
         opts.keep = 1 if keep else 0
@@ -406,32 +574,71 @@ class Client:
         out = ctypes.c_void_p()
         cp = cancel._use() if cancel is not None else None
         try:
-            opts.cancel = cp
-            with self._mu:
-                self._live()
-                if multi:
-                    arr = (ctypes.c_char_p * len(enc))(*enc)
-                    rc = lib.dlock_acquire_names(self._p, arr, len(enc), ctypes.byref(opts),
-                                                 ctypes.byref(out))
-                else:
-                    rc = lib.dlock_acquire_n(self._p, enc[0], len(enc[0]), ctypes.byref(opts),
-                                             ctypes.byref(out))
-                self._check(rc)
-                h = out.value
-                same = self._locks.get(h)
-                if same is not None:
-                    # Reentrant: the same grant, held once more.
-                    if cb is not None:
-                        same._callbacks.append(cb)
-                    return same
-                if cb is not None:
-                    lock._callbacks.append(cb)
-                lock._fill(h, bool(keep), None if multi else _decode(enc[0]))
-                self._locks[h] = lock
-                return lock
+            self._enter(cancel)
+            try:
+                return self._acquire(multi, enc, opts, out, lock, cb, keep, cancel, cp, blocking)
+            finally:
+                self._mu.release()
         finally:
             if cancel is not None:
                 cancel._done()
+
+    def _acquire(self, multi, enc, opts, out, lock, cb, keep, cancel, cp, blocking):
+        # Under _mu.
+        self._live()
+        k = None
+        if self.caps & _lib.CAP_CANCEL and (blocking or cancel is not None):
+            # The client's own flag, so that close() can end this wait; the
+            # caller's cancel fires it too.
+            k, self._spare = self._spare or Cancel(), None
+            if cancel is not None:
+                cancel._link(k)
+            with self._pmu:
+                closing = self._closing
+                if not closing:
+                    self._wait = k
+            if closing:
+                if cancel is not None:
+                    cancel._unlink(k)
+                self._spare = k
+                raise error(_EINVAL, "the client is closed")
+            opts.cancel = k._p
+        else:
+            # A backend that cannot cancel refuses a cancel (DLOCK_ENOTSUP).
+            opts.cancel = cp
+        try:
+            if multi:
+                arr = (ctypes.c_char_p * len(enc))(*enc)
+                rc = lib.dlock_acquire_names(self._p, arr, len(enc), ctypes.byref(opts),
+                                             ctypes.byref(out))
+            else:
+                rc = lib.dlock_acquire_n(self._p, enc[0], len(enc[0]), ctypes.byref(opts),
+                                         ctypes.byref(out))
+        finally:
+            if k is not None:
+                with self._pmu:
+                    self._wait = None
+                if cancel is not None:
+                    cancel._unlink(k)
+                if k.fired:
+                    k.close()  # stays fired: the next wait needs a new one
+                else:
+                    self._spare = k
+        if (rc == _ECANCELED and self._closing
+                and not (cancel is not None and cancel.fired)):
+            raise error(_ECANCELED, "the wait was cancelled: the client is being closed")
+        self._check(rc)
+        h = out.value
+        same = self._locks.get(h)
+        if same is not None:
+            # Reentrant: the same grant, held once more. libdlock keeps the
+            # first acquire's on_lost, so this one's callback is not needed.
+            return same
+        if cb is not None:
+            lock._callbacks.append(cb)
+        lock._fill(h, bool(keep), None if multi else _decode(enc[0]))
+        self._locks[h] = lock
+        return lock
 
     def lock(self, name, **kwargs):
         """A context manager: `with client.lock(name, ttl=10) as l: ...`
@@ -441,9 +648,12 @@ class Client:
 
     def ping(self):
         """One round trip to the store (dlock.ENOTSUP for file://)."""
-        with self._mu:
+        self._enter(None)
+        try:
             self._live()
             self._check(lib.dlock_client_ping(self._p))
+        finally:
+            self._mu.release()
 
     def inspect(self, name):
         """What the store knows about a lock, without taking it: a dict with
@@ -451,9 +661,12 @@ class Client:
         queue, last_token); a missing key is unknown, not zero."""
         enc = _encode_name(name)
         info = _lib.Info()
-        with self._mu:
+        self._enter(None)
+        try:
             self._live()
             self._check(lib.dlock_inspect(self._p, enc, ctypes.byref(info)))
+        finally:
+            self._mu.release()
         k = info.known
         out = {}
         if k & _lib.KNOWS_HELD:
@@ -512,11 +725,32 @@ class Client:
         return buf.value.decode()
 
     def close(self):
-        """Closes the client, releasing every lock it still holds. Waits for
-        a call in progress on another thread to return first."""
-        with self._mu:
+        """Closes the client, releasing every lock it still holds. A wait in
+        progress on another thread is cancelled (it raises dlock.ECANCELED);
+        another call in progress is waited for."""
+        self._close(None)
+
+    def _interrupt(self):
+        """Refuses new waits and fires the one in flight; does not block."""
+        with self._pmu:
             if self._closed:
                 return
+            self._closing = True
+            k = self._wait
+        if k is not None:
+            k.fire()  # a no-op if the wait ended and closed it meanwhile
+
+    def _close(self, timeout):
+        """close(), waiting at most timeout seconds (None: no limit) for the
+        call in progress; False if it did not return in time."""
+        if self._forked:
+            return True  # the parent's to close
+        self._interrupt()
+        if not self._mu.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        try:
+            if self._closed:
+                return True
             self._closed = True
             for lock in self._locks.values():
                 with lock._guard:
@@ -527,7 +761,13 @@ class Client:
                 self._p = None
             # The keeper is gone: the callbacks may be freed with their locks.
             del locks
+            spare, self._spare = self._spare, None
+            if spare is not None:
+                spare.close()
+        finally:
+            self._mu.release()
         _open_clients.discard(self)
+        return True
 
     @property
     def closed(self):
@@ -535,6 +775,7 @@ class Client:
 
     def __del__(self):
         # Locks keep their client alive, so none of this client's is in use.
+        # A forked child's copy is the parent's: _close() leaves it.
         if not getattr(self, "_closed", True):
             self.close()
 

@@ -10,10 +10,12 @@ executor, which other code may fill). A waiting acquire therefore never
 blocks the loop, but it does hold up the client's later calls until it
 ends: use one client per concurrent waiter.
 
-Cancelling the task that awaits an acquire fires a dlock.Cancel made for
-that acquire, waits for the call to return (promptly: libdlock ends the
-wait), releases a grant that won the race, and then lets CancelledError
-go on. On a backend without DLOCK_CAP_CANCEL the wait cannot be
+Cancelling the task that awaits an acquire takes the acquire off the
+worker's queue if it has not started (it may be queued behind another call
+of the client): CancelledError goes on at once. One that has started gets
+the dlock.Cancel made for it fired, is waited for (promptly: libdlock ends
+the wait), has a grant that won the race released, and then CancelledError
+goes on. On a backend without DLOCK_CAP_CANCEL a started wait cannot be
 interrupted: the CancelledError goes on at once and the acquire is left
 to finish on the worker, which releases whatever it is granted.
 
@@ -24,6 +26,7 @@ called on the loop's thread, not on a keeper thread.
 
 import asyncio
 import concurrent.futures
+import functools
 
 from . import _core, _lib
 from ._errors import error
@@ -174,11 +177,19 @@ class Client:
             raise ValueError("on_lost needs keep=True (only kept locks are watched)")
         can_cancel = blocking and bool(self.caps & _lib.CAP_CANCEL)
         cancel = _core.Cancel() if can_cancel else None
-        fut = self._call(self._sync.acquire, name, ttl=ttl, blocking=blocking, timeout=timeout,
-                         deadline=deadline, keep=keep, reentrant=reentrant, cancel=cancel)
+        # The concurrent future, not only the loop's: while the job is still
+        # queued, only it can take the job back.
+        cf = self._ex.submit(functools.partial(
+            self._sync.acquire, name, ttl=ttl, blocking=blocking, timeout=timeout,
+            deadline=deadline, keep=keep, reentrant=reentrant, cancel=cancel))
+        fut = asyncio.wrap_future(cf, loop=self._loop)
         try:
             sync = await asyncio.shield(fut)
         except asyncio.CancelledError:
+            if cf.cancel():
+                # It never started (queued behind another call): firing the
+                # flag and waiting for the job would wait for that call.
+                raise
             if not fut.done():
                 if cancel is None:
                     fut.add_done_callback(_release_late_grant(self))
@@ -199,7 +210,7 @@ class Client:
                     pass
             raise
         finally:
-            if cancel is not None and fut.done():
+            if cancel is not None and cf.done():
                 cancel.close()
         lock = self._locks.get(sync)
         if lock is not None:
@@ -232,6 +243,9 @@ class Client:
         for lock in list(self._locks.values()):
             lock._unwatch()
         self._locks.clear()
+        # The close job is queued behind any wait on the worker: end that
+        # wait first (it raises dlock.ECANCELED to its task).
+        self._sync._interrupt()
         try:
             await self._call(self._sync.close)
         finally:
