@@ -298,8 +298,12 @@ typedef enum dlock_wait {
  * raised fails at once without asking the store. A grant the store made
  * before the wait could be withdrawn (it reached the client first, or the
  * store granted it before the cancel reached the store) is kept: the acquire
- * succeeds (check dlock_cancel_fired() if a late grant is unwanted). Either
- * way nothing is left behind: DLOCK_ECANCELED means not held, not queued.
+ * succeeds (check dlock_cancel_fired() if a late grant is unwanted). After
+ * DLOCK_ECANCELED the client holds nothing and the store keeps nothing of
+ * the wait; if the store could not be reached to withdraw it, what is left
+ * goes as a timed-out waiter's does (docs/backends.md, per backend). A
+ * signal whose handler raised the flag makes the wait DLOCK_ECANCELED, not
+ * DLOCK_EINTR.
  *
  * Once raised, the flag stays raised: one dlock_cancel may cancel several
  * acquires (of any clients) at once, and is made anew for the next wait.
