@@ -152,14 +152,14 @@ static int64_t ttl_seconds(uint32_t ttl_ms)
     return ((int64_t)ttl_ms + 999) / 1000;
 }
 
-static void pause_ms(uint64_t ms, uint64_t until)
+/* Sleeps ms, or less up to until (0: none) or until cancel_fd (-1: none)
+ * fires; a signal also ends it early (the caller's loop looks again). */
+static void pause_ms(uint64_t ms, uint64_t until, int cancel_fd)
 {
     uint64_t t = dlock_monotonic_ns() + ms * MS;
     if (until && t > until)
         t = until;
-    struct timespec ts;
-    dlock_ns_to_timespec(t, &ts);
-    clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+    dlock_pause_until(t, cancel_fd);
 }
 
 /* ---- keys ---------------------------------------------------------------- */
@@ -340,19 +340,10 @@ struct wait {
     uint64_t lease_from; /* when the last keep-alive (or the grant) was sent */
 };
 
-/* pause_ms() within a wait, cut short when its cancel fd fires. */
+/* pause_ms() within a wait: up to its deadline, cut short by its cancel. */
 static void wait_pause(const struct wait *wt, uint64_t ms)
 {
-    if (wt->cancel_fd < 0) {
-        pause_ms(ms, wt->until);
-        return;
-    }
-    uint64_t now = dlock_monotonic_ns(), t = now + ms * MS;
-    if (wt->until && t > wt->until)
-        t = wt->until > now ? wt->until : now;
-    struct timespec rel = {(time_t)((t - now) / 1000000000u), (long)((t - now) % 1000000000u)};
-    struct pollfd p = {.fd = wt->cancel_fd, .events = POLLIN};
-    ppoll(&p, 1, &rel, NULL); /* a signal ends it early, as it does pause_ms() */
+    pause_ms(ms, wt->until, wt->cancel_fd);
 }
 
 /* How often a wait keeps its leases alive: a third of the shorter. */
@@ -731,7 +722,7 @@ static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_
         held->waiting = !succeeded;
         json_object_put(root);
         for (int i = 0; (err = claim(ec, held, pred, rev)) == 1 && i < 50; i++)
-            pause_ms(10, 0);
+            pause_ms(10, 0, -1);
         return err == 1 ? dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: the queue would not"
                                        " settle", ec->where) : err;
     }

@@ -1537,18 +1537,11 @@ static void drop_or_pool(struct mysql_conn *mc, struct session *s)
  * DLOCK_ECANCELED (recorded) once cancel_fd (-1: none) turns readable. */
 static int pause_ms(struct mysql_conn *mc, uint64_t ms, uint64_t until_ns, int cancel_fd)
 {
-    uint64_t now = dlock_monotonic_ns(), end = now + ms * MS;
-    struct pollfd p = {.fd = cancel_fd, .events = POLLIN};
-    struct timespec ts;
+    uint64_t end = dlock_monotonic_ns() + ms * MS;
     if (until_ns && until_ns < end)
         end = until_ns;
-    dlock_ns_to_timespec(end > now ? end - now : 0, &ts);
-    int pr = ppoll(&p, 1, &ts, NULL); /* a negative fd is ignored */
-    if (pr < 0 && errno == EINTR)
-        return DLOCK_EINTR;
-    if (pr > 0)
-        return dlock_cancelled(cl(mc));
-    return 0;
+    int err = dlock_pause_until(end, cancel_fd);
+    return err == DLOCK_ECANCELED ? dlock_cancelled(cl(mc)) : err;
 }
 
 /*

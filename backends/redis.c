@@ -1239,13 +1239,10 @@ static int recover(struct redis_conn *rc, struct redis_node **np, unsigned slot,
         if (now + RECONNECT_PAUSE_NS >= until)
             break;
         /* The pause is part of the wait: the cancel flag ends it. */
-        struct pollfd pfd = {.fd = req->cancel_fd, .events = POLLIN};
-        struct timespec ts;
-        dlock_ns_to_timespec(RECONNECT_PAUSE_NS, &ts);
-        int pr = ppoll(&pfd, 1, &ts, NULL);
-        if (pr < 0 && errno == EINTR)
+        int pe = dlock_pause_until(now + RECONNECT_PAUSE_NS, req->cancel_fd);
+        if (pe == DLOCK_EINTR)
             return dlock_seterr(cl(rc), DLOCK_EINTR, "a signal interrupted the wait");
-        if (pr > 0 && (pfd.revents & POLLIN))
+        if (pe == DLOCK_ECANCELED)
             return dlock_cancelled(cl(rc));
     }
     dlock_err_save(cl(rc), &why);

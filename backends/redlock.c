@@ -615,19 +615,6 @@ static int wait_release(struct redis_conn *rc, const char *chan, size_t len, uin
     }
 }
 
-/* Sleeps ns, but ends early when cancel_fd (-1: none) turns readable:
- * DLOCK_ECANCELED then, DLOCK_EINTR on a signal, else 0. */
-static int pause_wait(uint64_t ns, int cancel_fd)
-{
-    struct pollfd pfd = {.fd = cancel_fd, .events = POLLIN};
-    struct timespec ts;
-    dlock_ns_to_timespec(ns, &ts);
-    int pr = ppoll(&pfd, 1, &ts, NULL);
-    if (pr < 0 && errno == EINTR)
-        return DLOCK_EINTR;
-    return pr > 0 && (pfd.revents & POLLIN) ? DLOCK_ECANCELED : 0;
-}
-
 int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struct redis_held *h)
 {
     char *chan = NULL;
@@ -665,7 +652,7 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
             if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < end)
                 end = req->deadline_ns;
             if (now + RECOVER_PAUSE_NS < end) {
-                int pe = pause_wait(RECOVER_PAUSE_NS, req->cancel_fd);
+                int pe = dlock_pause_until(now + RECOVER_PAUSE_NS, req->cancel_fd);
                 if (pe == DLOCK_EINTR) {
                     err = dlock_seterr(cl(rc), DLOCK_EINTR, "a signal interrupted the wait");
                     break;
@@ -755,7 +742,7 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
         if (req->wait == DLOCK_WAIT_DEADLINE && woke + backoff > req->deadline_ns)
             backoff = woke < req->deadline_ns ? req->deadline_ns - woke : 0;
         /* A signal only shortens the step back (as it always did). */
-        if (pause_wait(backoff, req->cancel_fd) == DLOCK_ECANCELED) {
+        if (dlock_pause_until(woke + backoff, req->cancel_fd) == DLOCK_ECANCELED) {
             err = dlock_cancelled(cl(rc));
             break;
         }

@@ -150,6 +150,12 @@ typedef struct dlock_request {
 DLOCK_API int dlock_request_cancelled(const dlock_request *req);
 /* Records "the wait was cancelled" on client and returns DLOCK_ECANCELED. */
 DLOCK_API int dlock_cancelled(dlock_client *client);
+/* A wait's pause where the store cannot notify (a reconnect backoff, a
+ * step back after a lost race): sleeps until the CLOCK_MONOTONIC instant
+ * until_ns, or less when cancel_fd (a request's cancel_fd; -1: none) turns
+ * readable. Returns 0, DLOCK_ECANCELED, or DLOCK_EINTR when a signal cut it
+ * short; records no detail. */
+DLOCK_API int dlock_pause_until(uint64_t until_ns, int cancel_fd);
 
 struct dlock_backend {
     unsigned int version; /* DLOCK_BACKEND_VERSION the backend was built for */

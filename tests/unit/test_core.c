@@ -315,6 +315,15 @@ static void test_cancel(dlock_client *c)
     dlock_cancel_fire(k);
     is_int(dlock_cancel_fired(k), 1, "raised (twice is harmless)");
     is_int(dlock_request_cancelled(&fake.last), 1, "the descriptor is readable once raised");
+    /* The backends' shared pause: ends at its instant, or at once on a flag. */
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(dlock_pause_until(t0 + 30 * 1000000ull, -1), 0, "a pause without a flag");
+    ok(dlock_monotonic_ns() - t0 >= 30 * 1000000ull, "... lasts until its instant");
+    t0 = dlock_monotonic_ns();
+    is_int(dlock_pause_until(t0 + 5000 * 1000000ull, fake.last.cancel_fd), DLOCK_ECANCELED,
+           "a pause with a raised flag: DLOCK_ECANCELED");
+    ok(dlock_monotonic_ns() - t0 < 1000 * 1000000ull, "... at once, not after its 5 s");
+    is_int(dlock_pause_until(0, -1), 0, "an instant already past: no pause");
     dlock_release(l);
 
     dlock_metrics before, after;
