@@ -51,11 +51,13 @@ for sig in TERM INT; do
     (trap - INT; exec "$dlock" run -w 60 "$uri" "$name" -- touch "$tmp/ran-$sig") 2>"$tmp/err-$sig" &
     waiter=$!
     before=unknown
-    for _ in $(seq 100); do
+    # Every 0.2 s, up to 8 s: MySQL counts waiters from InnoDB's views, a
+    # snapshot refreshed only once nobody has read it for 0.1 s.
+    for _ in $(seq 40); do
         before=$(waiting)
         [ "$before" = 1 ] && break
         [ "$before" = unknown ] && { sleep 0.5; break; }
-        sleep 0.05
+        sleep 0.2
     done
     t0=$(now_ms)
     kill -$sig $waiter
@@ -67,12 +69,19 @@ for sig in TERM INT; do
     ok $([ $st = $want ] && echo 0 || echo 1) "SIG$sig ends a waiting dlock as the signal does (status $st, want $want; $took ms; waiters before: $before)"
     ok $([ $took -lt 5000 ] && echo 0 || echo 1) "within 5 s ($took ms)"
     ok $([ ! -e "$tmp/ran-$sig" ] && echo 0 || echo 1) "its command never ran"
-    after=$(waiting)
+    # Asked again for up to 1.5 s (MySQL's snapshot again): well before a
+    # place abandoned by a killed waiter is freed (ZooKeeper's session, 4 s;
+    # etcd's waiters' lease, 3 s).
+    for _ in $(seq 8); do
+        sleep 0.2
+        after=$(waiting)
+        [ "$after" = 0 ] && break
+    done
     if [ "$before" = unknown ]; then
-        echo "ok $((n += 1)) - the store counts no waiter right after # SKIP dlock inspect does not count waiters here"
+        echo "ok $((n += 1)) - the store counts no waiter after # SKIP dlock inspect does not count waiters here"
     else
         ok $([ "$before" = 1 ] && [ "$after" = 0 ] && echo 0 || echo 1) \
-            "the store counted the waiter (got $before), and none right after (got $after)"
+            "the store counted the waiter (got $before), and none within 1.6 s after (got $after)"
     fi
 done
 
