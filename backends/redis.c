@@ -35,7 +35,8 @@
  * prefix that starts with this one ("dlock:" and "dlock:x:") is counted
  * too, which only raises the top. Redis Cluster: a floor key per slot,
  * "<prefix>{T}floor" in the slot of tag T, and every key of a name carries
- * its slot's tag (redis_cluster.c); raise_floor raises all 16384.
+ * its slot's tag (redis_cluster.c); raise_floor raises all 16384, pipelined
+ * to their owners (cluster_raise_floor()).
  *
  * Inspect (dlock_inspect()): one call of the script's "inspect", which
  * only reads, atomically (every script call is): GET and PTTL of
@@ -1854,10 +1855,118 @@ static int cluster_top(struct redis_conn *rc, uint64_t *top)
     return 0;
 }
 
-/* A cluster's floor: one key per slot ("<prefix>{T}floor", read by the
- * grants of that slot's names), each raised by one script call on the
- * slot's owner, in slot order, each bounded by `timeout` and tried again
- * once after a lost reply. 16384 round trips: an admin operation. */
+/*
+ * One floor script call, raising key to value (idempotent, so tried again
+ * once after a lost reply), bounded by `timeout`: on node n, or (n NULL)
+ * on the cluster node that owns slot, following its directions. 0 once
+ * the script said so.
+ */
+static int floor_call(struct redis_conn *rc, struct redis_node *n, unsigned slot, const char *key,
+                      size_t key_len, const char *value)
+{
+    const char *argv[8];
+    size_t argvlen[8];
+    redisReply *r = NULL;
+    long long res = 0;
+    int err, again = 0;
+    size_t argc = dlock_redis_floor_argv(rc, key, key_len, value, argv, argvlen);
+    uint64_t saved = dlock_redis_limit(rc, call_until(rc));
+    for (;;) {
+        err = n ? dlock_redis_script(rc, n, argc, argv, argvlen, &r)
+                : dlock_redis_cluster_script(rc, slot, argc, argv, argvlen, &r);
+        if (err != DLOCK_ECONNECT || again++ || dlock_monotonic_ns() + MS >= rc->deadline_ns)
+            break;
+    }
+    if (err == 0 && again)
+        dlock_clearerr(cl(rc));
+    dlock_redis_unlimit(rc, saved);
+    if (err)
+        return err;
+    err = dlock_redis_reply_int(r, &res);
+    freeReplyObject(r);
+    if (err || res != 1)
+        return dlock_seterr(cl(rc), DLOCK_EPROTO, "unexpected reply from the floor script");
+    return 0;
+}
+
+/* Slots whose floor calls go out together, before any reply is read. */
+#define FLOOR_BATCH 1024
+
+/*
+ * One batch of a cluster's floor raise, slots [first, first + count): each
+ * call sent to the slot's owner as the map says, pipelined (one write per
+ * node), then the replies read in order, all within `timeout`. done[i] is
+ * set for each slot the script raised. The others (a direction: MOVED, ASK,
+ * TRYAGAIN; NOSCRIPT; a node that could not be reached or stopped
+ * answering) are left to floor_call(), which knows what to do with each.
+ */
+static void floor_batch(struct redis_conn *rc, char *key, size_t plen, const char *value,
+                        unsigned first, unsigned count, unsigned char *done)
+{
+    struct redis_node *to[FLOOR_BATCH];
+    unsigned char down[REDIS_CLUSTER_MAX_NODES] = {0}; /* no more calls there */
+    uint64_t saved = dlock_redis_limit(rc, call_until(rc));
+    for (unsigned i = 0; i < count; i++) {
+        const char *argv[8];
+        size_t argvlen[8];
+        struct redis_node *n = dlock_redis_cluster_peek(rc, first + i);
+        to[i] = NULL;
+        if (!n || down[n - rc->nodes])
+            continue;
+        if (n->stale && n->cmd) { /* owes replies to abandoned calls: start afresh */
+            redisFree(n->cmd);
+            n->cmd = NULL;
+        }
+        int kl = snprintf(key + plen, 16, "{%s}floor", dlock_redis_slot_tag(first + i));
+        size_t argc = dlock_redis_floor_argv(rc, key, plen + (size_t)kl, value, argv, argvlen);
+        if (dlock_redis_node_connect(rc, n, tv_ns(&rc->connect_tv)) != 0 ||
+            redisAppendCommandArgv(n->cmd, (int)argc, argv, argvlen) != REDIS_OK) {
+            if (n->cmd) { /* calls already buffered there: never sent */
+                redisFree(n->cmd);
+                n->cmd = NULL;
+            }
+            down[n - rc->nodes] = 1;
+            continue;
+        }
+        to[i] = n;
+    }
+    for (size_t k = 0; k < rc->nnodes; k++) {
+        struct redis_node *n = &rc->nodes[k];
+        if (n->cmd && !down[k] && obuf_len(n->cmd->obuf) > 0) {
+            arm(rc, n->cmd);
+            if (send_buffered(n->cmd) != REDIS_OK) {
+                dlock_redis_ctx_error(rc, n, &n->cmd, "floor calls");
+                down[k] = 1;
+            }
+        }
+    }
+    for (unsigned i = 0; i < count; i++) {
+        struct redis_node *n = to[i];
+        void *v = NULL;
+        if (!n || down[n - rc->nodes])
+            continue;
+        if (dlock_redis_get_reply(rc, n->cmd, &v) != REDIS_OK) {
+            dlock_redis_ctx_error(rc, n, &n->cmd, "floor calls");
+            dlock_redis_cluster_failed(rc, n);
+            down[n - rc->nodes] = 1;
+            continue;
+        }
+        redisReply *r = v;
+        done[i] = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+        freeReplyObject(r);
+    }
+    dlock_redis_unlimit(rc, saved);
+}
+
+/*
+ * A cluster's floor: one key per slot ("<prefix>{T}floor", read by the
+ * grants of that slot's names), each raised by a script call on the slot's
+ * owner. The calls go out FLOOR_BATCH slots at a time, pipelined to the
+ * owners (16 round trips in all on a stable cluster, not 16384); a slot
+ * whose pipelined call did not raise its floor is then done alone,
+ * following the cluster's directions (a live reshard, a failover), before
+ * the next batch. Each batch and each lone call bounded by `timeout`.
+ */
 static int cluster_raise_floor(struct redis_conn *rc, const char *value)
 {
     size_t plen = strlen(rc->prefix);
@@ -1866,27 +1975,24 @@ static int cluster_raise_floor(struct redis_conn *rc, const char *value)
     if (!key)
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
     memcpy(key, rc->prefix, plen);
-    for (unsigned slot = 0; slot < REDIS_SLOTS && !err; slot++) {
-        const char *argv[8];
-        size_t argvlen[8];
-        redisReply *r = NULL;
-        long long res = 0;
-        int kl = snprintf(key + plen, 16, "{%s}floor", dlock_redis_slot_tag(slot));
-        size_t argc = dlock_redis_floor_argv(rc, key, plen + (size_t)kl, value, argv, argvlen);
+    for (unsigned first = 0; first < REDIS_SLOTS && !err; first += FLOOR_BATCH) {
+        unsigned char done[FLOOR_BATCH] = {0};
         uint64_t saved = dlock_redis_limit(rc, call_until(rc));
-        err = dlock_redis_cluster_script(rc, slot, argc, argv, argvlen, &r);
-        if (err == DLOCK_ECONNECT && dlock_monotonic_ns() + MS < rc->deadline_ns &&
-            (err = dlock_redis_cluster_script(rc, slot, argc, argv, argvlen, &r)) == 0)
-            dlock_clearerr(cl(rc));
+        /* A map known stale (a MOVED, a failed node) is read again first. */
+        if (!dlock_redis_cluster_node(rc, first, &err))
+            err = 0; /* that slot's call will say why, if it still fails */
         dlock_redis_unlimit(rc, saved);
-        if (err)
-            break;
-        err = dlock_redis_reply_int(r, &res);
-        freeReplyObject(r);
-        if (err || res != 1)
-            err = dlock_seterr(cl(rc), DLOCK_EPROTO, "unexpected reply from the floor script");
+        floor_batch(rc, key, plen, value, first, FLOOR_BATCH, done);
+        for (unsigned i = 0; i < FLOOR_BATCH && !err; i++) {
+            if (done[i])
+                continue;
+            int kl = snprintf(key + plen, 16, "{%s}floor", dlock_redis_slot_tag(first + i));
+            err = floor_call(rc, NULL, first + i, key, plen + (size_t)kl, value);
+        }
     }
     free(key);
+    if (!err)
+        dlock_clearerr(cl(rc)); /* a pipelined call's failure, made good */
     if (!err && rc->wait_replicas) { /* each primary: its slots' floors */
         struct redis_node *prim[REDIS_CLUSTER_MAX_NODES];
         uint64_t saved = dlock_redis_limit(rc, call_until(rc));
@@ -1923,12 +2029,8 @@ static int redis_token_top(dlock_conn *conn, uint64_t *top)
 static int redis_raise_floor(dlock_conn *conn, uint64_t floor)
 {
     struct redis_conn *rc = (struct redis_conn *)conn;
-    struct redis_node *n = &rc->nodes[0];
-    const char *argv[8];
-    size_t argvlen[8], key_len = 0;
+    size_t key_len = 0;
     char value[24], *key;
-    redisReply *r = NULL;
-    long long res = 0;
     int err;
     if ((err = dlock_redis_floor_ok(rc, floor)) != 0)
         return err;
@@ -1939,21 +2041,10 @@ static int redis_raise_floor(dlock_conn *conn, uint64_t floor)
         return cluster_raise_floor(rc, value);
     if (!(key = dlock_redis_floor_key(rc, &key_len)))
         return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
-    snprintf(value, sizeof value, "%" PRIu64, floor);
-    size_t argc = dlock_redis_floor_argv(rc, key, key_len, value, argv, argvlen);
-    uint64_t saved = dlock_redis_limit(rc, call_until(rc));
-    err = dlock_redis_script(rc, n, argc, argv, argvlen, &r);
-    if (err == DLOCK_ECONNECT && dlock_monotonic_ns() + MS < rc->deadline_ns &&
-        (err = dlock_redis_script(rc, n, argc, argv, argvlen, &r)) == 0)
-        dlock_clearerr(conn->client);
-    dlock_redis_unlimit(rc, saved);
+    err = floor_call(rc, &rc->nodes[0], 0, key, key_len, value);
     free(key);
     if (err)
         return err;
-    err = dlock_redis_reply_int(r, &res);
-    freeReplyObject(r);
-    if (err || res != 1)
-        return dlock_seterr(conn->client, DLOCK_EPROTO, "unexpected reply from the floor script");
     return ack_after(rc, rc->last_node, "the raised floor");
 }
 

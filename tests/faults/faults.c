@@ -2225,12 +2225,10 @@ static pid_t spawn_looper(int who, const char *u, int k, const char *name, unsig
  * 1 s bound, as a reshard of a slot with few keys is in practice (ms).
  * Returns 0, or -1 (said why); *moved: keys moved.
  */
-static int move_slot(int slot, const struct cnode *src, const struct cnode *dst,
-                     const struct cnode *v, int n, int *moved)
+/* The start of a move: slot IMPORTING on dst, MIGRATING on src. */
+static int move_slot_begin(int slot, const struct cnode *src, const struct cnode *dst)
 {
-    static char keys[65536];
     char reply[1024];
-    *moved = 0;
     dcli(dst->port, reply, sizeof reply, "CLUSTER SETSLOT %d IMPORTING %s", slot, src->id);
     if (strcmp(reply, "OK") != 0) {
         diag("SETSLOT %d IMPORTING on %d: %s", slot, dst->port, reply);
@@ -2241,6 +2239,16 @@ static int move_slot(int slot, const struct cnode *src, const struct cnode *dst,
         diag("SETSLOT %d MIGRATING on %d: %s", slot, src->port, reply);
         return -1;
     }
+    return 0;
+}
+
+/* The rest of a move begun: the keys, then the slot's new owner. */
+static int move_slot_finish(int slot, const struct cnode *src, const struct cnode *dst,
+                            const struct cnode *v, int n, int *moved)
+{
+    static char keys[65536];
+    char reply[1024];
+    *moved = 0;
     uint64_t end = dlock_monotonic_ns() + 20000 * MS;
     int errors = 0;
     for (;;) {
@@ -2292,6 +2300,13 @@ static int move_slot(int slot, const struct cnode *src, const struct cnode *dst,
         }
     }
     return 0;
+}
+
+static int move_slot(int slot, const struct cnode *src, const struct cnode *dst,
+                     const struct cnode *v, int n, int *moved)
+{
+    *moved = 0;
+    return move_slot_begin(slot, src, dst) ? -1 : move_slot_finish(slot, src, dst, v, n, moved);
 }
 
 /* After a move that failed half way: no node left migrating or importing. */
@@ -2475,6 +2490,107 @@ out:
     reap_all(pids, NW + 1, dlock_monotonic_ns() + 8000 * MS);
     if (o >= 0 && d >= 0 && (rc1 != 0 || rc2 != 0))
         slot_stable(slot, v, n);
+}
+
+/* How many keys matching pattern the data node at port holds (-1: no
+ * answer). */
+static int keys_matching(int port, const char *pattern)
+{
+    char reply[64];
+    if (dcli(port, reply, sizeof reply, "EVAL \"return #redis.call('KEYS', ARGV[1])\" 0 \"%s\"",
+             pattern) != 0)
+        return -1;
+    return reply[0] >= '0' && reply[0] <= '9' ? atoi(reply) : -1;
+}
+
+/* How many slots a primary serves, in a view. */
+static int slots_of(const struct cnode *c)
+{
+    int k = 0;
+    for (int r = 0; r < c->nr; r++)
+        k += c->hi[r] - c->lo[r] + 1;
+    return k;
+}
+
+/* i. Redis Cluster: the store-wide floor (dlock migrate's raise_floor)
+ * raised while a slot is half moved. The floor is a key per slot, raised
+ * by calls pipelined to the slots' owners; the half-moved slot's call is
+ * answered ASK (its key is not on the old owner), so it is made again
+ * alone on the importing node. Every slot must end with its floor, and a
+ * grant in the moved slot (and in others) comes above it. */
+static void case_floor_migrate(void)
+{
+    struct cnode v[16], src, dst;
+    char name[128], ns[48], pattern[64];
+    static char own[DLOCK_URI_MAX];
+    int moved = 0, begun = 0;
+    dlock_client *c = NULL;
+    name_of(name, sizeof name, "floor-migrate");
+    int slot = key_slot(name); /* no braces in it: its own slot */
+    int n = cluster_any_view(v, 16), o = n > 0 ? slot_owner(v, n, slot) : -1, d = -1;
+    for (int i = 0; o >= 0 && i < n; i++)
+        if (i != o && v[i].primary && v[i].nr && !v[i].failing && d < 0)
+            d = i;
+    if (!ok(o >= 0 && d >= 0, "slot %d (name %s): served by %s, to move to %s", slot, name,
+            o >= 0 ? inst_at(v[o].port) : "nobody", d >= 0 ? inst_at(v[d].port) : "no other primary"))
+        return;
+    src = v[o];
+    dst = v[d];
+    /* A namespace of its own: no floor key of it exists yet anywhere. */
+    snprintf(ns, sizeof ns, "floormig%d", (int)getpid());
+    snprintf(pattern, sizeof pattern, "%s:{*}floor", ns);
+    if (!ok(uri_namespace(curi, ns, own, sizeof own) == 0, "the URI in namespace %s", ns))
+        return;
+    c = open_ok(own);
+    uint64_t top = 0;
+    is_int(dlock_client_token_top(c, &top), 0, "token top: %s", dlock_errmsg(c));
+    /* Far above any clock-derived token: a slot without its floor shows. */
+    uint64_t floor = top + 1000000000000ull;
+    if (!ok(move_slot_begin(slot, &src, &dst) == 0, "slot %d half moved: MIGRATING on %s, "
+            "IMPORTING on %s", slot, inst_at(src.port), inst_at(dst.port)))
+        goto out;
+    begun = 1;
+    uint64_t t0 = dlock_monotonic_ns();
+    int rc = dlock_client_raise_floor(c, floor);
+    is_int(rc, 0, "raise the floor to %llu while the slot is half moved (%.0f ms): %s",
+           (unsigned long long)floor, ms_of(t0, dlock_monotonic_ns()), rc ? dlock_errmsg(c) : "ok");
+    /* Each slot's floor on its owner; the half-moved one's on the
+     * importing node (after ASK). */
+    int ks = keys_matching(src.port, pattern), kd = keys_matching(dst.port, pattern);
+    ok(ks == slots_of(&src) - 1 && kd == slots_of(&dst) + 1,
+       "floors: %d on %s (serving %d slots, one of them half moved), %d on %s (serving %d)", ks,
+       inst_at(src.port), slots_of(&src), kd, inst_at(dst.port), slots_of(&dst));
+    int fin = move_slot_finish(slot, &src, &dst, v, n, &moved);
+    ok(fin == 0, "the move finished (%d keys moved)", moved);
+    if (fin != 0)
+        goto out;
+    begun = 0;
+    int total = 0, answered = 1;
+    for (int i = 0; i < n; i++)
+        if (v[i].primary && v[i].nr) {
+            int k = keys_matching(v[i].port, pattern);
+            answered &= k >= 0;
+            total += k > 0 ? k : 0;
+        }
+    ok(answered && total == 16384, "a floor key for every slot on the primaries: %d of 16384",
+       total);
+    uint64_t t = grant_token(c, name);
+    ok(t > floor, "a grant in the moved slot comes above the floor (%llu > %llu)",
+       (unsigned long long)t, (unsigned long long)floor);
+    int above = 0;
+    for (int i = 0; i < 32; i++) {
+        char other[160];
+        snprintf(other, sizeof other, "%s-%d", name, i);
+        above += grant_token(c, other) > floor;
+    }
+    is_int(above, 32, "grants on 32 other names (other slots) all come above it");
+    /* Back where it was, for the cases after this one. */
+    ok(move_slot(slot, &dst, &src, v, n, &moved) == 0, "slot %d moved back to %s (%d keys)", slot,
+       inst_at(src.port), moved);
+out:
+    if (begun)
+        slot_stable(slot, v, n);
+    dlock_client_close(c);
 }
 
 /* i. Redis Sentinel: the primary SIGKILLed, the sentinels fail over. */
@@ -2730,7 +2846,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: faults (URI | --env VAR) [--case NAME] [--list]\n"
                     "cases: store-restart conn-kill holder-kill holder-pause leader-kill quorum\n"
-                    "       cluster-failover slot-migrate primary-kill node-pause\n"
+                    "       cluster-failover slot-migrate floor-migrate primary-kill node-pause\n"
                     "       member-kill member-pause compaction\n");
     exit(64);
 }
@@ -2869,6 +2985,8 @@ int main(int argc, char **argv)
          case_cluster_failover, cluster ? NULL : "only Redis Cluster has slots and their primaries"},
         {"slot-migrate", "the locks' slot moved to another primary and back while they are used",
          case_slot_migrate, cluster ? NULL : "only Redis Cluster moves slots"},
+        {"floor-migrate", "the store-wide floor raised while a slot is half moved",
+         case_floor_migrate, cluster ? NULL : "only Redis Cluster moves slots"},
         {"primary-kill", "the Sentinel primary SIGKILLed: the sentinels fail over (wait_replicas=1)",
          case_primary_kill, sentinel ? NULL : "only Redis Sentinel fails a primary over by itself"},
         {"node-pause", "the data node serving the lock stopped past a failover, then resumed",
