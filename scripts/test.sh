@@ -11,8 +11,9 @@
 #   <that>-asan                     gcc, ASan+UBSan (-fno-sanitize-recover):
 #                                   the unit, conformance, faults and fuzz
 #                                   (corpus replay) suites
-# In both gcc builds the fault suite runs last, in DLOCK_FAULT_LANES (2)
-# lanes side by side (scripts/fault-lanes.sh).
+# In both gcc builds the suites that kill or restart the stores' servers
+# (faults; in the first build the backends' own suites too) run last, in
+# DLOCK_FAULT_LANES (2) lanes side by side (scripts/store-lanes.sh).
 #   <that>-fuzz                     clang, libFuzzer: each fuzz target for
 #                                   DLOCK_FUZZ_SECONDS (30) from its seeds
 # The runs go one after another: the store suites restart shared servers,
@@ -91,15 +92,16 @@ phase() { # name: prints the time since the last phase
     echo "test.sh: $1 done in $((now - ${t_phase:-$t_built})) s" >&2
     t_phase=$now
 }
-# The fault suite's runs go in lanes side by side (scripts/fault-lanes.sh),
-# after the other suites: each run kills and restarts only its own store's
-# instances, so runs of different stores do not meet.
+# The suites that kill or restart shared servers (faults, backends) go in
+# lanes side by side (scripts/store-lanes.sh), after the other suites: each
+# test restarts only its own store's servers, and tests of one store share
+# a lane, so they do not meet.
 FAULT_LANES=${DLOCK_FAULT_LANES:-2}
-meson test -C "$BUILD" --no-rebuild --print-errorlogs --num-processes 2 --no-suite faults ||
-    status=$?
-phase "$BUILD (all suites but faults)"
-bash scripts/fault-lanes.sh "$BUILD" test "$FAULT_LANES" || status=1
-phase "$BUILD faults ($FAULT_LANES lanes)"
+meson test -C "$BUILD" --no-rebuild --print-errorlogs --num-processes 2 --no-suite faults \
+    --no-suite backends || status=$?
+phase "$BUILD (all suites but faults and backends)"
+bash scripts/store-lanes.sh "$BUILD" test "$FAULT_LANES" faults backends || status=1
+phase "$BUILD faults and backends ($FAULT_LANES lanes)"
 meson test -C "$BUILD" --no-rebuild --print-errorlogs --num-processes 2 \
     --setup valgrind --suite unit || status=1
 phase "$BUILD valgrind (unit)"
@@ -107,7 +109,7 @@ if [ $asan_ok = 1 ]; then
     meson test -C "$ASAN_BUILD" --no-rebuild --print-errorlogs --num-processes 2 \
         --suite unit --suite conformance --suite fuzz || status=1
     phase "$ASAN_BUILD (unit, conformance, fuzz replay)"
-    bash scripts/fault-lanes.sh "$ASAN_BUILD" asan "$FAULT_LANES" || status=1
+    bash scripts/store-lanes.sh "$ASAN_BUILD" asan "$FAULT_LANES" faults || status=1
     phase "$ASAN_BUILD faults ($FAULT_LANES lanes)"
 fi
 bash scripts/stores/stop.sh --clean >/dev/null 2>&1 || true
@@ -121,7 +123,7 @@ echo "test.sh: builds $((t_built - t_start)) s, tests $(($(date +%s) - t_built))
 set -- "$BUILD=$BUILD/meson-logs/testlog.json" "valgrind=$BUILD/meson-logs/testlog-valgrind.json"
 i=0
 while [ $i -lt "$FAULT_LANES" ]; do
-    set -- "$@" "$BUILD faults lane $i=$BUILD/meson-logs/test-lane$i.json"
+    set -- "$@" "$BUILD faults and backends lane $i=$BUILD/meson-logs/test-lane$i.json"
     i=$((i + 1))
 done
 set -- "$@" "asan=$ASAN_BUILD/meson-logs/testlog.json"
