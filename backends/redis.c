@@ -380,7 +380,8 @@ static int check_eviction(struct redis_conn *rc, struct redis_node *n, const red
 /*
  * Connects and sets up a connection in one round trip: AUTH (or PING,
  * which reports NOAUTH on a server that wants a password), SELECT, and on a
- * command connection SCRIPT LOAD and INFO memory, pipelined. The TCP
+ * command connection SCRIPT LOAD and INFO memory (in a cluster also COMMAND
+ * INFO SSUBSCRIBE: sharded pub/sub needs Redis 7), pipelined. The TCP
  * connect and every reply share one bound, budget_ns from now (and rc's
  * bound): a server that accepts and never answers costs budget_ns, not a
  * `timeout` per command.
@@ -389,9 +390,9 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
                             uint64_t budget_ns, int cmd)
 {
     struct timeval tv;
-    const char *argv[5][3];
-    size_t lens[5][3], argc[5], nc = 0;
-    const char *what[5];
+    const char *argv[6][3];
+    size_t lens[6][3], argc[6], nc = 0;
+    const char *what[6];
     char db[16];
     uint64_t until = dlock_monotonic_ns() + dlock_redis_time_left(rc, budget_ns);
     uint64_t saved = dlock_redis_limit(rc, until);
@@ -447,6 +448,12 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
             argv[nc][1] = "memory", lens[nc][1] = 6;
             argc[nc] = 2, what[nc++] = "INFO";
         }
+        if (rc->mode == REDIS_CLUSTER) { /* sharded pub/sub: Redis 7.0 */
+            argv[nc][0] = "COMMAND", lens[nc][0] = 7;
+            argv[nc][1] = "INFO", lens[nc][1] = 4;
+            argv[nc][2] = "SSUBSCRIBE", lens[nc][2] = 10;
+            argc[nc] = 3, what[nc++] = "COMMAND INFO";
+        }
     }
     for (size_t i = 0; i < nc; i++)
         if (redisAppendCommandArgv(ctx, (int)argc[i], argv[i], lens[i]) != REDIS_OK) {
@@ -465,6 +472,16 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
         else if (strcmp(what[i], "ROLE") == 0 && r->type == REDIS_REPLY_ERROR)
             ; /* ROLE denied (it is @admin and @dangerous in ACLs): cannot
                * tell here; a replica still refuses writes with READONLY */
+        else if (strcmp(what[i], "COMMAND INFO") == 0) {
+            /* A server that does not say (COMMAND denied): the first wait
+             * would fail on SSUBSCRIBE, naming it. */
+            if (dlock_redis_reply_command_known(r) == 0)
+                err = dlock_seterr(cl(rc), DLOCK_ENOTSUP,
+                                   "redis %s:%d: redis+cluster:// needs Redis 7.0 or later "
+                                   "(sharded pub/sub: SSUBSCRIBE, SPUBLISH), and this node "
+                                   "does not know SSUBSCRIBE",
+                                   n->host, n->port);
+        }
         else if (r->type == REDIS_REPLY_ERROR)
             err = reply_error(rc, n, r, what[i]);
         else if (strcmp(what[i], "ROLE") == 0 && !dlock_redis_reply_is_primary(r))

@@ -302,7 +302,7 @@ static int refresh(struct redis_conn *rc)
                 dlock_clearerr(cl(rc));
                 return 0;
             }
-            if (err == DLOCK_EAUTH || err == DLOCK_ENOMEM)
+            if (err == DLOCK_EAUTH || err == DLOCK_ENOMEM || err == DLOCK_ENOTSUP)
                 return err;
             if (err != DLOCK_ESTORE)
                 dlock_redis_cluster_failed(rc, n);

@@ -382,3 +382,12 @@ int dlock_redis_reply_inspect(const redisReply *r, struct redis_seen *s)
     s->numsub = e[6]->integer;
     return 0;
 }
+
+int dlock_redis_reply_command_known(const redisReply *r)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 1 || !r->element[0])
+        return -1;
+    if (r->element[0]->type == REDIS_REPLY_NIL)
+        return 0;
+    return r->element[0]->type == REDIS_REPLY_ARRAY ? 1 : -1;
+}

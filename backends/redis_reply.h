@@ -83,6 +83,11 @@ int dlock_redis_reply_addr(const redisReply *r, char *host, size_t cap, int *por
 
 /* ROLE's reply names a primary: {"master", offset, replicas}. 1 or 0. */
 int dlock_redis_reply_is_primary(const redisReply *r);
+
+/* A COMMAND INFO reply about one command: 1 if the server knows it, 0 if
+ * not (a nil entry: a server older than the command), -1 if the reply does
+ * not say (an error: COMMAND denied by an ACL or renamed). */
+int dlock_redis_reply_command_known(const redisReply *r);
 /* Classifies an error reply; DLOCK_REDIS_ERR_OTHER for anything that is
  * not an error reply. */
 int dlock_redis_reply_error_kind(const redisReply *r);

@@ -256,6 +256,83 @@ static int listen_loopback(int *port)
     return s;
 }
 
+/*
+ * A fake Redis 6 cluster node on listener lfd: answers the handshake as a
+ * server without sharded pub/sub does (COMMAND INFO SSUBSCRIBE: nil), and
+ * CLUSTER SLOTS with itself owning every slot; serves connections until
+ * the client goes or 5 s pass without a command.
+ */
+static void *fake_redis6_node(void *arg)
+{
+    int lfd = *(int *)arg, port = 0;
+    struct sockaddr_in a;
+    socklen_t alen = sizeof a;
+    static struct fake_in in;
+    char word[32], slots[128];
+    if (getsockname(lfd, (struct sockaddr *)&a, &alen) == 0)
+        port = ntohs(a.sin_port);
+    snprintf(slots, sizeof slots, "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n",
+             port);
+    for (int conns = 0; conns < 4; conns++) {
+        struct pollfd pfd = {.fd = lfd, .events = POLLIN};
+        if (poll(&pfd, 1, 5000) <= 0)
+            break;
+        int fd = accept(lfd, NULL, NULL);
+        if (fd < 0)
+            break;
+        in.have = 0;
+        while (fake_command(fd, &in, word, sizeof word)) {
+            const char *reply = "+OK\r\n";
+            if (strcmp(word, "PING") == 0)
+                reply = "+PONG\r\n";
+            else if (strcmp(word, "SCRIPT") == 0)
+                reply = "$40\r\n0123456789abcdef0123456789abcdef01234567\r\n";
+            else if (strcmp(word, "INFO") == 0)
+                reply = "$39\r\n# Memory\r\nmaxmemory_policy:noeviction\r\n\r\n";
+            else if (strcmp(word, "COMMAND") == 0)
+                reply = "*1\r\n$-1\r\n";
+            else if (strcmp(word, "CLUSTER") == 0)
+                reply = slots;
+            else if (strcmp(word, "EVALSHA") == 0)
+                reply = ":1\r\n"; /* granted: the try of an uncontended lock */
+            if (write(fd, reply, strlen(reply)) < 0)
+                break;
+        }
+        close(fd);
+    }
+    return NULL;
+}
+
+/* redis+cluster:// needs Redis 7 (sharded pub/sub for its waits): a node
+ * that does not know SSUBSCRIBE is refused at open, with DLOCK_ENOTSUP and
+ * a message saying so, not at the first wait. */
+static void test_cluster_needs_redis7(void)
+{
+    int port, lfd = listen_loopback(&port);
+    char uri[256];
+    dlock_client *c = NULL;
+    pthread_t t;
+    snprintf(uri, sizeof uri, "redis+cluster://127.0.0.1:%d?connect_timeout=1000&timeout=1000",
+             port);
+    if (pthread_create(&t, NULL, fake_redis6_node, &lfd) != 0) {
+        ok(0, "a thread for the fake node");
+        close(lfd);
+        return;
+    }
+    uint64_t t0 = dlock_monotonic_ns();
+    int rc = dlock_client_open(uri, &c);
+    is_int(rc, DLOCK_ENOTSUP, "a Redis 6 cluster node (no SSUBSCRIBE) → DLOCK_ENOTSUP at open (%s)",
+           rc ? dlock_errmsg(c) : "opened");
+    ok(rc && strstr(dlock_errmsg(c), "Redis 7.0") && strstr(dlock_errmsg(c), "SSUBSCRIBE"),
+       "the message names the version and the command");
+    ok(dlock_monotonic_ns() - t0 < 3000 * MS, "at once (%.0f ms)",
+       (dlock_monotonic_ns() - t0) / 1e6);
+    dlock_client_close(c);
+    shutdown(lfd, SHUT_RDWR);
+    pthread_join(t, NULL);
+    close(lfd);
+}
+
 /* Waits at most ms for pid; kills it past that. Its status, or -1. */
 static int wait_child(pid_t pid, unsigned ms)
 {
@@ -1604,6 +1681,7 @@ int main(void)
     test_noscript(single);
     test_dead_waiter(single);
     test_silent_server();
+    test_cluster_needs_redis7();
     test_auth(auth);
     test_redlock(redlock);
     test_redlock_nodes_down(redlock);

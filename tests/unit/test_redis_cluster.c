@@ -146,6 +146,21 @@ int main(void)
     ok(!dlock_redis_reply_is_primary(r), "ROLE: a replica is not the primary");
     freeReplyObject(r);
 
+    /* COMMAND INFO SSUBSCRIBE: what Redis 6 (nil) and 7.0 (the command's
+     * description, cut short here) answer, and an ACL's refusal. */
+    r = parse("*1\r\n$-1\r\n");
+    is_int(dlock_redis_reply_command_known(r), 0, "COMMAND INFO: nil, not known");
+    freeReplyObject(r);
+    r = parse("*1\r\n*2\r\n$10\r\nssubscribe\r\n:-2\r\n");
+    is_int(dlock_redis_reply_command_known(r), 1, "COMMAND INFO: known");
+    freeReplyObject(r);
+    r = parse("-NOPERM this user has no permissions to run the 'command|info' command\r\n");
+    is_int(dlock_redis_reply_command_known(r), -1, "COMMAND INFO denied: cannot tell");
+    freeReplyObject(r);
+    r = parse("*0\r\n");
+    is_int(dlock_redis_reply_command_known(r), -1, "COMMAND INFO: an empty array does not say");
+    freeReplyObject(r);
+
     const char *chan = "dlock:{x}w:0123";
     r = parse("*3\r\n$12\r\nsunsubscribe\r\n$15\r\ndlock:{x}w:0123\r\n:0\r\n");
     ok(dlock_redis_reply_unsubscribed(r, chan, strlen(chan)),
