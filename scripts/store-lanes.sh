@@ -16,7 +16,11 @@
 # console output, shown once all lanes are done. Exit status 1 if any lane
 # failed.
 set -u
-build=$1 label=$2 lanes=${3:-2}
+if [ $# -lt 4 ]; then
+    echo "usage: store-lanes.sh BUILD LABEL LANES SUITE..." >&2
+    exit 2
+fi
+build=$1 label=$2 lanes=$3
 shift 3
 suites=()
 for s in "$@"; do suites+=(--suite "$s"); done
@@ -27,14 +31,14 @@ if [ ${#names[@]} -eq 0 ]; then
     exit 1
 fi
 
-# The servers a test kills or restarts. test_redis also uses the Redlock
-# nodes, test_zookeeper the ensemble.
+# The servers a test kills or restarts: a backend's own test goes with the
+# fault run of the same store (faults-X with X). test_redis also uses the
+# Redlock nodes, test_zookeeper the ensemble.
 group_of() {
     case $1 in
     redis | redlock | faults-redis | faults-redlock) echo redis ;;
-    postgres | faults-postgres) echo postgres ;;
-    mysql | faults-mysql) echo mysql ;;
     zookeeper | faults-zookeeper | faults-zookeeper-ensemble) echo zookeeper ;;
+    faults-*) echo "${1#faults-}" ;;
     *) echo "$1" ;;
     esac
 }

@@ -2492,6 +2492,36 @@ out:
         slot_stable(slot, v, n);
 }
 
+/* Deletes the keys matching pattern on the data node at port (a script
+ * may touch keys of several slots of its own node with this flag). */
+static void keys_drop(int port, const char *pattern)
+{
+    char reply[64];
+    dcli(port, reply, sizeof reply,
+         "EVAL \"#!lua flags=allow-cross-slot-keys\\nlocal k = redis.call('KEYS', ARGV[1]) "
+         "for i = 1, #k do redis.call('DEL', k[i]) end return #k\" 0 \"%s\"",
+         pattern);
+}
+
+/* A move that failed half way: every node stable, and the slot back on
+ * its owner before the move (the node it went to told first) unless keys
+ * of it are left there (they would be lost): then it stays there, stable. */
+static void slot_home(int slot, const struct cnode *home, const struct cnode *away,
+                      const struct cnode *v, int n)
+{
+    char reply[256];
+    slot_stable(slot, v, n);
+    int left = keys_in(away->port, slot);
+    if (left != 0) {
+        diag("slot %d: %d keys on %s, so it stays there", slot, left, inst_at(away->port));
+        return;
+    }
+    dcli(away->port, reply, sizeof reply, "CLUSTER SETSLOT %d NODE %s", slot, home->id);
+    for (int i = 0; i < n; i++)
+        if (v[i].primary && v[i].port != away->port)
+            dcli(v[i].port, reply, sizeof reply, "CLUSTER SETSLOT %d NODE %s", slot, home->id);
+}
+
 /* How many keys matching pattern the data node at port holds (-1: no
  * answer). */
 static int keys_matching(int port, const char *pattern)
@@ -2536,8 +2566,10 @@ static void case_floor_migrate(void)
         return;
     src = v[o];
     dst = v[d];
-    /* A namespace of its own: no floor key of it exists yet anywhere. */
-    snprintf(ns, sizeof ns, "floormig%d", (int)getpid());
+    /* A namespace of its own, never used before (a pid may come again):
+     * no floor key of it exists yet anywhere. Dropped at the end. */
+    snprintf(ns, sizeof ns, "floormig%d-%llx", (int)getpid(),
+             (unsigned long long)(dlock_monotonic_ns() & 0xffffffffffull));
     snprintf(pattern, sizeof pattern, "%s:{*}floor", ns);
     if (!ok(uri_namespace(curi, ns, own, sizeof own) == 0, "the URI in namespace %s", ns))
         return;
@@ -2546,10 +2578,10 @@ static void case_floor_migrate(void)
     is_int(dlock_client_token_top(c, &top), 0, "token top: %s", dlock_errmsg(c));
     /* Far above any clock-derived token: a slot without its floor shows. */
     uint64_t floor = top + 1000000000000ull;
+    begun = 1; /* from here on, a failure puts the slot back */
     if (!ok(move_slot_begin(slot, &src, &dst) == 0, "slot %d half moved: MIGRATING on %s, "
             "IMPORTING on %s", slot, inst_at(src.port), inst_at(dst.port)))
         goto out;
-    begun = 1;
     uint64_t t0 = dlock_monotonic_ns();
     int rc = dlock_client_raise_floor(c, floor);
     is_int(rc, 0, "raise the floor to %llu while the slot is half moved (%.0f ms): %s",
@@ -2564,7 +2596,6 @@ static void case_floor_migrate(void)
     ok(fin == 0, "the move finished (%d keys moved)", moved);
     if (fin != 0)
         goto out;
-    begun = 0;
     int total = 0, answered = 1;
     for (int i = 0; i < n; i++)
         if (v[i].primary && v[i].nr) {
@@ -2585,11 +2616,16 @@ static void case_floor_migrate(void)
     }
     is_int(above, 32, "grants on 32 other names (other slots) all come above it");
     /* Back where it was, for the cases after this one. */
-    ok(move_slot(slot, &dst, &src, v, n, &moved) == 0, "slot %d moved back to %s (%d keys)", slot,
-       inst_at(src.port), moved);
+    if (ok(move_slot(slot, &dst, &src, v, n, &moved) == 0, "slot %d moved back to %s (%d keys)",
+           slot, inst_at(src.port), moved))
+        begun = 0;
 out:
     if (begun)
-        slot_stable(slot, v, n);
+        slot_home(slot, &src, &dst, v, n);
+    snprintf(pattern, sizeof pattern, "%s:*", ns); /* floors and counters */
+    for (int i = 0; i < n; i++)
+        if (v[i].primary && v[i].nr)
+            keys_drop(v[i].port, pattern);
     dlock_client_close(c);
 }
 
