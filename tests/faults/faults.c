@@ -2700,6 +2700,127 @@ out:
     }
 }
 
+/* A try of name on c: its token, or 0 with *rc set. */
+static uint64_t try_token(dlock_client *c, const char *name, int *rc, dlock_lock **l)
+{
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    o.wait = DLOCK_WAIT_TRY;
+    o.ttl_ms = 10000;
+    *l = NULL;
+    *rc = dlock_acquire(c, name, &o, l);
+    return *rc ? 0 : dlock_lock_token(*l);
+}
+
+/*
+ * m. Redis Sentinel: a partition. The primary is cut off from the
+ * sentinels and its replicas, but not from one client: its default user
+ * (the one the sentinels, the replicas and the other clients log in as)
+ * loses every command but ACL and CLIENT KILL and its connections are
+ * killed; an ACL user of the case's own, which that client logs in as,
+ * keeps everything. The
+ * sentinels promote a replica and cannot make the old primary its replica.
+ * Then, as docs/backends.md says:
+ *   - a client of the majority (the Sentinel URI) is granted the lock on
+ *     the new primary, and one on the cut-off side is granted it too, on
+ *     the old one (two holders: asserted, so that the docs stay true);
+ *   - the later grant has the higher token (both come from the clock);
+ *   - with wait_replicas=1 a grant on the cut-off side is refused.
+ * Then the old primary's default user gets its commands back, and the
+ * sentinels make it a replica of the new one.
+ */
+static void case_primary_cut(void)
+{
+    char name[128], fresh[128], reply[512], why[512], side_uri[DLOCK_URI_MAX],
+        sidew_uri[DLOCK_URI_MAX];
+    int old = 0, now_p = 0, cut = 0, rc1 = 0, rc2 = 0, rc3 = 0;
+    dlock_client *major = NULL, *side = NULL, *sidew = NULL;
+    dlock_lock *l1 = NULL, *l2 = NULL, *l3 = NULL;
+    name_of(name, sizeof name, "primary-cut");
+    name_of(fresh, sizeof fresh, "primary-cut-wait");
+    int whole = sentinel_whole(&old, why, sizeof why);
+    if (!ok(whole, "the sentinels name %s primary%s%s", old ? inst_at(old) : "none",
+            why[0] ? ": " : "", why))
+        return;
+    dcli(old, reply, sizeof reply, "ACL SETUSER dlock-cut on >%s ~* &* +@all", data_pw);
+    if (!ok(strcmp(reply, "OK") == 0, "an ACL user of the case's own on %s: %s", inst_at(old),
+            reply))
+        return;
+    snprintf(side_uri, sizeof side_uri,
+             "redis://dlock-cut:%s@127.0.0.1:%d/0?connect_timeout=1000&timeout=1000", data_pw, old);
+    snprintf(sidew_uri, sizeof sidew_uri,
+             "redis://dlock-cut:%s@127.0.0.1:%d/0?connect_timeout=1000&timeout=1000&wait_replicas=1",
+             data_pw, old);
+    major = open_ok(curi);
+    side = open_ok(side_uri);
+    sidew = open_ok(sidew_uri);
+
+    uint64_t t_cut = dlock_monotonic_ns();
+    cut = 1;
+    dcli(old, reply, sizeof reply, "ACL SETUSER default -@all +acl +client|kill");
+    ok(strcmp(reply, "OK") == 0, "cut: %s's default user keeps only ACL and CLIENT KILL: %s",
+       inst_at(old), reply);
+    /* Every link of the default user ends: the replicas', the sentinels',
+     * and the majority client's (opened before the cut: in a partition
+     * its connection to the old primary would go silent). */
+    dcli(old, reply, sizeof reply, "CLIENT KILL USER default");
+    diag("default user's connections killed on %s: %s", inst_at(old), reply);
+    /* Promoted: every sentinel names another node, which says so. */
+    uint64_t t_new = 0;
+    for (uint64_t end = t_cut + 30000 * MS; !t_new && dlock_monotonic_ns() < end; sleep_ms(100)) {
+        int q = 0, agree = 1;
+        for (int i = 0; i < ninst && agree; i++) {
+            if (!inst_sentinel[i])
+                continue;
+            int x = sentinel_primary(inst_port[i]);
+            agree = x && x != old && (!q || x == q);
+            q = x;
+        }
+        char role[64];
+        if (agree && q && dcli(q, role, sizeof role, "ROLE") == 0 && strncmp(role, "master", 6) == 0) {
+            t_new = dlock_monotonic_ns();
+            now_p = q;
+        }
+    }
+    if (!ok(t_new, "the sentinels promoted %s %.0f ms after the cut", now_p ? inst_at(now_p) : "nobody",
+            t_new ? ms_of(t_cut, t_new) : -1.0))
+        goto out;
+
+    uint64_t t1 = try_token(major, name, &rc1, &l1);
+    is_int(rc1, 0, "the majority's client (the Sentinel URI) is granted %s on %s (%s)", name,
+           inst_at(now_p), rc1 ? dlock_errmsg(major) : "ok");
+    uint64_t t2 = try_token(side, name, &rc2, &l2);
+    is_int(rc2, 0, "the cut-off side's client is granted it too, on %s: two holders, as the docs "
+           "say (%s)", inst_at(old), rc2 ? dlock_errmsg(side) : "ok");
+    ok(!rc1 && !rc2 && t2 > t1, "the later grant has the higher token (%llu > %llu): a resource "
+       "that checks them refuses the earlier holder", (unsigned long long)t2,
+       (unsigned long long)t1);
+    uint64_t t0 = dlock_monotonic_ns();
+    try_token(sidew, fresh, &rc3, &l3);
+    ok(rc3 == DLOCK_ESTORE && strstr(dlock_errmsg(sidew), "replicas"),
+       "with wait_replicas=1 the cut-off side is refused, %.0f ms: %s: %s",
+       ms_of(t0, dlock_monotonic_ns()), dlock_err_name(rc3), dlock_errmsg(sidew));
+    if (l1)
+        dlock_release(l1);
+    if (l2)
+        dlock_release(l2);
+    if (l3)
+        dlock_release(l3);
+out:
+    dlock_client_close(major);
+    dlock_client_close(side);
+    dlock_client_close(sidew);
+    if (cut) {
+        /* Healed: the sentinels make the old primary a replica. */
+        dcli(old, reply, sizeof reply, "ACL SETUSER default +@all ~* &*");
+        ok(strcmp(reply, "OK") == 0, "healed: %s's default user has every command again: %s",
+           inst_at(old), reply);
+        dcli(old, reply, sizeof reply, "ACL DELUSER dlock-cut");
+        uint64_t h0 = dlock_monotonic_ns();
+        whole = set_whole(30000, "with the old primary back as a replica");
+        ok(whole, "the set is whole again %.0f ms after the heal", ms_of(h0, dlock_monotonic_ns()));
+    }
+}
+
 /* The instance serving name now: the primary of its slot (Cluster), or the
  * one the sentinels name (Sentinel); "" when unknown. */
 static void serving_node(const char *name, char *out, size_t len)
@@ -2882,7 +3003,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: faults (URI | --env VAR) [--case NAME] [--list]\n"
                     "cases: store-restart conn-kill holder-kill holder-pause leader-kill quorum\n"
-                    "       cluster-failover slot-migrate floor-migrate primary-kill node-pause\n"
+                    "       cluster-failover slot-migrate floor-migrate primary-kill primary-cut node-pause\n"
                     "       member-kill member-pause compaction\n");
     exit(64);
 }
@@ -3025,6 +3146,9 @@ int main(int argc, char **argv)
          case_floor_migrate, cluster ? NULL : "only Redis Cluster moves slots"},
         {"primary-kill", "the Sentinel primary SIGKILLed: the sentinels fail over (wait_replicas=1)",
          case_primary_kill, sentinel ? NULL : "only Redis Sentinel fails a primary over by itself"},
+        {"primary-cut", "the Sentinel primary cut off from the sentinels and replicas but not "
+                        "from one client (a partition)",
+         case_primary_cut, sentinel ? NULL : "only Redis Sentinel fails a primary over by itself"},
         {"node-pause", "the data node serving the lock stopped past a failover, then resumed",
          case_node_pause,
          cluster || sentinel ? NULL
