@@ -2630,6 +2630,29 @@ out:
 }
 
 /* i. Redis Sentinel: the primary SIGKILLed, the sentinels fail over. */
+/* Promoted: every live sentinel names a node other than old, which says
+ * it is a primary, within 30 s of from. When (0: not in time), and *now_p
+ * its port. */
+static uint64_t await_promotion(int old, uint64_t from, int *now_p)
+{
+    for (uint64_t end = from + 30000 * MS; dlock_monotonic_ns() < end; sleep_ms(100)) {
+        int q = 0, agree = 1;
+        for (int i = 0; i < ninst && agree; i++) {
+            if (!inst_sentinel[i])
+                continue;
+            int x = sentinel_primary(inst_port[i]);
+            agree = x && x != old && (!q || x == q);
+            q = x;
+        }
+        char role[64];
+        if (agree && q && dcli(q, role, sizeof role, "ROLE") == 0 && strncmp(role, "master", 6) == 0) {
+            *now_p = q;
+            return dlock_monotonic_ns();
+        }
+    }
+    return 0;
+}
+
 static void case_primary_kill(void)
 {
     enum { NW = 3 };
@@ -2658,23 +2681,7 @@ static void case_primary_kill(void)
     uint64_t t_fault = dlock_monotonic_ns();
     kill_fast(victim);
     is_int(store_ctl("%s", victim), 0, "the primary %s killed (SIGKILL)", victim);
-    /* Promoted: every live sentinel names another node, which says so. */
-    uint64_t t_new = 0;
-    for (uint64_t end = t_fault + 30000 * MS; !t_new && dlock_monotonic_ns() < end; sleep_ms(100)) {
-        int q = 0, agree = 1;
-        for (int i = 0; i < ninst && agree; i++) {
-            if (!inst_sentinel[i])
-                continue;
-            int x = sentinel_primary(inst_port[i]);
-            agree = x && x != old && (!q || x == q);
-            q = x;
-        }
-        char role[64];
-        if (agree && q && dcli(q, role, sizeof role, "ROLE") == 0 && strncmp(role, "master", 6) == 0) {
-            t_new = dlock_monotonic_ns();
-            now_p = q;
-        }
-    }
+    uint64_t t_new = await_promotion(old, t_fault, &now_p);
     ok(t_new, "the sentinels promoted %s %.0f ms after the kill", now_p ? inst_at(now_p) : "nobody",
        t_new ? ms_of(t_fault, t_new) : -1.0);
     sleep_ms(1000);
@@ -2764,23 +2771,7 @@ static void case_primary_cut(void)
      * its connection to the old primary would go silent). */
     dcli(old, reply, sizeof reply, "CLIENT KILL USER default");
     diag("default user's connections killed on %s: %s", inst_at(old), reply);
-    /* Promoted: every sentinel names another node, which says so. */
-    uint64_t t_new = 0;
-    for (uint64_t end = t_cut + 30000 * MS; !t_new && dlock_monotonic_ns() < end; sleep_ms(100)) {
-        int q = 0, agree = 1;
-        for (int i = 0; i < ninst && agree; i++) {
-            if (!inst_sentinel[i])
-                continue;
-            int x = sentinel_primary(inst_port[i]);
-            agree = x && x != old && (!q || x == q);
-            q = x;
-        }
-        char role[64];
-        if (agree && q && dcli(q, role, sizeof role, "ROLE") == 0 && strncmp(role, "master", 6) == 0) {
-            t_new = dlock_monotonic_ns();
-            now_p = q;
-        }
-    }
+    uint64_t t_new = await_promotion(old, t_cut, &now_p);
     if (!ok(t_new, "the sentinels promoted %s %.0f ms after the cut", now_p ? inst_at(now_p) : "nobody",
             t_new ? ms_of(t_cut, t_new) : -1.0))
         goto out;
