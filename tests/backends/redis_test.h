@@ -179,6 +179,29 @@ static inline void cwait_join(struct cwait *w)
     w->k = NULL;
 }
 
+/*
+ * A wait kept from ending by a store that is down (what: the case's name,
+ * for the messages; fault: what happened to it): 300 ms on it must still
+ * be waiting; then the cancel must end it with DLOCK_ECANCELED within
+ * bound_ms (bound_why says what bound the wait would meet otherwise).
+ */
+static inline void cwait_cancel_ends(struct cwait *w, const char *what, const char *fault,
+                                     double bound_ms, const char *bound_why)
+{
+    sleep_ms(300);
+    int early = atomic_load(&w->done);
+    ok(!early, "%s: 300 ms after %s the waiter still tries again%s%s", what, fault,
+       early ? ", but it ended: " : "", early ? w->why : "");
+    uint64_t t0 = dlock_monotonic_ns();
+    dlock_cancel_fire(w->k);
+    cwait_join(w);
+    double ms = w->done_ns > t0 ? (w->done_ns - t0) / 1e6 : 0;
+    is_int(w->rc, DLOCK_ECANCELED, "%s: the cancel ends the wait: %s (%s)", what,
+           dlock_err_name(w->rc), w->why);
+    ok(ms < bound_ms, "%s: %.1f ms after the cancel (bound %.0f ms; %s)", what, ms, bound_ms,
+       bound_why);
+}
+
 /* What cancel_race() saw. */
 struct race_seen {
     int granted, cancelled, bad;

@@ -362,25 +362,22 @@ class Lock:
     def renew(self, ttl=None):
         """Resets the lease to ttl seconds from now (default 30). Raises
         dlock.ELOST if the lock is no longer ours."""
-        ms = _ttl_ms(ttl)
-        c = self._client
-        if c._forked:
-            raise _forked_error()
-        with c._mu:
-            if not self._h:
-                raise error(-1, "the lock was released")
-            c._check(lib.dlock_renew(self._h, ms))
+        self._on_held(lib.dlock_renew, _ttl_ms(ttl))
 
     def raise_token(self, floor):
         """Makes every later grant of this name on this store carry a token
         above floor (dlock_lock_raise_token)."""
+        self._on_held(lib.dlock_lock_raise_token, floor)
+
+    def _on_held(self, fn, arg):
+        """fn(handle, arg) on the lock still held, under the client's mutex."""
         c = self._client
         if c._forked:
             raise _forked_error()
         with c._mu:
             if not self._h:
                 raise error(-1, "the lock was released")
-            c._check(lib.dlock_lock_raise_token(self._h, floor))
+            c._check(fn(self._h, arg))
 
     def __enter__(self):
         return self
