@@ -8,12 +8,41 @@ Each log is one run (a build, or a build under a test setup such as
 valgrind); LABEL names it in the per-test lines and its subtotal. A test
 program that failed without a `not ok` line (crash, sanitizer report,
 timeout, bad plan) counts as one failure; a log that is missing (the build
-or the run did not happen) counts as one failure. Exits 1 on any failure or
-when nothing ran at all."""
+or the run did not happen) counts as one failure. Under each failed test it
+repeats the `not ok` lines with the diagnostics that follow them (or, for a
+failure without one, the output's last lines), so the closing lines alone
+say what failed. Exits 1 on any failure or when nothing ran at all."""
 import json
 import os
 import re
 import sys
+
+
+DETAIL_LINES = 8     # diagnostic lines shown after each `not ok`
+DETAIL_FAILS = 5     # `not ok` lines shown per test
+
+
+def failure_detail(t):
+    """The lines that say why test run t failed, indented for the summary."""
+    lines = t.get("stdout", "").splitlines()
+    shown, fails = [], 0
+    for i, out in enumerate(lines):
+        if not re.match(r"^not ok\b", out):
+            continue
+        fails += 1
+        if fails > DETAIL_FAILS:
+            continue
+        shown.append(out)
+        for diag in lines[i + 1:i + 1 + DETAIL_LINES]:
+            if not diag.startswith("#"):
+                break
+            shown.append(diag)
+    if fails > DETAIL_FAILS:
+        shown.append(f"... and {fails - DETAIL_FAILS} more `not ok`")
+    if not fails:
+        tail = (t.get("stdout", "") + "\n" + t.get("stderr", "")).strip().splitlines()
+        shown = tail[-DETAIL_LINES:]
+    return ["       | " + line[:300] for line in shown]
 
 
 def count(path, label):
@@ -38,6 +67,8 @@ def count(path, label):
             status = "FAIL" if f else "ok"
             print(f"  {status:4} {label}: {t['name']}: {p} passed, {f} failed, {s} skipped"
                   + ("" if t["result"] == "OK" else f" [{t['result']}]"))
+            if f:
+                print("\n".join(failure_detail(t)))
             passed, failed, skipped = passed + p, failed + f, skipped + s
     return passed, failed, skipped
 

@@ -459,6 +459,30 @@ static int inspect_ok(dlock_client *c, const char *name, dlock_info *i)
     return rc == 0;
 }
 
+/* Waits until the store counts n waiters on name, asking every 200 ms for
+ * up to ms: 1 once it does, 0 if it never did, -1 where the store does not
+ * count waiters. Cases that need one waiter queued before the next starts
+ * use it rather than a fixed pause, which a busy machine can outlast (a
+ * waiter's process may take longer to reach the store than the pause).
+ * Not more often: MySQL's row-lock waiters are in InnoDB's views, a cache
+ * that refreshes only after 0.1 s without a reader. */
+static int waiters_reach(dlock_client *c, const char *name, uint64_t n, uint32_t ms)
+{
+    dlock_info i;
+    uint64_t until = dlock_monotonic_ns() + (uint64_t)ms * MS;
+    for (;;) {
+        if (!inspect_ok(c, name, &i))
+            return 0;
+        if (!(i.known & DLOCK_KNOWS_WAITERS))
+            return -1;
+        if (i.waiters >= n)
+            return 1;
+        if (dlock_monotonic_ns() >= until)
+            return 0;
+        sleep_ms(200);
+    }
+}
+
 /* Inspect: free, held (token, owner, lease), queued waiters (count, order),
  * the last token, an expired lease; it never takes or disturbs the lock.
  * Every store tells held or free; the rest where .known says so. */
@@ -495,9 +519,10 @@ static void test_inspect(void)
     if (i.known & DLOCK_KNOWS_LAST_TOKEN)
         ok(SAME_TOKEN(i.last_token, token), "the last token granted is the holder's");
 
-    /* Two waiters queue behind it. */
+    /* Two waiters queue behind it, the first surely before the second. */
     struct holder w1 = spawn_holder(name, 5000);
-    sleep_ms(300);
+    if (waiters_reach(d, name, 1, 10000) < 0)
+        sleep_ms(300);
     struct holder w2 = spawn_holder(name, 5000);
     /* Waiters may be seen late (MySQL's are in InnoDB's views, a snapshot
      * that other suites inspecting the same server keep from refreshing
@@ -948,6 +973,7 @@ static void test_fifo(void)
     name_of(name, sizeof name, "fifo");
     struct holder h = spawn_holder(name, 30000);
     ok(holder_token(&h) > 0, "holder process acquired");
+    dlock_client *watcher = client(); /* counts the queued waiters */
     for (int i = 0; i < N; i++) {
         pids[i] = fork();
         if (pids[i] == 0) {
@@ -974,17 +1000,19 @@ static void test_fifo(void)
             dlock_client_close(c);
             _exit(0);
         }
-        /* Let waiter i block before waiter i+1 arrives: counted from its
-         * open, which can take long on a loaded machine. */
+        /* Let waiter i block before waiter i+1 arrives: where the store
+         * counts waiters, until it counts i + 1 of them; elsewhere 150 ms
+         * from its open (which can take long on a loaded machine). */
         char r;
         struct pollfd pr = {.fd = ready[0], .events = POLLIN};
-        if (poll(&pr, 1, 20000) == 1 && read(ready[0], &r, 1) == 1)
-            sleep_ms(150);
-        else
+        if (poll(&pr, 1, 20000) != 1 || read(ready[0], &r, 1) != 1)
             diag("waiter %d did not connect within 20 s", i);
+        else if (waiters_reach(watcher, name, (uint64_t)i + 1, 10000) < 0)
+            sleep_ms(150);
     }
     close(ready[0]);
     close(ready[1]);
+    dlock_client_close(watcher);
     holder_finish(&h);
     int clean = 1;
     for (int i = 0; i < N; i++) {
@@ -1066,30 +1094,33 @@ static double ms_since(uint64_t t0, uint64_t t)
     return t >= t0 ? (t - t0) / 1e6 : -((t0 - t) / 1e6);
 }
 
-/* A wait another thread cancels (dlock_cancel). */
-struct cancelled_wait {
+/* A wait in a thread of its own: one another thread cancels (dlock_cancel),
+ * or one timed from a network cut. */
+struct thread_wait {
     const char *name;
     dlock_acquire_opts o;
     dlock_client *c;
     pthread_t th;
     int rc;
-    uint64_t end_ns;
+    uint64_t end_ns, token; /* when it returned; the grant's token */
     char why[DLOCK_ERRMSG_MAX];
 };
 
-static void *cancelled_wait_main(void *p)
+static void *thread_wait_main(void *p)
 {
-    struct cancelled_wait *w = p;
+    struct thread_wait *w = p;
     dlock_lock *l = NULL;
     w->rc = dlock_acquire(w->c, w->name, &w->o, &l);
     w->end_ns = dlock_monotonic_ns();
     snprintf(w->why, sizeof w->why, "%s", dlock_errmsg(w->c));
-    if (w->rc == 0)
+    if (w->rc == 0) {
+        w->token = dlock_lock_token(l);
         dlock_release(l);
+    }
     return NULL;
 }
 
-static void cancelled_wait_start(struct cancelled_wait *w, const char *name, dlock_wait how,
+static void thread_wait_start(struct thread_wait *w, const char *name, dlock_wait how,
                                  dlock_cancel *k)
 {
     memset(w, 0, sizeof *w);
@@ -1097,7 +1128,7 @@ static void cancelled_wait_start(struct cancelled_wait *w, const char *name, dlo
     w->c = client();
     w->o = how == DLOCK_WAIT_DEADLINE ? wait_for(20000) : (dlock_acquire_opts)DLOCK_ACQUIRE_OPTS_INIT;
     w->o.cancel = k;
-    if (pthread_create(&w->th, NULL, cancelled_wait_main, w) != 0)
+    if (pthread_create(&w->th, NULL, thread_wait_main, w) != 0)
         abort();
 }
 
@@ -1126,11 +1157,11 @@ static void test_cancel(void)
 
     /* Two waiters queue on the held lock: the forever one is cancelled, the
      * deadline one behind it must get the lock when the holder lets go. */
-    struct cancelled_wait w, d;
-    cancelled_wait_start(&w, name, DLOCK_WAIT_FOREVER, k);
+    struct thread_wait w, d;
+    thread_wait_start(&w, name, DLOCK_WAIT_FOREVER, k);
     sleep_ms(300);
     int got;
-    cancelled_wait_start(&d, name, DLOCK_WAIT_DEADLINE, k2);
+    thread_wait_start(&d, name, DLOCK_WAIT_DEADLINE, k2);
     sleep_ms(300);
     uint64_t t0 = dlock_monotonic_ns();
     dlock_cancel_fire(k);
@@ -1179,7 +1210,7 @@ static void test_cancel(void)
     dlock_client_close(d.c);
     d.c = NULL;
     if (dlock_cancel_new(&k3) == 0) {
-        cancelled_wait_start(&d, name, DLOCK_WAIT_DEADLINE, k3);
+        thread_wait_start(&d, name, DLOCK_WAIT_DEADLINE, k3);
         sleep_ms(200);
         t0 = dlock_monotonic_ns();
         dlock_cancel_fire(k3);
@@ -1327,14 +1358,14 @@ static uint64_t call_bound_ms(void)
 /* A report from a child process: one write, so one read gets it whole. */
 struct msg {
     int kind, a, b, c;
-    uint64_t t, u;
+    uint64_t t, u, v;
     char text[DLOCK_ERRMSG_MAX];
 };
 
 static void msg_send(int fd, int kind, int a, int b, int c, uint64_t t, uint64_t u,
                      const char *text)
 {
-    struct msg m = {kind, a, b, c, t, u, ""};
+    struct msg m = {kind, a, b, c, t, u, 0, ""};
     if (text)
         snprintf(m.text, sizeof m.text, "%s", text);
     if (write(fd, &m, sizeof m) != (ssize_t)sizeof m) {
@@ -1407,7 +1438,8 @@ static void lost_to_parent(dlock_lock *l, int err, void *user)
  * from on_lost (a = err, b = dlock_release() from the callback, c = calls,
  * t = when, u = dlock_lock_expires_ns()), and 'F' once dlock_lock_lost_fd()
  * became readable (a = readable, b = dlock_lock_lost(), c = callbacks by
- * then, t = when, u = dlock_lock_expires_ns()). It never releases: it ends
+ * then, t = when, u = dlock_lock_expires_ns(), v = the last lease end it
+ * showed before the loss). It never releases: it ends
  * killed, as a holder cut off or frozen would.
  */
 static pid_t spawn_kept(const char *curi, const char *name, uint32_t ttl, int *rfd)
@@ -1439,15 +1471,26 @@ static pid_t spawn_kept(const char *curi, const char *name, uint32_t ttl, int *r
                  rc ? dlock_errmsg(c) : "");
         if (rc)
             _exit(1);
+        /* The lease end the library promised last, read every 5 ms until
+         * the loss (a renewal moves it at most every TTL/3). */
         int fd = dlock_lock_lost_fd(l), n;
         struct pollfd pf = {.fd = fd, .events = POLLIN};
-        while ((n = poll(&pf, 1, 120000)) < 0 && errno == EINTR)
-            ;
+        uint64_t give_up = dlock_monotonic_ns() + 120000 * MS, lease_end = 0;
+        do {
+            uint64_t e = dlock_lock_expires_ns(l);
+            if (e)
+                lease_end = e;
+            n = poll(&pf, 1, 5);
+        } while ((n == 0 || (n < 0 && errno == EINTR)) && dlock_monotonic_ns() < give_up);
         uint64_t when = dlock_monotonic_ns();
         sleep_ms(300); /* a second callback would come now */
-        msg_send(p[1], 'F', fd >= 0 && n == 1 && (pf.revents & POLLIN), dlock_lock_lost(l),
-                 __atomic_load_n(&ctx.calls, __ATOMIC_SEQ_CST), when, dlock_lock_expires_ns(l),
-                 fd < 0 ? dlock_err_name(fd) : "");
+        struct msg f = {'F', fd >= 0 && n == 1 && (pf.revents & POLLIN), dlock_lock_lost(l),
+                        __atomic_load_n(&ctx.calls, __ATOMIC_SEQ_CST), when,
+                        dlock_lock_expires_ns(l), lease_end, ""};
+        snprintf(f.text, sizeof f.text, "%s", fd < 0 ? dlock_err_name(fd) : "");
+        if (write(p[1], &f, sizeof f) != (ssize_t)sizeof f) {
+            /* the parent gave up on us */
+        }
         for (;;)
             pause();
     }
@@ -1478,9 +1521,13 @@ static int kept_acquired(int rfd, const char *how, uint64_t *token)
 
 /* Checks the 'C' and 'F' reports of a kept holder told of its loss:
  * the callback within bound_ms of t0, and everything a lost lock shows.
- * Returns when the callback ran (0: it did not). */
-static uint64_t check_loss_reports(int rfd, uint64_t t0, uint64_t bound_ms, const char *after)
+ * Returns when the callback ran (0: it did not); *lease_end (if given):
+ * the last lease end the holder was shown before the loss (0: none). */
+static uint64_t check_loss_reports(int rfd, uint64_t t0, uint64_t bound_ms, const char *after,
+                                   uint64_t *lease_end)
 {
+    if (lease_end)
+        *lease_end = 0;
     struct msg m;
     uint64_t limit = (bound_ms + SLACK_MS) * MS, t_cb;
     if (msg_recv(rfd, &m, t0 + limit + 1000 * MS) != 0 || m.kind != 'C') {
@@ -1504,6 +1551,8 @@ static uint64_t check_loss_reports(int rfd, uint64_t t0, uint64_t bound_ms, cons
     is_int(m.c, 1, "on_lost called exactly once");
     ok(m.u <= m.t, "dlock_lock_expires_ns() after the loss is not in the future (%llu)",
        (unsigned long long)m.u);
+    if (lease_end)
+        *lease_end = m.v;
     return t_cb;
 }
 
@@ -1645,28 +1694,50 @@ static void test_cut_connection(void)
      * session timeout and gives the session up after another third, checked
      * every DLOCK_KEEP_CHECK_MAX_MS. */
     uint64_t bound = zk ? ZK_CUT_SESSION_MS + keep_interval_ms(ttl) : ttl;
-    uint64_t t_cb = check_loss_reports(rfd, t0, bound, "after the network went silent");
+    /* Lease stores: another client, not through the proxy, waits from the
+     * cut, so its grant comes when the store frees the lock (at the lease
+     * end: Redis PX, PostgreSQL idle_session_timeout, MySQL wait_timeout,
+     * etcd's lease). ZooKeeper (the session's expiry) asks after the report. */
+    int lease = (caps & DLOCK_CAP_LEASE) != 0;
+    struct thread_wait w;
+    if (lease)
+        thread_wait_start(&w, name, DLOCK_WAIT_DEADLINE, NULL);
+    uint64_t lease_end;
+    uint64_t t_cb = check_loss_reports(rfd, t0, bound, "after the network went silent", &lease_end);
 
-    /* Another client, not through the proxy: the store frees the lock at the
-     * lease end (Redis PX, PostgreSQL idle_session_timeout, MySQL
-     * wait_timeout) or when the session expires (ZooKeeper). */
-    dlock_client *other = client();
-    dlock_lock *l = NULL;
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 15000, 0);
-    int rc = dlock_acquire(other, name, &o, &l);
-    uint64_t t1 = dlock_monotonic_ns();
-    is_int(rc, 0, "another client acquires %.0f ms after the cut (bound 15 s)%s%s", ms_since(t0, t1),
-           rc ? ": " : "", rc ? dlock_errmsg(other) : "");
-    if (l) {
-        ok(dlock_lock_token(l) > token, "with a higher token (%llu > %llu)",
-           (unsigned long long)dlock_lock_token(l), (unsigned long long)token);
-        /* The point of the bound: the old holder hears before anyone else
-         * can have the lock (the store frees it no earlier than that). */
-        ok(t_cb && t_cb <= t1, "the old holder was told before the new grant (%.0f ms before)",
-           t_cb ? ms_since(t_cb, t1) : 0.0);
-        dlock_release(l);
+    if (!lease) {
+        dlock_client *other = client();
+        dlock_lock *l = NULL;
+        dlock_acquire_opts o = wait_for(20000);
+        memset(&w, 0, sizeof w);
+        w.rc = dlock_acquire(other, name, &o, &l);
+        w.end_ns = dlock_monotonic_ns();
+        snprintf(w.why, sizeof w.why, "%s", dlock_errmsg(other));
+        if (l) {
+            w.token = dlock_lock_token(l);
+            dlock_release(l);
+        }
+        dlock_client_close(other);
+    } else {
+        pthread_join(w.th, NULL);
+        dlock_client_close(w.c);
     }
-    dlock_client_close(other);
+    uint64_t t1 = w.end_ns;
+    is_int(w.rc, 0, "another client acquires %.0f ms after the cut (bound 20 s)%s%s",
+           ms_since(t0, t1), w.rc ? ": " : "", w.rc ? w.why : "");
+    if (w.rc == 0) {
+        ok(w.token > token, "with a higher token (%llu > %llu)", (unsigned long long)w.token,
+           (unsigned long long)token);
+        /* The point of the bound: the lease the old holder was shown ends
+         * before anyone else can have the lock (the store frees it no
+         * earlier), whenever the callback's thread gets to run. */
+        if (lease)
+            ok(lease_end && lease_end <= t1 && t_cb,
+               "the old holder's lease ended %.0f ms after the cut, before the new grant (%.0f ms"
+               " later); it was told %.0f ms after its lease end",
+               lease_end ? ms_since(t0, lease_end) : 0.0, lease_end ? ms_since(lease_end, t1) : 0.0,
+               t_cb && lease_end ? ms_since(lease_end, t_cb) : 0.0);
+    }
 out:
     kill_group(pid);
     close(rfd);
@@ -1707,8 +1778,9 @@ static void test_paused_holder(void)
     dlock_lock *l = NULL;
     dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, pause_ms, 0);
     int rc = dlock_acquire(other, name, &o, &l);
+    uint64_t t_got = dlock_monotonic_ns();
     is_int(rc, 0, "while it is stopped, another client acquires (%.0f ms later)%s%s",
-           ms_since(t_stop, dlock_monotonic_ns()), rc ? ": " : "", rc ? dlock_errmsg(other) : "");
+           ms_since(t_stop, t_got), rc ? ": " : "", rc ? dlock_errmsg(other) : "");
     if (l)
         ok(dlock_lock_token(l) > token, "with a higher token (%llu > %llu)",
            (unsigned long long)dlock_lock_token(l), (unsigned long long)token);
@@ -1722,7 +1794,12 @@ static void test_paused_holder(void)
      * the disconnected session is given up a third of its timeout later
      * (unless the servers say it expired first). */
     uint64_t bound = keep_interval_ms(ttl) + (zk ? ZK_PAUSE_SESSION_MS / 3 : 0);
-    check_loss_reports(rfd, t_cont, bound, "after the resume");
+    uint64_t lease_end;
+    check_loss_reports(rfd, t_cont, bound, "after the resume", &lease_end);
+    if ((caps & DLOCK_CAP_LEASE) && rc == 0)
+        ok(lease_end && lease_end <= t_got,
+           "the stopped holder's lease had ended before the new grant (%.0f ms before)",
+           lease_end ? ms_since(lease_end, t_got) : 0.0);
     if (l)
         is_int(dlock_release(l), 0, "the new holder still holds and releases");
     dlock_client_close(other);
@@ -1760,7 +1837,7 @@ static void test_file_loss(void)
         uint64_t t0 = dlock_monotonic_ns();
         ok(rename(path, gone) == 0, "lock file moved away: %s", path);
         check_loss_reports(rfd, t0, keep_interval_ms(ttl),
-                           "after its lock file was moved away");
+                           "after its lock file was moved away", NULL);
     }
     kill_group(pid);
     close(rfd);
