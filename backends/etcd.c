@@ -32,10 +32,10 @@
  *    alive every third of the shorter TTL; a keep-alive that had to move
  *    to another endpoint moves the watch there too (a member stopped
  *    without closing its connections is otherwise silent). The request's
- *    cancel fd is one more descriptor of the watch's curl_multi_poll (and
- *    of the pauses between attempts); a call in flight (a keep-alive, a
- *    read, bounded by `timeout`) is not cut short. Once it fires, the wait
- *    gives up as at a deadline (below) and returns DLOCK_ECANCELED.
+ *    cancel fd is one more descriptor of the watch's curl_multi_poll, of
+ *    every call of the wait (a keep-alive, a read: curl_multi_poll too,
+ *    etcd_http.c) and of the pauses between attempts. Once it fires, the
+ *    wait gives up as at a deadline (below) and returns DLOCK_ECANCELED.
  *  - release revokes the lock's lease, which deletes the key in the same
  *    raft entry: only our own key can go, and a lease already gone is
  *    reported as DLOCK_ELOST. A waiter that gives up deletes its key (if
@@ -853,7 +853,12 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
                       .cancel_fd = req->cancel_fd,
                       .until = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : 0,
                       .lease_from = dlock_monotonic_ns()};
+    /* A cancel also ends the call in flight (a keep-alive or a read into a
+     * silent network would otherwise run its whole `timeout`); the
+     * cleanup below is not cut short by it. */
+    ec->app.cancel_fd = req->cancel_fd;
     if ((err = lease_grant(ec, &ec->app, held->ttl_s, call_until(ec), &held->lease)) != 0) {
+        ec->app.cancel_fd = -1;
         ec->cap = 0;
         held_free(held);
         return err;
@@ -932,12 +937,14 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         granted = err == 0 && !pred.key;
     }
     ec->cap = 0;
+    ec->app.cancel_fd = -1;
     held->end_ns = wt.lease_from + (uint64_t)held->ttl_ms * MS;
     held->base.lease_end_ns = held->end_ns;
     *heldp = &held->base;
     return 0;
 fail:
     free(pred.key);
+    ec->app.cancel_fd = -1;
     if ((err == DLOCK_ECONNECT || err == DLOCK_ETIMEDOUT) && dlock_request_cancelled(req)) {
         /* A call that was in flight at the cancel failed (the store went
          * silent): the wait ends as cancelled, the error kept in the detail. */

@@ -70,6 +70,7 @@ static size_t on_body(char *data, size_t size, size_t n, void *user)
 int etcd_http_init(struct etcd_site *s, struct etcd_http *h)
 {
     memset(h, 0, sizeof *h);
+    h->cancel_fd = -1;
     if (etcd_global_init() != 0 || !(h->h = curl_easy_init()))
         return dlock_seterr(s->client, DLOCK_ENOMEM, "etcd: cannot start libcurl");
     return 0;
@@ -79,8 +80,11 @@ void etcd_http_free(struct etcd_http *h)
 {
     if (h->h)
         curl_easy_cleanup(h->h);
+    if (h->multi)
+        curl_multi_cleanup(h->multi);
     free(h->buf);
     memset(h, 0, sizeof *h);
+    h->cancel_fd = -1;
 }
 
 int etcd_prepare(struct etcd_site *s, CURL *h, size_t ep, const char *path, const char *body,
@@ -235,6 +239,44 @@ static void pause_until(uint64_t t)
     }
 }
 
+/* curl_easy_perform(), but ended when h->cancel_fd turns readable
+ * (CURLE_ABORTED_BY_CALLBACK). The transfer's own timeouts still bound it;
+ * an abandoned transfer closes its connection. */
+static CURLcode perform(struct etcd_http *h)
+{
+    if (h->cancel_fd < 0)
+        return curl_easy_perform(h->h);
+    if (!h->multi && !(h->multi = curl_multi_init()))
+        return CURLE_OUT_OF_MEMORY;
+    if (curl_multi_add_handle(h->multi, h->h) != CURLM_OK)
+        return CURLE_FAILED_INIT;
+    CURLcode rc = CURLE_OK;
+    for (;;) {
+        int running = 0, left = 0;
+        if (curl_multi_perform(h->multi, &running) != CURLM_OK) {
+            rc = CURLE_FAILED_INIT;
+            break;
+        }
+        if (!running) {
+            CURLMsg *m = curl_multi_info_read(h->multi, &left);
+            rc = m && m->msg == CURLMSG_DONE ? m->data.result : CURLE_FAILED_INIT;
+            break;
+        }
+        struct curl_waitfd cancel = {h->cancel_fd, CURL_WAIT_POLLIN, 0};
+        if (curl_multi_poll(h->multi, &cancel, 1, 1000, NULL) != CURLM_OK) {
+            rc = CURLE_FAILED_INIT;
+            break;
+        }
+        if (cancel.revents) {
+            snprintf(h->err, sizeof h->err, "the wait was cancelled");
+            rc = CURLE_ABORTED_BY_CALLBACK;
+            break;
+        }
+    }
+    curl_multi_remove_handle(h->multi, h->h);
+    return rc;
+}
+
 /* One POST on endpoint ep, bounded by until: 0 with the reply parsed into
  * *root, or the curl error (its text in h->err). */
 static CURLcode post(struct etcd_site *s, struct etcd_http *h, size_t ep, const char *path,
@@ -255,7 +297,7 @@ static CURLcode post(struct etcd_site *s, struct etcd_http *h, size_t ep, const 
     curl_easy_setopt(h->h, CURLOPT_TIMEOUT_MS, left);
     curl_easy_setopt(h->h, CURLOPT_CONNECTTIMEOUT_MS,
                      (long)s->connect_ms < left ? (long)s->connect_ms : left);
-    CURLcode rc = curl_easy_perform(h->h);
+    CURLcode rc = perform(h);
     curl_slist_free_all(hdr);
     curl_easy_setopt(h->h, CURLOPT_HTTPHEADER, NULL);
     *root = NULL;
@@ -354,6 +396,10 @@ int etcd_authenticate(struct etcd_site *s, struct etcd_http *h, uint64_t until, 
         /* The old token (if any) stays for the other thread's calls until
          * the new one replaces it, and does not go out with this one. */
         CURLcode rc = post(s, h, ep, "/v3/auth/authenticate", body, 0, until, &root, &status);
+        if (rc == CURLE_ABORTED_BY_CALLBACK) {
+            err = dlock_cancelled(s->client);
+            break;
+        }
         if (rc == CURLE_OK && root && (int)etcd_int(root, "code") != ETCD_UNAVAILABLE) {
             err = auth_reply(s, root, status);
             json_object_put(root);
@@ -423,6 +469,10 @@ int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_o
         CURLcode rc = post(s, h, ep, path, body, 1, a_until, &root, &status);
         if (h->fresh)
             r->again = 1;
+        if (rc == CURLE_ABORTED_BY_CALLBACK) {
+            r->again = 1; /* it may have reached the member */
+            return dlock_cancelled(s->client);
+        }
         if (rc == CURLE_OK && !root)
             return dlock_seterr(s->client, DLOCK_EPROTO, "etcd %s: %s: HTTP %ld with no JSON"
                                 " reply (is this etcd's client port?)", s->urls[ep], path, status);

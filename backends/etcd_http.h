@@ -52,6 +52,11 @@ struct etcd_http {
     char err[CURL_ERROR_SIZE];
     int connected; /* a call got through before (reconnections are counted) */
     int fresh;     /* the last call needed a new connection: libcurl may have sent it twice */
+    /* While >= 0, a call in flight ends when this descriptor turns
+     * readable (a dlock_cancel's): DLOCK_ECANCELED. Calls then run on
+     * multi (made at the first such call), polled with the descriptor. */
+    int cancel_fd;
+    CURLM *multi;
 };
 
 /* A reply: the parsed JSON (the caller puts it), the gRPC code the

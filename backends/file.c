@@ -63,7 +63,6 @@
 #include <string.h>
 #include <dirent.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -286,14 +285,10 @@ static int wait_until(int fd, uint64_t deadline_ns, int cancel_fd, int *sys_errn
         return DLOCK_EIO;
     }
     pthread_mutex_init(&w.mu, NULL);
-    /* The helper thread takes no signal (it inherits this mask), so that a
-     * signal to the process reaches the waiting thread, whose ppoll() it
-     * interrupts, not the helper, whose fcntl() would only retry. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    r = pthread_create(&th, NULL, waiter_main, &w);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    /* The helper thread takes no signal, so that a signal to the process
+     * reaches the waiting thread, whose ppoll() it interrupts, not the
+     * helper, whose fcntl() would only retry. */
+    r = dlock_thread_start(&th, 0, waiter_main, &w);
     if (r != 0) {
         pthread_mutex_destroy(&w.mu);
         close(w.donefd);

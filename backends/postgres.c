@@ -50,12 +50,13 @@
  *
  * Cancelling (DLOCK_CAP_CANCEL): the wait polls the request's cancel fd
  * beside the session's socket; when it fires, PQcancel() asks the server
- * to cancel the statement (a blocking call: a connect to the same server,
- * bounded by the session's tcp_user_timeout), which leaves the queue as
- * lock_timeout does. The error reply then gets `timeout`, a grant that came
- * in that instant is undone as a deadline's is, and the session stays
- * pooled. A cancel that cannot be sent closes the session instead (the
- * server then drops the waiter only once the lock reaches it).
+ * to cancel the statement (a blocking call, so on a thread of its own:
+ * cancel_statement()), which leaves the queue as lock_timeout does. The
+ * cancel and the error reply get CANCEL_MS together, a grant that came in
+ * that instant is undone as a deadline's is (CANCEL_MS more), and the
+ * session stays pooled. A cancel not answered in time closes the session
+ * instead (the server then drops the waiter only once the lock reaches
+ * it), so a cancelled wait returns within CANCEL_MS on a silent network.
  *
  * The acquire's transaction sets what it relies on, whatever the server's,
  * the database's or the role's defaults (or PGOPTIONS) say: READ COMMITTED
@@ -641,25 +642,86 @@ static int timed_out(struct pg_conn *pc, struct pg_session *s, const char *what,
                         " ms; the session was closed", what, s->timed_out_ms);
 }
 
+/* How long a cancelled wait gives the server to take the cancel and end
+ * the statement: what a deadline's cleanup gets. */
+#define CANCEL_MS 150
+
+/* One PQcancel() on a thread of its own, shared with the waiter that
+ * started it until one of them lets go (the last one frees it). */
+struct cancel_req {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    PGcancel *pcl;
+    int done, sent, abandoned;
+};
+
+static void cancel_req_free(struct cancel_req *c)
+{
+    PQfreeCancel(c->pcl);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+static void *cancel_main(void *p)
+{
+    struct cancel_req *c = p;
+    char why[256];
+    int sent = PQcancel(c->pcl, why, (int)sizeof why);
+    pthread_mutex_lock(&c->mu);
+    c->done = 1;
+    c->sent = sent;
+    int abandoned = c->abandoned;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (abandoned)
+        cancel_req_free(c);
+    return NULL;
+}
+
 /*
  * The application cancelled a lock wait (cancel_fd fired): asks the server
  * to cancel the statement, as lock_timeout would have ended it, so that
  * the session stays usable and leaves the lock's queue at once. libpq 15
- * has only the blocking PQcancel(): a connect to the session's server and
- * one packet, answered as soon as the server has signalled the session's
- * backend; its socket gets the session's keepalives and tcp_user_timeout
- * (= `timeout`), so a server gone silent does not hold it for the
- * kernel's whole connect timeout. 0 when sent (the statement's reply, an
- * error unless the grant won the race, follows on the session); else the
- * session is closed, the only other way to end the wait (the server drops
- * the waiter once the lock is granted to it and it finds no client).
+ * has only the blocking PQcancel(): a connect to the session's server, one
+ * packet, then a read until the server closes that connection, which a
+ * server that accepts and never answers would hold indefinitely. So it
+ * runs on a thread of its own, and is waited for until until_ns: 0 when
+ * sent in time (the statement's reply, an error unless the grant won the
+ * race, follows on the session); else the session is closed, the only
+ * other way to end the wait (the server drops the waiter once the lock is
+ * granted to it and it finds no client), and the thread is left to end
+ * when that server closes or its keepalives fail, holding nothing but its
+ * own connection.
  */
-static int cancel_statement(struct pg_session *s)
+static int cancel_statement(struct pg_session *s, uint64_t until_ns)
 {
-    char why[256] = "";
-    PGcancel *pcl = PQgetCancel(s->pg);
-    int sent = pcl && PQcancel(pcl, why, (int)sizeof why);
-    PQfreeCancel(pcl);
+    struct cancel_req *c = calloc(1, sizeof *c);
+    int sent = 0;
+    if (c && (c->pcl = PQgetCancel(s->pg)) != NULL) {
+        pthread_mutex_init(&c->mu, NULL);
+        dlock_cond_init_mono(&c->cv);
+        if (dlock_thread_start(NULL, 1, cancel_main, c) != 0) {
+            cancel_req_free(c);
+            c = NULL;
+        }
+    } else {
+        free(c);
+        c = NULL;
+    }
+    if (c) {
+        struct timespec ts;
+        dlock_ns_to_timespec(until_ns, &ts);
+        pthread_mutex_lock(&c->mu);
+        while (!c->done && pthread_cond_timedwait(&c->cv, &c->mu, &ts) != ETIMEDOUT) {
+        }
+        int done = c->done;
+        sent = done && c->sent;
+        c->abandoned = !done;
+        pthread_mutex_unlock(&c->mu);
+        if (done)
+            cancel_req_free(c);
+    }
     if (sent)
         return 0;
     PQfinish(s->pg);
@@ -725,15 +787,17 @@ static int run_cancellable(struct pg_conn *pc, struct pg_session *s, const char 
                 return timed_out(pc, s, what, start);
             }
             if (ev == WAIT_CANCELLED) {
+                /* The cancel and the statement's end get CANCEL_MS
+                 * together: past that, the session is closed. */
                 *cancelled = 1;
                 cancel_fd = -1;
-                if (cancel_statement(s) != 0) {
+                start = dlock_monotonic_ns();
+                until_ns = start + CANCEL_MS * MS;
+                if (cancel_statement(s, until_ns) != 0) {
                     PQclear(keep);
                     PQclear(bad);
                     return dlock_cancelled(cl(pc));
                 }
-                start = dlock_monotonic_ns();
-                until_ns = after_timeout(pc);
                 continue;
             }
             if (ev < 0 || !PQconsumeInput(s->pg))
@@ -1095,7 +1159,7 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
      * won the race is kept. */
     if (err && cancelled) {
         if (s->pg)
-            undo_late_grant(pc, s, key, 0);
+            undo_late_grant(pc, s, key, dlock_monotonic_ns() + CANCEL_MS * MS);
         return dlock_cancelled(cl(pc));
     }
     /* statement_timeout (57014) ends a deadline wait like lock_timeout

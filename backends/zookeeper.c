@@ -1804,17 +1804,13 @@ static int parse_uri(struct zk_conn *zc, const dlock_uri *uri)
 static int zk_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
 {
     struct zk_conn *zc = calloc(1, sizeof *zc);
-    pthread_condattr_t attr;
     int err;
     if (!zc)
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     zc->base.client = c;
     zc->cancel_fd = zc->wake_fd = -1;
     pthread_mutex_init(&zc->mu, NULL);
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&zc->cv, &attr);
-    pthread_condattr_destroy(&attr);
+    dlock_cond_init_mono(&zc->cv);
     if ((err = parse_uri(zc, uri)) != 0 || (err = session_start(zc)) != 0)
         goto fail;
     uint64_t until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS;

@@ -71,6 +71,11 @@ static inline const dlock_backend *dlock_lock_ops(const struct dlock_lock *lock)
 }
 
 void dlock_ns_to_timespec(uint64_t ns, struct timespec *ts);
+/* core/thread.c: a thread that takes no signal (every one blocked), joinable
+ * or detached (th may be NULL then); 0 or pthread_create()'s error. A
+ * condition variable whose timed waits count on CLOCK_MONOTONIC. */
+int dlock_thread_start(pthread_t *th, int detached, void *(*fn)(void *), void *arg);
+void dlock_cond_init_mono(pthread_cond_t *cv);
 int dlock_random_bytes(void *buf, size_t len);
 int dlock_owner_new(unsigned char owner[16], char hex[33]);
 /* The eventfd of a cancel flag, -1 for NULL (core/cancel.c). */

@@ -23,7 +23,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,15 +79,6 @@ static _Thread_local int on_keeper_thread;
 int dlock_keeper_on_thread(void)
 {
     return on_keeper_thread;
-}
-
-static void cond_init_mono(pthread_cond_t *cv)
-{
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(cv, &ca);
-    pthread_condattr_destroy(&ca);
 }
 
 /* Waits on cv until woken or until the absolute CLOCK_MONOTONIC time at. */
@@ -352,29 +342,25 @@ static void *watchdog_main(void *arg)
 static int keeper_start(dlock_client *c)
 {
     struct dlock_keeper *kp = calloc(1, sizeof *kp);
-    sigset_t all, old;
     int r;
     if (!kp)
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     kp->client = c;
     kp->ends.watch = 1;
     pthread_mutex_init(&kp->mu, NULL);
-    cond_init_mono(&kp->renew_cv);
-    cond_init_mono(&kp->watch_cv);
+    dlock_cond_init_mono(&kp->renew_cv);
+    dlock_cond_init_mono(&kp->watch_cv);
     pthread_cond_init(&kp->idle_cv, NULL);
-    /* The threads inherit a mask blocking every signal: signals meant for
-     * the application reach its own threads. */
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    r = pthread_create(&kp->renewer, NULL, renewer_main, kp);
-    if (r == 0 && (r = pthread_create(&kp->watchdog, NULL, watchdog_main, kp)) != 0) {
+    /* Threads that take no signal: signals meant for the application
+     * reach its own threads. */
+    r = dlock_thread_start(&kp->renewer, 0, renewer_main, kp);
+    if (r == 0 && (r = dlock_thread_start(&kp->watchdog, 0, watchdog_main, kp)) != 0) {
         pthread_mutex_lock(&kp->mu);
         kp->stop = 1;
         pthread_cond_broadcast(&kp->renew_cv);
         pthread_mutex_unlock(&kp->mu);
         pthread_join(kp->renewer, NULL);
     }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (r != 0) {
         pthread_mutex_destroy(&kp->mu);
         pthread_cond_destroy(&kp->renew_cv);

@@ -1654,20 +1654,29 @@ static int discovered(void)
     "announce, where the suite's proxy cannot stand; the fault suite pauses those nodes " \
     "instead (node-pause)"
 
+/* The cases that stand a proxy between a client and its store: skipped
+ * (saying why) for lists, the file backend (no_network) and stores whose
+ * nodes are discovered. 1 when skipped. */
+static int proxy_case_skipped(const char *what, const char *no_network)
+{
+    if (composite)
+        skip("a list of stores: this case runs in each store's own conformance run", "%s", what);
+    else if (!nhosts)
+        skip(no_network, "%s", what);
+    else if (discovered())
+        skip(DISCOVERED_WHY, "%s", what);
+    else
+        return 0;
+    return 1;
+}
+
 /* c + g. A holder whose network goes silent is told within its bound,
  * its lost_fd becomes readable, and another client then acquires. */
 static void test_cut_connection(void)
 {
     static const char *const what = "a holder whose network goes silent is told in time";
-    SKIP_FOR_LISTS(what);
-    if (!nhosts) {
-        skip("the file backend has no network to cut", "%s", what);
+    if (proxy_case_skipped(what, "the file backend has no network to cut"))
         return;
-    }
-    if (discovered()) {
-        skip(DISCOVERED_WHY, "%s", what);
-        return;
-    }
     char name[128], puri[DLOCK_URI_MAX];
     uint32_t ttl = fault_ttl();
     int zk = is("zookeeper"), rfd;
@@ -1953,17 +1962,10 @@ static void test_silent_open(void)
 static void test_silent_calls(void)
 {
     static const char *const what = "calls on a network gone silent return in time";
-    SKIP_FOR_LISTS(what);
     static const char *const ops[] = {"try-acquire", "renew", "release", "ping", "close"};
     enum { NOPS = 5 };
-    if (!nhosts) {
-        skip("the file backend has no network", "%s", what);
+    if (proxy_case_skipped(what, "the file backend has no network"))
         return;
-    }
-    if (discovered()) {
-        skip(DISCOVERED_WHY, "%s", what);
-        return;
-    }
     char name[128], other_name[128], puri[DLOCK_URI_MAX];
     int rp[2], cp[2];
     struct proxy px;
@@ -2042,6 +2044,118 @@ out:
     close(rp[0]);
     close(cp[1]);
     proxy_stop(&px);
+}
+
+/* How long a cancelled wait may take to return, whatever the store does:
+ * the cleanup (leaving the queue) gets what a deadline's gets. */
+#define CANCEL_BOUND_MS 200u
+
+/* Fires k once a byte arrives on fd, noting when. */
+struct fire_on_byte {
+    int fd;
+    dlock_cancel *k;
+    uint64_t fired; /* atomic; 0: not yet */
+};
+
+static void *fire_on_byte_main(void *p)
+{
+    struct fire_on_byte *f = p;
+    char b;
+    if (read(f->fd, &b, 1) == 1) {
+        __atomic_store_n(&f->fired, dlock_monotonic_ns(), __ATOMIC_SEQ_CST);
+        dlock_cancel_fire(f->k);
+    }
+    return NULL;
+}
+
+/* f(iii). A wait cancelled while the network is silent (its calls in
+ * flight: keep-alives, pings, the wait itself) returns within
+ * CANCEL_BOUND_MS, with the stores' default timeouts: what dlock run does
+ * on SIGTERM or SIGINT must not take a store's whole `timeout`. */
+static void test_silent_cancel(void)
+{
+    static const char *const what = "a wait cancelled on a silent network returns in time";
+    if (proxy_case_skipped(what, "the file backend has no network"))
+        return;
+    if (!(caps & DLOCK_CAP_CANCEL)) {
+        skip("the backend does not declare DLOCK_CAP_CANCEL", "%s", what);
+        return;
+    }
+    char name[128], puri[DLOCK_URI_MAX];
+    int rp[2], cp[2];
+    struct proxy px;
+    struct msg m;
+    proxy_for_uri(&px, uri);
+    if (proxy_uri(&px, uri, is("zookeeper") ? "session_timeout=4000" : NULL, puri, sizeof puri) != 0 ||
+        pipe(rp) < 0 || pipe(cp) < 0) {
+        ok(0, "cannot point %s at the proxy", uri);
+        proxy_stop(&px);
+        return;
+    }
+    name_of(name, sizeof name, "silent-cancel");
+    dlock_client *c = client();
+    dlock_lock *l = NULL;
+    dlock_acquire_opts o = try_once();
+    is_int(dlock_acquire(c, name, &o, &l), 0, "a holder, not through the proxy");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        abort();
+    if (pid == 0) {
+        dlock_client *w = NULL;
+        dlock_lock *x = NULL;
+        static struct fire_on_byte fb;
+        pthread_t th;
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        fb.fd = cp[0];
+        int rc = dlock_client_open(puri, &w);
+        if (rc == 0 && (rc = dlock_cancel_new(&fb.k)) == 0 &&
+            pthread_create(&th, NULL, fire_on_byte_main, &fb) != 0)
+            rc = DLOCK_ENOMEM;
+        msg_send(rp[1], 'R', rc, 0, 0, 0, 0, rc && w ? dlock_errmsg(w) : "");
+        if (rc)
+            _exit(1);
+        dlock_acquire_opts f = DLOCK_ACQUIRE_OPTS_INIT;
+        f.cancel = fb.k;
+        rc = dlock_acquire(w, name, &f, &x);
+        uint64_t now = dlock_monotonic_ns(), fired = __atomic_load_n(&fb.fired, __ATOMIC_SEQ_CST);
+        msg_send(rp[1], 'W', rc, 0, 0, fired ? now - fired : 0, 0, dlock_errmsg(w));
+        _exit(0);
+    }
+    setpgid(pid, pid);
+    close(rp[1]);
+    close(cp[0]);
+    if (msg_recv(rp[0], &m, dlock_monotonic_ns() + 20000 * MS) != 0 || m.a != 0) {
+        ok(0, "a waiter opens through the proxy: %s", m.kind == 'R' ? m.text : "no report within 20 s");
+        goto out;
+    }
+    if (waiters_reach(c, name, 1, 10000) < 0)
+        sleep_ms(500);
+    proxy_set(&px, PROXY_BLACKHOLE);
+    /* Long enough for the wait's keep-alives and pings to be sent into
+     * the silence and be waiting for replies. */
+    sleep_ms(1500);
+    uint64_t t0 = dlock_monotonic_ns();
+    if (write(cp[1], "x", 1) != 1)
+        abort();
+    if (msg_recv(rp[0], &m, t0 + 20000 * MS) != 0 || m.kind != 'W') {
+        ok(0, "%s: no return within 20 s of the cancel", what);
+        goto out;
+    }
+    is_int(m.a, DLOCK_ECANCELED, "a forever wait cancelled on a silent network → %s: %s",
+           dlock_err_name(m.a), m.text);
+    ok(m.t > 0 && m.t <= (CANCEL_BOUND_MS + SLACK_MS) * MS,
+       "it returned %.0f ms after the cancel (bound %u ms + %u ms slack)", m.t / 1e6,
+       CANCEL_BOUND_MS, SLACK_MS);
+out:
+    kill_group(pid);
+    close(rp[0]);
+    close(cp[1]);
+    proxy_stop(&px);
+    if (l)
+        dlock_release(l);
+    dlock_client_close(c);
 }
 
 /* Runs cases at the same time, each in a process of its own with its TAP
@@ -2218,6 +2332,8 @@ static void test_lists(void)
 static int many = 10000;
 /* --params: "k=v&k2=v2" added to every URI (a store's other mode). */
 static const char *params;
+/* --case NAME: only the side-by-side case of that name (a developer's run). */
+static const char *only;
 
 /*
  * One client holding many locks: each still excludes another client,
@@ -2306,6 +2422,8 @@ int main(int argc, char **argv)
             auth_uri = need_env(argv[++i]);
         else if (strcmp(argv[i], "--params") == 0 && i + 1 < argc)
             params = argv[++i];
+        else if (strcmp(argv[i], "--case") == 0 && i + 1 < argc)
+            only = argv[++i];
         else if (strcmp(argv[i], "--many") == 0 && i + 1 < argc) {
             if ((many = atoi(argv[++i])) <= 0)
                 nparts = -1, i = argc; /* the usage message */
@@ -2337,7 +2455,8 @@ int main(int argc, char **argv)
     }
     uri = nparts > 0 ? list : NULL;
     if (!uri) {
-        fprintf(stderr, "usage: conformance [--auth-env VAR] [--many N] [--params P] (URI | --env VAR)...\n");
+        fprintf(stderr, "usage: conformance [--auth-env VAR] [--many N] [--params P] [--case NAME]"
+                        " (URI | --env VAR)...\n");
         return 64;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -2367,6 +2486,8 @@ int main(int argc, char **argv)
 
     /* Cases that time themselves closely, or keep the CPUs busy, run one
      * after another; those that mostly wait run side by side. */
+    if (only)
+        goto side_by_side;
     test_open_and_options();
     test_try_deadline_forever();
     test_same_process();
@@ -2381,6 +2502,7 @@ int main(int argc, char **argv)
     test_fifo();
     test_names();
     test_reentrant();
+side_by_side:;
     struct pcase cases[] = {
         {"closed port", test_closed_port, 0, NULL, 0},
         {"several names, a long wait", test_names_long_wait, 0, NULL, 0},
@@ -2395,8 +2517,21 @@ int main(int argc, char **argv)
         {"lock file replaced", test_file_loss, 0, NULL, 0},
         {"silent store: open", test_silent_open, 0, NULL, 0},
         {"silent store: calls", test_silent_calls, 0, NULL, 0},
+        {"silent store: cancel", test_silent_cancel, 0, NULL, 0},
         {"many held locks", test_many_held, 0, NULL, 0},
     };
-    run_parallel(cases, (int)(sizeof cases / sizeof cases[0]), 120);
+    int ncases = (int)(sizeof cases / sizeof cases[0]);
+    if (only) {
+        int k = 0;
+        for (int i = 0; i < ncases; i++)
+            if (strcmp(cases[i].name, only) == 0)
+                cases[k++] = cases[i];
+        if (k == 0) {
+            printf("Bail out! no side-by-side case named '%s'\n", only);
+            return 1;
+        }
+        ncases = k;
+    }
+    run_parallel(cases, ncases, 120);
     return done_testing();
 }
