@@ -616,8 +616,10 @@ static int wait_lease(struct etcd_conn *ec)
         /* Keys a failed wait could not delete go with it now. */
         dlock_errsave save;
         dlock_err_save(cl(ec), &save);
-        lease_revoke(ec, &ec->app, ec->stale_lease, call_until(ec));
+        int err = lease_revoke(ec, &ec->app, ec->stale_lease, call_until(ec));
         dlock_err_restore(cl(ec), &save);
+        if (err == DLOCK_ECANCELED) /* cut short: the next wait revokes it again */
+            return dlock_cancelled(cl(ec));
         ec->stale_lease = 0;
     }
     if (ec->wait_lease && now - ec->wait_kept < (WAIT_TTL_S * 1000 - 500) * MS) {

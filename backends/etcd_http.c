@@ -35,12 +35,11 @@
 #include "backends/etcd_http.h"
 #include "backends/etcd_reply.h"
 
-#include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/internal.h"
 
@@ -231,21 +230,30 @@ static void endpoint_set(struct etcd_site *s, size_t ep)
     pthread_mutex_unlock(&s->mu);
 }
 
-static void pause_until(uint64_t t)
+/* A pause between attempts, cut short by h's cancel (the next call then
+ * returns DLOCK_ECANCELED before sending anything). */
+static void pause_until(const struct etcd_http *h, uint64_t t)
 {
-    struct timespec ts;
-    dlock_ns_to_timespec(t, &ts);
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    while (dlock_pause_until(t, h->cancel_fd) == DLOCK_EINTR) {
     }
 }
 
-/* curl_easy_perform(), but ended when h->cancel_fd turns readable
- * (CURLE_ABORTED_BY_CALLBACK). The transfer's own timeouts still bound it;
- * an abandoned transfer closes its connection. */
+/* Whether h->cancel_fd has fired (never when it is -1). */
+static int cancel_fired(const struct etcd_http *h)
+{
+    struct pollfd p = {.fd = h->cancel_fd, .events = POLLIN};
+    return h->cancel_fd >= 0 && poll(&p, 1, 0) == 1;
+}
+
+/* One transfer on h's own multi handle (one connection cache whether a
+ * cancel is watched or not), ended when h->cancel_fd turns readable
+ * (CURLE_ABORTED_BY_CALLBACK, before anything is sent if it already has).
+ * The transfer's own timeouts bound it; an abandoned transfer closes its
+ * connection. */
 static CURLcode perform(struct etcd_http *h)
 {
-    if (h->cancel_fd < 0)
-        return curl_easy_perform(h->h);
+    if (cancel_fired(h))
+        return CURLE_ABORTED_BY_CALLBACK;
     if (!h->multi && !(h->multi = curl_multi_init()))
         return CURLE_OUT_OF_MEMORY;
     if (curl_multi_add_handle(h->multi, h->h) != CURLM_OK)
@@ -263,12 +271,11 @@ static CURLcode perform(struct etcd_http *h)
             break;
         }
         struct curl_waitfd cancel = {h->cancel_fd, CURL_WAIT_POLLIN, 0};
-        if (curl_multi_poll(h->multi, &cancel, 1, 1000, NULL) != CURLM_OK) {
+        if (curl_multi_poll(h->multi, &cancel, h->cancel_fd >= 0, 1000, NULL) != CURLM_OK) {
             rc = CURLE_FAILED_INIT;
             break;
         }
         if (cancel.revents) {
-            snprintf(h->err, sizeof h->err, "the wait was cancelled");
             rc = CURLE_ABORTED_BY_CALLBACK;
             break;
         }
@@ -421,7 +428,7 @@ int etcd_authenticate(struct etcd_site *s, struct etcd_http *h, uint64_t until, 
         }
         if (rc == CURLE_OK) {
             uint64_t t = dlock_monotonic_ns() + UNAVAILABLE_PAUSE_MS * 1000000ull;
-            pause_until(t < until ? t : until);
+            pause_until(h, t < until ? t : until);
         }
     }
     json_object_put(req);
@@ -489,7 +496,7 @@ int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_o
                 failed = 0; /* a member answered: this is an election, not an outage */
                 ep = (ep + 1) % s->n;
                 uint64_t t = dlock_monotonic_ns() + UNAVAILABLE_PAUSE_MS * 1000000ull;
-                pause_until(t < until ? t : until);
+                pause_until(h, t < until ? t : until);
                 continue;
             }
             if (s->user && !reauth &&

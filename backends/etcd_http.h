@@ -52,11 +52,10 @@ struct etcd_http {
     char err[CURL_ERROR_SIZE];
     int connected; /* a call got through before (reconnections are counted) */
     int fresh;     /* the last call needed a new connection: libcurl may have sent it twice */
-    /* While >= 0, a call in flight ends when this descriptor turns
-     * readable (a dlock_cancel's): DLOCK_ECANCELED. Calls then run on
-     * multi (made at the first such call), polled with the descriptor. */
+    /* While >= 0, a call in flight (or about to be sent) ends when this
+     * descriptor turns readable (a dlock_cancel's): DLOCK_ECANCELED. */
     int cancel_fd;
-    CURLM *multi;
+    CURLM *multi; /* every call runs on it (made at the first), polled with cancel_fd */
 };
 
 /* A reply: the parsed JSON (the caller puts it), the gRPC code the

@@ -52,11 +52,12 @@
  * beside the session's socket; when it fires, PQcancel() asks the server
  * to cancel the statement (a blocking call, so on a thread of its own:
  * cancel_statement()), which leaves the queue as lock_timeout does. The
- * cancel and the error reply get CANCEL_MS together, a grant that came in
- * that instant is undone as a deadline's is (CANCEL_MS more), and the
- * session stays pooled. A cancel not answered in time closes the session
- * instead (the server then drops the waiter only once the lock reaches
- * it), so a cancelled wait returns within CANCEL_MS on a silent network.
+ * cancel gets CANCEL_MS, the error reply CANCEL_MS more, a grant that came
+ * in that instant is undone as a deadline's is (CANCEL_MS more), and the
+ * session stays pooled. A cancel or reply not in time closes the session
+ * instead (the server then drops the waiter within a second: a wait sets
+ * client_connection_check_interval), so a cancelled wait returns within
+ * CANCEL_MS on a silent network, 3 x CANCEL_MS at most.
  *
  * The acquire's transaction sets what it relies on, whatever the server's,
  * the database's or the role's defaults (or PGOPTIONS) say: READ COMMITTED
@@ -642,9 +643,13 @@ static int timed_out(struct pg_conn *pc, struct pg_session *s, const char *what,
                         " ms; the session was closed", what, s->timed_out_ms);
 }
 
-/* How long a cancelled wait gives the server to take the cancel and end
- * the statement: what a deadline's cleanup gets. */
+/* How long a cancelled wait gives the server to take the cancel, then
+ * again to end the statement: what a deadline's cleanup gets, each. */
 #define CANCEL_MS 150
+/* Cancel requests left running (on servers that accept and never close)
+ * at most, process-wide; past that a cancel closes the session at once. */
+#define CANCEL_THREADS_MAX 16
+static int cancel_threads; /* atomic */
 
 /* One PQcancel() on a thread of its own, shared with the waiter that
  * started it until one of them lets go (the last one frees it). */
@@ -676,6 +681,7 @@ static void *cancel_main(void *p)
     pthread_mutex_unlock(&c->mu);
     if (abandoned)
         cancel_req_free(c);
+    __atomic_sub_fetch(&cancel_threads, 1, __ATOMIC_SEQ_CST);
     return NULL;
 }
 
@@ -689,23 +695,29 @@ static void *cancel_main(void *p)
  * runs on a thread of its own, and is waited for until until_ns: 0 when
  * sent in time (the statement's reply, an error unless the grant won the
  * race, follows on the session); else the session is closed, the only
- * other way to end the wait (the server drops the waiter once the lock is
- * granted to it and it finds no client), and the thread is left to end
- * when that server closes or its keepalives fail, holding nothing but its
- * own connection.
+ * other way to end the wait (the server drops the waiter within a second,
+ * client_connection_check_interval, or when the lock reaches it), and the
+ * thread is left to end by itself, holding nothing but its own connection:
+ * when that server closes it or a dead peer fails its keepalives; a peer
+ * that accepts and never closes (a hung proxy) keeps it, so at most
+ * CANCEL_THREADS_MAX are left running at once.
  */
 static int cancel_statement(struct pg_session *s, uint64_t until_ns)
 {
-    struct cancel_req *c = calloc(1, sizeof *c);
+    struct cancel_req *c = NULL;
     int sent = 0;
+    if (__atomic_add_fetch(&cancel_threads, 1, __ATOMIC_SEQ_CST) <= CANCEL_THREADS_MAX)
+        c = calloc(1, sizeof *c);
     if (c && (c->pcl = PQgetCancel(s->pg)) != NULL) {
         pthread_mutex_init(&c->mu, NULL);
         dlock_cond_init_mono(&c->cv);
         if (dlock_thread_start(NULL, 1, cancel_main, c) != 0) {
             cancel_req_free(c);
             c = NULL;
+            __atomic_sub_fetch(&cancel_threads, 1, __ATOMIC_SEQ_CST);
         }
     } else {
+        __atomic_sub_fetch(&cancel_threads, 1, __ATOMIC_SEQ_CST);
         free(c);
         c = NULL;
     }
@@ -787,17 +799,17 @@ static int run_cancellable(struct pg_conn *pc, struct pg_session *s, const char 
                 return timed_out(pc, s, what, start);
             }
             if (ev == WAIT_CANCELLED) {
-                /* The cancel and the statement's end get CANCEL_MS
-                 * together: past that, the session is closed. */
+                /* The cancel gets CANCEL_MS, then the statement's end
+                 * CANCEL_MS more: past either, the session is closed. */
                 *cancelled = 1;
                 cancel_fd = -1;
-                start = dlock_monotonic_ns();
-                until_ns = start + CANCEL_MS * MS;
-                if (cancel_statement(s, until_ns) != 0) {
+                if (cancel_statement(s, dlock_monotonic_ns() + CANCEL_MS * MS) != 0) {
                     PQclear(keep);
                     PQclear(bad);
                     return dlock_cancelled(cl(pc));
                 }
+                start = dlock_monotonic_ns();
+                until_ns = start + CANCEL_MS * MS;
                 continue;
             }
             if (ev < 0 || !PQconsumeInput(s->pg))
@@ -1103,7 +1115,7 @@ static uint64_t acquire_until(const struct pg_conn *pc, const dlock_request *req
 static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_request *req,
                       int64_t key, uint64_t cap_ns, uint64_t *token, uint64_t *granted_ns)
 {
-    char sql[1400], idle[64], settings[320], tg[128];
+    char sql[1500], idle[64], settings[384], tg[128];
     PGresult *r = NULL;
     int stmt = 4, err;
     uint64_t start = dlock_monotonic_ns(), until = acquire_until(pc, req, start);
@@ -1126,10 +1138,17 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
     }
     /* The transaction's own settings, whatever the server's defaults. */
     tag(tg, sizeof tg, req->owner_hex, lease_ms, 0, key);
+    /* A wait also has the server look for its client every second
+     * (client_connection_check_interval, PostgreSQL 14+): a session closed
+     * while queued (a cancel or a deadline not answered in time) then
+     * leaves the lock's queue within a second, not when the lock reaches
+     * it. */
     snprintf(settings, sizeof settings,
              "%sSET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on; "
-             "SET LOCAL lock_timeout = %" PRIu64 "; SET LOCAL statement_timeout = %" PRIu64 "; ",
-             tg, lock_ms, stmt_ms);
+             "SET LOCAL lock_timeout = %" PRIu64 "; SET LOCAL statement_timeout = %" PRIu64 "; %s",
+             tg, lock_ms, stmt_ms,
+             req->wait == DLOCK_WAIT_TRY ? "" : "SET LOCAL client_connection_check_interval = 1000; ");
+    stmt += req->wait != DLOCK_WAIT_TRY;
     /* The lock and the counter bump in one statement: the CTE runs once
      * (MATERIALIZED), and the INSERT (or nextval) only where the lock was
      * granted. */

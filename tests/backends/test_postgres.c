@@ -816,6 +816,43 @@ static void *waiter_run(void *arg)
  * deadline waiter that gave up leaves pg_locks and is not counted; a
  * renewal's tag names the token and the new TTL; token=sequence keeps no
  * per-name counter. */
+/* A waiter whose client is gone (killed while queued, or a session dlock
+ * closed because a cancel or a deadline went unanswered) leaves the
+ * server's queue within a second or two (the wait's
+ * client_connection_check_interval), not only once the lock reaches it. */
+static void test_dead_client_leaves_queue(void)
+{
+    char name[128], sql[160];
+    snprintf(name, sizeof name, "%sdead-client", prefix);
+    int64_t key = dlock_pg_key(NULL, name, strlen(name));
+    snprintf(sql, sizeof sql, "SELECT pg_advisory_lock(%lld)", (long long)key);
+    free(q1(raw, sql));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dlock_client *c = NULL;
+        dlock_lock *l = NULL;
+        dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+        if (dlock_client_open(uri, &c) == 0)
+            dlock_acquire(c, name, &o, &l); /* queued, then killed */
+        _exit(0);
+    }
+    ok(await_waiting(key, 1), "a waiter without deadline queues");
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    uint64_t t0 = dlock_monotonic_ns();
+    int left = 1;
+    while (left && dlock_monotonic_ns() - t0 < 5000 * MS) {
+        sleep_ms(50);
+        left = waiting_on(key);
+    }
+    ok(left == 0, "once its process is killed, it leaves the server's queue: %.0f ms (bound 3 s)",
+       (dlock_monotonic_ns() - t0) / 1e6);
+    ok(dlock_monotonic_ns() - t0 < 3000 * MS, "within 3 s, the lock still held");
+    snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%lld)", (long long)key);
+    free(q1(raw, sql));
+}
+
 static void test_inspect_details(void)
 {
     char name[128], sql[160], u[512];
@@ -2252,6 +2289,7 @@ static const struct {
     {"raise_sequence_concurrent", test_raise_sequence_concurrent},
     {"store_floor", test_store_floor},
     {"store_floor_blocked", test_store_floor_blocked},
+    {"dead_client_leaves_queue", test_dead_client_leaves_queue},
     {"inspect_details", test_inspect_details},
     {"thousand_locks", test_thousand_locks},
     {"shared_release", test_shared_release},
