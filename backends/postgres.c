@@ -55,9 +55,10 @@
  * cancel gets CANCEL_MS, the error reply CANCEL_MS more, a grant that came
  * in that instant is undone as a deadline's is (CANCEL_MS more), and the
  * session stays pooled. A cancel or reply not in time closes the session
- * instead (the server then drops the waiter within a second: a wait sets
- * client_connection_check_interval), so a cancelled wait returns within
- * CANCEL_MS on a silent network, 3 x CANCEL_MS at most.
+ * instead (a server the close reaches drops the waiter within a second: a
+ * wait sets client_connection_check_interval; one cut off, once its
+ * keepalives give up or the lock reaches the waiter), so a cancelled wait
+ * returns within CANCEL_MS on a silent network, 3 x CANCEL_MS at most.
  *
  * The acquire's transaction sets what it relies on, whatever the server's,
  * the database's or the role's defaults (or PGOPTIONS) say: READ COMMITTED
@@ -643,6 +644,12 @@ static int timed_out(struct pg_conn *pc, struct pg_session *s, const char *what,
                         " ms; the session was closed", what, s->timed_out_ms);
 }
 
+/* Sets client_connection_check_interval to 1 s for the transaction, where
+ * the server can check (see acquire_on()). One statement. */
+#define CHECK_CLIENT_SQL                                                                       \
+    "DO $$BEGIN PERFORM set_config('client_connection_check_interval', '1000', true); "       \
+    "EXCEPTION WHEN invalid_parameter_value THEN NULL; END$$; "
+
 /* How long a cancelled wait gives the server to take the cancel, then
  * again to end the statement: what a deadline's cleanup gets, each. */
 #define CANCEL_MS 150
@@ -695,8 +702,9 @@ static void *cancel_main(void *p)
  * runs on a thread of its own, and is waited for until until_ns: 0 when
  * sent in time (the statement's reply, an error unless the grant won the
  * race, follows on the session); else the session is closed, the only
- * other way to end the wait (the server drops the waiter within a second,
- * client_connection_check_interval, or when the lock reaches it), and the
+ * other way to end the wait (a server the close reaches drops the waiter
+ * within a second, client_connection_check_interval; else when its
+ * keepalives give up or the lock reaches the waiter), and the
  * thread is left to end by itself, holding nothing but its own connection:
  * when that server closes it or a dead peer fails its keepalives; a peer
  * that accepts and never closes (a hung proxy) keeps it, so at most
@@ -1115,7 +1123,7 @@ static uint64_t acquire_until(const struct pg_conn *pc, const dlock_request *req
 static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_request *req,
                       int64_t key, uint64_t cap_ns, uint64_t *token, uint64_t *granted_ns)
 {
-    char sql[1500], idle[64], settings[384], tg[128];
+    char sql[1700], idle[64], settings[512], tg[128];
     PGresult *r = NULL;
     int stmt = 4, err;
     uint64_t start = dlock_monotonic_ns(), until = acquire_until(pc, req, start);
@@ -1139,15 +1147,18 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
     /* The transaction's own settings, whatever the server's defaults. */
     tag(tg, sizeof tg, req->owner_hex, lease_ms, 0, key);
     /* A wait also has the server look for its client every second
-     * (client_connection_check_interval, PostgreSQL 14+): a session closed
-     * while queued (a cancel or a deadline not answered in time) then
-     * leaves the lock's queue within a second, not when the lock reaches
-     * it. */
+     * (client_connection_check_interval, PostgreSQL 14+): a session whose
+     * close reaches the server while it is queued (its process died, or a
+     * cancel or a deadline went unanswered on a live network) then leaves
+     * the lock's queue within a second, not when the lock reaches it.
+     * Servers that cannot check (no POLLRDHUP: Windows; version 14 off
+     * Linux) refuse any value but 0: the DO block ignores that refusal,
+     * which would otherwise abort the transaction. */
     snprintf(settings, sizeof settings,
              "%sSET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on; "
              "SET LOCAL lock_timeout = %" PRIu64 "; SET LOCAL statement_timeout = %" PRIu64 "; %s",
              tg, lock_ms, stmt_ms,
-             req->wait == DLOCK_WAIT_TRY ? "" : "SET LOCAL client_connection_check_interval = 1000; ");
+             req->wait == DLOCK_WAIT_TRY ? "" : CHECK_CLIENT_SQL);
     stmt += req->wait != DLOCK_WAIT_TRY;
     /* The lock and the counter bump in one statement: the CTE runs once
      * (MATERIALIZED), and the INSERT (or nextval) only where the lock was

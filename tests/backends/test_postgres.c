@@ -811,15 +811,11 @@ static void *waiter_run(void *arg)
     return NULL;
 }
 
-/* inspect: what only PostgreSQL shows. A session outside dlock holding
- * the key is named by its pid (no tag, so no token and no lease); a
- * deadline waiter that gave up leaves pg_locks and is not counted; a
- * renewal's tag names the token and the new TTL; token=sequence keeps no
- * per-name counter. */
 /* A waiter whose client is gone (killed while queued, or a session dlock
- * closed because a cancel or a deadline went unanswered) leaves the
- * server's queue within a second or two (the wait's
- * client_connection_check_interval), not only once the lock reaches it. */
+ * closed because a cancel or a deadline went unanswered, when the close
+ * reaches the server) leaves the server's queue within a second or two
+ * (the wait's client_connection_check_interval), not only once the lock
+ * reaches it. */
 static void test_dead_client_leaves_queue(void)
 {
     char name[128], sql[160];
@@ -829,6 +825,10 @@ static void test_dead_client_leaves_queue(void)
     free(q1(raw, sql));
     fflush(stdout);
     pid_t pid = fork();
+    if (pid < 0) {
+        ok(0, "fork: %s", strerror(errno));
+        return;
+    }
     if (pid == 0) {
         dlock_client *c = NULL;
         dlock_lock *l = NULL;
@@ -853,6 +853,11 @@ static void test_dead_client_leaves_queue(void)
     free(q1(raw, sql));
 }
 
+/* inspect: what only PostgreSQL shows. A session outside dlock holding
+ * the key is named by its pid (no tag, so no token and no lease); a
+ * deadline waiter that gave up leaves pg_locks and is not counted; a
+ * renewal's tag names the token and the new TTL; token=sequence keeps no
+ * per-name counter. */
 static void test_inspect_details(void)
 {
     char name[128], sql[160], u[512];

@@ -982,7 +982,7 @@ static void test_fifo(void)
         if (pids[i] == 0) {
             dlock_client *c = client();
             dlock_lock *l = NULL;
-            dlock_acquire_opts o = wait_for(20000);
+            dlock_acquire_opts o = wait_for(60000); /* the queue may take a while to fill */
             char ch = (char)('0' + i);
             if (write(ready[1], "r", 1) != 1) /* connected: about to queue */
                 _exit(3);
@@ -1010,7 +1010,7 @@ static void test_fifo(void)
         struct pollfd pr = {.fd = ready[0], .events = POLLIN};
         if (poll(&pr, 1, 20000) != 1 || read(ready[0], &r, 1) != 1)
             diag("waiter %d did not connect within 20 s", i);
-        else if (waiters_reach(watcher, name, (uint64_t)i + 1, 3000) <= 0)
+        else if (waiters_reach(watcher, name, (uint64_t)i + 1, 10000) <= 0)
             sleep_ms(150);
     }
     close(ready[0]);
@@ -1296,8 +1296,10 @@ static void test_leases(void)
     is_int(dlock_release(la), DLOCK_ELOST, "stale holder's release → DLOCK_ELOST");
     o = try_once();
     is_int(dlock_acquire(a, name, &o, &lc), DLOCK_EBUSY, "the new holder's lock was left alone");
-    if (lb)
-        dlock_release(lb);
+    if (lb) {
+        int rc = dlock_release(lb);
+        is_int(rc, 0, "the new holder releases%s%s", rc ? ": " : "", rc ? dlock_errmsg(b) : "");
+    }
 
     o.ttl_ms = 300;
     is_int(dlock_acquire(a, name, &o, &la), 0, "acquire with a 300 ms lease");
