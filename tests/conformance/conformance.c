@@ -459,27 +459,29 @@ static int inspect_ok(dlock_client *c, const char *name, dlock_info *i)
     return rc == 0;
 }
 
-/* Waits until the store counts n waiters on name, asking every 200 ms for
- * up to ms: 1 once it does, 0 if it never did (or inspect failed: said in
- * a diagnostic), -1 where the store does not count waiters. Cases that need one waiter queued before the next starts
- * use it rather than a fixed pause, which a busy machine can outlast (a
- * waiter's process may take longer to reach the store than the pause).
- * Not more often: MySQL's row-lock waiters are in InnoDB's views, a cache
- * that refreshes only after 0.1 s without a reader. */
-static int waiters_reach(dlock_client *c, const char *name, uint64_t n, uint32_t ms)
+/* Waits until the store counts exactly n waiters on name, asking every
+ * 200 ms for up to ms; *i is the last answer (zeroed if none). 1 once it
+ * does, 0 if it never did (or inspect failed: said in a diagnostic), -1
+ * where the store does not count waiters. Cases that need one waiter
+ * queued before the next starts use it rather than a fixed pause, which a
+ * busy machine can outlast (a waiter's process may take longer to reach
+ * the store than the pause); others, to see a count the store may show
+ * late. Not more often: MySQL's row-lock waiters are in InnoDB's views, a
+ * cache that refreshes only after 0.1 s without a reader. */
+static int waiters_reach(dlock_client *c, const char *name, uint64_t n, uint32_t ms, dlock_info *i)
 {
-    dlock_info i;
     uint64_t until = dlock_monotonic_ns() + (uint64_t)ms * MS;
+    memset(i, 0, sizeof *i);
     for (;;) {
-        if (!inspect_ok(c, name, &i))
+        if (!inspect_ok(c, name, i))
             return 0;
-        if (!(i.known & DLOCK_KNOWS_WAITERS))
+        if (!(i->known & DLOCK_KNOWS_WAITERS))
             return -1;
-        if (i.waiters >= n)
+        if (i->waiters == n)
             return 1;
         if (dlock_monotonic_ns() >= until) {
             diag("the store counted %llu waiters, not %llu, within %u ms",
-                 (unsigned long long)i.waiters, (unsigned long long)n, ms);
+                 (unsigned long long)i->waiters, (unsigned long long)n, ms);
             return 0;
         }
         sleep_ms(200);
@@ -524,18 +526,14 @@ static void test_inspect(void)
 
     /* Two waiters queue behind it, the first surely before the second. */
     struct holder w1 = spawn_holder(name, 5000);
-    if (waiters_reach(d, name, 1, 10000) <= 0)
+    if (waiters_reach(d, name, 1, 10000, &i) <= 0)
         sleep_ms(300);
     struct holder w2 = spawn_holder(name, 5000);
     /* Waiters may be seen late (MySQL's are in InnoDB's views, a snapshot
      * that other suites inspecting the same server keep from refreshing
      * while they read it every 0.1 s): ask every 0.2 s, up to 8 s. */
-    int seen = 0;
-    for (int k = 0; k < 40 && !seen; k++) {
-        sleep_ms(200);
-        seen = inspect_ok(d, name, &i) && (!(i.known & DLOCK_KNOWS_WAITERS) || i.waiters == 2);
-    }
-    if (i.known & DLOCK_KNOWS_WAITERS)
+    int seen = waiters_reach(d, name, 2, 8000, &i);
+    if (seen >= 0)
         ok(seen, "two waiters counted (%llu)", (unsigned long long)i.waiters);
     if (i.known & DLOCK_KNOWS_ORDER)
         ok(i.listed == 2 && i.waiter[0][0] && i.waiter[1][0] && strcmp(i.waiter[0], i.waiter[1]),
@@ -559,14 +557,9 @@ static void test_inspect(void)
        (unsigned long long)t1);
     if (inspect_ok(d, name, &i) && (i.known & DLOCK_KNOWS_TOKEN))
         ok(i.held && SAME_TOKEN(i.token, t1), "inspect names the new holder's token");
-    if (i.known & DLOCK_KNOWS_WAITERS) {
-        for (int k = 0; k < 40 && i.waiters != 1; k++) {
-            sleep_ms(200);
-            if (!inspect_ok(d, name, &i))
-                break;
-        }
-        ok(i.waiters == 1, "one waiter left (%llu)", (unsigned long long)i.waiters);
-    }
+    if (i.known & DLOCK_KNOWS_WAITERS)
+        ok(waiters_reach(d, name, 1, 8000, &i) == 1, "one waiter left (%llu)",
+           (unsigned long long)i.waiters);
     if (write(next->control, "x", 1) != 1)
         diag("cannot tell the next holder to release");
     uint64_t t2 = holder_token(last);
@@ -977,6 +970,7 @@ static void test_fifo(void)
     struct holder h = spawn_holder(name, 30000);
     ok(holder_token(&h) > 0, "holder process acquired");
     dlock_client *watcher = client(); /* counts the queued waiters */
+    dlock_info seen;
     for (int i = 0; i < N; i++) {
         pids[i] = fork();
         if (pids[i] == 0) {
@@ -1010,7 +1004,7 @@ static void test_fifo(void)
         struct pollfd pr = {.fd = ready[0], .events = POLLIN};
         if (poll(&pr, 1, 20000) != 1 || read(ready[0], &r, 1) != 1)
             diag("waiter %d did not connect within 20 s", i);
-        else if (waiters_reach(watcher, name, (uint64_t)i + 1, 10000) <= 0)
+        else if (waiters_reach(watcher, name, (uint64_t)i + 1, 10000, &seen) <= 0)
             sleep_ms(150);
     }
     close(ready[0]);
@@ -1203,16 +1197,8 @@ static void test_cancel(void)
      * late on MySQL: see test_inspect). A waiter abandoned rather than
      * taken out would still be counted. */
     dlock_info info;
-    int counted = 0, seen = 0;
-    for (int i = 0; i < 40 && !seen; i++) {
-        if (dlock_inspect(next, name, &info) != 0)
-            break;
-        counted = (info.known & DLOCK_KNOWS_WAITERS) != 0;
-        seen = !counted || info.waiters == 1;
-        if (!seen)
-            sleep_ms(200);
-    }
-    if (counted)
+    int seen = waiters_reach(next, name, 1, 8000, &info);
+    if (seen >= 0)
         ok(seen, "the store counts one waiter left, not the cancelled one (%llu)",
            (unsigned long long)info.waiters);
 
@@ -1382,6 +1368,24 @@ static uint64_t call_bound_ms(void)
     return 3000;
 }
 
+/* fork() for a child in a process group of its own (kill_group() ends it
+ * with everything it started) that dies with the test: 0 in the child,
+ * its pid in the test. Set on both sides, so neither races the other. */
+static pid_t fork_group(void)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        abort();
+    if (pid == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+    } else {
+        setpgid(pid, pid);
+    }
+    return pid;
+}
+
 /* A report from a child process: one write, so one read gets it whole. */
 struct msg {
     int kind, a, b, c;
@@ -1389,15 +1393,20 @@ struct msg {
     char text[DLOCK_ERRMSG_MAX];
 };
 
+static void msg_put(int fd, const struct msg *m)
+{
+    if (write(fd, m, sizeof *m) != (ssize_t)sizeof *m) {
+        /* the parent gave up on us */
+    }
+}
+
 static void msg_send(int fd, int kind, int a, int b, int c, uint64_t t, uint64_t u,
                      const char *text)
 {
     struct msg m = {kind, a, b, c, t, u, 0, ""};
     if (text)
         snprintf(m.text, sizeof m.text, "%s", text);
-    if (write(fd, &m, sizeof m) != (ssize_t)sizeof m) {
-        /* the parent gave up on us */
-    }
+    msg_put(fd, &m);
 }
 
 /* The next report, waiting until the absolute time deadline (ns): 0, or -1
@@ -1474,16 +1483,11 @@ static pid_t spawn_kept(const char *curi, const char *name, uint32_t ttl, int *r
     int p[2];
     if (pipe(p) < 0)
         abort();
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid < 0)
-        abort();
+    pid_t pid = fork_group();
     if (pid == 0) {
         static struct lost_ctx ctx;
         dlock_client *c = NULL;
         dlock_lock *l = NULL;
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
         close(p[0]);
         ctx.fd = p[1];
         int rc = dlock_client_open(curi, &c);
@@ -1515,13 +1519,10 @@ static pid_t spawn_kept(const char *curi, const char *name, uint32_t ttl, int *r
                         __atomic_load_n(&ctx.calls, __ATOMIC_SEQ_CST), when,
                         dlock_lock_expires_ns(l), lease_end, ""};
         snprintf(f.text, sizeof f.text, "%s", fd < 0 ? dlock_err_name(fd) : "");
-        if (write(p[1], &f, sizeof f) != (ssize_t)sizeof f) {
-            /* the parent gave up on us */
-        }
+        msg_put(p[1], &f);
         for (;;)
             pause();
     }
-    setpgid(pid, pid);
     close(p[1]);
     *rfd = p[0];
     return pid;
@@ -1741,23 +1742,10 @@ static void test_cut_connection(void)
     uint64_t lease_end;
     uint64_t t_cb = check_loss_reports(rfd, t0, bound, "after the network went silent", &lease_end);
 
-    if (!lease) {
-        dlock_client *other = client();
-        dlock_lock *l = NULL;
-        dlock_acquire_opts o = wait_for(20000);
-        memset(&w, 0, sizeof w);
-        w.rc = dlock_acquire(other, name, &o, &l);
-        w.end_ns = dlock_monotonic_ns();
-        snprintf(w.why, sizeof w.why, "%s", dlock_errmsg(other));
-        if (l) {
-            w.token = dlock_lock_token(l);
-            dlock_release(l);
-        }
-        dlock_client_close(other);
-    } else {
-        pthread_join(w.th, NULL);
-        dlock_client_close(w.c);
-    }
+    if (!lease)
+        thread_wait_start(&w, name, DLOCK_WAIT_DEADLINE, NULL);
+    pthread_join(w.th, NULL);
+    dlock_client_close(w.c);
     uint64_t t1 = w.end_ns;
     is_int(w.rc, 0, "another client acquires %.0f ms after the cut (bound 20 s)%s%s",
            ms_since(t0, t1), w.rc ? ": " : "", w.rc ? w.why : "");
@@ -1954,21 +1942,15 @@ static void test_silent_open(void)
     }
     char shown[DLOCK_URI_MAX];
     diag("silent store: %s", shown_uri(suri, shown, sizeof shown));
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid < 0)
-        abort();
+    pid_t pid = fork_group();
     if (pid == 0) {
         dlock_client *c = NULL;
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
         uint64_t t0 = dlock_monotonic_ns();
         int rc = dlock_client_open(suri, &c);
         msg_send(p[1], 'O', rc, 0, 0, dlock_monotonic_ns() - t0, 0, dlock_errmsg(c));
         dlock_client_close(c);
         _exit(0);
     }
-    setpgid(pid, pid);
     close(p[1]);
     uint64_t bound = open_bound_ms(), limit = (bound + SLACK_MS) * MS;
     if (msg_recv(p[0], &m, dlock_monotonic_ns() + limit + 5000 * MS) != 0) {
@@ -2006,16 +1988,11 @@ static void test_silent_calls(void)
     }
     name_of(name, sizeof name, "silent");
     name_of(other_name, sizeof other_name, "silent-other");
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid < 0)
-        abort();
+    pid_t pid = fork_group();
     if (pid == 0) {
         dlock_client *c = NULL;
         dlock_lock *l = NULL, *x = NULL;
         char b;
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
         int rc = dlock_client_open(puri, &c);
         if (rc == 0) {
             dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 5000);
@@ -2039,7 +2016,6 @@ static void test_silent_calls(void)
         }
         _exit(0);
     }
-    setpgid(pid, pid);
     close(rp[1]);
     close(cp[0]);
     if (msg_recv(rp[0], &m, dlock_monotonic_ns() + 20000 * MS) != 0 || m.a != 0) {
@@ -2126,17 +2102,12 @@ static void test_silent_cancel(void)
     dlock_lock *l = NULL;
     dlock_acquire_opts o = try_once();
     is_int(dlock_acquire(c, name, &o, &l), 0, "a holder, not through the proxy");
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid < 0)
-        abort();
+    pid_t pid = fork_group();
     if (pid == 0) {
         dlock_client *w = NULL;
         dlock_lock *x = NULL;
         static struct fire_on_byte fb;
         pthread_t th;
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
         fb.fd = cp[0];
         int rc = dlock_client_open(puri, &w);
         if (rc == 0 && (rc = dlock_cancel_new(&fb.k)) == 0 &&
@@ -2152,14 +2123,14 @@ static void test_silent_cancel(void)
         msg_send(rp[1], 'W', rc, 0, 0, fired ? now - fired : 0, 0, dlock_errmsg(w));
         _exit(0);
     }
-    setpgid(pid, pid);
     close(rp[1]);
     close(cp[0]);
     if (msg_recv(rp[0], &m, dlock_monotonic_ns() + 20000 * MS) != 0 || m.a != 0) {
         ok(0, "a waiter opens through the proxy: %s", m.kind == 'R' ? m.text : "no report within 20 s");
         goto out;
     }
-    if (waiters_reach(c, name, 1, 10000) < 0)
+    dlock_info seen;
+    if (waiters_reach(c, name, 1, 10000, &seen) <= 0)
         sleep_ms(500);
     proxy_set(&px, PROXY_BLACKHOLE);
     /* Long enough for the wait's keep-alives and pings to be sent into
