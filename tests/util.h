@@ -22,6 +22,19 @@ static inline void sleep_ms(unsigned ms)
         ;
 }
 
+/* A loopback port free at this instant, for a server the test starts on
+ * it (bound, then closed). */
+static inline int free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bind(s, (struct sockaddr *)&a, sizeof a);
+    getsockname(s, (struct sockaddr *)&a, &alen);
+    close(s);
+    return ntohs(a.sin_port);
+}
+
 /* A loopback port with nothing listening: a socket bound to it and never
  * listening (a connect is refused), kept open for the rest of the process
  * so that no one else can take the port meanwhile. A port closed again at

@@ -77,7 +77,7 @@ static inline void srv_start(struct srv *s, int port, const char *const *extra)
     const char *argv[40] = {"redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
                             "--appendonly", "no", "--dir", "/tmp", "--protected-mode", "no"};
     size_t n = 13;
-    s->port = port ? port : closed_port();
+    s->port = port ? port : free_port();
     snprintf(ps, sizeof ps, "%d", s->port);
     for (size_t i = 0; extra && extra[i] && n < 38; i++)
         argv[n++] = extra[i];
