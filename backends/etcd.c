@@ -61,8 +61,10 @@
  * revision, one counter for every write, which dlock cannot set.
  * token_top is the current revision (from a read's header);
  * raise_floor and raise_token check rather than store: 0 when floor is at
- * most the current revision (every later grant is above it), else
- * DLOCK_ENOTSUP naming both.
+ * most the current revision (every later grant is above it), or when it
+ * is at most DLOCK_RAISE_STEPS_MAX above it, after that many writes of a
+ * key of the prefix's own ("<prefix>/!revision"), else DLOCK_ENOTSUP
+ * naming both.
  *
  * Inspect reads the name's keys in create order (one range, no watch,
  * nothing written): the first holds (token, owner id stored as the value),
@@ -1156,17 +1158,56 @@ static int etcd_token_top(dlock_conn *conn, uint64_t *top)
     return err;
 }
 
+/* One write, to move the revision up by one (or more, with other
+ * writers): a put of "<prefix>/!revision", a key of the prefix's own (a
+ * name's keys are "<prefix>/<name>/<lease id>"). *rev is the put's. */
+static int step_revision(struct etcd_conn *ec, uint64_t until, int64_t *rev)
+{
+    size_t plen = strlen(ec->prefix);
+    char *key = malloc(plen + sizeof "/!revision");
+    if (!key)
+        return oom(ec);
+    memcpy(key, ec->prefix, plen);
+    memcpy(key + plen, "/!revision", sizeof "/!revision");
+    json_object *req = json_object_new_object(), *root;
+    if (req) {
+        json_object_object_add(req, "key", etcd_new_bytes(key, strlen(key)));
+        json_object_object_add(req, "value", etcd_new_bytes("", 0));
+    }
+    free(key);
+    int err = call_ok(ec, &ec->app, "/v3/kv/put", req, until, DLOCK_ECONNECT,
+                      "moving the revision up", &root);
+    if (err)
+        return err;
+    *rev = etcd_int(etcd_get(root, "header"), "revision");
+    json_object_put(root);
+    return 0;
+}
+
+/* 0 when every later create revision is above floor: floor is at most the
+ * current revision, or a few writes reach it. dlock migrate sets the
+ * other store's floor to etcd's current revision, so a list's other part
+ * can come back with that + 1 (or + the number of lists granting at once)
+ * while etcd is quiet: up to DLOCK_RAISE_STEPS_MAX revisions are made up
+ * by writes, one each. Anything higher is refused naming both. */
 static int check_floor(struct etcd_conn *ec, uint64_t floor, const char *what)
 {
     int64_t rev;
-    int err = current_revision(ec, call_until(ec), &rev);
+    uint64_t until = call_until(ec);
+    int err = current_revision(ec, until, &rev);
+    for (int i = 0; err == 0 && i < DLOCK_RAISE_STEPS_MAX && rev >= 0 && floor > (uint64_t)rev &&
+                    floor - (uint64_t)rev <= DLOCK_RAISE_STEPS_MAX;
+         i++)
+        err = step_revision(ec, until, &rev);
     if (err)
         return err;
-    if (floor <= (uint64_t)rev)
-        return 0; /* every later create revision is above the current one */
+    if (rev >= 0 && floor <= (uint64_t)rev)
+        return 0;
     return dlock_seterr(cl(ec), DLOCK_ENOTSUP,
                         "etcd's tokens are its revisions and cannot be raised: %s %" PRIu64
-                        " is above the current revision %" PRId64, what, floor, rev);
+                        " is above the current revision %" PRId64
+                        " (by more than the %d writes dlock makes to move it up)",
+                        what, floor, rev, DLOCK_RAISE_STEPS_MAX);
 }
 
 static int etcd_raise_floor(dlock_conn *conn, uint64_t floor)

@@ -30,7 +30,9 @@
  * does not expose the zxid of its replies' headers. raise_floor stores
  * nothing, it checks: 0 when floor is at most a zxid this connection has
  * seen committed (any stat it received), else at most a new probe's zxid,
- * since every later czxid is above both; else DLOCK_ENOTSUP. raise_token
+ * since every later czxid is above both (a floor up to
+ * DLOCK_RAISE_STEPS_MAX above it is reached with more probes, one per
+ * zxid); else DLOCK_ENOTSUP. raise_token
  * checks the same way, so that a multi-name lock's part accepts the
  * largest czxid of its siblings.
  *
@@ -1853,8 +1855,13 @@ static int zk_token_top(dlock_conn *conn, uint64_t *top)
 }
 
 /* 0 when every later czxid is above floor: floor is at most a zxid seen
- * committed, or at most the current one (a probe); else *zxid is the
- * current one and the answer DLOCK_ENOTSUP, for the caller to explain. */
+ * committed, or at most the current one (a probe: a write). A floor up to
+ * DLOCK_RAISE_STEPS_MAX above the current zxid is reached with one more
+ * probe per missing zxid: dlock migrate sets the other store's floor to
+ * ZooKeeper's top, so a list's other part can come back with that + 1 (or
+ * + the number of lists granting at once) while the ensemble is quiet.
+ * Else *zxid is the current one and the answer DLOCK_ENOTSUP, for the
+ * caller to explain. */
 static int zxid_covers(struct zk_conn *zc, uint64_t floor, uint64_t *zxid)
 {
     pthread_mutex_lock(&zc->mu);
@@ -1862,10 +1869,16 @@ static int zxid_covers(struct zk_conn *zc, uint64_t floor, uint64_t *zxid)
     pthread_mutex_unlock(&zc->mu);
     if (floor <= seen)
         return 0;
-    int err = zk_token_top(&zc->base, zxid);
-    if (err)
-        return err;
-    return floor <= *zxid ? 0 : DLOCK_ENOTSUP;
+    for (int i = 0; i <= DLOCK_RAISE_STEPS_MAX; i++) {
+        int err = zk_token_top(&zc->base, zxid);
+        if (err)
+            return err;
+        if (floor <= *zxid)
+            return 0;
+        if (floor - *zxid > DLOCK_RAISE_STEPS_MAX)
+            break;
+    }
+    return DLOCK_ENOTSUP;
 }
 
 static int zk_raise_floor(dlock_conn *conn, uint64_t floor)
@@ -1878,8 +1891,9 @@ static int zk_raise_floor(dlock_conn *conn, uint64_t floor)
     return dlock_seterr(conn->client, err,
                         "zookeeper %s: ZooKeeper's tokens are its transaction ids (czxids), "
                         "which cannot be set: the floor %" PRIu64 " is above the current "
-                        "transaction id %" PRIu64 ", so the next tokens may not be above it",
-                        zc->hosts, floor, zxid);
+                        "transaction id %" PRIu64 " by more than the %d writes dlock makes "
+                        "to move it up, so the next tokens may not be above it",
+                        zc->hosts, floor, zxid, DLOCK_RAISE_STEPS_MAX);
 }
 
 /* Tokens are the lock nodes' czxids: transaction ids the ensemble hands
@@ -1899,8 +1913,9 @@ static int zk_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
     return dlock_seterr(conn->client, err,
                         "ZooKeeper's tokens are its transaction ids and cannot be raised: "
                         "%" PRIu64 " is above this lock's token %" PRIu64 " and the current "
-                        "transaction id %" PRIu64,
-                        floor, held->token, zxid);
+                        "transaction id %" PRIu64 " (by more than the %d writes dlock makes to "
+                        "move it up)",
+                        floor, held->token, zxid, DLOCK_RAISE_STEPS_MAX);
 }
 
 const dlock_backend dlock_zookeeper_backend = {

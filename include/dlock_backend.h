@@ -40,6 +40,11 @@ enum {
     DLOCK_CAP_CANCEL = 1u << 9,   /* waits end when request.cancel_fd fires */
 };
 
+/* How far a backend whose tokens it cannot set, but whose counter moves
+ * with every write, moves it up with writes of its own to reach a floor
+ * (raise_token, raise_floor). */
+#define DLOCK_RAISE_STEPS_MAX 16
+
 /* A parsed URI. Opaque; read through the getters below. */
 typedef struct dlock_uri dlock_uri;
 
@@ -242,7 +247,12 @@ struct dlock_backend {
      * when the store's tokens cannot reach floor. A backend whose tokens it
      * cannot set (ZooKeeper's transaction ids) checks instead: 0 when its
      * next tokens are above floor anyway, else DLOCK_ENOTSUP with a detail
-     * naming both values. Safe while other clients hold and wait. */
+     * naming both values. Safe while other clients hold and wait. Such a
+     * backend whose counter moves with every write (a transaction id, a
+     * revision) makes up to DLOCK_RAISE_STEPS_MAX of them with writes of
+     * its own before it refuses (raise_token too): dlock migrate sets the
+     * other store's floor to this one's top, so a list's other part can
+     * come back with a token just above it while this store is quiet. */
     int (*raise_floor)(dlock_conn *conn, uint64_t floor);
 
     /* Version 5. */
