@@ -1121,31 +1121,46 @@ static int etcd_ping(dlock_conn *conn)
     return err;
 }
 
+/* <prefix><tail>, malloc'd; NULL when out of memory. */
+static char *prefix_key(struct etcd_conn *ec, const char *tail)
+{
+    size_t plen = strlen(ec->prefix), tlen = strlen(tail);
+    char *k = malloc(plen + tlen + 1);
+    if (k) {
+        memcpy(k, ec->prefix, plen);
+        memcpy(k + plen, tail, tlen + 1);
+    }
+    return k;
+}
+
+/* A call whose reply header's revision goes to *rev. */
+static int call_revision(struct etcd_conn *ec, const char *path, json_object *req, uint64_t until,
+                         const char *what, int64_t *rev)
+{
+    json_object *root;
+    int err = call_ok(ec, &ec->app, path, req, until, DLOCK_ECONNECT, what, &root);
+    if (err)
+        return err;
+    *rev = etcd_int(etcd_get(root, "header"), "revision");
+    json_object_put(root);
+    return 0;
+}
+
 /* The current revision: a count-only read of the prefix (which also
  * checks that the user may read it). */
 static int current_revision(struct etcd_conn *ec, uint64_t until, int64_t *rev)
 {
-    size_t plen = strlen(ec->prefix);
-    char *dir = malloc(plen + 2);
+    char *dir = prefix_key(ec, "/");
     if (!dir)
         return oom(ec);
-    memcpy(dir, ec->prefix, plen);
-    dir[plen] = '/';
-    dir[plen + 1] = '\0';
-    json_object *req = range_req(dir, plen + 1, "NONE", 0, 0), *root;
+    json_object *req = range_req(dir, strlen(dir), "NONE", 0, 0);
     free(dir);
     if (req) {
         json_object_object_del(req, "sort_target");
         json_object_object_del(req, "sort_order");
         json_object_object_add(req, "count_only", json_object_new_boolean(1));
     }
-    int err = call_ok(ec, &ec->app, "/v3/kv/range", req, until, DLOCK_ECONNECT,
-                      "reading the prefix", &root);
-    if (err)
-        return err;
-    *rev = etcd_int(etcd_get(root, "header"), "revision");
-    json_object_put(root);
-    return 0;
+    return call_revision(ec, "/v3/kv/range", req, until, "reading the prefix", rev);
 }
 
 static int etcd_token_top(dlock_conn *conn, uint64_t *top)
@@ -1163,25 +1178,16 @@ static int etcd_token_top(dlock_conn *conn, uint64_t *top)
  * name's keys are "<prefix>/<name>/<lease id>"). *rev is the put's. */
 static int step_revision(struct etcd_conn *ec, uint64_t until, int64_t *rev)
 {
-    size_t plen = strlen(ec->prefix);
-    char *key = malloc(plen + sizeof "/!revision");
+    char *key = prefix_key(ec, "/!revision");
     if (!key)
         return oom(ec);
-    memcpy(key, ec->prefix, plen);
-    memcpy(key + plen, "/!revision", sizeof "/!revision");
-    json_object *req = json_object_new_object(), *root;
+    json_object *req = json_object_new_object();
     if (req) {
         json_object_object_add(req, "key", etcd_new_bytes(key, strlen(key)));
         json_object_object_add(req, "value", etcd_new_bytes("", 0));
     }
     free(key);
-    int err = call_ok(ec, &ec->app, "/v3/kv/put", req, until, DLOCK_ECONNECT,
-                      "moving the revision up", &root);
-    if (err)
-        return err;
-    *rev = etcd_int(etcd_get(root, "header"), "revision");
-    json_object_put(root);
-    return 0;
+    return call_revision(ec, "/v3/kv/put", req, until, "moving the revision up", rev);
 }
 
 /* 0 when every later create revision is above floor: floor is at most the

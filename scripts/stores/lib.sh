@@ -213,7 +213,11 @@ wait_ready() { # insts cmd...
     while :; do
         if "$@" >/dev/null 2>&1; then return 0; fi
         for inst in $insts; do
-            if ! inst_pid "$inst" >/dev/null; then
+            # Alive, not inst_pid: just launched, the process may not have
+            # exec'd the server yet (its name still bash or setsid; seen
+            # once in CI under load, a redis declared dead that then
+            # started), and its pid cannot have been reused.
+            if ! alive "$(head -n1 "$DIR/$inst/pid" 2>/dev/null)"; then
                 log "$inst: server process exited; last lines of $DIR/$inst/log:"
                 tail -n 30 "$DIR/$inst/log" >&2 2>/dev/null || true
                 die "$inst did not start"

@@ -333,6 +333,15 @@ static void test_tokens(void)
     dlock_client_close(b);
 }
 
+/* The store's token top + DLOCK_RAISE_STEPS_MAX: a floor that a store
+ * whose counter moves with its writes reaches by writing. */
+static uint64_t top_plus_steps(dlock_client *c)
+{
+    uint64_t top = 0;
+    is_int(dlock_client_token_top(c, &top), 0, "token top: %s", dlock_errmsg(c));
+    return top + DLOCK_RAISE_STEPS_MAX;
+}
+
 /* dlock_lock_raise_token: on a store that can raise (DLOCK_CAP_RAISE), the
  * name's later grants, on any client, are above the floor; a lower floor
  * never lowers the counter. Elsewhere a floor at or above the lock's own
@@ -365,9 +374,7 @@ static void test_raise_token(void)
              * move its counter that far. (Not on a list, whose top is its
              * parts' largest: the refused raise above may have moved a
              * part that can raise.) */
-            uint64_t top = 0;
-            is_int(dlock_client_token_top(c, &top), 0, "token top: %s", dlock_errmsg(c));
-            floor = top + DLOCK_RAISE_STEPS_MAX;
+            floor = top_plus_steps(c);
             rc = dlock_lock_raise_token(l, floor);
             is_int(rc, 0, "a floor %d above the store's top is reached by its writes (%s)",
                    DLOCK_RAISE_STEPS_MAX, rc ? dlock_errmsg(c) : "ok");
@@ -449,9 +456,7 @@ static void test_store_floor(void)
          * a list, whose top the raise above moved up in one part). */
         floor = t0;
         if (nparts <= 1) {
-            uint64_t now = 0;
-            is_int(dlock_client_token_top(c, &now), 0, "token top: %s", dlock_errmsg(c));
-            floor = now + DLOCK_RAISE_STEPS_MAX;
+            floor = top_plus_steps(c);
             rc = dlock_client_raise_floor(c, floor);
             is_int(rc, 0, "a floor %d above the top is reached by the store's writes (%s)",
                    DLOCK_RAISE_STEPS_MAX, rc ? dlock_errmsg(c) : "ok");
