@@ -58,7 +58,6 @@ static const char *auth_uri;
 static unsigned int caps;
 static char prefix[64]; /* per-run name prefix: runs never collide */
 static char backend[32]; /* "file", "redis", "redlock", "postgres", ... */
-static int nparts;       /* stores in the URI: more than 1 for a list */
 static int nhosts;       /* 0: no network (file) */
 static int composite;    /* a list of stores (one lock in each) */
 
@@ -368,7 +367,7 @@ static void test_raise_token(void)
                "a store that cannot raise refuses a floor above its token: %s", dlock_errmsg(c));
         if (!can)
             floor = t1;
-        if (!can && nparts <= 1) {
+        if (!can && !composite) {
             /* A list's other part, raised to this store's top by dlock
              * migrate, comes back with top + 1: the store's own writes
              * move its counter that far. (Not on a list, whose top is its
@@ -455,7 +454,7 @@ static void test_store_floor(void)
          * writes: a floor just above its top, reached by writing (not on
          * a list, whose top the raise above moved up in one part). */
         floor = t0;
-        if (nparts <= 1) {
+        if (!composite) {
             floor = top_plus_steps(c);
             rc = dlock_client_raise_floor(c, floor);
             is_int(rc, 0, "a floor %d above the top is reached by the store's writes (%s)",
@@ -2279,6 +2278,7 @@ static void run_parallel(struct pcase *cs, int n, unsigned limit_s)
 /* ---- lists of stores: one lock in each ------------------------------------ */
 
 static char parts[8][DLOCK_URI_MAX];
+static int nparts;
 
 /* The name held in one store alone, on a client of its own. */
 static dlock_client *part_client(int i)
