@@ -22,17 +22,25 @@ static inline void sleep_ms(unsigned ms)
         ;
 }
 
+/* A loopback socket bound to a port the kernel picks, not listening: its
+ * port, with the socket in *fd. */
+static inline int bound_port(int *fd)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    *fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bind(*fd, (struct sockaddr *)&a, sizeof a);
+    getsockname(*fd, (struct sockaddr *)&a, &alen);
+    return ntohs(a.sin_port);
+}
+
 /* A loopback port free at this instant, for a server the test starts on
  * it (bound, then closed). */
 static inline int free_port(void)
 {
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof a;
-    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    bind(s, (struct sockaddr *)&a, sizeof a);
-    getsockname(s, (struct sockaddr *)&a, &alen);
+    int s, port = bound_port(&s);
     close(s);
-    return ntohs(a.sin_port);
+    return port;
 }
 
 /* A loopback port with nothing listening: a socket bound to it and never
@@ -42,12 +50,8 @@ static inline int free_port(void)
  * the "closed" connection to a live store. */
 static inline int closed_port(void)
 {
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof a;
-    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    bind(s, (struct sockaddr *)&a, sizeof a);
-    getsockname(s, (struct sockaddr *)&a, &alen);
-    return ntohs(a.sin_port); /* s stays open, on purpose */
+    int s;
+    return bound_port(&s); /* s stays open, on purpose */
 }
 
 /* Options waiting as told, up to wait_ms from now, with a lease of ttl_ms
