@@ -1418,7 +1418,7 @@ fail:
 }
 
 const dlock_backend dlock_etcd_backend = {
-    .version = DLOCK_BACKEND_VERSION,
+    DLOCK_BACKEND_INIT,
     .name = "etcd",
     .schemes = etcd_schemes,
     /* No HOLDER_DEATH: a dead holder's lock goes when its lease runs out. */

@@ -295,32 +295,19 @@ static int wait_until(int fd, uint64_t deadline_ns, int cancel_fd, int *sys_errn
         *sys_errno = r;
         return DLOCK_EIO;
     }
-    struct pollfd p[2] = {{.fd = w.donefd, .events = POLLIN}, {.fd = cancel_fd, .events = POLLIN}};
-    for (;;) {
-        struct timespec ts, *tsp = NULL;
-        if (deadline_ns != UINT64_MAX) {
-            uint64_t now = dlock_monotonic_ns(), left = deadline_ns > now ? deadline_ns - now : 0;
-            ts.tv_sec = (time_t)(left / 1000000000u);
-            ts.tv_nsec = (long)(left % 1000000000u);
-            tsp = &ts;
-        }
-        int n = ppoll(p, cancel_fd >= 0 ? 2 : 1, tsp, NULL);
-        /* A signal ends a wait without deadline, as a plain F_OFD_SETLKW's
-         * EINTR does; a deadline wait goes on (it always has). */
-        if (n < 0 && errno == EINTR && deadline_ns != UINT64_MAX)
-            continue;
-        if (n < 0 && errno == EINTR) {
-            /* A handler that raised the flag makes it a cancel. */
-            interrupted = 1;
-            n = cancel_fd >= 0 ? poll(&p[1], 1, 0) : 0;
-            if (n < 0)
-                n = 0;
-            p[0].revents = 0;
-        }
-        perr = n < 0 ? errno : 0;
-        cancelled = n > 0 && (p[1].revents & POLLIN) && !(p[0].revents & POLLIN);
-        break; /* done, cancelled, timed out, or poll failed */
+    struct pollfd p = {.fd = w.donefd, .events = POLLIN};
+    /* A signal ends a wait without deadline, as a plain F_OFD_SETLKW's
+     * EINTR does; a deadline wait goes on (it always has). */
+    int n = dlock_poll_until(&p, 1, cancel_fd, deadline_ns,
+                             deadline_ns == UINT64_MAX ? DLOCK_POLL_INTR : 0);
+    if (n == DLOCK_POLL_SIGNAL) {
+        /* A handler that raised the flag makes it a cancel. */
+        interrupted = 1;
+        n = dlock_fd_cancelled(cancel_fd) ? DLOCK_POLL_CANCEL : 0;
     }
+    /* done, cancelled, timed out, or poll failed */
+    perr = n == DLOCK_POLL_ERROR ? errno : 0;
+    cancelled = n > 0 && (n & DLOCK_POLL_CANCEL) && !(n & DLOCK_POLL_READY);
     pthread_mutex_lock(&w.mu);
     done = w.done;
     err = w.err;
@@ -901,7 +888,7 @@ static int file_inspect(dlock_conn *conn, const char *name, size_t len, dlock_in
 }
 
 const dlock_backend dlock_file_backend = {
-    .version = DLOCK_BACKEND_VERSION,
+    DLOCK_BACKEND_INIT,
     .name = "file",
     .schemes = file_schemes,
     .caps = DLOCK_CAP_FENCING | DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH |
@@ -912,7 +899,6 @@ const dlock_backend dlock_file_backend = {
     .acquire = file_acquire,
     .release = file_release,
     .renew = file_renew,
-    .ping = NULL,
     .keep = file_renew,
     .raise_token = file_raise_token,
     .token_top = file_token_top,

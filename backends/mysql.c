@@ -3538,7 +3538,7 @@ fail:
 }
 
 const dlock_backend dlock_mysql_backend = {
-    .version = DLOCK_BACKEND_VERSION,
+    DLOCK_BACKEND_INIT,
     .name = "mysql",
     .schemes = mysql_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |

@@ -2095,7 +2095,7 @@ again:
 }
 
 const dlock_backend dlock_postgres_backend = {
-    .version = DLOCK_BACKEND_VERSION,
+    DLOCK_BACKEND_INIT,
     .name = "postgres",
     .schemes = pg_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |

@@ -2149,7 +2149,7 @@ static int redis_inspect(dlock_conn *conn, const char *name, size_t len, dlock_i
 }
 
 const dlock_backend dlock_redis_backend = {
-    .version = DLOCK_BACKEND_VERSION,
+    DLOCK_BACKEND_INIT,
     .name = "redis",
     .schemes = redis_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |

@@ -1919,7 +1919,7 @@ static int zk_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
 }
 
 const dlock_backend dlock_zookeeper_backend = {
-    .version = DLOCK_BACKEND_VERSION,
+    DLOCK_BACKEND_INIT,
     .name = "zookeeper",
     .schemes = zk_schemes,
     /* No LEASE or RENEW: the lease is the session, which a live holder

@@ -70,25 +70,10 @@ int dlock_cancel_fd(const dlock_cancel *k)
 
 int dlock_request_cancelled(const dlock_request *req)
 {
-    if (!req || req->cancel_fd < 0)
-        return 0;
-    struct pollfd p = {.fd = req->cancel_fd, .events = POLLIN};
-    return poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
+    return req ? dlock_fd_cancelled(req->cancel_fd) : 0;
 }
 
 int dlock_cancelled(dlock_client *c)
 {
     return dlock_seterr(c, DLOCK_ECANCELED, "the wait was cancelled");
-}
-
-int dlock_pause_until(uint64_t until_ns, int cancel_fd)
-{
-    struct pollfd p = {.fd = cancel_fd, .events = POLLIN}; /* ignored when negative */
-    struct timespec ts;
-    uint64_t now = dlock_monotonic_ns();
-    dlock_ns_to_timespec(until_ns > now ? until_ns - now : 0, &ts);
-    int n = ppoll(&p, 1, &ts, NULL);
-    if (n < 0 && errno == EINTR)
-        return DLOCK_EINTR;
-    return n > 0 && (p.revents & POLLIN) ? DLOCK_ECANCELED : 0;
 }

@@ -350,7 +350,7 @@ static int check_request(dlock_client *c, const dlock_acquire_opts *o)
         return dlock_seterr(c, DLOCK_EINVAL, "unknown wait mode %d", (int)o->wait);
     if (o->version >= 2 && o->keep) {
         const dlock_backend *b = c->backend;
-        if (!dlock_backend_v2(b) || !b->keep)
+        if (!dlock_method(b, keep))
             return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot keep locks", b->name);
     }
     if (o->version >= 2 && o->on_lost && !o->keep)
@@ -373,7 +373,7 @@ uint64_t dlock_lease_end(const dlock_client *c, const dlock_held *held, uint64_t
 {
     if (!dlock_client_expires(c))
         return UINT64_MAX;
-    if (dlock_backend_v2(c->backend) && held->lease_end_ns)
+    if (dlock_abi_has(c->backend, lease_end_ns) && held->lease_end_ns)
         return held->lease_end_ns;
     return sent_ns + (uint64_t)ttl_ms * 1000000u;
 }
@@ -485,7 +485,7 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
     }
     lock->held = held;
     atomic_store(&lock->expires_ns, dlock_lease_end(c, held, sent, req.ttl_ms));
-    int estimated = dlock_backend_v2(c->backend) && held->lease_end_ns != 0;
+    int estimated = dlock_abi_has(c->backend, lease_end_ns) && held->lease_end_ns != 0;
     if (opts->version >= 2 && opts->keep &&
         (rc = dlock_keeper_add(c, lock, opts->on_lost, opts->on_lost_user, estimated)) != 0) {
         dlock_errsave why;
@@ -588,7 +588,7 @@ int dlock_release(dlock_lock *lock)
     lost = atomic_load(&lock->lost);
     snprintf(lost_detail, sizeof lost_detail, "%s", dlock_keeper_lost_detail(lock));
     dlock_names_remove(&c->held, lock);
-    if (dlock_backend_v2(c->backend))
+    if (dlock_abi_has(c->backend, lease_end_ns))
         lock->held->lease_end_ns = 0;
     rc = dlock_lock_ops(lock)->release(c->conn, lock->held);
     dlock_metrics_release(c, rc, dlock_monotonic_ns() - lock->granted_ns);
@@ -617,7 +617,7 @@ int dlock_renew(dlock_lock *lock, uint32_t ttl_ms)
         return report_lost(c, dlock_keeper_lost_detail(lock));
     dlock_keeper_hold(lock);
     uint64_t sent = dlock_monotonic_ns();
-    if (dlock_backend_v2(c->backend))
+    if (dlock_abi_has(c->backend, lease_end_ns))
         lock->held->lease_end_ns = 0;
     rc = dlock_lock_ops(lock)->renew(c->conn, lock->held, ttl_ms);
     if (dlock_client_expires(c))
@@ -642,7 +642,7 @@ int dlock_lock_raise_token(dlock_lock *lock, uint64_t floor)
     dlock_clearerr(c);
     if (floor >= (1ull << 63))
         return dlock_seterr(c, DLOCK_EINVAL, "a token floor must be below 2^63");
-    if (!dlock_backend_v3(c->backend) || !c->backend->raise_token)
+    if (!dlock_method(c->backend, raise_token))
         return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot raise its tokens",
                             c->backend->name);
     if (atomic_load(&lock->lost)) /* never act on a grant reported lost */
@@ -663,7 +663,7 @@ int dlock_client_token_top(dlock_client *c, uint64_t *top)
     if (!top)
         return dlock_seterr(c, DLOCK_EINVAL, "no place to store the top token");
     *top = 0;
-    if (!dlock_backend_v4(c->backend) || !c->backend->token_top)
+    if (!dlock_method(c->backend, token_top))
         return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot tell its highest token",
                             c->backend->name);
     return finish(c, c->backend->token_top(c->conn, top));
@@ -678,7 +678,7 @@ int dlock_client_raise_floor(dlock_client *c, uint64_t floor)
         return rc;
     if (floor >= (1ull << 63))
         return dlock_seterr(c, DLOCK_EINVAL, "a token floor must be below 2^63");
-    if (!dlock_backend_v4(c->backend) || !c->backend->raise_floor)
+    if (!dlock_method(c->backend, raise_floor))
         return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot raise its tokens",
                             c->backend->name);
     return finish(c, c->backend->raise_floor(c->conn, floor));
@@ -698,7 +698,7 @@ int dlock_inspect(dlock_client *c, const char *name, dlock_info *info)
         return rc;
     memset(info, 0, sizeof *info);
     info->version = DLOCK_INFO_VERSION;
-    if (!dlock_backend_v5(c->backend) || !c->backend->inspect)
+    if (!dlock_method(c->backend, inspect))
         return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot inspect its locks",
                             c->backend->name);
     rc = c->backend->inspect(c->conn, name, len, info);

@@ -185,7 +185,7 @@ static int part_raise(dlock_conn *conn, struct comp_held *h, size_t k, uint64_t 
     struct store s = store_at(conn, h->part[k].store);
     int rc;
     dlock_err_clear(s.c);
-    if (!dlock_backend_v3(s.b) || !s.b->raise_token)
+    if (!dlock_method(s.b, raise_token))
         rc = dlock_seterr(s.c, DLOCK_ENOTSUP, "the %s backend cannot raise its tokens", s.b->name);
     else
         rc = s.b->raise_token(s.conn, h->part[k].h, floor);
@@ -223,7 +223,7 @@ static int parts_refresh(dlock_conn *conn, struct comp_held *h, size_t upto, uin
         int rc = DLOCK_ENOTSUP;
         dlock_err_clear(s.c);
         if (s.b->renew) {
-            if (dlock_backend_v2(s.b))
+            if (dlock_abi_has(s.b, lease_end_ns))
                 p->h->lease_end_ns = 0;
             p->sent = now;
             rc = s.b->renew(s.conn, p->h, ttl_ms);
@@ -377,9 +377,9 @@ static int parts_renew(dlock_conn *conn, struct comp_held *h, uint32_t ttl_ms, i
         struct comp_part *p = &h->part[k];
         struct store s = store_at(conn, p->store);
         int (*fn)(dlock_conn *, dlock_held *, uint32_t) =
-            app ? s.b->renew : (dlock_backend_v2(s.b) ? s.b->keep : NULL);
+            app ? s.b->renew : dlock_method(s.b, keep);
         int r;
-        if (dlock_backend_v2(s.b))
+        if (dlock_abi_has(s.b, lease_end_ns))
             p->h->lease_end_ns = 0;
         dlock_err_clear(s.c);
         uint64_t sent = dlock_monotonic_ns();
@@ -451,7 +451,7 @@ static int comp_inspect(dlock_conn *conn, const char *name, size_t len, dlock_in
     const dlock_backend *b = cc->part[0]->backend;
     int rc;
     dlock_err_clear(cc->part[0]);
-    if (!dlock_backend_v5(b) || !b->inspect)
+    if (!dlock_method(b, inspect))
         rc = dlock_seterr(cc->part[0], DLOCK_ENOTSUP, "the %s backend cannot inspect its locks",
                           b->name);
     else
@@ -469,7 +469,7 @@ static int comp_token_top(dlock_conn *conn, uint64_t *top)
         uint64_t t = 0;
         int rc;
         dlock_err_clear(cc->part[i]);
-        if (!dlock_backend_v4(b) || !b->token_top)
+        if (!dlock_method(b, token_top))
             rc = dlock_seterr(cc->part[i], DLOCK_ENOTSUP,
                               "the %s backend cannot tell its highest token", b->name);
         else
@@ -494,7 +494,7 @@ static int comp_raise_floor(dlock_conn *conn, uint64_t floor)
             if (store_raises(conn, i) != pass)
                 continue;
             dlock_err_clear(cc->part[i]);
-            if (!dlock_backend_v4(b) || !b->raise_floor)
+            if (!dlock_method(b, raise_floor))
                 rc = dlock_seterr(cc->part[i], DLOCK_ENOTSUP,
                                   "the %s backend cannot raise its tokens", b->name);
             else
@@ -506,7 +506,7 @@ static int comp_raise_floor(dlock_conn *conn, uint64_t floor)
 }
 
 const dlock_backend dlock_composite_backend = {
-    .version = DLOCK_BACKEND_VERSION,
+    DLOCK_BACKEND_INIT,
     .name = "composite",
     .schemes = no_schemes,
     .caps = 0, /* per client: see comp_caps() */

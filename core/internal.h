@@ -82,29 +82,20 @@ int dlock_owner_new(unsigned char owner[16], char hex[33]);
 int dlock_cancel_fd(const dlock_cancel *cancel);
 #define dlock_clearerr dlock_err_clear
 
-/* Backend version gates: v2 added held->lease_end_ns and keep(). */
-static inline int dlock_backend_v2(const dlock_backend *b)
-{
-    return b->version >= 2;
-}
-
-/* v3 added raise_token(). */
-static inline int dlock_backend_v3(const dlock_backend *b)
-{
-    return b->version >= 3;
-}
-
-/* v5 added inspect(). */
-static inline int dlock_backend_v5(const dlock_backend *b)
-{
-    return b->version >= 5;
-}
-
-/* v4 added token_top() and raise_floor(). */
-static inline int dlock_backend_v4(const dlock_backend *b)
-{
-    return b->version >= 4;
-}
+/* The backend ABI's version gates, in order: the version that added each
+ * method (or field), so the core reads only what the backend's struct has. */
+enum {
+    DLOCK_ABI_keep = 2,        /* and held->lease_end_ns */
+    DLOCK_ABI_lease_end_ns = 2,
+    DLOCK_ABI_raise_token = 3,
+    DLOCK_ABI_token_top = 4,
+    DLOCK_ABI_raise_floor = 4,
+    DLOCK_ABI_inspect = 5,
+};
+/* 1 when b was built against an ABI with m (a method or held field). */
+#define dlock_abi_has(b, m) ((b)->version >= DLOCK_ABI_##m)
+/* b's method m, or NULL when its version predates m or it left m out. */
+#define dlock_method(b, m) (dlock_abi_has(b, m) ? (b)->m : NULL)
 
 /* The lease end a backend reported for held, or fallback. */
 /* Its locks end for their holder when a lease runs out: DLOCK_CAP_LEASE,

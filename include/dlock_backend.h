@@ -162,6 +162,35 @@ DLOCK_API int dlock_cancelled(dlock_client *client);
  * short; records no detail. */
 DLOCK_API int dlock_pause_until(uint64_t until_ns, int cancel_fd);
 
+/* The one cancellable wait (core/poll.c): blocks until one of fds[0..n)
+ * (n <= DLOCK_POLL_FDS_MAX; a negative fd is ignored) has an event it asks
+ * for, cancel_fd (-1: none) turns readable, or the CLOCK_MONOTONIC instant
+ * deadline_ns (DLOCK_POLL_FOREVER: none) passes; past it, the descriptors
+ * are still looked at once. Sets each fds[i].revents. Returns a mask of
+ * DLOCK_POLL_READY (some fd) and DLOCK_POLL_CANCEL (the flag), both when
+ * they came together (the caller says which wins); 0 when the deadline
+ * passed first; DLOCK_POLL_SIGNAL when a signal arrived and flags has
+ * DLOCK_POLL_INTR (otherwise the wait goes on); DLOCK_POLL_ERROR with errno
+ * when poll failed. */
+#define DLOCK_POLL_FDS_MAX 512
+#define DLOCK_POLL_FOREVER UINT64_MAX
+#define DLOCK_POLL_READY 1
+#define DLOCK_POLL_CANCEL 2
+#define DLOCK_POLL_SIGNAL (-2)
+#define DLOCK_POLL_ERROR (-1)
+#define DLOCK_POLL_INTR 1u
+struct pollfd;
+DLOCK_API int dlock_poll_until(struct pollfd *fds, size_t n, int cancel_fd, uint64_t deadline_ns,
+                             unsigned int flags);
+/* 1 when cancel_fd (-1: none) is readable now, without waiting. */
+DLOCK_API int dlock_fd_cancelled(int cancel_fd);
+
+/* A backend vtable's first field, as libgit2's *_INIT initialisers do: a
+ * backend states only what it implements, and what it leaves out is NULL:
+ *   const dlock_backend my_backend = {DLOCK_BACKEND_INIT, .name = "my", ...};
+ */
+#define DLOCK_BACKEND_INIT .version = DLOCK_BACKEND_VERSION
+
 struct dlock_backend {
     unsigned int version; /* DLOCK_BACKEND_VERSION the backend was built for */
     const char *name;     /* short name, e.g. "redis" */
