@@ -23,99 +23,6 @@ static const char *const known_schemes[] = {
     "zookeeper", "etcd", NULL,
 };
 
-/* Shorter passwords are not searched for in messages: masking every "ab" in
- * a message would wreck it, and the core never formats a password anyway. */
-#define REDACT_MIN_LEN 4
-
-static void redact(char *msg, const char *secret)
-{
-    size_t slen;
-    char *hit;
-    if (!secret || (slen = strlen(secret)) < REDACT_MIN_LEN)
-        return;
-    while ((hit = strstr(msg, secret)) != NULL) {
-        size_t tail = strlen(hit + slen);
-        memmove(hit + 3, hit + slen, tail + 1);
-        memcpy(hit, "***", 3);
-    }
-}
-
-/* On the keeper's threads, detail goes to the keeper's own buffer: the
- * application's thread may be reading or writing the client's. */
-static _Thread_local dlock_errsave *err_sink;
-
-void dlock_err_redirect(dlock_errsave *sink)
-{
-    err_sink = sink;
-}
-
-static int *err_slot(dlock_client *c, char **msg)
-{
-    if (err_sink) {
-        *msg = err_sink->msg;
-        return &err_sink->err;
-    }
-    *msg = c->errmsg;
-    return &c->err;
-}
-
-int dlock_vseterr(dlock_client *c, int code, const char *fmt, va_list ap)
-{
-    /* Redact before truncating, so that no prefix of a password cut off at
-     * the buffer's end can slip through. */
-    char full[4 * DLOCK_ERRMSG_MAX], *msg;
-    if (!c)
-        return code;
-    *err_slot(c, &msg) = code;
-    vsnprintf(full, sizeof full, fmt, ap);
-    if (c->uri) {
-        redact(full, dlock_uri_password(c->uri));
-        redact(full, dlock_uri_param(c->uri, "sentinel_password"));
-    }
-    size_t n = strlen(full);
-    if (n >= DLOCK_ERRMSG_MAX)
-        n = DLOCK_ERRMSG_MAX - 1;
-    memcpy(msg, full, n);
-    msg[n] = '\0';
-    return code;
-}
-
-int dlock_seterr(dlock_client *c, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    dlock_vseterr(c, code, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-void dlock_err_clear(dlock_client *c)
-{
-    char *msg;
-    if (!c)
-        return;
-    *err_slot(c, &msg) = 0;
-    msg[0] = '\0';
-}
-
-void dlock_err_save(dlock_client *c, dlock_errsave *save)
-{
-    char *msg;
-    if (!c)
-        return;
-    save->err = *err_slot(c, &msg);
-    memcpy(save->msg, msg, sizeof save->msg);
-}
-
-void dlock_err_restore(dlock_client *c, const dlock_errsave *save)
-{
-    char *msg;
-    if (!c)
-        return;
-    *err_slot(c, &msg) = save->err;
-    memcpy(msg, save->msg, sizeof save->msg);
-}
-
 /* Backends may return a code without detail; never leave the text empty. */
 static int finish(dlock_client *c, int rc)
 {
@@ -124,13 +31,6 @@ static int finish(dlock_client *c, int rc)
     else if (rc)
         c->err = rc;
     return rc;
-}
-
-const char *dlock_errmsg(const dlock_client *c)
-{
-    if (!c)
-        return "out of memory";
-    return c->errmsg;
 }
 
 static int is_known_scheme(const char *scheme)
@@ -195,6 +95,9 @@ static int client_connect(dlock_client *c, const char *uri)
     free(trimmed);
     if (rc)
         return c->err = rc;
+    /* What dlock_seterr() masks in every message from now on. */
+    c->secret[0] = dlock_uri_password(c->uri);
+    c->secret[1] = dlock_uri_param(c->uri, "sentinel_password");
     b = dlock_backend_find(dlock_uri_scheme(c->uri));
     if (!b) {
         const char *scheme = dlock_uri_scheme(c->uri);

@@ -29,6 +29,8 @@ struct dlock_client {
     struct dlock_held_names held; /* for close and for EALREADY */
     struct dlock_keeper *keeper; /* NULL until the first kept lock */
     struct dlock_counters metrics;
+    /* Masked in every message (the URI's passwords); owned by uri. */
+    const char *secret[2];
     int err;
     char errmsg[DLOCK_ERRMSG_MAX];
 };
