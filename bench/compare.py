@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Before/after: two dlock builds, the same stores, alternating rounds.
+
+    bench/compare.py --before OLD/dlock --after NEW/dlock [--rounds 3]
+        [--client-cpu 0] [--store-cpu 1] [--stores-dir DIR] URI...
+
+Each round runs `dlock bench --json` once with each binary (before, then
+after, then the next round), the bench on --client-cpu and every store
+process found under --stores-dir (pidfiles) moved to --store-cpu, so that
+placement does not differ between runs. Prints, per URI, the median over
+the rounds of the uncontended and ping-pong handoff p50 for each binary and
+the change, as a Markdown table. Exit 1 when a run fails or a change
+exceeds --limit percent (default 10) in the slower direction."""
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+
+def pin_stores(stores_dir, cpu):
+    pinned = 0
+    for pidfile in glob.glob(os.path.join(stores_dir, '*', 'pid')):
+        try:
+            pid = int(open(pidfile).read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        # -a: every thread of the process (a JVM's, etcd's goroutines).
+        if subprocess.run(['taskset', '-a', '-p', '-c', str(cpu), str(pid)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:
+            pinned += 1
+    return pinned
+
+
+def run(binary, uri, cpu, extra):
+    cmd = ['taskset', '-c', str(cpu), binary, 'bench', '--json'] + extra + [uri]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError('%s: exit %d: %s' % (' '.join(cmd), out.returncode, out.stderr.strip()))
+    r = json.loads(out.stdout)['results'][0]
+    return r['uncontended_us']['p50'], r['handoff_pingpong_us']['p50']
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--before', required=True)
+    ap.add_argument('--after', required=True)
+    ap.add_argument('--rounds', type=int, default=3)
+    ap.add_argument('--client-cpu', type=int, default=0)
+    ap.add_argument('--store-cpu', type=int, default=1)
+    ap.add_argument('--stores-dir', default=os.environ.get('DLOCK_STORES_DIR', '/tmp/dlock-stores'))
+    ap.add_argument('--limit', type=float, default=10.0)
+    ap.add_argument('--bench-args', default='--iterations 1000 --handoffs 300 --waiters 2 '
+                    '--contenders 2 --seconds 1')
+    ap.add_argument('uris', nargs='+')
+    a = ap.parse_args()
+    print('stores pinned to CPU %d: %d processes' % (a.store_cpu, pin_stores(a.stores_dir, a.store_cpu)),
+          file=sys.stderr)
+    extra = a.bench_args.split()
+    bad = 0
+    print('| store | uncontended p50 before / after (µs) | change | handoff p50 before / after (µs) | change |')
+    print('|---|---|---|---|---|')
+    for uri in a.uris:
+        got = {'before': [], 'after': []}
+        for _ in range(a.rounds):
+            for which in ('before', 'after'):
+                got[which].append(run(getattr(a, which), uri, a.client_cpu, extra))
+        med = {w: [statistics.median(x[i] for x in got[w]) for i in (0, 1)] for w in got}
+        cells = []
+        for i in (0, 1):
+            b, f = med['before'][i], med['after'][i]
+            ch = (f - b) / b * 100 if b else 0.0
+            bad += ch > a.limit
+            cells.append('%.1f / %.1f | %+.1f %%' % (b, f, ch))
+        scheme = uri.split(':', 1)[0]
+        print('| `%s` (%s) | %s | %s |' % (uri.split('?')[0], scheme, cells[0], cells[1]))
+        sys.stdout.flush()
+    return 1 if bad else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
