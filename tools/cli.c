@@ -127,7 +127,8 @@ void dlock_set_deadline(dlock_acquire_opts *acq, double seconds)
     acq->deadline_ns = at;
 }
 
-const char *dlock_bad_option(char **argv, char *buf)
+/* Names the offending option, whether short, clustered or long. */
+static const char *bad_option(char **argv, char *buf)
 {
     const char *arg = argv[optind - 1];
 
@@ -135,6 +136,21 @@ const char *dlock_bad_option(char **argv, char *buf)
         return arg;
     snprintf(buf, 3, "-%c", optopt);
     return buf;
+}
+
+int dlock_other_option(int c, char **argv)
+{
+    char buf[3];
+
+    switch (c) {
+    case 'h':
+        dlock_print_usage(stdout);
+        return dlock_finish_stdout();
+    case ':':
+        return dlock_usage_error("option '%s' needs an argument", argv[optind - 1]);
+    default:
+        return dlock_usage_error("invalid option '%s'", bad_option(argv, buf));
+    }
 }
 
 void dlock_print_usage(FILE *f)

@@ -64,9 +64,11 @@ uint64_t dlock_after_ns(uint64_t ns);
  * overflow the clock. */
 void dlock_set_deadline(dlock_acquire_opts *acq, double seconds);
 
-/* After getopt_long() returned '?': the offending option, whether short,
- * clustered or long (buf: 3 bytes). */
-const char *dlock_bad_option(char **argv, char *buf);
+/* What getopt_long() returned (with opterr = 0 and ":" leading the short
+ * options) for the options run, migrate and inspect share: 'h' prints the
+ * usage (exit status from dlock_finish_stdout()); ':' (an argument missing)
+ * and any other option are usage errors naming the option (EX_USAGE). */
+int dlock_other_option(int c, char **argv);
 
 /* The usage of dlock and of run, migrate and inspect (their -h too). */
 void dlock_print_usage(FILE *f);

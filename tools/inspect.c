@@ -114,7 +114,7 @@ int dlock_inspect_main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    char buf[3], dflt[DLOCK_URI_MAX + 16], *words[16], *wbuf = NULL;
+    char dflt[DLOCK_URI_MAX + 16], *words[16], *wbuf = NULL;
     const char *uri;
     int c, json = 0, npos, first, status = EX_OK;
 
@@ -126,13 +126,8 @@ int dlock_inspect_main(int argc, char **argv)
         case 'j':
             json = 1;
             break;
-        case 'h':
-            dlock_print_usage(stdout);
-            return dlock_finish_stdout();
-        case ':':
-            return dlock_usage_error("option '%s' needs an argument", argv[optind - 1]);
         default:
-            return dlock_usage_error("invalid option '%s'", dlock_bad_option(argv, buf));
+            return dlock_other_option(c, argv);
         }
     }
     npos = argc - optind;

@@ -134,7 +134,7 @@ int dlock_migrate_main(int argc, char **argv)
     double wait_s = MIGRATE_WAIT_DEFAULT_S;
     const char *old_uri, *new_uri;
     dlock_client *client = NULL, *old = NULL, *new = NULL;
-    char buf[3], *list;
+    char *list;
     int c, err, status, busy = 0, failed = 0;
 
     dlock_usage_cmd = "migrate";
@@ -148,13 +148,8 @@ int dlock_migrate_main(int argc, char **argv)
                 return dlock_usage_error("invalid wait '%s': expected seconds >= 0",
                                    store_uri_shown_value(optarg));
             break;
-        case 'h':
-            dlock_print_usage(stdout);
-            return dlock_finish_stdout();
-        case ':':
-            return dlock_usage_error("option '%s' needs an argument", argv[optind - 1]);
         default:
-            return dlock_usage_error("invalid option '%s'", dlock_bad_option(argv, buf));
+            return dlock_other_option(c, argv);
         }
     }
     if (argc - optind < 2)

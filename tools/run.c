@@ -102,7 +102,6 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
         {NULL, 0, NULL, 0},
     };
     int have_wait = 0, nonblock = 0, c;
-    char buf[3];
 
     opterr = 0;
     optind = 1;
@@ -133,13 +132,8 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
                 return dlock_usage_error("--password-file needs a file name");
             ra->password_file = optarg;
             break;
-        case 'h':
-            dlock_print_usage(stdout);
-            return dlock_finish_stdout();
-        case ':':
-            return dlock_usage_error("option '%s' needs an argument", argv[optind - 1]);
         default:
-            return dlock_usage_error("invalid option '%s'", dlock_bad_option(argv, buf));
+            return dlock_other_option(c, argv);
         }
     }
     if (have_wait && nonblock)
