@@ -10,7 +10,8 @@
  *              when the server lets the user in without a password (trust);
  *              otherwise "unknown", as bench speaks no authentication
  * Anything else, or any failure, gives "unknown". The probe never takes a
- * lock and is not timed.
+ * lock and is not timed. The URI is read by the library's own parser
+ * (core/uri.h), as the client that opened the store read it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,6 +26,7 @@
 #include <unistd.h>
 
 #include "bench_int.h"
+#include "core/uri.h"
 
 #define BENCH_PROBE_MS 1000
 #define PROBE_BUF 8192
@@ -37,88 +39,44 @@ typedef struct probe_target {
     char db[128];
 } probe_target;
 
-static int hexval(int c)
+/* s into out; -1 if it does not fit. */
+static int copy_field(char *out, size_t cap, const char *s)
 {
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
+    int n = snprintf(out, cap, "%s", s ? s : "");
+
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
 }
 
-/* Copies s[0..len) into out, percent-decoded. -1 if it does not fit. */
-static int copy_decoded(char *out, size_t cap, const char *s, size_t len)
-{
-    size_t o = 0;
-
-    for (size_t i = 0; i < len; i++) {
-        int c = (unsigned char)s[i];
-
-        if (c == '%' && i + 2 < len && hexval(s[i + 1]) >= 0 &&
-            hexval(s[i + 2]) >= 0) {
-            c = hexval(s[i + 1]) * 16 + hexval(s[i + 2]);
-            i += 2;
-        }
-        if (o + 1 >= cap)
-            return -1;
-        out[o++] = (char)c;
-    }
-    out[o] = '\0';
-    return 0;
-}
-
-/* scheme://[user[:pass]@]host[:port][,host...][/db][?...]: the first host. */
+/* The first host of the URI, with its user, password and database (the
+ * path after '/'), as the library's parser reads them. */
 static int parse_target(const char *uri, const char *default_port,
                         probe_target *t)
 {
-    const char *a = strstr(uri, "://"), *end, *at = NULL, *host, *hend, *colon;
-    size_t alen;
+    dlock_uri *u = NULL;
+    const char *path;
+    int rc = -1;
 
     memset(t, 0, sizeof *t);
-    if (!a)
+    if (dlock_uri_parse(uri, &u, NULL, 0) != 0)
         return -1;
-    a += 3;
-    alen = strcspn(a, "/?#");
-    end = a + alen;
-    for (const char *p = a; p < end; p++)
-        if (*p == '@')
-            at = p;
-    host = a;
-    if (at) {
-        colon = memchr(a, ':', (size_t)(at - a));
-        if (copy_decoded(t->user, sizeof t->user, a,
-                         (size_t)((colon ? colon : at) - a)) ||
-            (colon && copy_decoded(t->pass, sizeof t->pass, colon + 1,
-                                   (size_t)(at - colon - 1))))
-            return -1;
-        host = at + 1;
+    path = dlock_uri_path(u);
+    if (path[0] == '/')
+        path++;
+    if (dlock_uri_host_count(u) > 0 && dlock_uri_host(u, 0)[0] &&
+        copy_field(t->host, sizeof t->host, dlock_uri_host(u, 0)) == 0 &&
+        copy_field(t->user, sizeof t->user, dlock_uri_user(u)) == 0 &&
+        copy_field(t->pass, sizeof t->pass, dlock_uri_password(u)) == 0 &&
+        copy_field(t->db, sizeof t->db, path) == 0) {
+        if (dlock_uri_port(u, 0))
+            snprintf(t->port, sizeof t->port, "%u", dlock_uri_port(u, 0));
+        else
+            snprintf(t->port, sizeof t->port, "%s", default_port);
+        rc = 0;
     }
-    hend = memchr(host, ',', (size_t)(end - host));
-    if (!hend)
-        hend = end;
-    if (*host == '[') {  /* [v6]:port */
-        const char *rb = memchr(host, ']', (size_t)(hend - host));
-
-        if (!rb || (size_t)(rb - host - 1) >= sizeof t->host)
-            return -1;
-        memcpy(t->host, host + 1, (size_t)(rb - host - 1));
-        colon = rb + 1 < hend && rb[1] == ':' ? rb + 1 : NULL;
-    } else {
-        colon = memchr(host, ':', (size_t)(hend - host));
-        if ((size_t)((colon ? colon : hend) - host) >= sizeof t->host)
-            return -1;
-        memcpy(t->host, host, (size_t)((colon ? colon : hend) - host));
-    }
-    if (colon && (size_t)(hend - colon - 1) < sizeof t->port && hend > colon + 1)
-        memcpy(t->port, colon + 1, (size_t)(hend - colon - 1));
-    else
-        snprintf(t->port, sizeof t->port, "%s", default_port);
-    if (*end == '/' && copy_decoded(t->db, sizeof t->db, end + 1,
-                                    strcspn(end + 1, "?#")))
-        return -1;
-    return t->host[0] ? 0 : -1;
+    dlock_uri_free(u);
+    if (rc != 0)
+        explicit_bzero(t, sizeof *t);
+    return rc;
 }
 
 static uint64_t probe_deadline;

@@ -1,4 +1,8 @@
-/* URI parsing (private to the library and its tests). */
+/*
+ * URI parsing: private to the library, its tests and the dlock tool (bench
+ * reads a store's host through it). Exported from the shared library
+ * (DLOCK_API) for the tool, but not installed: not part of the public API.
+ */
 #ifndef DLOCK_CORE_URI_H
 #define DLOCK_CORE_URI_H
 
@@ -9,7 +13,7 @@
  * DLOCK_ENOMEM) and writes a message naming the problem into err (never the
  * password, never the whole raw URI); *urip is left NULL.
  */
-int dlock_uri_parse(const char *s, dlock_uri **urip, char *err, size_t errlen);
-void dlock_uri_free(dlock_uri *uri);
+DLOCK_API int dlock_uri_parse(const char *s, dlock_uri **urip, char *err, size_t errlen);
+DLOCK_API void dlock_uri_free(dlock_uri *uri);
 
 #endif

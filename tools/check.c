@@ -53,7 +53,6 @@
 #define WRITES_PER_SECTION 5
 /* Exit status when the check ran and safety did not hold. */
 #define EX_UNSAFE 1
-#define SHOWN_MAX 200
 
 enum fault { F_PAUSE, F_KILL, F_CUT };
 
@@ -140,7 +139,8 @@ static void print_usage(FILE *f)
           "paused or cut past its lease overlapped the next one, every stale write\n"
           "was refused by the token; and no grant's token was out of order;\n"
           "1 otherwise (the report says what failed); 64 usage or URI error;\n"
-          "69 a store unreachable; 70 other error. See docs/check.md.\n",
+          "69 a store unreachable; 70 other error; 75 a store that timed out (or\n"
+          "was busy) when first asked, as in dlock run. See docs/check.md.\n",
           f);
 }
 
@@ -609,21 +609,9 @@ static int probe(const char *uri, struct result *res)
         dlock_client_close(c);
         return EX_OK;
     }
-    snprintf(res->error, sizeof res->error, "cannot open lock store: %s",
-             dlock_errmsg(c) && *dlock_errmsg(c) ? dlock_errmsg(c) : dlock_strerror(rc));
+    snprintf(res->error, sizeof res->error, "cannot open lock store: %s", dlock_detail(c, rc));
     dlock_client_close(c);
-    switch (rc) {
-    case DLOCK_EBADURI:
-    case DLOCK_ESCHEME:
-    case DLOCK_ENOBACKEND:
-    case DLOCK_EINVAL:
-        return EX_USAGE;
-    case DLOCK_ECONNECT:
-    case DLOCK_EAUTH:
-        return EX_UNAVAILABLE;
-    default:
-        return EX_SOFTWARE;
-    }
+    return dlock_exit_status(rc);
 }
 
 static void check_one(const char *uri, const struct options *o, struct result *res)

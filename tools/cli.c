@@ -1,5 +1,11 @@
-/* What the dlock tool's subcommands share: messages and JSON output. */
+/* What the dlock tool's subcommands share: messages, exit statuses, JSON
+ * output, option helpers and the tool's usage text (tools/cli.h). */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sysexits.h>
 
 #include "tools/cli.h"
@@ -27,6 +33,47 @@ int dlock_usage_error(const char *fmt, ...)
     return EX_USAGE;
 }
 
+int dlock_exit_status(int err)
+{
+    switch (err) {
+    case DLOCK_EBUSY:
+    case DLOCK_ETIMEDOUT:
+        return EX_TEMPFAIL;
+    case DLOCK_EBADURI:
+    case DLOCK_ESCHEME:
+    case DLOCK_ENOBACKEND:
+    case DLOCK_EINVAL:
+        return EX_USAGE;
+    case DLOCK_ECONNECT:
+    case DLOCK_EAUTH:
+        return EX_UNAVAILABLE;
+    default:
+        return EX_SOFTWARE;
+    }
+}
+
+const char *dlock_detail(const dlock_client *client, int err)
+{
+    const char *msg = dlock_errmsg(client);
+
+    return msg && *msg ? msg : dlock_strerror(err);
+}
+
+void dlock_printable(char *dst, const char *src)
+{
+    size_t i;
+
+    for (i = 0; src[i] && i < SHOWN_MAX; i++)
+        dst[i] = (unsigned char)src[i] < 0x20 || src[i] == 0x7f ? '?' : src[i];
+    strcpy(dst + i, src[i] ? "..." : "");
+}
+
+void dlock_print_name(const char *name)
+{
+    for (const char *p = name; *p; p++)
+        putchar((unsigned char)*p < 0x20 || *p == 0x7f ? '?' : *p);
+}
+
 void dlock_json_string(FILE *f, const char *s)
 {
     fputc('"', f);
@@ -39,4 +86,135 @@ void dlock_json_string(FILE *f, const char *s)
             fputc(*p, f);
     }
     fputc('"', f);
+}
+
+int dlock_parse_seconds(const char *s, double *out)
+{
+    char *end;
+    double v;
+
+    errno = 0;
+    v = strtod(s, &end);
+    if (end == s || *end != '\0' || errno == ERANGE || !isfinite(v) || v < 0)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+uint64_t dlock_seconds_ns(double seconds)
+{
+    double ns = seconds * 1e9;
+
+    return ns >= 18e18 ? UINT64_MAX : (uint64_t)ns;
+}
+
+uint64_t dlock_after_ns(uint64_t ns)
+{
+    uint64_t now = dlock_monotonic_ns();
+
+    return ns >= UINT64_MAX - now ? UINT64_MAX : now + ns;
+}
+
+void dlock_set_deadline(dlock_acquire_opts *acq, double seconds)
+{
+    uint64_t at = dlock_after_ns(dlock_seconds_ns(seconds));
+
+    if (at == UINT64_MAX) {
+        acq->wait = DLOCK_WAIT_FOREVER;
+        return;
+    }
+    acq->wait = DLOCK_WAIT_DEADLINE;
+    acq->deadline_ns = at;
+}
+
+/* Names the offending option, whether short, clustered or long. */
+static const char *bad_option(char **argv, char *buf)
+{
+    const char *arg = argv[optind - 1];
+
+    if (strncmp(arg, "--", 2) == 0 || optopt == 0)
+        return arg;
+    snprintf(buf, 3, "-%c", optopt);
+    return buf;
+}
+
+int dlock_other_option(int c, char **argv)
+{
+    char buf[3];
+
+    switch (c) {
+    case 'h':
+        dlock_print_usage(stdout);
+        return dlock_finish_stdout();
+    case ':':
+        return dlock_usage_error("option '%s' needs an argument", argv[optind - 1]);
+    default:
+        return dlock_usage_error("invalid option '%s'", bad_option(argv, buf));
+    }
+}
+
+void dlock_print_usage(FILE *f)
+{
+    fputs("Usage:\n"
+          "  dlock run [-w SECONDS | -n] [--ttl MS] [-G SECONDS]\n"
+          "            [--password-file FILE] [URI] NAME... -- COMMAND [ARGS...]\n"
+          "  dlock migrate [-w SECONDS] OLD NEW [NAME...]\n"
+          "  dlock inspect [--json] [URI] NAME...\n"
+          "  dlock bench [OPTIONS...] URI [URI...]    (see 'dlock bench --help')\n"
+          "  dlock check [OPTIONS...] URI [URI...]    (see 'dlock check --help')\n"
+          "  dlock help | --help | --version\n"
+          "\n"
+          "Run COMMAND while holding the lock NAME of the store named by URI;\n"
+          "with several NAMEs (URI then given first), one lock that is all of\n"
+          "them, taken in byte order, all or nothing.\n"
+          "\n"
+          "Options of run:\n"
+          "  -w, --wait SECONDS    give up after SECONDS (fractions allowed)\n"
+          "  -n, --nonblock        give up at once if the lock is held\n"
+          "      --ttl MS          lease on stores with leases (default 30000),\n"
+          "                        renewed every MS/3 while COMMAND runs\n"
+          "  -G, --grace SECONDS   if the lock is lost, SIGKILL COMMAND's process\n"
+          "                        group this long after SIGTERM (default 5; 0:\n"
+          "                        SIGKILL at once)\n"
+          "      --password-file FILE\n"
+          "                        the store's password is FILE's first line\n"
+          "                        ($DLOCK_PASSWORD gives it too); none in URI\n"
+          "  -h, --help            show this help\n"
+          "\n"
+          "Migrate: make NEW's later grants of every name carry tokens above all\n"
+          "OLD granted (NEW's token floor raised to OLD's highest token: prints\n"
+          "'* TOP ok'), then take each NAME given once on the list \"OLD NEW\"\n"
+          "and release it, waiting for its holders ('NAME TOKEN ok', or\n"
+          "'NAME - busy' or 'NAME - failed' and a message). Run it before\n"
+          "processes move from OLD to \"OLD NEW\", and again once none uses OLD\n"
+          "alone; safe to repeat. OLD and NEW are one URI each; their passwords\n"
+          "go in the URIs (--password-file and DLOCK_PASSWORD are not used).\n"
+          "See docs/migration.md.\n"
+          "  -w, --wait SECONDS    wait this long for each NAME's holders\n"
+          "                        (default 10)\n"
+          "\n"
+          "Inspect: what the store knows about each NAME, without taking it:\n"
+          "held or free, the holder's owner, token and lease left, the waiters\n"
+          "(count and order where the store can tell), the last token granted;\n"
+          "what a store cannot tell is said. --json prints one object per NAME\n"
+          "(per store of a list) per line. See docs/backends.md.\n"
+          "\n"
+          "URI defaults to $DLOCK_URI, else file://$XDG_RUNTIME_DIR/dlock,\n"
+          "else file:///tmp/dlock-$UID. COMMAND runs in a process group of its\n"
+          "own, with DLOCK_TOKEN, DLOCK_NAME and DLOCK_URI (its password removed).\n"
+          "\n"
+          "Exit status: COMMAND's (128+N if killed by signal N); 64 usage or URI\n"
+          "error; 69 store unreachable (migrate: or NEW cannot raise its tokens\n"
+          "above OLD's); 70 other error or lock lost; 75 lock not acquired\n"
+          "(migrate: a NAME still held after -w); 126 COMMAND not executable;\n"
+          "127 COMMAND not found.\n",
+          f);
+}
+
+int dlock_finish_stdout(void)
+{
+    if (fclose(stdout) == 0)
+        return EX_OK;
+    dlock_say("cannot write to standard output: %s", strerror(errno));
+    return EX_SOFTWARE;
 }

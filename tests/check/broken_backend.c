@@ -6,9 +6,13 @@
  * that `LD_PRELOAD=broken_backend.so dlock check broken://x` reaches the
  * registry of the libdlock the CLI is linked with (dynamically). `dlock
  * check` must fail on it, with a report saying why (tests/check).
+ * broken://timeout instead fails to open with DLOCK_ETIMEDOUT, as a store
+ * that does not answer in time: the CLI's exit status for it (75) is the
+ * same in `dlock run` and `dlock check`.
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dlock_backend.h"
 
@@ -16,9 +20,11 @@ static unsigned long grants;
 
 static int broken_open(dlock_client *client, const dlock_uri *uri, dlock_conn **connp)
 {
-    dlock_conn *c = calloc(1, sizeof *c);
+    dlock_conn *c;
 
-    (void)uri;
+    if (dlock_uri_host_count(uri) == 1 && strcmp(dlock_uri_host(uri, 0), "timeout") == 0)
+        return dlock_seterr(client, DLOCK_ETIMEDOUT, "broken://timeout did not answer in time");
+    c = calloc(1, sizeof *c);
     if (!c)
         return dlock_seterr(client, DLOCK_ENOMEM, "out of memory");
     *connp = c;

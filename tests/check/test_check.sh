@@ -3,7 +3,9 @@
 #   $1 = dlock binary, $2 = tests/check/broken_backend.so, $3 = what:
 #   file     a file:// store in a temporary directory: passes
 #   broken   the deliberately broken backend (broken://, LD_PRELOADed):
-#            fails with exit 1 and a report naming what failed
+#            fails with exit 1 and a report naming what failed; a store
+#            that times out when opened (broken://timeout) exits 75, as
+#            in dlock run
 #   cli      usage errors (64), an unreachable store (69), --json
 #   VAR      the store of $VAR (DLOCK_REDIS_URI...; a missing variable
 #            fails), with --cut: passes
@@ -52,6 +54,13 @@ broken)
     st=$?
     ok $([ $st = 1 ] && [ "$(field "$tmp/json" passed 2>/dev/null)" = False ] && echo 0 || echo 1) \
         "--json: passed false, exit 1 (got $st)"
+    LD_PRELOAD=$module "$dlock" check --duration 1 broken://timeout >"$tmp/out" 2>"$tmp/err"
+    st=$?
+    ok $([ $st = 75 ] && grep -q "did not answer in time" "$tmp/err" && echo 0 || echo 1) \
+        "a store that times out when opened: 75 (got $st: $(cat "$tmp/err"))"
+    LD_PRELOAD=$module "$dlock" run broken://timeout x -- true 2>"$tmp/err"
+    st=$?
+    ok $([ $st = 75 ] && echo 0 || echo 1) "the same exit status from dlock run (got $st: $(cat "$tmp/err"))"
     ;;
 cli)
     "$dlock" check >/dev/null 2>"$tmp/err"; st=$?
