@@ -44,7 +44,6 @@
  * call, + DLOCK_REDIS_CLEANUP_NS to leave the queue). Open: connect_timeout
  * for the TCP connect and the pipelined handshake together.
  */
-#include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <stdio.h>
@@ -161,22 +160,20 @@ static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const struc
         uint64_t wake = ping_by ? ping_by : heard + quiet;
         if (wake > until_ns)
             wake = until_ns;
-        /* A negative fd is ignored by poll: no flag, nothing to watch. */
-        struct pollfd pfd[2] = {{.fd = n->sub->fd, .events = POLLIN},
-                                {.fd = cancel_fd, .events = POLLIN}};
-        struct timespec ts;
-        dlock_ns_to_timespec(wake > now ? wake - now : 0, &ts);
-        int pr = ppoll(pfd, 2, &ts, NULL);
-        if (pr < 0 && errno == EINTR)
+        /* A signal ends the wait; a failed poll (or wake passing) only
+         * goes round again. */
+        struct pollfd pfd = {.fd = n->sub->fd, .events = POLLIN};
+        int pr = dlock_poll_until(&pfd, 1, cancel_fd, wake, DLOCK_POLL_INTR);
+        if (pr == DLOCK_POLL_SIGNAL)
             return dlock_seterr(cl(rc), DLOCK_EINTR, "a signal interrupted the wait");
-        if (pr > 0 && pfd[0].revents) {
+        if (pr > 0 && (pr & DLOCK_POLL_READY)) {
             /* Read first: a handoff that came with the cancel is taken (the
              * flag stays raised, so the next poll still sees it). */
             if (redisBufferRead(n->sub) != REDIS_OK)
                 return sub_error(rc, n, "reading the wake-up channel");
             *read_ns = heard = dlock_monotonic_ns();
             ping_by = 0;
-        } else if (pr > 0 && (pfd[1].revents & POLLIN)) {
+        } else if (pr > 0 && (pr & DLOCK_POLL_CANCEL)) {
             return WAIT_CANCELLED;
         }
     }

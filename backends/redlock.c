@@ -47,7 +47,6 @@
  * deadline and its undo DLOCK_REDIS_CLEANUP_NS later still (nodes that did
  * not answer by then keep our key until its lease runs out).
  */
-#include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <stdio.h>
@@ -255,14 +254,9 @@ static void all_nodes_argv(struct redis_conn *rc, size_t argc, const char **argv
                 break;
             if (np == 0)
                 break;
-            uint64_t now = dlock_monotonic_ns();
-            struct timespec ts = {0, 0};
-            /* Past the clock, still one look at what already arrived. */
-            if (now < until)
-                dlock_ns_to_timespec(until - now, &ts);
-            int pr = ppoll(pfd, np, &ts, NULL);
-            if (pr < 0 && errno == EINTR)
-                continue;
+            /* Past the clock, still one look at what already arrived; a
+             * signal does not end the round; a failed poll is no answer. */
+            int pr = dlock_poll_until(pfd, np, -1, until, 0);
             if (pr <= 0) {
                 for (size_t k = 0; k < np; k++) { /* no answer in time */
                     struct redis_node *n = &rc->nodes[idx[k]];
@@ -571,7 +565,7 @@ static int wait_release(struct redis_conn *rc, const char *chan, size_t len, uin
                         int cancel_fd)
 {
     for (;;) {
-        struct pollfd pfd[MAX_NODES + 1];
+        struct pollfd pfd[MAX_NODES];
         size_t idx[MAX_NODES], np = 0;
         for (size_t i = 0; i < rc->nnodes; i++) {
             struct redis_node *n = &rc->nodes[i];
@@ -588,22 +582,18 @@ static int wait_release(struct redis_conn *rc, const char *chan, size_t len, uin
             pfd[np] = (struct pollfd){.fd = n->sub->fd, .events = POLLIN};
             idx[np++] = i;
         }
-        uint64_t now = dlock_monotonic_ns();
-        if (now >= until_ns)
+        if (dlock_monotonic_ns() >= until_ns)
             return 0;
-        struct timespec ts;
-        dlock_ns_to_timespec(until_ns - now, &ts);
-        /* Last, and ignored by poll when negative. With no subscriber
-         * left this just waits out the bound (or the cancel). */
-        pfd[np] = (struct pollfd){.fd = cancel_fd, .events = POLLIN};
-        int pr = ppoll(pfd, np + 1, &ts, NULL);
-        if (pr < 0 && errno == EINTR)
+        /* With no subscriber left this just waits out the bound (or the
+         * cancel). A failed poll ends the wait as the bound does. */
+        int pr = dlock_poll_until(pfd, np, cancel_fd, until_ns, DLOCK_POLL_INTR);
+        if (pr == DLOCK_POLL_SIGNAL)
             return DLOCK_EINTR;
         if (pr <= 0)
             return 0;
         /* A release that came with the cancel is not read: the cancel wins
          * (nothing is ours yet, there is nothing to give back). */
-        if (pfd[np].revents & POLLIN)
+        if (pr & DLOCK_POLL_CANCEL)
             return DLOCK_ECANCELED;
         for (size_t k = 0; k < np; k++)
             if (pfd[k].revents && redisBufferRead(rc->nodes[idx[k]].sub) != REDIS_OK) {
