@@ -561,7 +561,10 @@ static int single_release(struct redis_conn *rc, struct redis_held *h)
     return err;
 }
 
-static int single_renew(struct redis_conn *rc, struct redis_held *h, uint32_t ttl_ms)
+/* The renew script on h, bounded by `timeout` (a reconnection included):
+ * 0, or DLOCK_ELOST (refused says who was refused) when not ours. */
+static int renew_op(struct redis_conn *rc, struct redis_held *h, uint32_t ttl_ms,
+                    const char *refused)
 {
     char ttl[16];
     long long res = 0;
@@ -570,28 +573,23 @@ static int single_renew(struct redis_conn *rc, struct redis_held *h, uint32_t tt
     if ((err = simple_op(rc, h, "renew", ttl, &res, dlock_redis_call_until(rc))) != 0)
         return err;
     if (res != 1)
-        return dlock_seterr(cl(rc), DLOCK_ELOST, "%s", LOST_WHY);
-    h->ttl_ms = ttl_ms;
+        return dlock_seterr(cl(rc), DLOCK_ELOST, "%s%s", refused, LOST_WHY);
     return 0;
 }
 
-/*
- * The keeper's renewal: the renew script on the keeper's own connection kc
- * (made by the front at the first call, never shared with the
- * application's thread), bounded as a whole by the `timeout` option (a
- * reconnection included).
- */
+static int single_renew(struct redis_conn *rc, struct redis_held *h, uint32_t ttl_ms)
+{
+    int err = renew_op(rc, h, ttl_ms, "");
+    if (err == 0)
+        h->ttl_ms = ttl_ms;
+    return err;
+}
+
+/* The keeper's renewal, on the keeper's own connection kc (made by the
+ * front at the first call, never shared with the application's thread). */
 static int single_keep(struct redis_conn *kc, struct redis_held *h, uint32_t ttl_ms)
 {
-    char ttl[16];
-    long long res = 0;
-    int err;
-    snprintf(ttl, sizeof ttl, "%" PRIu32, ttl_ms);
-    if ((err = simple_op(kc, h, "renew", ttl, &res, dlock_redis_call_until(kc))) != 0)
-        return err;
-    if (res != 1)
-        return dlock_seterr(cl(kc), DLOCK_ELOST, "the keeper's renewal was refused: " LOST_WHY);
-    return 0;
+    return renew_op(kc, h, ttl_ms, "the keeper's renewal was refused: ");
 }
 
 /*
