@@ -445,7 +445,7 @@ int dlock_redis_subscribe_confirm(struct redis_conn *rc, struct redis_node *n, c
             freeReplyObject(r);
             if (d.kind == REDIS_REDIR_MOVED)
                 rc->topo->redirected(rc, &d, n);
-            else
+            else if (rc->topo->stale)
                 rc->topo->stale(rc);
             return dlock_seterr(cl(rc), DLOCK_ECONNECT,
                                 "redis %s:%d: SSUBSCRIBE: the slot is not served there (%s)",
