@@ -1,8 +1,8 @@
 /*
  * redis+cluster://[user:password@]host:port[,host:port...][/0][?options]:
  * Redis Cluster, from seed nodes (any of its nodes; one answering is
- * enough). The lock operations are the single instance's (redis.c), run on
- * the primary that owns the lock's hash slot; this file keeps the slot map
+ * enough). The lock operations are the single instance's (redis_lock.c), run
+ * on the primary that owns the lock's hash slot; this file keeps the slot map
  * and sends each call where it belongs.
  *
  * One slot per lock: every key of a name (":lock", ":fence", ":queue",
@@ -31,7 +31,6 @@
  * REDIS_CLUSTER_MAX_NODES.
  */
 #include <errno.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,63 +54,12 @@ struct redis_cluster {
     size_t ask_next;             /* the node to ask for the map first */
 };
 
-/* CRC16-CCITT (XMODEM), as Redis Cluster hashes keys. */
-static uint16_t crc16(const char *s, size_t len)
-{
-    uint16_t crc = 0;
-    for (size_t i = 0; i < len; i++) {
-        crc ^= (uint16_t)((unsigned char)s[i] << 8);
-        for (int b = 0; b < 8; b++)
-            crc = (uint16_t)(crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1);
-    }
-    return crc;
-}
-
-unsigned dlock_redis_slot(const char *name, size_t len)
-{
-    return crc16(name, len) & (REDIS_SLOTS - 1);
-}
-
-/* The tag of each slot: the first string in the order of
- * tag_enumerate() that hashes to it. Strings of up to 3 of 62 characters
- * cover nearly every slot, 4 the rest. Built once per process. */
-static char slot_tags[REDIS_SLOTS][5];
-static pthread_once_t tags_once = PTHREAD_ONCE_INIT;
-
-static void build_tags(void)
-{
-    static const char alpha[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-    const size_t na = sizeof alpha - 1;
-    size_t left = REDIS_SLOTS;
-    char s[5];
-    for (size_t len = 1; len <= 4 && left > 0; len++) {
-        size_t total = 1;
-        for (size_t i = 0; i < len; i++)
-            total *= na;
-        for (size_t k = 0; k < total && left > 0; k++) {
-            size_t v = k;
-            for (size_t i = 0; i < len; i++, v /= na)
-                s[len - 1 - i] = alpha[v % na];
-            unsigned slot = crc16(s, len) & (REDIS_SLOTS - 1);
-            if (!slot_tags[slot][0]) {
-                memcpy(slot_tags[slot], s, len);
-                slot_tags[slot][len] = '\0';
-                left--;
-            }
-        }
-    }
-}
-
-const char *dlock_redis_slot_tag(unsigned slot)
-{
-    pthread_once(&tags_once, build_tags);
-    return slot_tags[slot & (REDIS_SLOTS - 1)];
-}
-
 static dlock_client *cl(struct redis_conn *rc)
 {
     return rc->base.client;
 }
+
+static const struct redis_topology cluster_topology;
 
 int dlock_redis_cluster_open(struct redis_conn *rc)
 {
@@ -120,7 +68,8 @@ int dlock_redis_cluster_open(struct redis_conn *rc)
     for (size_t i = 0; i < REDIS_SLOTS; i++)
         rc->cluster->owner[i] = NO_NODE;
     rc->cluster->stale = 1;
-    pthread_once(&tags_once, build_tags);
+    dlock_redis_slot_tag(0); /* the tags, built once per process */
+    rc->topo = &cluster_topology;
     return 0;
 }
 
@@ -359,8 +308,11 @@ static int pause_for_retry(struct redis_conn *rc)
     return 0;
 }
 
-struct redis_node *dlock_redis_cluster_moved(struct redis_conn *rc, const struct redis_redirect *d,
-                                             struct redis_node *asked)
+/* A MOVED or ASK answer d from node asked: the node it names (added if
+ * new); a MOVED also reads the map again and sets the slot's owner. NULL
+ * with the error set when the node cannot be added. */
+static struct redis_node *moved(struct redis_conn *rc, const struct redis_redirect *d,
+                                struct redis_node *asked)
 {
     const char *host = d->host[0] ? d->host : asked->host;
     int idx = node_index(rc, host, strlen(host), d->port);
@@ -376,6 +328,20 @@ struct redis_node *dlock_redis_cluster_moved(struct redis_conn *rc, const struct
     }
     return &rc->nodes[idx];
 }
+
+/* The connection layer's hooks: a subscription refused with MOVED or ASK
+ * (the map stale, a MOVED's new owner learnt), or another sign that the
+ * map is stale. */
+static void redirected(struct redis_conn *rc, const struct redis_redirect *d,
+                       struct redis_node *asked)
+{
+    moved(rc, d, asked);
+}
+
+static const struct redis_topology cluster_topology = {
+    .redirected = redirected,
+    .stale = dlock_redis_cluster_stale,
+};
 
 int dlock_redis_cluster_script(struct redis_conn *rc, unsigned slot, size_t argc,
                                const char **argv, const size_t *argvlen, redisReply **out)
@@ -409,7 +375,7 @@ int dlock_redis_cluster_script(struct redis_conn *rc, unsigned slot, size_t argc
                                 "is being reconfigured?)",
                                 slot, hop);
         if (d.kind == REDIS_REDIR_MOVED || d.kind == REDIS_REDIR_ASK) {
-            struct redis_node *m = dlock_redis_cluster_moved(rc, &d, to);
+            struct redis_node *m = moved(rc, &d, to);
             if (!m) {
                 dlock_errsave why;
                 dlock_err_save(cl(rc), &why);

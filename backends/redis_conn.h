@@ -1,4 +1,16 @@
-/* Redis backend internals shared by the single-instance and Redlock paths. */
+/*
+ * The Redis backend's internal header: the types and constants its files
+ * share, and each file's functions, bottom layer first. Calls run one way,
+ * down this list:
+ *   redis.c (front: the method table, open and close)
+ *   redis_lock.c (single instance), redlock.c (Redlock): the recipes,
+ *     struct redis_recipe, one picked at open
+ *   redis_floor.c: store-wide token_top and raise_floor
+ *   redis_cluster.c, redis_sentinel.c: the topologies, which plug into the
+ *     connection layer through struct redis_topology (set at open)
+ *   redis_conn.c: connections, send/receive, bounds, subscriptions
+ *   redis_keys.c (names, slots), redis_reply.c (replies): pure
+ */
 #ifndef DLOCK_BACKENDS_REDIS_CONN_H
 #define DLOCK_BACKENDS_REDIS_CONN_H
 
@@ -19,7 +31,7 @@ struct redis_node {
     int connected;     /* cmd was connected once (a new one is a reconnect) */
     /* The socket timeouts last set on cmd [0] and sub [1] (ns; 0: not
      * known), so that a call whose bound is the same need not set them
-     * again: two system calls saved per command (see arm()). */
+     * again: two system calls saved per command (redis_conn.c's arm()). */
     uint64_t armed[2];
 };
 
@@ -39,13 +51,51 @@ enum redis_mode {
 #define REDIS_CLUSTER_MAX_NODES 256
 struct redis_cluster;  /* the slot map (redis_cluster.c) */
 struct redis_sentinel; /* the sentinels and the service (redis_sentinel.c) */
+struct redis_conn;
+struct redis_held;
+struct redis_keys;
+
+/* What a topology adds to the connection layer, which calls it and
+ * nothing else above it. Set at open (dlock_redis_cluster_open(),
+ * dlock_redis_sentinel_open()); NULL (one Redis, Redlock): none. A hook
+ * left NULL is not called. */
+struct redis_topology {
+    /* Before every new connection to node n: point n at the primary now
+     * (Sentinel), within budget_ns and rc's bound; 0 or the error. */
+    int (*resolve)(struct redis_conn *rc, struct redis_node *n, uint64_t budget_ns);
+    /* Node asked refused a subscription with a MOVED (Cluster): the map is
+     * stale, and the slot's owner is the node d names. */
+    void (*redirected)(struct redis_conn *rc, const struct redis_redirect *d,
+                       struct redis_node *asked);
+    /* The map is out of date (Cluster: a subscription refused with ASK). */
+    void (*stale)(struct redis_conn *rc);
+};
+
+/* A recipe: the lock operations over the topology's node(s), picked at
+ * open (dlock_redis_single_recipe: one Redis, a Cluster, a Sentinel's
+ * primary; dlock_redlock_recipe: independent instances). The front
+ * (redis.c) has made h, checked a floor (dlock_redis_floor_ok()) and, for
+ * keep, made the keeper's connection kc. */
+struct redis_recipe {
+    int (*acquire)(struct redis_conn *rc, const dlock_request *req, struct redis_held *h);
+    int (*release)(struct redis_conn *rc, struct redis_held *h);
+    int (*renew)(struct redis_conn *rc, struct redis_held *h, uint32_t ttl_ms);
+    /* The keeper's renewal: 0, DLOCK_ELOST when the store says the lock
+     * is not ours, else a transient error. */
+    int (*keep)(struct redis_conn *kc, struct redis_held *h, uint32_t ttl_ms);
+    int (*raise)(struct redis_conn *rc, struct redis_held *h, uint64_t floor);
+    int (*top)(struct redis_conn *rc, uint64_t *top);
+    int (*raise_floor)(struct redis_conn *rc, uint64_t floor);
+    int (*inspect)(struct redis_conn *rc, const char *name, size_t len, dlock_info *info);
+};
 
 /* A deadline wait's calls may run this far past the deadline (so that a
  * deadline already past still makes one attempt)... */
 #define DLOCK_REDIS_FLOOR_NS 50000000ull
 /* ...and leaving the queue (or undoing a partial Redlock grant) after
  * giving up, this much more: 200 ms past the deadline in all. Cleanup that
- * does not finish in time is abandoned safely (see cancel_wait()). */
+ * does not finish in time is abandoned safely (redis_lock.c's
+ * cancel_wait()). */
 #define DLOCK_REDIS_CLEANUP_NS 150000000ull
 
 struct redis_conn {
@@ -55,6 +105,8 @@ struct redis_conn {
     int db;
     struct timeval connect_tv, cmd_tv;
     enum redis_mode mode;
+    const struct redis_topology *topo; /* NULL: none (see above) */
+    const struct redis_recipe *recipe;
     /* Single and Sentinel: 1 (Sentinel: the primary, found on connect).
      * Redlock: the instances. Cluster: the nodes known so far, the seeds
      * first (nseeds of them); room for REDIS_CLUSTER_MAX_NODES. */
@@ -120,6 +172,22 @@ struct redis_held {
     const char *name;
 };
 
+/* Tokens stay below 2^53 (the script's numbers are doubles): a floor must
+ * be below 2^53 - 1, the largest token, so that floor + 1 fits. */
+#define DLOCK_REDIS_TOKEN_MAX UINT64_C(9007199254740991)
+
+/* Script call replies that are not errors of the call but a direction:
+ * filled by dlock_redis_script_asking() when asked to, which then returns
+ * REDIS_REDIRECTED. */
+#define REDIS_REDIRECTED 1
+
+/* ---- redis_keys.c: names (pure) ------------------------------------------ */
+
+/* The slot of a lock name: CRC16 (XMODEM) of the name, mod 16384. */
+unsigned dlock_redis_slot(const char *name, size_t len);
+/* A short string (at most 4 characters) whose own slot is slot: the hash
+ * tag that puts every key and channel of the names of that slot in it. */
+const char *dlock_redis_slot_tag(unsigned slot);
 int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
                      struct redis_keys *keys);
 void dlock_redis_keys_free(struct redis_keys *keys);
@@ -127,14 +195,27 @@ void dlock_redis_keys_free(struct redis_keys *keys);
  * detail when out of memory. */
 int dlock_redis_held_keys(struct redis_conn *rc, const struct redis_held *h,
                           struct redis_keys *keys);
+/* Builds EVALSHA argv: sha, the first nkeys keys (REDIS_NKEYS, or
+ * REDIS_NKEYS_ALL), then the n extra args. */
+size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *keys,
+                               size_t nkeys, const char **extra, const size_t *extra_len,
+                               size_t n, const char **argv, size_t *argvlen);
+
+/* ---- redis_conn.c: the connection layer ---------------------------------- */
+
+uint64_t dlock_redis_tv_ns(const struct timeval *tv);
 /* Narrows rc's bound to until_ns (CLOCK_MONOTONIC) if that is earlier;
  * returns the bound to give back to dlock_redis_unlimit(). */
 uint64_t dlock_redis_limit(struct redis_conn *rc, uint64_t until_ns);
 void dlock_redis_unlimit(struct redis_conn *rc, uint64_t saved);
+/* What is left of rc's bound, capped at cap_ns (at least 1 ms). */
+uint64_t dlock_redis_time_left(struct redis_conn *rc, uint64_t cap_ns);
+/* `timeout` from now: the bound of a call without a deadline. */
+uint64_t dlock_redis_call_until(struct redis_conn *rc);
 /* Connects *ctxp to node n and authenticates (AUTH or PING, SELECT), all
  * within budget_ns and rc's bound; a command connection (cmd) also loads
  * the script and checks the server's maxmemory-policy, in the same
- * pipelined round trip. */
+ * pipelined round trip. Asks the topology's resolve hook first. */
 int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp,
                             uint64_t budget_ns, int cmd);
 /* Connects node n's command connection if needed, within budget_ns. */
@@ -142,7 +223,8 @@ int dlock_redis_node_connect(struct redis_conn *rc, struct redis_node *n, uint64
 /* SUBSCRIBE chan on node n's subscriber connection (made within
  * connect_ns if there is none), without waiting; then the confirmation,
  * skipping older replies, within rc's bound. 0 once subscribed (n->subscribed
- * set); on failure the subscriber connection is dropped. */
+ * set); on failure the subscriber connection is dropped. A refusal that is
+ * a redirect goes to the topology's hooks. */
 int dlock_redis_subscribe_send(struct redis_conn *rc, struct redis_node *n, const char *chan,
                                size_t len, uint64_t connect_ns);
 int dlock_redis_subscribe_confirm(struct redis_conn *rc, struct redis_node *n, const char *chan,
@@ -151,12 +233,11 @@ int dlock_redis_subscribe_confirm(struct redis_conn *rc, struct redis_node *n, c
 void dlock_redis_unsubscribe(struct redis_conn *rc, struct redis_node *n, const char *chan,
                              size_t len);
 void dlock_redis_drop_sub(struct redis_node *n);
-uint64_t dlock_redis_tv_ns(const struct timeval *tv);
 /* Drops a connection after an I/O error, recording why; returns the code. */
 int dlock_redis_ctx_error(struct redis_conn *rc, struct redis_node *n,
                           redisContext **ctxp, const char *what);
 /*
- * Every hiredis call that may write to a socket goes through these three:
+ * Every hiredis call that may write to a socket goes through these four:
  * they write with send(MSG_NOSIGNAL) themselves (hiredis would write(2),
  * and a closed peer would raise SIGPIPE), and bound the write and the reply
  * by the call's bound (a keeper connection's deadline included).
@@ -168,52 +249,33 @@ redisReply *dlock_redis_call(struct redis_conn *rc, redisContext *ctx, size_t ar
  * REDIS_ERR (ctx->err says which). */
 int dlock_redis_send(struct redis_conn *rc, redisContext *ctx, size_t argc, const char **argv,
                      const size_t *argvlen);
+/* A write of what is buffered (redisAppendCommandArgv'ed), if anything. */
+int dlock_redis_flush(struct redis_conn *rc, redisContext *ctx);
 /* redisGetReply (which first writes what is still buffered). */
 int dlock_redis_get_reply(struct redis_conn *rc, redisContext *ctx, void **reply);
-
-/* Builds EVALSHA argv: sha, the first nkeys keys (REDIS_NKEYS, or
- * REDIS_NKEYS_ALL), then the n extra args. */
-size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *keys,
-                               size_t nkeys, const char **extra, const size_t *extra_len,
-                               size_t n, const char **argv, size_t *argvlen);
-
 /* A command on *ctxp (node n's): 0 with *out (NULL: freed), or the error
  * (an error reply: DLOCK_ESTORE, DLOCK_EAUTH; an I/O error drops *ctxp). */
 int dlock_redis_command(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp,
                         redisReply **out, size_t argc, const char **argv, const size_t *argvlen,
                         const char *what);
-/* What is left of rc's bound, capped at cap_ns (at least 1 ms). */
-uint64_t dlock_redis_time_left(struct redis_conn *rc, uint64_t cap_ns);
-
 /* Runs the script on node n synchronously (EVAL fallback on NOSCRIPT). */
 int dlock_redis_script(struct redis_conn *rc, struct redis_node *n, size_t argc,
                        const char **argv, const size_t *argvlen, redisReply **out);
+/* The same after ASKING when asking; with redir, a MOVED, ASK, TRYAGAIN
+ * or CLUSTERDOWN reply is not an error: *redir, REDIS_REDIRECTED. */
+int dlock_redis_script_asking(struct redis_conn *rc, struct redis_node *n, int asking,
+                              size_t argc, const char **argv, const size_t *argvlen,
+                              redisReply **out, struct redis_redirect *redir);
+/* WAIT for rc->wait_replicas replicas on node n's command connection,
+ * within rc's bound: 0, or the error (what names the write). */
+int dlock_redis_replicas_ack(struct redis_conn *rc, struct redis_node *n, const char *what);
+/* The same after a write that is not a grant, when wait_replicas asks for
+ * it, on node n (NULL: the one node), bounded by `timeout`. */
+int dlock_redis_ack_after(struct redis_conn *rc, struct redis_node *n, const char *what);
 
-/* Tokens stay below 2^53 (the script's numbers are doubles): a floor must
- * be below 2^53 - 1, the largest token, so that floor + 1 fits. */
-#define DLOCK_REDIS_TOKEN_MAX UINT64_C(9007199254740991)
-/* 0, or DLOCK_EINVAL naming the limit. */
-int dlock_redis_floor_ok(struct redis_conn *rc, uint64_t floor);
+/* ---- redis_cluster.c, redis_sentinel.c: the topologies ------------------- */
 
-/* Store-wide (token_top, raise_floor). The floor key "<prefix>floor",
- * malloc'ed (NULL: out of memory). */
-char *dlock_redis_floor_key(struct redis_conn *rc, size_t *len);
-/* Node n's top: the largest of its "<prefix>*:fence" counters (SCAN, one
- * page of SCAN_COUNT keys and their MGET per round trip), the floor key
- * and its TIME in µs. Each round trip bounded by `timeout` (node_timeout
- * under Redlock); connects n if needed. */
-int dlock_redis_node_top(struct redis_conn *rc, struct redis_node *n, uint64_t *top);
-/* The floor script call's argv (EVALSHA sha 1 <floor key> floor value),
- * pointing into key and value. */
-size_t dlock_redis_floor_argv(struct redis_conn *rc, const char *key, size_t key_len,
-                              const char *value, const char **argv, size_t *argvlen);
-
-/* Cluster (backends/redis_cluster.c). */
-/* The slot of a lock name: CRC16 (XMODEM) of the name, mod 16384. */
-unsigned dlock_redis_slot(const char *name, size_t len);
-/* A short string (at most 4 characters) whose own slot is slot: the hash
- * tag that puts every key and channel of the names of that slot in it. */
-const char *dlock_redis_slot_tag(unsigned slot);
+/* Cluster: the slot map, empty and stale; sets rc->topo. */
 int dlock_redis_cluster_open(struct redis_conn *rc);
 void dlock_redis_cluster_free(struct redis_cluster *c);
 /* The node that owns slot (the map is read again first when it is stale);
@@ -226,11 +288,6 @@ struct redis_node *dlock_redis_cluster_peek(struct redis_conn *rc, unsigned slot
 void dlock_redis_cluster_failed(struct redis_conn *rc, struct redis_node *n);
 /* The map is out of date: read it again before the next use. */
 void dlock_redis_cluster_stale(struct redis_conn *rc);
-/* A MOVED or ASK answer d from node asked: the node it names (added if
- * new); a MOVED also reads the map again and sets the slot's owner. NULL
- * with the error set when the node cannot be added. */
-struct redis_node *dlock_redis_cluster_moved(struct redis_conn *rc, const struct redis_redirect *d,
-                                             struct redis_node *asked);
 /* Runs a script call on the node owning slot, following MOVED, ASK,
  * TRYAGAIN and CLUSTERDOWN within rc's bound. */
 int dlock_redis_cluster_script(struct redis_conn *rc, unsigned slot, size_t argc,
@@ -239,39 +296,33 @@ int dlock_redis_cluster_script(struct redis_conn *rc, unsigned slot, size_t argc
  * (room for REDIS_CLUSTER_MAX_NODES); their count, or a negative error. */
 int dlock_redis_cluster_primaries(struct redis_conn *rc, struct redis_node **out);
 
-/* Sentinel (backends/redis_sentinel.c). */
+/* Sentinel: the sentinels and the service from the URI; sets rc->topo. */
 int dlock_redis_sentinel_open(struct redis_conn *rc, const dlock_uri *uri);
 void dlock_redis_sentinel_free(struct redis_sentinel *s);
-/* Asks the sentinels, in turn, for the service's primary, and points n at
- * it; within budget_ns and rc's bound. A node that moved drops its
- * sockets. */
-int dlock_redis_sentinel_resolve(struct redis_conn *rc, struct redis_node *n, uint64_t budget_ns);
 
-/* Script call replies that are not errors of the call but a direction:
- * filled by dlock_redis_script() in cluster mode, which then returns
- * REDIS_REDIRECTED. */
-#define REDIS_REDIRECTED 1
-int dlock_redis_script_asking(struct redis_conn *rc, struct redis_node *n, int asking,
-                              size_t argc, const char **argv, const size_t *argvlen,
-                              redisReply **out, struct redis_redirect *redir);
+/* ---- redis_floor.c: store-wide tokens ------------------------------------ */
 
-/* Redlock (backends/redlock.c). */
-int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req,
-                          struct redis_held *h);
-int dlock_redlock_release(struct redis_conn *rc, struct redis_held *h);
-int dlock_redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t ttl_ms);
-/* The keeper's renewal, on the keeper's connection kc: 0, DLOCK_ELOST when
- * the nodes that answered rule out a quorum, else a transient error. */
-int dlock_redlock_keep(struct redis_conn *kc, struct redis_held *h, uint32_t ttl_ms);
-/* raise_token on every node: 0 on a quorum within the lock's validity,
- * DLOCK_ELOST when the nodes that answered rule out a quorum still ours. */
-int dlock_redlock_raise(struct redis_conn *rc, struct redis_held *h, uint64_t floor);
-/* token_top: the max over the nodes that answered, a quorum of them. */
-int dlock_redlock_top(struct redis_conn *rc, uint64_t *top);
-/* raise_floor: the floor script on every node; 0 when a quorum raised it. */
-int dlock_redlock_raise_floor(struct redis_conn *rc, uint64_t floor);
-/* inspect: the inspect script on every node at once, merged (redlock.c). */
-int dlock_redlock_inspect(struct redis_conn *rc, const struct redis_keys *keys,
-                          dlock_info *info);
+/* 0, or DLOCK_EINVAL naming the limit. */
+int dlock_redis_floor_ok(struct redis_conn *rc, uint64_t floor);
+/* The floor key "<prefix>floor", malloc'ed (NULL: out of memory). */
+char *dlock_redis_floor_key(struct redis_conn *rc, size_t *len);
+/* The floor script call's argv (EVALSHA sha 1 <floor key> floor value),
+ * pointing into key and value. */
+size_t dlock_redis_floor_argv(struct redis_conn *rc, const char *key, size_t key_len,
+                              const char *value, const char **argv, size_t *argvlen);
+/* Node n's top: the largest of its "<prefix>*:fence" counters (SCAN, one
+ * page of SCAN_COUNT keys and their MGET per round trip), the floor key
+ * and its TIME in µs. Each round trip bounded by `timeout` (node_timeout
+ * under Redlock); connects n if needed. */
+int dlock_redis_node_top(struct redis_conn *rc, struct redis_node *n, uint64_t *top);
+/* token_top and raise_floor on one Redis (a Sentinel's primary) or a
+ * Cluster: the single-instance recipe's. */
+int dlock_redis_floor_top(struct redis_conn *rc, uint64_t *top);
+int dlock_redis_floor_raise(struct redis_conn *rc, uint64_t floor);
+
+/* ---- the recipes --------------------------------------------------------- */
+
+extern const struct redis_recipe dlock_redis_single_recipe; /* redis_lock.c */
+extern const struct redis_recipe dlock_redlock_recipe;      /* redlock.c */
 
 #endif

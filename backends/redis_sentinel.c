@@ -3,14 +3,16 @@
  * the primary that Redis Sentinel names for SERVICE. The hosts are the
  * sentinels; user and password are the data nodes' (options
  * sentinel_user, sentinel_password: the sentinels', when they want one).
- * The lock operations are the single instance's (redis.c), on the primary.
+ * The lock operations are the single instance's (redis_lock.c), on the
+ * primary.
  *
  * Every new connection to the primary (the command connection, a waiter's
  * subscriber connection, the keeper's) first asks the sentinels, in turn
  * from the one that answered that connection last, `SENTINEL
- * get-master-addr-by-name SERVICE`, then checks with ROLE, in the
- * connection's pipelined handshake (redis.c), that the node it reached is a
- * primary: during a failover the sentinels may still name the old one (a
+ * get-master-addr-by-name SERVICE` (the connection layer's resolve hook,
+ * resolve() below), then checks with ROLE, in the connection's pipelined
+ * handshake (redis_conn.c), that the node it reached is a primary: during
+ * a failover the sentinels may still name the old one (a
  * user whose ACL denies ROLE is not refused: the check is skipped, and a
  * replica still refuses writes with READONLY). A connection kept across a
  * failover meets it in one of three ways, each of which makes the next
@@ -66,6 +68,8 @@ void dlock_redis_sentinel_free(struct redis_sentinel *s)
     free(s);
 }
 
+static const struct redis_topology sentinel_topology;
+
 int dlock_redis_sentinel_open(struct redis_conn *rc, const dlock_uri *uri)
 {
     dlock_client *c = cl(rc);
@@ -107,6 +111,7 @@ int dlock_redis_sentinel_open(struct redis_conn *rc, const dlock_uri *uri)
         s->port[i] = dlock_uri_port(uri, i) ? (int)dlock_uri_port(uri, i) : DEFAULT_SENTINEL_PORT;
     }
     rc->sentinel = s;
+    rc->topo = &sentinel_topology;
     return 0;
 oom:
     dlock_redis_sentinel_free(s);
@@ -186,7 +191,11 @@ static int rank(int err)
     return err == DLOCK_EAUTH ? 3 : err == DLOCK_ESTORE ? 2 : err ? 1 : 0;
 }
 
-int dlock_redis_sentinel_resolve(struct redis_conn *rc, struct redis_node *n, uint64_t budget_ns)
+/* The connection layer's hook, before every new connection to the
+ * primary: asks the sentinels, in turn, for the service's primary, and
+ * points n at it; within budget_ns and rc's bound. A node that moved drops
+ * its sockets. */
+static int resolve(struct redis_conn *rc, struct redis_node *n, uint64_t budget_ns)
 {
     struct redis_sentinel *s = rc->sentinel;
     uint64_t until = dlock_monotonic_ns() + dlock_redis_time_left(rc, budget_ns);
@@ -235,3 +244,7 @@ int dlock_redis_sentinel_resolve(struct redis_conn *rc, struct redis_node *n, ui
     dlock_err_restore(cl(rc), &best);
     return best.err;
 }
+
+static const struct redis_topology sentinel_topology = {
+    .resolve = resolve,
+};

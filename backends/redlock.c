@@ -21,7 +21,7 @@
  * the nodes' tops (counters, floor, TIME in µs) and needs a quorum of
  * answers. A node that missed the floor cannot bring a later grant below
  * it: the grant needs a quorum, which shares a node with the raised one,
- * and takes the largest token of its quorum (see dlock_redlock_raise_floor).
+ * and takes the largest token of its quorum (see redlock_raise_floor()).
  *
  * Waiting: a waiter subscribes to the lock's release channel on every
  * node before it retries, and each release publishes there. Not FIFO, and
@@ -35,7 +35,7 @@
  * (a failed attempt is undone at once), so there is nothing else to undo.
  *
  * Inspect: the script's "inspect" (reads only) on every node at once,
- * merged into what a quorum agrees on (see dlock_redlock_inspect()): held
+ * merged into what a quorum agrees on (see redlock_inspect()): held
  * with the owner that holds a quorum of nodes, its token (the quorum-th
  * largest of its nodes' tokens and counters), the lease a quorum still has, waiters as
  * the release channel's subscribers when the nodes agree; no order (not
@@ -47,7 +47,6 @@
  * deadline and its undo DLOCK_REDIS_CLEANUP_NS later still (nodes that did
  * not answer by then keep our key until its lease runs out).
  */
-#include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <stdio.h>
@@ -63,10 +62,10 @@
 #define RECONNECT_BACKOFF_NS 1000000000ull
 /* Longest a waiter goes without an attempt, however long the holder's
  * lease: nodes that went silent are noticed by the attempts (see
- * dlock_redlock_acquire()), not only when the lease runs out. */
+ * redlock_acquire()), not only when the lease runs out. */
 #define WAIT_SLICE_NS 5000000000ull
 /* A waiter that lost its quorum of reachable nodes tries again this often
- * (see dlock_redlock_acquire()). */
+ * (see redlock_acquire()). */
 #define RECOVER_PAUSE_NS 100000000ull
 /* validity = ttl - elapsed - (ttl/100 + 2): at 2 ms or less it is never
  * positive. */
@@ -255,14 +254,9 @@ static void all_nodes_argv(struct redis_conn *rc, size_t argc, const char **argv
                 break;
             if (np == 0)
                 break;
-            uint64_t now = dlock_monotonic_ns();
-            struct timespec ts = {0, 0};
-            /* Past the clock, still one look at what already arrived. */
-            if (now < until)
-                dlock_ns_to_timespec(until - now, &ts);
-            int pr = ppoll(pfd, np, &ts, NULL);
-            if (pr < 0 && errno == EINTR)
-                continue;
+            /* Past the clock, still one look at what already arrived; a
+             * signal does not end the round; a failed poll is no answer. */
+            int pr = dlock_poll_until(pfd, np, -1, until, 0);
             if (pr <= 0) {
                 for (size_t k = 0; k < np; k++) { /* no answer in time */
                     struct redis_node *n = &rc->nodes[idx[k]];
@@ -571,7 +565,7 @@ static int wait_release(struct redis_conn *rc, const char *chan, size_t len, uin
                         int cancel_fd)
 {
     for (;;) {
-        struct pollfd pfd[MAX_NODES + 1];
+        struct pollfd pfd[MAX_NODES];
         size_t idx[MAX_NODES], np = 0;
         for (size_t i = 0; i < rc->nnodes; i++) {
             struct redis_node *n = &rc->nodes[i];
@@ -588,22 +582,18 @@ static int wait_release(struct redis_conn *rc, const char *chan, size_t len, uin
             pfd[np] = (struct pollfd){.fd = n->sub->fd, .events = POLLIN};
             idx[np++] = i;
         }
-        uint64_t now = dlock_monotonic_ns();
-        if (now >= until_ns)
+        if (dlock_monotonic_ns() >= until_ns)
             return 0;
-        struct timespec ts;
-        dlock_ns_to_timespec(until_ns - now, &ts);
-        /* Last, and ignored by poll when negative. With no subscriber
-         * left this just waits out the bound (or the cancel). */
-        pfd[np] = (struct pollfd){.fd = cancel_fd, .events = POLLIN};
-        int pr = ppoll(pfd, np + 1, &ts, NULL);
-        if (pr < 0 && errno == EINTR)
+        /* With no subscriber left this just waits out the bound (or the
+         * cancel). A failed poll ends the wait as the bound does. */
+        int pr = dlock_poll_until(pfd, np, cancel_fd, until_ns, DLOCK_POLL_INTR);
+        if (pr == DLOCK_POLL_SIGNAL)
             return DLOCK_EINTR;
         if (pr <= 0)
             return 0;
         /* A release that came with the cancel is not read: the cancel wins
          * (nothing is ours yet, there is nothing to give back). */
-        if (pfd[np].revents & POLLIN)
+        if (pr & DLOCK_POLL_CANCEL)
             return DLOCK_ECANCELED;
         for (size_t k = 0; k < np; k++)
             if (pfd[k].revents && redisBufferRead(rc->nodes[idx[k]].sub) != REDIS_OK) {
@@ -615,7 +605,7 @@ static int wait_release(struct redis_conn *rc, const char *chan, size_t len, uin
     }
 }
 
-int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struct redis_held *h)
+static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, struct redis_held *h)
 {
     char *chan = NULL;
     size_t chan_len = 0;
@@ -758,7 +748,7 @@ int dlock_redlock_acquire(struct redis_conn *rc, const dlock_request *req, struc
 
 /* Bounded by connect_timeout in all (reconnections included): a release is
  * not latency-bound like a grant. */
-int dlock_redlock_release(struct redis_conn *rc, struct redis_held *h)
+static int redlock_release(struct redis_conn *rc, struct redis_held *h)
 {
     size_t ours, not_ours;
     uint64_t bound = dlock_redis_tv_ns(&rc->connect_tv);
@@ -780,7 +770,7 @@ int dlock_redlock_release(struct redis_conn *rc, struct redis_held *h)
                         ours, rc->nnodes, not_ours);
 }
 
-int dlock_redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t ttl_ms)
+static int redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t ttl_ms)
 {
     redisReply *replies[MAX_NODES];
     char ttl[16];
@@ -811,7 +801,7 @@ int dlock_redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t tt
 
 /*
  * The keeper's renewal on its own connections kc: the renew script on every
- * node at once, like dlock_redlock_renew(), but it never releases. A quorum
+ * node at once, like redlock_renew(), but it never releases. A quorum
  * of renewals within the validity is a new lease (its end: start + TTL -
  * drift). Nodes that answered "not ours" in such numbers that no quorum
  * can be ours prove the loss: DLOCK_ELOST. Anything else (nodes silent,
@@ -820,7 +810,7 @@ int dlock_redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t tt
  * for each node whose connection has to be made again (a node that failed
  * to connect is tried at most once a second).
  */
-int dlock_redlock_keep(struct redis_conn *kc, struct redis_held *h, uint32_t ttl_ms)
+static int redlock_keep(struct redis_conn *kc, struct redis_held *h, uint32_t ttl_ms)
 {
     redisReply *replies[MAX_NODES];
     char ttl[16];
@@ -865,7 +855,7 @@ int dlock_redlock_keep(struct redis_conn *kc, struct redis_held *h, uint32_t ttl
  * node_timeout for the replies, plus node_timeout for each node whose
  * connection has to be made again.
  */
-int dlock_redlock_raise(struct redis_conn *rc, struct redis_held *h, uint64_t floor)
+static int redlock_raise(struct redis_conn *rc, struct redis_held *h, uint64_t floor)
 {
     redisReply *replies[MAX_NODES];
     char arg[24];
@@ -908,7 +898,7 @@ int dlock_redlock_raise(struct redis_conn *rc, struct redis_held *h, uint64_t fl
  * is bounded by node_timeout; a node that failed to connect a moment ago
  * is not tried.
  */
-int dlock_redlock_top(struct redis_conn *rc, uint64_t *top)
+static int redlock_top(struct redis_conn *rc, uint64_t *top)
 {
     size_t answered = 0;
     uint64_t best = 0;
@@ -950,7 +940,7 @@ int dlock_redlock_top(struct redis_conn *rc, uint64_t *top)
  * answer. The nodes that did raise keep it whatever the outcome (a floor
  * does no harm); the call is idempotent, so it may simply be repeated.
  */
-int dlock_redlock_raise_floor(struct redis_conn *rc, uint64_t floor)
+static int redlock_raise_floor(struct redis_conn *rc, uint64_t floor)
 {
     redisReply *replies[MAX_NODES];
     const char *argv[8];
@@ -1010,8 +1000,7 @@ static int desc(const void *a, const void *b)
  *  - last token: the holder's token while held; unknown while free (failed
  *    attempts draw tokens on some nodes, which were never grants).
  */
-int dlock_redlock_inspect(struct redis_conn *rc, const struct redis_keys *keys,
-                          dlock_info *info)
+static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dlock_info *info)
 {
     redisReply *replies[MAX_NODES];
     struct redis_seen *seen;
@@ -1126,3 +1115,25 @@ out:
     free(chan);
     return err;
 }
+
+static int redlock_inspect(struct redis_conn *rc, const char *name, size_t len, dlock_info *info)
+{
+    struct redis_keys keys;
+    int err;
+    if (dlock_redis_keys(rc, name, len, &keys) != 0)
+        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    err = inspect_keys(rc, &keys, info);
+    dlock_redis_keys_free(&keys);
+    return err;
+}
+
+const struct redis_recipe dlock_redlock_recipe = {
+    .acquire = redlock_acquire,
+    .release = redlock_release,
+    .renew = redlock_renew,
+    .keep = redlock_keep,
+    .raise = redlock_raise,
+    .top = redlock_top,
+    .raise_floor = redlock_raise_floor,
+    .inspect = redlock_inspect,
+};
