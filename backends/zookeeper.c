@@ -64,10 +64,10 @@
  * Cancel (request.cancel_fd): every wait of an acquire (for a reply, an
  * event on the predecessor's watch, the session's return) blocks on the
  * condition variable the client's threads broadcast, which cannot also
- * watch a descriptor. With a cancel fd, the wait polls {wake_fd,
- * cancel_fd} instead: an eventfd of the connection that the callbacks
- * write while a waiter polls (zk_conn.polling), so nothing wakes on a
- * timer. Once the fd fires, every wait of the acquire
+ * watch a descriptor. With a cancel fd, the wait blocks in the core's
+ * wait on {wake_fd, cancel_fd} instead: an eventfd of the connection that
+ * the callbacks write while a waiter waits on it (zk_conn.polling), so
+ * nothing wakes on a timer. Once the fd fires, every wait of the acquire
  * returns at once and it gives up as at a deadline: our node is deleted (a
  * request left unanswered is cleaned up by its completion) and the answer
  * is DLOCK_ECANCELED.

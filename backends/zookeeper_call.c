@@ -3,8 +3,8 @@
  * client's asynchronous calls (why: zookeeper.c's top; the calls:
  * zookeeper_int.h). A request's completion runs on the client's completion
  * thread; the application's thread waits for it on zk_conn.cv, or, during
- * an acquire with a cancel fd, in a poll of {wake_fd, cancel_fd}, which
- * zk_wake() writes while a waiter is in there.
+ * an acquire with a cancel fd, in the core's dlock_poll_until() on
+ * {wake_fd, cancel_fd}, which zk_wake() writes while a waiter is in there.
  * What a request given up on may have left is queued for cleanup by its
  * completion (zookeeper_orphans.c).
  */
@@ -92,9 +92,10 @@ enum { WOKEN, TIMED_OUT, CANCEL_FIRED };
 /*
  * Waits, mu held, for the next zk_wake() or until `until` (ts: the same,
  * for pthread_cond_timedwait; NEVER: no bound); spurious wakeups are the
- * caller's loop's to see. During an acquire with a cancel fd: polls
- * {wake_fd, cancel_fd} with mu released, and CANCEL_FIRED once the fd is
- * readable, so that every later wait of the acquire ends at once too.
+ * caller's loop's to see. During an acquire with a cancel fd: waits on
+ * {wake_fd, cancel_fd} in the core's wait with mu released, and
+ * CANCEL_FIRED once the fd is readable, so that every later wait of the
+ * acquire ends at once too.
  */
 static int cv_wait(struct zk_conn *zc, uint64_t until, const struct timespec *ts)
 {
@@ -103,32 +104,26 @@ static int cv_wait(struct zk_conn *zc, uint64_t until, const struct timespec *ts
             return pthread_cond_wait(&zc->cv, &zc->mu), WOKEN;
         return pthread_cond_timedwait(&zc->cv, &zc->mu, ts) == ETIMEDOUT ? TIMED_OUT : WOKEN;
     }
-    struct pollfd p[2] = {{.fd = zc->wake_fd, .events = POLLIN},
-                          {.fd = zc->cancel_fd, .events = POLLIN}};
-    struct timespec rel, *relp = NULL;
-    uint64_t now = dlock_monotonic_ns();
-    if (until != NEVER) {
-        uint64_t left = until > now ? until - now : 0;
-        rel.tv_sec = (time_t)(left / 1000000000u);
-        rel.tv_nsec = (long)(left % 1000000000u);
-        relp = &rel;
-    }
+    struct pollfd p = {.fd = zc->wake_fd, .events = POLLIN};
+    int cancel_fd = zc->cancel_fd;
     /* A zk_wake() after the caller's look at its condition, made under mu,
-     * finds polling set and leaves wake_fd readable for this poll. */
+     * finds polling set and leaves wake_fd readable for this wait. */
     zc->polling = 1;
     pthread_mutex_unlock(&zc->mu);
-    int n = ppoll(p, 2, relp, NULL); /* EINTR: a spurious wakeup */
+    /* A signal (DLOCK_POLL_SIGNAL), or a failed poll: a spurious wakeup. */
+    int r = dlock_poll_until(&p, 1, cancel_fd, until == NEVER ? DLOCK_POLL_FOREVER : until,
+                             DLOCK_POLL_INTR);
     uint64_t drained;
-    if (n > 0 && (p[0].revents & POLLIN))
+    if (r > 0 && (p.revents & POLLIN))
         while (read(zc->wake_fd, &drained, sizeof drained) < 0 && errno == EINTR)
             ;
     pthread_mutex_lock(&zc->mu);
     zc->polling = 0;
-    if (n > 0 && (p[1].revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL))) {
+    if (r > 0 && (r & DLOCK_POLL_CANCEL)) {
         zc->cancelled = 1;
         return CANCEL_FIRED;
     }
-    return n == 0 ? TIMED_OUT : WOKEN;
+    return r == 0 ? TIMED_OUT : WOKEN;
 }
 
 static void call_complete(struct zk_call *c, int rc)
