@@ -75,7 +75,6 @@
  * See docs/etcd.md for what this guarantees and where it is weaker.
  */
 #include <inttypes.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +82,7 @@
 
 #include "config.h"
 #include "backends/etcd_http.h"
+#include "backends/etcd_json.h"
 #include "backends/etcd_reply.h"
 #include "core/internal.h"
 

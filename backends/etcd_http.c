@@ -33,10 +33,9 @@
  * accepts any request; the credentials are then not used.
  */
 #include "backends/etcd_http.h"
+#include "backends/etcd_json.h"
 #include "backends/etcd_reply.h"
 
-#include <inttypes.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,78 +120,6 @@ int etcd_prepare(struct etcd_site *s, CURL *h, size_t ep, const char *path, cons
     return 0;
 }
 
-json_object *etcd_get(json_object *o, const char *key)
-{
-    json_object *v = NULL;
-    if (o && json_object_is_type(o, json_type_object) && json_object_object_get_ex(o, key, &v))
-        return v;
-    return NULL;
-}
-
-int64_t etcd_int(json_object *o, const char *key)
-{
-    json_object *v = etcd_get(o, key);
-    if (!v)
-        return 0;
-    if (json_object_is_type(v, json_type_string))
-        return strtoll(json_object_get_string(v), NULL, 10);
-    return json_object_get_int64(v);
-}
-
-json_object *etcd_new_int(int64_t v)
-{
-    char b[24];
-    snprintf(b, sizeof b, "%" PRId64, v);
-    return json_object_new_string(b);
-}
-
-static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-json_object *etcd_new_bytes(const void *data, size_t len)
-{
-    const unsigned char *p = data;
-    size_t n = (len + 2) / 3 * 4;
-    char *out = malloc(n + 1), *o = out;
-    if (!out)
-        return NULL;
-    for (size_t i = 0; i < len; i += 3) {
-        unsigned v = (unsigned)p[i] << 16 | (i + 1 < len ? (unsigned)p[i + 1] << 8 : 0) |
-                     (i + 2 < len ? p[i + 2] : 0);
-        *o++ = b64[v >> 18 & 63];
-        *o++ = b64[v >> 12 & 63];
-        *o++ = i + 1 < len ? b64[v >> 6 & 63] : '=';
-        *o++ = i + 2 < len ? b64[v & 63] : '=';
-    }
-    json_object *s = json_object_new_string_len(out, (int)n);
-    free(out);
-    return s;
-}
-
-int etcd_bytes(json_object *str, unsigned char *out, size_t *len)
-{
-    if (!str || !json_object_is_type(str, json_type_string))
-        return -1;
-    const char *s = json_object_get_string(str);
-    size_t n = (size_t)json_object_get_string_len(str), k = 0;
-    unsigned v = 0;
-    int bits = 0;
-    for (size_t i = 0; i < n && s[i] != '='; i++) {
-        const char *q = strchr(b64, s[i]);
-        if (!q || !s[i])
-            return -1;
-        v = v << 6 | (unsigned)(q - b64);
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            if (k >= *len)
-                return -1;
-            out[k++] = (unsigned char)(v >> bits);
-        }
-    }
-    *len = k;
-    return 0;
-}
-
 static const char *reply_message(json_object *root)
 {
     json_object *m = etcd_get(root, "message");
@@ -238,13 +165,6 @@ static void pause_until(const struct etcd_http *h, uint64_t t)
     }
 }
 
-/* Whether h->cancel_fd has fired (never when it is -1). */
-static int cancel_fired(const struct etcd_http *h)
-{
-    struct pollfd p = {.fd = h->cancel_fd, .events = POLLIN};
-    return h->cancel_fd >= 0 && poll(&p, 1, 0) == 1;
-}
-
 /* One transfer on h's own multi handle (one connection cache whether a
  * cancel is watched or not), ended when h->cancel_fd turns readable
  * (CURLE_ABORTED_BY_CALLBACK, before anything is sent if it already has).
@@ -252,7 +172,7 @@ static int cancel_fired(const struct etcd_http *h)
  * connection. */
 static CURLcode perform(struct etcd_http *h)
 {
-    if (cancel_fired(h))
+    if (dlock_fd_cancelled(h->cancel_fd))
         return CURLE_ABORTED_BY_CALLBACK;
     if (!h->multi && !(h->multi = curl_multi_init()))
         return CURLE_OUT_OF_MEMORY;
@@ -433,11 +353,6 @@ int etcd_authenticate(struct etcd_site *s, struct etcd_http *h, uint64_t until, 
     }
     json_object_put(req);
     return err;
-}
-
-int etcd_body_ok(const char *body)
-{
-    return body && !strstr(body, ":null") && !strstr(body, ",null") && !strstr(body, "[null");
 }
 
 int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_object *req,

@@ -1,6 +1,7 @@
 /*
  * etcd's v3 JSON gateway over libcurl, for backends/etcd.c: endpoints
- * tried in turn, the auth token, bounded calls, base64. See etcd_http.c.
+ * tried in turn, the auth token, bounded calls. See etcd_http.c. The
+ * JSON and base64 helpers are etcd_json.h's.
  */
 #ifndef DLOCK_ETCD_HTTP_H
 #define DLOCK_ETCD_HTTP_H
@@ -89,24 +90,7 @@ int etcd_authenticate(struct etcd_site *s, struct etcd_http *h, uint64_t until, 
  * stream, which is driven by the caller. hdr is the caller's to free. */
 int etcd_prepare(struct etcd_site *s, CURL *h, size_t ep, const char *path, const char *body,
                  int with_token, struct curl_slist **hdr);
-/* Whether a request's JSON is whole: a builder that ran out of memory
- * leaves a null (json-c adds NULL as null), and no request of dlock's has
- * one (base64, hex and words hold no ':' ',' '['). */
-int etcd_body_ok(const char *body);
 /* Records a reply's gRPC error as a dlock error (what: the operation). */
 int etcd_error(struct etcd_site *s, const struct etcd_res *r, const char *what);
-
-/* Reading replies: a member by name (NULL when o is not an object or has
- * none), an int64 (the gateway writes them as strings; 0 when absent). */
-json_object *etcd_get(json_object *o, const char *key);
-int64_t etcd_int(json_object *o, const char *key);
-/* A JSON string holding an int64 (how the gateway takes them). */
-json_object *etcd_new_int(int64_t v);
-
-/* Base64 (etcd's keys and values are bytes): the encoding of len bytes as
- * a new JSON string; the decoding of a JSON string into out (room for
- * *len bytes; *len set to what it holds). -1 on bad input or no room. */
-json_object *etcd_new_bytes(const void *data, size_t len);
-int etcd_bytes(json_object *str, unsigned char *out, size_t *len);
 
 #endif

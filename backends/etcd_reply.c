@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backends/etcd_http.h"
+#include "backends/etcd_json.h"
 
 int etcd_kv_read(json_object *o, struct etcd_kv *kv)
 {

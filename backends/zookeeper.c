@@ -53,53 +53,47 @@
  * Every request is asynchronous and the application's thread waits for its
  * reply only as long as the call's bound (its deadline, connect_timeout, a
  * part of the session timeout): the C client's synchronous calls would wait
- * for its own timeout, 2/3 of the session timeout into a silent network. A
- * request given up on still completes on the client's completion thread,
- * and what it may have left on the servers (a lock node created after the
- * acquire gave up, a delete lost with the connection) is cleaned up there:
- * the node is deleted, or looked for by our owner id under its parent, as
- * soon as the session is connected again, whatever the application does.
+ * for its own timeout, 2/3 of the session timeout into a silent network
+ * (backends/zookeeper_call.c). A request given up on still completes on
+ * the client's completion thread, and what it may have left on the servers
+ * (a lock node created after the acquire gave up, a delete lost with the
+ * connection) is cleaned up there: the node is deleted, or looked for by
+ * our owner id under its parent, as soon as the session is connected
+ * again, whatever the application does (backends/zookeeper_orphans.c).
  *
  * Cancel (request.cancel_fd): every wait of an acquire (for a reply, an
  * event on the predecessor's watch, the session's return) blocks on the
  * condition variable the client's threads broadcast, which cannot also
- * watch a descriptor. With a cancel fd, the wait polls {wake_fd,
- * cancel_fd} instead: an eventfd of the connection that the callbacks
- * write while a waiter polls (zk_conn.polling), so nothing wakes on a
- * timer. Once the fd fires, every wait of the acquire returns at once and
- * it gives up as at a deadline: our node is deleted (a request left
- * unanswered is cleaned up by its completion) and the answer is
- * DLOCK_ECANCELED.
+ * watch a descriptor. With a cancel fd, the wait blocks in the core's
+ * wait on {wake_fd, cancel_fd} instead: an eventfd of the connection that
+ * the callbacks write while a waiter waits on it (zk_conn.polling), so
+ * nothing wakes on a timer. Once the fd fires, every wait of the acquire
+ * returns at once and it gives up as at a deadline: our node is deleted (a
+ * request left unanswered is cleaned up by its completion) and the answer
+ * is DLOCK_ECANCELED.
  *
- * See docs/zookeeper.md for what this guarantees and where it is weaker.
+ * See docs/zookeeper.md for what this guarantees and where it is weaker,
+ * and zookeeper_int.h for how the backend's files depend on each other.
  */
+#include "backends/zookeeper_int.h"
+
 #include <errno.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <time.h>
 #include <unistd.h>
-
-/* The synchronous calls are declared only for the multithreaded client. */
-#define THREADED 1
-#include <zookeeper/zookeeper.h>
 
 #include "config.h"
 #include "backends/file.h"
-#include "backends/zookeeper_names.h"
 #include "core/internal.h"
 
 #define DEFAULT_PORT 2181
 #define DEFAULT_ROOT "/dlock"
 #define DEFAULT_SESSION_MS 4000
 #define DEFAULT_CONNECT_MS 5000
-#define MS 1000000ull
-#define NEVER UINT64_MAX
 /* Longest wait slice while disconnected: how late a session that has been
  * suspended for its whole timeout is noticed as dead. */
 #define SUSPENDED_SLICE_MS 100
@@ -113,74 +107,10 @@
  * answered before returning; past that it completes in the background. */
 #define CLEANUP_WAIT_MS 100
 
-/* Results of our own waits, never ZooKeeper codes (those are <= 0). */
-#define NOREPLY 1000 /* no reply by the end of the wait */
-#define NOMEM 1001   /* no memory for the request */
-#define CANCELLED 1002 /* the acquire's wait was cancelled first */
-
 static const char *const zk_schemes[] = {"zookeeper", NULL};
 static const char *const zk_options[] = {"session_timeout", "connect_timeout", NULL};
 
-/* "<owner hex>-lock-" */
-#define MARK_MAX (sizeof ((dlock_request *)0)->owner_hex + sizeof ZK_LOCK_MARK)
-
-/*
- * What a session may have left behind on the servers, and that nobody will
- * delete otherwise: a node of ours whose delete could not be sent or was
- * lost with the connection (path is the node), or the node a create whose
- * reply was lost may have made (search: path is its parent, mark our
- * "<owner>-lock-" prefix). Queued on zc->orphans and sent as soon as the
- * session is connected, by the client's completion thread.
- */
-struct zk_conn;
-struct zk_orphan {
-    struct zk_orphan *next;
-    struct zk_conn *zc;
-    unsigned gen; /* the session: the nodes go with it anyway */
-    int search;
-    char mark[MARK_MAX];
-    char path[];
-};
-
 enum session_status { SESSION_UP, SESSION_SUSPENDED, SESSION_DEAD };
-
-struct zk_held;
-
-struct zk_conn {
-    dlock_conn base;
-    char *hosts;      /* "h1:p1,h2:p2" as the C client wants it */
-    char *root;       /* "/dlock": no trailing slash */
-    char *auth;       /* "user:password" for the digest scheme, or NULL */
-    struct ACL_vector *acl;
-    int session_ms, connect_ms;
-    /* Both written by the application's thread only, under mu (the
-     * keeper reads gen under mu, and never uses zh; the completion thread
-     * uses zh only while gen is its session's, see orphans_flush()). */
-    zhandle_t *zh;    /* NULL between a dead session and the next call */
-    unsigned gen;     /* counts sessions: a held lock belongs to one */
-    pthread_mutex_t mu;
-    pthread_cond_t cv; /* on CLOCK_MONOTONIC: events, replies */
-    /* The acquire's cancel fd (-1: none), and whether a wait saw it fire;
-     * the application's thread only. */
-    int cancel_fd;
-    int cancelled;
-    /* With a cancel fd, waits poll wake_fd (an eventfd made at the first
-     * such wait, -1 before) instead of waiting on cv; the callbacks write
-     * it while polling is set. Both under mu. */
-    int wake_fd;
-    int polling;
-    /* Written by the client's event thread, under mu. */
-    int state;                /* last session state reported */
-    int ever_connected;       /* this session was established once */
-    uint64_t events;          /* counts every watch and session event */
-    uint64_t suspended_since; /* when the connection dropped; 0 while up */
-    int negotiated_ms;        /* the timeout the server granted */
-    struct zk_held *watched;  /* held locks whose node is watched, under mu */
-    struct zk_orphan *orphans; /* cleanups waiting for a connection, under mu */
-    /* Written by the completion thread, under mu: the highest zxid seen in
-     * any reply's stat, so committed: every later czxid is above it. */
-    uint64_t seen_zxid;
-};
 
 struct zk_held {
     dlock_held base;
@@ -203,23 +133,6 @@ struct zk_acq {
     uint64_t czxid;    /* node's; 0 until known */
     uint64_t until;    /* how long connection waits may last */
 };
-
-static dlock_client *cl(struct zk_conn *zc)
-{
-    return zc->base.client;
-}
-
-static char *join3(const char *a, const char *b, const char *c)
-{
-    size_t la = strlen(a), lb = strlen(b), lc = strlen(c);
-    char *s = malloc(la + lb + lc + 1);
-    if (!s)
-        return NULL;
-    memcpy(s, a, la);
-    memcpy(s + la, b, lb);
-    memcpy(s + la + lb, c, lc + 1);
-    return s;
-}
 
 static int oom(struct zk_conn *zc)
 {
@@ -244,525 +157,6 @@ static int is_connection_error(int rc)
 {
     return rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZSESSIONEXPIRED ||
            rc == ZSESSIONMOVED || rc == ZINVALIDSTATE || rc == ZCLOSING;
-}
-
-/* The request may have been carried out, its reply lost with the
- * connection; the session lives on. */
-static int maybe_done(int rc)
-{
-    return rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT;
-}
-
-/* ---- cleanup of what a given-up request left ------------------------- */
-
-static struct zk_orphan *orphan_new(struct zk_conn *zc, const char *path, size_t len,
-                                    unsigned gen)
-{
-    struct zk_orphan *o = calloc(1, sizeof *o + len + 1);
-    if (!o)
-        return NULL;
-    o->zc = zc;
-    o->gen = gen;
-    memcpy(o->path, path, len);
-    return o;
-}
-
-/* The node at path. */
-static struct zk_orphan *orphan_node(struct zk_conn *zc, const char *path, unsigned gen)
-{
-    return orphan_new(zc, path, strlen(path), gen);
-}
-
-/* Whatever node "<prefix><seq>" a create of prefix ("<parent>/<owner>-lock-")
- * may have made. */
-static struct zk_orphan *orphan_search(struct zk_conn *zc, const char *prefix, unsigned gen)
-{
-    const char *slash = strrchr(prefix, '/');
-    if (!slash || strlen(slash + 1) >= MARK_MAX)
-        return NULL;
-    struct zk_orphan *o = orphan_new(zc, prefix, (size_t)(slash - prefix), gen);
-    if (o) {
-        o->search = 1;
-        memcpy(o->mark, slash + 1, strlen(slash + 1) + 1);
-    }
-    return o;
-}
-
-static void orphans_free(struct zk_orphan *o)
-{
-    while (o) {
-        struct zk_orphan *next = o->next;
-        free(o);
-        o = next;
-    }
-}
-
-/* Puts o back on the queue if its session is still ours (it is then sent
- * at the next connection), else frees it: its nodes went with the session. */
-static void orphan_requeue(struct zk_conn *zc, struct zk_orphan *o)
-{
-    pthread_mutex_lock(&zc->mu);
-    if (o->gen == zc->gen) {
-        o->next = zc->orphans;
-        zc->orphans = o;
-        o = NULL;
-    }
-    pthread_mutex_unlock(&zc->mu);
-    free(o);
-}
-
-static void orphan_send(struct zk_conn *zc, zhandle_t *zh, struct zk_orphan *o);
-static void orphans_flush(struct zk_conn *zc, unsigned gen);
-
-static void on_orphan_deleted(int rc, const void *data)
-{
-    struct zk_orphan *o = (struct zk_orphan *)data;
-    if (maybe_done(rc))
-        orphan_requeue(o->zc, o);
-    else
-        free(o); /* deleted, gone already, or gone with the session */
-}
-
-static void orphan_queue(struct zk_conn *zc, struct zk_orphan *o);
-
-static void on_orphan_listed(int rc, const struct String_vector *sv, const void *data)
-{
-    struct zk_orphan *o = (struct zk_orphan *)data;
-    struct zk_conn *zc = o->zc;
-    if (maybe_done(rc)) {
-        orphan_requeue(zc, o);
-        return;
-    }
-    size_t ml = strlen(o->mark);
-    for (int i = 0; rc == ZOK && sv && i < sv->count; i++) {
-        if (strncmp(sv->data[i], o->mark, ml) != 0)
-            continue;
-        char *path = join3(o->path, "/", sv->data[i]);
-        struct zk_orphan *n = path ? orphan_node(zc, path, o->gen) : NULL;
-        free(path);
-        if (n)
-            orphan_queue(zc, n);
-    }
-    free(o); /* ZNONODE: no parent, so no node either */
-}
-
-/* Sends o's request on zh (the client's completion thread or the
- * application's). */
-static void orphan_send(struct zk_conn *zc, zhandle_t *zh, struct zk_orphan *o)
-{
-    int rc;
-    if (o->search)
-        rc = zoo_aget_children(zh, o->path, 0, on_orphan_listed, o);
-    else
-        rc = zoo_adelete(zh, o->path, -1, on_orphan_deleted, o);
-    if (rc == ZMARSHALLINGERROR)
-        return; /* the completion may have been registered: it owns o */
-    if (rc != ZOK)
-        orphan_requeue(zc, o);
-}
-
-/*
- * Sends every queued cleanup, if gen is still the session. Safe on the
- * client's completion thread: zh is read under mu with gen, and only the
- * application's thread closes a handle, after bumping gen and then joining
- * that thread, so a handle read here lives until the send is done.
- */
-static void orphans_flush(struct zk_conn *zc, unsigned gen)
-{
-    pthread_mutex_lock(&zc->mu);
-    if (gen != zc->gen || !zc->zh || zc->state != ZOO_CONNECTED_STATE) {
-        pthread_mutex_unlock(&zc->mu);
-        return;
-    }
-    struct zk_orphan *list = zc->orphans;
-    zhandle_t *zh = zc->zh;
-    zc->orphans = NULL;
-    pthread_mutex_unlock(&zc->mu);
-    while (list) {
-        struct zk_orphan *o = list;
-        list = o->next;
-        o->next = NULL;
-        orphan_send(zc, zh, o);
-    }
-}
-
-/* Queues o (NULL: out of memory, the node goes with the session) and sends
- * it at once if the session is connected. */
-static void orphan_queue(struct zk_conn *zc, struct zk_orphan *o)
-{
-    if (!o)
-        return;
-    unsigned gen = o->gen;
-    orphan_requeue(zc, o);
-    orphans_flush(zc, gen);
-}
-
-/* ---- requests with a bounded wait --------------------------------------- */
-
-/*
- * One asynchronous request. The waiter and the completion each hold a
- * reference; a waiter that gives up marks it abandoned, and the completion
- * then queues the cleanup of what the request may have left (a lock node's
- * create or delete).
- */
-enum { LEAVES_NOTHING, LEAVES_CREATED, LEAVES_UNDELETED };
-
-struct zk_call {
-    struct zk_conn *zc;
-    unsigned gen;  /* the session it was sent on */
-    int leaves;    /* what it may leave if given up on */
-    int refs, done, abandoned; /* under zc->mu */
-    int rc;
-    struct Stat st;
-    char *created;        /* a create's new node */
-    struct zk_kids kids;  /* a listing's lock children */
-    struct zk_probe *probe; /* token_top's transaction */
-    char path[];
-};
-
-/* The probe's multi transaction (create, set, delete of one node): its
- * operations, results and stat live until the completion has run. */
-struct zk_probe {
-    zoo_op_t ops[3];
-    zoo_op_result_t results[3];
-    struct Stat st;
-    char created[16];
-};
-
-static struct zk_call *call_new(struct zk_conn *zc, const char *path, int leaves)
-{
-    size_t len = strlen(path) + 1;
-    struct zk_call *c = calloc(1, sizeof *c + len);
-    if (!c)
-        return NULL;
-    c->zc = zc;
-    c->gen = zc->gen;
-    c->leaves = leaves;
-    c->refs = 2;
-    memcpy(c->path, path, len);
-    return c;
-}
-
-static void call_free(struct zk_call *c)
-{
-    free(c->created);
-    zk_kids_free(&c->kids);
-    free(c->probe);
-    free(c);
-}
-
-/* Tells the waiter, under mu, that something changed. */
-static void wake(struct zk_conn *zc)
-{
-    pthread_cond_broadcast(&zc->cv);
-    if (zc->polling) {
-        uint64_t one = 1;
-        /* Cannot fail: the counter is drained by every poll, far below
-         * its limit, and the client's threads block every signal. */
-        while (write(zc->wake_fd, &one, sizeof one) < 0 && errno == EINTR)
-            ;
-    }
-}
-
-/* What one wait on cv ended with. */
-enum { WOKEN, TIMED_OUT, CANCEL_FIRED };
-
-/*
- * Waits, mu held, for the next wake() or until `until` (ts: the same, for
- * pthread_cond_timedwait; NEVER: no bound); spurious wakeups are the
- * caller's loop's to see. During an acquire with a cancel fd: polls
- * {wake_fd, cancel_fd} with mu released, and CANCEL_FIRED once the fd is
- * readable, so that every later wait of the acquire ends at once too.
- */
-static int cv_wait(struct zk_conn *zc, uint64_t until, const struct timespec *ts)
-{
-    if (zc->cancel_fd < 0 || zc->wake_fd < 0) {
-        if (until == NEVER)
-            return pthread_cond_wait(&zc->cv, &zc->mu), WOKEN;
-        return pthread_cond_timedwait(&zc->cv, &zc->mu, ts) == ETIMEDOUT ? TIMED_OUT : WOKEN;
-    }
-    struct pollfd p[2] = {{.fd = zc->wake_fd, .events = POLLIN},
-                          {.fd = zc->cancel_fd, .events = POLLIN}};
-    struct timespec rel, *relp = NULL;
-    uint64_t now = dlock_monotonic_ns();
-    if (until != NEVER) {
-        uint64_t left = until > now ? until - now : 0;
-        rel.tv_sec = (time_t)(left / 1000000000u);
-        rel.tv_nsec = (long)(left % 1000000000u);
-        relp = &rel;
-    }
-    /* A wake() after the caller's look at its condition, made under mu,
-     * finds polling set and leaves wake_fd readable for this poll. */
-    zc->polling = 1;
-    pthread_mutex_unlock(&zc->mu);
-    int n = ppoll(p, 2, relp, NULL); /* EINTR: a spurious wakeup */
-    uint64_t drained;
-    if (n > 0 && (p[0].revents & POLLIN))
-        while (read(zc->wake_fd, &drained, sizeof drained) < 0 && errno == EINTR)
-            ;
-    pthread_mutex_lock(&zc->mu);
-    zc->polling = 0;
-    if (n > 0 && (p[1].revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL))) {
-        zc->cancelled = 1;
-        return CANCEL_FIRED;
-    }
-    return n == 0 ? TIMED_OUT : WOKEN;
-}
-
-static void call_complete(struct zk_call *c, int rc)
-{
-    struct zk_conn *zc = c->zc;
-    struct zk_orphan *o = NULL;
-    pthread_mutex_lock(&zc->mu);
-    c->rc = rc;
-    c->done = 1;
-    if (rc == ZOK) {
-        uint64_t z[3] = {(uint64_t)c->st.czxid, (uint64_t)c->st.mzxid, (uint64_t)c->st.pzxid};
-        for (int i = 0; i < 3; i++)
-            if (z[i] > zc->seen_zxid && z[i] < (1ull << 63))
-                zc->seen_zxid = z[i];
-    }
-    int cleanup = c->abandoned && c->gen == zc->gen;
-    wake(zc);
-    pthread_mutex_unlock(&zc->mu);
-    if (cleanup && c->leaves == LEAVES_CREATED && rc == ZOK)
-        o = orphan_node(zc, c->created, c->gen);
-    else if (cleanup && c->leaves == LEAVES_CREATED && maybe_done(rc))
-        o = orphan_search(zc, c->path, c->gen);
-    else if (cleanup && c->leaves == LEAVES_UNDELETED && maybe_done(rc))
-        o = orphan_node(zc, c->path, c->gen);
-    orphan_queue(zc, o);
-    pthread_mutex_lock(&zc->mu);
-    int last = --c->refs == 0;
-    pthread_mutex_unlock(&zc->mu);
-    if (last)
-        call_free(c);
-}
-
-static void on_void(int rc, const void *data)
-{
-    call_complete((struct zk_call *)data, rc);
-}
-
-static void on_stat(int rc, const struct Stat *st, const void *data)
-{
-    struct zk_call *c = (struct zk_call *)data;
-    if (rc == ZOK && st)
-        c->st = *st;
-    call_complete(c, rc);
-}
-
-static void on_data(int rc, const char *value, int len, const struct Stat *st, const void *data)
-{
-    (void)value, (void)len;
-    on_stat(rc, st, data);
-}
-
-static void on_created(int rc, const char *path, const struct Stat *st, const void *data)
-{
-    struct zk_call *c = (struct zk_call *)data;
-    if (rc == ZOK) {
-        if (st)
-            c->st = *st;
-        /* Without the name, the node can only be found as a lost reply's. */
-        if (!path || !(c->created = strdup(path)))
-            rc = ZCONNECTIONLOSS;
-    }
-    call_complete(c, rc);
-}
-
-static void on_probed(int rc, const void *data)
-{
-    struct zk_call *c = (struct zk_call *)data;
-    if (rc == ZOK)
-        c->st = c->probe->st;
-    call_complete(c, rc);
-}
-
-static void on_listed(int rc, const struct String_vector *sv, const void *data)
-{
-    struct zk_call *c = (struct zk_call *)data;
-    if (rc == ZOK && zk_kids_parse(sv ? (const char *const *)sv->data : NULL,
-                                   sv && sv->count > 0 ? (size_t)sv->count : 0, &c->kids) != 0)
-        rc = NOMEM;
-    call_complete(c, rc);
-}
-
-/* The request was handed to the client (rc ZOK), or not: then its
- * completion never runs. Returns rc. */
-static int call_sent(struct zk_call *c, int rc)
-{
-    if (rc == ZOK)
-        return rc;
-    pthread_mutex_lock(&c->zc->mu);
-    c->rc = rc;
-    c->done = 1;
-    /* The client may have registered the completion before failing to
-     * marshal: keep its reference then (a leak at worst). */
-    if (rc != ZMARSHALLINGERROR)
-        c->refs--;
-    pthread_mutex_unlock(&c->zc->mu);
-    return rc;
-}
-
-/* The reply's code, or NOREPLY if it has not come by until (NEVER: the C
- * client's own timeout bounds the wait, 2/3 of the session timeout into a
- * silent network), or CANCELLED if the acquire's cancel fd fired first. */
-static int call_wait(struct zk_call *c, uint64_t until)
-{
-    struct zk_conn *zc = c->zc;
-    struct timespec ts;
-    int why = WOKEN;
-    if (until != NEVER)
-        dlock_ns_to_timespec(until, &ts);
-    pthread_mutex_lock(&zc->mu);
-    while (!c->done && (why = cv_wait(zc, until, &ts)) == WOKEN)
-        ;
-    /* Given up in the same critical section as the last look at done: a
-     * reply that comes after it is the completion's to clean up. */
-    if (!c->done)
-        c->abandoned = 1;
-    int rc = c->done ? c->rc : why == CANCEL_FIRED ? CANCELLED : NOREPLY;
-    pthread_mutex_unlock(&zc->mu);
-    return rc;
-}
-
-/* The waiter lets go of c (call_wait marked it abandoned if it had no
- * reply). */
-static void call_put(struct zk_call *c)
-{
-    if (!c)
-        return;
-    struct zk_conn *zc = c->zc;
-    pthread_mutex_lock(&zc->mu);
-    int last = --c->refs == 0;
-    pthread_mutex_unlock(&zc->mu);
-    if (last)
-        call_free(c);
-}
-
-/* The synchronous forms: the reply's code, NOREPLY, or NOMEM. */
-static int zk_delete(struct zk_conn *zc, const char *path, uint64_t until)
-{
-    struct zk_call *c = call_new(zc, path, LEAVES_UNDELETED);
-    if (!c)
-        return NOMEM;
-    call_sent(c, zoo_adelete(zc->zh, path, -1, on_void, c));
-    int rc = call_wait(c, until);
-    call_put(c);
-    return rc;
-}
-
-static int zk_exists(struct zk_conn *zc, const char *path, struct Stat *st, uint64_t until)
-{
-    struct zk_call *c = call_new(zc, path, LEAVES_NOTHING);
-    if (!c)
-        return NOMEM;
-    call_sent(c, zoo_aexists(zc->zh, path, 0, on_stat, c));
-    int rc = call_wait(c, until);
-    if (rc == ZOK)
-        *st = c->st;
-    call_put(c);
-    return rc;
-}
-
-/* getData, with a watch if asked (delivered to on_event). */
-static int zk_get(struct zk_conn *zc, const char *path, int watch, uint64_t until)
-{
-    struct zk_call *c = call_new(zc, path, LEAVES_NOTHING);
-    if (!c)
-        return NOMEM;
-    call_sent(c, zoo_aget(zc->zh, path, watch, on_data, c));
-    int rc = call_wait(c, until);
-    call_put(c);
-    return rc;
-}
-
-/* A node that nobody has to clean up: root, parents, the ping's. */
-static int zk_create(struct zk_conn *zc, const char *path, int flags, uint64_t until)
-{
-    struct zk_call *c = call_new(zc, path, LEAVES_NOTHING);
-    if (!c)
-        return NOMEM;
-    call_sent(c, zoo_acreate2(zc->zh, path, NULL, -1, zc->acl, flags, on_created, c));
-    int rc = call_wait(c, until);
-    call_put(c);
-    return rc;
-}
-
-/* The probe (see the top): *zxid is its transaction's, above every czxid
- * before it. Leaves nothing whatever happens to the reply. */
-static int zk_probe(struct zk_conn *zc, const char *path, uint64_t *zxid, uint64_t until)
-{
-    static const char data[] = "top";
-    struct zk_call *c = call_new(zc, path, LEAVES_NOTHING);
-    if (c && !(c->probe = calloc(1, sizeof *c->probe))) {
-        free(c);
-        c = NULL;
-    }
-    if (!c)
-        return NOMEM;
-    struct zk_probe *p = c->probe;
-    zoo_create_op_init(&p->ops[0], c->path, NULL, -1, zc->acl, ZOO_EPHEMERAL, p->created,
-                       sizeof p->created);
-    zoo_set_op_init(&p->ops[1], c->path, data, (int)sizeof data - 1, -1, &p->st);
-    zoo_delete_op_init(&p->ops[2], c->path, -1);
-    call_sent(c, zoo_amulti(zc->zh, 3, p->ops, p->results, on_probed, c));
-    int rc = call_wait(c, until);
-    if (rc == ZOK)
-        *zxid = (uint64_t)c->st.mzxid;
-    call_put(c);
-    return rc;
-}
-
-static int zk_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64_t until)
-{
-    struct zk_call *c = call_new(zc, path, LEAVES_NOTHING);
-    if (!c)
-        return NOMEM;
-    call_sent(c, zoo_aget_children(zc->zh, path, 0, on_listed, c));
-    int rc = call_wait(c, until);
-    if (rc == ZOK) {
-        *k = c->kids;
-        c->kids = (struct zk_kids){NULL, 0};
-    }
-    call_put(c);
-    return rc;
-}
-
-static void on_synced(int rc, const char *value, const void *data)
-{
-    (void)value;
-    call_complete((struct zk_call *)data, rc);
-}
-
-/* A sync and a listing of path, pipelined (one round trip): the servers
- * run a session's requests in order, so the listing is served once the
- * server we talk to has caught up with the leader as of the sync: what any
- * other session's write committed before it is in the list, even on a
- * follower that was behind. The reply's code, NOREPLY or NOMEM. */
-static int zk_sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64_t until)
-{
-    struct zk_call *sc = call_new(zc, zc->root, LEAVES_NOTHING);
-    struct zk_call *lc = call_new(zc, path, LEAVES_NOTHING);
-    if (!sc || !lc) {
-        free(sc), free(lc);
-        return NOMEM;
-    }
-    int rc = call_sent(sc, zoo_async(zc->zh, zc->root, on_synced, sc));
-    if (rc == ZOK)
-        call_sent(lc, zoo_aget_children(zc->zh, path, 0, on_listed, lc));
-    else
-        call_sent(lc, ZINVALIDSTATE); /* not sent */
-    int lrc = call_wait(lc, until); /* replies come in order: the sync's first */
-    rc = call_wait(sc, until);
-    if (rc == ZOK && lrc == ZOK) {
-        *k = lc->kids;
-        lc->kids = (struct zk_kids){NULL, 0};
-    }
-    call_put(sc);
-    call_put(lc);
-    return rc != ZOK ? rc : lrc;
 }
 
 /* ---- session state -------------------------------------------------- */
@@ -801,36 +195,12 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path, void 
     }
     gen = zc->gen;
     zc->events++;
-    wake(zc);
+    zk_wake(zc);
     pthread_mutex_unlock(&zc->mu);
     /* Connected again: what given-up requests left goes now, whether or not
      * the application ever calls again. */
     if (flush)
-        orphans_flush(zc, gen);
-}
-
-static uint64_t events_now(struct zk_conn *zc)
-{
-    pthread_mutex_lock(&zc->mu);
-    uint64_t e = zc->events;
-    pthread_mutex_unlock(&zc->mu);
-    return e;
-}
-
-/* Waits until an event after `seen` or until `until`; 1 on an event, 0
- * at `until`, -1 when the acquire's cancel fd fired first. */
-static int wait_event(struct zk_conn *zc, uint64_t seen, uint64_t until)
-{
-    struct timespec ts;
-    int got, why = WOKEN;
-    if (until != NEVER)
-        dlock_ns_to_timespec(until, &ts);
-    pthread_mutex_lock(&zc->mu);
-    while (zc->events == seen && (why = cv_wait(zc, until, &ts)) == WOKEN)
-        ;
-    got = zc->events != seen ? 1 : why == CANCEL_FIRED ? -1 : 0;
-    pthread_mutex_unlock(&zc->mu);
-    return got;
+        zk_orphans_flush(zc, gen);
 }
 
 /*
@@ -879,7 +249,7 @@ static void session_end(struct zk_conn *zc)
     struct zk_orphan *o = zc->orphans;
     zc->orphans = NULL;
     pthread_mutex_unlock(&zc->mu);
-    orphans_free(o);
+    zk_orphans_free(o);
 }
 
 static void auth_done(int rc, const void *data)
@@ -938,13 +308,13 @@ static int session_start(struct zk_conn *zc)
 static enum session_status wait_connected(struct zk_conn *zc, uint64_t until)
 {
     for (;;) {
-        uint64_t seen = events_now(zc);
+        uint64_t seen = zk_events_now(zc);
         enum session_status st = session_status(zc);
         uint64_t now = dlock_monotonic_ns();
         if (st != SESSION_SUSPENDED || now >= until)
             return st;
         uint64_t slice = now + SUSPENDED_SLICE_MS * MS;
-        if (wait_event(zc, seen, slice < until ? slice : until) < 0)
+        if (zk_wait_event(zc, seen, slice < until ? slice : until) < 0)
             return st; /* cancelled: the caller sees zc->cancelled */
     }
 }
@@ -960,7 +330,7 @@ static int session_connect(struct zk_conn *zc, uint64_t until)
         if (st == SESSION_UP) {
             /* The completion thread sends them on connection; this
              * catches any requeued since. */
-            orphans_flush(zc, zc->gen);
+            zk_orphans_flush(zc, zc->gen);
             return 0;
         }
         if (st == SESSION_DEAD) {
@@ -1011,7 +381,7 @@ static int zk_error(struct zk_conn *zc, int rc, const char *what, const char *pa
  * the state, so that the caller's next session_connect() waits on it. */
 static void retry_pause(struct zk_conn *zc, uint64_t seen)
 {
-    wait_event(zc, seen, dlock_monotonic_ns() + RETRY_PAUSE_MS * MS);
+    zk_wait_event(zc, seen, dlock_monotonic_ns() + RETRY_PAUSE_MS * MS);
 }
 
 /* ---- nodes ------------------------------------------------------------- */
@@ -1135,45 +505,23 @@ static int find_lost_create(struct zk_acq *a, struct zk_kids *k)
     return 0;
 }
 
-/* The pipelined create + list. */
+/* The pipelined create + list (zk_create_list()). */
 static int create_and_list(struct zk_acq *a, struct zk_kids *k)
 {
     struct zk_conn *zc = a->zc;
-    struct zk_call *cc = call_new(zc, a->prefix, LEAVES_CREATED);
-    struct zk_call *lc = call_new(zc, a->parent, LEAVES_NOTHING);
-    if (!cc || !lc) {
-        free(cc), free(lc);
-        return oom(zc);
-    }
-    /* A create given up on (no reply by the bound) is cleaned up by its
-     * completion: the node deleted if it says it made one, looked for by
-     * our owner id if its reply is lost too. */
-    int rc = call_sent(cc, zoo_acreate2(zc->zh, a->prefix, NULL, -1, zc->acl,
-                                        ZOO_EPHEMERAL_SEQUENTIAL, on_created, cc));
-    if (rc == ZOK)
-        call_sent(lc, zoo_aget_children(zc->zh, a->parent, 0, on_listed, lc));
-    else
-        call_sent(lc, ZINVALIDSTATE); /* not sent */
+    struct zk_made m;
     uint64_t until = reply_until(a);
-    int lrc = call_wait(lc, until); /* replies come in order: the create's first */
-    unsigned sent_gen = cc->gen;
-    struct zk_orphan *o = NULL;
-    rc = call_wait(cc, until);
+    zk_create_list(zc, a->prefix, a->parent, until, &m);
+    int rc = m.rc, lrc = m.lrc;
     if (rc == ZOK) {
-        a->node = join3(a->parent, "/", basename_of(cc->created));
+        a->node = join3(a->parent, "/", basename_of(m.created));
         if (!a->node) /* made, but we cannot name it: it must not stay */
-            o = orphan_node(zc, cc->created, cc->gen);
-        a->gen = cc->gen;
-        a->czxid = (uint64_t)cc->st.czxid;
-        if (lrc == ZOK) {
-            *k = lc->kids;
-            lc->kids = (struct zk_kids){NULL, 0};
-        }
-    }
-    call_put(cc);
-    call_put(lc);
-    orphan_queue(zc, o);
-    if (rc == ZOK) {
+            zk_orphan_queue(zc, zk_orphan_node(zc, m.created, m.gen));
+        free(m.created);
+        a->gen = m.gen;
+        a->czxid = m.czxid;
+        if (lrc == ZOK)
+            *k = m.kids;
         if (!a->node)
             return oom(zc);
         if (lrc == ZOK)
@@ -1188,7 +536,7 @@ static int create_and_list(struct zk_acq *a, struct zk_kids *k)
     }
     if (maybe_done(rc)) {
         a->create_lost = 1;
-        a->lost_gen = sent_gen;
+        a->lost_gen = m.gen;
         return RETRY;
     }
     return step_error(a, rc, "cannot create a lock node under", a->parent);
@@ -1215,7 +563,7 @@ static int wait_predecessor(struct zk_acq *a, const char *pred)
     char *path = join3(a->parent, "/", pred);
     if (!path)
         return oom(zc);
-    uint64_t seen = events_now(zc);
+    uint64_t seen = zk_events_now(zc);
     /* getData rather than exists: on a node already gone it leaves no
      * watch behind. */
     int rc = zk_get(zc, path, 1, reply_until(a));
@@ -1225,7 +573,7 @@ static int wait_predecessor(struct zk_acq *a, const char *pred)
     if (rc != ZOK)
         return err;
     uint64_t until = a->req->wait == DLOCK_WAIT_DEADLINE ? a->req->deadline_ns : NEVER;
-    int got = wait_event(zc, seen, until);
+    int got = zk_wait_event(zc, seen, until);
     if (got < 0)
         return dlock_cancelled(cl(zc));
     if (!got)
@@ -1298,9 +646,9 @@ static void drop_node(struct zk_acq *a)
             if (!maybe_done(rc) && rc != ZINVALIDSTATE && rc != NOMEM)
                 return;
         }
-        orphan_queue(zc, orphan_node(zc, a->node, a->gen));
+        zk_orphan_queue(zc, zk_orphan_node(zc, a->node, a->gen));
     } else if (!a->node && a->create_lost && a->lost_gen == zc->gen) {
-        orphan_queue(zc, orphan_search(zc, a->prefix, a->lost_gen));
+        zk_orphan_queue(zc, zk_orphan_search(zc, a->prefix, a->lost_gen));
     }
 }
 
@@ -1381,26 +729,6 @@ static void unwatch_held(struct zk_conn *zc, struct zk_held *h)
     pthread_mutex_unlock(&zc->mu);
 }
 
-/* The acquire's waits watch req's cancel fd (if any), through wake_fd,
- * made at the first such acquire. */
-static int watch_cancel(struct zk_conn *zc, const dlock_request *req)
-{
-    if (req->cancel_fd < 0)
-        return 0;
-    if (zc->wake_fd < 0) {
-        int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        if (fd < 0)
-            return dlock_seterr(cl(zc), errno == ENOMEM ? DLOCK_ENOMEM : DLOCK_EIO,
-                                "cannot make an eventfd to watch the cancel flag: %s",
-                                strerror(errno));
-        pthread_mutex_lock(&zc->mu);
-        zc->wake_fd = fd;
-        pthread_mutex_unlock(&zc->mu);
-    }
-    zc->cancel_fd = req->cancel_fd;
-    return 0;
-}
-
 static int zk_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
 {
     struct zk_conn *zc = (struct zk_conn *)conn;
@@ -1411,9 +739,9 @@ static int zk_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
         a.until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS;
     else
         a.until = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : NEVER;
-    if ((err = acquire_paths(&a)) == 0 && (err = watch_cancel(zc, req)) == 0) {
+    if ((err = acquire_paths(&a)) == 0 && (err = zk_watch_cancel(zc, req)) == 0) {
         do {
-            uint64_t seen = events_now(zc);
+            uint64_t seen = zk_events_now(zc);
             zk_kids_free(&k);
             err = zc->cancelled ? dlock_cancelled(cl(zc)) : acquire_turn(&a, &k);
             if (err == RETRY && session_status(zc) == SESSION_UP)
@@ -1473,7 +801,7 @@ static int release_node(struct zk_conn *zc, struct zk_held *h)
             return lost(zc, "the session expired, or was disconnected for its whole timeout: "
                             "the lock was lost (its node goes with the session)");
         }
-        uint64_t seen = events_now(zc);
+        uint64_t seen = zk_events_now(zc);
         int sent = st == SESSION_UP;
         int rc = sent ? zk_delete(zc, h->path, until) : NOREPLY;
         if (rc == ZOK)
@@ -1484,7 +812,7 @@ static int release_node(struct zk_conn *zc, struct zk_held *h)
         if (rc == NOREPLY || dlock_monotonic_ns() >= until) {
             /* A delete given up on requeues itself if its reply is lost. */
             if (!sent || rc != NOREPLY)
-                orphan_queue(zc, orphan_node(zc, h->path, h->gen));
+                zk_orphan_queue(zc, zk_orphan_node(zc, h->path, h->gen));
             return dlock_seterr(cl(zc), DLOCK_ECONNECT,
                                 "zookeeper %s: no answer within the session timeout (%d ms): "
                                 "the lock node is deleted when the connection returns, or goes "
@@ -1658,7 +986,7 @@ static int zk_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
         struct Stat st = {0};
         if ((err = session_connect(zc, until)) != 0)
             break;
-        uint64_t seen = events_now(zc);
+        uint64_t seen = zk_events_now(zc);
         const char *what = "cannot list", *where = parent;
         int rc = zk_sync_list(zc, parent, &k, until);
         if (rc == ZNONODE)

@@ -1,6 +1,6 @@
 /*
  * libFuzzer target: what the etcd backend reads from a server
- * (backends/etcd_reply.c, etcd_http.c): the watch stream, one JSON object
+ * (backends/etcd_reply.c, etcd_json.c): the watch stream, one JSON object
  * per line, fed in pieces of varying size as HTTP chunks arrive; the keys
  * of a range reply; base64 and int64 fields.
  *
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backends/etcd_http.h"
+#include "backends/etcd_json.h"
 #include "backends/etcd_reply.h"
 
 #define require(cond)                                                                  \

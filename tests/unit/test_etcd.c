@@ -1,5 +1,5 @@
 /*
- * etcd helpers that need no server (backends/etcd_http.c): base64 of keys
+ * etcd helpers that need no server (backends/etcd_json.c): base64 of keys
  * and values, int64s as the gateway writes them; and the URIs the etcd
  * backend refuses before it contacts anything, or cannot reach.
  */
@@ -8,7 +8,8 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
-#include "backends/etcd_http.h"
+#include "backends/etcd_json.h"
+#include "dlock.h"
 #include "tests/tap.h"
 
 static void test_base64(void)
