@@ -28,7 +28,7 @@
  * statement and its reply, bounded by `timeout`) and around every change to
  * what keep() reads: the session's connection, lease, list of handles and
  * their state. A use of a shared session holds it for a few exchanges at
- * most (see the header: 5 for a try), never across a connect: an acquire's
+ * most (5 for a try: docs/mysql.md, "lock=named sessions"), never across a connect: an acquire's
  * durable-mark checkpoint unlocks it (pending_s keeps that grant's lease
  * from being lowered meanwhile). A blocking GET_LOCK runs on a session that holds nothing,
  * which keep() never touches. The list of sessions (mc->nsess) belongs to
