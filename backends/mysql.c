@@ -197,19 +197,19 @@ static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
 static int be_release(dlock_conn *conn, dlock_held *held)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
-    return mc->mode->release(mc, (struct mysql_held *)held);
+    return mc->mode->release(mc, held);
 }
 
 static int be_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
-    return mc->mode->renew(mc, (struct mysql_held *)held, ttl_ms);
+    return mc->mode->renew(mc, held, ttl_ms);
 }
 
 static int be_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
-    return mc->mode->keep(mc, (struct mysql_held *)held, ttl_ms);
+    return mc->mode->keep(mc, held, ttl_ms);
 }
 
 static int be_ping(dlock_conn *conn)
@@ -221,7 +221,7 @@ static int be_ping(dlock_conn *conn)
 static int be_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
-    return mc->mode->raise_token(mc, (struct mysql_held *)held, floor);
+    return mc->mode->raise_token(mc, held, floor);
 }
 
 static int be_token_top(dlock_conn *conn, uint64_t *top)

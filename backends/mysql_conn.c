@@ -276,7 +276,6 @@ void mc_session_close(struct session *s)
     if (!s)
         return;
     mc_session_disconnect(s);
-    pthread_mutex_destroy(&s->mu);
     free(s);
 }
 
@@ -314,8 +313,9 @@ static void tune_socket(struct mysql_conn *mc, MYSQL *db)
 }
 
 /*
- * Opens a session, by connect_timeout or the call's deadline if sooner
- * (a try's bound grows by the time spent here instead).
+ * Connects s (zeroed first; left disconnected on failure), by
+ * connect_timeout or the call's deadline if sooner (a try's bound grows
+ * by the time spent here instead). mc_session_open allocates one.
  *
  * Nothing is left to the server's defaults, which an administrator may
  * change (SET GLOBAL, init_connect, which these commands run after):
@@ -332,23 +332,16 @@ static void tune_socket(struct mysql_conn *mc, MYSQL *db)
  * creating a row, or behind another client's bump). Metadata locks (a DDL
  * on the tables) are waited for at most `timeout`.
  */
-int mc_session_open(struct mysql_conn *mc, enum session_role role, struct bound *call,
-                    struct session **out)
+int mc_session_connect(struct mysql_conn *mc, enum session_role role, struct bound *call,
+                       struct session *s)
 {
-    struct session *s = calloc(1, sizeof *s);
     unsigned connect_s = mc_ceil_s(mc->connect_ms), io_s = mc_ceil_s(mc->timeout_ms), no = 0;
     uint64_t start = dlock_monotonic_ns();
     my_bool off = 0;
     char limits[128];
-    if (!s || pthread_mutex_init(&s->mu, NULL) != 0) {
-        free(s);
+    memset(s, 0, sizeof *s);
+    if (!(s->db = mysql_init(NULL)))
         return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
-    }
-    if (!(s->db = mysql_init(NULL))) {
-        pthread_mutex_destroy(&s->mu);
-        free(s);
-        return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
-    }
     mysql_options(s->db, MYSQL_OPT_CONNECT_TIMEOUT, &connect_s);
     mysql_options(s->db, MYSQL_OPT_READ_TIMEOUT, &io_s);
     mysql_options(s->db, MYSQL_OPT_WRITE_TIMEOUT, &io_s);
@@ -393,10 +386,24 @@ int mc_session_open(struct mysql_conn *mc, enum session_role role, struct bound 
                            mc->where);
     }
     if (err) {
-        mc_session_close(s);
+        mc_session_disconnect(s);
         return err;
     }
     tune_socket(mc, s->db);
+    return 0;
+}
+
+int mc_session_open(struct mysql_conn *mc, enum session_role role, struct bound *call,
+                    struct session **out)
+{
+    struct session *s = malloc(sizeof *s);
+    int err;
+    if (!s)
+        return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
+    if ((err = mc_session_connect(mc, role, call, s)) != 0) {
+        free(s);
+        return err;
+    }
     *out = s;
     return 0;
 }
@@ -597,10 +604,10 @@ int mc_pause_ms(struct mysql_conn *mc, uint64_t ms, uint64_t until_ns, int cance
     return err == DLOCK_ECANCELED ? dlock_cancelled(cl(mc)) : err;
 }
 
-int mc_lease_over(struct mysql_conn *mc, struct mysql_held *h, const char *what)
+int mc_lease_over(struct mysql_conn *mc, uint32_t ttl_ms, const char *what)
 {
     return dlock_seterr(cl(mc), DLOCK_ELOST, "%s: the lease (%" PRIu32 " ms) had run out",
-                        what, h->ttl_ms);
+                        what, ttl_ms);
 }
 
 /* A text statement with one integer result on the control session, by

@@ -8,7 +8,8 @@
  *                  or lock=named) and dispatches every method through it
  *   mysql_row.c    the row-lock recipe, both token sources (a small
  *                  per-source table chosen with the mode)
- *   mysql_named.c  the lock=named (GET_LOCK) recipe
+ *   mysql_named.c  the lock=named (GET_LOCK) recipe, its sessions on the
+ *                  SQL backends' shared layer (sql_session.c)
  *   mysql_seq.c    the store's tables and its sequence (token=sequence,
  *                  lock=named): setup, the durable mark, floor and top
  *   mysql_conn.c   sessions, the non-blocking driver steps, the bounds,
@@ -24,6 +25,7 @@
 
 #include <mysql.h>
 
+#include "backends/sql_session.h"
 #include "core/internal.h"
 #include "core/sha256.h"
 
@@ -38,10 +40,7 @@
 #define TABLE_NAME_MAX 57      /* 64 (MySQL's identifier limit) - "_grants" */
 #define NAME_COLUMN_MAX 255    /* bytes of the name kept for people to read */
 #define LOCK_WAIT_MAX_S 1073741824u /* innodb_lock_wait_timeout's maximum */
-#define IDLE_SESSIONS_MAX 4
-/* lock=named: locks sharing one session at most. A session that ends takes
- * them all, and every use of it scans its list. */
-#define NAMED_LOCKS_MAX 256
+#define IDLE_SESSIONS_MAX 4 /* row locks' pool (lock=named: sql_session.h's) */
 #define MDL_WAIT_MAX_S 31536000u  /* lock_wait_timeout's maximum */
 #define CLEANUP_MS 200u /* past a deadline: ending a wait, letting go after a failure */
 #define MS 1000000ull
@@ -76,10 +75,10 @@ enum session_role {
     ROLE_NAMED, /* lock=named: autocommit (user locks need no transaction) */
 };
 
-struct mysql_held;
 struct mysql_mode;
 struct row_source;
 
+/* A server connection. lock=named embeds it in its sql_session one. */
 struct session {
     MYSQL *db;                 /* lock=named: NULL once closed, the struct kept
                                   while handles point to it */
@@ -94,14 +93,6 @@ struct session {
     struct session *next;      /* in the idle pool */
     uint64_t idle_since;       /* put in the pool (lock=named: left holding
                                   nothing) then (CLOCK_MONOTONIC) */
-    /* lock=named (see "named locks" below): */
-    pthread_mutex_t mu;        /* around each exchange and what keep() reads */
-    int waiting;               /* a blocking GET_LOCK runs on it: not shared */
-    size_t nheld;              /* handles pointing to it */
-    struct mysql_held *held;   /* those handles */
-    unsigned pending_s;        /* the lease (s) of a grant on it not yet handed
-                                  out (its mark being committed, mu unlocked):
-                                  a renewal must not set a shorter one */
 };
 
 struct mysql_conn {
@@ -118,26 +109,13 @@ struct mysql_conn {
     int mariadb;     /* the server is MariaDB (not MySQL) */
     uint64_t durable; /* the sequence: every token below it is on disk (mc_seq_durable) */
     unsigned char salt[DLOCK_SHA256_LEN]; /* lock=named: SHA-256 of database, table */
-    struct session **nsess; /* lock=named: every session, holding or free */
-    size_t nn, ncap;
+    struct dlock_sql_pool pool; /* lock=named: every session, holding or free */
     uint64_t connect_ms, timeout_ms;
     char where[128];        /* "host:port" or the socket path, for messages */
     char *sql[N_STMTS];
     struct session *ctl;    /* autocommit control session; NULL after it dropped */
     struct session *idle;   /* pool of idle lock sessions */
     unsigned nidle;
-};
-
-struct mysql_held {
-    dlock_held base;
-    struct session *s;      /* holding session; NULL once the lock is lost */
-    unsigned char k[DLOCK_SHA256_LEN];
-    uint32_t ttl_ms;
-    uint64_t expires_ns;    /* end of the lease as the client sees it */
-    /* lock=named: */
-    char lname[7 + 58];     /* "dlock:" + 58 hex digits */
-    int gone;               /* let go on its session after its lease ended */
-    struct mysql_held *prev, *next; /* its session's handles */
 };
 
 /*
@@ -182,11 +160,11 @@ struct mysql_mode {
     int (*open)(struct mysql_conn *mc);
     void (*close)(struct mysql_conn *mc);
     int (*acquire)(struct mysql_conn *mc, const dlock_request *req, dlock_held **heldp);
-    int (*release)(struct mysql_conn *mc, struct mysql_held *h);
-    int (*renew)(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_ms);
-    int (*keep)(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_ms);
+    int (*release)(struct mysql_conn *mc, dlock_held *held);
+    int (*renew)(struct mysql_conn *mc, dlock_held *held, uint32_t ttl_ms);
+    int (*keep)(struct mysql_conn *mc, dlock_held *held, uint32_t ttl_ms);
     int (*ping)(struct mysql_conn *mc);
-    int (*raise_token)(struct mysql_conn *mc, struct mysql_held *h, uint64_t floor);
+    int (*raise_token)(struct mysql_conn *mc, dlock_held *held, uint64_t floor);
     int (*token_top)(struct mysql_conn *mc, uint64_t *top);
     int (*raise_floor)(struct mysql_conn *mc, uint64_t floor);
     int (*inspect)(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info);
@@ -217,6 +195,8 @@ int mc_run(struct mysql_conn *mc, struct session *s, enum nb_op op, MYSQL_STMT *
            const char *sql, const struct bound *b, const char *what);
 void mc_session_disconnect(struct session *s);
 void mc_session_close(struct session *s);
+int mc_session_connect(struct mysql_conn *mc, enum session_role role, struct bound *call,
+                       struct session *s);
 int mc_session_open(struct mysql_conn *mc, enum session_role role, struct bound *call,
                     struct session **out);
 int mc_prepare(struct mysql_conn *mc, struct session *s, enum stmt_id id,
@@ -242,7 +222,7 @@ uint64_t mc_cleanup_until(void);
 void mc_bind_bytes(MYSQL_BIND *b, const void *p, unsigned long *len);
 void mc_bind_u64(MYSQL_BIND *b, unsigned long long *v);
 int mc_pause_ms(struct mysql_conn *mc, uint64_t ms, uint64_t until_ns, int cancel_fd);
-int mc_lease_over(struct mysql_conn *mc, struct mysql_held *h, const char *what);
+int mc_lease_over(struct mysql_conn *mc, uint32_t ttl_ms, const char *what);
 char *mc_with_table(const char *tmpl, const char *table);
 int mc_ping_ctl(struct mysql_conn *mc);
 int mc_ping_pooled(struct mysql_conn *mc);
@@ -251,7 +231,7 @@ int mc_ping_pooled(struct mysql_conn *mc);
 
 extern const char *const mc_create_sql[2]; /* <table>, <table>_grants ("@T": the table) */
 int mc_seq_open(struct mysql_conn *mc, enum session_role role, const char *what,
-                struct session **out);
+                struct session *s);
 int mc_seq_checkpoint(struct mysql_conn *mc, struct bound *call, uint64_t *mark);
 int mc_seq_mark_read(struct mysql_conn *mc, struct session *s, uint64_t token,
                      struct bound *call, int *behind, uint64_t *replied);

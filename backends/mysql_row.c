@@ -25,6 +25,15 @@
 #include "config.h"
 #include "backends/mysql_int.h"
 
+/* A held row lock: its session's transaction holds the row. */
+struct mysql_held {
+    dlock_held base;
+    struct session *s;      /* holding session; NULL once the lock is lost */
+    unsigned char k[DLOCK_SHA256_LEN];
+    uint32_t ttl_ms;
+    uint64_t expires_ns;    /* end of the lease as the client sees it */
+};
+
 /* What the two token sources do differently. */
 struct row_source {
     int server_deadline; /* the server ends a deadline's wait (max_statement_time) */
@@ -653,8 +662,9 @@ static int hold_lost(struct mysql_conn *mc, struct mysql_held *h, const char *wh
     return err;
 }
 
-static int row_release(struct mysql_conn *mc, struct mysql_held *h)
+static int row_release(struct mysql_conn *mc, dlock_held *held)
 {
+    struct mysql_held *h = (struct mysql_held *)held;
     int err = 0;
     if (!h->s) {
         err = dlock_seterr(cl(mc), DLOCK_ELOST, "the lock was lost earlier");
@@ -668,7 +678,7 @@ static int row_release(struct mysql_conn *mc, struct mysql_held *h)
         }
     } else {
         if (dlock_monotonic_ns() >= h->expires_ns)
-            err = mc_lease_over(mc, h, "release");
+            err = mc_lease_over(mc, h->ttl_ms, "release");
         mc_pool_put(mc, h->s);
     }
     free(h);
@@ -692,8 +702,9 @@ static int set_lease(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_m
     return 0;
 }
 
-static int row_renew(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_ms)
+static int row_renew(struct mysql_conn *mc, dlock_held *held, uint32_t ttl_ms)
 {
+    struct mysql_held *h = (struct mysql_held *)held;
     if (!h->s)
         return dlock_seterr(cl(mc), DLOCK_ELOST, "the lock was lost earlier");
     uint64_t sent = dlock_monotonic_ns();
@@ -702,7 +713,7 @@ static int row_renew(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_m
          * but the lease is over: free it for others, never extend it. */
         mc_rollback_and_pool(mc, h->s, mc_cleanup_until());
         h->s = NULL;
-        return mc_lease_over(mc, h, "renew");
+        return mc_lease_over(mc, h->ttl_ms, "renew");
     }
     return set_lease(mc, h, ttl_ms, sent, sent + mc->timeout_ms * MS);
 }
@@ -715,8 +726,9 @@ static int row_renew(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_m
  * roll back and pool, and a session that failed is closed here (only this
  * lock used it).
  */
-static int row_keep(struct mysql_conn *mc, struct mysql_held *h, uint32_t ttl_ms)
+static int row_keep(struct mysql_conn *mc, dlock_held *held, uint32_t ttl_ms)
 {
+    struct mysql_held *h = (struct mysql_held *)held;
     if (!h->s)
         return dlock_seterr(cl(mc), DLOCK_ELOST, "the lock was lost earlier");
     uint64_t sent = dlock_monotonic_ns(), until = sent + mc->timeout_ms * MS;
@@ -748,7 +760,7 @@ static int lock_alive(struct mysql_conn *mc, struct mysql_held *h, uint64_t unti
     if (now >= h->expires_ns) {
         mc_rollback_and_pool(mc, h->s, mc_cleanup_until());
         h->s = NULL;
-        return mc_lease_over(mc, h, what);
+        return mc_lease_over(mc, h->ttl_ms, what);
     }
     unsigned left = mc_ceil_s((h->expires_ns - now + MS - 1) / MS);
     snprintf(sql, sizeof sql, "SET SESSION wait_timeout = %u", left);
@@ -794,8 +806,9 @@ static int table_floor_check(struct mysql_conn *mc, uint64_t floor)
  * Every later grant of every name gets more than floor. Three round trips
  * (and a connect, the control session being opened for the mark).
  */
-static int row_raise_token(struct mysql_conn *mc, struct mysql_held *h, uint64_t floor)
+static int row_raise_token(struct mysql_conn *mc, dlock_held *held, uint64_t floor)
 {
+    struct mysql_held *h = (struct mysql_held *)held;
     static const char what[] = "raising the token";
     int err;
     if ((err = src(mc)->floor_check(mc, floor)) != 0)
@@ -1232,11 +1245,16 @@ static int table_open(struct mysql_conn *mc)
  * the pool for the first acquire. */
 static int seq_open(struct mysql_conn *mc)
 {
-    struct session *s;
-    int err = mc_seq_open(mc, ROLE_ROW, "token=sequence", &s);
-    if (err == 0)
-        mc_rollback_and_pool(mc, s, dlock_monotonic_ns() + mc->timeout_ms * MS);
-    return err;
+    struct session *s = malloc(sizeof *s);
+    int err;
+    if (!s)
+        return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
+    if ((err = mc_seq_open(mc, ROLE_ROW, "token=sequence", s)) != 0) {
+        free(s);
+        return err;
+    }
+    mc_rollback_and_pool(mc, s, dlock_monotonic_ns() + mc->timeout_ms * MS);
+    return 0;
 }
 
 static const struct row_source table_source = {

@@ -293,30 +293,28 @@ int mc_seq_raise_floor(struct mysql_conn *mc, uint64_t floor)
     return 0;
 }
 
-/* The first session of a store with a sequence (role ROLE_ROW or
- * ROLE_NAMED), the store set up on it: MariaDB 10.3 or later only (what
- * names the mode in the refusal). The control session, when opened,
- * reads at READ UNCOMMITTED (inspect reads the holders' uncommitted
- * grants). */
+/* Connects the first session of a store with a sequence, s (role
+ * ROLE_ROW or ROLE_NAMED; left disconnected on failure), and sets up the
+ * store on it: MariaDB 10.3 or later only (what names the mode in the
+ * refusal). The control session, when opened, reads at READ UNCOMMITTED
+ * (inspect reads the holders' uncommitted grants). */
 int mc_seq_open(struct mysql_conn *mc, enum session_role role, const char *what,
-                struct session **out)
+                struct session *s)
 {
-    struct session *s = NULL;
     int err;
     mc->ctl_isolation = "SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED";
-    if ((err = mc_session_open(mc, role, NULL, &s)) != 0)
+    if ((err = mc_session_connect(mc, role, NULL, s)) != 0)
         return err;
     mc->mariadb = strstr(mysql_get_server_info(s->db), "MariaDB") != NULL;
     if (!mc->mariadb || mysql_get_server_version(s->db) < 100300) {
-        mc_session_close(s);
+        mc_session_disconnect(s);
         return dlock_seterr(cl(mc), DLOCK_ENOTSUP, "mysql %s: %s needs MariaDB 10.3 or"
                                                    " later (MySQL has no sequences): use token=table",
                             mc->where, what);
     }
     if ((err = setup_seq(mc, s)) != 0) {
-        mc_session_close(s);
+        mc_session_disconnect(s);
         return err;
     }
-    *out = s;
     return 0;
 }
