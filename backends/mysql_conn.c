@@ -103,7 +103,7 @@ struct bound mc_stmt_bound(const struct bound *call, uint64_t ms)
 /* No reply by a bound: the session is unusable (a statement is
  * outstanding); the caller closes it. */
 int mc_no_reply(struct mysql_conn *mc, struct session *s, const char *what, uint64_t start,
-                    int late)
+                int late)
 {
     uint64_t ms = (dlock_monotonic_ns() - start + MS / 2) / MS;
     s->dead = 1;
@@ -235,7 +235,7 @@ int mc_nb_failed(const struct nb *c)
 /* One call on s (op with st or sql), by b: 0, or its error recorded (no
  * reply by then: b's error, and s is dead). */
 int mc_run(struct mysql_conn *mc, struct session *s, enum nb_op op, MYSQL_STMT *st,
-               const char *sql, const struct bound *b, const char *what)
+           const char *sql, const struct bound *b, const char *what)
 {
     struct nb c = {.op = op, .db = s->db, .st = st, .sql = sql};
     uint64_t start = dlock_monotonic_ns();
@@ -409,7 +409,7 @@ int mc_session_open(struct mysql_conn *mc, enum session_role role, struct bound 
 }
 
 int mc_prepare(struct mysql_conn *mc, struct session *s, enum stmt_id id,
-                   const struct bound *b, MYSQL_STMT **out)
+               const struct bound *b, MYSQL_STMT **out)
 {
     MYSQL_STMT *st = s->stmt[id];
     if (!st) {
@@ -430,7 +430,7 @@ int mc_prepare(struct mysql_conn *mc, struct session *s, enum stmt_id id,
 
 /* A statement without a result, by `timeout` or the call's bound. */
 int mc_exec_sql(struct mysql_conn *mc, struct session *s, const char *sql,
-                    const struct bound *call, const char *what)
+                const struct bound *call, const char *what)
 {
     struct bound b = mc_stmt_bound(call, mc->timeout_ms);
     return mc_run(mc, s, NB_QUERY, NULL, sql, &b, what);
@@ -474,7 +474,7 @@ int mc_ctl_dropped(struct mysql_conn *mc)
  * in time (see ctl_dropped). *stp is the statement, NULL if none.
  */
 int mc_ctl_exec(struct mysql_conn *mc, enum stmt_id id, MYSQL_BIND *params, int rows,
-                    struct bound *call, const char *what, MYSQL_STMT **stp)
+                struct bound *call, const char *what, MYSQL_STMT **stp)
 {
     int err = 0;
     for (int tries = 0; tries < 2; tries++) {
@@ -587,7 +587,7 @@ void mc_bind_u64(MYSQL_BIND *b, unsigned long long *v)
  * DLOCK_ECONNECT, and s is dead: the caller closes it). Only s is
  * touched: safe on the keeper's thread for a lock's session. */
 int mc_query_until(struct mysql_conn *mc, struct session *s, const char *sql, uint64_t until_ns,
-                       const char *what)
+                   const char *what)
 {
     struct bound b = {until_ns, DLOCK_ECONNECT, 0};
     return mc_run(mc, s, NB_QUERY, NULL, sql, &b, what);
@@ -613,7 +613,7 @@ int mc_lease_over(struct mysql_conn *mc, uint32_t ttl_ms, const char *what)
 /* A text statement with one integer result on the control session, by
  * call, retried once as ctl_exec does. *v: its value (0 if NULL); *isnull. */
 int mc_ctl_query_u64(struct mysql_conn *mc, const char *sql, struct bound *call,
-                         const char *what, uint64_t *v, int *isnull)
+                     const char *what, uint64_t *v, int *isnull)
 {
     int err = 0;
     for (int tries = 0; tries < 2; tries++) {
@@ -642,7 +642,7 @@ int mc_ctl_query_u64(struct mysql_conn *mc, const char *sql, struct bound *call,
 /* A text statement with a result set on s, by b: *out is the stored
  * result (the caller frees it), or the error is recorded. */
 int mc_query_result(struct mysql_conn *mc, struct session *s, const char *sql,
-                        const struct bound *b, const char *what, MYSQL_RES **out)
+                    const struct bound *b, const char *what, MYSQL_RES **out)
 {
     uint64_t start = dlock_monotonic_ns();
     struct nb c = {.op = NB_QUERY, .db = s->db, .sql = sql};

@@ -259,7 +259,7 @@ static int named_get(struct mysql_conn *mc, struct named_session *s, const dlock
     struct nb c = {.op = NB_QUERY, .db = s->c.db, .sql = sql};
     mc_nb_step(&c, -1);
     int w = mc_nb_wait(&c, until, req->wait != DLOCK_WAIT_TRY,
-                    req->wait != DLOCK_WAIT_TRY ? req->cancel_fd : -1);
+                       req->wait != DLOCK_WAIT_TRY ? req->cancel_fd : -1);
     if (w == -1 && req->wait == DLOCK_WAIT_TRY)
         return named_failed(s, mc_no_reply(mc, &s->c, "acquire", start, DLOCK_ECONNECT));
     if (w != 0) {

@@ -329,7 +329,7 @@ static int lock_row_seq(struct mysql_conn *mc, struct session **sp, const dlock_
                           ? (struct bound){dlock_monotonic_ns() + mark_ns, DLOCK_ETIMEDOUT, 0}
                           : *call;
     if ((err = mc_seq_durable(mc, s, *token, req->wait == DLOCK_WAIT_FOREVER ? NULL : &db,
-                           replied)) != 0)
+                              replied)) != 0)
         return err;
     return 1;
 }
@@ -584,7 +584,7 @@ static int row_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_he
      * idle timer already ran; token=table: from the grant's arrival. */
     h->expires_ns += (uint64_t)req->ttl_ms * MS;
     /* After a wait (possibly longer than the TTL), the lease counts from
-     * the grant: the "DO 0" below restarts the server's idle timer later
+     * the grant: table_granted's "DO 0" restarts the server's idle timer later
      * still, so this end is never after the server's. */
     if (req->wait != DLOCK_WAIT_TRY)
         h->base.lease_end_ns = h->expires_ns;
@@ -611,8 +611,8 @@ static int table_granted(struct mysql_conn *mc, struct mysql_held *h, const dloc
      * past a deadline (the grant may come at its last instant). */
     struct bound post = mc_stmt_bound(req->wait == DLOCK_WAIT_TRY ? call : NULL, mc->timeout_ms);
     if (req->wait == DLOCK_WAIT_DEADLINE) {
-        post = mc_stmt_bound(&(struct bound){req->deadline_ns + CLEANUP_MS * MS, DLOCK_ETIMEDOUT, 0},
-                          mc->timeout_ms);
+        struct bound late = {req->deadline_ns + CLEANUP_MS * MS, DLOCK_ETIMEDOUT, 0};
+        post = mc_stmt_bound(&late, mc->timeout_ms);
     }
     if ((err = record_grant(mc, h, req, &post)) != 0) {
         mc_rollback_and_pool(mc, h->s, mc_cleanup_until());
@@ -668,8 +668,8 @@ static int row_release(struct mysql_conn *mc, dlock_held *held)
     int err = 0;
     if (!h->s) {
         err = dlock_seterr(cl(mc), DLOCK_ELOST, "the lock was lost earlier");
-    } else if ((err = mc_query_until(mc, h->s, "ROLLBACK", dlock_monotonic_ns() + mc->timeout_ms * MS,
-                                  "release")) != 0) {
+    } else if ((err = mc_query_until(mc, h->s, "ROLLBACK",
+                                     dlock_monotonic_ns() + mc->timeout_ms * MS, "release")) != 0) {
         /* Closing the session makes the server roll back, if it still can. */
         err = hold_lost(mc, h, "release", err);
         if (h->s) {

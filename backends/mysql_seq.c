@@ -107,7 +107,7 @@ int mc_seq_checkpoint(struct mysql_conn *mc, struct bound *call, uint64_t *mark)
  * checkpoint has moved the mark past it. seq_mark_read: 0 with *behind set
  * when a checkpoint is needed (*replied: when the read's reply came). */
 int mc_seq_mark_read(struct mysql_conn *mc, struct session *s, uint64_t token,
-                         struct bound *call, int *behind, uint64_t *replied)
+                     struct bound *call, int *behind, uint64_t *replied)
 {
     char sql[256];
     MYSQL_RES *res = NULL;
@@ -154,7 +154,7 @@ int mc_seq_mark_past(struct mysql_conn *mc, uint64_t token, struct bound *call)
 /* *replied: when the last reply on s came (the mark's read), unchanged
  * when s was not used. */
 int mc_seq_durable(struct mysql_conn *mc, struct session *s, uint64_t token,
-                       struct bound *call, uint64_t *replied)
+                   struct bound *call, uint64_t *replied)
 {
     int behind = 0, err = mc_seq_mark_read(mc, s, token, call, &behind, replied);
     if (err == 0 && behind)
@@ -308,9 +308,9 @@ int mc_seq_open(struct mysql_conn *mc, enum session_role role, const char *what,
     mc->mariadb = strstr(mysql_get_server_info(s->db), "MariaDB") != NULL;
     if (!mc->mariadb || mysql_get_server_version(s->db) < 100300) {
         mc_session_disconnect(s);
-        return dlock_seterr(cl(mc), DLOCK_ENOTSUP, "mysql %s: %s needs MariaDB 10.3 or"
-                                                   " later (MySQL has no sequences): use token=table",
-                            mc->where, what);
+        return dlock_seterr(cl(mc), DLOCK_ENOTSUP,
+                            "mysql %s: %s needs MariaDB 10.3 or later (MySQL has no sequences):"
+                            " use token=table", mc->where, what);
     }
     if ((err = setup_seq(mc, s)) != 0) {
         mc_session_disconnect(s);
