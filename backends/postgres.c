@@ -13,14 +13,14 @@
  * the TTL; renew is a statement on the lock's session. Held locks share
  * sessions (a session holds any number of session-level advisory locks and
  * unlocks each alone): a try runs on a "holder session" whose lease is the
- * same TTL, with fewer than SESSION_LOCKS_MAX (256) locks and not holding
+ * same TTL, with fewer than DLOCK_SQL_LOCKS_MAX (256) locks and not holding
  * the key already, and the grant stays there. A blocking wait cannot run on
  * a holder session (its locks' renewals and releases would queue behind
  * it), so it first tries on a holder session, which grants most waits at
  * once, and only if the lock is taken waits on a session that holds
  * nothing; once granted, that is a holder session too. So a client's
  * connections are its holder sessions, plus one per wait in progress,
- * plus at most IDLE_KEEP (4) sessions left free by releases and kept for
+ * plus at most DLOCK_SQL_IDLE_KEEP (4) sessions left free by releases and kept for
  * reuse (more are closed). A new holder session opens only when every
  * holder session of that TTL is full, or for a wait that had to queue;
  * a lock never moves, so a session stays while any of its locks is held.
@@ -32,12 +32,12 @@
  * timer, so renewing one lock prolongs its mates on the store: they stay
  * held longer than their holders count on, never shorter (the client's
  * lease of each lock is its own). A renewal with another TTL sets the
- * session's lease to the longest its locks need (see session_idle()), so a
+ * session's lease to the longest its locks need (see dlock_sql_lease()), so a
  * dead holder's locks may then stay until that longer TTL runs out. A lock
  * whose holder stops renewing it while its mates are renewed would stay as
  * long as they do: so every use of a session (a try, a renewal, keep(), a
  * release) first unlocks the session's other locks whose client-side lease
- * has ended (session_expire()), and their handles report DLOCK_ELOST. A
+ * has ended (dlock_sql_expire()), and their handles report DLOCK_ELOST. A
  * session that ends (its timer, a kill, no reply in time: it is closed)
  * takes every lock on it, and each one reports DLOCK_ELOST on renew, keep
  * and release.
@@ -171,6 +171,7 @@
 #include "config.h"
 #include "core/internal.h"
 #include "core/sha256.h"
+#include "backends/sql_session.h"
 
 #define DEFAULT_CONNECT_MS 5000
 #define DEFAULT_TIMEOUT_MS 5000
@@ -179,13 +180,6 @@
 /* token=table: the row of the fencing table that holds the store's floor
  * (raise_floor), the lowest bigint. */
 #define FLOOR_KEY "-9223372036854775808"
-/* Locks that share one holder session at most: a session that ends (its
- * lease, a timeout, an administrator) takes all of its locks with it, and
- * every use of it scans its list. */
-#define SESSION_LOCKS_MAX 256
-/* Sessions holding nothing kept open for the next wait or try; more are
- * closed as they fall free (after a burst of waits). */
-#define IDLE_KEEP 4
 /* idle_session_timeout, the lease, is an int of milliseconds. */
 #define TTL_MAX 2147483647u
 /* How long past its deadline a deadline wait waits for the server's reply
@@ -198,28 +192,15 @@ static const char *const pg_options[] = {
 };
 
 /*
- * Threads: the keeper calls keep() while the application's thread may be in
- * any other method, and a holder session is shared by several locks, so
- * keep() of one lock and the application's try, renew or release of another
- * may meet on one session. Each session has a mutex, held around one
- * exchange (a statement and its reply, bounded by `timeout`) and around
- * every change to what keep() reads: the session's connection, idle_ms,
- * its list of locks, and their handles. A blocking wait runs on a session
- * that holds nothing, which keep() never touches, so no one waits behind
- * it. The pool (which sessions exist) belongs to the application's thread;
- * a session lives (its struct is never reused) while a handle points to
- * it, so keep() can always reach its lock's session. One mutex at a time.
+ * Threads: as in backends/sql_session.h, which owns the sessions' sharing.
+ * Each session's mutex is held around one exchange (a statement and its
+ * reply, bounded by `timeout`) and around every change to what keep()
+ * reads: the session's connection, lease, its list of locks, and their
+ * handles.
  */
-struct pg_held;
-
 struct pg_session {
-    pthread_mutex_t mu;
+    struct dlock_sql_session base; /* mu, waiting, held locks, lease (ms), silent_ms */
     PGconn *pg;           /* NULL once closed (after a timeout, or its end) */
-    int waiting;          /* a blocking wait runs on it: not shared */
-    size_t nheld;         /* handles pointing to it (held, lost or let go) */
-    struct pg_held *held; /* those handles */
-    uint32_t idle_ms;     /* idle_session_timeout currently set (0 = off) */
-    uint64_t timed_out_ms; /* closed after no reply for this long; 0: no */
     size_t host;          /* index of the host it is connected to */
     char sqlstate[6];     /* of the last failed statement, "" if none */
     int ended;            /* the server said FATAL or PANIC: it is closing */
@@ -241,19 +222,21 @@ struct pg_conn {
     char table[64];
     int use_sequence; /* token=sequence: one global sequence, not per-name rows */
     int server_version; /* PQserverVersion() of the latest new session */
-    struct pg_session **pool; /* grows; a session struct is never freed before close */
-    size_t npool, cap;
+    struct dlock_sql_pool pool; /* every session, holding or free */
 };
 
 struct pg_held {
     dlock_held base;
+    struct dlock_sql_held sh; /* its session, lease (ms) and client-side lease end */
     int64_t key;
     char owner_hex[33]; /* the grant's owner id, tagged on its statements */
-    struct pg_session *s; /* set at the grant, never changed */
-    uint64_t lease_end_ns; /* as the client sees it: bounds keep() */
-    int gone; /* its lease ended and it was unlocked while mates kept s alive */
-    struct pg_held *prev, *next; /* s's list */
 };
+
+/* h's session, set at the grant, never changed. */
+static struct pg_session *hs(const struct pg_held *h)
+{
+    return (struct pg_session *)h->sh.s;
+}
 
 static dlock_client *cl(struct pg_conn *pc)
 {
@@ -381,13 +364,6 @@ static int connect_host(struct pg_conn *pc, size_t i, uint64_t until_ns, PGconn 
 
 static void session_close(struct pg_session *s);
 
-/* Holds no lock and waits for none: the application's thread alone uses
- * it, for an idle statement, a wait or a try. */
-static int session_free(const struct pg_session *s)
-{
-    return s->nheld == 0 && !s->waiting;
-}
-
 /* A new session on s, on the first host that accepts a read-write session,
  * starting with the pinned one; each host gets connect_timeout, all of them
  * together until until_ns (0: no limit). Landing on another host than the
@@ -416,9 +392,9 @@ static int session_open(struct pg_conn *pc, struct pg_session *s, uint64_t until
         return err;
     if (s->host != pc->pinned) {
         pc->pinned = s->host;
-        for (size_t j = 0; j < pc->npool; j++) {
-            struct pg_session *o = pc->pool[j];
-            if (o != s && session_free(o) && o->pg && o->host != s->host)
+        for (size_t j = 0; j < pc->pool.n; j++) {
+            struct pg_session *o = (struct pg_session *)pc->pool.v[j];
+            if (o != s && dlock_sql_free(&o->base) && o->pg && o->host != s->host)
                 session_close(o);
         }
     }
@@ -433,8 +409,8 @@ static int session_open(struct pg_conn *pc, struct pg_session *s, uint64_t until
         s->pg = NULL;
         return e;
     }
-    s->idle_ms = 0;
-    s->timed_out_ms = 0;
+    s->base.lease = 0;
+    s->base.silent_ms = 0;
     s->sqlstate[0] = '\0';
     return 0;
 }
@@ -477,7 +453,7 @@ static void session_scrub(struct pg_conn *pc, struct pg_session *s, int64_t key,
     dlock_errsave why;
     PGresult *r = NULL;
     char sql[320];
-    if (s->nheld == 0)
+    if (s->base.nheld == 0)
         snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock_all()");
     else
         unlock_if_held(sql, sizeof sql, key);
@@ -490,110 +466,101 @@ static void session_scrub(struct pg_conn *pc, struct pg_session *s, int64_t key,
         session_close(s);
 }
 
-/* A session struct for a new connection: one that holds nothing and is
- * closed, else a new one. NULL: out of memory. */
-static struct pg_session *session_slot(struct pg_conn *pc)
+/* The session layer's hooks (backends/sql_session.h). */
+static int session_alive(const struct dlock_sql_session *b)
 {
-    for (size_t i = 0; i < pc->npool; i++)
-        if (session_free(pc->pool[i]) && !pc->pool[i]->pg)
-            return pc->pool[i];
-    if (pc->npool == pc->cap) {
-        size_t cap = pc->cap ? pc->cap * 2 : 8;
-        struct pg_session **p = realloc(pc->pool, cap * sizeof *p);
-        if (!p)
-            return NULL;
-        pc->pool = p;
-        pc->cap = cap;
-    }
-    struct pg_session *s = calloc(1, sizeof *s);
-    if (!s)
-        return NULL;
-    if (pthread_mutex_init(&s->mu, NULL) != 0) {
-        free(s);
-        return NULL;
-    }
-    pc->pool[pc->npool++] = s;
-    return s;
+    const struct pg_session *s = (const struct pg_session *)b;
+    return s->pg && PQstatus(s->pg) == CONNECTION_OK;
 }
+
+/* arg: the uint64_t bound of the connect (0: connect_timeout per host). */
+static int session_new(dlock_conn *conn, void *arg, struct dlock_sql_session **out)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    struct pg_session *s = calloc(1, sizeof *s);
+    if (!s || dlock_sql_session_init(&s->base) != 0) {
+        free(s);
+        return dlock_seterr(cl(pc), DLOCK_ENOMEM, "out of memory");
+    }
+    int err = session_open(pc, s, *(const uint64_t *)arg);
+    if (err) {
+        dlock_sql_session_fini(&s->base);
+        free(s);
+        return err;
+    }
+    *out = &s->base;
+    return 0;
+}
+
+static void session_end(struct dlock_sql_session *b)
+{
+    session_close((struct pg_session *)b);
+}
+
+static void session_destroy(struct dlock_sql_session *b)
+{
+    dlock_sql_session_fini(b);
+    free(b);
+}
+
+static int unlock_batch(dlock_conn *conn, struct dlock_sql_session *b,
+                        struct dlock_sql_held *const *batch, size_t n)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    struct pg_session *s = (struct pg_session *)b;
+    char sql[64 + DLOCK_SQL_EXPIRE_BATCH * 48];
+    size_t o = 0;
+    if (!s->pg)
+        return DLOCK_ECONNECT;
+    o += (size_t)snprintf(sql + o, sizeof sql - o, "SELECT ");
+    for (size_t i = 0; i < n; i++)
+        o += (size_t)snprintf(sql + o, sizeof sql - o, "%spg_advisory_unlock(%" PRId64 ")",
+                              i ? ", " : "", DLOCK_SQL_OF(batch[i], struct pg_held, sh)->key);
+    dlock_errsave why;
+    PGresult *r = NULL;
+    dlock_err_save(cl(pc), &why); /* this is not what the caller reports */
+    int err = run(pc, s, sql, 0, &r, "unlocking locks whose lease ended", after_timeout(pc));
+    PQclear(r);
+    dlock_err_restore(cl(pc), &why);
+    return err;
+}
+
+static int is_key(const struct dlock_sql_held *h, const void *key)
+{
+    return DLOCK_SQL_OF(h, const struct pg_held, sh)->key == *(const int64_t *)key;
+}
+
+static const struct dlock_sql_ops session_ops = {
+    .alive = session_alive,
+    .open = session_new,
+    .close = session_end,
+    .destroy = session_destroy,
+    .unlock = unlock_batch,
+    .is_key = is_key,
+    .why_gone = "the lock's lease had ended without a renewal, and it was unlocked on the"
+                " session it shared with locks that were still renewed",
+    .why_silent = "the session holding the lock was closed after the server did not answer in"
+                  " time",
+    .why_ended = "the session holding the lock ended (lease ran out or connection lost)",
+};
 
 /* A session that holds nothing, with a live connection, opening one if
  * needed (bounded by until_ns, 0: connect_timeout per host only); *opened
- * says which. A pooled session may still turn out dead on its next
- * statement (its idle_session_timeout ran out while pooled, the server
- * restarted). Only the application's thread touches such a session. */
+ * says which (dlock_sql_take()). Only the application's thread touches
+ * such a session. */
 static int session_take(struct pg_conn *pc, struct pg_session **out, int *opened,
                         uint64_t until_ns)
 {
-    *opened = 0;
-    for (size_t i = 0; i < pc->npool; i++) {
-        struct pg_session *s = pc->pool[i];
-        if (!session_free(s) || !s->pg)
-            continue;
-        if (PQstatus(s->pg) == CONNECTION_OK) {
-            *out = s;
-            return 0;
-        }
-        session_close(s);
-    }
-    struct pg_session *fresh = session_slot(pc);
-    if (!fresh)
-        return dlock_seterr(cl(pc), DLOCK_ENOMEM, "out of memory");
-    int err = session_open(pc, fresh, until_ns);
-    if (err == 0) {
-        *out = fresh;
-        *opened = 1;
-    }
-    return err;
-}
-
-/* Another lock of ours still lives on s besides self. */
-static int session_shared(const struct pg_session *s, const struct pg_held *self)
-{
-    for (const struct pg_held *h = s->held; h; h = h->next)
-        if (h != self && !h->gone)
-            return 1;
-    return 0;
-}
-
-static int holds_key(const struct pg_session *s, int64_t key)
-{
-    for (const struct pg_held *h = s->held; h; h = h->next)
-        if (h->key == key && !h->gone)
-            return 1;
-    return 0;
-}
-
-/* A live holder session whose lease (idle_session_timeout) is ttl_ms,
- * with room, not holding key (session locks stack: a second grant there
- * would be no exclusion), its mutex locked; NULL if none. */
-static struct pg_session *session_holder(struct pg_conn *pc, uint32_t ttl_ms, int64_t key)
-{
-    for (size_t i = 0; i < pc->npool; i++) {
-        struct pg_session *s = pc->pool[i];
-        if (s->nheld == 0 || s->waiting || s->nheld >= SESSION_LOCKS_MAX)
-            continue;
-        pthread_mutex_lock(&s->mu);
-        if (s->pg && PQstatus(s->pg) == CONNECTION_OK && s->idle_ms == ttl_ms &&
-            !holds_key(s, key))
-            return s;
-        pthread_mutex_unlock(&s->mu);
-    }
-    return NULL;
-}
-
-/* The session for a try, its mutex locked: a holder session of its lease,
- * else one that holds nothing (*opened: a new one). Tries pack onto few
- * sessions; only waits need sessions of their own. */
-static int session_for_try(struct pg_conn *pc, const dlock_request *req, int64_t key,
-                           struct pg_session **out, int *opened, uint64_t until_ns)
-{
-    *opened = 0;
-    if ((*out = session_holder(pc, req->ttl_ms, key)) != NULL)
-        return 0;
-    int err = session_take(pc, out, opened, until_ns);
+    struct dlock_sql_session *b = NULL;
+    int err = dlock_sql_take(&pc->pool, &until_ns, &b, opened);
     if (err == 0)
-        pthread_mutex_lock(&(*out)->mu);
+        *out = (struct pg_session *)b;
     return err;
+}
+
+static const char *lost_why(struct pg_conn *pc, const struct pg_held *h)
+{
+    return dlock_sql_lost_why(&pc->pool, &h->sh);
 }
 
 /* wait_socket()'s answer when the cancel fd fired: outside poll's bits. */
@@ -638,10 +605,10 @@ static int timed_out(struct pg_conn *pc, struct pg_session *s, const char *what,
     uint64_t ms = (dlock_monotonic_ns() - start + MS / 2) / MS;
     PQfinish(s->pg);
     s->pg = NULL;
-    s->timed_out_ms = ms ? ms : 1;
+    s->base.silent_ms = ms ? ms : 1;
     return dlock_seterr(cl(pc), DLOCK_ECONNECT,
                         "postgresql: %s: no reply from the server within %" PRIu64
-                        " ms; the session was closed", what, s->timed_out_ms);
+                        " ms; the session was closed", what, s->base.silent_ms);
 }
 
 /* Sets client_connection_check_interval to 1 s for the transaction, where
@@ -946,12 +913,7 @@ static int parse_params(dlock_client *c, const dlock_uri *uri, struct pg_conn *p
 static void pg_close(dlock_conn *conn)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
-    for (size_t i = 0; i < pc->npool; i++) {
-        session_close(pc->pool[i]);
-        pthread_mutex_destroy(&pc->pool[i]->mu);
-        free(pc->pool[i]);
-    }
-    free(pc->pool);
+    dlock_sql_pool_close(&pc->pool);
     for (size_t i = 0; i < pc->nhosts; i++) {
         free(pc->hostv[i]);
         free(pc->portv[i]);
@@ -988,6 +950,7 @@ static int pg_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     if (!pc)
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     pc->base.client = c;
+    dlock_sql_pool_init(&pc->pool, &session_ops, &pc->base);
     if ((err = parse_params(c, uri, pc)) != 0)
         goto fail;
     struct pg_session *s = NULL;
@@ -1019,23 +982,11 @@ static void tag(char *buf, size_t len, const char *owner_hex, uint32_t ttl_ms, u
                  key);
 }
 
-/* The lease a statement for one lock (self; NULL for an acquire) sets on
- * s: the lock's TTL, or the session's current lease where longer while
- * other locks of ours are on it. Each of them was promised at least that
- * much from its own latest statement; shortening it could end their leases
- * before their holders expect, lengthening it only keeps them on the store
- * longer than their holders count on. */
-static uint32_t session_idle(const struct pg_session *s, const struct pg_held *self,
-                             uint32_t ttl_ms)
-{
-    return session_shared(s, self) && s->idle_ms > ttl_ms ? s->idle_ms : ttl_ms;
-}
-
 /* "SET idle_session_timeout = ms;" when the session's differs, else "". */
 static void idle_clause(struct pg_session *s, uint32_t ms, char *buf, size_t len)
 {
     buf[0] = '\0';
-    if (s->idle_ms != ms)
+    if (s->base.lease != ms)
         snprintf(buf, len, "SET idle_session_timeout = %" PRIu32 "; ", ms);
 }
 
@@ -1056,50 +1007,6 @@ static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t ke
     if (run(pc, s, sql, 0, &r, "checking for a late grant", until_ns) == 0)
         PQclear(r);
     dlock_err_restore(cl(pc), &why);
-}
-
-/* How many stale locks one use of a session unlocks at most (one
- * statement; the rest go at its next uses), so that a use holds the
- * session's mutex for at most one statement more. */
-#define EXPIRE_BATCH 64
-
-/*
- * Locks on s, other than self, whose lease as their holder counts it has
- * ended: unlocked now and marked gone. Alone on its session, such a lock
- * goes with the session when its idle timer runs out; among mates that
- * keep renewing, the timer never runs out, and without this it would stay
- * held until the session ends. Its handle then reports DLOCK_ELOST. (A lock
- * past its lease but still held is safe to renew: no one else had it; so
- * the lock whose own statement this is, self, is never unlocked here.)
- * s->mu held; one extra round trip, only when there is something to do,
- * with the whole `timeout`: no reply closes the session, with every mate's
- * lock.
- */
-static void session_expire(struct pg_conn *pc, struct pg_session *s, const struct pg_held *self)
-{
-    struct pg_held *batch[EXPIRE_BATCH];
-    char sql[64 + EXPIRE_BATCH * 48];
-    uint64_t now = dlock_monotonic_ns();
-    size_t n = 0, o = 0;
-    for (struct pg_held *h = s->held; h && n < EXPIRE_BATCH; h = h->next)
-        if (h != self && !h->gone && h->lease_end_ns <= now)
-            batch[n++] = h;
-    if (n == 0 || !s->pg)
-        return;
-    o += (size_t)snprintf(sql + o, sizeof sql - o, "SELECT ");
-    for (size_t i = 0; i < n; i++)
-        o += (size_t)snprintf(sql + o, sizeof sql - o, "%spg_advisory_unlock(%" PRId64 ")",
-                              i ? ", " : "", batch[i]->key);
-    dlock_errsave why;
-    PGresult *r = NULL;
-    dlock_err_save(cl(pc), &why); /* this is not what the caller reports */
-    int err = run(pc, s, sql, 0, &r, "unlocking locks whose lease ended", after_timeout(pc));
-    PQclear(r);
-    dlock_err_restore(cl(pc), &why);
-    if (err)
-        return; /* a session gone takes them all; else tried at the next use */
-    for (size_t i = 0; i < n; i++)
-        batch[i]->gone = 1;
 }
 
 /* The client-side bound of one acquire: a try's statement gets `timeout`; a
@@ -1129,7 +1036,7 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
     uint64_t start = dlock_monotonic_ns(), until = acquire_until(pc, req, start);
     if (cap_ns && (!until || cap_ns < until))
         until = cap_ns;
-    uint32_t lease_ms = session_idle(s, NULL, req->ttl_ms);
+    uint32_t lease_ms = dlock_sql_lease(&s->base, NULL, req->ttl_ms);
     idle_clause(s, lease_ms, idle, sizeof idle);
     stmt += idle[0] != '\0';
     /* lock_timeout bounds each lock wait, statement_timeout all of them
@@ -1211,7 +1118,7 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
     if (err)
         return err;
     if (idle[0])
-        s->idle_ms = lease_ms;
+        s->base.lease = lease_ms;
     if (PQntuples(r) != 1 || PQgetisnull(r, 0, 0)) {
         PQclear(r);
         if (req->wait == DLOCK_WAIT_TRY)
@@ -1244,17 +1151,6 @@ static int ttl_check(struct pg_conn *pc, uint32_t ttl_ms)
     return 0;
 }
 
-/* A session that fell free: pooled, unless IDLE_KEEP others are already
- * (it is closed). */
-static void session_trim(struct pg_conn *pc, struct pg_session *s)
-{
-    size_t idle = 0;
-    for (size_t i = 0; i < pc->npool; i++)
-        idle += pc->pool[i] != s && session_free(pc->pool[i]) && pc->pool[i]->pg;
-    if (idle >= IDLE_KEEP)
-        session_close(s);
-}
-
 /*
  * A wait's first attempt: a try on a holder session of its lease, when
  * there is one, so that a wait that need not wait (most of them) shares a
@@ -1270,14 +1166,13 @@ static void session_trim(struct pg_conn *pc, struct pg_session *s)
 static struct pg_session *pre_try(struct pg_conn *pc, const dlock_request *req, int64_t key,
                                   uint64_t *token, uint64_t *granted_ns)
 {
-    if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < after_timeout(pc))
-        return NULL;
-    struct pg_session *s = session_holder(pc, req->ttl_ms, key);
+    struct pg_session *s = (struct pg_session *)dlock_sql_holder_for_wait(
+        &pc->pool, req, pc->timeout_ms, req->ttl_ms, &key);
     if (!s)
         return NULL;
     dlock_request t = *req;
     t.wait = DLOCK_WAIT_TRY;
-    session_expire(pc, s, NULL);
+    dlock_sql_expire(&pc->pool, &s->base, NULL);
     int err = acquire_on(pc, s, &t, key, 0, token, granted_ns);
     if (err == 0)
         return s;
@@ -1287,13 +1182,13 @@ static struct pg_session *pre_try(struct pg_conn *pc, const dlock_request *req, 
     } else {
         session_close(s); /* gone: its locks are lost (their handles say so) */
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&s->base.mu);
     dlock_clearerr(cl(pc));
     return NULL;
 }
 
 /*
- * A try runs on a holder session (session_for_try: shared with other
+ * A try runs on a holder session (dlock_sql_session_for: shared with other
  * locks of the same lease) and the grant stays there. A wait runs on a
  * session that holds nothing, since a session blocked in pg_advisory_lock
  * could not renew or release its other locks; once granted, it is a holder
@@ -1319,20 +1214,17 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
         uint64_t now = dlock_monotonic_ns();
         /* A new session for a deadline wait: by the deadline (and margin). */
         uint64_t open_until = req->wait == DLOCK_WAIT_DEADLINE ? acquire_until(pc, req, now) : 0;
-        if (req->wait == DLOCK_WAIT_TRY) {
-            err = session_for_try(pc, req, key, &s, &opened, 0);
-        } else if ((err = session_take(pc, &s, &opened, open_until)) == 0) {
-            pthread_mutex_lock(&s->mu);
-            s->waiting = 1;
-        }
-        if (err) {
+        struct dlock_sql_session *b = NULL;
+        if ((err = dlock_sql_session_for(&pc->pool, req->wait == DLOCK_WAIT_TRY, req->ttl_ms,
+                                         &key, &open_until, &b, &opened)) != 0) {
             free(h);
             return err;
         }
-        if (s->nheld)
-            session_expire(pc, s, NULL);
+        s = (struct pg_session *)b;
+        if (s->base.nheld)
+            dlock_sql_expire(&pc->pool, &s->base, NULL);
         err = acquire_on(pc, s, req, key, 0, &token, &granted);
-        s->waiting = 0;
+        s->base.waiting = 0;
         if (err == 0)
             break; /* still under s->mu */
         if (s->pg && PQstatus(s->pg) == CONNECTION_OK) {
@@ -1341,7 +1233,7 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
              * lock was granted in the same statement. */
             if (err != DLOCK_EBUSY && err != DLOCK_ETIMEDOUT && err != DLOCK_ECANCELED)
                 session_scrub(pc, s, key, acquire_until(pc, req, dlock_monotonic_ns()));
-            pthread_mutex_unlock(&s->mu);
+            pthread_mutex_unlock(&s->base.mu);
             free(h);
             return err;
         }
@@ -1350,9 +1242,9 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
          * one may have died while idle (its idle timer, a server restart,
          * an administrator): try the next, then a new one. One closed for
          * want of a reply: no retry (that would wait as long again). */
-        int silent = s->timed_out_ms != 0;
+        int silent = s->base.silent_ms != 0;
         session_close(s);
-        pthread_mutex_unlock(&s->mu);
+        pthread_mutex_unlock(&s->base.mu);
         if (opened || silent || err == DLOCK_ETIMEDOUT || err == DLOCK_EBUSY ||
             err == DLOCK_ECANCELED) {
             free(h);
@@ -1365,29 +1257,14 @@ granted:
     h->base.token = token;
     h->key = key;
     memcpy(h->owner_hex, req->owner_hex, sizeof h->owner_hex);
-    h->s = s;
-    h->lease_end_ns = granted + (uint64_t)req->ttl_ms * MS;
+    h->sh.lease = req->ttl_ms;
+    h->sh.lease_end_ns = granted + (uint64_t)req->ttl_ms * MS;
     if (req->wait != DLOCK_WAIT_TRY) /* the server's idle timer started about now */
-        h->base.lease_end_ns = h->lease_end_ns;
-    h->next = s->held;
-    if (s->held)
-        s->held->prev = h;
-    s->held = h;
-    s->nheld++;
-    pthread_mutex_unlock(&s->mu);
+        h->base.lease_end_ns = h->sh.lease_end_ns;
+    dlock_sql_link(&s->base, &h->sh);
+    pthread_mutex_unlock(&s->base.mu);
     *heldp = &h->base;
     return 0;
-}
-
-/* Why a held lock is gone, for messages. */
-static const char *lost_why(const struct pg_held *h)
-{
-    if (h->gone)
-        return "the lock's lease had ended without a renewal, and it was unlocked on the"
-               " session it shared with locks that were still renewed";
-    if (h->s->timed_out_ms)
-        return "the session holding the lock was closed after the server did not answer in time";
-    return "the session holding the lock ended (lease ran out or connection lost)";
 }
 
 /* The lock is gone with its session (idle_session_timeout, killed, cut,
@@ -1396,9 +1273,9 @@ static const char *lost_why(const struct pg_held *h)
  * released. s->mu held. */
 static int session_lost(struct pg_conn *pc, struct pg_held *h)
 {
-    int err = dlock_seterr(cl(pc), DLOCK_ELOST, "%s", lost_why(h));
-    if (!h->gone)
-        session_close(h->s);
+    int err = dlock_seterr(cl(pc), DLOCK_ELOST, "%s", lost_why(pc, h));
+    if (!h->sh.gone)
+        session_close(hs(h));
     return err;
 }
 
@@ -1406,21 +1283,21 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
     struct pg_held *h = (struct pg_held *)held;
-    struct pg_session *s = h->s;
+    struct pg_session *s = hs(h);
     char sql[160];
     PGresult *r = NULL;
     int err;
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(&s->base.mu);
     /* The idle timer stays set: the pooled session may die of it while
      * unused, which the next acquire notices and survives; resetting it
      * here would cost every release a statement. */
-    if (h->gone || !s->pg) { /* lost earlier (a renew or the keeper saw it) */
+    if (h->sh.gone || !s->pg) { /* lost earlier (a renew or the keeper saw it) */
         err = session_lost(pc, h);
     } else {
-        session_expire(pc, s, h);
+        dlock_sql_expire(&pc->pool, &s->base, &h->sh);
         snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%" PRId64 ")", h->key);
         err = run(pc, s, sql, 0, &r, "release", after_timeout(pc));
-        if (err && s->timed_out_ms) {
+        if (err && s->base.silent_ms) {
             /* Closing the session freed the lock once the server notices. */
         } else if (err && (!s->pg || PQstatus(s->pg) != CONNECTION_OK)) {
             err = session_lost(pc, h);
@@ -1435,26 +1312,20 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
             session_scrub(pc, s, h->key, 0);
         }
     }
-    if (h->prev)
-        h->prev->next = h->next;
-    else
-        s->held = h->next;
-    if (h->next)
-        h->next->prev = h->prev;
-    s->nheld--;
-    pthread_mutex_unlock(&s->mu);
-    if (session_free(s) && s->pg)
-        session_trim(pc, s);
+    int fell_free = dlock_sql_unlink(&h->sh);
+    pthread_mutex_unlock(&s->base.mu);
+    if (fell_free)
+        dlock_sql_trim(&pc->pool);
     free(h);
     return err;
 }
 
 /* Renews h: resets its session's idle timer (any statement does) and gives
- * the session the lease h needs (see session_idle()). A statement that
+ * the session the lease h needs (see dlock_sql_lease()). A statement that
  * succeeds proves h is still held: session locks end only with their
  * session or an unlock, a session struct is never reconnected while a
  * handle points to it, and the only unlocks of a held lock are its release
- * and session_expire(), which marks it gone. (pg_locks would say the same
+ * and dlock_sql_expire(), which marks it gone. (pg_locks would say the same
  * at a cost that grows with every lock on the server: ~1 ms a renewal
  * with 1000 held.) 0, DLOCK_ELOST (gone), or run()'s error. Stale
  * session-mates are let go first. until_ns bounds the renewal's statement;
@@ -1463,15 +1334,15 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
  * on the keeper's thread. */
 static int renew_on(struct pg_conn *pc, struct pg_held *h, uint32_t ttl_ms, uint64_t until_ns)
 {
-    struct pg_session *s = h->s;
+    struct pg_session *s = hs(h);
     char sql[200], tg[128];
     PGresult *r = NULL;
-    if (h->gone)
-        return dlock_seterr(cl(pc), DLOCK_ELOST, "%s", lost_why(h));
-    session_expire(pc, s, h);
+    if (h->sh.gone)
+        return dlock_seterr(cl(pc), DLOCK_ELOST, "%s", lost_why(pc, h));
+    dlock_sql_expire(&pc->pool, &s->base, &h->sh);
     if (!until_ns) /* taken after the expiry's statement: a whole `timeout` */
         until_ns = after_timeout(pc);
-    uint32_t lease_ms = session_idle(s, h, ttl_ms);
+    uint32_t lease_ms = dlock_sql_lease(&s->base, &h->sh, ttl_ms);
     uint64_t sent = dlock_monotonic_ns();
     tag(tg, sizeof tg, h->owner_hex, lease_ms, h->base.token, h->key);
     snprintf(sql, sizeof sql, "%sSET idle_session_timeout = %" PRIu32, tg, lease_ms);
@@ -1479,8 +1350,9 @@ static int renew_on(struct pg_conn *pc, struct pg_held *h, uint32_t ttl_ms, uint
     if (err)
         return err;
     PQclear(r);
-    s->idle_ms = lease_ms;
-    h->lease_end_ns = sent + (uint64_t)ttl_ms * MS;
+    s->base.lease = lease_ms;
+    h->sh.lease = ttl_ms;
+    h->sh.lease_end_ns = sent + (uint64_t)ttl_ms * MS;
     return 0;
 }
 
@@ -1488,21 +1360,21 @@ static int pg_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
     struct pg_held *h = (struct pg_held *)held;
-    struct pg_session *s = h->s;
+    struct pg_session *s = hs(h);
     int err = ttl_check(pc, ttl_ms);
     if (err)
         return err;
-    pthread_mutex_lock(&s->mu);
-    if (h->gone || !s->pg)
+    pthread_mutex_lock(&s->base.mu);
+    if (h->sh.gone || !s->pg)
         err = session_lost(pc, h);
-    else if ((err = renew_on(pc, h, ttl_ms, 0)) != 0 && s->timed_out_ms)
+    else if ((err = renew_on(pc, h, ttl_ms, 0)) != 0 && s->base.silent_ms)
         err = dlock_seterr(conn->client, DLOCK_ECONNECT,
                            "postgresql: renew: no reply from the server within %" PRIu64
                            " ms; the session was closed, and the lock is lost with it",
-                           s->timed_out_ms);
+                           s->base.silent_ms);
     else if (err && (!s->pg || PQstatus(s->pg) != CONNECTION_OK))
         err = session_lost(pc, h);
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&s->base.mu);
     return err;
 }
 
@@ -1513,22 +1385,22 @@ static int pg_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
  * stays held on a live session: nothing there is undone or scrubbed. */
 static int raise_failed(struct pg_conn *pc, struct pg_held *h, int err, uint64_t floor)
 {
-    if (h->s->timed_out_ms)
+    if (hs(h)->base.silent_ms)
         return dlock_seterr(cl(pc), DLOCK_ECONNECT,
                             "postgresql: raise: no reply from the server within %" PRIu64
                             " ms; the session was closed, and the lock is lost with it"
                             " (the raise may or may not have been made)",
-                            h->s->timed_out_ms);
-    if (!h->s->pg || PQstatus(h->s->pg) != CONNECTION_OK)
+                            hs(h)->base.silent_ms);
+    if (!hs(h)->pg || PQstatus(hs(h)->pg) != CONNECTION_OK)
         return session_lost(pc, h);
-    if (strcmp(h->s->sqlstate, "55P03") == 0 || strcmp(h->s->sqlstate, "57014") == 0)
+    if (strcmp(hs(h)->sqlstate, "55P03") == 0 || strcmp(hs(h)->sqlstate, "57014") == 0)
         return dlock_seterr(cl(pc), DLOCK_ETIMEDOUT,
                             "postgresql: raise: the fencing %s %s%s stayed locked by another"
                             " transaction for the timeout (%" PRIu64 " ms); nothing was raised,"
                             " and the lock is still held",
                             pc->use_sequence ? "sequence" : "row of table",
                             pc->table, pc->use_sequence ? "_seq" : "", pc->timeout_ms);
-    if (pc->use_sequence && strcmp(h->s->sqlstate, "42501") == 0) {
+    if (pc->use_sequence && strcmp(hs(h)->sqlstate, "42501") == 0) {
         char why[DLOCK_ERRMSG_MAX];
         snprintf(why, sizeof why, "%s", cl(pc)->errmsg);
         return dlock_seterr(cl(pc), DLOCK_ESTORE,
@@ -1600,13 +1472,13 @@ static int raise_on(struct pg_conn *pc, struct pg_held *h, uint64_t floor)
                             " bigint tokens: the next token must fit, so the floor must be at"
                             " most 9223372036854775806 (2^63 - 2)",
                             floor, pc->use_sequence ? "sequence" : "table");
-    if (h->gone || !h->s->pg)
+    if (h->sh.gone || !hs(h)->pg)
         return session_lost(pc, h);
     snprintf(owned, sizeof owned,
              "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
              " AND classid = %" PRIu64 " AND objid = %" PRIu64 " AND objsubid = 1 AND granted)",
              u >> 32, u & 0xffffffffu);
-    tag(tg, sizeof tg, h->owner_hex, h->s->idle_ms, h->base.token, h->key);
+    tag(tg, sizeof tg, h->owner_hex, hs(h)->base.lease, h->base.token, h->key);
     raise_settings(rs, sizeof rs, pc->timeout_ms);
     snprintf(settings, sizeof settings, "%s%s", tg, rs);
     if (pc->use_sequence) {
@@ -1620,7 +1492,7 @@ static int raise_on(struct pg_conn *pc, struct pg_held *h, uint64_t floor)
                  " OR (last_value = %" PRIu64 " AND is_called) AS above FROM %s_seq) "
                  "SELECT n, above, CASE WHEN n = 1 AND above THEN pg_current_xact_id() END FROM v",
                  settings, owned, floor, floor, pc->table);
-        if ((err = run(pc, h->s, sql, 4, &r, "raise", end + margin * MS)) != 0)
+        if ((err = run(pc, hs(h), sql, 4, &r, "raise", end + margin * MS)) != 0)
             return raise_failed(pc, h, err, floor);
         held_now = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "1") == 0;
         int above = PQntuples(r) == 1 && PQgetvalue(r, 0, 1)[0] == 't';
@@ -1651,7 +1523,7 @@ static int raise_on(struct pg_conn *pc, struct pg_held *h, uint64_t floor)
                  " EXCLUDED.token) WHERE %s.token < EXCLUDED.token RETURNING token) "
                  "SELECT (SELECT n FROM l), (SELECT token FROM f)",
                  settings, owned, pc->table, h->key, floor, pc->table, pc->table);
-    if ((err = run(pc, h->s, sql, pc->use_sequence ? 5 : 4, &r, "raise", end + margin * MS)) != 0)
+    if ((err = run(pc, hs(h), sql, pc->use_sequence ? 5 : 4, &r, "raise", end + margin * MS)) != 0)
         return raise_failed(pc, h, err, floor);
     held_now = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "1") == 0;
     PQclear(r);
@@ -1668,9 +1540,9 @@ static int pg_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
     struct pg_held *h = (struct pg_held *)held;
-    pthread_mutex_lock(&h->s->mu);
+    pthread_mutex_lock(&hs(h)->base.mu);
     int err = raise_on(pc, h, floor);
-    pthread_mutex_unlock(&h->s->mu);
+    pthread_mutex_unlock(&hs(h)->base.mu);
     return err;
 }
 
@@ -1695,7 +1567,7 @@ static int run_idle(struct pg_conn *pc, const char *sql, int want, PGresult **ou
         memcpy(state, s->sqlstate, 6);
         if (s->pg && PQstatus(s->pg) == CONNECTION_OK)
             return err;
-        int stop = opened || s->timed_out_ms;
+        int stop = opened || s->base.silent_ms;
         session_close(s);
         if (stop)
             return err;
@@ -1836,11 +1708,11 @@ static int pg_raise_floor(dlock_conn *conn, uint64_t floor)
 static int keep_on(struct pg_conn *pc, struct pg_held *h, uint32_t ttl_ms)
 {
     dlock_conn *conn = &pc->base;
-    struct pg_session *s = h->s;
+    struct pg_session *s = hs(h);
     uint64_t now = dlock_monotonic_ns(), until = now + pc->timeout_ms * MS;
-    if (h->gone || !s->pg)
-        return dlock_seterr(conn->client, DLOCK_ELOST, "%s", lost_why(h));
-    if (now >= h->lease_end_ns)
+    if (h->sh.gone || !s->pg)
+        return dlock_seterr(conn->client, DLOCK_ELOST, "%s", lost_why(pc, h));
+    if (now >= h->sh.lease_end_ns)
         return dlock_seterr(conn->client, DLOCK_EEXPIRED,
                             "postgresql: the lease had run out before it could be renewed");
     /* Alone on its session, the renewal need not outlive the lease (a
@@ -1848,19 +1720,19 @@ static int keep_on(struct pg_conn *pc, struct pg_held *h, uint32_t ttl_ms)
      * ending anyway). With mates it gets the whole `timeout`: closing the
      * session would lose theirs too, and a late reply is no harm (the
      * watchdog reports this lock at its lease end all the same). */
-    int shared = session_shared(s, h);
-    if (h->lease_end_ns < until && !shared)
-        until = h->lease_end_ns;
+    int shared = dlock_sql_mates(&s->base, &h->sh);
+    if (h->sh.lease_end_ns < until && !shared)
+        until = h->sh.lease_end_ns;
     int err = renew_on(pc, h, ttl_ms, shared ? 0 : until);
-    if (err && s->timed_out_ms)
+    if (err && s->base.silent_ms)
         return dlock_seterr(conn->client, DLOCK_EEXPIRED,
                             "postgresql: no reply to the renewal within %" PRIu64
                             " ms%s; the session was closed, and the lock is lost with it",
-                            s->timed_out_ms, until < now + pc->timeout_ms * MS
+                            s->base.silent_ms, until < now + pc->timeout_ms * MS
                                                  ? " (the lease's end)" : "");
     if (err && (!s->pg || PQstatus(s->pg) != CONNECTION_OK)) {
         session_close(s);
-        return dlock_seterr(conn->client, DLOCK_ELOST, "%s", lost_why(h));
+        return dlock_seterr(conn->client, DLOCK_ELOST, "%s", lost_why(pc, h));
     }
     return err;
 }
@@ -1871,9 +1743,9 @@ static int pg_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     struct pg_held *h = (struct pg_held *)held;
     if (ttl_check(pc, ttl_ms) != 0)
         return DLOCK_EINVAL;
-    pthread_mutex_lock(&h->s->mu);
+    pthread_mutex_lock(&hs(h)->base.mu);
     int err = keep_on(pc, h, ttl_ms);
-    pthread_mutex_unlock(&h->s->mu);
+    pthread_mutex_unlock(&hs(h)->base.mu);
     return err;
 }
 
@@ -1893,7 +1765,7 @@ static int pg_ping(dlock_conn *conn)
         if (s->pg && PQstatus(s->pg) == CONNECTION_OK)
             return err;
         /* Died while pooled: the next one, then a new one. */
-        int stop = opened || s->timed_out_ms;
+        int stop = opened || s->base.silent_ms;
         session_close(s);
         if (stop)
             return err;
