@@ -1,11 +1,11 @@
 /*
  * Redis-only cases, against real servers: the script cache lost, a killed
- * waiter in the queue, a server that never answers, authentication,
- * Redlock's partial grants, validity, expiry and unreachable nodes, a write
- * to a reset connection (no SIGPIPE death), the keeper (its own
- * connection, refused renewals; kept locks while the client waits and
- * waited grants are conformance cases),
- * and cancelled waits (in the reconnect pauses, and racing a release).
+ * waiter in the queue, authentication, Redlock's partial grants, validity,
+ * expiry and unreachable nodes, a write to a reset connection (no SIGPIPE
+ * death), the keeper (its own connection, refused renewals), and cancelled
+ * waits (in the reconnect pauses, and racing a release). A server that
+ * never answers, kept locks while the client waits and waited grants are
+ * conformance cases, run on every store.
  *
  * Environment (scripts/stores/start.sh prints it):
  *   DLOCK_REDIS_URI, DLOCK_REDLOCK_URI, DLOCK_REDIS_AUTH_URI
@@ -104,28 +104,6 @@ static void test_dead_waiter(const char *uri)
     is_int(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 0,
            "the live waiter behind a killed one gets the lock within 1 s, not the lease");
     dlock_client_close(c);
-}
-
-/* A port that accepts connections (kernel backlog) and never answers. */
-static void test_silent_server(void)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof a;
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    char uri[128];
-    dlock_client *c = NULL;
-    bind(s, (struct sockaddr *)&a, sizeof a);
-    listen(s, 16);
-    getsockname(s, (struct sockaddr *)&a, &alen);
-    snprintf(uri, sizeof uri, "redis://127.0.0.1:%d/0?connect_timeout=300&timeout=300",
-             ntohs(a.sin_port));
-    uint64_t t0 = dlock_monotonic_ns();
-    is_int(dlock_client_open(uri, &c), DLOCK_ECONNECT, "a server that never answers → ECONNECT");
-    uint64_t el = dlock_monotonic_ns() - t0;
-    ok(el < 3000 * MS, "reported within the timeout (%.0f ms for 300 ms)", el / 1e6);
-    ok(strstr(dlock_errmsg(c), "127.0.0.1") != NULL, "message names the host: %s", dlock_errmsg(c));
-    dlock_client_close(c);
-    close(s);
 }
 
 static void test_auth(const char *auth_uri)
@@ -1606,7 +1584,6 @@ int main(void)
              (unsigned long long)(dlock_monotonic_ns() % 1000000007ull));
     test_noscript(single);
     test_dead_waiter(single);
-    test_silent_server();
     test_cluster_needs_redis7();
     test_auth(auth);
     test_redlock(redlock);

@@ -25,8 +25,9 @@
  * within its bound and another client then acquires with a higher token; a
  * holder stopped (SIGSTOP of its process group) past its lease is told on
  * resume; on_lost cannot release; lost_fd becomes readable. Reentrant
- * holds. A silent store: open, and every call after a good open, returns
- * within its bound. The cases that mostly wait run at the same time, in
+ * holds. A silent store: open (with a long reply timeout, connect_timeout
+ * alone bounds it), and every call after a good open, returns within its
+ * bound. The cases that mostly wait run at the same time, in
  * processes of their own (run_parallel), to keep the run short.
  */
 #include <errno.h>
@@ -1981,36 +1982,14 @@ static void test_reentrant(void)
     dlock_client_close(other);
 }
 
-/* f(i). A store that accepts connections and never answers: open fails
- * within its connect timeout. */
-static void test_silent_open(void)
+/* An open of suri in a child process (in a group of its own, ended
+ * afterwards), reported as an 'O' message (a = rc, t = ns taken, text = the
+ * error detail) in *m; -1 when it did not return within wait_ms. */
+static int silent_open_child(const char *suri, struct msg *m, uint64_t wait_ms)
 {
-    static const char *const what = "open against a store that never answers returns in time";
-    SKIP_FOR_LISTS(what);
-    if (!nhosts) {
-        skip("the file backend has no network", "%s", what);
-        return;
-    }
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof a;
-    char suri[DLOCK_URI_MAX];
-    int ports[PROXY_MAX_UP], p[2];
-    struct msg m = {0};
-    int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) < 0 || listen(lfd, 128) < 0 ||
-        getsockname(lfd, (struct sockaddr *)&a, &alen) < 0 || pipe(p) < 0) {
-        ok(0, "cannot make a silent listener: %s", strerror(errno));
-        return;
-    }
-    for (int i = 0; i < PROXY_MAX_UP; i++)
-        ports[i] = ntohs(a.sin_port);
-    if (uri_rewrite(uri, ports, nhosts, NULL, timeout_params(), suri, sizeof suri) != 0) {
-        ok(0, "cannot point %s at the silent listener", uri);
-        close(lfd);
-        return;
-    }
-    char shown[DLOCK_URI_MAX];
-    diag("silent store: %s", shown_uri(suri, shown, sizeof shown));
+    int p[2];
+    if (pipe(p) < 0)
+        return -1;
     pid_t pid = fork_group();
     if (pid == 0) {
         dlock_client *c = NULL;
@@ -2021,8 +2000,63 @@ static void test_silent_open(void)
         _exit(0);
     }
     close(p[1]);
+    int rc = msg_recv(p[0], m, dlock_monotonic_ns() + wait_ms * MS);
+    kill_group(pid);
+    close(p[0]);
+    return rc;
+}
+
+/* The open against a silent store with a long reply timeout (5 s): the
+ * handshake is bounded by connect_timeout alone, which the open waits out
+ * (not failing early), and the error names the host. connect_timeout:
+ * libpq counts whole seconds, at least 2; the Redis stores were checked
+ * with 300 ms. */
+static uint64_t silent_connect_ms(void)
+{
+    if (is("postgres"))
+        return 2000;
+    return strncmp(uri, "redis", 5) == 0 ? 300 : 1000;
+}
+
+static void silent_connect_bounds(uint64_t connect_ms, uint64_t *lower, uint64_t *upper)
+{
+    *lower = connect_ms - (is("postgres") ? 500 : 100);
+    *upper = strncmp(uri, "redis", 5) == 0 ? 3000 : connect_ms + 3000;
+}
+
+/* f(i). A store that accepts connections and never answers: open fails
+ * within its connect timeout; with a long reply timeout, connect_timeout
+ * alone bounds it. */
+static void test_silent_open(void)
+{
+    static const char *const what = "open against a store that never answers returns in time";
+    SKIP_FOR_LISTS(what);
+    if (!nhosts) {
+        skip("the file backend has no network", "%s", what);
+        skip("the file backend has no network", "%s", "open with a long reply timeout");
+        return;
+    }
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    char suri[DLOCK_URI_MAX], shown[DLOCK_URI_MAX], params[96];
+    int ports[PROXY_MAX_UP];
+    struct msg m = {0};
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) < 0 || listen(lfd, 128) < 0 ||
+        getsockname(lfd, (struct sockaddr *)&a, &alen) < 0) {
+        ok(0, "cannot make a silent listener: %s", strerror(errno));
+        return;
+    }
+    for (int i = 0; i < PROXY_MAX_UP; i++)
+        ports[i] = ntohs(a.sin_port);
+    if (uri_rewrite(uri, ports, nhosts, NULL, timeout_params(), suri, sizeof suri) != 0) {
+        ok(0, "cannot point %s at the silent listener", uri);
+        close(lfd);
+        return;
+    }
+    diag("silent store: %s", shown_uri(suri, shown, sizeof shown));
     uint64_t bound = open_bound_ms(), limit = (bound + SLACK_MS) * MS;
-    if (msg_recv(p[0], &m, dlock_monotonic_ns() + limit + 5000 * MS) != 0) {
+    if (silent_open_child(suri, &m, limit / MS + 5000) != 0) {
         ok(0, "%s: dlock_client_open() did not return within %.1f s", what, (limit / MS + 5000) / 1e3);
     } else {
         ok(m.a == DLOCK_ECONNECT || m.a == DLOCK_ETIMEDOUT,
@@ -2030,8 +2064,24 @@ static void test_silent_open(void)
         ok(m.t <= limit, "within connect_timeout (%llu ms + %u ms slack): %.0f ms",
            (unsigned long long)bound, SLACK_MS, m.t / 1e6);
     }
-    kill_group(pid);
-    close(p[0]);
+
+    uint64_t cms = silent_connect_ms(), lower, upper;
+    silent_connect_bounds(cms, &lower, &upper);
+    snprintf(params, sizeof params, "connect_timeout=%llu&%s=5000", (unsigned long long)cms,
+             is("zookeeper") ? "session_timeout" : "timeout");
+    if (uri_rewrite(uri, ports, nhosts, NULL, params, suri, sizeof suri) != 0) {
+        ok(0, "cannot point %s at the silent listener with %s", uri, params);
+    } else if (silent_open_child(suri, &m, upper + 5000) != 0) {
+        ok(0, "open with %s against a silent store did not return within %.1f s", params,
+           (upper + 5000) / 1e3);
+    } else {
+        is_int(m.a, DLOCK_ECONNECT, "open with %s against a silent store → DLOCK_ECONNECT: %s",
+               params, m.text);
+        ok(m.t >= lower * MS && m.t < upper * MS,
+           "after connect_timeout, not the 5 s reply timeout: %.0f ms (bounds %llu to %llu)",
+           m.t / 1e6, (unsigned long long)lower, (unsigned long long)upper);
+        ok(strstr(m.text, "127.0.0.1") != NULL, "the message names the host: %s", m.text);
+    }
     close(lfd);
 }
 
