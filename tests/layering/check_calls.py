@@ -249,6 +249,17 @@ def describe_component(comp, edges, allowed_nodes=()):
     return lines
 
 
+def cycle_rule(tap, comps, graph, bad_comp, desc, skip):
+    """One rule over the cycle sets: those bad_comp picks are listed (every
+    cycle, with the symbols on each edge) under the rule's result."""
+    bad = [c for c in comps if bad_comp(c)]
+    detail = []
+    for c in bad:
+        detail += describe_component(c, graph)
+    tap.ok(not bad, desc + (": %d cycle set(s), listed below" % len(bad) if bad else ""),
+           detail, skip)
+
+
 def check_calls(tap, files, edges, skip):
     nodes = set(files)
     backends = {n for n in nodes if n.startswith("backends/")}
@@ -260,21 +271,12 @@ def check_calls(tap, files, edges, skip):
              if not (e[0] in CORE_TO_BACKENDS_ALLOWED and e[1] in backends)}
     comps = sccs(nodes, graph)
 
-    bad = [c for c in comps if any(n in backends for n in c)]
-    detail = []
-    for c in bad:
-        detail += describe_component(c, graph)
-    tap.ok(not bad, "no call cycle among backends/ files (%d files)%s" %
-           (len(backends), ": %d cycle set(s), listed below" % len(bad) if bad else ""),
-           detail, skip)
-
-    bad = [c for c in comps if all(n in core for n in c) and not set(c) <= CORE_CYCLE_ALLOWED]
-    detail = []
-    for c in bad:
-        detail += describe_component(c, graph)
-    tap.ok(not bad, "core/: no call cycle but client <-> composite <-> keeper (%d files)%s" %
-           (len(core), ": %d cycle set(s), listed below" % len(bad) if bad else ""),
-           detail, skip)
+    cycle_rule(tap, comps, graph, lambda c: any(n in backends for n in c),
+               "no call cycle among backends/ files (%d files)" % len(backends), skip)
+    cycle_rule(tap, comps, graph,
+               lambda c: all(n in core for n in c) and not set(c) <= CORE_CYCLE_ALLOWED,
+               "core/: no call cycle but client <-> composite <-> keeper (%d files)" % len(core),
+               skip)
 
     bad = sorted((e, s) for e, s in edges.items()
                  if e[0] in core and e[1] in backends and e[0] not in CORE_TO_BACKENDS_ALLOWED)
@@ -283,14 +285,10 @@ def check_calls(tap, files, edges, skip):
            ["%s -> %s: %s" % (a, b, " ".join(s)) for (a, b), s in bad], skip)
 
     # Cycles through both layers (a backend -> core -> that backend) are
-    # in the first rule's components; any other mixed one is named here.
-    bad = [c for c in comps if not any(n in backends for n in c)
-           and not all(n in core for n in c)]
-    detail = []
-    for c in bad:
-        detail += describe_component(c, graph)
-    tap.ok(not bad, "no other call cycle among the library's files%s" %
-           (": %d, listed below" % len(bad) if bad else ""), detail, skip)
+    # in the first rule's sets; any other mixed one is named here.
+    cycle_rule(tap, comps, graph,
+               lambda c: not any(n in backends for n in c) and not all(n in core for n in c),
+               "no other call cycle among the library's files", skip)
 
 
 def check_poll(tap, files, skip):
