@@ -345,7 +345,8 @@ def main(argv):
            [] if nback else ["no backends/ object among: " + ", ".join(sorted(files))])
     for sym, src in expect:
         tap.ok(src in files and sym in files[src][0], "%s defines %s" % (src, sym),
-               [] if src in files else ["no object for %s among: %s" % (src, ", ".join(sorted(files)))])
+               [] if src in files else
+               ["no object for %s among: %s" % (src, ", ".join(sorted(files)))])
     edges = edges_of(files)
     tap.diag("%d file -> file edges" % len(edges))
     if check == "calls":

@@ -20,44 +20,66 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from tests.tap import Tap  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+from tap import Tap  # noqa: E402
 
 # Source file -> its text. Each defines the functions named after it and
 # calls the ones it declares. "file@variant" is another version of file
 # (the same object name, built in a directory of its own).
 FIXTURES = {
     # one way: up -> down -> core base
-    "backends/fix_up.c": "int fix_down(int);\nint fix_up(int x) { return fix_down(x) + 1; }\n",
-    "backends/fix_down.c": "int fix_base(int);\nint fix_down(int x) { return fix_base(x) * 2; }\n",
-    "core/fix_base.c": "int fix_base(int x) { return x - 1; }\n",
-    # the back-call: down_back is fix_down calling back up
-    "backends/fix_down.c@back": ("int fix_base(int);\nint fix_up(int);\n"
-                                 "int fix_down(int x) { return x ? fix_up(x - 1) : fix_base(x); }\n"),
+    "backends/fix_up.c":
+        "int fix_down(int);\n"
+        "int fix_up(int x) { return fix_down(x) + 1; }\n",
+    "backends/fix_down.c":
+        "int fix_base(int);\n"
+        "int fix_down(int x) { return fix_base(x) * 2; }\n",
+    "core/fix_base.c":
+        "int fix_base(int x) { return x - 1; }\n",
+    # the back-call: fix_down calling back up
+    "backends/fix_down.c@back":
+        "int fix_base(int);\nint fix_up(int);\n"
+        "int fix_down(int x) { return x ? fix_up(x - 1) : fix_base(x); }\n",
     # a poll loop of its own, and libcurl's wait with the core's one
-    "backends/fix_loop.c": ("int ppoll(void *, unsigned long, const void *, const void *);\n"
-                            "int fix_loop(void *p) { return ppoll(p, 1, 0, 0); }\n"),
-    "backends/fix_wait.c": ("int curl_multi_poll(void *, void *, unsigned, int, int *);\n"
-                            "int dlock_poll_until(int);\n"
-                            "int fix_wait(void *m) { return curl_multi_poll(m, 0, 0, 10, 0)"
-                            " + dlock_poll_until(1); }\n"),
-    "core/poll.c": "int dlock_poll_until(int x) { return x; }\n",
+    "backends/fix_loop.c":
+        "int ppoll(void *, unsigned long, const void *, const void *);\n"
+        "int fix_loop(void *p) { return ppoll(p, 1, 0, 0); }\n",
+    "backends/fix_wait.c":
+        "int curl_multi_poll(void *, void *, unsigned, int, int *);\n"
+        "int dlock_poll_until(int);\n"
+        "int fix_wait(void *m) { return curl_multi_poll(m, 0, 0, 10, 0)"
+        " + dlock_poll_until(1); }\n",
+    "core/poll.c":
+        "int dlock_poll_until(int x) { return x; }\n",
     # the registry registers a backend, which calls the registry back
-    "core/registry.c": "int fix_up(int);\nint fix_register(int x) { return x ? fix_up(x) : 0; }\n",
-    "backends/fix_registered.c": "int fix_register(int);\nint fix_reg(int x) { return fix_register(x); }\n",
+    "core/registry.c":
+        "int fix_up(int);\n"
+        "int fix_register(int x) { return x ? fix_up(x) : 0; }\n",
+    "backends/fix_registered.c":
+        "int fix_register(int);\n"
+        "int fix_reg(int x) { return fix_register(x); }\n",
     # the core's one allowed recursion
-    "core/client.c": ("int composite_open(int);\nint keeper_add(int);\n"
-                      "int client_open(int x) { return x ? composite_open(x - 1) + keeper_add(x) : 0; }\n"),
-    "core/composite.c": "int client_open(int);\nint composite_open(int x) { return client_open(x); }\n",
-    "core/keeper.c": "int client_open(int);\nint keeper_add(int x) { return client_open(x - 1); }\n",
-    # core cycles that are not allowed: uri <-> client, keeper -> a backend
-    "core/fix_uri.c": "int client_seterr(int);\nint uri_parse(int x) { return client_seterr(x); }\n",
-    "core/client.c@err": ("int uri_parse(int);\nint composite_open(int);\nint keeper_add(int);\n"
-                          "int client_seterr(int x) { return x; }\n"
-                          "int client_open(int x) { return x ? composite_open(x - 1) + keeper_add(x)"
-                          " + uri_parse(x) : 0; }\n"),
-    "core/keeper.c@up": ("int client_open(int);\nint fix_up(int);\n"
-                         "int keeper_add(int x) { return client_open(x - 1) + fix_up(x); }\n"),
+    "core/client.c":
+        "int composite_open(int);\nint keeper_add(int);\n"
+        "int client_open(int x) { return x ? composite_open(x - 1) + keeper_add(x) : 0; }\n",
+    "core/composite.c":
+        "int client_open(int);\n"
+        "int composite_open(int x) { return client_open(x); }\n",
+    "core/keeper.c":
+        "int client_open(int);\n"
+        "int keeper_add(int x) { return client_open(x - 1); }\n",
+    # core edges that are not allowed: uri <-> client, keeper -> a backend
+    "core/fix_uri.c":
+        "int client_seterr(int);\n"
+        "int uri_parse(int x) { return client_seterr(x); }\n",
+    "core/client.c@err":
+        "int uri_parse(int);\nint composite_open(int);\nint keeper_add(int);\n"
+        "int client_seterr(int x) { return x; }\n"
+        "int client_open(int x) { return x ? composite_open(x - 1) + keeper_add(x)"
+        " + uri_parse(x) : 0; }\n",
+    "core/keeper.c@up":
+        "int client_open(int);\nint fix_up(int);\n"
+        "int keeper_add(int x) { return client_open(x - 1) + fix_up(x); }\n",
 }
 
 
@@ -197,8 +219,8 @@ def controls(tap, tmp, checker, cc, nm, ar):
     rc, out = run("loop", one_way + ["backends/fix_loop.c"], "--check", "poll", "--enforce")
     expect("a backend calling ppoll", rc, out, 1,
            ["not ok", "backends/fix_loop.c: no poll loop of its own", "calls ppoll",
-            "backends/fix_loop.c calls ppoll"], ["fix_wait.c: no poll loop of its own (no poll/select/"
-                                                 "epoll call): calls"])
+            "backends/fix_loop.c calls ppoll"],
+           ["fix_wait.c: no poll loop of its own (no poll/select/epoll call): calls"])
 
     # Negative: a core cycle beside the allowed one (uri <-> client).
     core_cycle = [s for s in one_way if s != "core/client.c"] + ["core/client.c@err",
