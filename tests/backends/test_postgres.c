@@ -2,10 +2,10 @@
  * PostgreSQL-only cases, against a real server: the documented key formula
  * (checked against the server's own sha256()), the lock_timeout grant race,
  * a terminated session reported as lost, no stacking, deadlocks, options;
- * client-side bounds (a listener that never answers, a network that goes
- * silent behind a proxy); the keeper renewing on the lock's own session
- * while the client waits for another lock, and a grant after a wait longer
- * than the TTL.
+ * client-side bounds (a network that goes silent behind a proxy). (A
+ * listener that never answers, a kept lock living through its client's
+ * wait for another lock, and a kept grant after a wait longer than the TTL
+ * are conformance cases, run on every store.)
  *
  * Issue 10: the TTL limit; a try that never waits for the counter row or
  * for DDL, and a deadline that bounds every lock wait of the statement
@@ -431,23 +431,6 @@ static int silent_listener(int *port)
     return fd;
 }
 
-/* libpq counts connect_timeout in whole seconds, at least 2. */
-static void test_silent_server_connect(void)
-{
-    int port, fd = silent_listener(&port);
-    char u[256];
-    dlock_client *c = NULL;
-    snprintf(u, sizeof u, "postgresql://dlock@127.0.0.1:%d/dlock?connect_timeout=2000", port);
-    uint64_t t0 = dlock_monotonic_ns();
-    int rc = dlock_client_open(u, &c);
-    double el = ms_since(t0);
-    is_int(rc, DLOCK_ECONNECT, "a server that accepts and never answers: open → ECONNECT");
-    ok(el >= 1500 && el < 2000 + 3000, "within connect_timeout=2000 (%.0f ms): %s", el,
-       dlock_errmsg(c));
-    dlock_client_close(c);
-    close(fd);
-}
-
 /* Every call through a network that goes silent (the proxy keeps the
  * connections open and forwards nothing) returns within its bound; A2
  * shares A's session and is lost with it (tests/backends/silent_pool.h). */
@@ -469,42 +452,6 @@ static void test_silent_network(void)
 
 static int lost_calls;
 
-static void count_lost(dlock_lock *lock, int err, void *user)
-{
-    (void)lock, (void)err, (void)user;
-    __atomic_add_fetch(&lost_calls, 1, __ATOMIC_SEQ_CST);
-}
-
-/* The keeper renews A on A's own session while the same client waits for
- * B on another: a 1 s lease lives through a 5 s wait. */
-static void test_keep_while_waiting(void)
-{
-    char a[128], b[128];
-    snprintf(a, sizeof a, "%skeep-a", prefix);
-    snprintf(b, sizeof b, "%skeep-b", prefix);
-    dlock_client *c = open_ok(uri), *other = open_ok(uri);
-    dlock_lock *la = NULL, *lb = NULL, *ob = NULL;
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
-    is_int(dlock_acquire(other, b, &o, &ob), 0, "another client holds B");
-    lost_calls = 0;
-    o = wait_opts(DLOCK_WAIT_TRY, 0, 1000);
-    o.keep = 1;
-    o.on_lost = count_lost;
-    is_int(dlock_acquire(c, a, &o, &la), 0, "A acquired with keep, TTL 1000 ms");
-    uint64_t t0 = dlock_monotonic_ns();
-    o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, 0);
-    is_int(dlock_acquire(c, b, &o, &lb), DLOCK_ETIMEDOUT, "the same client waits 5 s for B");
-    ok(ms_since(t0) >= 4900, "(%.0f ms)", ms_since(t0));
-    is_int(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 0, "A was not reported lost");
-    is_int(dlock_lock_lost(la), 0, "dlock_lock_lost(A) = 0");
-    ok(!key_free(dlock_pg_key(NULL, a, strlen(a))), "A is still held on the server");
-    is_int(dlock_renew(la, 1000), 0, "and renews");
-    is_int(dlock_release(la), 0, "and releases");
-    dlock_release(ob);
-    dlock_client_close(c);
-    dlock_client_close(other);
-}
-
 struct later {
     dlock_lock *lock;
     unsigned ms;
@@ -516,38 +463,6 @@ static void *release_later(void *arg)
     sleep_ms(l->ms);
     dlock_release(l->lock);
     return NULL;
-}
-
-/* The grant comes 3 TTLs after the acquire started: its lease counts from
- * the grant, not from the start, so the keeper does not report it lost. */
-static void test_keep_after_long_wait(void)
-{
-    char name[128];
-    snprintf(name, sizeof name, "%skeep-wait", prefix);
-    dlock_client *c = open_ok(uri), *other = open_ok(uri);
-    dlock_lock *l = NULL, *ol = NULL;
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
-    is_int(dlock_acquire(other, name, &o, &ol), 0, "another client holds the lock");
-    struct later rel = {ol, 3000};
-    pthread_t th;
-    pthread_create(&th, NULL, release_later, &rel);
-    lost_calls = 0;
-    o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, 1000);
-    o.keep = 1;
-    o.on_lost = count_lost;
-    uint64_t t0 = dlock_monotonic_ns();
-    is_int(dlock_acquire(c, name, &o, &l), 0, "kept acquire with TTL 1000 ms waits for it");
-    double el = ms_since(t0);
-    ok(el >= 2900, "granted after %.0f ms, about 3 TTLs", el);
-    pthread_join(th, NULL);
-    ok(l && dlock_lock_expires_ns(l) > dlock_monotonic_ns() + 500 * MS,
-       "its lease counts from the grant");
-    sleep_ms(1000);
-    is_int(dlock_lock_lost(l), 0, "a TTL later it is not lost");
-    is_int(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 0, "and on_lost was not called");
-    is_int(dlock_release(l), 0, "release");
-    dlock_client_close(c);
-    dlock_client_close(other);
 }
 
 /* ---- issue 10 ------------------------------------------------------------ */
@@ -2275,10 +2190,7 @@ static const struct {
     {"pooled_session_expired", test_pooled_session_expired},
     {"sequence_tokens", test_sequence_tokens},
     {"options", test_options},
-    {"silent_server_connect", test_silent_server_connect},
     {"silent_network", test_silent_network},
-    {"keep_while_waiting", test_keep_while_waiting},
-    {"keep_after_long_wait", test_keep_after_long_wait},
     {"ttl_limit", test_ttl_limit},
     {"try_row_locked", test_try_row_locked},
     {"try_behind_ddl", test_try_behind_ddl},

@@ -1,10 +1,11 @@
 /*
  * Redis-only cases, against real servers: the script cache lost, a killed
- * waiter in the queue, a server that never answers, authentication,
- * Redlock's partial grants, validity, expiry and unreachable nodes, a write
- * to a reset connection (no SIGPIPE death), the keeper (its own
- * connection, kept while the client waits, waited grants, refused renewals),
- * and cancelled waits (in the reconnect pauses, and racing a release).
+ * waiter in the queue, authentication, Redlock's partial grants, validity,
+ * expiry and unreachable nodes, a write to a reset connection (no SIGPIPE
+ * death), the keeper (its own connection, refused renewals), and cancelled
+ * waits (in the reconnect pauses, and racing a release). A server that
+ * never answers, kept locks while the client waits and waited grants are
+ * conformance cases, run on every store.
  *
  * Environment (scripts/stores/start.sh prints it):
  *   DLOCK_REDIS_URI, DLOCK_REDLOCK_URI, DLOCK_REDIS_AUTH_URI
@@ -103,28 +104,6 @@ static void test_dead_waiter(const char *uri)
     is_int(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 0,
            "the live waiter behind a killed one gets the lock within 1 s, not the lease");
     dlock_client_close(c);
-}
-
-/* A port that accepts connections (kernel backlog) and never answers. */
-static void test_silent_server(void)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof a;
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    char uri[128];
-    dlock_client *c = NULL;
-    bind(s, (struct sockaddr *)&a, sizeof a);
-    listen(s, 16);
-    getsockname(s, (struct sockaddr *)&a, &alen);
-    snprintf(uri, sizeof uri, "redis://127.0.0.1:%d/0?connect_timeout=300&timeout=300",
-             ntohs(a.sin_port));
-    uint64_t t0 = dlock_monotonic_ns();
-    is_int(dlock_client_open(uri, &c), DLOCK_ECONNECT, "a server that never answers → ECONNECT");
-    uint64_t el = dlock_monotonic_ns() - t0;
-    ok(el < 3000 * MS, "reported within the timeout (%.0f ms for 300 ms)", el / 1e6);
-    ok(strstr(dlock_errmsg(c), "127.0.0.1") != NULL, "message names the host: %s", dlock_errmsg(c));
-    dlock_client_close(c);
-    close(s);
 }
 
 static void test_auth(const char *auth_uri)
@@ -468,13 +447,15 @@ static int shares_addr(const struct seen *a, const struct seen *b)
 }
 
 /*
- * A lock kept with a 1 s lease survives 5 s while the same client blocks
- * in an acquire of another name held elsewhere; the keeper's renewals come
- * from a connection of their own, never the one the client waits on.
+ * The keeper's renewals come from a connection of their own, never the one
+ * the client waits on: MONITOR sees them while the same client blocks 5 s
+ * in an acquire of another name held elsewhere. (That the kept lock lives
+ * through the wait, and a kept grant after a long wait, are conformance
+ * cases, run on every store.)
  */
-static void test_keep_while_waiting(const char *what, const char *uri, int redlock)
+static void test_keeper_connection(const char *what, const char *uri, int redlock)
 {
-    dlock_client *c = open_ok(uri), *other = open_ok(uri), *probe = open_ok(uri);
+    dlock_client *c = open_ok(uri), *other = open_ok(uri);
     dlock_lock *a = NULL, *b = NULL, *l = NULL;
     char na[128], nb[128], ka[192], kb[192];
     snprintf(na, sizeof na, "%skept-%s", prefix, what);
@@ -489,16 +470,8 @@ static void test_keep_while_waiting(const char *what, const char *uri, int redlo
     redisContext *m = monitor(uri);
 
     o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, 1000);
-    uint64_t t0 = dlock_monotonic_ns();
     is_int(dlock_acquire(c, nb, &o, &l), DLOCK_ETIMEDOUT,
            "%s: the same client waits 5 s for B → ETIMEDOUT", what);
-    double waited = (dlock_monotonic_ns() - t0) / 1e6;
-    ok(waited >= 4900, "%s: it did wait (%.0f ms)", what, waited);
-    is_int(dlock_lock_lost(a), 0, "%s: A is not lost after 5 × its lease", what);
-    ok(dlock_lock_expires_ns(a) > dlock_monotonic_ns(), "%s: and its lease end is ahead (%.0f ms)",
-       what, ((double)dlock_lock_expires_ns(a) - (double)dlock_monotonic_ns()) / 1e6);
-    o = wait_opts(DLOCK_WAIT_TRY, 0, 1000);
-    is_int(dlock_acquire(probe, na, &o, &l), DLOCK_EBUSY, "%s: the store still has A held", what);
 
     struct seen renew = {0}, wait = {0};
     monitor_read(m, ka, "\"renew\"", &renew, kb, redlock ? "\"grab\"" : "\"acquire\"", &wait);
@@ -514,67 +487,9 @@ static void test_keep_while_waiting(const char *what, const char *uri, int redlo
 
     is_int(dlock_release(a), 0, "%s: A released", what);
     dlock_release(b);
-    dlock_client_close(probe);
     dlock_client_close(other);
     dlock_client_close(c);
 }
-
-struct later_release {
-    dlock_lock *lock;
-    unsigned ms;
-};
-
-static void *release_later(void *arg)
-{
-    struct later_release *r = arg;
-    sleep_ms(r->ms);
-    dlock_release(r->lock);
-    return NULL;
-}
-
-/*
- * A kept lock granted after waiting longer than its lease (by handoff on
- * one Redis, by a new attempt on Redlock) counts its lease from the grant,
- * not from the start of the call: it is not reported lost.
- */
-static void test_keep_waited_grant(const char *what, const char *uri)
-{
-    dlock_client *c = open_ok(uri), *other = open_ok(uri), *probe = open_ok(uri);
-    dlock_lock *held = NULL, *l = NULL, *p = NULL;
-    char name[128];
-    pthread_t th;
-    snprintf(name, sizeof name, "%swaited-%s", prefix, what);
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 30000);
-    is_int(dlock_acquire(other, name, &o, &held), 0, "%s: another client holds the lock", what);
-    struct later_release rel = {held, 2500};
-    pthread_create(&th, NULL, release_later, &rel);
-    o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, 1000);
-    o.keep = 1;
-    uint64_t t0 = dlock_monotonic_ns();
-    is_int(dlock_acquire(c, name, &o, &l), 0, "%s: a kept acquire (1 s lease) waits and is granted",
-           what);
-    uint64_t now = dlock_monotonic_ns();
-    pthread_join(th, NULL);
-    ok(now - t0 >= 2400 * MS, "%s: after waiting %.0f ms, longer than the lease", what,
-       (now - t0) / 1e6);
-    if (!l) {
-        dlock_client_close(probe), dlock_client_close(other), dlock_client_close(c);
-        return;
-    }
-    ok(dlock_lock_expires_ns(l) > now + 500 * MS,
-       "%s: its lease end counts from the grant (%.0f ms ahead)", what,
-       ((double)dlock_lock_expires_ns(l) - (double)now) / 1e6);
-    sleep_ms(1500);
-    is_int(dlock_lock_lost(l), 0, "%s: 1.5 s later it is not reported lost (%s)", what,
-           dlock_lock_lost_detail(l));
-    o = wait_opts(DLOCK_WAIT_TRY, 0, 1000);
-    is_int(dlock_acquire(probe, name, &o, &p), DLOCK_EBUSY, "%s: and the store has it held", what);
-    is_int(dlock_release(l), 0, "%s: released", what);
-    dlock_client_close(probe);
-    dlock_client_close(other);
-    dlock_client_close(c);
-}
-
 
 /* A renewal the store refuses (the key was deleted behind our back) is a
  * proven loss: DLOCK_ELOST at the next renewal, through the callback. */
@@ -1669,7 +1584,6 @@ int main(void)
              (unsigned long long)(dlock_monotonic_ns() % 1000000007ull));
     test_noscript(single);
     test_dead_waiter(single);
-    test_silent_server();
     test_cluster_needs_redis7();
     test_auth(auth);
     test_redlock(redlock);
@@ -1680,10 +1594,8 @@ int main(void)
     test_sigpipe("one Redis", NULL, DLOCK_ECONNECT);
     test_sigpipe("Redlock, 1 of 3 nodes reset", two, 0);
 
-    test_keep_while_waiting("redis", single, 0);
-    test_keep_while_waiting("redlock", redlock, 1);
-    test_keep_waited_grant("redis handoff", single);
-    test_keep_waited_grant("redlock", redlock);
+    test_keeper_connection("redis", single, 0);
+    test_keeper_connection("redlock", redlock, 1);
     test_keep_refused("redis", single, 1);
     test_keep_refused("redlock", redlock, 5);
 
