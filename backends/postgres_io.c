@@ -102,7 +102,8 @@ static int wait_socket(PGconn *pg, short events, uint64_t until_ns, int cancel_f
 /* No reply in time: the session is unusable (a statement is still
  * outstanding), so it is closed, which ends whatever it held or waited for
  * on the server once the server notices (at the latest when its
- * idle_session_timeout runs out). The slot stays as it was. */
+ * idle_session_timeout runs out). The struct stays: its locks report the
+ * loss. */
 static int timed_out(struct pg_conn *pc, struct pg_session *s, const char *what, uint64_t start)
 {
     uint64_t ms = (dlock_monotonic_ns() - start + MS / 2) / MS;
