@@ -2,6 +2,11 @@
  * postgresql://[user[:password]@]host[:port][,host...]/database[?options]:
  * session-level advisory locks (libpq).
  *
+ * Files: this one is the recipe (the statements of each method); below it,
+ * postgres_io.c connects and runs statements with a client-side bound and
+ * cancels them, and sql_session.c decides which session a lock goes on;
+ * postgres_int.h holds the types they share.
+ *
  * Key: a name becomes the bigint key the first 8 bytes of
  * SHA-256(namespace || 0x00 || name), big-endian, as a signed 64-bit
  * integer (without a namespace: SHA-256(name)). Other languages can
@@ -51,7 +56,8 @@
  * Cancelling (DLOCK_CAP_CANCEL): the wait polls the request's cancel fd
  * beside the session's socket; when it fires, PQcancel() asks the server
  * to cancel the statement (a blocking call, so on a thread of its own:
- * cancel_statement()), which leaves the queue as lock_timeout does. The
+ * cancel_statement() in postgres_io.c), which leaves the queue as
+ * lock_timeout does. The
  * cancel gets CANCEL_MS, the error reply CANCEL_MS more, a grant that came
  * in that instant is undone as a deadline's is (CANCEL_MS more), and the
  * session stays pooled. A cancel or reply not in time closes the session
@@ -98,14 +104,14 @@
  * there, and its idle pooled sessions on the old host are closed.
  *
  * Bounds. libpq has no statement timeout of its own, so statements are
- * sent on non-blocking connections and their replies awaited with poll()
- * until a CLOCK_MONOTONIC deadline: `timeout` (ms, default 5000) for every
+ * sent on non-blocking connections and their replies awaited in the core's
+ * cancellable wait (postgres_io.c) until a CLOCK_MONOTONIC deadline: `timeout` (ms, default 5000) for every
  * statement that is not a lock wait, the deadline plus at most 200 ms for a
  * deadline wait (lock_timeout ends it on the server at the deadline). No
  * reply in time closes the session (a statement is still outstanding on
  * it), which frees whatever it held once the server notices, at the latest
  * when its idle_session_timeout ends: DLOCK_ECONNECT, naming the time.
- * Connecting is libpq's non-blocking connect, driven here with poll(): each
+ * Connecting is libpq's non-blocking connect, driven the same way: each
  * host gets `connect_timeout` (ms, the startup and authentication included),
  * and a deadline wait's connect ends at its deadline plus the margin too. A
  * wait without a deadline has no client-side bound; TCP keepalives (idle
@@ -159,10 +165,7 @@
  * of a free name is its counter row, which a raise_token may have set
  * above the last grant.
  */
-#include <errno.h>
 #include <inttypes.h>
-#include <libpq-fe.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -171,11 +174,10 @@
 #include "config.h"
 #include "core/internal.h"
 #include "core/sha256.h"
-#include "backends/sql_session.h"
+#include "backends/postgres_int.h"
 
 #define DEFAULT_CONNECT_MS 5000
 #define DEFAULT_TIMEOUT_MS 5000
-#define MS 1000000ull
 #define DEFAULT_TABLE "dlock_fence"
 /* token=table: the row of the fencing table that holds the store's floor
  * (raise_floor), the lowest bigint. */
@@ -190,58 +192,6 @@ static const char *const pg_schemes[] = {"postgresql", "postgres", NULL};
 static const char *const pg_options[] = {
     "connect_timeout", "timeout", "sslmode", "application_name", "namespace", "table", "token", NULL,
 };
-
-/*
- * Threads: as in backends/sql_session.h, which owns the sessions' sharing.
- * Each session's mutex is held around one exchange (a statement and its
- * reply, bounded by `timeout`) and around every change to what keep()
- * reads: the session's connection, lease, its list of locks, and their
- * handles.
- */
-struct pg_session {
-    struct dlock_sql_session base; /* mu, waiting, held locks, lease (ms), silent_ms */
-    PGconn *pg;           /* NULL once closed (after a timeout, or its end) */
-    size_t host;          /* index of the host it is connected to */
-    char sqlstate[6];     /* of the last failed statement, "" if none */
-    int ended;            /* the server said FATAL or PANIC: it is closing */
-};
-
-struct pg_conn {
-    dlock_conn base;
-    /* libpq's connection keywords; values[0] and [1] (host, port) are
-     * replaced by one host's for each connect. */
-    const char *keys[16];
-    const char *values[16];
-    char user_timeout_ms[24];
-    uint64_t connect_ms;  /* per host */
-    uint64_t timeout_ms;  /* bound on every statement that is not a lock wait */
-    size_t nhosts;
-    char **hostv, **portv;
-    size_t pinned;        /* host tried first: the one of the latest new session */
-    char *namespace;
-    char table[64];
-    int use_sequence; /* token=sequence: one global sequence, not per-name rows */
-    int server_version; /* PQserverVersion() of the latest new session */
-    struct dlock_sql_pool pool; /* every session, holding or free */
-};
-
-struct pg_held {
-    dlock_held base;
-    struct dlock_sql_held sh; /* its session, lease (ms) and client-side lease end */
-    int64_t key;
-    char owner_hex[33]; /* the grant's owner id, tagged on its statements */
-};
-
-/* h's session, set at the grant, never changed. */
-static struct pg_session *hs(const struct pg_held *h)
-{
-    return (struct pg_session *)h->sh.s;
-}
-
-static dlock_client *cl(struct pg_conn *pc)
-{
-    return pc->base.client;
-}
 
 int64_t dlock_pg_key(const char *ns, const char *name, size_t len);
 
@@ -263,171 +213,6 @@ int64_t dlock_pg_key(const char *ns, const char *name, size_t len)
     for (int i = 0; i < 8; i++)
         k = k << 8 | d[i];
     return (int64_t)k;
-}
-
-/* libpq puts no password in its messages; they may span lines, and dlock's
- * detail is one line. */
-static int pg_error(struct pg_conn *pc, int code, const char *what, const char *msg)
-{
-    char flat[DLOCK_ERRMSG_MAX];
-    size_t o = 0;
-    for (const char *p = msg; *p && o + 1 < sizeof flat; p++) {
-        char ch = (*p == '\n' || *p == '\t') ? ' ' : *p;
-        if (ch == ' ' && (o == 0 || flat[o - 1] == ' '))
-            continue;
-        flat[o++] = ch;
-    }
-    while (o && flat[o - 1] == ' ')
-        o--;
-    flat[o] = '\0';
-    return dlock_seterr(cl(pc), code, "postgresql: %s: %s", what, flat);
-}
-
-static int conn_error(struct pg_conn *pc, PGconn *pg, const char *what)
-{
-    const char *msg = PQerrorMessage(pg);
-    int code = DLOCK_ECONNECT;
-    if (strstr(msg, "password authentication failed") || strstr(msg, "no password supplied") ||
-        strstr(msg, "authentication failed") || PQconnectionNeedsPassword(pg))
-        code = DLOCK_EAUTH;
-    else if (strstr(msg, "does not exist")) /* database or role */
-        code = DLOCK_EAUTH;
-    return pg_error(pc, code, what, msg);
-}
-
-/* Maps a failed result by SQLSTATE; a dead session is a connection error. */
-static int result_error(struct pg_conn *pc, PGconn *pg, PGresult *r, const char *what)
-{
-    const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
-    const char *msg = r ? PQresultErrorMessage(r) : PQerrorMessage(pg);
-    int code = DLOCK_ESTORE;
-    if (PQstatus(pg) != CONNECTION_OK)
-        code = DLOCK_ECONNECT;
-    else if (state && strcmp(state, "55P03") == 0)
-        code = DLOCK_ETIMEDOUT;
-    else if (state && strcmp(state, "40P01") == 0)
-        code = DLOCK_EDEADLK;
-    else if (state && strncmp(state, "28", 2) == 0)
-        code = DLOCK_EAUTH;
-    return pg_error(pc, code, what, msg && *msg ? msg : "no result");
-}
-
-/* Notices are not shown (e.g. "you don't own a lock": reported by the
- * result). An error the server sends outside a statement comes here too:
- * FATAL is its last word before it closes the session (terminated, shutting
- * down, idle_session_timeout). */
-static void session_notice(void *arg, const PGresult *r)
-{
-    struct pg_session *s = arg;
-    const char *sev = PQresultErrorField(r, PG_DIAG_SEVERITY_NONLOCALIZED);
-    if (sev && (strcmp(sev, "FATAL") == 0 || strcmp(sev, "PANIC") == 0))
-        s->ended = 1;
-}
-
-static int wait_socket(PGconn *pg, short events, uint64_t until_ns, int cancel_fd);
-
-/* libpq's non-blocking connect to host i alone, driven until until_ns. */
-static int connect_host(struct pg_conn *pc, size_t i, uint64_t until_ns, PGconn **out)
-{
-    const char *values[16];
-    memcpy(values, pc->values, sizeof values);
-    values[0] = pc->hostv[i];
-    values[1] = pc->portv[i];
-    uint64_t start = dlock_monotonic_ns();
-    PGconn *pg = PQconnectStartParams(pc->keys, values, 0);
-    if (!pg)
-        return dlock_seterr(cl(pc), DLOCK_ENOMEM, "out of memory");
-    PostgresPollingStatusType st =
-        PQstatus(pg) == CONNECTION_BAD ? PGRES_POLLING_FAILED : PGRES_POLLING_WRITING;
-    while (st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {
-        int ev = wait_socket(pg, st == PGRES_POLLING_READING ? POLLIN : POLLOUT, until_ns, -1);
-        if (ev == 0) {
-            PQfinish(pg);
-            return dlock_seterr(cl(pc), DLOCK_ECONNECT,
-                                "postgresql: cannot connect to %s port %s:"
-                                " no answer within %" PRIu64 " ms",
-                                pc->hostv[i], pc->portv[i],
-                                (uint64_t)((dlock_monotonic_ns() - start + MS / 2) / MS));
-        }
-        if (ev < 0)
-            break;
-        st = PQconnectPoll(pg);
-    }
-    if (st != PGRES_POLLING_OK) {
-        int err = conn_error(pc, pg, "cannot connect");
-        PQfinish(pg);
-        return err;
-    }
-    *out = pg;
-    return 0;
-}
-
-static void session_close(struct pg_session *s);
-
-/* A new session on s, on the first host that accepts a read-write session,
- * starting with the pinned one; each host gets connect_timeout, all of them
- * together until until_ns (0: no limit). Landing on another host than the
- * pinned one moves the pin, and closes idle sessions left on other hosts. */
-static int session_open(struct pg_conn *pc, struct pg_session *s, uint64_t until_ns)
-{
-    int err = DLOCK_ECONNECT;
-    s->pg = NULL;
-    for (size_t k = 0; k < pc->nhosts; k++) {
-        size_t i = (pc->pinned + k) % pc->nhosts;
-        uint64_t now = dlock_monotonic_ns(), end = now + pc->connect_ms * MS;
-        if (k > 0 && until_ns && now >= until_ns)
-            break;
-        if (until_ns && until_ns < end)
-            end = until_ns;
-        if (k > 0)
-            dlock_clearerr(cl(pc)); /* report the last host's failure */
-        if ((err = connect_host(pc, i, end, &s->pg)) == 0) {
-            s->host = i;
-            break;
-        }
-        if (err == DLOCK_ENOMEM)
-            return err;
-    }
-    if (err)
-        return err;
-    if (s->host != pc->pinned) {
-        pc->pinned = s->host;
-        for (size_t j = 0; j < pc->pool.n; j++) {
-            struct pg_session *o = (struct pg_session *)pc->pool.v[j];
-            if (o != s && dlock_sql_free(&o->base) && o->pg && o->host != s->host)
-                session_close(o);
-        }
-    }
-    s->ended = 0;
-    pc->server_version = PQserverVersion(s->pg);
-    PQsetNoticeReceiver(s->pg, session_notice, s);
-    /* Statements are sent without blocking and waited for with poll(),
-     * so every wait has a client-side bound. */
-    if (PQsetnonblocking(s->pg, 1) != 0) {
-        int e = conn_error(pc, s->pg, "cannot make the connection non-blocking");
-        PQfinish(s->pg);
-        s->pg = NULL;
-        return e;
-    }
-    s->base.lease = 0;
-    s->base.silent_ms = 0;
-    s->sqlstate[0] = '\0';
-    return 0;
-}
-
-static void session_close(struct pg_session *s)
-{
-    if (s->pg)
-        PQfinish(s->pg);
-    s->pg = NULL;
-}
-
-static int run(struct pg_conn *pc, struct pg_session *s, const char *sql, int want,
-               PGresult **out, const char *what, uint64_t until_ns);
-
-static uint64_t after_timeout(struct pg_conn *pc)
-{
-    return dlock_monotonic_ns() + pc->timeout_ms * MS;
 }
 
 /* "SELECT pg_advisory_unlock(key)" where this session holds key: undoes a
@@ -458,12 +243,12 @@ static void session_scrub(struct pg_conn *pc, struct pg_session *s, int64_t key,
     else
         unlock_if_held(sql, sizeof sql, key);
     dlock_err_save(cl(pc), &why); /* report the failure, not this */
-    int ok = run(pc, s, sql, 0, &r, "freeing the session's lock",
+    int ok = dlock_pg_run(pc, s, sql, 0, &r, "freeing the session's lock",
                  until_ns ? until_ns : after_timeout(pc)) == 0;
     PQclear(r);
     dlock_err_restore(cl(pc), &why);
     if (!ok)
-        session_close(s);
+        dlock_pg_session_close(s);
 }
 
 /* The session layer's hooks (backends/sql_session.h). */
@@ -482,7 +267,7 @@ static int session_new(dlock_conn *conn, void *arg, struct dlock_sql_session **o
         free(s);
         return dlock_seterr(cl(pc), DLOCK_ENOMEM, "out of memory");
     }
-    int err = session_open(pc, s, *(const uint64_t *)arg);
+    int err = dlock_pg_session_open(pc, s, *(const uint64_t *)arg);
     if (err) {
         dlock_sql_session_fini(&s->base);
         free(s);
@@ -494,7 +279,7 @@ static int session_new(dlock_conn *conn, void *arg, struct dlock_sql_session **o
 
 static void session_end(struct dlock_sql_session *b)
 {
-    session_close((struct pg_session *)b);
+    dlock_pg_session_close((struct pg_session *)b);
 }
 
 static void session_destroy(struct dlock_sql_session *b)
@@ -519,7 +304,7 @@ static int unlock_batch(dlock_conn *conn, struct dlock_sql_session *b,
     dlock_errsave why;
     PGresult *r = NULL;
     dlock_err_save(cl(pc), &why); /* this is not what the caller reports */
-    int err = run(pc, s, sql, 0, &r, "unlocking locks whose lease ended", after_timeout(pc));
+    int err = dlock_pg_run(pc, s, sql, 0, &r, "unlocking locks whose lease ended", after_timeout(pc));
     PQclear(r);
     dlock_err_restore(cl(pc), &why);
     return err;
@@ -563,266 +348,11 @@ static const char *lost_why(struct pg_conn *pc, const struct pg_held *h)
     return dlock_sql_lost_why(&pc->pool, &h->sh);
 }
 
-/* wait_socket()'s answer when the cancel fd fired: outside poll's bits. */
-#define WAIT_CANCELLED 0x10000
-
-/* Waits for events on pg's socket until until_ns (0: no limit), and for
- * cancel_fd (-1: none) to turn readable. Returns the events seen (the
- * socket's first: a reply that came with the cancel is read),
- * WAIT_CANCELLED, 0 when until_ns passed first, -1 on a poll error.
- * Signals do not end the wait: libpq's own blocking calls retried too. */
-static int wait_socket(PGconn *pg, short events, uint64_t until_ns, int cancel_fd)
-{
-    struct pollfd pfd[2] = {{.fd = PQsocket(pg), .events = events},
-                            {.fd = cancel_fd, .events = POLLIN}};
-    if (pfd[0].fd < 0)
-        return -1;
-    for (;;) {
-        int ms = -1;
-        if (until_ns) {
-            uint64_t now = dlock_monotonic_ns();
-            if (now >= until_ns)
-                return 0;
-            uint64_t left = (until_ns - now + MS - 1) / MS;
-            ms = left > INT32_MAX ? INT32_MAX : (int)left;
-        }
-        int n = poll(pfd, cancel_fd >= 0 ? 2 : 1, ms);
-        if (n > 0 && pfd[0].revents)
-            return pfd[0].revents;
-        if (n > 0)
-            return WAIT_CANCELLED;
-        if (n < 0 && errno != EINTR)
-            return -1;
-    }
-}
-
-/* No reply in time: the session is unusable (a statement is still
- * outstanding), so it is closed, which ends whatever it held or waited for
- * on the server once the server notices (at the latest when its
- * idle_session_timeout runs out). The slot stays as it was. */
-static int timed_out(struct pg_conn *pc, struct pg_session *s, const char *what, uint64_t start)
-{
-    uint64_t ms = (dlock_monotonic_ns() - start + MS / 2) / MS;
-    PQfinish(s->pg);
-    s->pg = NULL;
-    s->base.silent_ms = ms ? ms : 1;
-    return dlock_seterr(cl(pc), DLOCK_ECONNECT,
-                        "postgresql: %s: no reply from the server within %" PRIu64
-                        " ms; the session was closed", what, s->base.silent_ms);
-}
-
 /* Sets client_connection_check_interval to 1 s for the transaction, where
  * the server can check (see acquire_on()). One statement. */
 #define CHECK_CLIENT_SQL                                                                       \
     "DO $$BEGIN PERFORM set_config('client_connection_check_interval', '1000', true); "       \
     "EXCEPTION WHEN invalid_parameter_value THEN NULL; END$$; "
-
-/* How long a cancelled wait gives the server to take the cancel, then
- * again to end the statement: what a deadline's cleanup gets, each. */
-#define CANCEL_MS 150
-/* Cancel requests left running (on servers that accept and never close)
- * at most, process-wide; past that a cancel closes the session at once. */
-#define CANCEL_THREADS_MAX 16
-static int cancel_threads; /* atomic */
-
-/* One PQcancel() on a thread of its own, shared with the waiter that
- * started it until one of them lets go (the last one frees it). */
-struct cancel_req {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    PGcancel *pcl;
-    int done, sent, abandoned;
-};
-
-static void cancel_req_free(struct cancel_req *c)
-{
-    PQfreeCancel(c->pcl);
-    pthread_cond_destroy(&c->cv);
-    pthread_mutex_destroy(&c->mu);
-    free(c);
-}
-
-static void *cancel_main(void *p)
-{
-    struct cancel_req *c = p;
-    char why[256];
-    int sent = PQcancel(c->pcl, why, (int)sizeof why);
-    pthread_mutex_lock(&c->mu);
-    c->done = 1;
-    c->sent = sent;
-    int abandoned = c->abandoned;
-    pthread_cond_signal(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    if (abandoned)
-        cancel_req_free(c);
-    __atomic_sub_fetch(&cancel_threads, 1, __ATOMIC_SEQ_CST);
-    return NULL;
-}
-
-/*
- * The application cancelled a lock wait (cancel_fd fired): asks the server
- * to cancel the statement, as lock_timeout would have ended it, so that
- * the session stays usable and leaves the lock's queue at once. libpq 15
- * has only the blocking PQcancel(): a connect to the session's server, one
- * packet, then a read until the server closes that connection, which a
- * server that accepts and never answers would hold indefinitely. So it
- * runs on a thread of its own, and is waited for until until_ns: 0 when
- * sent in time (the statement's reply, an error unless the grant won the
- * race, follows on the session); else the session is closed, the only
- * other way to end the wait (a server the close reaches drops the waiter
- * within a second, client_connection_check_interval; else when its
- * keepalives give up or the lock reaches the waiter), and the
- * thread is left to end by itself, holding nothing but its own connection:
- * when that server closes it or a dead peer fails its keepalives; a peer
- * that accepts and never closes (a hung proxy) keeps it, so at most
- * CANCEL_THREADS_MAX are left running at once.
- */
-static int cancel_statement(struct pg_session *s, uint64_t until_ns)
-{
-    struct cancel_req *c = NULL;
-    int sent = 0;
-    if (__atomic_add_fetch(&cancel_threads, 1, __ATOMIC_SEQ_CST) <= CANCEL_THREADS_MAX)
-        c = calloc(1, sizeof *c);
-    if (c && (c->pcl = PQgetCancel(s->pg)) != NULL) {
-        pthread_mutex_init(&c->mu, NULL);
-        dlock_cond_init_mono(&c->cv);
-        if (dlock_thread_start(NULL, 1, cancel_main, c) != 0) {
-            cancel_req_free(c);
-            c = NULL;
-            __atomic_sub_fetch(&cancel_threads, 1, __ATOMIC_SEQ_CST);
-        }
-    } else {
-        __atomic_sub_fetch(&cancel_threads, 1, __ATOMIC_SEQ_CST);
-        free(c);
-        c = NULL;
-    }
-    if (c) {
-        struct timespec ts;
-        dlock_ns_to_timespec(until_ns, &ts);
-        pthread_mutex_lock(&c->mu);
-        while (!c->done && pthread_cond_timedwait(&c->cv, &c->mu, &ts) != ETIMEDOUT) {
-        }
-        int done = c->done;
-        sent = done && c->sent;
-        c->abandoned = !done;
-        pthread_mutex_unlock(&c->mu);
-        if (done)
-            cancel_req_free(c);
-    }
-    if (sent)
-        return 0;
-    PQfinish(s->pg);
-    s->pg = NULL;
-    return -1;
-}
-
-static int run_cancellable(struct pg_conn *pc, struct pg_session *s, const char *sql, int want,
-                           PGresult **out, const char *what, uint64_t until_ns, int cancel_fd,
-                           int *cancelled);
-
-/*
- * Sends sql (one or more statements) and returns the result of statement
- * `want` (0-based) in *out, or the first error. The caller clears *out.
- * No reply by until_ns (0: no limit) closes the session (s->pg = NULL)
- * with DLOCK_ECONNECT.
- */
-static int run(struct pg_conn *pc, struct pg_session *s, const char *sql, int want,
-               PGresult **out, const char *what, uint64_t until_ns)
-{
-    return run_cancellable(pc, s, sql, want, out, what, until_ns, -1, NULL);
-}
-
-/*
- * run(), also watching cancel_fd (-1: none) while the reply is awaited.
- * When it fires, the statement is cancelled on the server
- * (cancel_statement()) and *cancelled set; its reply then gets `timeout`
- * more (the lock wait is over), and is returned as run() does: a
- * "canceling statement" error (SQLSTATE 57014), or the result when the
- * statement ended first. A cancel that could not be sent closes the
- * session (DLOCK_ECANCELED, s->pg NULL).
- */
-static int run_cancellable(struct pg_conn *pc, struct pg_session *s, const char *sql, int want,
-                           PGresult **out, const char *what, uint64_t until_ns, int cancel_fd,
-                           int *cancelled)
-{
-    PGresult *r, *keep = NULL, *bad = NULL;
-    uint64_t start = dlock_monotonic_ns();
-    int i = 0, err = 0, f, ev;
-    if (!s->pg)
-        return dlock_seterr(cl(pc), DLOCK_ECONNECT, "postgresql: %s: the session was closed", what);
-    s->sqlstate[0] = '\0';
-    if (!PQsendQuery(s->pg, sql))
-        return result_error(pc, s->pg, NULL, what);
-    while ((f = PQflush(s->pg)) == 1) {
-        if ((ev = wait_socket(s->pg, POLLIN | POLLOUT, until_ns, -1)) == 0)
-            return timed_out(pc, s, what, start);
-        if (ev < 0 || ((ev & POLLIN) && !PQconsumeInput(s->pg)))
-            break;
-    }
-    if (f != 0 && PQstatus(s->pg) == CONNECTION_OK) {
-        err = pg_error(pc, DLOCK_ECONNECT, what, PQerrorMessage(s->pg));
-        PQfinish(s->pg); /* part of a statement sent: unusable */
-        s->pg = NULL;
-        return err;
-    }
-    for (;;) {
-        /* A broken connection makes PQgetResult() return at once. */
-        while (PQisBusy(s->pg) && PQstatus(s->pg) == CONNECTION_OK) {
-            if ((ev = wait_socket(s->pg, POLLIN, until_ns, cancel_fd)) == 0) {
-                PQclear(keep);
-                PQclear(bad);
-                return timed_out(pc, s, what, start);
-            }
-            if (ev == WAIT_CANCELLED) {
-                /* The cancel gets CANCEL_MS, then the statement's end
-                 * CANCEL_MS more: past either, the session is closed. */
-                *cancelled = 1;
-                cancel_fd = -1;
-                if (cancel_statement(s, dlock_monotonic_ns() + CANCEL_MS * MS) != 0) {
-                    PQclear(keep);
-                    PQclear(bad);
-                    return dlock_cancelled(cl(pc));
-                }
-                start = dlock_monotonic_ns();
-                until_ns = start + CANCEL_MS * MS;
-                continue;
-            }
-            if (ev < 0 || !PQconsumeInput(s->pg))
-                break;
-        }
-        if (PQisBusy(s->pg) && PQstatus(s->pg) == CONNECTION_OK) {
-            PQclear(keep);
-            PQclear(bad);
-            PQfinish(s->pg);
-            s->pg = NULL;
-            return dlock_seterr(cl(pc), DLOCK_ECONNECT, "postgresql: %s: cannot read the reply",
-                                what);
-        }
-        if ((r = PQgetResult(s->pg)) == NULL)
-            break;
-        ExecStatusType st = PQresultStatus(r);
-        if ((st == PGRES_FATAL_ERROR || st == PGRES_NONFATAL_ERROR) && !bad) {
-            bad = r;
-            continue;
-        }
-        if (i++ == want && !keep)
-            keep = r;
-        else
-            PQclear(r);
-    }
-    if (bad) {
-        const char *state = PQresultErrorField(bad, PG_DIAG_SQLSTATE);
-        snprintf(s->sqlstate, sizeof s->sqlstate, "%s", state ? state : "");
-        err = result_error(pc, s->pg, bad, what);
-        PQclear(bad);
-        PQclear(keep);
-        return err;
-    }
-    if (!keep)
-        return result_error(pc, s->pg, NULL, what);
-    *out = keep;
-    return 0;
-}
 
 static int valid_identifier(const char *s)
 {
@@ -934,10 +464,10 @@ static int create_table(struct pg_conn *pc, struct pg_session *s)
         snprintf(sql, sizeof sql,
                  "CREATE TABLE IF NOT EXISTS %s (key bigint PRIMARY KEY, token bigint NOT NULL)",
                  pc->table);
-    int err = run(pc, s, sql, 0, &r, "creating the fencing table", after_timeout(pc));
+    int err = dlock_pg_run(pc, s, sql, 0, &r, "creating the fencing table", after_timeout(pc));
     if (err == DLOCK_ESTORE) { /* two clients creating it at once: one wins */
         dlock_clearerr(cl(pc));
-        err = run(pc, s, sql, 0, &r, "creating the fencing table", after_timeout(pc));
+        err = dlock_pg_run(pc, s, sql, 0, &r, "creating the fencing table", after_timeout(pc));
     }
     PQclear(r);
     return err;
@@ -1004,7 +534,7 @@ static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t ke
     dlock_err_save(cl(pc), &why); /* report the timeout, not this */
     if (!until_ns)
         until_ns = after_timeout(pc);
-    if (run(pc, s, sql, 0, &r, "checking for a late grant", until_ns) == 0)
+    if (dlock_pg_run(pc, s, sql, 0, &r, "checking for a late grant", until_ns) == 0)
         PQclear(r);
     dlock_err_restore(cl(pc), &why);
 }
@@ -1087,7 +617,7 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
              settings, idle, fn, key, pc->table, key, pc->table,
              req->wait == DLOCK_WAIT_TRY ? "got" : "true", pc->table);
     int cancelled = 0;
-    err = run_cancellable(pc, s, sql, stmt, &r,
+    err = dlock_pg_run_cancellable(pc, s, sql, stmt, &r,
                           req->wait == DLOCK_WAIT_TRY ? "acquire" : "waiting for the lock", until,
                           req->wait == DLOCK_WAIT_TRY ? -1 : req->cancel_fd, &cancelled);
     *granted_ns = req->wait == DLOCK_WAIT_TRY ? start : dlock_monotonic_ns();
@@ -1180,7 +710,7 @@ static struct pg_session *pre_try(struct pg_conn *pc, const dlock_request *req, 
         if (err != DLOCK_EBUSY && err != DLOCK_ETIMEDOUT)
             session_scrub(pc, s, key, after_timeout(pc));
     } else {
-        session_close(s); /* gone: its locks are lost (their handles say so) */
+        dlock_pg_session_close(s); /* gone: its locks are lost (their handles say so) */
     }
     pthread_mutex_unlock(&s->base.mu);
     dlock_clearerr(cl(pc));
@@ -1243,7 +773,7 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
          * an administrator): try the next, then a new one. One closed for
          * want of a reply: no retry (that would wait as long again). */
         int silent = s->base.silent_ms != 0;
-        session_close(s);
+        dlock_pg_session_close(s);
         pthread_mutex_unlock(&s->base.mu);
         if (opened || silent || err == DLOCK_ETIMEDOUT || err == DLOCK_EBUSY ||
             err == DLOCK_ECANCELED) {
@@ -1275,7 +805,7 @@ static int session_lost(struct pg_conn *pc, struct pg_held *h)
 {
     int err = dlock_seterr(cl(pc), DLOCK_ELOST, "%s", lost_why(pc, h));
     if (!h->sh.gone)
-        session_close(hs(h));
+        dlock_pg_session_close(hs(h));
     return err;
 }
 
@@ -1296,7 +826,7 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
     } else {
         dlock_sql_expire(&pc->pool, &s->base, &h->sh);
         snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%" PRId64 ")", h->key);
-        err = run(pc, s, sql, 0, &r, "release", after_timeout(pc));
+        err = dlock_pg_run(pc, s, sql, 0, &r, "release", after_timeout(pc));
         if (err && s->base.silent_ms) {
             /* Closing the session freed the lock once the server notices. */
         } else if (err && (!s->pg || PQstatus(s->pg) != CONNECTION_OK)) {
@@ -1327,7 +857,7 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
  * handle points to it, and the only unlocks of a held lock are its release
  * and dlock_sql_expire(), which marks it gone. (pg_locks would say the same
  * at a cost that grows with every lock on the server: ~1 ms a renewal
- * with 1000 held.) 0, DLOCK_ELOST (gone), or run()'s error. Stale
+ * with 1000 held.) 0, DLOCK_ELOST (gone), or dlock_pg_run()'s error. Stale
  * session-mates are let go first. until_ns bounds the renewal's statement;
  * 0: a whole `timeout` from when it is sent (always, on a shared session).
  * Touches only h's own session, under its mutex (held by the caller): safe
@@ -1346,7 +876,7 @@ static int renew_on(struct pg_conn *pc, struct pg_held *h, uint32_t ttl_ms, uint
     uint64_t sent = dlock_monotonic_ns();
     tag(tg, sizeof tg, h->owner_hex, lease_ms, h->base.token, h->key);
     snprintf(sql, sizeof sql, "%sSET idle_session_timeout = %" PRIu32, tg, lease_ms);
-    int err = run(pc, s, sql, 0, &r, "renew", until_ns);
+    int err = dlock_pg_run(pc, s, sql, 0, &r, "renew", until_ns);
     if (err)
         return err;
     PQclear(r);
@@ -1492,7 +1022,7 @@ static int raise_on(struct pg_conn *pc, struct pg_held *h, uint64_t floor)
                  " OR (last_value = %" PRIu64 " AND is_called) AS above FROM %s_seq) "
                  "SELECT n, above, CASE WHEN n = 1 AND above THEN pg_current_xact_id() END FROM v",
                  settings, owned, floor, floor, pc->table);
-        if ((err = run(pc, hs(h), sql, 4, &r, "raise", end + margin * MS)) != 0)
+        if ((err = dlock_pg_run(pc, hs(h), sql, 4, &r, "raise", end + margin * MS)) != 0)
             return raise_failed(pc, h, err, floor);
         held_now = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "1") == 0;
         int above = PQntuples(r) == 1 && PQgetvalue(r, 0, 1)[0] == 't';
@@ -1523,7 +1053,7 @@ static int raise_on(struct pg_conn *pc, struct pg_held *h, uint64_t floor)
                  " EXCLUDED.token) WHERE %s.token < EXCLUDED.token RETURNING token) "
                  "SELECT (SELECT n FROM l), (SELECT token FROM f)",
                  settings, owned, pc->table, h->key, floor, pc->table, pc->table);
-    if ((err = run(pc, hs(h), sql, pc->use_sequence ? 5 : 4, &r, "raise", end + margin * MS)) != 0)
+    if ((err = dlock_pg_run(pc, hs(h), sql, pc->use_sequence ? 5 : 4, &r, "raise", end + margin * MS)) != 0)
         return raise_failed(pc, h, err, floor);
     held_now = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "1") == 0;
     PQclear(r);
@@ -1561,14 +1091,14 @@ static int run_idle(struct pg_conn *pc, const char *sql, int want, PGresult **ou
     for (;;) {
         if ((err = session_take(pc, &s, &opened, 0)) != 0)
             return err;
-        if ((err = run(pc, s, sql, want, out, what,
+        if ((err = dlock_pg_run(pc, s, sql, want, out, what,
                        dlock_monotonic_ns() + (pc->timeout_ms + margin) * MS)) == 0)
             return 0;
         memcpy(state, s->sqlstate, 6);
         if (s->pg && PQstatus(s->pg) == CONNECTION_OK)
             return err;
         int stop = opened || s->base.silent_ms;
-        session_close(s);
+        dlock_pg_session_close(s);
         if (stop)
             return err;
         dlock_clearerr(cl(pc));
@@ -1731,7 +1261,7 @@ static int keep_on(struct pg_conn *pc, struct pg_held *h, uint32_t ttl_ms)
                             s->base.silent_ms, until < now + pc->timeout_ms * MS
                                                  ? " (the lease's end)" : "");
     if (err && (!s->pg || PQstatus(s->pg) != CONNECTION_OK)) {
-        session_close(s);
+        dlock_pg_session_close(s);
         return dlock_seterr(conn->client, DLOCK_ELOST, "%s", lost_why(pc, h));
     }
     return err;
@@ -1758,7 +1288,7 @@ static int pg_ping(dlock_conn *conn)
     for (;;) {
         if ((err = session_take(pc, &s, &opened, 0)) != 0)
             return err;
-        if ((err = run(pc, s, "SELECT 1", 0, &r, "ping", after_timeout(pc))) == 0) {
+        if ((err = dlock_pg_run(pc, s, "SELECT 1", 0, &r, "ping", after_timeout(pc))) == 0) {
             PQclear(r);
             return 0;
         }
@@ -1766,7 +1296,7 @@ static int pg_ping(dlock_conn *conn)
             return err;
         /* Died while pooled: the next one, then a new one. */
         int stop = opened || s->base.silent_ms;
-        session_close(s);
+        dlock_pg_session_close(s);
         if (stop)
             return err;
         dlock_clearerr(conn->client);
