@@ -12,6 +12,10 @@
 
 #include "core/internal.h"
 
+/* What makes a cancel: the flag raised, or its descriptor unusable (a
+ * wait that cannot see the flag any more must not go on). */
+#define CANCEL_EVENTS (POLLIN | POLLERR | POLLHUP | POLLNVAL)
+
 int dlock_poll_until(struct pollfd *fds, size_t n, int cancel_fd, uint64_t deadline_ns,
                    unsigned int flags)
 {
@@ -46,7 +50,7 @@ int dlock_poll_until(struct pollfd *fds, size_t n, int cancel_fd, uint64_t deadl
             if (p[i].revents)
                 out |= DLOCK_POLL_READY;
         }
-        if (cancel_fd >= 0 && (p[n].revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)))
+        if (cancel_fd >= 0 && (p[n].revents & CANCEL_EVENTS))
             out |= DLOCK_POLL_CANCEL;
         return out; /* 0: the deadline passed */
     }
@@ -65,5 +69,5 @@ int dlock_fd_cancelled(int cancel_fd)
     if (cancel_fd < 0)
         return 0;
     struct pollfd p = {.fd = cancel_fd, .events = POLLIN};
-    return poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
+    return poll(&p, 1, 0) > 0 && (p.revents & CANCEL_EVENTS);
 }
