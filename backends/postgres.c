@@ -105,12 +105,13 @@
  *
  * Bounds. libpq has no statement timeout of its own, so statements are
  * sent on non-blocking connections and their replies awaited in the core's
- * cancellable wait (postgres_io.c) until a CLOCK_MONOTONIC deadline: `timeout` (ms, default 5000) for every
- * statement that is not a lock wait, the deadline plus at most 200 ms for a
- * deadline wait (lock_timeout ends it on the server at the deadline). No
- * reply in time closes the session (a statement is still outstanding on
- * it), which frees whatever it held once the server notices, at the latest
- * when its idle_session_timeout ends: DLOCK_ECONNECT, naming the time.
+ * cancellable wait (postgres_io.c) until a CLOCK_MONOTONIC deadline:
+ * `timeout` (ms, default 5000) for every statement that is not a lock
+ * wait, the deadline plus at most 200 ms for a deadline wait (lock_timeout
+ * ends it on the server at the deadline). No reply in time closes the
+ * session (a statement is still outstanding on it), which frees whatever
+ * it held once the server notices, at the latest when its
+ * idle_session_timeout ends: DLOCK_ECONNECT, naming the time.
  * Connecting is libpq's non-blocking connect, driven the same way: each
  * host gets `connect_timeout` (ms, the startup and authentication included),
  * and a deadline wait's connect ends at its deadline plus the margin too. A
@@ -304,7 +305,8 @@ static int unlock_batch(dlock_conn *conn, struct dlock_sql_session *b,
     dlock_errsave why;
     PGresult *r = NULL;
     dlock_err_save(cl(pc), &why); /* this is not what the caller reports */
-    int err = dlock_pg_run(pc, s, sql, 0, &r, "unlocking locks whose lease ended", after_timeout(pc));
+    int err = dlock_pg_run(pc, s, sql, 0, &r, "unlocking locks whose lease ended",
+                           after_timeout(pc));
     PQclear(r);
     dlock_err_restore(cl(pc), &why);
     return err;
@@ -1053,7 +1055,8 @@ static int raise_on(struct pg_conn *pc, struct pg_held *h, uint64_t floor)
                  " EXCLUDED.token) WHERE %s.token < EXCLUDED.token RETURNING token) "
                  "SELECT (SELECT n FROM l), (SELECT token FROM f)",
                  settings, owned, pc->table, h->key, floor, pc->table, pc->table);
-    if ((err = dlock_pg_run(pc, hs(h), sql, pc->use_sequence ? 5 : 4, &r, "raise", end + margin * MS)) != 0)
+    if ((err = dlock_pg_run(pc, hs(h), sql, pc->use_sequence ? 5 : 4, &r, "raise",
+                            end + margin * MS)) != 0)
         return raise_failed(pc, h, err, floor);
     held_now = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "1") == 0;
     PQclear(r);

@@ -119,17 +119,17 @@ struct dlock_sql_session *dlock_sql_holder(struct dlock_sql_pool *p, uint32_t le
     return NULL;
 }
 
-int dlock_sql_session_for(struct dlock_sql_pool *p, int try, uint32_t lease, const void *key,
-                          void *arg, struct dlock_sql_session **out, int *opened)
+int dlock_sql_session_for(struct dlock_sql_pool *p, int for_try, uint32_t lease,
+                          const void *key, void *arg, struct dlock_sql_session **out, int *opened)
 {
     *opened = 0;
-    if (try && (*out = dlock_sql_holder(p, lease, key)) != NULL)
+    if (for_try && (*out = dlock_sql_holder(p, lease, key)) != NULL)
         return 0;
     int err = dlock_sql_take(p, arg, out, opened);
     if (err)
         return err;
     pthread_mutex_lock(&(*out)->mu);
-    (*out)->waiting = !try;
+    (*out)->waiting = !for_try;
     return 0;
 }
 

@@ -57,6 +57,15 @@
  * idle_session_timeout, whole seconds for MariaDB's wait_timeout) is
  * converted at the edge: the layer only compares and takes maxima of
  * `lease` values, and counts client-side leases in CLOCK_MONOTONIC ns.
+ * The driver keeps up to date: s->lease whenever a statement sets the
+ * session's lease; s->pending while it has unlocked s->mu in the middle of
+ * a grant not linked yet; s->silent_ms when it closes a session for want
+ * of a reply; a handle's lease and lease_end_ns before dlock_sql_link() and
+ * after each renewal. The layer sets gone (dlock_sql_expire()); a driver
+ * that unlocks a lock past its lease on its own (a renew too late) may too.
+ * A session struct the layer finds closed and holding nothing (in
+ * dlock_sql_take(), dlock_sql_trim()) is destroyed: a driver keeps no
+ * pointer to a free session across those calls.
  */
 #ifndef DLOCK_BACKENDS_SQL_SESSION_H
 #define DLOCK_BACKENDS_SQL_SESSION_H
@@ -186,8 +195,8 @@ struct dlock_sql_session *dlock_sql_holder(struct dlock_sql_pool *p, uint32_t le
  * *opened: a new one. Tries pack onto few sessions; only waits need
  * sessions of their own.
  */
-int dlock_sql_session_for(struct dlock_sql_pool *p, int try, uint32_t lease, const void *key,
-                          void *arg, struct dlock_sql_session **out, int *opened);
+int dlock_sql_session_for(struct dlock_sql_pool *p, int for_try, uint32_t lease,
+                          const void *key, void *arg, struct dlock_sql_session **out, int *opened);
 /*
  * A wait's first attempt runs as a try on a holder session of its lease
  * (most waits need not wait, and so share a session too), locked; NULL for
