@@ -15,6 +15,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -32,6 +33,12 @@ def pin_stores(stores_dir, cpu):
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:
             pinned += 1
     return pinned
+
+
+def shown(uri):
+    """uri with its passwords (userinfo, *_password=) masked."""
+    shown = re.sub(r'(//[^/@:]*:)[^@/]*@', r'\1***@', uri)
+    return re.sub(r'(password=)[^&]*', r'\1***', shown)
 
 
 def run(binary, uri, cpu, extra):
@@ -74,8 +81,7 @@ def main():
             ch = (f - b) / b * 100 if b else 0.0
             bad += ch > a.limit
             cells.append('%.1f / %.1f | %+.1f %%' % (b, f, ch))
-        scheme = uri.split(':', 1)[0]
-        print('| `%s` (%s) | %s | %s |' % (uri.split('?')[0], scheme, cells[0], cells[1]))
+        print('| `%s` | %s | %s |' % (shown(uri), cells[0], cells[1]))
         sys.stdout.flush()
     return 1 if bad else 0
 
