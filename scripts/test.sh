@@ -27,8 +27,9 @@ ASAN_BUILD=$BUILD-asan
 FUZZ_BUILD=$BUILD-fuzz
 export DLOCK_STORES_DIR=${DLOCK_STORES_DIR:-/tmp/dlock-stores}
 export DLOCK_FUZZ_SECONDS=${DLOCK_FUZZ_SECONDS:-30}
-# Suites that take store URIs from the environment (the bindings') fail,
-# rather than skip, a store whose URI is missing.
+# Every suite fails, rather than skips, a store whose URI is missing; the C
+# suites also a store directory (DLOCK_STORES_DIR) or store that cannot be
+# found.
 export DLOCK_STORES_REQUIRED=1
 t_start=$(date +%s)
 

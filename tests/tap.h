@@ -60,6 +60,28 @@ static inline int tap_ok_(int cond, const char *file, int line, const char *fmt,
         printf(" # SKIP %s\n", why);                                           \
     } while (0)
 
+/* DLOCK_STORES_REQUIRED=1 (CI: scripts/test.sh exports it): every store
+ * the suites use must be there. */
+static inline int tap_stores_required_(void)
+{
+    const char *v = getenv("DLOCK_STORES_REQUIRED");
+    return v && strcmp(v, "1") == 0;
+}
+
+/* A case that needs a store, its directory (DLOCK_STORES_DIR) or its
+ * scripts, which cannot be found: skipped, and said why; a failure under
+ * DLOCK_STORES_REQUIRED=1, where a store that went missing must not turn
+ * into skips. */
+#define skip_store(why, ...)                                                   \
+    do {                                                                       \
+        if (tap_stores_required_()) {                                          \
+            tap_ok_(0, __FILE__, __LINE__, __VA_ARGS__);                       \
+            printf("#   %s (DLOCK_STORES_REQUIRED=1)\n", why);                 \
+        } else {                                                               \
+            skip(why, __VA_ARGS__);                                            \
+        }                                                                      \
+    } while (0)
+
 #define diag(...)                                                              \
     do {                                                                       \
         printf("# ");                                                          \

@@ -426,7 +426,7 @@ static void test_socket(void)
     struct stat st;
     snprintf(sock, sizeof sock, "%s/mariadb/mysqld.sock", dir && *dir ? dir : "/tmp/dlock-stores");
     if (stat(sock, &st) != 0) {
-        skip("no MariaDB socket at DLOCK_STORES_DIR/mariadb/mysqld.sock", "unix socket URI");
+        skip_store("no MariaDB socket at DLOCK_STORES_DIR/mariadb/mysqld.sock", "unix socket URI");
         return;
     }
     dlock_uri *pu = NULL;
@@ -495,9 +495,10 @@ static pid_t store_pid(void)
     return (pid_t)pid;
 }
 
-/* scripts/stores/start.sh of this source tree, found from the test binary
- * (<build>/tests/backends/test_mysql, the build directory inside the
- * source tree) or DLOCK_SOURCE_ROOT. "" when not found. */
+/* scripts/stores/start.sh of this source tree: under DLOCK_SOURCE_ROOT,
+ * else where the build says the source tree is (DLOCK_STORES_SCRIPTS),
+ * else found from the test binary (<build>/tests/backends/test_mysql, the
+ * build directory inside the source tree). "" when not found. */
 static const char *start_script(void)
 {
     static char path[1024];
@@ -508,6 +509,12 @@ static const char *start_script(void)
         snprintf(path, sizeof path, "%s/scripts/stores/start.sh", root);
         return stat(path, &st) == 0 ? path : "";
     }
+#ifdef DLOCK_STORES_SCRIPTS
+    /* The source tree's, as the build knows it (any build directory). */
+    snprintf(path, sizeof path, "%s/start.sh", DLOCK_STORES_SCRIPTS);
+    if (stat(path, &st) == 0)
+        return path;
+#endif
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     exe[n > 0 ? n : 0] = '\0';
     for (int up = 0; up < 5; up++) {
@@ -691,7 +698,7 @@ static void test_frozen_server(void)
 {
     pid_t server = store_pid();
     if (!server) {
-        skip("no mariadbd of scripts/stores/start.sh under DLOCK_STORES_DIR", "frozen server");
+        skip_store("no mariadbd of scripts/stores/start.sh under DLOCK_STORES_DIR", "frozen server");
         return;
     }
     char u[1024], x[128], y[128], z[128], r[128], n[128], k[128];
@@ -811,6 +818,18 @@ static MYSQL *root_connect(void)
     return db;
 }
 
+/* The case what, which needs root_connect(): skipped when the test does
+ * not run as root; as root, the store's socket not answering is a store
+ * missing (a failure under DLOCK_STORES_REQUIRED=1). */
+static void no_root(const char *what)
+{
+    if (geteuid() != 0)
+        skip("needs a root session through the store's socket: not root", "%s", what);
+    else
+        skip_store("needs a root session through DLOCK_STORES_DIR/mariadb/mysqld.sock", "%s",
+                   what);
+}
+
 /*
  * Issue 10 item 6: dlock's sessions must not depend on the server's
  * defaults. With a server-wide SERIALIZABLE isolation and autocommit off
@@ -824,7 +843,7 @@ static void test_server_defaults(void)
 {
     MYSQL *root = root_connect();
     if (!root) {
-        skip("needs a root session through the store's socket", "server-wide defaults");
+        no_root("server-wide defaults");
         return;
     }
     char x[128], key[80], sql[256];
@@ -979,7 +998,8 @@ static void test_server_restart(void)
     pid_t server = store_pid();
     const char *script = start_script();
     if (!server || !*script) {
-        skip("no mariadbd of scripts/stores/start.sh, or no start.sh", "server crash and restart");
+        skip_store("no mariadbd of scripts/stores/start.sh, or no start.sh",
+                   "server crash and restart");
         return;
     }
     char t[128], x[128], cmd[1400];
@@ -1478,7 +1498,7 @@ static void test_inspect(void)
     /* Without the PROCESS privilege: DLOCK_ENOTSUP, never a guess. */
     MYSQL *root = root_connect();
     if (!root) {
-        skip("needs a root session through the store's socket to create a user", "no PROCESS");
+        no_root("no PROCESS");
     } else {
         dlock_uri *pu = NULL;
         char err[256], u[512];
@@ -1660,7 +1680,7 @@ static void test_sequence_crash(void)
     pid_t server = store_pid();
     const char *script = start_script();
     if (!server || !*script) {
-        skip("no mariadbd of scripts/stores/start.sh, or no start.sh", "sequence crash");
+        skip_store("no mariadbd of scripts/stores/start.sh, or no start.sh", "sequence crash");
         return;
     }
     char a[128], cmd[1400];
