@@ -10,7 +10,8 @@ valgrind); LABEL names it in the per-test lines and its subtotal. Under
 each failed test the summary repeats the `not ok` lines with the
 diagnostics that follow them (or, for a failure without one, the output's
 last lines and what is wrong with it), so the closing lines alone say what
-failed. Exits 1 on any failure or when nothing ran at all.
+failed. Exits 1 on any failure or when nothing ran at all, 2 on a usage
+error (such as an --expect naming a label that no log has).
 
 What fails, besides a `not ok` line (each counted once per test program):
 - a test program that failed without a `not ok` line (crash, sanitizer
@@ -207,6 +208,11 @@ def check_expected(spec, seen):
     return failed
 
 
+def usage(why=""):
+    print((f"test-summary.py: {why}\n" if why else "") + __doc__, file=sys.stderr)
+    sys.exit(2)
+
+
 def parse_args(args):
     since, expects, logs = None, [], []
     i = 0
@@ -214,9 +220,12 @@ def parse_args(args):
         arg = args[i]
         if arg in ("--since", "--expect"):
             if i + 1 == len(args):
-                sys.exit(f"test-summary.py: {arg} needs a value\n" + __doc__)
+                usage(f"{arg} needs a value")
             if arg == "--since":
-                since = float(args[i + 1])
+                try:
+                    since = float(args[i + 1])
+                except ValueError:
+                    usage(f"--since {args[i + 1]!r} is not a time in seconds")
             else:
                 expects.append(args[i + 1])
             i += 2
@@ -227,14 +236,14 @@ def parse_args(args):
         logs.append((label, path))
         i += 1
     if not logs:
-        sys.exit(__doc__)
+        usage()
     known = {label for label, _ in logs}
     for spec in expects:
         labels, sep, build = spec.partition("=")
         missing = [x for x in labels.split(",") if x and x not in known]
         if not sep or not build or not labels or missing:
-            sys.exit(f"test-summary.py: bad --expect {spec!r}"
-                     + (f": no log labelled {', '.join(missing)}" if missing else ""))
+            usage(f"bad --expect {spec!r}"
+                  + (f": no log labelled {', '.join(missing)}" if missing else ""))
     return since, expects, logs
 
 
