@@ -12,9 +12,10 @@
 # servers form a group (group_of below), which runs in one lane, so they
 # never meet; groups are dealt out longest first, each to the lane that
 # ends soonest so far, so the lanes end at about the same time. Lane N
-# writes BUILD/meson-logs/LABEL-laneN.json (the summary reads it) and its
-# console output, shown once all lanes are done. Exit status 1 if any lane
-# failed.
+# writes BUILD/meson-logs/LABEL-laneN.json (the summary reads it; empty
+# for a lane with nothing to run) and its console output, shown once all
+# lanes are done; every LABEL-lane log of an earlier run is removed first.
+# Exit status 1 if any lane failed.
 set -u
 if [ $# -lt 4 ]; then
     echo "usage: store-lanes.sh BUILD LABEL LANES SUITE..." >&2
@@ -22,6 +23,9 @@ if [ $# -lt 4 ]; then
 fi
 build=$1 label=$2 lanes=$3
 shift 3
+# An earlier run's lane logs go first, whatever happens next (no tests
+# found, fewer lanes): the summary must never count them again.
+rm -f "$build"/meson-logs/"$label"-lane*.json "$build"/meson-logs/"$label"-lane*.out
 suites=()
 for s in "$@"; do suites+=(--suite "$s"); done
 mapfile -t names < <(meson test -C "$build" --no-rebuild --list "${suites[@]}" 2>/dev/null |
@@ -72,8 +76,12 @@ for g in $(for g in "${!gsecs[@]}"; do echo "${gsecs[$g]} $g"; done | sort -rn |
 done
 pids=()
 for ((i = 0; i < lanes; i++)); do
-    rm -f "$build/meson-logs/$label-lane$i.json" "$build/meson-logs/$label-lane$i.out"
-    [ -n "${lane[i]}" ] || continue
+    if [ -z "${lane[i]}" ]; then
+        # An empty lane ran nothing: its log says so (the summary judges
+        # the lanes together by the tests the build defines).
+        : >"$build/meson-logs/$label-lane$i.json"
+        continue
+    fi
     echo "store-lanes.sh: lane $i (about ${load[i]} s):${lane[i]}" >&2
     # shellcheck disable=SC2086 # one word per test
     meson test -C "$build" --no-rebuild --print-errorlogs --logbase "$label-lane$i" \

@@ -45,12 +45,15 @@ setup() { # dir, options...
         meson setup "$dir" "$@" >/dev/null
     fi
 }
-# The tests a build's log will count; a stale log must not count again.
-fresh_logs() { rm -f "$1"/meson-logs/testlog*.json; }
+# Every log the summary reads (testlog*.json, store-lanes.sh's lane logs)
+# goes before anything is built or run: a build or run that fails must not
+# leave an earlier run's log to be counted again (the summary also fails a
+# log older than $t_start).
+fresh_logs() { rm -f "$1"/meson-logs/testlog*.json "$1"/meson-logs/*-lane*.json; }
+for d in "$BUILD" "$ASAN_BUILD" "$FUZZ_BUILD"; do fresh_logs "$d"; done
 
 setup "$BUILD" -Dwerror=true $opts
 meson compile -C "$BUILD"
-fresh_logs "$BUILD"
 # The Node.js addon, against this build's libdlock (node-gyp, packages from
 # the npm registry). A failed build leaves the 'node' test to fail.
 sh bindings/node/build.sh "$BUILD" || echo "test.sh: the Node.js addon did not build" >&2
@@ -61,7 +64,6 @@ asan_ok=1
 CC=${DLOCK_ASAN_CC:-gcc} setup "$ASAN_BUILD" -Dwerror=true $opts \
     -Db_sanitize=address,undefined || asan_ok=0
 [ $asan_ok = 0 ] || meson compile -C "$ASAN_BUILD" || asan_ok=0
-fresh_logs "$ASAN_BUILD"
 
 # No -Dwerror here: clang warns where gcc does not, and the gcc builds are
 # the warning gate. Only the fuzz targets are compiled.
@@ -78,7 +80,6 @@ for t in json.load(sys.stdin):
     [ $fuzz_ok = 0 ] || [ -z "$fuzz_targets" ] ||
         meson compile -C "$FUZZ_BUILD" $fuzz_targets || fuzz_ok=0
 fi
-fresh_logs "$FUZZ_BUILD"
 t_built=$(date +%s)
 
 trap 'bash scripts/stores/stop.sh --clean >/dev/null 2>&1 || true' EXIT
@@ -121,17 +122,27 @@ if [ $fuzz_ok = 1 ]; then
 fi
 echo "test.sh: builds $((t_built - t_start)) s, tests $(($(date +%s) - t_built)) s" >&2
 
+# The logs, and what each build defines that they must hold between them
+# (--expect: every test of the build, or of the suites each run chose).
 set -- "$BUILD=$BUILD/meson-logs/testlog.json" "valgrind=$BUILD/meson-logs/testlog-valgrind.json"
+build_labels=$BUILD
 i=0
 while [ $i -lt "$FAULT_LANES" ]; do
     set -- "$@" "$BUILD faults and backends lane $i=$BUILD/meson-logs/test-lane$i.json"
+    build_labels="$build_labels,$BUILD faults and backends lane $i"
     i=$((i + 1))
 done
 set -- "$@" "asan=$ASAN_BUILD/meson-logs/testlog.json"
+asan_labels=asan
 i=0
 while [ $i -lt "$FAULT_LANES" ]; do
     set -- "$@" "asan faults lane $i=$ASAN_BUILD/meson-logs/asan-lane$i.json"
+    asan_labels="$asan_labels,asan faults lane $i"
     i=$((i + 1))
 done
-python3 scripts/test-summary.py "$@" "fuzz=$FUZZ_BUILD/meson-logs/testlog.json" || status=1
+python3 scripts/test-summary.py --since "$t_start" \
+    --expect "$build_labels=$BUILD" --expect "valgrind=$BUILD:unit" \
+    --expect "$asan_labels=$ASAN_BUILD:unit,conformance,fuzz,faults" \
+    --expect "fuzz=$FUZZ_BUILD:fuzz" \
+    "$@" "fuzz=$FUZZ_BUILD/meson-logs/testlog.json" || status=1
 exit $status

@@ -3,7 +3,8 @@
 
 One `ok` / `not ok` line per test case (a skip is `ok ... # SKIP why`);
 pytest's own report goes to stderr, which meson keeps in its log. Extra
-arguments go to pytest (e.g. -k fifo).
+arguments go to pytest (e.g. -k fifo). A run that tests nothing (pytest's
+"no tests collected", or every test deselected) fails with a `Bail out!`.
 """
 
 import os
@@ -62,9 +63,14 @@ def main():
     sys.stdout = sys.stderr
     here = os.path.dirname(os.path.abspath(__file__))
     args = [here, "-p", "no:cacheprovider", "-rs", "-v"] + sys.argv[1:]
-    rc = pytest.main(args, plugins=[TapPlugin(tap)])
+    plugin = TapPlugin(tap)
+    rc = pytest.main(args, plugins=[plugin])
+    if rc == pytest.ExitCode.NO_TESTS_COLLECTED or (rc == 0 and plugin.n == 0):
+        # A run that tested nothing has proven nothing: it fails.
+        plugin.emit("Bail out! pytest ran no tests (exit status {})".format(int(rc)))
+        rc = 1
     tap.flush()
-    return 0 if rc in (0, 5) else 1
+    return 0 if rc == 0 else 1
 
 
 if __name__ == "__main__":
