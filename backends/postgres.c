@@ -828,7 +828,14 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
     } else {
         dlock_sql_expire(&pc->pool, &s->base, &h->sh);
         snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%" PRId64 ")", h->key);
-        err = dlock_pg_run(pc, s, sql, 0, &r, "release", after_timeout(pc));
+        /* A lost lock's release ends by the core's bound
+         * (dlock_call_deadline()) where it is alone on its session: a
+         * statement cut short closes the session, which would lose the
+         * locks of its mates. */
+        uint64_t until = after_timeout(pc);
+        if (!dlock_sql_mates(&s->base, &h->sh) && dlock_call_deadline() < until)
+            until = dlock_call_deadline();
+        err = dlock_pg_run(pc, s, sql, 0, &r, "release", until);
         if (err && s->base.silent_ms) {
             /* Closing the session freed the lock once the server notices. */
         } else if (err && (!s->pg || PQstatus(s->pg) != CONNECTION_OK)) {
