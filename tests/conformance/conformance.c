@@ -1836,7 +1836,7 @@ static void test_cut_connection(void)
     name_of(name, sizeof name, "cut");
     /* PostgreSQL and MySQL give up a renewal at the lease end on their own
      * and close its session: their release has nothing left to wait for. */
-    int control = is("redis") || is("etcd"), cfd = -1;
+    int control = is("redis") || is("redlock") || is("etcd"), cfd = -1;
     uint64_t ctoken = 0;
     pid_t pid = spawn_kept(puri, name, ttl, KEPT_RELEASE, &rfd), cpid = 0;
     if (kept_acquired(rfd, "through a proxy", &token) != 0)
