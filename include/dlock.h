@@ -368,7 +368,8 @@ DLOCK_API void dlock_cancel_free(dlock_cancel *cancel);
  *
  * The release of a lock reported lost still asks the store to delete what
  * may be left of it, but within DLOCK_LOST_RELEASE_MS, on every store,
- * whatever the store's state (a silent network, a store down): the store
+ * whatever the store's state (a silent network, a store down; exceptions
+ * and measurements per store: docs/keeper.md): the store
  * may be what made the lock lost, and its lease frees what the release
  * could not. A renewal the keeper has in flight when the loss is reported
  * is given up at the lease end (an answer after it could not keep the lock),
