@@ -149,6 +149,14 @@ static uint64_t call_until(struct etcd_conn *ec)
     return ec->cap && ec->cap < t ? ec->cap : t;
 }
 
+/* until, or the core's earlier bound for this call (dlock_call_deadline():
+ * a keep's lease end, a lost lock's release). */
+static uint64_t core_bound(uint64_t until)
+{
+    uint64_t core = dlock_call_deadline();
+    return core < until ? core : until;
+}
+
 static int64_t ttl_seconds(uint32_t ttl_ms)
 {
     return ((int64_t)ttl_ms + 999) / 1000;
@@ -980,7 +988,7 @@ static int etcd_release(dlock_conn *conn, dlock_held *h)
 {
     struct etcd_conn *ec = (struct etcd_conn *)conn;
     struct etcd_held *held = (struct etcd_held *)h;
-    int err = lease_revoke(ec, &ec->app, held->lease, call_until(ec));
+    int err = lease_revoke(ec, &ec->app, held->lease, core_bound(call_until(ec)));
     held_free(held);
     return err;
 }
@@ -1066,7 +1074,7 @@ static int move_lease(struct etcd_conn *ec, struct etcd_http *h, struct etcd_hel
 static int renew_on(struct etcd_conn *ec, struct etcd_http *h, struct etcd_held *held,
                     uint32_t ttl_ms)
 {
-    uint64_t sent = dlock_monotonic_ns(), until = sent + ec->site.timeout_ms * MS;
+    uint64_t sent = dlock_monotonic_ns(), until = core_bound(sent + ec->site.timeout_ms * MS);
     int64_t ttl_s = ttl_seconds(ttl_ms), got;
     int err;
     if (sent >= held->end_ns) {
@@ -1075,7 +1083,9 @@ static int renew_on(struct etcd_conn *ec, struct etcd_http *h, struct etcd_held 
          * renewed but given back. */
         dlock_errsave save;
         dlock_err_save(cl(ec), &save);
-        lease_revoke(ec, h, held->lease, until);
+        /* Past the core's bound (the lease end) too: the lost lock's
+         * release bound for the giving back. */
+        lease_revoke(ec, h, held->lease, until > sent ? until : sent + DLOCK_LOST_RELEASE_MS * MS);
         dlock_err_restore(cl(ec), &save);
         return dlock_seterr(cl(ec), DLOCK_ELOST, "etcd %s: the lease had ended %" PRIu64
                             " ms before the renewal", ec->where, (uint64_t)((sent - held->end_ns) / MS));

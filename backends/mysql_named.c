@@ -555,6 +555,10 @@ static int named_release(struct mysql_conn *mc, dlock_held *held)
     } else {
         dlock_sql_expire(&mc->pool, &s->base, &h->sh);
         struct bound b = mc_stmt_bound(NULL, mc->timeout_ms);
+        /* A lost lock's release ends by the core's bound where it is alone
+         * on its session (cutting it short closes the session). */
+        if (!dlock_sql_mates(&s->base, &h->sh) && dlock_call_deadline() < b.until)
+            b.until = dlock_call_deadline();
         snprintf(sql, sizeof sql,
                  "SET @dlock_released = IF(RELEASE_LOCK('%s') = 1, 1, " NOT_OURS ")", h->lname);
         if (!s->c.db) {

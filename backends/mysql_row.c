@@ -662,14 +662,22 @@ static int hold_lost(struct mysql_conn *mc, struct mysql_held *h, const char *wh
     return err;
 }
 
+/* `timeout`, or the core's earlier bound (dlock_call_deadline(): a lost
+ * lock's release); the session is the lock's own, so cutting it short
+ * loses nothing else. */
+static uint64_t release_until(const struct mysql_conn *mc)
+{
+    uint64_t until = dlock_monotonic_ns() + mc->timeout_ms * MS;
+    return dlock_call_deadline() < until ? dlock_call_deadline() : until;
+}
+
 static int row_release(struct mysql_conn *mc, dlock_held *held)
 {
     struct mysql_held *h = (struct mysql_held *)held;
     int err = 0;
     if (!h->s) {
         err = dlock_seterr(cl(mc), DLOCK_ELOST, "the lock was lost earlier");
-    } else if ((err = mc_query_until(mc, h->s, "ROLLBACK",
-                                     dlock_monotonic_ns() + mc->timeout_ms * MS, "release")) != 0) {
+    } else if ((err = mc_query_until(mc, h->s, "ROLLBACK", release_until(mc), "release")) != 0) {
         /* Closing the session makes the server roll back, if it still can. */
         err = hold_lost(mc, h, "release", err);
         if (h->s) {

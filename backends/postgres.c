@@ -719,6 +719,20 @@ static struct pg_session *pre_try(struct pg_conn *pc, const dlock_request *req, 
     return NULL;
 }
 
+/* A deadline wait that failed past its deadline for want of an answer (a
+ * silent network: its session closed for want of a reply, or a new one
+ * that did not answer) is the deadline's: DLOCK_ETIMEDOUT, as on every
+ * store, with what happened as its detail. */
+static int deadline_err(struct pg_conn *pc, const dlock_request *req, int err)
+{
+    if (err != DLOCK_ECONNECT || req->wait != DLOCK_WAIT_DEADLINE ||
+        dlock_monotonic_ns() < req->deadline_ns)
+        return err;
+    char was[DLOCK_ERRMSG_MAX];
+    snprintf(was, sizeof was, "%s", dlock_errmsg(cl(pc)));
+    return dlock_seterr(cl(pc), DLOCK_ETIMEDOUT, "the deadline passed (%s)", was);
+}
+
 /*
  * A try runs on a holder session (dlock_sql_session_for: shared with other
  * locks of the same lease) and the grant stays there. A wait runs on a
@@ -750,7 +764,7 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
         if ((err = dlock_sql_session_for(&pc->pool, req->wait == DLOCK_WAIT_TRY, req->ttl_ms,
                                          &key, &open_until, &b, &opened)) != 0) {
             free(h);
-            return err;
+            return deadline_err(pc, req, err);
         }
         s = (struct pg_session *)b;
         if (s->base.nheld)
@@ -780,7 +794,7 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
         if (opened || silent || err == DLOCK_ETIMEDOUT || err == DLOCK_EBUSY ||
             err == DLOCK_ECANCELED) {
             free(h);
-            return err;
+            return silent ? deadline_err(pc, req, err) : err;
         }
         dlock_count_reconnect(conn->client); /* the next try opens or takes another */
         dlock_clearerr(conn->client);
@@ -828,7 +842,14 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
     } else {
         dlock_sql_expire(&pc->pool, &s->base, &h->sh);
         snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%" PRId64 ")", h->key);
-        err = dlock_pg_run(pc, s, sql, 0, &r, "release", after_timeout(pc));
+        /* A lost lock's release ends by the core's bound
+         * (dlock_call_deadline()) where it is alone on its session: a
+         * statement cut short closes the session, which would lose the
+         * locks of its mates. */
+        uint64_t until = after_timeout(pc);
+        if (!dlock_sql_mates(&s->base, &h->sh) && dlock_call_deadline() < until)
+            until = dlock_call_deadline();
+        err = dlock_pg_run(pc, s, sql, 0, &r, "release", until);
         if (err && s->base.silent_ms) {
             /* Closing the session freed the lock once the server notices. */
         } else if (err && (!s->pg || PQstatus(s->pg) != CONNECTION_OK)) {

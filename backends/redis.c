@@ -342,11 +342,21 @@ static int redis_acquire(dlock_conn *conn, const dlock_request *req, dlock_held 
     return 0;
 }
 
+/* recipe's call on rc within the core's bound for it (dlock_call_deadline():
+ * a keep's lease end, a lost lock's release), when it set one. */
+static uint64_t core_limit(struct redis_conn *rc)
+{
+    uint64_t until = dlock_call_deadline();
+    return until == DLOCK_POLL_FOREVER ? rc->deadline_ns : dlock_redis_limit(rc, until ? until : 1);
+}
+
 static int redis_release(dlock_conn *conn, dlock_held *held)
 {
     struct redis_conn *rc = (struct redis_conn *)conn;
     struct redis_held *h = (struct redis_held *)held;
+    uint64_t saved = core_limit(rc);
     int err = rc->recipe->release(rc, h);
+    dlock_redis_unlimit(rc, saved);
     held_free(h);
     return err;
 }
@@ -367,7 +377,10 @@ static int redis_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     struct redis_conn *rc = (struct redis_conn *)conn;
     if (!rc->keeper && !(rc->keeper = keeper_conn_new(rc)))
         return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
-    return rc->recipe->keep(rc->keeper, (struct redis_held *)held, ttl_ms);
+    uint64_t saved = core_limit(rc->keeper);
+    int err = rc->recipe->keep(rc->keeper, (struct redis_held *)held, ttl_ms);
+    dlock_redis_unlimit(rc->keeper, saved);
+    return err;
 }
 
 static int redis_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)

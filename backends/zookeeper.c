@@ -791,6 +791,8 @@ static int lost(struct zk_conn *zc, const char *why)
 static int release_node(struct zk_conn *zc, struct zk_held *h)
 {
     uint64_t until = dlock_monotonic_ns() + (uint64_t)timeout_ms(zc) * MS;
+    if (dlock_call_deadline() < until) /* a lost lock's release: the core's bound */
+        until = dlock_call_deadline();
     int retried = 0;
     for (;;) {
         if (h->gen != zc->gen)

@@ -134,6 +134,22 @@ int dlock_client_open(const char *uri, dlock_client **clientp)
     return rc;
 }
 
+/* The backend's release of lock, out of the client's table already. A lock
+ * the keeper reported lost is released within DLOCK_LOST_RELEASE_MS of
+ * since_ns: its store may be silent or down (dlock_call_deadline()). */
+static int release_in_store(dlock_client *c, dlock_lock *lock, uint64_t since_ns)
+{
+    int bound = atomic_load(&lock->lost) && !dlock_loss_unbounded();
+    uint64_t was = dlock_call_deadline();
+    if (bound)
+        dlock_call_deadline_set(since_ns + DLOCK_LOST_RELEASE_MS * 1000000ull);
+    if (dlock_abi_has(c->backend, lease_end_ns))
+        lock->held->lease_end_ns = 0;
+    int rc = dlock_lock_ops(lock)->release(c->conn, lock->held);
+    dlock_call_deadline_set(was);
+    return rc;
+}
+
 /* A lock the application had: what it may have made hangs off it. */
 static void lock_free(dlock_lock *lock)
 {
@@ -151,7 +167,7 @@ void dlock_client_close(dlock_client *c)
     dlock_lock *lock;
     while ((lock = dlock_names_any(&c->held)) != NULL) {
         dlock_names_remove(&c->held, lock);
-        dlock_lock_ops(lock)->release(c->conn, lock->held);
+        release_in_store(c, lock, dlock_monotonic_ns());
         lock_free(lock);
     }
     dlock_names_free(&c->held);
@@ -481,6 +497,7 @@ int dlock_release(dlock_lock *lock)
     int rc, lost;
     if (!lock || not_on_keeper())
         return DLOCK_EINVAL;
+    uint64_t called = dlock_monotonic_ns();
     c = lock->client;
     dlock_clearerr(c);
     if (lock->holds > 1) {
@@ -491,9 +508,7 @@ int dlock_release(dlock_lock *lock)
     lost = atomic_load(&lock->lost);
     snprintf(lost_detail, sizeof lost_detail, "%s", dlock_keeper_lost_detail(lock));
     dlock_names_remove(&c->held, lock);
-    if (dlock_abi_has(c->backend, lease_end_ns))
-        lock->held->lease_end_ns = 0;
-    rc = dlock_lock_ops(lock)->release(c->conn, lock->held);
+    rc = release_in_store(c, lock, called);
     dlock_metrics_release(c, rc, dlock_monotonic_ns() - lock->granted_ns);
     /* The store may not know (a Redlock quorum gone) or not answer (a
      * store down): the keeper did know. A grant reported lost is never

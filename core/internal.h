@@ -73,6 +73,10 @@ static inline const dlock_backend *dlock_lock_ops(const struct dlock_lock *lock)
 }
 
 void dlock_ns_to_timespec(uint64_t ns, struct timespec *ts);
+/* Sets dlock_call_deadline() for this thread; returns what it was. */
+uint64_t dlock_call_deadline_set(uint64_t deadline_ns);
+/* 1 under the test hook that sets no bound after a loss (core/time.c). */
+int dlock_loss_unbounded(void);
 /* core/thread.c: a thread that takes no signal (every one blocked), joinable
  * or detached (th may be NULL then); 0 or pthread_create()'s error. A
  * condition variable whose timed waits count on CLOCK_MONOTONIC. */

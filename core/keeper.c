@@ -267,6 +267,10 @@ static void *renewer_main(void *arg)
         }
         dlock_lock *lock = due->lock;
         uint32_t ttl = lock->ttl_ms;
+        /* The call ends by the lease end: an answer after it cannot keep
+         * the lock (the watchdog reports the loss then), and a release of
+         * the lost lock must not wait for it. UINT64_MAX without a lease. */
+        uint64_t bound = dlock_loss_unbounded() ? DLOCK_POLL_FOREVER : due->watch_at;
         due->busy = 1;
         heap_remove(&kp->due, due);
         pthread_mutex_unlock(&kp->mu);
@@ -275,7 +279,9 @@ static void *renewer_main(void *arg)
         lock->held->lease_end_ns = 0;
         sink.err = 0;
         sink.msg[0] = '\0';
+        dlock_call_deadline_set(bound);
         int rc = dlock_lock_ops(lock)->keep(c->conn, lock->held, ttl);
+        dlock_call_deadline_set(DLOCK_POLL_FOREVER);
         if (dlock_client_expires(c))
             dlock_metrics_renewal(c, rc);
         uint64_t end = rc == 0 ? dlock_lease_end(c, lock->held, sent, ttl) : 0;

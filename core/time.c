@@ -1,5 +1,7 @@
 /* Every deadline and validity period in dlock is on CLOCK_MONOTONIC:
  * a wall-clock jump must never shorten or stretch a wait. */
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "config.h"
@@ -16,4 +18,28 @@ void dlock_ns_to_timespec(uint64_t ns, struct timespec *ts)
 {
     ts->tv_sec = (time_t)(ns / 1000000000u);
     ts->tv_nsec = (long)(ns % 1000000000u);
+}
+
+/* The bound of the backend method running on this thread (dlock_backend.h). */
+static _Thread_local uint64_t call_deadline = DLOCK_POLL_FOREVER;
+
+uint64_t dlock_call_deadline(void)
+{
+    return call_deadline;
+}
+
+uint64_t dlock_call_deadline_set(uint64_t deadline_ns)
+{
+    uint64_t was = call_deadline;
+    call_deadline = deadline_ns;
+    return was;
+}
+
+/* Test hook: DLOCK_TEST_UNBOUNDED_LOSS=1 sets no bound after a loss (keep()
+ * and release() as before it existed), so that a test can show its check
+ * of the bound fails without it. Never set outside the tests. */
+int dlock_loss_unbounded(void)
+{
+    const char *v = getenv("DLOCK_TEST_UNBOUNDED_LOSS");
+    return v && strcmp(v, "1") == 0;
 }

@@ -365,7 +365,17 @@ DLOCK_API void dlock_cancel_free(dlock_cancel *cancel);
  * dlock_renew(), dlock_acquire() or dlock_client_close() (they fail with
  * DLOCK_EINVAL from a keeper thread). The lock stays allocated until the
  * application releases it (dlock_release() then returns DLOCK_ELOST).
+ *
+ * The release of a lock reported lost still asks the store to delete what
+ * may be left of it, but within DLOCK_LOST_RELEASE_MS, on every store,
+ * whatever the store's state (a silent network, a store down; exceptions
+ * and measurements per store: docs/keeper.md): the store
+ * may be what made the lock lost, and its lease frees what the release
+ * could not. A renewal the keeper has in flight when the loss is reported
+ * is given up at the lease end (an answer after it could not keep the lock),
+ * so dlock_release() does not wait for it either.
  */
+#define DLOCK_LOST_RELEASE_MS 300u
 #define DLOCK_KEEP_INTERVAL_DIV 3
 #define DLOCK_KEEP_RETRY_DIV 10
 #define DLOCK_KEEP_CHECK_MAX_MS 500u
@@ -469,7 +479,8 @@ DLOCK_API int dlock_acquire_names(dlock_client *client, const char *const *names
  * the lock, nothing of theirs is touched and DLOCK_ELOST is returned.
  * A lock held more than once (.reentrant) only has its hold count lowered
  * (the handle stays valid; DLOCK_ELOST if the lock is known lost).
- * NULL is DLOCK_EINVAL.
+ * A kept lock reported lost is released within DLOCK_LOST_RELEASE_MS
+ * (see "Keeping leases"). NULL is DLOCK_EINVAL.
  */
 DLOCK_API int dlock_release(dlock_lock *lock);
 

@@ -185,6 +185,16 @@ DLOCK_API int dlock_poll_until(struct pollfd *fds, size_t n, int cancel_fd, uint
 /* 1 when cancel_fd (-1: none) is readable now, without waiting. */
 DLOCK_API int dlock_fd_cancelled(int cancel_fd);
 
+/* The CLOCK_MONOTONIC instant by which the core needs the method running on
+ * the calling thread to return; DLOCK_POLL_FOREVER when it set none. The
+ * core sets one around keep() (the lock's lease end: an answer after it
+ * cannot keep the lock, whose loss is reported then) and around release()
+ * of a lock its keeper reported lost (DLOCK_LOST_RELEASE_MS from the call:
+ * the store may be what made it lost). A backend bounds such a call by the
+ * earlier of this and its own bound, and gives up there as at its own
+ * (what a release could not delete is left to the lease or session). */
+DLOCK_API uint64_t dlock_call_deadline(void);
+
 /* A backend vtable's first field, as libgit2's *_INIT initialisers do: a
  * backend states only what it implements, and what it leaves out is NULL:
  *   const dlock_backend my_backend = {DLOCK_BACKEND_INIT, .name = "my", ...};

@@ -9,6 +9,9 @@
 # On the file store the lock file is removed instead (a pause loses
 # nothing there, which is checked too).
 #
+# A network gone silent (tests/cli/silent_proxy.py) loses the lock too:
+# dlock then exits within the TTL + 0.3 s, its release bounded.
+#
 # TAP output. $1 = dlock binary; $2 = "file", or the name of the variable
 # holding the store's URI (DLOCK_REDIS_URI...): a missing one fails.
 set -u
@@ -164,6 +167,56 @@ if [ "$store" = file ]; then
     t0=$(now_ms)
     finish
     ok $([ $rc = 0 ] && echo 0 || echo 1) "and ends normally (exit $rc)"
+fi
+# 5. A loss through a silent network (a proxy that stops forwarding, its
+#    sockets left open): dlock exits within the TTL (the lease end comes at
+#    most a TTL after the silence began) + DLOCK_LOST_RELEASE_MS (0.3 s) for
+#    the release through the silent store + 1 s of slack, whatever the
+#    store's timeouts (5 s by default). On Redis and etcd the same run with
+#    the bound off (DLOCK_TEST_UNBOUNDED_LOSS=1, a test-only hook: the
+#    release first waits for the renewal in flight, then for the store's
+#    timeout) must take longer: the negative control.
+STTL=3000
+SILENT_LIMIT=$((STTL + 300 + 1000))
+proxy=$(dirname "$0")/silent_proxy.py
+# silent_case LOCK UNBOUNDED: leaves $rc and $elapsed (ms from the silence).
+silent_case() {
+    local lock=$1 saved=$uri ppid
+    rc=-1 elapsed=-1
+    rm -f "$tmp/puri"
+    python3 "$proxy" "$uri" >"$tmp/puri" 2>"$tmp/proxy-err" &
+    ppid=$!
+    jobs_started+=("$ppid")
+    if ! wait_for "$tmp/puri"; then
+        kill "$ppid" 2>/dev/null
+        return 1
+    fi
+    uri=$(head -n1 "$tmp/puri")
+    [ "$2" = 1 ] && export DLOCK_TEST_UNBOUNDED_LOSS=1
+    start "$lock" "" --ttl $STTL
+    unset DLOCK_TEST_UNBOUNDED_LOSS
+    uri=$saved
+    sleep 1 # renewals pass through the proxy meanwhile
+    kill -USR1 "$ppid"
+    t0=$(now_ms)
+    finish
+    kill "$ppid" 2>/dev/null
+    wait "$ppid" 2>/dev/null
+    return 0
+}
+if [ "$store" != file ]; then
+    silent_case "$name-e" 0
+    # shellcheck disable=SC2086
+    ok $([ $rc = 70 ] && [ $elapsed -ge 0 ] && [ $elapsed -le $SILENT_LIMIT ] && gone $cpg $kids &&
+        echo 0 || echo 1) \
+        "network silent: the group stopped and dlock exited 70 within ${SILENT_LIMIT} ms (exit $rc after ${elapsed} ms; TTL $STTL)"
+    grep -q "lock '$name-e' was lost while 'sh' ran" "$tmp/err"
+    ok $? "with a message: $(head -n1 "$tmp/err")"
+    if [ "$store" = DLOCK_REDIS_URI ] || [ "$store" = DLOCK_ETCD_CLUSTER_URI ]; then
+        silent_case "$name-f" 1
+        ok $([ $rc = 70 ] && [ $elapsed -gt $SILENT_LIMIT ] && echo 0 || echo 1) \
+            "negative control: with no bound after the loss (DLOCK_TEST_UNBOUNDED_LOSS=1) dlock exited $rc after ${elapsed} ms, past ${SILENT_LIMIT} ms: the check above can fail"
+    fi
 fi
 echo "1..$n"
 [ $failed = 0 ]

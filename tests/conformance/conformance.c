@@ -1665,10 +1665,15 @@ static void lost_to_parent(dlock_lock *l, int err, void *user)
  * t = when, u = dlock_lock_expires_ns()), and 'F' once dlock_lock_lost_fd()
  * became readable (a = readable, b = dlock_lock_lost(), c = callbacks by
  * then, t = when, u = dlock_lock_expires_ns(), v = the last lease end it
- * showed before the loss). It never releases: it ends
- * killed, as a holder cut off or frozen would.
+ * showed before the loss). Without KEPT_RELEASE it never releases: it ends
+ * killed, as a holder cut off or frozen would. With it, it then releases
+ * and reports 'R' (a = rc, t = the call, u = its return, text = error).
+ * KEPT_UNBOUNDED: the test hook that sets no bound after a loss
+ * (DLOCK_TEST_UNBOUNDED_LOSS=1), for the negative control.
  */
-static pid_t spawn_kept(const char *curi, const char *name, uint32_t ttl, int *rfd)
+#define KEPT_RELEASE 1
+#define KEPT_UNBOUNDED 2
+static pid_t spawn_kept(const char *curi, const char *name, uint32_t ttl, int flags, int *rfd)
 {
     int p[2];
     if (pipe(p) < 0)
@@ -1680,6 +1685,8 @@ static pid_t spawn_kept(const char *curi, const char *name, uint32_t ttl, int *r
         dlock_lock *l = NULL;
         close(p[0]);
         ctx.fd = p[1];
+        if (flags & KEPT_UNBOUNDED)
+            setenv("DLOCK_TEST_UNBOUNDED_LOSS", "1", 1);
         int rc = dlock_client_open(curi, &c);
         if (rc == 0) {
             dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, ttl);
@@ -1710,6 +1717,12 @@ static pid_t spawn_kept(const char *curi, const char *name, uint32_t ttl, int *r
                         dlock_lock_expires_ns(l), lease_end, ""};
         snprintf(f.text, sizeof f.text, "%s", fd < 0 ? dlock_err_name(fd) : "");
         msg_put(p[1], &f);
+        if (flags & KEPT_RELEASE) {
+            uint64_t r0 = dlock_monotonic_ns();
+            rc = dlock_release(l);
+            uint64_t r1 = dlock_monotonic_ns();
+            msg_send(p[1], 'R', rc, 0, 0, r0, r1, rc ? dlock_errmsg(c) : "");
+        }
         for (;;)
             pause();
     }
@@ -1927,8 +1940,41 @@ static int proxy_case_skipped(const char *what, const char *no_network)
     return 1;
 }
 
+/* What a lost lock's release may take past DLOCK_LOST_RELEASE_MS here. */
+#define LOST_RELEASE_SLACK_MS 500u
+
+/* The 'R' of a kept holder that released its lost lock on a network still
+ * silent: DLOCK_ELOST within DLOCK_LOST_RELEASE_MS (+ slack), or, with the
+ * bound off (the negative control), past it: the check can fail. */
+static void check_lost_release(int rfd, int unbounded)
+{
+    struct msg m = {0};
+    uint64_t limit = DLOCK_LOST_RELEASE_MS + LOST_RELEASE_SLACK_MS;
+    if (msg_recv(rfd, &m, dlock_monotonic_ns() + 30000 * MS) != 0 || m.kind != 'R') {
+        ok(0, "%sdlock_release() of the lost lock returns: no report within 30 s",
+           unbounded ? "negative control: " : "");
+        return;
+    }
+    double took = ms_since(m.t, m.u);
+    if (unbounded) {
+        ok(took > limit,
+           "negative control: with no bound after the loss (DLOCK_TEST_UNBOUNDED_LOSS=1) the "
+           "same release took %.0f ms, past %u ms: the check above can fail",
+           took, limit);
+        return;
+    }
+    is_int(m.a, DLOCK_ELOST, "dlock_release() of the lost lock → DLOCK_ELOST%s%s",
+           m.a ? ": " : "", m.text);
+    ok(took <= limit,
+       "it returned %.0f ms after the call on the silent network (bound %u ms + %u ms slack)",
+       took, DLOCK_LOST_RELEASE_MS, LOST_RELEASE_SLACK_MS);
+}
+
 /* c + g. A holder whose network goes silent is told within its bound,
- * its lost_fd becomes readable, and another client then acquires. */
+ * its lost_fd becomes readable, it releases within DLOCK_LOST_RELEASE_MS,
+ * and another client then acquires. Redis, Redlock and etcd: a second
+ * holder with the bound off (the negative control) takes longer, its
+ * release waiting for the store's `timeout`. */
 static void test_cut_connection(void)
 {
     static const char *const what = "a holder whose network goes silent is told in time";
@@ -1947,9 +1993,20 @@ static void test_cut_connection(void)
         return;
     }
     name_of(name, sizeof name, "cut");
-    pid_t pid = spawn_kept(puri, name, ttl, &rfd);
+    /* PostgreSQL and MySQL give up a renewal at the lease end on their own
+     * and close its session: their release has nothing left to wait for. */
+    int control = is("redis") || is("redlock") || is("etcd"), cfd = -1;
+    uint64_t ctoken = 0;
+    pid_t pid = spawn_kept(puri, name, ttl, KEPT_RELEASE, &rfd), cpid = 0;
     if (kept_acquired(rfd, "through a proxy", &token) != 0)
         goto out;
+    if (control) {
+        char cname[160];
+        snprintf(cname, sizeof cname, "%s-control", name);
+        cpid = spawn_kept(puri, cname, ttl, KEPT_RELEASE | KEPT_UNBOUNDED, &cfd);
+        if (kept_acquired(cfd, "through a proxy, with no bound after a loss", &ctoken) != 0)
+            control = 0;
+    }
     /* A TTL of renewals through the proxy first: the keeper passes it too. */
     ok(msg_recv(rfd, &m, dlock_monotonic_ns() + ttl * MS) != 0,
        "no loss reported while the network works (%u ms)", ttl);
@@ -1970,6 +2027,7 @@ static void test_cut_connection(void)
         thread_wait_start(&w, name, DLOCK_WAIT_DEADLINE, NULL);
     uint64_t lease_end;
     uint64_t t_cb = check_loss_reports(rfd, t0, bound, "after the network went silent", &lease_end);
+    check_lost_release(rfd, 0);
 
     if (!lease)
         thread_wait_start(&w, name, DLOCK_WAIT_DEADLINE, NULL);
@@ -1991,9 +2049,19 @@ static void test_cut_connection(void)
                lease_end ? ms_since(t0, lease_end) : 0.0, lease_end ? ms_since(lease_end, t1) : 0.0,
                t_cb && lease_end ? ms_since(lease_end, t_cb) : 0.0);
     }
+    if (control) {
+        struct msg cm;
+        for (int i = 0; i < 2; i++) /* its 'C' and 'F' */
+            if (msg_recv(cfd, &cm, dlock_monotonic_ns() + 20000 * MS) != 0)
+                break;
+        check_lost_release(cfd, 1);
+    }
 out:
     kill_group(pid);
+    kill_group(cpid);
     close(rfd);
+    if (cfd >= 0)
+        close(cfd);
     proxy_stop(&px);
 }
 
@@ -2017,7 +2085,7 @@ static void test_paused_holder(void)
         curi = zuri;
     }
     name_of(name, sizeof name, "paused");
-    pid_t pid = spawn_kept(curi, name, ttl, &rfd);
+    pid_t pid = spawn_kept(curi, name, ttl, 0, &rfd);
     if (kept_acquired(rfd, "", &token) != 0) {
         kill_group(pid);
         close(rfd);
@@ -2085,7 +2153,7 @@ static void test_file_loss(void)
     snprintf(path, sizeof path, "%s/%s", dlock_uri_path(u), enc);
     snprintf(gone, sizeof gone, "%s.gone", path);
     dlock_uri_free(u);
-    pid_t pid = spawn_kept(uri, name, ttl, &rfd);
+    pid_t pid = spawn_kept(uri, name, ttl, 0, &rfd);
     if (kept_acquired(rfd, "", &token) == 0) {
         uint64_t t0 = dlock_monotonic_ns();
         ok(rename(path, gone) == 0, "lock file moved away: %s", path);

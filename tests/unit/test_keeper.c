@@ -31,6 +31,9 @@ static struct {
     atomic_int lose_every;    /* keep() refuses grants whose token it divides */
     pthread_t main_thread;
     uint64_t lease_end; /* set on held by acquire when non-zero */
+    atomic_int honour;  /* a blocked keep() ends at dlock_call_deadline() */
+    /* dlock_call_deadline() as the last keep() and release() saw it. */
+    _Atomic uint64_t keep_deadline, release_deadline;
 } fake;
 
 static int fake_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
@@ -59,6 +62,7 @@ static int fake_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
 
 static int fake_release(dlock_conn *conn, dlock_held *held)
 {
+    fake.release_deadline = dlock_call_deadline();
     fake.releases++;
     free(held);
     if (fake.release_fails)
@@ -77,6 +81,7 @@ static int fake_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 {
     (void)ttl_ms;
     fake.keeps++;
+    fake.keep_deadline = dlock_call_deadline();
     if (pthread_equal(pthread_self(), fake.main_thread))
         fake.wrong_thread = 1;
     if (fake.lose_every && held->token % (uint64_t)fake.lose_every == 0)
@@ -87,7 +92,15 @@ static int fake_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     case KEEP_FAIL:
         return dlock_seterr(conn->client, DLOCK_ECONNECT, "fake store: unreachable");
     case KEEP_BLOCK:
-        sleep_ms((unsigned)fake.block_ms);
+        if (fake.honour) {
+            uint64_t until = dlock_monotonic_ns() + (uint64_t)fake.block_ms * MS;
+            if (fake.keep_deadline < until)
+                until = fake.keep_deadline;
+            while (dlock_monotonic_ns() < until)
+                sleep_ms(1);
+        } else {
+            sleep_ms((unsigned)fake.block_ms);
+        }
         return dlock_seterr(conn->client, DLOCK_ECONNECT, "fake store: no reply");
     }
     return 0;
@@ -139,6 +152,7 @@ static void on_lost(dlock_lock *lock, int err, void *user)
 
 static void reset(enum keep_mode mode)
 {
+    fake.honour = 0;
     fake.mode = mode;
     fake.keeps = 0;
     fake.block_ms = 0;
@@ -260,6 +274,71 @@ static void test_expired_while_blocked(dlock_client *c)
     uint64_t r0 = dlock_monotonic_ns();
     dlock_release(l); /* waits for the stuck keep() to return */
     ok(dlock_monotonic_ns() - r0 < 2000 * MS, "release waited for the renewal, bounded");
+}
+
+/*
+ * The bounds the core sets for a call (dlock_call_deadline()): keep() gets
+ * the lock's lease end; release() of a lock reported lost gets
+ * DLOCK_LOST_RELEASE_MS from the call, so with a backend that honours them
+ * the release neither waits for a renewal stuck on a silent store nor
+ * for its own store timeout; any other release gets none. unbounded: the
+ * test hook that sets none (DLOCK_TEST_UNBOUNDED_LOSS=1), the negative
+ * control: the release then waits for the stuck renewal.
+ */
+static void lost_release_case(dlock_client *c, int unbounded)
+{
+    const char *how = unbounded ? "negative control, no bound after a loss: " : "";
+    dlock_acquire_opts o = kept(300, NULL);
+    dlock_lock *l = NULL;
+    reset(KEEP_BLOCK);
+    fake.block_ms = 1500;
+    fake.honour = 1;
+    is_int(dlock_acquire(c, "bounded", &o, &l), 0, "%skept acquire", how);
+    uint64_t end = dlock_lock_expires_ns(l);
+    wait_calls(1, 3000);
+    is_int(seen.err, DLOCK_EEXPIRED, "%sa renewal stuck past the lease end is a loss", how);
+    if (unbounded)
+        ok(fake.keep_deadline == DLOCK_POLL_FOREVER, "%skeep() had no bound", how);
+    else
+        ok(fake.keep_deadline == end, "keep() ran bounded by the lease end (%+.1f ms)",
+           ((double)fake.keep_deadline - (double)end) / 1e6);
+    uint64_t r0 = dlock_monotonic_ns();
+    is_int(dlock_release(l), DLOCK_ELOST, "%srelease of the lost lock: DLOCK_ELOST", how);
+    uint64_t r1 = dlock_monotonic_ns(), took = r1 - r0, limit = (DLOCK_LOST_RELEASE_MS + 200) * MS;
+    uint64_t rd = fake.release_deadline, bound = DLOCK_LOST_RELEASE_MS * MS;
+    if (unbounded) {
+        ok(rd == DLOCK_POLL_FOREVER, "%srelease() had no bound", how);
+        ok(took > limit, "%sthe release waited for the stuck renewal (%.0f ms, past %u ms): "
+           "the check can fail", how, took / 1e6, DLOCK_LOST_RELEASE_MS + 200);
+    } else {
+        ok(rd >= r0 + bound && rd <= r1 + bound,
+           "release() ran bounded by DLOCK_LOST_RELEASE_MS from the call (%.1f ms after it began)",
+           rd > r0 ? (rd - r0) / 1e6 : -1.0);
+        ok(took <= limit, "and returned within %u ms + 200 ms slack (%.0f ms)",
+           DLOCK_LOST_RELEASE_MS, took / 1e6);
+    }
+}
+
+static void test_lost_release_bounded(dlock_client *c)
+{
+    dlock_lock *l = NULL;
+    is_int(dlock_acquire(c, "plain", NULL, &l), 0, "a lock not kept");
+    is_int(dlock_release(l), 0, "released");
+    ok(fake.release_deadline == DLOCK_POLL_FOREVER, "a release of a lock not lost has no bound");
+    lost_release_case(c, 0);
+    ok(dlock_call_deadline() == DLOCK_POLL_FOREVER, "no bound left on the application's thread");
+}
+
+/* The negative control, on a client of its own: no keeper thread runs
+ * while the environment changes. */
+static void test_lost_release_unbounded(void)
+{
+    dlock_client *c = NULL;
+    setenv("DLOCK_TEST_UNBOUNDED_LOSS", "1", 1);
+    is_int(dlock_client_open("kfake://h/", &c), 0, "open (no bound after a loss)");
+    lost_release_case(c, 1);
+    dlock_client_close(c);
+    unsetenv("DLOCK_TEST_UNBOUNDED_LOSS");
 }
 
 static void test_backend_lease_end(dlock_client *c)
@@ -491,6 +570,7 @@ int main(void)
     test_refused(c);
     test_expired_while_failing(c);
     test_expired_while_blocked(c);
+    test_lost_release_bounded(c);
     test_backend_lease_end(c);
     test_callback_limits(c);
     test_app_renew(c);
@@ -499,6 +579,7 @@ int main(void)
     test_estimated_lease_confirmed(c);
     test_many_kept(c);
     dlock_client_close(c);
+    test_lost_release_unbounded();
     test_refusals();
     test_close_stops();
     return done_testing();
