@@ -14,7 +14,8 @@
 #   3. all on "OLD NEW"           4. half on "OLD NEW", half on NEW
 #   5. all on NEW
 #
-# A phase ends only once every worker has started a run in it, so no run of
+# A phase ends only once every worker has run a critical section in it (the
+# mark is written under the lock), so no run of
 # an earlier phase is still going (no OLD-only run survives into phase 4),
 # as a rolling deployment finishes one step before the next.
 #
@@ -28,7 +29,8 @@
 # Asserted: every dlock run succeeded; the counter equals the number of
 # critical sections (lines of the tokens log); no overlap was seen; the
 # tokens strictly increase in grant order (the log's order) across all
-# phases; every phase had at least one critical section. Per-phase counts
+# phases; every phase had at least one critical section, and in phases 2
+# and 4 both kinds of worker ran critical sections. Per-phase counts
 # and times are printed as TAP comments.
 #
 # TAP output. $1 = dlock binary; $2 = OLD, $3 = NEW: each the name of the
@@ -40,6 +42,13 @@ old_arg=$2
 new_arg=$3
 WORKERS=${DLOCK_MIGRATION_WORKERS:-4}
 PHASE_MS=${DLOCK_MIGRATION_PHASE_MS:-1500}
+# Test-only: make the migration wrong on purpose (the negative controls in
+# meson.build): "skip-dual" puts half the workers on OLD alone and half on
+# NEW alone in phases 2 to 4 (no "OLD NEW" list), which the overlap check
+# must catch; "no-list" has every "OLD NEW" worker take OLD and NEW one
+# after the other, run by run, without the list and without `dlock
+# migrate`, which the overlap or token-order check must catch.
+BREAK=${DLOCK_MIGRATION_BREAK:-}
 
 tmp=$(mktemp -d /tmp/dlock-migration.XXXXXX)
 name="job-$$-$RANDOM$RANDOM"
@@ -144,6 +153,7 @@ cs='d=$1
 if ( set -C; : > "$d/inside" ) 2>/dev/null; then :; else
     echo "$DLOCK_TOKEN phase $2 worker $3" >> "$d/overlaps"
 fi
+echo "$2" > "$d/ack.$3.new" && mv -f "$d/ack.$3.new" "$d/ack.$3"
 c=$(cat "$d/counter")
 printf "%s %s %s %s %s\n" "$DLOCK_TOKEN" "$2" "$3" "$4" "$DLOCK_URI" >> "$d/tokens"
 sleep 0.02
@@ -164,6 +174,7 @@ set_phase() {
     NEW) u=$NEW ;;
     *) u=$BOTH ;;
     esac
+    [ "$BREAK" = no-list ] && [ "$k" = OLD+NEW ] && u=ALTERNATE
     printf '%s\n%s\n%s\n' "$2" "$k" "$u" > "$tmp/phase.$1.new"
     mv -f "$tmp/phase.$1.new" "$tmp/phase.$1"
 }
@@ -172,10 +183,13 @@ set_phase() {
 # passed: nothing outlives a killed test for long). Each dlock run is
 # bounded by timeout(1); its exit status goes to the runs log.
 worker() {
-    local i=$1 p k u rc tp parent=$$ t_end=$(($(now_ms) + 120000))
+    local i=$1 p k u rc tp parent=$$ t_end=$(($(now_ms) + 120000)) alt=0
     while [ ! -e "$tmp/stop" ] && kill -0 "$parent" 2>/dev/null && [ "$(now_ms)" -lt $t_end ]; do
         { read -r p && read -r k && read -r u; } < "$tmp/phase.$i" || continue
-        echo "$p" > "$tmp/ack.$i.new" && mv -f "$tmp/ack.$i.new" "$tmp/ack.$i"
+        if [ "$u" = ALTERNATE ]; then
+            alt=$((1 - alt))
+            if [ $alt = 1 ]; then u=$OLD; else u=$NEW; fi
+        fi
         timeout -k 5 20 "$dlock" run -w 10 "$u" "$name" -- sh -c "$cs" cs "$tmp" "$p" "$i" "$k" \
             </dev/null >/dev/null 2>>"$tmp/err.$i" &
         tp=$!
@@ -190,6 +204,10 @@ worker() {
 # first.
 kind_of() {
     local first=$(($1 < WORKERS / 2))
+    if [ "$BREAK" = skip-dual ] && [ "$2" -ge 2 ] && [ "$2" -le 4 ]; then
+        if [ $first = 1 ]; then echo NEW; else echo OLD; fi
+        return
+    fi
     case $2 in
     1) echo OLD ;;
     2) if [ $first = 1 ]; then echo OLD+NEW; else echo OLD; fi ;;
@@ -207,7 +225,8 @@ for ((i = 0; i < WORKERS; i++)); do
     workers+=($!)
 done
 
-# all_acked P: every worker has started a run in phase P or later.
+# all_acked P: every worker has run a critical section (under the lock) in
+# phase P or later: the critical section writes the mark.
 all_acked() {
     local i a
     for ((i = 0; i < WORKERS; i++)); do
@@ -219,6 +238,7 @@ all_acked() {
 # migrate WHEN: dlock migrate OLD NEW, as the runbook says; checked.
 migrate() {
     local out rc
+    [ "$BREAK" = no-list ] && return
     out=$(timeout -k 5 60 "$dlock" migrate "$OLD" "$NEW" 2>"$tmp/migrate.err")
     rc=$?
     check "$([ $rc = 0 ] && [[ $out =~ ^\*\ [0-9]+\ ok$ ]] && echo 0 || echo 1)" \
@@ -342,6 +362,15 @@ check "$([ $bad_tokens = 0 ] && echo 0 || echo 1)" \
 for p in 1 2 3 4 5; do
     eval "cnt=\$count_$p"
     check "$([ "$cnt" -gt 0 ] && echo 0 || echo 1)" "phase $p had critical sections ($cnt)"
+done
+
+# 6. In the mixed phases both kinds of worker ran critical sections: the
+# two kinds really shared the lock (2: OLD and "OLD NEW"; 4: "OLD NEW" and
+# NEW).
+for pk in "2 OLD" "2 OLD+NEW" "4 OLD+NEW" "4 NEW"; do
+    set -- $pk
+    cnt=$(awk -v p="$1" -v k="$2" '$2 == p && $4 == k' "$tmp/tokens" | wc -l)
+    check "$([ "$cnt" -gt 0 ] && echo 0 || echo 1)" "phase $1: workers on $2 ran critical sections ($cnt)"
 done
 
 echo "1..$n"
