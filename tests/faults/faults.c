@@ -2186,7 +2186,7 @@ static void case_cluster_failover(void)
     if (next)
         diag("cluster-failover: first waiter grant %.0f ms after the failover began",
              ms_of(t_fault, next->t));
-    W->loss_expected = 1; /* a replica promoted may lack the lock: docs/redis.md */
+    W->loss_expected = 1; /* a replica promoted may lack the lock: docs/backends.md, Failover */
     check_world(NW, 1, deadline, t_fault);
 out:
     reap_all(pids, NW + 1, 0);
@@ -2728,7 +2728,7 @@ static void case_primary_kill(void)
     ok(next && next->t - t_fault <= (15000 + SLACK_MS) * MS,
        "a waiter holds %.0f ms after the kill, on the client it opened before (bound 15 s + %u ms)",
        next ? ms_of(t_fault, next->t) : -1.0, SLACK_MS);
-    W->loss_expected = 1; /* a replica promoted may lack the lock: docs/redis.md */
+    W->loss_expected = 1; /* a replica promoted may lack the lock: docs/backends.md, Failover */
     check_world(NW, 1, deadline, t_fault);
 out:
     reap_all(pids, NW + 1, 0);
@@ -2943,7 +2943,7 @@ static void case_node_pause(void)
     wait_ev(0, EV_REL, 15000);
     is_int(reap_all(pids, NW + 1, deadline + 3000 * MS), 0, "every process ended by itself (no hang)");
     check_holder(-1, 1, t_fault, lease_ms());
-    W->loss_expected = 1; /* a replica promoted may lack the lock: docs/redis.md */
+    W->loss_expected = 1; /* a replica promoted may lack the lock: docs/backends.md, Failover */
     check_world(NW, 1, deadline, t_fault);
 out:
     if (paused)
