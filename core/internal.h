@@ -97,6 +97,7 @@ enum {
     DLOCK_ABI_token_top = 4,
     DLOCK_ABI_raise_floor = 4,
     DLOCK_ABI_inspect = 5,
+    DLOCK_ABI_lease_ms = 6,
 };
 /* 1 when b was built against an ABI with m (a method or held field). */
 #define dlock_abi_has(b, m) ((b)->version >= DLOCK_ABI_##m)

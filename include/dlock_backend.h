@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define DLOCK_BACKEND_VERSION 5
+#define DLOCK_BACKEND_VERSION 6
 
 /* Capability bits: what a backend guarantees. */
 enum {
@@ -127,6 +127,14 @@ typedef struct dlock_held {
      * and on Redlock (validity less drift). 0: not set. The core reads it
      * after acquire, renew and keep, and zeroes it before each. */
     uint64_t lease_end_ns;
+    /* Version 6. The length of the lease lease_end_ns ends, in ms, when it
+     * is not the lock's TTL: a store whose locks live as long as a session
+     * (ZooKeeper) sets lease_end_ns from keep() to the moment the session
+     * can end at the earliest, and lease_ms to the session timeout. The
+     * keeper reports a loss a margin before the lease end, and the margin
+     * grows with the lease (docs/keeper.md). 0: the TTL. The core zeroes it
+     * with lease_end_ns. */
+    uint32_t lease_ms;
 } dlock_held;
 
 /* One acquire, as checked and completed by the core. name stays valid and
