@@ -290,10 +290,12 @@ int dlock_client_expires(const dlock_client *c)
 uint64_t dlock_lease_end(const dlock_client *c, const dlock_held *held, uint64_t sent_ns,
                          uint32_t ttl_ms)
 {
-    if (!dlock_client_expires(c))
-        return UINT64_MAX;
+    /* A lease-less store may still know when its session can end at the
+     * earliest (ZooKeeper's keep()): that is the lock's lease end then. */
     if (dlock_abi_has(c->backend, lease_end_ns) && held->lease_end_ns)
         return held->lease_end_ns;
+    if (!dlock_client_expires(c))
+        return UINT64_MAX;
     return sent_ns + (uint64_t)ttl_ms * 1000000u;
 }
 

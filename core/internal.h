@@ -115,6 +115,8 @@ uint64_t dlock_lease_end(const dlock_client *c, const dlock_held *held, uint64_t
 void dlock_err_redirect(dlock_errsave *sink);
 
 /* The keeper (core/keeper.c). */
+/* The loss margin of a lease lease_ms long (DLOCK_LOSS_MARGIN_DIV). */
+uint64_t dlock_loss_margin_ns(uint32_t lease_ms);
 /* confirm: renew at once (the grant's lease end is an estimate). */
 int dlock_keeper_add(dlock_client *c, dlock_lock *lock, dlock_lost_fn on_lost, void *user,
                      int confirm);

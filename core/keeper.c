@@ -52,6 +52,7 @@ struct dlock_kept {
     dlock_lost_fn on_lost;
     void *user;
     uint64_t interval_ns, retry_ns;
+    uint64_t margin_ns; /* the loss is reported this long before the lease end */
     uint64_t next_at;   /* when the renewer calls keep() next */
     int busy;           /* the renewer is inside keep() for it */
     int held;           /* the application is renewing it */
@@ -71,6 +72,8 @@ struct dlock_keeper {
     struct kheap due, ends;
     struct dlock_kept *pend_head, *pend_tail; /* lost, callback not yet run */
     int stop;
+    int test_margin;         /* DLOCK_TEST_LOSS_MARGIN_MS was set */
+    int64_t test_margin_ns;  /* its value: replaces every lock's margin */
     pthread_t renewer, watchdog;
 };
 
@@ -184,11 +187,39 @@ static struct dlock_kept *heap_top(const struct kheap *h)
     return h->n ? h->a[0] : NULL;
 }
 
-/* The lease end the watchdog waits for; under mu. */
+/* The loss margin of a lease lease_ms long (DLOCK_LOSS_MARGIN_DIV in
+ * dlock.h): max(L/10, 50 ms) + L/100 + 2 ms, at most L/2. */
+uint64_t dlock_loss_margin_ns(uint32_t lease_ms)
+{
+    uint64_t l = (uint64_t)lease_ms * MS;
+    uint64_t m = l / DLOCK_LOSS_MARGIN_DIV;
+    if (m < DLOCK_LOSS_MARGIN_MIN_MS * MS)
+        m = DLOCK_LOSS_MARGIN_MIN_MS * MS;
+    m += l / DLOCK_CLOCK_RATE_DIV + DLOCK_CLOCK_SLACK_MS * MS;
+    return m < l / 2 ? m : l / 2;
+}
+
+/* When the watchdog reports a lock whose lease ends at end: the margin
+ * before it (the test hook's margin may be negative: a late keeper). */
+static uint64_t report_at(const struct dlock_keeper *kp, const struct dlock_kept *k,
+                          uint64_t end)
+{
+    if (end == NEVER || end == 0)
+        return end;
+    if (kp->test_margin) {
+        int64_t m = kp->test_margin_ns;
+        if (m >= 0)
+            return end > (uint64_t)m ? end - (uint64_t)m : 1;
+        return end + (uint64_t)-m < end ? NEVER - 1 : end + (uint64_t)-m;
+    }
+    return end > k->margin_ns ? end - k->margin_ns : 1;
+}
+
+/* The lease end, and the report the watchdog waits for; under mu. */
 static void set_end(struct dlock_keeper *kp, struct dlock_kept *k, uint64_t end)
 {
     atomic_store(&k->lock->expires_ns, end);
-    k->watch_at = end;
+    k->watch_at = report_at(kp, k, end);
     heap_fix(&kp->ends, k);
 }
 
@@ -277,6 +308,8 @@ static void *renewer_main(void *arg)
 
         uint64_t sent = dlock_monotonic_ns();
         lock->held->lease_end_ns = 0;
+        if (dlock_abi_has(c->backend, lease_ms))
+            lock->held->lease_ms = 0;
         sink.err = 0;
         sink.msg[0] = '\0';
         dlock_call_deadline_set(bound);
@@ -285,12 +318,16 @@ static void *renewer_main(void *arg)
         if (dlock_client_expires(c))
             dlock_metrics_renewal(c, rc);
         uint64_t end = rc == 0 ? dlock_lease_end(c, lock->held, sent, ttl) : 0;
+        uint32_t lease_ms = dlock_abi_has(c->backend, lease_ms) && lock->held->lease_ms
+                                ? lock->held->lease_ms
+                                : ttl;
 
         pthread_mutex_lock(&kp->mu);
         due->busy = 0;
         pthread_cond_broadcast(&kp->idle_cv);
         if (rc == 0) {
             if (!atomic_load(&lock->lost)) {
+                due->margin_ns = dlock_loss_margin_ns(lease_ms);
                 set_end(kp, due, end);
                 pthread_cond_broadcast(&kp->watch_cv);
             }
@@ -324,8 +361,13 @@ static void *watchdog_main(void *arg)
         struct dlock_kept *k;
         while ((k = heap_top(&kp->ends)) != NULL && k->watch_at <= now) {
             char why[DLOCK_ERRMSG_MAX];
-            snprintf(why, sizeof why, "the lease ran out without a confirmed renewal%s%.200s",
-                     k->detail[0] ? ": " : "", k->detail);
+            uint64_t end = atomic_load(&k->lock->expires_ns);
+            int early = end > now;
+            snprintf(why, sizeof why,
+                     "the lease ran out without a confirmed renewal (reported %.0f ms %s its "
+                     "end%s)%s%.150s",
+                     (double)(early ? end - now : now - end) / 1e6, early ? "before" : "after",
+                     early ? ", the loss margin" : "", k->detail[0] ? ": " : "", k->detail);
             mark_lost(kp, k, DLOCK_EEXPIRED, why); /* takes it out of ends */
         }
         struct dlock_kept *fire = kp->pend_head;
@@ -353,6 +395,11 @@ static int keeper_start(dlock_client *c)
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     kp->client = c;
     kp->ends.watch = 1;
+    const char *tm = getenv("DLOCK_TEST_LOSS_MARGIN_MS");
+    if (tm && *tm) {
+        kp->test_margin = 1;
+        kp->test_margin_ns = strtoll(tm, NULL, 10) * (int64_t)MS;
+    }
     pthread_mutex_init(&kp->mu, NULL);
     dlock_cond_init_mono(&kp->renew_cv);
     dlock_cond_init_mono(&kp->watch_cv);
@@ -392,6 +439,7 @@ static void set_intervals(struct dlock_kept *k)
             k->interval_ns = DLOCK_KEEP_CHECK_MAX_MS * MS;
     }
     k->retry_ns = ttl_ns / DLOCK_KEEP_RETRY_DIV;
+    k->margin_ns = dlock_loss_margin_ns(k->lock->ttl_ms);
     if (k->interval_ns < MS)
         k->interval_ns = MS;
     if (k->retry_ns < MS)
@@ -428,7 +476,7 @@ int dlock_keeper_add(dlock_client *c, dlock_lock *lock, dlock_lost_fn on_lost, v
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     }
     lock->kept = k;
-    k->watch_at = atomic_load(&lock->expires_ns);
+    k->watch_at = report_at(kp, k, atomic_load(&lock->expires_ns));
     heap_push(&kp->due, k);
     heap_push(&kp->ends, k);
     pthread_cond_broadcast(&c->keeper->renew_cv);
@@ -483,11 +531,11 @@ void dlock_keeper_unhold(dlock_lock *lock, int rc, uint64_t end)
         return;
     }
     pthread_mutex_lock(&kp->mu);
+    set_intervals(k); /* the renew may have changed the TTL */
     /* Under mu: a loss marked meanwhile keeps expires_ns at 0. */
     if (rc == 0 && !atomic_load(&lock->lost))
         set_end(kp, k, end);
     k->held = 0;
-    set_intervals(k); /* the renew may have changed the TTL */
     if (rc == 0)
         k->next_at = dlock_monotonic_ns() + k->interval_ns;
     else if (rc == DLOCK_ELOST)

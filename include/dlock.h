@@ -340,19 +340,21 @@ DLOCK_API void dlock_cancel_free(dlock_cancel *cancel);
  *
  * The lock is lost, and on_lost is called once, from a keeper thread, as
  * soon as the keeper knows or must assume it: the store refused a renewal,
- * or the lease end passed without a confirmed renewal. The lease end is
+ * or the lease end is less than the loss margin away (see
+ * DLOCK_LOSS_MARGIN_DIV) without a confirmed renewal. The lease end is
  * measured on CLOCK_MONOTONIC from the moment the last successful renewal
  * was *sent* (dlock_lock_expires_ns()), with an absolute timer: a process
  * resumed after a pause (SIGSTOP, a VM stall) reports the loss at once,
  * before anything else the keeper does.
  *
  * How fast: a refused renewal is reported at that renewal (at most TTL/3
- * after the store let go). A silent network, a dead store or a paused
- * process is reported at the lease end: between 2/3 of the TTL and the TTL
- * after the silence began (20 to 30 s with the default TTL), and no later
- * than the moment the store itself can free the lock (for a grant handed
- * over after a wait, up to one network delay later until its first
- * renewal: the handoff is timed from its arrival). ZooKeeper: an
+ * after the store let go). A silent network or a dead store is reported
+ * the loss margin before the lease end: between 2/3 of the TTL and the TTL,
+ * less the margin, after the silence began (16.7 to 26.7 s with the default
+ * TTL), so at least the margin before the store itself can free the lock
+ * (for a grant handed over after a wait, until its first renewal confirms
+ * it, less by one network delay: the handoff is timed from its arrival). A
+ * paused process reports on resume, which may be after the lease end. ZooKeeper: an
  * expired session or a deleted lock node within 500 ms of the client
  * learning it; a reset connection session_timeout/3 + 0.5 s after it
  * dropped; a silent network about one session_timeout after it went silent.
@@ -376,6 +378,24 @@ DLOCK_API void dlock_cancel_free(dlock_cancel *cancel);
  * so dlock_release() does not wait for it either.
  */
 #define DLOCK_LOST_RELEASE_MS 300u
+/*
+ * The loss margin. A kept lock whose renewals are not confirmed is reported
+ * lost (DLOCK_EEXPIRED) a margin BEFORE its lease end, never at it, so that
+ * the application (and `dlock run`, which stops its command's group) acts
+ * before the store can hand the lock to someone else:
+ *   margin = max(L / DLOCK_LOSS_MARGIN_DIV, DLOCK_LOSS_MARGIN_MIN_MS)
+ *            + L / DLOCK_CLOCK_RATE_DIV + DLOCK_CLOCK_SLACK_MS,
+ * at most L / 2, where L is the lease's length: the TTL, or ZooKeeper's
+ * session timeout. The second line allows for the store's clock running up
+ * to 1% faster than ours (Redlock's drift allowance). 1.5 s TTL: 167 ms;
+ * 30 s: 3.302 s; 3 s ZooKeeper session: 332 ms; 100 ms TTL: 50 ms.
+ * dlock_lock_expires_ns() still says the lease end; the report comes
+ * margin earlier. A lock reported lost is never renewed or revived.
+ */
+#define DLOCK_LOSS_MARGIN_DIV 10
+#define DLOCK_LOSS_MARGIN_MIN_MS 50u
+#define DLOCK_CLOCK_RATE_DIV 100
+#define DLOCK_CLOCK_SLACK_MS 2u
 #define DLOCK_KEEP_INTERVAL_DIV 3
 #define DLOCK_KEEP_RETRY_DIV 10
 #define DLOCK_KEEP_CHECK_MAX_MS 500u

@@ -14,13 +14,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/internal.h" /* dlock_loss_margin_ns() */
 #include "dlock_backend.h"
 #include "tests/tap.h"
 #include "tests/util.h"
 
 #define MS 1000000ull
 
-enum keep_mode { KEEP_OK, KEEP_LOST, KEEP_FAIL, KEEP_BLOCK };
+enum keep_mode { KEEP_OK, KEEP_LOST, KEEP_FAIL, KEEP_BLOCK, KEEP_LATE_OK };
 
 static struct {
     atomic_int keeps, releases, acquires, renews;
@@ -102,6 +103,9 @@ static int fake_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
             sleep_ms((unsigned)fake.block_ms);
         }
         return dlock_seterr(conn->client, DLOCK_ECONNECT, "fake store: no reply");
+    case KEEP_LATE_OK: /* the store answers "renewed", after block_ms */
+        sleep_ms((unsigned)fake.block_ms);
+        return 0;
     }
     return 0;
 }
@@ -243,11 +247,14 @@ static void test_expired_while_failing(dlock_client *c)
     reset(KEEP_FAIL);
     uint64_t t0 = dlock_monotonic_ns();
     is_int(dlock_acquire(c, "failing", &o, &l), 0, "kept acquire");
+    uint64_t end = dlock_lock_expires_ns(l), margin = dlock_loss_margin_ns(400);
     wait_calls(1, 3000);
     is_int(seen.calls, 1, "on_lost called when renewals keep failing");
     is_int(seen.err, DLOCK_EEXPIRED, "with DLOCK_EEXPIRED");
     uint64_t after = (seen.at - t0) / MS;
-    ok(after >= 395 && after < 400 + 250, "at the lease end (%llu ms after acquire, TTL 400)",
+    /* The margin's DLOCK_CLOCK_SLACK_MS covers the callback's scheduling. */
+    ok(seen.at + margin - DLOCK_CLOCK_SLACK_MS * MS <= end && after >= 400 - 56 - 5,
+       "the loss margin (56 ms) before the lease end (%llu ms after acquire, TTL 400)",
        (unsigned long long)after);
     ok(fake.keeps >= 3, "renewal was retried (%d tries)", (int)fake.keeps);
     ok(strstr(seen.detail, "unreachable") != NULL, "detail names the last failure: %s",
@@ -300,7 +307,8 @@ static void lost_release_case(dlock_client *c, int unbounded)
     if (unbounded)
         ok(fake.keep_deadline == DLOCK_POLL_FOREVER, "%skeep() had no bound", how);
     else
-        ok(fake.keep_deadline == end, "keep() ran bounded by the lease end (%+.1f ms)",
+        ok(fake.keep_deadline == end - dlock_loss_margin_ns(300),
+           "keep() ran bounded by the loss report, the margin before the lease end (%+.1f ms)",
            ((double)fake.keep_deadline - (double)end) / 1e6);
     uint64_t r0 = dlock_monotonic_ns();
     is_int(dlock_release(l), DLOCK_ELOST, "%srelease of the lost lock: DLOCK_ELOST", how);
@@ -339,6 +347,78 @@ static void test_lost_release_unbounded(void)
     lost_release_case(c, 1);
     dlock_client_close(c);
     unsetenv("DLOCK_TEST_UNBOUNDED_LOSS");
+}
+
+/*
+ * The loss margin: renewals that fail without proof are reported lost the
+ * margin before the lease end (dlock_loss_margin_ns(), DLOCK_LOSS_MARGIN_DIV
+ * in dlock.h), never at it. late: the negative control, a client whose
+ * keeper was started with the test hook DLOCK_TEST_LOSS_MARGIN_MS=-200 (a
+ * keeper that reports after the lease end): the check must fire there.
+ */
+static void margin_case(dlock_client *c, int late)
+{
+    const char *how = late ? "negative control, a late keeper: " : "";
+    dlock_acquire_opts o = kept(1500, NULL);
+    dlock_lock *l = NULL;
+    reset(KEEP_FAIL);
+    is_int(dlock_acquire(c, "margin", &o, &l), 0, "%skept acquire, TTL 1500", how);
+    uint64_t end = dlock_lock_expires_ns(l), margin = dlock_loss_margin_ns(1500);
+    wait_calls(1, 4000);
+    is_int(seen.err, DLOCK_EEXPIRED, "%sreported DLOCK_EEXPIRED", how);
+    double before = ((double)end - (double)seen.at) / 1e6;
+    /* At least max(TTL/10, 50 ms) + TTL/100 before the end: the margin's
+     * DLOCK_CLOCK_SLACK_MS covers the callback's scheduling. */
+    int in_time = seen.calls == 1 && seen.at + margin - DLOCK_CLOCK_SLACK_MS * MS <= end;
+    if (late) {
+        ok(!in_time && before < 0, "%sthe margin check fires: reported %.1f ms after the lease "
+           "end", how, -before);
+    } else {
+        is_int((int)(margin / MS), 167, "the margin of a 1.5 s lease: 150 + 15 + 2 ms");
+        ok(in_time && before <= 167 + 30,
+           "reported %.1f ms before the lease end: at least the margin, not much more", before);
+        ok(strstr(seen.detail, "before its end") != NULL, "the detail says so: %s", seen.detail);
+    }
+    is_int(dlock_release(l), DLOCK_ELOST, "%srelease: DLOCK_ELOST", how);
+}
+
+static void test_margin(dlock_client *c)
+{
+    is_int((int)(dlock_loss_margin_ns(30000) / MS), 3302, "margin of 30 s: 3000 + 300 + 2 ms");
+    is_int((int)(dlock_loss_margin_ns(100) / MS), 50, "margin of 100 ms: at most half the lease");
+    is_int((int)(dlock_loss_margin_ns(300) / MS), 55, "margin of 300 ms: the 50 ms floor + 5 ms");
+    margin_case(c, 0);
+}
+
+static void test_margin_late(void)
+{
+    dlock_client *c = NULL;
+    setenv("DLOCK_TEST_LOSS_MARGIN_MS", "-200", 1);
+    is_int(dlock_client_open("kfake://h/", &c), 0, "open (a late keeper)");
+    margin_case(c, 1);
+    dlock_client_close(c);
+    unsetenv("DLOCK_TEST_LOSS_MARGIN_MS");
+}
+
+/* A renewal that answers "renewed" after the loss was reported does not
+ * revive the lock: it stays lost, is not renewed again, is told once. */
+static void test_never_revived(dlock_client *c)
+{
+    dlock_acquire_opts o = kept(300, NULL);
+    dlock_lock *l = NULL;
+    reset(KEEP_LATE_OK);
+    fake.block_ms = 600;
+    is_int(dlock_acquire(c, "late-ok", &o, &l), 0, "kept acquire, renewals answer late");
+    wait_calls(1, 3000);
+    is_int(seen.err, DLOCK_EEXPIRED, "reported lost while the renewal is still out");
+    sleep_ms(900); /* the late "renewed" arrives, and a renewal would be due again */
+    int keeps = fake.keeps;
+    sleep_ms(300);
+    is_int(dlock_lock_lost(l), DLOCK_EEXPIRED, "still lost after the late answer");
+    ok(dlock_lock_expires_ns(l) == 0, "expires_ns stays 0");
+    is_int(fake.keeps, keeps, "no renewal after the report");
+    is_int(seen.calls, 1, "told once");
+    is_int(dlock_release(l), DLOCK_ELOST, "release: DLOCK_ELOST");
 }
 
 static void test_backend_lease_end(dlock_client *c)
@@ -572,6 +652,8 @@ int main(void)
     test_expired_while_blocked(c);
     test_lost_release_bounded(c);
     test_backend_lease_end(c);
+    test_margin(c);
+    test_never_revived(c);
     test_callback_limits(c);
     test_app_renew(c);
     test_reentrant(c);
@@ -580,6 +662,7 @@ int main(void)
     test_many_kept(c);
     dlock_client_close(c);
     test_lost_release_unbounded();
+    test_margin_late();
     test_refusals();
     test_close_stops();
     return done_testing();
