@@ -10,7 +10,9 @@
 # nothing there, which is checked too).
 #
 # A network gone silent (tests/cli/silent_proxy.py) loses the lock too:
-# dlock then exits within the TTL + 0.3 s, its release bounded.
+# dlock then exits within the TTL + 0.3 s, its release bounded, and the
+# command's group is gone before a client waiting at the store is granted
+# the lock (the loss is told a margin before the lease end).
 #
 # TAP output. $1 = dlock binary; $2 = "file", or the name of the variable
 # holding the store's URI (DLOCK_REDIS_URI...): a missing one fails.
@@ -179,9 +181,14 @@ fi
 STTL=3000
 SILENT_LIMIT=$((STTL + 300 + 1000))
 proxy=$(dirname "$0")/silent_proxy.py
-# silent_case LOCK UNBOUNDED: leaves $rc and $elapsed (ms from the silence).
+# silent_case LOCK UNBOUNDED [MARGIN]: leaves $rc and $elapsed (ms from the
+# silence). With MARGIN ("-": the keeper's own; a number: the test hook
+# DLOCK_TEST_LOSS_MARGIN_MS in the first dlock run) a second dlock run, straight to the store, waits for LOCK from the moment
+# of the silence; its command records, when it is granted, which of the
+# first command's processes still run: $tmp/at-grant ("alive PID..." or
+# "gone").
 silent_case() {
-    local lock=$1 saved=$uri ppid
+    local lock=$1 saved=$uri ppid wpid=
     rc=-1 elapsed=-1
     rm -f "$tmp/puri"
     python3 "$proxy" "$uri" >"$tmp/puri" 2>"$tmp/proxy-err" &
@@ -193,13 +200,28 @@ silent_case() {
     fi
     uri=$(head -n1 "$tmp/puri")
     [ "$2" = 1 ] && export DLOCK_TEST_UNBOUNDED_LOSS=1
+    [ -n "${3:-}" ] && [ "$3" != - ] && export DLOCK_TEST_LOSS_MARGIN_MS=$3
     start "$lock" "" --ttl $STTL
-    unset DLOCK_TEST_UNBOUNDED_LOSS
+    unset DLOCK_TEST_UNBOUNDED_LOSS DLOCK_TEST_LOSS_MARGIN_MS
     uri=$saved
     sleep 1 # renewals pass through the proxy meanwhile
+    rm -f "$tmp/at-grant"
+    if [ -n "${3:-}" ]; then
+        # The check runs first thing in the granted command: which of the
+        # first command's processes (zombies count as gone) still run.
+        # shellcheck disable=SC2016
+        "$dlock" run -w 15 "$uri" "$lock" -- sh -c \
+            'a=; for p; do s=$(sed "s/.*) //" /proc/$p/stat 2>/dev/null | cut -d" " -f1)
+             [ -z "$s" ] || [ "$s" = Z ] || a="$a $p"; done
+             if [ -n "$a" ]; then echo "alive$a"; else echo gone; fi' \
+            check $cpg $kids >"$tmp/at-grant" 2>"$tmp/werr" </dev/null &
+        wpid=$!
+        jobs_started+=("$wpid")
+    fi
     kill -USR1 "$ppid"
     t0=$(now_ms)
     finish
+    [ -n "$wpid" ] && wait "$wpid"
     kill "$ppid" 2>/dev/null
     wait "$ppid" 2>/dev/null
     return 0
@@ -212,6 +234,24 @@ if [ "$store" != file ]; then
         "network silent: the group stopped and dlock exited 70 within ${SILENT_LIMIT} ms (exit $rc after ${elapsed} ms; TTL $STTL)"
     grep -q "lock '$name-e' was lost while 'sh' ran" "$tmp/err"
     ok $? "with a message: $(head -n1 "$tmp/err")"
+    # 6. The loss is told a margin before the lease can end at the store
+    #    (docs/keeper.md): a second client waiting at the store from the
+    #    moment of the silence is granted the lock only once the first
+    #    command's group is gone. The negative control: a late keeper (the
+    #    test hook DLOCK_TEST_LOSS_MARGIN_MS=-2500: the loss told 2.5 s after
+    #    the lease end) leaves the command running when the waiter gets in.
+    silent_case "$name-g" 0 -
+    at=$(cat "$tmp/at-grant" 2>/dev/null)
+    ok $([ "$at" = gone ] && [ $rc = 70 ] && echo 0 || echo 1) \
+        "network silent: a client waiting at the store was granted the lock after the command's group was gone (at its grant: ${at:-not granted}; dlock exit $rc)"
+    #    (PostgreSQL and MySQL end a renewal at the lease end themselves and
+    #    report the loss then, whatever the hook says: no control there.)
+    if [ "$store" = DLOCK_REDIS_URI ] || [ "$store" = DLOCK_ETCD_CLUSTER_URI ]; then
+        silent_case "$name-h" 0 -2500
+        at=$(cat "$tmp/at-grant" 2>/dev/null)
+        ok $([ "${at%% *}" = alive ] && echo 0 || echo 1) \
+            "negative control: with the loss told 2.5 s after the lease end (DLOCK_TEST_LOSS_MARGIN_MS=-2500) the waiter got in while the command ran (at its grant: ${at:-not granted}): the check above can fail"
+    fi
     if [ "$store" = DLOCK_REDIS_URI ] || [ "$store" = DLOCK_ETCD_CLUSTER_URI ]; then
         silent_case "$name-f" 1
         ok $([ $rc = 70 ] && [ $elapsed -gt $SILENT_LIMIT ] && echo 0 || echo 1) \
