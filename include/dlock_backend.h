@@ -195,8 +195,9 @@ DLOCK_API int dlock_fd_cancelled(int cancel_fd);
 
 /* The CLOCK_MONOTONIC instant by which the core needs the method running on
  * the calling thread to return; DLOCK_POLL_FOREVER when it set none. The
- * core sets one around keep() (the lock's lease end: an answer after it
- * cannot keep the lock, whose loss is reported then) and around release()
+ * core sets one around keep() (the loss margin before the lock's lease
+ * end: an answer after it cannot keep the lock, whose loss is reported
+ * then) and around release()
  * of a lock its keeper reported lost (DLOCK_LOST_RELEASE_MS from the call:
  * the store may be what made it lost). A backend bounds such a call by the
  * earlier of this and its own bound, and gives up there as at its own
