@@ -9,7 +9,7 @@
  * Holders and waiters are separate processes (fork), as in real use.
  *
  * Usage: conformance [--auth-env VAR] [--many N] [--params P] [--case NAME]
- *                    [--drop-cap CAP] [--break-death] (URI | --env VAR)
+ *                    [--drop-cap CAP] [--break-death] [--break-lease] (URI | --env VAR)
  *   --env VAR       read the URI from the environment variable VAR (a
  *                   missing variable fails the run: no silent skip)
  *   --auth-env VAR  VAR holds a URI of the same store type with a correct
@@ -24,6 +24,8 @@
  *   --break-death   a negative control: a killed holder's connections live
  *                   on in a child of it, so "holder killed" must fail on a
  *                   store that declares HOLDER_DEATH
+ *   --break-lease   a negative control: "leases" renews its 300 ms lock to
+ *                   5 s, so the bound of its expiry must fail
  * For networked stores the suite also points the URI at a closed loopback
  * port and expects DLOCK_ECONNECT.
  *
@@ -104,26 +106,39 @@ static const struct kind {
     /* Besides the holder's owner id, inspect may name a holder by its
      * session: this word, a space and a number (NULL: the owner id only). */
     const char *session_word;
+    /* Leased stores: the lease the server keeps for a TTL, as their docs
+     * state it: the TTL rounded up to a multiple of lease_step_ms (0: to
+     * the millisecond), at least lease_min_ms; the lock is then free within
+     * lease_late_ms more (see lease_free_ms()). */
+    unsigned lease_step_ms, lease_min_ms, lease_late_ms;
 } kinds[] = {
-    {"file", DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE, NULL},
-    {"redis", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL},
-    {"redlock", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE, NULL},
-    {"redis-cluster", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL},
-    {"redis-sentinel", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL},
+    {"file", DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE, NULL, 0, 0, 0},
+    /* A PX expiry, to the millisecond. */
+    {"redis", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0},
+    {"redlock", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0},
+    {"redis-cluster", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL, 0,
+     0, 0},
+    {"redis-sentinel", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL,
+     0, 0, 0},
+    /* idle_session_timeout, in milliseconds. */
     {"postgres",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
-     NULL},
+     NULL, 0, 0, 0},
+    /* wait_timeout, in whole seconds (docs/mysql.md, Lease / TTL). */
     {"mysql",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
-     NULL},
+     NULL, 1000, 0, 0},
     {"mysql-sequence",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
-     NULL},
+     NULL, 1000, 0, 0},
     {"mysql-named",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
-     "session"},
-    {"zookeeper", DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS, NULL},
-    {"etcd", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS, NULL},
+     "session", 1000, 0, 0},
+    {"zookeeper", DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS, NULL, 0, 0, 0},
+    /* Whole seconds, at least the server's minimum (2 s with the test
+     * stores' settings); its lessor looks for expired leases every 500 ms
+     * (docs/etcd.md, TTL). */
+    {"etcd", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS, NULL, 1000, 2000, 500},
 };
 #undef LEASED
 #undef WAITS
@@ -223,6 +238,37 @@ static unsigned int check_caps(char us[][DLOCK_URI_MAX], int n, unsigned int got
     return want;
 }
 
+/* The stores of the run (parts[]: one, or a list). */
+static char parts[8][DLOCK_URI_MAX];
+static int nparts;
+
+/* How long after its grant (counted from just before the acquire) a lock
+ * of ttl ms that nobody renews may stay held, as the stores' docs state:
+ * the longest of the leases the stores of the run keep for that TTL (see
+ * struct kind), plus the time they may take past it to free the lock. */
+static uint64_t lease_free_ms(uint32_t ttl)
+{
+    uint64_t most = ttl;
+    for (int i = 0; i < nparts; i++) {
+        const struct kind *k = kind_of(parts[i]);
+        if (!k)
+            continue;
+        uint64_t l = ttl;
+        if (k->lease_step_ms)
+            l = (l + k->lease_step_ms - 1) / k->lease_step_ms * k->lease_step_ms;
+        if (l < k->lease_min_ms)
+            l = k->lease_min_ms;
+        l += k->lease_late_ms;
+        if (l > most)
+            most = l;
+    }
+    return most;
+}
+
+/* Slack on lease_free_ms() for a busy machine: well below a store's
+ * rounding, so a lock freed a second late fails. */
+#define LEASE_FREE_SLACK_MS 400u
+
 /* Is owner what inspect may call the holder whose owner id is id: that
  * id exactly (32 hex digits), or the store's session word, a space and a
  * number (then nothing, or a space and more)? */
@@ -292,6 +338,10 @@ struct holder {
  * session alive after the holder is killed, as if the store did not tell a
  * dead holder from a live one, and the check must fire. */
 static int break_death;
+/* --break-lease: a negative control of the lease-expiry bound: "leases"
+ * then renews A's 300 ms lock to 5 s right after its grant, as a store
+ * that kept a lock past its lease would, and must fail. */
+static int break_lease;
 static unsigned holder_outlives_ms;
 
 static struct holder spawn_holder(const char *name, uint32_t ttl_ms)
@@ -793,16 +843,19 @@ static void test_inspect(void)
         name_of(exp, sizeof exp, "inspect-expired");
         o = try_once();
         o.ttl_ms = 300;
+        uint64_t t0 = dlock_monotonic_ns();
         is_int(dlock_acquire(c, exp, &o, &l), 0, "a 300 ms lease, not renewed");
         /* Within the time the store takes to let it go (MySQL's
          * wait_timeout counts whole seconds). */
+        uint64_t bound = lease_free_ms(o.ttl_ms) + LEASE_FREE_SLACK_MS;
         int freed = 0;
-        uint64_t t0 = dlock_monotonic_ns();
-        for (int k = 0; k < 40 && !freed; k++) {
-            sleep_ms(100);
+        while (!freed && dlock_monotonic_ns() < t0 + bound * MS) {
+            sleep_ms(20);
             freed = inspect_ok(d, exp, &i) && !i.held;
         }
-        ok(freed, "after it expired: free (%llu ms)", (unsigned long long)((dlock_monotonic_ns() - t0) / MS));
+        ok(freed, "after it expired: free (%llu ms; the store's lease %llu ms, + %u ms slack)",
+           (unsigned long long)((dlock_monotonic_ns() - t0) / MS),
+           (unsigned long long)lease_free_ms(o.ttl_ms), LEASE_FREE_SLACK_MS);
         if (l)
             dlock_release(l);
     }
@@ -1506,11 +1559,23 @@ static void test_leases(void)
     dlock_acquire_opts o = try_once();
     name_of(name, sizeof name, "lease");
     o.ttl_ms = 300;
+    uint64_t t0 = dlock_monotonic_ns();
     is_int(dlock_acquire(a, name, &o, &la), 0, "A acquires with a 300 ms lease");
     uint64_t ta = dlock_lock_token(la);
-    sleep_ms(700);
-    o = wait_for(3000);
-    is_int(dlock_acquire(b, name, &o, &lb), 0, "TTL expiry frees the lock");
+    if (break_lease && la)
+        dlock_renew(la, 5000);
+    /* B waits from the start: granted once the store's lease ran out, and
+     * no later than the store's stated lease (and the time it takes to
+     * free the lock) plus a slack, not seconds later. */
+    uint64_t bound = lease_free_ms(o.ttl_ms) + LEASE_FREE_SLACK_MS;
+    o = wait_for(0);
+    o.deadline_ns = t0 + bound * MS;
+    int got = dlock_acquire(b, name, &o, &lb);
+    double el = (dlock_monotonic_ns() - t0) / 1e6;
+    is_int(got, 0, "TTL expiry frees the lock: B granted %.0f ms after A's acquire (the store's "
+                  "lease %llu ms, + %u ms slack)",
+           el, (unsigned long long)lease_free_ms(300), LEASE_FREE_SLACK_MS);
+    ok(got || el >= 300, "not before the lease ran out (%.0f ms, TTL 300 ms)", el);
     ok(lb && dlock_lock_token(lb) > ta, "the new holder's token is higher");
     is_int(dlock_renew(la, 5000), DLOCK_ELOST, "stale holder's renew → DLOCK_ELOST");
     is_int(dlock_release(la), DLOCK_ELOST, "stale holder's release → DLOCK_ELOST");
@@ -2644,9 +2709,6 @@ static void run_parallel(struct pcase *cs, int n, unsigned limit_s)
 
 /* ---- lists of stores: one lock in each ------------------------------------ */
 
-static char parts[8][DLOCK_URI_MAX];
-static int nparts;
-
 /* The name held in one store alone, on a client of its own. */
 static dlock_client *part_client(int i)
 {
@@ -2826,6 +2888,8 @@ int main(int argc, char **argv)
             only = argv[++i];
         else if (strcmp(argv[i], "--break-death") == 0)
             break_death = 1;
+        else if (strcmp(argv[i], "--break-lease") == 0)
+            break_lease = 1;
         else if (strcmp(argv[i], "--drop-cap") == 0 && i + 1 < argc) {
             if (!(drop_caps |= cap_bit(argv[++i])))
                 nparts = -1, i = argc; /* the usage message */
@@ -2862,7 +2926,7 @@ int main(int argc, char **argv)
     uri = nparts > 0 ? list : NULL;
     if (!uri) {
         fprintf(stderr, "usage: conformance [--auth-env VAR] [--many N] [--params P] [--case NAME]"
-                        " [--drop-cap CAP] [--break-death] (URI | --env VAR)...\n");
+                        " [--drop-cap CAP] [--break-death] [--break-lease] (URI | --env VAR)...\n");
         return 64;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
