@@ -2543,6 +2543,63 @@ static void *fire_on_byte_main(void *p)
  * flight: keep-alives, pings, the wait itself) returns within
  * CANCEL_BOUND_MS, with the stores' default timeouts: what dlock run does
  * on SIGTERM or SIGINT must not take a store's whole `timeout`. */
+/* A waiter behind a silent network: a holder of the name (not through the
+ * proxy), and the waiter's process, in a group of its own, reporting
+ * through rp ('R' once open, then its result) and told through cp. */
+struct silent_wait {
+    struct proxy px;
+    char name[128], puri[DLOCK_URI_MAX];
+    int rp[2], cp[2];
+    dlock_client *c;
+    dlock_lock *l;
+    pid_t pid;
+};
+
+/* The proxy (ZooKeeper: a 4 s session), the pipes and the holder of a
+ * fresh name (what); then fork_group(): 0 in the waiter's process, its pid
+ * (or -1: failed, said) in the test's. */
+static pid_t silent_wait_start(struct silent_wait *sw, const char *what)
+{
+    proxy_for_uri(&sw->px, uri);
+    if (proxy_uri(&sw->px, uri, is("zookeeper") ? "session_timeout=4000" : NULL, sw->puri,
+                  sizeof sw->puri) != 0 || pipe(sw->rp) < 0 || pipe(sw->cp) < 0) {
+        ok(0, "cannot point %s at the proxy", uri);
+        proxy_stop(&sw->px);
+        return -1;
+    }
+    name_of(sw->name, sizeof sw->name, what);
+    sw->c = client();
+    sw->l = NULL;
+    dlock_acquire_opts o = try_once();
+    is_int(dlock_acquire(sw->c, sw->name, &o, &sw->l), 0, "a holder, not through the proxy");
+    return sw->pid = fork_group();
+}
+
+/* In the test's process: the waiter's 'R' (opened through the proxy) into
+ * *m; 0, or -1 (failed, said). */
+static int silent_wait_opened(struct silent_wait *sw, struct msg *m)
+{
+    close(sw->rp[1]);
+    close(sw->cp[0]);
+    if (msg_recv(sw->rp[0], m, dlock_monotonic_ns() + 20000 * MS) != 0 || m->a != 0) {
+        ok(0, "a waiter opens through the proxy: %s",
+           m->kind == 'R' ? m->text : "no report within 20 s");
+        return -1;
+    }
+    return 0;
+}
+
+static void silent_wait_end(struct silent_wait *sw)
+{
+    kill_group(sw->pid);
+    close(sw->rp[0]);
+    close(sw->cp[1]);
+    proxy_stop(&sw->px);
+    if (sw->l)
+        dlock_release(sw->l);
+    dlock_client_close(sw->c);
+}
+
 static void test_silent_cancel(void)
 {
     static const char *const what = "a wait cancelled on a silent network returns in time";
@@ -2552,60 +2609,44 @@ static void test_silent_cancel(void)
         skip("the backend does not declare DLOCK_CAP_CANCEL", "%s", what);
         return;
     }
-    char name[128], puri[DLOCK_URI_MAX];
-    int rp[2], cp[2];
-    struct proxy px;
+    struct silent_wait sw;
     struct msg m = {0};
-    proxy_for_uri(&px, uri);
-    if (proxy_uri(&px, uri, is("zookeeper") ? "session_timeout=4000" : NULL, puri, sizeof puri) != 0 ||
-        pipe(rp) < 0 || pipe(cp) < 0) {
-        ok(0, "cannot point %s at the proxy", uri);
-        proxy_stop(&px);
+    pid_t pid = silent_wait_start(&sw, "silent-cancel");
+    if (pid < 0)
         return;
-    }
-    name_of(name, sizeof name, "silent-cancel");
-    dlock_client *c = client();
-    dlock_lock *l = NULL;
-    dlock_acquire_opts o = try_once();
-    is_int(dlock_acquire(c, name, &o, &l), 0, "a holder, not through the proxy");
-    pid_t pid = fork_group();
     if (pid == 0) {
         dlock_client *w = NULL;
         dlock_lock *x = NULL;
         static struct fire_on_byte fb;
         pthread_t th;
-        fb.fd = cp[0];
-        int rc = dlock_client_open(puri, &w);
+        fb.fd = sw.cp[0];
+        int rc = dlock_client_open(sw.puri, &w);
         if (rc == 0 && (rc = dlock_cancel_new(&fb.k)) == 0 &&
             pthread_create(&th, NULL, fire_on_byte_main, &fb) != 0)
             rc = DLOCK_ENOMEM;
-        msg_send(rp[1], 'R', rc, 0, 0, 0, 0, rc && w ? dlock_errmsg(w) : "");
+        msg_send(sw.rp[1], 'R', rc, 0, 0, 0, 0, rc && w ? dlock_errmsg(w) : "");
         if (rc)
             _exit(1);
         dlock_acquire_opts f = DLOCK_ACQUIRE_OPTS_INIT;
         f.cancel = fb.k;
-        rc = dlock_acquire(w, name, &f, &x);
+        rc = dlock_acquire(w, sw.name, &f, &x);
         uint64_t now = dlock_monotonic_ns(), fired = __atomic_load_n(&fb.fired, __ATOMIC_SEQ_CST);
-        msg_send(rp[1], 'W', rc, 0, 0, fired ? now - fired : 0, 0, dlock_errmsg(w));
+        msg_send(sw.rp[1], 'W', rc, 0, 0, fired ? now - fired : 0, 0, dlock_errmsg(w));
         _exit(0);
     }
-    close(rp[1]);
-    close(cp[0]);
-    if (msg_recv(rp[0], &m, dlock_monotonic_ns() + 20000 * MS) != 0 || m.a != 0) {
-        ok(0, "a waiter opens through the proxy: %s", m.kind == 'R' ? m.text : "no report within 20 s");
+    if (silent_wait_opened(&sw, &m) != 0)
         goto out;
-    }
     dlock_info seen;
-    if (waiters_reach(c, name, 1, 10000, &seen) <= 0)
+    if (waiters_reach(sw.c, sw.name, 1, 10000, &seen) <= 0)
         sleep_ms(500);
-    proxy_set(&px, PROXY_BLACKHOLE);
+    proxy_set(&sw.px, PROXY_BLACKHOLE);
     /* Long enough for the wait's keep-alives and pings to be sent into
      * the silence and be waiting for replies. */
     sleep_ms(1500);
     uint64_t t0 = dlock_monotonic_ns();
-    if (write(cp[1], "x", 1) != 1)
+    if (write(sw.cp[1], "x", 1) != 1)
         abort();
-    if (msg_recv(rp[0], &m, t0 + 20000 * MS) != 0 || m.kind != 'W') {
+    if (msg_recv(sw.rp[0], &m, t0 + 20000 * MS) != 0 || m.kind != 'W') {
         ok(0, "%s: no return within 20 s of the cancel", what);
         goto out;
     }
@@ -2615,13 +2656,7 @@ static void test_silent_cancel(void)
        "it returned %.0f ms after the cancel (bound %u ms + %u ms slack)", m.t / 1e6,
        CANCEL_BOUND_MS, CANCEL_SLACK_MS);
 out:
-    kill_group(pid);
-    close(rp[0]);
-    close(cp[1]);
-    proxy_stop(&px);
-    if (l)
-        dlock_release(l);
-    dlock_client_close(c);
+    silent_wait_end(&sw);
 }
 
 /* What a deadline wait's return may be measured past its stated bound
@@ -2645,73 +2680,54 @@ static void test_silent_deadline(void)
     if (proxy_case_skipped(what, "the file backend has no network"))
         return;
     const struct kind *k = kind_of(uri);
-    unsigned past = k ? k->deadline_past_ms : 0;
-    char name[128], puri[DLOCK_URI_MAX];
-    int rp[2], cp[2];
-    struct proxy px;
-    struct msg m = {0};
-    proxy_for_uri(&px, uri);
-    if (!k || proxy_uri(&px, uri, is("zookeeper") ? "session_timeout=4000" : NULL, puri,
-                        sizeof puri) != 0 || pipe(rp) < 0 || pipe(cp) < 0) {
-        ok(0, "cannot point %s at the proxy%s", uri, k ? "" : " (no row in the table)");
-        proxy_stop(&px);
+    if (!k) {
+        ok(0, "%s: the store has a row in the suite's table", what);
         return;
     }
-    name_of(name, sizeof name, "silent-deadline");
-    dlock_client *c = client();
-    dlock_lock *l = NULL;
-    dlock_acquire_opts o = try_once();
-    is_int(dlock_acquire(c, name, &o, &l), 0, "a holder, not through the proxy");
-    pid_t pid = fork_group();
+    struct silent_wait sw;
+    struct msg m = {0};
+    pid_t pid = silent_wait_start(&sw, "silent-deadline");
+    if (pid < 0)
+        return;
     if (pid == 0) {
         dlock_client *w = NULL;
         dlock_lock *x = NULL;
         char b;
-        int rc = dlock_client_open(puri, &w);
-        msg_send(rp[1], 'R', rc, 0, 0, 0, 0, rc && w ? dlock_errmsg(w) : "");
-        if (rc || read(cp[0], &b, 1) != 1)
+        int rc = dlock_client_open(sw.puri, &w);
+        msg_send(sw.rp[1], 'R', rc, 0, 0, 0, 0, rc && w ? dlock_errmsg(w) : "");
+        if (rc || read(sw.cp[0], &b, 1) != 1)
             _exit(1);
         /* Keep-alives every second (etcd), pings (Redis, ZooKeeper): the
          * silence at 0.5 s leaves some in flight at the deadline. */
         dlock_acquire_opts d = wait_for(2500);
-        rc = dlock_acquire(w, name, &d, &x);
+        rc = dlock_acquire(w, sw.name, &d, &x);
         uint64_t now = dlock_monotonic_ns();
-        msg_send(rp[1], 'W', rc, 0, 0, now > d.deadline_ns ? now - d.deadline_ns : 0, 0,
+        msg_send(sw.rp[1], 'W', rc, 0, 0, now > d.deadline_ns ? now - d.deadline_ns : 0, 0,
                  dlock_errmsg(w));
         _exit(0);
     }
-    close(rp[1]);
-    close(cp[0]);
-    if (msg_recv(rp[0], &m, dlock_monotonic_ns() + 20000 * MS) != 0 || m.a != 0) {
-        ok(0, "a waiter opens through the proxy: %s", m.kind == 'R' ? m.text : "no report within 20 s");
+    if (silent_wait_opened(&sw, &m) != 0)
         goto out;
-    }
     uint64_t t0 = dlock_monotonic_ns();
-    if (write(cp[1], "x", 1) != 1)
+    if (write(sw.cp[1], "x", 1) != 1)
         abort();
     dlock_info seen;
-    waiters_reach(c, name, 1, 400, &seen);
+    waiters_reach(sw.c, sw.name, 1, 400, &seen);
     uint64_t at = t0 + 500 * MS, now = dlock_monotonic_ns();
     if (now < at)
         sleep_ms((unsigned)((at - now) / MS));
-    proxy_set(&px, PROXY_BLACKHOLE);
-    if (msg_recv(rp[0], &m, t0 + 20000 * MS) != 0 || m.kind != 'W') {
+    proxy_set(&sw.px, PROXY_BLACKHOLE);
+    if (msg_recv(sw.rp[0], &m, t0 + 20000 * MS) != 0 || m.kind != 'W') {
         ok(0, "%s: no return within 20 s", what);
         goto out;
     }
     is_int(m.a, DLOCK_ETIMEDOUT, "a 2.5 s wait, its network silent after 0.5 s → %s: %s",
            dlock_err_name(m.a), m.text);
-    ok(m.t <= (uint64_t)(past + DEADLINE_PAST_SLACK_MS) * MS,
+    ok(m.t <= (uint64_t)(k->deadline_past_ms + DEADLINE_PAST_SLACK_MS) * MS,
        "it returned %.1f ms past its deadline (bound %u ms, + %u ms for the return)", m.t / 1e6,
-       past, DEADLINE_PAST_SLACK_MS);
+       k->deadline_past_ms, DEADLINE_PAST_SLACK_MS);
 out:
-    kill_group(pid);
-    close(rp[0]);
-    close(cp[1]);
-    proxy_stop(&px);
-    if (l)
-        dlock_release(l);
-    dlock_client_close(c);
+    silent_wait_end(&sw);
 }
 
 /* Runs cases at the same time, each in a process of its own with its TAP
