@@ -336,6 +336,10 @@ struct holder {
     int report, control;
 };
 
+/* --break-lease: a negative control of the lease-expiry bound: "leases"
+ * then renews A's 300 ms lock to 5 s right after its grant, as a store
+ * that kept a lock past its lease would, and must fail. */
+static int break_lease;
 /* --break-death: a negative control of the holder-death check; "holder
  * killed" then spawns its holder with holder_outlives_ms set. A holder
  * spawned while that is set leaves, right after its grant, a child of its
@@ -344,10 +348,6 @@ struct holder {
  * session alive after the holder is killed, as if the store did not tell a
  * dead holder from a live one, and the check must fire. */
 static int break_death;
-/* --break-lease: a negative control of the lease-expiry bound: "leases"
- * then renews A's 300 ms lock to 5 s right after its grant, as a store
- * that kept a lock past its lease would, and must fail. */
-static int break_lease;
 static unsigned holder_outlives_ms;
 
 static struct holder spawn_holder(const char *name, uint32_t ttl_ms)
@@ -1159,7 +1159,7 @@ static void test_names_long_wait(void)
 }
 
 /* A store that declares HOLDER_DEATH frees a dead holder's lock within
- * this (docs/backends.md, "Capabilities"), whatever the lock's TTL; the
+ * this (docs/backends.md, after the capability check), whatever its TTL; the
  * case adds HOLDER_DEATH_SLACK_MS for a busy machine. Its lease is
  * HOLDER_DEATH_TTL_MS, far above both: a lock freed only by its lease
  * running out fails the case. */
