@@ -128,6 +128,7 @@ int dlock_client_open(const char *uri, dlock_client **clientp)
     *clientp = c = calloc(1, sizeof *c);
     if (!c)
         return DLOCK_ENOMEM;
+    dlock_test_hooks_read(&c->hooks);
     if (dlock_names_init(&c->held) != 0)
         return dlock_seterr(c, DLOCK_EIO, "cannot read random bytes for the client's name table");
     rc = client_connect(c, uri);
@@ -139,7 +140,7 @@ int dlock_client_open(const char *uri, dlock_client **clientp)
  * since_ns: its store may be silent or down (dlock_call_deadline()). */
 static int release_in_store(dlock_client *c, dlock_lock *lock, uint64_t since_ns)
 {
-    int bound = atomic_load(&lock->lost) && !dlock_loss_unbounded();
+    int bound = atomic_load(&lock->lost) && !c->hooks.unbounded_loss;
     uint64_t was = dlock_call_deadline();
     if (bound)
         dlock_call_deadline_set(since_ns + DLOCK_LOST_RELEASE_MS * 1000000ull);

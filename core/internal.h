@@ -22,6 +22,12 @@ struct dlock_counters {
     struct dlock_hist wait, hold;
 };
 
+struct dlock_test_hooks {
+    int unbounded_loss;
+    int margin_set;
+    int64_t margin_ns;
+};
+
 struct dlock_client {
     const dlock_backend *backend;
     dlock_conn *conn;       /* NULL when open failed */
@@ -31,6 +37,7 @@ struct dlock_client {
     struct dlock_counters metrics;
     /* Masked in every message (the URI's passwords); owned by uri. */
     const char *secret[2];
+    struct dlock_test_hooks hooks; /* read once, at open */
     int err;
     char errmsg[DLOCK_ERRMSG_MAX];
 };
@@ -75,8 +82,14 @@ static inline const dlock_backend *dlock_lock_ops(const struct dlock_lock *lock)
 void dlock_ns_to_timespec(uint64_t ns, struct timespec *ts);
 /* Sets dlock_call_deadline() for this thread; returns what it was. */
 uint64_t dlock_call_deadline_set(uint64_t deadline_ns);
-/* 1 under the test hook that sets no bound after a loss (core/time.c). */
-int dlock_loss_unbounded(void);
+/* Test hooks, read from the environment once per client at open, never
+ * set outside the tests (core/time.c):
+ * DLOCK_TEST_UNBOUNDED_LOSS=1: no bound after a loss (keep() and release()
+ * as before it existed), so a test can show its check of the bound fails
+ * without it; DLOCK_TEST_LOSS_MARGIN_MS=N: the keeper's loss margin is N
+ * ms instead of its own (negative: a keeper that reports after the lease
+ * end), so a test can show its check of the margin fails. */
+void dlock_test_hooks_read(struct dlock_test_hooks *h);
 /* core/thread.c: a thread that takes no signal (every one blocked), joinable
  * or detached (th may be NULL then); 0 or pthread_create()'s error. A
  * condition variable whose timed waits count on CLOCK_MONOTONIC. */

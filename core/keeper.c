@@ -72,8 +72,6 @@ struct dlock_keeper {
     struct kheap due, ends;
     struct dlock_kept *pend_head, *pend_tail; /* lost, callback not yet run */
     int stop;
-    int test_margin;         /* DLOCK_TEST_LOSS_MARGIN_MS was set */
-    int64_t test_margin_ns;  /* its value: replaces every lock's margin */
     pthread_t renewer, watchdog;
 };
 
@@ -206,8 +204,8 @@ static uint64_t report_at(const struct dlock_keeper *kp, const struct dlock_kept
 {
     if (end == NEVER || end == 0)
         return end;
-    if (kp->test_margin) {
-        int64_t m = kp->test_margin_ns;
+    if (kp->client->hooks.margin_set) {
+        int64_t m = kp->client->hooks.margin_ns;
         if (m >= 0)
             return end > (uint64_t)m ? end - (uint64_t)m : 1;
         return end + (uint64_t)-m < end ? NEVER - 1 : end + (uint64_t)-m;
@@ -301,7 +299,7 @@ static void *renewer_main(void *arg)
         /* The call ends by the lease end: an answer after it cannot keep
          * the lock (the watchdog reports the loss then), and a release of
          * the lost lock must not wait for it. UINT64_MAX without a lease. */
-        uint64_t bound = dlock_loss_unbounded() ? DLOCK_POLL_FOREVER : due->watch_at;
+        uint64_t bound = c->hooks.unbounded_loss ? DLOCK_POLL_FOREVER : due->watch_at;
         due->busy = 1;
         heap_remove(&kp->due, due);
         pthread_mutex_unlock(&kp->mu);
@@ -395,11 +393,6 @@ static int keeper_start(dlock_client *c)
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     kp->client = c;
     kp->ends.watch = 1;
-    const char *tm = getenv("DLOCK_TEST_LOSS_MARGIN_MS");
-    if (tm && *tm) {
-        kp->test_margin = 1;
-        kp->test_margin_ns = strtoll(tm, NULL, 10) * (int64_t)MS;
-    }
     pthread_mutex_init(&kp->mu, NULL);
     dlock_cond_init_mono(&kp->renew_cv);
     dlock_cond_init_mono(&kp->watch_cv);

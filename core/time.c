@@ -35,11 +35,11 @@ uint64_t dlock_call_deadline_set(uint64_t deadline_ns)
     return was;
 }
 
-/* Test hook: DLOCK_TEST_UNBOUNDED_LOSS=1 sets no bound after a loss (keep()
- * and release() as before it existed), so that a test can show its check
- * of the bound fails without it. Never set outside the tests. */
-int dlock_loss_unbounded(void)
+void dlock_test_hooks_read(struct dlock_test_hooks *h)
 {
     const char *v = getenv("DLOCK_TEST_UNBOUNDED_LOSS");
-    return v && strcmp(v, "1") == 0;
+    h->unbounded_loss = v && strcmp(v, "1") == 0;
+    v = getenv("DLOCK_TEST_LOSS_MARGIN_MS");
+    h->margin_set = v && *v;
+    h->margin_ns = h->margin_set ? strtoll(v, NULL, 10) * 1000000ll : 0;
 }

@@ -9,7 +9,7 @@
  * Holders and waiters are separate processes (fork), as in real use.
  *
  * Usage: conformance [--auth-env VAR] [--many N] [--params P] [--case NAME]
- *                    [--drop-cap CAP] (URI | --env VAR)
+ *                    [--drop-cap CAP] [--break WHAT] (URI | --env VAR)
  *   --env VAR       read the URI from the environment variable VAR (a
  *                   missing variable fails the run: no silent skip)
  *   --auth-env VAR  VAR holds a URI of the same store type with a correct
@@ -21,6 +21,14 @@
  *                   of the capabilities against the suite's table (kinds[])
  *   --drop-cap CAP  a negative control: the client is taken to declare CAP
  *                   (FIFO, LEASE, ...) no more, which the check must catch
+ *   --break WHAT    a negative control: only the case of one safety
+ *                   detector runs, its workers made a deliberately wrong
+ *                   client, and the detector must fire: "exclusion"
+ *                   (mutual exclusion: a worker that finds the lock busy
+ *                   goes in anyway), "tokens" (token order: a client that
+ *                   makes its tokens up, counting its own grants), "fifo"
+ *                   (arrival order: every other waiter gives its turn away,
+ *                   releasing its grant at once and queueing again)
  * For networked stores the suite also points the URI at a closed loopback
  * port and expects DLOCK_ECONNECT.
  *
@@ -455,6 +463,32 @@ static void test_same_process(void)
     dlock_client_close(b);
 }
 
+/* --break WHAT (see the usage above): which deliberately wrong client the
+ * control's workers are. */
+static const char *break_what;
+static int breaking(const char *what)
+{
+    return break_what && strcmp(break_what, what) == 0;
+}
+
+/* The token a grant is recorded with: the lock's, or with --break tokens
+ * the count of this client's own grants, as a client that makes its
+ * tokens up would say. */
+static uint64_t recorded_token(dlock_lock *l)
+{
+    static uint64_t made_up[64];
+    static dlock_client *whose[64];
+    if (!breaking("tokens"))
+        return dlock_lock_token(l);
+    for (int i = 0; i < 64; i++) {
+        if (!whose[i])
+            whose[i] = dlock_lock_client(l);
+        if (whose[i] == dlock_lock_client(l))
+            return ++made_up[i];
+    }
+    return 1;
+}
+
 static void test_tokens(void)
 {
     char name[128];
@@ -471,12 +505,18 @@ static void test_tokens(void)
             increasing = 0;
             break;
         }
-        if (dlock_lock_token(l) <= last)
+        uint64_t t = recorded_token(l);
+        if (t <= last)
             increasing = 0;
-        last = dlock_lock_token(l);
+        last = t;
         dlock_release(l);
     }
     ok(increasing, "tokens strictly increase across 20 grants on two clients");
+    if (break_what) {
+        dlock_client_close(a);
+        dlock_client_close(b);
+        return;
+    }
     /* and across processes */
     struct holder h = spawn_holder(name, 30000);
     uint64_t t = holder_token(&h);
@@ -814,18 +854,25 @@ static void test_mutual_exclusion(int nproc, int iters)
             for (int i = 0; i < iters; i++) {
                 dlock_lock *l = NULL;
                 dlock_acquire_opts o = wait_for(30000);
-                if (dlock_acquire(c, name, &o, &l) != 0)
+                if (breaking("exclusion")) {
+                    /* The wrong client: busy means "go in anyway". */
+                    dlock_acquire_opts t = try_once();
+                    int rc = dlock_acquire(c, name, &t, &l);
+                    if (rc != 0 && rc != DLOCK_EBUSY)
+                        _exit(2);
+                } else if (dlock_acquire(c, name, &o, &l) != 0) {
                     _exit(2);
+                }
                 if (__atomic_exchange_n(&s->inside, 1, __ATOMIC_SEQ_CST))
                     __atomic_add_fetch(&s->overlaps, 1, __ATOMIC_SEQ_CST);
                 long v = s->counter; /* deliberately not atomic */
                 if (i % 7 == 0)
                     sched_yield();
                 s->counter = v + 1;
-                s->tokens[s->ntokens] = dlock_lock_token(l);
+                s->tokens[s->ntokens] = l ? dlock_lock_token(l) : 0;
                 s->ntokens = s->ntokens + 1;
                 __atomic_store_n(&s->inside, 0, __ATOMIC_SEQ_CST);
-                if (dlock_release(l) != 0)
+                if (l && dlock_release(l) != 0)
                     _exit(3);
             }
             dlock_client_close(c);
@@ -1172,6 +1219,13 @@ static void test_fifo(void)
                 _exit(3);
             if (dlock_acquire(c, name, &o, &l) != 0)
                 _exit(2);
+            if (breaking("fifo") && i % 2 == 0) {
+                /* The wrong client: gives its turn away and queues again. */
+                dlock_release(l);
+                o = wait_for(60000);
+                if (dlock_acquire(c, name, &o, &l) != 0)
+                    _exit(2);
+            }
             if (write(fd, &ch, 1) != 1)
                 _exit(3);
             sleep_ms(20);
@@ -2780,6 +2834,11 @@ int main(int argc, char **argv)
             params = argv[++i];
         else if (strcmp(argv[i], "--case") == 0 && i + 1 < argc)
             only = argv[++i];
+        else if (strcmp(argv[i], "--break") == 0 && i + 1 < argc) {
+            break_what = argv[++i];
+            if (!breaking("exclusion") && !breaking("tokens") && !breaking("fifo"))
+                nparts = -1, i = argc; /* the usage message */
+        }
         else if (strcmp(argv[i], "--drop-cap") == 0 && i + 1 < argc) {
             if (!(drop_caps |= cap_bit(argv[++i])))
                 nparts = -1, i = argc; /* the usage message */
@@ -2816,7 +2875,7 @@ int main(int argc, char **argv)
     uri = nparts > 0 ? list : NULL;
     if (!uri) {
         fprintf(stderr, "usage: conformance [--auth-env VAR] [--many N] [--params P] [--case NAME]"
-                        " [--drop-cap CAP] (URI | --env VAR)...\n");
+                        " [--drop-cap CAP] [--break exclusion|tokens|fifo] (URI | --env VAR)...\n");
         return 64;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -2848,6 +2907,15 @@ int main(int argc, char **argv)
         return 1;
     }
 
+    if (break_what) { /* a negative control: its detector's case alone */
+        if (breaking("exclusion"))
+            test_mutual_exclusion(4, 40);
+        else if (breaking("tokens"))
+            test_tokens();
+        else
+            test_fifo();
+        return done_testing();
+    }
     /* Cases that time themselves closely, or keep the CPUs busy, run one
      * after another; those that mostly wait run side by side. */
     if (only)
