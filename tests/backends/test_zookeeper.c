@@ -672,23 +672,23 @@ static void on_lost_seen(dlock_lock *l, int err, void *user)
     }
 }
 
-/* An acquire on its own thread, from a given moment (the grant's time). */
-struct waiter {
+/* An acquire on its own thread (it blocks until served or its deadline). */
+struct queued {
     dlock_client *c;
     const char *name;
     unsigned wait_ms;
     dlock_lock *l;
     int rc;
-    uint64_t granted;
+    uint64_t granted; /* when it returned */
     pthread_t t;
 };
 
-static void *waiter_main(void *arg)
+static void *queued_main(void *arg)
 {
-    struct waiter *w = arg;
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, w->wait_ms, 0);
-    w->rc = dlock_acquire(w->c, w->name, &o, &w->l);
-    w->granted = dlock_monotonic_ns();
+    struct queued *q = arg;
+    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, q->wait_ms, 0);
+    q->rc = dlock_acquire(q->c, q->name, &o, &q->l);
+    q->granted = dlock_monotonic_ns();
     return NULL;
 }
 
@@ -719,7 +719,7 @@ static void test_kept_silent(const char *uri, struct proxy *p)
     snprintf(opt, sizeof opt, "?session_timeout=%u", KEPT_SESSION_MS);
     proxied_uri(p, opt, puri, sizeof puri);
     dlock_client *c = open_ok(puri);
-    struct waiter w = {.c = open_ok(uri), .name = name, .wait_ms = 15000};
+    struct queued w = {.c = open_ok(uri), .name = name, .wait_ms = 15000};
     dlock_lock *l = NULL;
     dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
     o.keep = 1;
@@ -743,7 +743,7 @@ static void test_kept_silent(const char *uri, struct proxy *p)
 
     uint64_t t0 = dlock_monotonic_ns();
     proxy_set(p, PROXY_BLACKHOLE);
-    pthread_create(&w.t, NULL, waiter_main, &w);
+    pthread_create(&w.t, NULL, queued_main, &w);
     /* The lease end the holder was shown last, until the loss. */
     uint64_t lease_end = 0;
     while (!dlock_lock_lost(l) && dlock_monotonic_ns() - t0 < 10000 * MS) {
@@ -843,24 +843,6 @@ static void test_probes_per_session(const char *uri)
 }
 
 /* ---- inspect ------------------------------------------------------------- */
-
-/* An acquire on its own thread (it blocks until served or its deadline). */
-struct queued {
-    dlock_client *c;
-    const char *name;
-    unsigned wait_ms;
-    dlock_lock *l;
-    int rc;
-    pthread_t t;
-};
-
-static void *queued_main(void *arg)
-{
-    struct queued *q = arg;
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, q->wait_ms, 0);
-    q->rc = dlock_acquire(q->c, q->name, &o, &q->l);
-    return NULL;
-}
 
 static void queue_up(struct queued *q, zhandle_t *zh, int nodes_then)
 {
