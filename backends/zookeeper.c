@@ -15,6 +15,10 @@
  * The session is the lease: a holder's nodes live exactly as long as its
  * session, one per client, whose timeout is the URI's session_timeout (the
  * per-acquire TTL is not used). Fencing tokens are the lock node's czxid.
+ * A kept lock's lease is its session's, as the client can know it: the
+ * servers cannot expire the session before the send of the last request
+ * they answered + the session timeout, and keep() reports that, kept fresh
+ * by one liveness probe per session (see zk_keep()).
  *
  * Store-wide tokens (dlock migrate): czxids are the ensemble's transaction
  * ids, one sequence for every write to any node, and dlock cannot set them.

@@ -6,7 +6,9 @@
  * an acquire with a cancel fd, in the core's dlock_poll_until() on
  * {wake_fd, cancel_fd}, which zk_wake() writes while a waiter is in there.
  * What a request given up on may have left is queued for cleanup by its
- * completion (zookeeper_orphans.c).
+ * completion (zookeeper_orphans.c). Every completion a server answered
+ * moves the session's heard_ns on (the lease of its kept locks), and so
+ * does the liveness probe, which nobody waits for (zk_alive_probe()).
  */
 #include "backends/zookeeper_int.h"
 

@@ -5,7 +5,8 @@
  * both ways:
  *
  *   zookeeper.c          the recipe: sessions, acquire, release, inspect
- *     zookeeper_call.c   requests bounded by a deadline and a cancel
+ *     zookeeper_call.c   requests bounded by a deadline and a cancel, and
+ *                        the session's liveness probe
  *       zookeeper_orphans.c  cleanup of what given-up requests left
  *   zookeeper_names.c    pure parsing of lock-node names and the root
  */
