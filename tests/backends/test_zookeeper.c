@@ -693,7 +693,7 @@ static void *queued_main(void *arg)
 }
 
 #define KEPT_SESSION_MS 3000u
-#define TOLD_SLACK_MS 10u /* the watchdog's thread may run this late */
+#define TOLD_SLACK_MS 50u /* the watchdog's thread may run this late on a loaded machine */
 
 /*
  * Issue 26, item 8: a kept lock behind a network that goes silent is
@@ -708,7 +708,11 @@ static void *queued_main(void *arg)
  * the last probe a server answered + the session timeout: the servers
  * expire the session no earlier). Negative control zookeeper-control-late-
  * keeper: DLOCK_TEST_LOSS_MARGIN_MS=-500 (the keeper reports 500 ms after
- * the lease end) must fail the told-before-the-lease-end check.
+ * the lease end) must fail the told-before-the-lease-end check, which it
+ * always does (the C client's own rule reports no earlier than the lease
+ * end either). The told-before-the-grant check then fails in most runs,
+ * not all: the servers expire sessions in tickTime steps, up to 1 s after
+ * the lease end, which a late report can still beat.
  */
 static void test_kept_silent(const char *uri, struct proxy *p)
 {
