@@ -196,7 +196,7 @@ void zk_create_list(struct zk_conn *zc, const char *prefix, const char *parent, 
  */
 #define PROBE_RETRY_MS 50
 void zk_alive_probe(struct zk_conn *zc, uint64_t now, uint64_t period_ns);
-/* The liveness probes the client's current connection has sent (tests). */
+/* The liveness probes the client has sent, all its sessions (tests). */
 uint64_t dlock_zk_probes_sent(dlock_client *c);
 
 /* Wakes every waiter of zc, mu held (the client's threads). */
