@@ -199,6 +199,9 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path, void 
             zc->suspended_since = 0;
             zc->ever_connected = 1;
             zc->negotiated_ms = zoo_recv_timeout(zh);
+            /* heard_ns stays: a server heard the reconnection, but when it
+             * was sent is not known here (this runs after the fact, on the
+             * completion thread); the next probe's answer moves it on. */
             flush = zc->orphans != NULL && zh == zc->zh;
         } else if (zc->ever_connected && !zc->suspended_since) {
             zc->suspended_since = dlock_monotonic_ns();
