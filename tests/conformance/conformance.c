@@ -2182,15 +2182,14 @@ static void test_cut_connection(void)
     uint64_t t0 = dlock_monotonic_ns();
     proxy_set(&px, PROXY_BLACKHOLE);
     /* Lease stores: the lease ends at most a TTL after the last renewal was
-     * sent. ZooKeeper: the client notices the silence after 2/3 of the
-     * session timeout and gives the session up after another third, checked
-     * every DLOCK_KEEP_CHECK_MAX_MS. */
-    uint64_t bound = zk ? ZK_CUT_SESSION_MS + keep_interval_ms(ttl) : ttl;
-    /* Lease stores: another client, not through the proxy, waits from the
-     * cut, so its grant comes when the store frees the lock (at the lease
-     * end: Redis PX, PostgreSQL idle_session_timeout, MySQL wait_timeout,
-     * etcd's lease). ZooKeeper (the session's expiry) asks after the report. */
-    int lease = (caps & DLOCK_CAP_LEASE) != 0;
+     * sent. ZooKeeper: the session's lease ends at most the session timeout
+     * after the last request a server answered was sent. */
+    uint64_t bound = zk ? ZK_CUT_SESSION_MS : ttl;
+    /* Lease stores and ZooKeeper: another client, not through the proxy,
+     * waits from the cut, so its grant comes when the store frees the lock
+     * (at the lease end: Redis PX, PostgreSQL idle_session_timeout, MySQL
+     * wait_timeout, etcd's lease, ZooKeeper's session expiry). */
+    int lease = (caps & DLOCK_CAP_LEASE) != 0 || zk;
     struct thread_wait w;
     if (lease)
         thread_wait_start(&w, name, DLOCK_WAIT_DEADLINE, NULL);
