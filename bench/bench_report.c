@@ -20,6 +20,7 @@ static const struct {
     { DLOCK_CAP_BLOCKING, "blocking" }, { DLOCK_CAP_SHARED, "shared" },
     { DLOCK_CAP_DEADLINE, "deadline" }, { DLOCK_CAP_HOLDER_DEATH, "holder-death" },
     { DLOCK_CAP_RAISE, "raise" },       { DLOCK_CAP_CANCEL, "cancel" },
+    { DLOCK_CAP_SEMAPHORE, "semaphore" },
 };
 #define N_CAPS (sizeof cap_names / sizeof cap_names[0])
 

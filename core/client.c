@@ -257,6 +257,26 @@ static int check_name(dlock_client *c, const char *name, size_t len)
     return 0;
 }
 
+/* A mode and limit the request may ask for, on this client's backend. */
+static int check_mode(dlock_client *c, dlock_mode mode, uint32_t limit)
+{
+    unsigned caps = dlock_abi_has(c->backend, mode) ? dlock_client_caps(c) : 0;
+    if (mode != DLOCK_MODE_EXCLUSIVE && mode != DLOCK_MODE_SHARED)
+        return dlock_seterr(c, DLOCK_EINVAL, "unknown lock mode %d", (int)mode);
+    if (limit > DLOCK_LIMIT_MAX)
+        return dlock_seterr(c, DLOCK_EINVAL, "limit %u is above %u", limit, DLOCK_LIMIT_MAX);
+    if (mode == DLOCK_MODE_SHARED && limit)
+        return dlock_seterr(c, DLOCK_EINVAL, "a shared lock takes no limit: a name with a "
+                                             "limit is a semaphore, whose holders are all alike");
+    if (mode == DLOCK_MODE_SHARED && !(caps & DLOCK_CAP_SHARED))
+        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend has no shared locks",
+                            c->backend->name);
+    if (limit && !(caps & DLOCK_CAP_SEMAPHORE))
+        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend has no semaphores",
+                            c->backend->name);
+    return 0;
+}
+
 static int check_request(dlock_client *c, const dlock_acquire_opts *o)
 {
     if (o->version == 0 || o->version > DLOCK_ACQUIRE_OPTS_VERSION)
@@ -279,6 +299,8 @@ static int check_request(dlock_client *c, const dlock_acquire_opts *o)
         !(dlock_client_caps(c) & DLOCK_CAP_CANCEL))
         return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot cancel a wait",
                             c->backend->name);
+    if (o->version >= 4)
+        return check_mode(c, o->mode, o->limit);
     return 0;
 }
 
@@ -334,6 +356,13 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
                                 "exactly these: a reentrant acquire needs the same names");
         if (atomic_load(&lock->lost))
             return report_lost(c, dlock_keeper_lost_detail(lock));
+        if (opts->version >= 4 && (opts->mode != lock->mode || opts->limit != lock->limit))
+            return dlock_seterr(c, DLOCK_EMODE,
+                                "this client holds the lock %s%.0u: a reentrant acquire needs "
+                                "the same mode and limit",
+                                lock->limit ? "as a semaphore of limit " :
+                                lock->mode == DLOCK_MODE_SHARED ? "shared" : "exclusive",
+                                (unsigned)lock->limit);
         if ((opts->keep || opts->on_lost) && !lock->kept)
             return dlock_seterr(c, DLOCK_EINVAL,
                                 "the lock is already held without keep: a reentrant acquire "
@@ -365,6 +394,8 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
     lock->lost_detail = NULL;
     lock->holds = 1;
     lock->ttl_ms = opts->ttl_ms;
+    lock->mode = opts->version >= 4 ? (uint8_t)opts->mode : DLOCK_MODE_EXCLUSIVE;
+    lock->limit = opts->version >= 4 ? (uint16_t)opts->limit : 0;
     atomic_init(&lock->lost, 0);
     atomic_init(&lock->expires_ns, 0);
 
@@ -375,6 +406,10 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
     req.wait = opts->wait;
     req.deadline_ns = opts->deadline_ns;
     req.cancel_fd = -1;
+    if (opts->version >= 4) {
+        req.mode = opts->mode;
+        req.limit = opts->limit;
+    }
     if ((rc = dlock_owner_new(req.owner, req.owner_hex)) != 0) {
         free(lock);
         return dlock_seterr(c, rc, "cannot read random bytes for the owner id");
@@ -650,6 +685,16 @@ const char *dlock_lock_owner(const dlock_lock *lock)
 uint64_t dlock_lock_token(const dlock_lock *lock)
 {
     return lock ? lock->held->token : 0;
+}
+
+dlock_mode dlock_lock_mode(const dlock_lock *lock)
+{
+    return lock ? (dlock_mode)lock->mode : DLOCK_MODE_EXCLUSIVE;
+}
+
+uint32_t dlock_lock_limit(const dlock_lock *lock)
+{
+    return lock ? lock->limit : 0;
 }
 
 const char *dlock_lock_name(const dlock_lock *lock, size_t *lenp)

@@ -56,6 +56,8 @@ struct dlock_lock {
     unsigned int holds;      /* > 1 only for reentrant acquires */
     uint32_t ttl_ms;
     uint32_t names;          /* 1 unless acquired with several names */
+    uint16_t limit;          /* 0: a read-write lock; else a semaphore's limit */
+    uint8_t mode;            /* dlock_mode */
     unsigned char owner[16]; /* the grant's owner id */
     /* Its hex digits, made at the first dlock_lock_owner(): 33 bytes a
      * lock does not need otherwise. */
@@ -111,6 +113,7 @@ enum {
     DLOCK_ABI_raise_floor = 4,
     DLOCK_ABI_inspect = 5,
     DLOCK_ABI_lease_ms = 6,
+    DLOCK_ABI_mode = 7, /* request->mode and ->limit, and the caps that ask for them */
 };
 /* 1 when b was built against an ABI with m (a method or held field). */
 #define dlock_abi_has(b, m) ((b)->version >= DLOCK_ABI_##m)

@@ -91,7 +91,8 @@ extern "C" {
     XX(EVERSION, -19, "incompatible ABI version")                              \
     XX(EEXIST, -20, "already registered")                                      \
     XX(EEXPIRED, -21, "lease ran out without a confirmed renewal")            \
-    XX(ECANCELED, -22, "the wait was cancelled")
+    XX(ECANCELED, -22, "the wait was cancelled")                               \
+    XX(EMODE, -23, "the name is held in another mode or with another limit")
 
 typedef enum dlock_errno {
     DLOCK_OK = 0,
@@ -285,8 +286,35 @@ typedef enum dlock_wait {
     DLOCK_WAIT_FOREVER = 2,  /* wait until granted */
 } dlock_wait;
 
-#define DLOCK_ACQUIRE_OPTS_VERSION 3
+#define DLOCK_ACQUIRE_OPTS_VERSION 4
 #define DLOCK_TTL_DEFAULT_MS 30000u
+
+/*
+ * Shared locks and semaphores. Every name is either a read-write lock or a
+ * counting semaphore of one limit, as its holders ask:
+ * - a read-write lock (limit 0): an exclusive request is the classic lock;
+ *   shared requests (DLOCK_MODE_SHARED) hold together, and exclude and are
+ *   excluded by exclusive ones. Waiters are served in arrival order across
+ *   modes: a reader that arrives after a waiting writer waits behind it,
+ *   and consecutive readers at the head of the queue are granted together.
+ * - a semaphore (limit N, 1..DLOCK_LIMIT_MAX): at most N holders at once,
+ *   granted in arrival order; a dead holder's permit is freed as a dead
+ *   holder's lock is (session end, lease), that permit only.
+ * Every grant carries a fencing token that strictly increases in grant
+ * order for the name, whatever the mode: an exclusive grant's token is
+ * above every earlier grant's. A request whose mode or limit disagrees with
+ * the name's current holders (a semaphore on a name held as a read-write
+ * lock, limit 5 on a name held with limit 3) fails at once with
+ * DLOCK_EMODE. A backend without the mode (DLOCK_CAP_SHARED,
+ * DLOCK_CAP_SEMAPHORE) refuses it with DLOCK_ENOTSUP. Everything else a
+ * held lock has works in every mode: release, renew, keep, cancel,
+ * deadlines, lists of stores, several names (all in one mode).
+ */
+typedef enum dlock_mode {
+    DLOCK_MODE_EXCLUSIVE = 0,
+    DLOCK_MODE_SHARED = 1
+} dlock_mode;
+#define DLOCK_LIMIT_MAX 65535u
 
 /*
  * Cancelling a wait. A dlock_cancel is a flag that any thread may raise
@@ -437,11 +465,19 @@ typedef struct dlock_acquire_opts {
     /* A flag that cancels the wait when raised from another thread (see
      * "Cancelling a wait" above); NULL for none. */
     dlock_cancel *cancel;
+    /* Version 4. Modes (see "Shared locks and semaphores" above). */
+    /* DLOCK_MODE_EXCLUSIVE (the default: one holder) or DLOCK_MODE_SHARED
+     * (many holders at once, excluded by an exclusive one). */
+    dlock_mode mode;
+    /* 0 (the default): the name is a read-write lock. 1 to DLOCK_LIMIT_MAX:
+     * a counting semaphore, at most limit holders at once (exclusive mode
+     * only: shared with a limit is DLOCK_EINVAL). */
+    uint32_t limit;
 } dlock_acquire_opts;
 
 #define DLOCK_ACQUIRE_OPTS_INIT                                                \
     { DLOCK_ACQUIRE_OPTS_VERSION, DLOCK_TTL_DEFAULT_MS, DLOCK_WAIT_FOREVER, 0, \
-      0, NULL, NULL, 0, NULL }
+      0, NULL, NULL, 0, NULL, DLOCK_MODE_EXCLUSIVE, 0 }
 
 /* Fills *opts with the defaults of DLOCK_ACQUIRE_OPTS_INIT. */
 DLOCK_API void dlock_acquire_opts_init(dlock_acquire_opts *opts);
@@ -518,6 +554,11 @@ DLOCK_API int dlock_renew(dlock_lock *lock, uint32_t ttl_ms);
  * resource so it can refuse a holder that was paused past its lease.
  */
 DLOCK_API uint64_t dlock_lock_token(const dlock_lock *lock);
+
+/* The mode and limit the lock was acquired with (DLOCK_MODE_EXCLUSIVE and 0
+ * for a NULL lock). */
+DLOCK_API dlock_mode dlock_lock_mode(const dlock_lock *lock);
+DLOCK_API uint32_t dlock_lock_limit(const dlock_lock *lock);
 
 /*
  * Makes every later grant of this lock's name by this client's store carry

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define DLOCK_BACKEND_VERSION 6
+#define DLOCK_BACKEND_VERSION 7
 
 /* Capability bits: what a backend guarantees. */
 enum {
@@ -38,6 +38,7 @@ enum {
     DLOCK_CAP_RAISE = 1u << 8,    /* a holder can raise its name's later tokens
                                      above any value (raise_token) */
     DLOCK_CAP_CANCEL = 1u << 9,   /* waits end when request.cancel_fd fires */
+    DLOCK_CAP_SEMAPHORE = 1u << 10, /* counting semaphores (request.limit) */
 };
 
 /* How far a backend whose tokens it cannot set, but whose counter moves
@@ -157,6 +158,12 @@ typedef struct dlock_request {
      * (dlock_request_cancelled() tells it from a deadline). A grant that
      * arrived first may still be returned. Never read or close it. */
     int cancel_fd;
+    /* Version 7. DLOCK_MODE_SHARED only on a backend that declares
+     * DLOCK_CAP_SHARED, a limit (1..DLOCK_LIMIT_MAX, exclusive mode) only on
+     * one that declares DLOCK_CAP_SEMAPHORE: the core refuses the rest.
+     * Names held in another mode or limit: DLOCK_EMODE (dlock.h). */
+    dlock_mode mode;
+    uint32_t limit;
 } dlock_request;
 
 /* 1 when req's wait has been cancelled (cancel_fd readable), else 0. */

@@ -457,6 +457,84 @@ static void test_optional_methods(void)
     dlock_client_close(c);
 }
 
+/* Modes and limits: checked by the core before any backend call, refused
+ * where the backend lacks the capability, passed to it in the request, kept
+ * on the lock; a reentrant acquire in another mode is DLOCK_EMODE. */
+static void test_modes(dlock_client *plain)
+{
+    static dlock_backend modal, old;
+    static const char *const schemes[] = {"modal", NULL}, *const old_schemes[] = {"modal6", NULL};
+    dlock_client *c = NULL, *o6 = NULL;
+    dlock_lock *l = NULL, *l2 = NULL;
+    dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
+    is_int((int)o.mode, DLOCK_MODE_EXCLUSIVE, "the default mode is exclusive");
+    is_int((int)o.limit, 0, "and no limit");
+    modal = fake_backend;
+    modal.schemes = schemes;
+    modal.caps |= DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE;
+    is_int(dlock_backend_register(&modal), 0, "a backend with shared locks and semaphores");
+    old = modal;
+    old.schemes = old_schemes;
+    old.version = 6; /* built before request.mode existed */
+    is_int(dlock_backend_register(&old), 0, "the same, built for ABI 6");
+    is_int(dlock_client_open("modal://h/", &c), 0, "open modal");
+    is_int(dlock_client_open("modal6://h/", &o6), 0, "open modal6");
+    int calls = fake.acquire;
+    o.mode = (dlock_mode)7;
+    is_int(dlock_acquire(c, "m", &o, &l), DLOCK_EINVAL, "an unknown mode: EINVAL");
+    o = (dlock_acquire_opts)DLOCK_ACQUIRE_OPTS_INIT;
+    o.limit = DLOCK_LIMIT_MAX + 1;
+    is_int(dlock_acquire(c, "m", &o, &l), DLOCK_EINVAL, "a limit above DLOCK_LIMIT_MAX: EINVAL");
+    o.limit = 3;
+    o.mode = DLOCK_MODE_SHARED;
+    is_int(dlock_acquire(c, "m", &o, &l), DLOCK_EINVAL, "shared with a limit: EINVAL");
+    ok(strstr(dlock_errmsg(c), "no limit") != NULL, "says why: %s", dlock_errmsg(c));
+    is_int(dlock_acquire(plain, "m", &o, &l), DLOCK_EINVAL, "also where modes are unsupported");
+    o.limit = 0;
+    is_int(dlock_acquire(plain, "m", &o, &l), DLOCK_ENOTSUP, "shared without DLOCK_CAP_SHARED");
+    ok(strstr(dlock_errmsg(plain), "no shared locks") != NULL, "says so: %s", dlock_errmsg(plain));
+    is_int(dlock_acquire(o6, "m", &o, &l), DLOCK_ENOTSUP,
+           "shared on a backend built before modes, whatever its caps say");
+    o.mode = DLOCK_MODE_EXCLUSIVE;
+    o.limit = 2;
+    is_int(dlock_acquire(plain, "m", &o, &l), DLOCK_ENOTSUP, "a limit without DLOCK_CAP_SEMAPHORE");
+    is_int(fake.acquire, calls, "no refused request reached a backend");
+
+    o.limit = 0;
+    o.mode = DLOCK_MODE_SHARED;
+    o.reentrant = 1;
+    is_int(dlock_acquire(c, "m", &o, &l), 0, "a shared acquire");
+    is_int((int)fake.last.mode, DLOCK_MODE_SHARED, "the backend saw the mode");
+    is_int((int)dlock_lock_mode(l), DLOCK_MODE_SHARED, "dlock_lock_mode() says shared");
+    is_int(dlock_acquire(c, "m", &o, &l2), 0, "reentrant, shared again");
+    ok(l2 == l, "the same handle");
+    o.mode = DLOCK_MODE_EXCLUSIVE;
+    is_int(dlock_acquire(c, "m", &o, &l2), DLOCK_EMODE, "reentrant in another mode: DLOCK_EMODE");
+    o.limit = 4;
+    is_int(dlock_acquire(c, "m", &o, &l2), DLOCK_EMODE, "or as a semaphore: DLOCK_EMODE");
+    ok(strstr(dlock_errmsg(c), "shared") != NULL, "names the mode held: %s", dlock_errmsg(c));
+    dlock_release(l);
+    dlock_release(l);
+    o.reentrant = 0;
+    is_int(dlock_acquire(c, "s", &o, &l), 0, "a semaphore's permit");
+    is_int((int)fake.last.limit, 4, "the backend saw the limit");
+    is_int((int)dlock_lock_limit(l), 4, "dlock_lock_limit() says 4");
+    is_int((int)dlock_lock_mode(l), DLOCK_MODE_EXCLUSIVE, "in exclusive mode");
+    dlock_release(l);
+    dlock_acquire_opts v3 = DLOCK_ACQUIRE_OPTS_INIT;
+    v3.version = 3;
+    v3.mode = DLOCK_MODE_SHARED; /* not read: a version 3 caller has no such field */
+    is_int(dlock_acquire(plain, "v3", &v3, &l), 0, "options of version 3: exclusive");
+    is_int((int)fake.last.mode, DLOCK_MODE_EXCLUSIVE, "the backend saw exclusive");
+    is_int((int)dlock_lock_mode(l), DLOCK_MODE_EXCLUSIVE, "and so does the lock");
+    dlock_release(l);
+    is_int((int)dlock_lock_mode(NULL), DLOCK_MODE_EXCLUSIVE, "dlock_lock_mode(NULL)");
+    is_int((int)dlock_lock_limit(NULL), 0, "dlock_lock_limit(NULL)");
+    is_str(dlock_err_name(DLOCK_EMODE), "DLOCK_EMODE", "the error table knows DLOCK_EMODE");
+    dlock_client_close(o6);
+    dlock_client_close(c);
+}
+
 static void test_redaction_in_backend_errors(void)
 {
     dlock_client *c = NULL;
@@ -763,6 +841,7 @@ int main(void)
     test_acquire_checks(c);
     test_acquire_flow(c);
     test_cancel(c);
+    test_modes(c);
     int rel = fake.release;
     dlock_client_close(c);
     is_int(fake.release - rel, 1, "close released the lock left held");

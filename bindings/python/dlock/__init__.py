@@ -15,7 +15,8 @@ from . import _errors
 from ._core import Cancel, Client, Lock, monotonic, open  # noqa: A004
 from ._errors import DlockError
 from ._lib import (CAP_BLOCKING, CAP_CANCEL, CAP_DEADLINE, CAP_FENCING, CAP_FIFO,
-                   CAP_HOLDER_DEATH, CAP_LEASE, CAP_RAISE, CAP_RENEW, CAP_SHARED)
+                   CAP_HOLDER_DEATH, CAP_LEASE, CAP_RAISE, CAP_RENEW, CAP_SEMAPHORE,
+                   CAP_SHARED)
 from ._lib import version as library_version
 
 __version__ = "0.1.0"
@@ -39,4 +40,4 @@ def error_class(code):
 __all__ = ["open", "Client", "Lock", "Cancel", "DlockError", "monotonic", "error_class",
            "errors", "library_version", "CAP_BLOCKING", "CAP_CANCEL", "CAP_DEADLINE",
            "CAP_FENCING", "CAP_FIFO", "CAP_HOLDER_DEATH", "CAP_LEASE", "CAP_RAISE",
-           "CAP_RENEW", "CAP_SHARED"] + sorted(_errors.by_name)
+           "CAP_RENEW", "CAP_SEMAPHORE", "CAP_SHARED"] + sorted(_errors.by_name)

@@ -41,6 +41,7 @@ CAP_DEADLINE = 1 << 6
 CAP_HOLDER_DEATH = 1 << 7
 CAP_RAISE = 1 << 8
 CAP_CANCEL = 1 << 9
+CAP_SEMAPHORE = 1 << 10
 
 c_client_p = ctypes.c_void_p
 c_lock_p = ctypes.c_void_p
