@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -219,11 +220,29 @@ int dlock_client_ping(dlock_client *c)
     return finish(c, c->backend->ping(c->conn));
 }
 
-void dlock_acquire_opts_init(dlock_acquire_opts *opts)
+int dlock_acquire_opts_init_version(dlock_acquire_opts *opts, unsigned int version)
 {
     static const dlock_acquire_opts defaults = DLOCK_ACQUIRE_OPTS_INIT;
-    if (opts)
-        *opts = defaults;
+    /* Each version's size: up to the first field of the next. */
+    static const size_t size[] = {
+        0,
+        offsetof(dlock_acquire_opts, keep),
+        offsetof(dlock_acquire_opts, cancel),
+        offsetof(dlock_acquire_opts, mode),
+        sizeof(dlock_acquire_opts),
+    };
+    _Static_assert(sizeof size / sizeof size[0] == DLOCK_ACQUIRE_OPTS_VERSION + 1,
+                   "a size for every version of dlock_acquire_opts");
+    if (!opts || version == 0 || version > DLOCK_ACQUIRE_OPTS_VERSION)
+        return DLOCK_EINVAL;
+    memcpy(opts, &defaults, size[version]);
+    opts->version = version;
+    return 0;
+}
+
+void dlock_acquire_opts_init(dlock_acquire_opts *opts)
+{
+    dlock_acquire_opts_init_version(opts, 3);
 }
 
 static int report_lost(dlock_client *c, const char *detail);

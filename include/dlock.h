@@ -479,8 +479,17 @@ typedef struct dlock_acquire_opts {
     { DLOCK_ACQUIRE_OPTS_VERSION, DLOCK_TTL_DEFAULT_MS, DLOCK_WAIT_FOREVER, 0, \
       0, NULL, NULL, 0, NULL, DLOCK_MODE_EXCLUSIVE, 0 }
 
-/* Fills *opts with the defaults of DLOCK_ACQUIRE_OPTS_INIT. */
+/* Fills *opts with the defaults of DLOCK_ACQUIRE_OPTS_INIT, as far as
+ * version 3 of the struct (.cancel), the version it was written for: a
+ * program built against an older dlock.h has no room for later fields.
+ * Later fields: dlock_acquire_opts_init_version(). */
 DLOCK_API void dlock_acquire_opts_init(dlock_acquire_opts *opts);
+/* Fills the fields of version `version` of *opts (1 to
+ * DLOCK_ACQUIRE_OPTS_VERSION) with their defaults and sets opts->version;
+ * writes nothing past that version's last field. DLOCK_EINVAL for a NULL
+ * opts or a version this library does not know. Bindings call it with the
+ * version their own copy of the struct has. */
+DLOCK_API int dlock_acquire_opts_init_version(dlock_acquire_opts *opts, unsigned int version);
 
 /*
  * Acquires the lock called name (a NUL-terminated string of 1 to

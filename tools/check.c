@@ -390,7 +390,7 @@ static _Noreturn void worker(struct shared *s, int me, const char *uri, const ch
                 continue;
             }
         }
-        dlock_acquire_opts_init(&acq);
+        dlock_acquire_opts_init_version(&acq, DLOCK_ACQUIRE_OPTS_VERSION);
         acq.ttl_ms = o->ttl_ms;
         acq.wait = DLOCK_WAIT_DEADLINE;
         acq.deadline_ns = now + 1000000000u < end_ns ? now + 1000000000u : end_ns;

@@ -87,7 +87,7 @@ static int migrate_one(dlock_client *client, const char *name, double wait_s)
     int err, status;
 
     dlock_printable(shown_name, name);
-    dlock_acquire_opts_init(&acq);
+    dlock_acquire_opts_init_version(&acq, DLOCK_ACQUIRE_OPTS_VERSION);
     dlock_set_deadline(&acq, wait_s);
     do
         err = dlock_acquire(client, name, &acq, &lock);

@@ -152,7 +152,7 @@ static int parse_run_args(int argc, char **argv, struct run_args *ra)
     int status, sep, npos;
 
     memset(ra, 0, sizeof *ra);
-    dlock_acquire_opts_init(&ra->acq);
+    dlock_acquire_opts_init_version(&ra->acq, DLOCK_ACQUIRE_OPTS_VERSION);
     ra->grace_s = GRACE_DEFAULT_S;
     status = parse_run_options(argc, argv, ra);
     if (status != PROCEED)

@@ -359,7 +359,7 @@ static void test_acquire_flow(dlock_client *c)
     char owner1[33];
 
     dlock_acquire_opts_init(&o);
-    is_int(o.version, DLOCK_ACQUIRE_OPTS_VERSION, "opts_init sets the version");
+    is_int(o.version, 3, "opts_init sets the version it fills (3)");
     is_int(o.wait, DLOCK_WAIT_FOREVER, "default wait is forever");
     is_int(o.ttl_ms, DLOCK_TTL_DEFAULT_MS, "default TTL");
     o.ttl_ms = 1234;
@@ -469,6 +469,23 @@ static void test_modes(dlock_client *plain)
     dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
     is_int((int)o.mode, DLOCK_MODE_EXCLUSIVE, "the default mode is exclusive");
     is_int((int)o.limit, 0, "and no limit");
+    /* An older caller's struct ends before mode: the init functions write
+     * nothing past the version they are asked for. */
+    memset(&o, 0x5a, sizeof o);
+    dlock_acquire_opts_init(&o);
+    ok(o.version == 3 && o.ttl_ms == DLOCK_TTL_DEFAULT_MS && o.cancel == NULL &&
+           (unsigned)o.mode == 0x5a5a5a5au && o.limit == 0x5a5a5a5au,
+       "dlock_acquire_opts_init() fills version 3 and no further");
+    memset(&o, 0x5a, sizeof o);
+    is_int(dlock_acquire_opts_init_version(&o, 2), 0, "init of version 2");
+    ok(o.version == 2 && o.reentrant == 0 && *(unsigned char *)&o.cancel == 0x5a,
+       "fills version 2 and no further");
+    is_int(dlock_acquire_opts_init_version(&o, DLOCK_ACQUIRE_OPTS_VERSION), 0, "init of the latest");
+    ok(o.mode == DLOCK_MODE_EXCLUSIVE && o.limit == 0 && o.cancel == NULL, "every field");
+    is_int(dlock_acquire_opts_init_version(&o, DLOCK_ACQUIRE_OPTS_VERSION + 1), DLOCK_EINVAL,
+           "a version this library does not know");
+    is_int(dlock_acquire_opts_init_version(NULL, 1), DLOCK_EINVAL, "NULL");
+    o = (dlock_acquire_opts)DLOCK_ACQUIRE_OPTS_INIT;
     modal = fake_backend;
     modal.schemes = schemes;
     modal.caps |= DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE;
