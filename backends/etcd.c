@@ -859,8 +859,9 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         return oom(ec);
     }
     ec->lost_place = 0;
-    /* A deadline wait's calls end by the deadline + DEADLINE_SLACK_MS. */
-    ec->cap = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns + DEADLINE_SLACK_MS * MS : 0;
+    /* A deadline wait's calls end by the deadline (a call in flight then
+     * is cut); its cleanup by the deadline + DEADLINE_SLACK_MS. */
+    ec->cap = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : 0;
     struct wait wt = {.held = held,
                       .cancel_fd = req->cancel_fd,
                       .until = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : 0,
@@ -967,16 +968,19 @@ fail:
     if (err == DLOCK_ECANCELED) {
         /* Given up as at a deadline: the cleanup gets DEADLINE_SLACK_MS. */
         ec->cap = dlock_monotonic_ns() + DEADLINE_SLACK_MS * MS;
-    } else if (wt.until && dlock_monotonic_ns() >= wt.until) {
-        /* Past the deadline: a call cut short by it is the deadline's
-         * doing, and the cleanup gets DEADLINE_SLACK_MS (what it cannot
-         * do then, the leases undo: the waiters' within WAIT_TTL_S). */
-        if (err == DLOCK_ECONNECT && !ec->lost_place) {
+    } else if (wt.until) {
+        /* A call cut short by the deadline is the deadline's doing. The
+         * whole cleanup ends by the deadline + DEADLINE_SLACK_MS, however
+         * late the failure (what it cannot do by then, the leases undo:
+         * the waiters' within WAIT_TTL_S). */
+        /* (libcurl counts whole milliseconds: a call cut at the deadline
+         * may end up to 1 ms before it.) */
+        if (err == DLOCK_ECONNECT && !ec->lost_place && dlock_monotonic_ns() + MS > wt.until) {
             char was[DLOCK_ERRMSG_MAX];
             snprintf(was, sizeof was, "%s", dlock_errmsg(cl(ec)));
             err = dlock_seterr(cl(ec), DLOCK_ETIMEDOUT, "the deadline passed (%s)", was);
         }
-        ec->cap = dlock_monotonic_ns() + DEADLINE_SLACK_MS * MS;
+        ec->cap = wt.until + DEADLINE_SLACK_MS * MS;
     }
     give_up(ec, held);
     ec->cap = 0;

@@ -212,7 +212,9 @@ static CURLcode post(struct etcd_site *s, struct etcd_http *h, size_t ep, const 
 {
     struct curl_slist *hdr = NULL;
     uint64_t now = dlock_monotonic_ns();
-    long left = until > now ? (long)((until - now) / 1000000) + 1 : 1;
+    /* libcurl's timeouts count whole milliseconds: rounded down, so that
+     * a transfer never runs past until (it may end up to 1 ms before). */
+    long left = until > now + 1000000 ? (long)((until - now) / 1000000) : 1;
     h->len = 0;
     h->err[0] = '\0';
     h->fresh = 0;
@@ -436,8 +438,8 @@ int etcd_call(struct etcd_site *s, struct etcd_http *h, const char *path, json_o
         snprintf(why, sizeof why, "%s: %s", s->urls[ep], h->err[0] ? h->err : curl_easy_strerror(rc));
         if (reached(rc))
             r->again = 1;
-        if (rc == CURLE_OPERATION_TIMEDOUT && dlock_monotonic_ns() >= until)
-            return late_error(s, late, path, why);
+        if (rc == CURLE_OPERATION_TIMEDOUT && dlock_monotonic_ns() + 1000000 > until)
+            return late_error(s, late, path, why); /* at its bound, to the millisecond */
         /* Every endpoint failed once in a row: the store is out of reach
          * (or a TLS handshake is refused), said now rather than tried in
          * a loop. */

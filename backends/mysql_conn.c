@@ -560,9 +560,12 @@ void mc_rollback_and_pool(struct mysql_conn *mc, struct session *s, uint64_t unt
     mc_pool_put(mc, s);
 }
 
-uint64_t mc_cleanup_until(void)
+uint64_t mc_cleanup_until(const dlock_request *req)
 {
-    return dlock_monotonic_ns() + CLEANUP_MS * MS;
+    uint64_t end = dlock_monotonic_ns() + CLEANUP_MS * MS;
+    if (req && req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns + CLEANUP_MS * MS < end)
+        end = req->deadline_ns + CLEANUP_MS * MS;
+    return end;
 }
 void mc_bind_bytes(MYSQL_BIND *b, const void *p, unsigned long *len)
 {

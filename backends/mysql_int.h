@@ -218,7 +218,10 @@ void mc_pool_drain(struct mysql_conn *mc);
 int mc_pool_get(struct mysql_conn *mc, struct bound *call, struct session **out, int *pooled);
 void mc_pool_put(struct mysql_conn *mc, struct session *s);
 void mc_rollback_and_pool(struct mysql_conn *mc, struct session *s, uint64_t until_ns);
-uint64_t mc_cleanup_until(void);
+/* The end of a cleanup (ending a wait, letting go after a failure):
+ * CLEANUP_MS from now, and never past a deadline wait's deadline +
+ * CLEANUP_MS (req NULL or no deadline: from now alone). */
+uint64_t mc_cleanup_until(const dlock_request *req);
 void mc_bind_bytes(MYSQL_BIND *b, const void *p, unsigned long *len);
 void mc_bind_u64(MYSQL_BIND *b, unsigned long long *v);
 int mc_pause_ms(struct mysql_conn *mc, uint64_t ms, uint64_t until_ns, int cancel_fd);

@@ -265,7 +265,7 @@ static int named_get(struct mysql_conn *mc, struct named_session *s, const dlock
     if (w != 0) {
         char kill[64];
         struct session *ctl;
-        struct bound kb = {dlock_monotonic_ns() + CLEANUP_MS * MS, DLOCK_ECONNECT, 0};
+        struct bound kb = {mc_cleanup_until(req), DLOCK_ECONNECT, 0};
         dlock_errsave why;
         int err = w == -2   ? dlock_seterr(cl(mc), DLOCK_EINTR, "a signal interrupted the wait")
                   : w == -3 ? dlock_cancelled(cl(mc))

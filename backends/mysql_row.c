@@ -196,13 +196,14 @@ static int lock_error(struct mysql_conn *mc, struct session *s, MYSQL_STMT *st, 
  * likely wait as long), so the session is closed, which undoes whatever it
  * got once the server notices. A wait: DLOCK_EINTR, DLOCK_ECANCELED or
  * DLOCK_ETIMEDOUT (late: the detail), and the wait is cancelled (KILL
- * QUERY, rollback) within CLEANUP_MS. *sp is no longer the caller's either
- * way.
+ * QUERY, rollback) within CLEANUP_MS, and by the deadline + CLEANUP_MS in
+ * all (mc_cleanup_until). *sp is no longer the caller's either way.
  */
 static int lock_wait_cut(struct mysql_conn *mc, struct session *s, struct session **sp,
-                         struct nb *c, int w, int nowait, uint64_t start, uint64_t until,
+                         struct nb *c, int w, const dlock_request *req, uint64_t start,
                          const char *late)
 {
+    int nowait = req->wait == DLOCK_WAIT_TRY;
     int err;
     *sp = NULL;
     if (w == -1 && nowait) {
@@ -210,14 +211,13 @@ static int lock_wait_cut(struct mysql_conn *mc, struct session *s, struct sessio
         mc_session_close(s);
         return err;
     }
-    uint64_t now = dlock_monotonic_ns();
     if (w == -2)
         err = dlock_seterr(cl(mc), DLOCK_EINTR, "a signal interrupted the wait");
     else if (w == -3)
         err = dlock_cancelled(cl(mc));
     else
         err = dlock_seterr(cl(mc), DLOCK_ETIMEDOUT, "%s", late);
-    cancel_wait(mc, s, c, (w == -1 && until > now ? until : now) + CLEANUP_MS * MS);
+    cancel_wait(mc, s, c, mc_cleanup_until(req));
     return err;
 }
 
@@ -250,14 +250,14 @@ static int lock_row(struct mysql_conn *mc, struct session **sp, const dlock_requ
     mc_nb_step(&c, -1);
     int w = mc_nb_wait(&c, until, 1, nowait ? -1 : req->cancel_fd);
     if (w != 0)
-        return lock_wait_cut(mc, s, sp, &c, w, nowait, start, until,
+        return lock_wait_cut(mc, s, sp, &c, w, req, start,
                              "the deadline passed with the lock still held elsewhere");
     if (c.ret != 0)
         return lock_error(mc, s, st, nowait);
     /* The rows follow the statement's reply at once. */
     struct bound rb = mc_stmt_bound(call, mc->timeout_ms);
     if (req->wait == DLOCK_WAIT_DEADLINE)
-        rb = (struct bound){dlock_monotonic_ns() + CLEANUP_MS * MS, DLOCK_ETIMEDOUT, 0};
+        rb = (struct bound){mc_cleanup_until(req), DLOCK_ETIMEDOUT, 0};
     if ((err = mc_run(mc, s, NB_STMT_STORE, st, NULL, &rb, "reading the row lock's result")) != 0)
         return err;
     int found = mysql_stmt_num_rows(st) > 0;
@@ -311,7 +311,7 @@ static int lock_row_seq(struct mysql_conn *mc, struct session **sp, const dlock_
     mc_nb_step(&c, -1);
     int w = mc_nb_wait(&c, until, 1, nowait ? -1 : req->cancel_fd);
     if (w != 0) /* the server did not end the wait itself: KILL QUERY it */
-        return lock_wait_cut(mc, s, sp, &c, w, nowait, start, until,
+        return lock_wait_cut(mc, s, sp, &c, w, req, start,
                              "the deadline passed with the lock still held elsewhere (the"
                              " server did not end the wait at its max_statement_time)");
     if (c.ret != 0)
@@ -428,12 +428,12 @@ static int record_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock
 /* After a failed attempt: a dropped session is closed, a live one has its
  * transaction ended (InnoDB undoes only the failed statement) and is
  * pooled. */
-static void drop_or_pool(struct mysql_conn *mc, struct session *s)
+static void drop_or_pool(struct mysql_conn *mc, struct session *s, const dlock_request *req)
 {
     if (s->dead)
         mc_session_close(s);
     else
-        mc_rollback_and_pool(mc, s, mc_cleanup_until());
+        mc_rollback_and_pool(mc, s, mc_cleanup_until(req));
 }
 
 /*
@@ -549,7 +549,7 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
             continue;
         }
         if (s)
-            drop_or_pool(mc, s);
+            drop_or_pool(mc, s, req);
         return err;
     }
 }
@@ -615,7 +615,7 @@ static int table_granted(struct mysql_conn *mc, struct mysql_held *h, const dloc
         post = mc_stmt_bound(&late, mc->timeout_ms);
     }
     if ((err = record_grant(mc, h, req, &post)) != 0) {
-        mc_rollback_and_pool(mc, h->s, mc_cleanup_until());
+        mc_rollback_and_pool(mc, h->s, mc_cleanup_until(req));
         return err;
     }
     /* The token was bumped on the control session, so it belongs to this
@@ -626,7 +626,7 @@ static int table_granted(struct mysql_conn *mc, struct mysql_held *h, const dloc
     if ((err = mc_run(mc, h->s, NB_QUERY, NULL, "DO 0", &post, "confirming the grant")) != 0) {
         err = hold_lost(mc, h, "confirming the grant", err);
         if (h->s)
-            mc_rollback_and_pool(mc, h->s, mc_cleanup_until());
+            mc_rollback_and_pool(mc, h->s, mc_cleanup_until(req));
         else if (err == DLOCK_ELOST)
             err = dlock_seterr(cl(mc), DLOCK_ELOST,
                                "mysql %s: the session holding the new lock ended before its "
@@ -719,7 +719,7 @@ static int row_renew(struct mysql_conn *mc, dlock_held *held, uint32_t ttl_ms)
     if (sent >= h->expires_ns) {
         /* Possibly still ours on the server (wait_timeout is whole seconds),
          * but the lease is over: free it for others, never extend it. */
-        mc_rollback_and_pool(mc, h->s, mc_cleanup_until());
+        mc_rollback_and_pool(mc, h->s, mc_cleanup_until(NULL));
         h->s = NULL;
         return mc_lease_over(mc, h->ttl_ms, "renew");
     }
@@ -766,7 +766,7 @@ static int lock_alive(struct mysql_conn *mc, struct mysql_held *h, uint64_t unti
     uint64_t now = dlock_monotonic_ns();
     char sql[64];
     if (now >= h->expires_ns) {
-        mc_rollback_and_pool(mc, h->s, mc_cleanup_until());
+        mc_rollback_and_pool(mc, h->s, mc_cleanup_until(NULL));
         h->s = NULL;
         return mc_lease_over(mc, h->ttl_ms, what);
     }

@@ -15,6 +15,10 @@
  * The session is the lease: a holder's nodes live exactly as long as its
  * session, one per client, whose timeout is the URI's session_timeout (the
  * per-acquire TTL is not used). Fencing tokens are the lock node's czxid.
+ * A kept lock's lease is its session's, as the client can know it: the
+ * servers cannot expire the session before the send of the last request
+ * they answered + the session timeout, and keep() reports that, kept fresh
+ * by one liveness probe per session (see zk_keep()).
  *
  * Store-wide tokens (dlock migrate): czxids are the ensemble's transaction
  * ids, one sequence for every write to any node, and dlock cannot set them.
@@ -106,6 +110,13 @@
 /* How long a waiter that gave up waits for its node's delete to be
  * answered before returning; past that it completes in the background. */
 #define CLEANUP_WAIT_MS 100
+/* The session's liveness probe goes every session timeout / PROBE_DIV while
+ * locks are kept. Its answer is seen by the next keep() (within
+ * DLOCK_KEEP_CHECK_MAX_MS), so the lease it proves runs at least
+ * timeout * (1 - 1/PROBE_DIV) - 2 x 500 ms ahead before the next: more
+ * than the loss margin (DLOCK_LOSS_MARGIN_DIV) even on the 2 s sessions
+ * the servers grant at the least with tickTime=1000 (250 ms to spare). */
+#define PROBE_DIV 4
 
 static const char *const zk_schemes[] = {"zookeeper", NULL};
 static const char *const zk_options[] = {"session_timeout", "connect_timeout", NULL};
@@ -188,6 +199,9 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path, void 
             zc->suspended_since = 0;
             zc->ever_connected = 1;
             zc->negotiated_ms = zoo_recv_timeout(zh);
+            /* heard_ns stays: a server heard the reconnection, but when it
+             * was sent is not known here (this runs after the fact, on the
+             * completion thread); the next probe's answer moves it on. */
             flush = zc->orphans != NULL && zh == zc->zh;
         } else if (zc->ever_connected && !zc->suspended_since) {
             zc->suspended_since = dlock_monotonic_ns();
@@ -264,6 +278,14 @@ static int session_start(struct zk_conn *zc)
     zc->ever_connected = 0;
     zc->suspended_since = 0;
     zc->negotiated_ms = 0;
+    /* Before the connect goes: once the session is up, a server heard a
+     * connect sent after this, and the session's timeout started no
+     * earlier (a lower bound, so safe; every answered request of the
+     * session then moves it on). */
+    zc->heard_ns = dlock_monotonic_ns();
+    zc->probe_sent_ns = 0;
+    zc->probe_busy = 0;
+    zc->probe_failed = 0;
     pthread_mutex_unlock(&zc->mu);
     /* The client's I/O and completion threads start here and inherit a
      * mask blocking every signal: the application's signals reach its own
@@ -876,13 +898,21 @@ static int zk_renew(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 }
 
 /*
- * The keeper's check: no I/O, only what the client's event thread recorded,
+ * The keeper's check: no waiting, only what the client's threads recorded,
  * read under mu, so it may run while the application's thread is inside
  * any other call (even one that replaces the session). A few microseconds.
  * DLOCK_ELOST: the lock's session ended or expired, or its node was deleted
  * by someone else. DLOCK_EEXPIRED: disconnected for a third of the session
  * timeout or longer (Curator's advice): the servers may have expired the
  * session already without the client hearing of it.
+ *
+ * Otherwise the lock's lease is the session's: it sets held->lease_end_ns
+ * to the earliest moment a server can expire the session (heard_ns + the
+ * negotiated timeout) and held->lease_ms to that timeout, and the keeper
+ * reports the loss its margin before that, however long the C client takes
+ * to notice a silent network. To keep heard_ns fresh, it sends the
+ * session's liveness probe when one is due (zk_alive_probe(): one per
+ * session, not per lock, never waited for here).
  */
 static int zk_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 {
@@ -890,12 +920,12 @@ static int zk_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     struct zk_held *h = (struct zk_held *)held;
     const char *why = NULL;
     int err = 0, timeout;
-    uint64_t down_ns = 0;
+    uint64_t down_ns = 0, heard = 0, now = dlock_monotonic_ns();
     (void)ttl_ms;
     pthread_mutex_lock(&zc->mu);
     timeout = zc->negotiated_ms > 0 ? zc->negotiated_ms : zc->session_ms;
     if (zc->suspended_since)
-        down_ns = dlock_monotonic_ns() - zc->suspended_since;
+        down_ns = now - zc->suspended_since;
     if (h->gen != zc->gen)
         err = DLOCK_ELOST, why = "the session that held the lock has ended";
     else if (zc->state == ZOO_EXPIRED_SESSION_STATE)
@@ -906,7 +936,15 @@ static int zk_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
         err = DLOCK_ELOST, why = "the lock node was deleted by someone else";
     else if (down_ns >= (uint64_t)timeout * MS / 3)
         err = DLOCK_EEXPIRED;
+    else if (zc->zh) {
+        heard = zc->heard_ns;
+        zk_alive_probe(zc, now, (uint64_t)timeout * MS / PROBE_DIV);
+    }
     pthread_mutex_unlock(&zc->mu);
+    if (heard) {
+        held->lease_end_ns = heard + (uint64_t)timeout * MS;
+        held->lease_ms = (uint32_t)timeout;
+    }
     if (err == DLOCK_EEXPIRED)
         return dlock_seterr(cl(zc), err,
                             "zookeeper %s: disconnected for %" PRIu64 " ms, a third of the "
@@ -914,6 +952,15 @@ static int zk_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
                             "the servers",
                             zc->hosts, (uint64_t)(down_ns / MS), timeout);
     return err ? lost(zc, why) : 0;
+}
+
+uint64_t dlock_zk_probes_sent(dlock_client *c)
+{
+    struct zk_conn *zc = (struct zk_conn *)c->conn;
+    pthread_mutex_lock(&zc->mu);
+    uint64_t n = zc->probes;
+    pthread_mutex_unlock(&zc->mu);
+    return n;
 }
 
 /* The floor for an acquire + release: a create and a delete of a scratch

@@ -6,7 +6,9 @@
  * an acquire with a cancel fd, in the core's dlock_poll_until() on
  * {wake_fd, cancel_fd}, which zk_wake() writes while a waiter is in there.
  * What a request given up on may have left is queued for cleanup by its
- * completion (zookeeper_orphans.c).
+ * completion (zookeeper_orphans.c). Every completion a server answered
+ * moves the session's heard_ns on (the lease of its kept locks), and so
+ * does the liveness probe, which nobody waits for (zk_alive_probe()).
  */
 #include "backends/zookeeper_int.h"
 
@@ -32,6 +34,7 @@ enum { LEAVES_NOTHING, LEAVES_CREATED, LEAVES_UNDELETED };
 struct zk_call {
     struct zk_conn *zc;
     unsigned gen;  /* the session it was sent on */
+    uint64_t sent_ns; /* taken before the send: a lower bound of it */
     int leaves;    /* what it may leave if given up on */
     int refs, done, abandoned; /* under zc->mu */
     int rc;
@@ -59,6 +62,7 @@ static struct zk_call *call_new(struct zk_conn *zc, const char *path, int leaves
         return NULL;
     c->zc = zc;
     c->gen = zc->gen;
+    c->sent_ns = dlock_monotonic_ns();
     c->leaves = leaves;
     c->refs = 2;
     memcpy(c->path, path, len);
@@ -126,6 +130,22 @@ static int cv_wait(struct zk_conn *zc, uint64_t until, const struct timespec *ts
     return r == 0 ? TIMED_OUT : WOKEN;
 }
 
+/* The code of a reply a server sent (about the request's node), not one
+ * the C client made up for a request without an answer. */
+static int server_answered(int rc)
+{
+    return rc == ZOK || rc == ZNONODE || rc == ZNODEEXISTS || rc == ZNOTEMPTY ||
+           rc == ZBADVERSION || rc == ZNOAUTH || rc == ZNOCHILDRENFOREPHEMERALS;
+}
+
+/* A server of session gen answered a request sent at sent_ns: it cannot
+ * expire the session before sent_ns + its timeout. mu held. */
+static void heard_at(struct zk_conn *zc, unsigned gen, uint64_t sent_ns)
+{
+    if (gen == zc->gen && sent_ns > zc->heard_ns)
+        zc->heard_ns = sent_ns;
+}
+
 static void call_complete(struct zk_call *c, int rc)
 {
     struct zk_conn *zc = c->zc;
@@ -133,6 +153,8 @@ static void call_complete(struct zk_call *c, int rc)
     pthread_mutex_lock(&zc->mu);
     c->rc = rc;
     c->done = 1;
+    if (server_answered(rc))
+        heard_at(zc, c->gen, c->sent_ns);
     if (rc == ZOK) {
         uint64_t z[3] = {(uint64_t)c->st.czxid, (uint64_t)c->st.mzxid, (uint64_t)c->st.pzxid};
         for (int i = 0; i < 3; i++)
@@ -417,6 +439,56 @@ void zk_create_list(struct zk_conn *zc, const char *prefix, const char *parent, 
     }
     call_put(cc);
     call_put(lc);
+}
+
+/* ---- the session's liveness ------------------------------------------- */
+
+struct zk_alive {
+    struct zk_conn *zc;
+    unsigned gen;
+    uint64_t sent_ns;
+};
+
+/* Runs on the completion thread (with ZCLOSING when the session closes,
+ * before zookeeper_close() returns, so zc is still there). */
+static void on_alive(int rc, const struct Stat *st, const void *data)
+{
+    struct zk_alive *a = (struct zk_alive *)data;
+    struct zk_conn *zc = a->zc;
+    (void)st;
+    pthread_mutex_lock(&zc->mu);
+    if (a->gen == zc->gen) {
+        zc->probe_busy = 0;
+        zc->probe_failed = !server_answered(rc);
+        if (!zc->probe_failed)
+            heard_at(zc, a->gen, a->sent_ns);
+    }
+    pthread_mutex_unlock(&zc->mu);
+    free(a);
+}
+
+void zk_alive_probe(struct zk_conn *zc, uint64_t now, uint64_t period_ns)
+{
+    uint64_t wait = zc->probe_failed ? PROBE_RETRY_MS * MS : period_ns;
+    if (zc->probe_busy || (zc->probe_sent_ns && now - zc->probe_sent_ns < wait))
+        return;
+    struct zk_alive *a = malloc(sizeof *a);
+    if (!a)
+        return; /* tried again at the next keep() */
+    *a = (struct zk_alive){zc, zc->gen, now};
+    zc->probe_sent_ns = now;
+    zc->probes++;
+    /* Queued while the connection is down, sent once it is back (the send
+     * time kept is earlier: conservative); its completion always runs, if
+     * only with a connection loss or ZCLOSING. */
+    int rc = zoo_aexists(zc->zh, zc->root, 0, on_alive, a);
+    if (rc == ZOK) {
+        zc->probe_busy = 1;
+    } else {
+        zc->probe_failed = 1;
+        if (rc != ZMARSHALLINGERROR) /* then the completion may own it */
+            free(a);
+    }
 }
 
 /* ---- events ----------------------------------------------------------- */

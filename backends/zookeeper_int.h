@@ -5,7 +5,8 @@
  * both ways:
  *
  *   zookeeper.c          the recipe: sessions, acquire, release, inspect
- *     zookeeper_call.c   requests bounded by a deadline and a cancel
+ *     zookeeper_call.c   requests bounded by a deadline and a cancel, and
+ *                        the session's liveness probe
  *       zookeeper_orphans.c  cleanup of what given-up requests left
  *   zookeeper_names.c    pure parsing of lock-node names and the root
  */
@@ -90,6 +91,23 @@ struct zk_conn {
     /* Written by the completion thread, under mu: the highest zxid seen in
      * any reply's stat, so committed: every later czxid is above it. */
     uint64_t seen_zxid;
+    /*
+     * The session's liveness, the lease of its locks (zk_keep()). heard_ns:
+     * the CLOCK_MONOTONIC time a request of this session that a server
+     * answered was sent at the latest (set before its send, so earlier
+     * than the server heard it); for a new session, the moment before its
+     * connect was sent, which a server heard once the session is up. A
+     * server can expire the session no earlier than heard_ns + the
+     * negotiated timeout: it heard the client after that. The completion
+     * thread advances it (zookeeper_call.c), session_start() sets it; the
+     * liveness probe (zk_alive_probe()) keeps it fresh while locks are
+     * kept. All under mu.
+     */
+    uint64_t heard_ns;
+    uint64_t probe_sent_ns; /* the last probe's send time, 0: none yet */
+    int probe_busy;         /* a probe is in flight */
+    int probe_failed;       /* the last one had no answer: retry soon */
+    uint64_t probes;        /* probes sent (read by the tests) */
 };
 
 static inline dlock_client *cl(struct zk_conn *zc)
@@ -166,6 +184,20 @@ struct zk_made {
 };
 void zk_create_list(struct zk_conn *zc, const char *prefix, const char *parent, uint64_t until,
                     struct zk_made *m);
+
+/*
+ * The session's liveness probe: an exists of the root, which the connected
+ * server answers itself, sent without waiting for it when none is in
+ * flight and the last one went period_ns ago (PROBE_RETRY_MS after one
+ * that had no answer); its answer (ZOK or ZNONODE) advances heard_ns to
+ * its send time. One per session, however many locks are kept. mu held
+ * and zc->zh set: the handle cannot be closed meanwhile (session_end()
+ * takes mu first).
+ */
+#define PROBE_RETRY_MS 50
+void zk_alive_probe(struct zk_conn *zc, uint64_t now, uint64_t period_ns);
+/* The liveness probes the client has sent, all its sessions (tests). */
+uint64_t dlock_zk_probes_sent(dlock_client *c);
 
 /* Wakes every waiter of zc, mu held (the client's threads). */
 void zk_wake(struct zk_conn *zc);

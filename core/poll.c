@@ -16,6 +16,14 @@
  * wait that cannot see the flag any more must not go on). */
 #define CANCEL_EVENTS (POLLIN | POLLERR | POLLHUP | POLLNVAL)
 
+/* Linux may end a poll late by up to 0.1 % of its timeout (0.5 % for a
+ * niced process; at most 100 ms: the kernel's timer slack for poll), so a
+ * 3 s wait could return 3 ms past its deadline. A long wait is asked to
+ * end that much early and then looks again: it returns within about the
+ * process's own timer slack (50 µs) of its deadline. */
+#define SLACK_DIV 200u
+#define SLACK_MAX_NS 100000000ull
+
 int dlock_poll_until(struct pollfd *fds, size_t n, int cancel_fd, uint64_t deadline_ns,
                    unsigned int flags)
 {
@@ -30,10 +38,12 @@ int dlock_poll_until(struct pollfd *fds, size_t n, int cancel_fd, uint64_t deadl
     p[n] = (struct pollfd){.fd = cancel_fd, .events = POLLIN};
     for (;;) {
         struct timespec ts, *tsp = NULL;
+        uint64_t early = 0;
         if (deadline_ns != DLOCK_POLL_FOREVER) {
             /* Past the deadline, still one look at what already arrived. */
-            uint64_t now = dlock_monotonic_ns();
-            dlock_ns_to_timespec(deadline_ns > now ? deadline_ns - now : 0, &ts);
+            uint64_t now = dlock_monotonic_ns(), left = deadline_ns > now ? deadline_ns - now : 0;
+            early = left / SLACK_DIV < SLACK_MAX_NS ? left / SLACK_DIV : SLACK_MAX_NS;
+            dlock_ns_to_timespec(left - early, &ts);
             tsp = &ts;
         }
         int r = ppoll(p, n + 1, tsp, NULL);
@@ -44,6 +54,8 @@ int dlock_poll_until(struct pollfd *fds, size_t n, int cancel_fd, uint64_t deadl
         }
         if (r < 0)
             return DLOCK_POLL_ERROR;
+        if (r == 0 && early)
+            continue; /* woken early on purpose: the rest of the wait */
         int out = 0;
         for (size_t i = 0; i < n; i++) {
             fds[i].revents = p[i].revents;

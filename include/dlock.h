@@ -357,7 +357,8 @@ DLOCK_API void dlock_cancel_free(dlock_cancel *cancel);
  * paused process reports on resume, which may be after the lease end. ZooKeeper: an
  * expired session or a deleted lock node within 500 ms of the client
  * learning it; a reset connection session_timeout/3 + 0.5 s after it
- * dropped; a silent network about one session_timeout after it went silent.
+ * dropped; a silent network the loss margin before the session can end at
+ * the servers (its lease: the last answered request's send + the timeout).
  * Per backend: docs/keeper.md. `dlock run` stops its command's process
  * group on the report (SIGTERM, SIGKILL after --grace, 5 s by default).
  *
@@ -573,7 +574,9 @@ DLOCK_API dlock_client *dlock_lock_client(const dlock_lock *lock);
  * renewed the lease was sent, plus its TTL (less the clock drift allowance
  * on Redlock). A grant handed over while waiting counts from the moment the
  * handoff reached the client. UINT64_MAX on stores without leases while no
- * loss is known; 0 once the lock is known lost.
+ * loss is known (a kept ZooKeeper lock, from its first check on: the
+ * earliest moment its session can end, docs/zookeeper.md); 0 once the lock
+ * is known lost.
  */
 DLOCK_API uint64_t dlock_lock_expires_ns(const dlock_lock *lock);
 

@@ -15,7 +15,8 @@
 # the lock (the loss is told a margin before the lease end).
 #
 # TAP output. $1 = dlock binary; $2 = "file", or the name of the variable
-# holding the store's URI (DLOCK_REDIS_URI...): a missing one fails.
+# holding the store's URI (DLOCK_REDIS_URI...): a missing one fails; $3,
+# optional: URI parameters added to it ("session_timeout=3000").
 set -u
 dlock=$1
 store=$2
@@ -37,6 +38,9 @@ else
     if [ -z "$uri" ]; then
         echo "Bail out! $store is not set: start the stores first (scripts/stores/start.sh)"
         exit 1
+    fi
+    if [ -n "${3:-}" ]; then
+        case $uri in *\?*) uri="$uri&$3" ;; *) uri="$uri?$3" ;; esac
     fi
 fi
 n=0 failed=0

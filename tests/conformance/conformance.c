@@ -21,14 +21,19 @@
  *                   of the capabilities against the suite's table (kinds[])
  *   --drop-cap CAP  a negative control: the client is taken to declare CAP
  *                   (FIFO, LEASE, ...) no more, which the check must catch
- *   --break WHAT    a negative control: only the case of one safety
- *                   detector runs, its workers made a deliberately wrong
- *                   client, and the detector must fire: "exclusion"
- *                   (mutual exclusion: a worker that finds the lock busy
- *                   goes in anyway), "tokens" (token order: a client that
- *                   makes its tokens up, counting its own grants), "fifo"
- *                   (arrival order: every other waiter gives its turn away,
- *                   releasing its grant at once and queueing again)
+ *   --break WHAT    a negative control: a safety detector's case run by a
+ *                   deliberately wrong client, and the detector must fire.
+ *                   Only that case runs for "exclusion" (mutual exclusion:
+ *                   a worker that finds the lock busy goes in anyway),
+ *                   "tokens" (token order: a client that makes its tokens
+ *                   up, counting its own grants) and "fifo" (arrival order:
+ *                   every other waiter gives its turn away, releasing its
+ *                   grant at once and queueing again). With --case:
+ *                   "death" (a killed holder's connections live on in a
+ *                   child of it, so "holder killed" must fail on a store
+ *                   that declares HOLDER_DEATH), "lease" ("leases" renews
+ *                   its 300 ms lock to 5 s, so the bound of its expiry
+ *                   must fail)
  * For networked stores the suite also points the URI at a closed loopback
  * port and expects DLOCK_ECONNECT.
  *
@@ -109,26 +114,45 @@ static const struct kind {
     /* Besides the holder's owner id, inspect may name a holder by its
      * session: this word, a space and a number (NULL: the owner id only). */
     const char *session_word;
+    /* Leased stores: the lease the server keeps for a TTL, as their docs
+     * state it: the TTL rounded up to a multiple of lease_step_ms (0: to
+     * the millisecond), at least lease_min_ms; the lock is then free within
+     * lease_late_ms more (see lease_free_ms()). */
+    unsigned lease_step_ms, lease_min_ms, lease_late_ms;
+    /* How long past its deadline a deadline wait may return, as
+     * docs/keeper.md states it ("Bound of every call": acquire, deadline;
+     * PostgreSQL's min(200 ms, timeout) with the default timeout). */
+    unsigned deadline_past_ms;
 } kinds[] = {
-    {"file", DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE, NULL},
-    {"redis", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL},
-    {"redlock", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE, NULL},
-    {"redis-cluster", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL},
-    {"redis-sentinel", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL},
+    {"file", DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE, NULL, 0, 0, 0,
+     0},
+    /* A PX expiry, to the millisecond. */
+    {"redis", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0,
+     200},
+    {"redlock", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0, 200},
+    {"redis-cluster", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL, 0,
+     0, 0, 200},
+    {"redis-sentinel", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL,
+     0, 0, 0, 200},
+    /* idle_session_timeout, in milliseconds. */
     {"postgres",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
-     NULL},
+     NULL, 0, 0, 0, 200},
+    /* wait_timeout, in whole seconds (docs/mysql.md, Lease / TTL). */
     {"mysql",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
-     NULL},
+     NULL, 1000, 0, 0, 200},
     {"mysql-sequence",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
-     NULL},
+     NULL, 1000, 0, 0, 200},
     {"mysql-named",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
-     "session"},
-    {"zookeeper", DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS, NULL},
-    {"etcd", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS, NULL},
+     "session", 1000, 0, 0, 200},
+    {"zookeeper", DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS, NULL, 0, 0, 0, 200},
+    /* Whole seconds, at least the server's minimum (2 s with the test
+     * stores' settings); its lessor looks for expired leases every 500 ms
+     * (docs/etcd.md, TTL). */
+    {"etcd", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS, NULL, 1000, 2000, 500, 150},
 };
 #undef LEASED
 #undef WAITS
@@ -228,6 +252,37 @@ static unsigned int check_caps(char us[][DLOCK_URI_MAX], int n, unsigned int got
     return want;
 }
 
+/* The stores of the run (parts[]: one, or a list). */
+static char parts[8][DLOCK_URI_MAX];
+static int nparts;
+
+/* How long after its grant (counted from just before the acquire) a lock
+ * of ttl ms that nobody renews may stay held, as the stores' docs state:
+ * the longest of the leases the stores of the run keep for that TTL (see
+ * struct kind), plus the time they may take past it to free the lock. */
+static uint64_t lease_free_ms(uint32_t ttl)
+{
+    uint64_t most = ttl;
+    for (int i = 0; i < nparts; i++) {
+        const struct kind *k = kind_of(parts[i]);
+        if (!k)
+            continue;
+        uint64_t l = ttl;
+        if (k->lease_step_ms)
+            l = (l + k->lease_step_ms - 1) / k->lease_step_ms * k->lease_step_ms;
+        if (l < k->lease_min_ms)
+            l = k->lease_min_ms;
+        l += k->lease_late_ms;
+        if (l > most)
+            most = l;
+    }
+    return most;
+}
+
+/* Slack on lease_free_ms() for a busy machine: well below a store's
+ * rounding, so a lock freed a second late fails. */
+#define LEASE_FREE_SLACK_MS 400u
+
 /* Is owner what inspect may call the holder whose owner id is id: that
  * id exactly (32 hex digits), or the store's session word, a space and a
  * number (then nothing, or a space and more)? */
@@ -289,6 +344,20 @@ struct holder {
     int report, control;
 };
 
+/* --break lease: a negative control of the lease-expiry bound: "leases"
+ * then renews A's 300 ms lock to 5 s right after its grant, as a store
+ * that kept a lock past its lease would, and must fail. */
+static int break_lease;
+/* --break death: a negative control of the holder-death check; "holder
+ * killed" then spawns its holder with holder_outlives_ms set. A holder
+ * spawned while that is set leaves, right after its grant, a child of its
+ * own that inherits its connections (or lock file descriptions) and keeps
+ * them open, asleep, for this many ms: the store sees the holder's
+ * session alive after the holder is killed, as if the store did not tell a
+ * dead holder from a live one, and the check must fire. */
+static int break_death;
+static unsigned holder_outlives_ms;
+
 static struct holder spawn_holder(const char *name, uint32_t ttl_ms)
 {
     struct holder h = {-1, -1, -1};
@@ -307,6 +376,15 @@ static struct holder spawn_holder(const char *name, uint32_t ttl_ms)
         o.ttl_ms = ttl_ms;
         if (dlock_acquire(c, name, &o, &l) == 0)
             token = dlock_lock_token(l);
+        if (token && holder_outlives_ms && fork() == 0) {
+            int null = open("/dev/null", O_RDWR);
+            for (int fd = 0; fd < 3 && null >= 0; fd++)
+                dup2(null, fd); /* nothing of the test's output held open */
+            close(rp[1]);
+            close(cp[0]);
+            sleep_ms(holder_outlives_ms);
+            _exit(0);
+        }
         if (write(rp[1], &token, sizeof token) != sizeof token)
             _exit(3);
         if (read(cp[0], &b, 1) < 0)
@@ -512,7 +590,7 @@ static void test_tokens(void)
         dlock_release(l);
     }
     ok(increasing, "tokens strictly increase across 20 grants on two clients");
-    if (break_what) {
+    if (breaking("tokens")) {
         dlock_client_close(a);
         dlock_client_close(b);
         return;
@@ -811,16 +889,19 @@ static void test_inspect(void)
         name_of(exp, sizeof exp, "inspect-expired");
         o = try_once();
         o.ttl_ms = 300;
+        uint64_t t0 = dlock_monotonic_ns();
         is_int(dlock_acquire(c, exp, &o, &l), 0, "a 300 ms lease, not renewed");
         /* Within the time the store takes to let it go (MySQL's
          * wait_timeout counts whole seconds). */
+        uint64_t bound = lease_free_ms(o.ttl_ms) + LEASE_FREE_SLACK_MS;
         int freed = 0;
-        uint64_t t0 = dlock_monotonic_ns();
-        for (int k = 0; k < 40 && !freed; k++) {
-            sleep_ms(100);
+        while (!freed && dlock_monotonic_ns() < t0 + bound * MS) {
+            sleep_ms(20);
             freed = inspect_ok(d, exp, &i) && !i.held;
         }
-        ok(freed, "after it expired: free (%llu ms)", (unsigned long long)((dlock_monotonic_ns() - t0) / MS));
+        ok(freed, "after it expired: free (%llu ms; the store's lease %llu ms, + %u ms slack)",
+           (unsigned long long)((dlock_monotonic_ns() - t0) / MS),
+           (unsigned long long)lease_free_ms(o.ttl_ms), LEASE_FREE_SLACK_MS);
         if (l)
             dlock_release(l);
     }
@@ -1124,26 +1205,48 @@ static void test_names_long_wait(void)
     dlock_client_close(c);
 }
 
+/* A store that declares HOLDER_DEATH frees a dead holder's lock within
+ * this (docs/backends.md, after the capability check), whatever its TTL; the
+ * case adds HOLDER_DEATH_SLACK_MS for a busy machine. Its lease is
+ * HOLDER_DEATH_TTL_MS, far above both: a lock freed only by its lease
+ * running out fails the case. */
+#define HOLDER_DEATH_BOUND_MS 1000u
+#define HOLDER_DEATH_SLACK_MS 1000u
+#define HOLDER_DEATH_TTL_MS 20000u
+
 static void test_holder_killed(void)
 {
     char name[128];
     dlock_client *c = client();
     dlock_lock *l = NULL;
     dlock_acquire_opts o;
-    uint32_t ttl = 2000;
+    int death = (caps & DLOCK_CAP_HOLDER_DEATH) != 0;
+    uint32_t ttl = death ? HOLDER_DEATH_TTL_MS : 2000;
     name_of(name, sizeof name, "killed");
+    if (break_death)
+        holder_outlives_ms = 3 * (HOLDER_DEATH_BOUND_MS + HOLDER_DEATH_SLACK_MS);
     struct holder h = spawn_holder(name, ttl);
-    ok(holder_token(&h) > 0, "holder process acquired");
+    holder_outlives_ms = 0;
+    ok(holder_token(&h) > 0, "holder process acquired (TTL %u ms)", ttl);
     kill(h.pid, SIGKILL);
     waitpid(h.pid, NULL, 0);
     close(h.control);
     close(h.report);
-    /* Freed at once where the store sees the death, else within the TTL. */
-    uint64_t bound = (caps & DLOCK_CAP_HOLDER_DEATH) ? 5000 : ttl + 5000;
+    /* Freed within the stated bound where the store sees the death, else
+     * within the TTL. */
+    uint64_t bound = death ? HOLDER_DEATH_BOUND_MS + HOLDER_DEATH_SLACK_MS : ttl + 5000;
     uint64_t t0 = dlock_monotonic_ns();
     o = wait_for(bound);
-    is_int(dlock_acquire(c, name, &o, &l), 0, "a SIGKILLed holder's lock becomes free");
-    diag("freed after %.1f ms", (dlock_monotonic_ns() - t0) / 1e6);
+    int rc = dlock_acquire(c, name, &o, &l);
+    double el = (dlock_monotonic_ns() - t0) / 1e6;
+    if (death)
+        is_int(rc, 0,
+               "a SIGKILLed holder's lock becomes free within %u ms (+ %u ms slack), its lease "
+               "being %u ms: %.0f ms",
+               HOLDER_DEATH_BOUND_MS, HOLDER_DEATH_SLACK_MS, ttl, el);
+    else
+        is_int(rc, 0, "a SIGKILLed holder's lock becomes free (at its lease end, %u ms)", ttl);
+    diag("freed after %.1f ms", el);
     if (l)
         dlock_release(l);
     dlock_client_close(c);
@@ -1516,11 +1619,23 @@ static void test_leases(void)
     dlock_acquire_opts o = try_once();
     name_of(name, sizeof name, "lease");
     o.ttl_ms = 300;
+    uint64_t t0 = dlock_monotonic_ns();
     is_int(dlock_acquire(a, name, &o, &la), 0, "A acquires with a 300 ms lease");
     uint64_t ta = dlock_lock_token(la);
-    sleep_ms(700);
-    o = wait_for(3000);
-    is_int(dlock_acquire(b, name, &o, &lb), 0, "TTL expiry frees the lock");
+    if (break_lease && la)
+        dlock_renew(la, 5000);
+    /* B waits from the start: granted once the store's lease ran out, and
+     * no later than the store's stated lease (and the time it takes to
+     * free the lock) plus a slack, not seconds later. */
+    uint64_t bound = lease_free_ms(o.ttl_ms) + LEASE_FREE_SLACK_MS;
+    o = wait_for(0);
+    o.deadline_ns = t0 + bound * MS;
+    int got = dlock_acquire(b, name, &o, &lb);
+    double el = (dlock_monotonic_ns() - t0) / 1e6;
+    is_int(got, 0, "TTL expiry frees the lock: B granted %.0f ms after A's acquire (the store's "
+                  "lease %llu ms, + %u ms slack)",
+           el, (unsigned long long)lease_free_ms(300), LEASE_FREE_SLACK_MS);
+    ok(got || el >= 300, "not before the lease ran out (%.0f ms, TTL 300 ms)", el);
     ok(lb && dlock_lock_token(lb) > ta, "the new holder's token is higher");
     is_int(dlock_renew(la, 5000), DLOCK_ELOST, "stale holder's renew → DLOCK_ELOST");
     is_int(dlock_release(la), DLOCK_ELOST, "stale holder's release → DLOCK_ELOST");
@@ -2067,14 +2182,13 @@ static void test_cut_connection(void)
     uint64_t t0 = dlock_monotonic_ns();
     proxy_set(&px, PROXY_BLACKHOLE);
     /* Lease stores: the lease ends at most a TTL after the last renewal was
-     * sent. ZooKeeper: the client notices the silence after 2/3 of the
-     * session timeout and gives the session up after another third, checked
-     * every DLOCK_KEEP_CHECK_MAX_MS. */
-    uint64_t bound = zk ? ZK_CUT_SESSION_MS + keep_interval_ms(ttl) : ttl;
-    /* Another client, not through the proxy, waits from the cut, so its
-     * grant comes when the store frees the lock (at the lease end: Redis
-     * PX, PostgreSQL idle_session_timeout, MySQL wait_timeout, etcd's
-     * lease; ZooKeeper: when the servers expire the holder's session). */
+     * sent. ZooKeeper: the session's lease ends at most the session timeout
+     * after the last request a server answered was sent. */
+    uint64_t bound = zk ? ZK_CUT_SESSION_MS : ttl;
+    /* Another client, not through the proxy, waits from the cut on every
+     * store, so its grant comes when the store frees the lock (at the lease
+     * end: Redis PX, PostgreSQL idle_session_timeout, MySQL wait_timeout,
+     * etcd's lease, ZooKeeper's session expiry). */
     struct thread_wait w;
     thread_wait_start(&w, name, DLOCK_WAIT_DEADLINE, NULL);
     uint64_t lease_end;
@@ -2480,6 +2594,63 @@ static void *fire_on_byte_main(void *p)
  * flight: keep-alives, pings, the wait itself) returns within
  * CANCEL_BOUND_MS, with the stores' default timeouts: what dlock run does
  * on SIGTERM or SIGINT must not take a store's whole `timeout`. */
+/* A waiter behind a silent network: a holder of the name (not through the
+ * proxy), and the waiter's process, in a group of its own, reporting
+ * through rp ('R' once open, then its result) and told through cp. */
+struct silent_wait {
+    struct proxy px;
+    char name[128], puri[DLOCK_URI_MAX];
+    int rp[2], cp[2];
+    dlock_client *c;
+    dlock_lock *l;
+    pid_t pid;
+};
+
+/* The proxy (ZooKeeper: a 4 s session), the pipes and the holder of a
+ * fresh name (what); then fork_group(): 0 in the waiter's process, its pid
+ * (or -1: failed, said) in the test's. */
+static pid_t silent_wait_start(struct silent_wait *sw, const char *what)
+{
+    proxy_for_uri(&sw->px, uri);
+    if (proxy_uri(&sw->px, uri, is("zookeeper") ? "session_timeout=4000" : NULL, sw->puri,
+                  sizeof sw->puri) != 0 || pipe(sw->rp) < 0 || pipe(sw->cp) < 0) {
+        ok(0, "cannot point %s at the proxy", uri);
+        proxy_stop(&sw->px);
+        return -1;
+    }
+    name_of(sw->name, sizeof sw->name, what);
+    sw->c = client();
+    sw->l = NULL;
+    dlock_acquire_opts o = try_once();
+    is_int(dlock_acquire(sw->c, sw->name, &o, &sw->l), 0, "a holder, not through the proxy");
+    return sw->pid = fork_group();
+}
+
+/* In the test's process: the waiter's 'R' (opened through the proxy) into
+ * *m; 0, or -1 (failed, said). */
+static int silent_wait_opened(struct silent_wait *sw, struct msg *m)
+{
+    close(sw->rp[1]);
+    close(sw->cp[0]);
+    if (msg_recv(sw->rp[0], m, dlock_monotonic_ns() + 20000 * MS) != 0 || m->a != 0) {
+        ok(0, "a waiter opens through the proxy: %s",
+           m->kind == 'R' ? m->text : "no report within 20 s");
+        return -1;
+    }
+    return 0;
+}
+
+static void silent_wait_end(struct silent_wait *sw)
+{
+    kill_group(sw->pid);
+    close(sw->rp[0]);
+    close(sw->cp[1]);
+    proxy_stop(&sw->px);
+    if (sw->l)
+        dlock_release(sw->l);
+    dlock_client_close(sw->c);
+}
+
 static void test_silent_cancel(void)
 {
     static const char *const what = "a wait cancelled on a silent network returns in time";
@@ -2489,60 +2660,44 @@ static void test_silent_cancel(void)
         skip("the backend does not declare DLOCK_CAP_CANCEL", "%s", what);
         return;
     }
-    char name[128], puri[DLOCK_URI_MAX];
-    int rp[2], cp[2];
-    struct proxy px;
+    struct silent_wait sw;
     struct msg m = {0};
-    proxy_for_uri(&px, uri);
-    if (proxy_uri(&px, uri, is("zookeeper") ? "session_timeout=4000" : NULL, puri, sizeof puri) != 0 ||
-        pipe(rp) < 0 || pipe(cp) < 0) {
-        ok(0, "cannot point %s at the proxy", uri);
-        proxy_stop(&px);
+    pid_t pid = silent_wait_start(&sw, "silent-cancel");
+    if (pid < 0)
         return;
-    }
-    name_of(name, sizeof name, "silent-cancel");
-    dlock_client *c = client();
-    dlock_lock *l = NULL;
-    dlock_acquire_opts o = try_once();
-    is_int(dlock_acquire(c, name, &o, &l), 0, "a holder, not through the proxy");
-    pid_t pid = fork_group();
     if (pid == 0) {
         dlock_client *w = NULL;
         dlock_lock *x = NULL;
         static struct fire_on_byte fb;
         pthread_t th;
-        fb.fd = cp[0];
-        int rc = dlock_client_open(puri, &w);
+        fb.fd = sw.cp[0];
+        int rc = dlock_client_open(sw.puri, &w);
         if (rc == 0 && (rc = dlock_cancel_new(&fb.k)) == 0 &&
             pthread_create(&th, NULL, fire_on_byte_main, &fb) != 0)
             rc = DLOCK_ENOMEM;
-        msg_send(rp[1], 'R', rc, 0, 0, 0, 0, rc && w ? dlock_errmsg(w) : "");
+        msg_send(sw.rp[1], 'R', rc, 0, 0, 0, 0, rc && w ? dlock_errmsg(w) : "");
         if (rc)
             _exit(1);
         dlock_acquire_opts f = DLOCK_ACQUIRE_OPTS_INIT;
         f.cancel = fb.k;
-        rc = dlock_acquire(w, name, &f, &x);
+        rc = dlock_acquire(w, sw.name, &f, &x);
         uint64_t now = dlock_monotonic_ns(), fired = __atomic_load_n(&fb.fired, __ATOMIC_SEQ_CST);
-        msg_send(rp[1], 'W', rc, 0, 0, fired ? now - fired : 0, 0, dlock_errmsg(w));
+        msg_send(sw.rp[1], 'W', rc, 0, 0, fired ? now - fired : 0, 0, dlock_errmsg(w));
         _exit(0);
     }
-    close(rp[1]);
-    close(cp[0]);
-    if (msg_recv(rp[0], &m, dlock_monotonic_ns() + 20000 * MS) != 0 || m.a != 0) {
-        ok(0, "a waiter opens through the proxy: %s", m.kind == 'R' ? m.text : "no report within 20 s");
+    if (silent_wait_opened(&sw, &m) != 0)
         goto out;
-    }
     dlock_info seen;
-    if (waiters_reach(c, name, 1, 10000, &seen) <= 0)
+    if (waiters_reach(sw.c, sw.name, 1, 10000, &seen) <= 0)
         sleep_ms(500);
-    proxy_set(&px, PROXY_BLACKHOLE);
+    proxy_set(&sw.px, PROXY_BLACKHOLE);
     /* Long enough for the wait's keep-alives and pings to be sent into
      * the silence and be waiting for replies. */
     sleep_ms(1500);
     uint64_t t0 = dlock_monotonic_ns();
-    if (write(cp[1], "x", 1) != 1)
+    if (write(sw.cp[1], "x", 1) != 1)
         abort();
-    if (msg_recv(rp[0], &m, t0 + 20000 * MS) != 0 || m.kind != 'W') {
+    if (msg_recv(sw.rp[0], &m, t0 + 20000 * MS) != 0 || m.kind != 'W') {
         ok(0, "%s: no return within 20 s of the cancel", what);
         goto out;
     }
@@ -2552,13 +2707,78 @@ static void test_silent_cancel(void)
        "it returned %.0f ms after the cancel (bound %u ms + %u ms slack)", m.t / 1e6,
        CANCEL_BOUND_MS, CANCEL_SLACK_MS);
 out:
-    kill_group(pid);
-    close(rp[0]);
-    close(cp[1]);
-    proxy_stop(&px);
-    if (l)
-        dlock_release(l);
-    dlock_client_close(c);
+    silent_wait_end(&sw);
+}
+
+/* What a deadline wait's return may be measured past its stated bound
+ * here: the return itself (closing a session; libcurl's timers count whole
+ * milliseconds: measured up to 1.1 ms) and the wake-up of a process on a
+ * busy machine; not a cleanup step (one of those is 50 ms and more), nor
+ * the kernel's poll slack (3 ms on a 3 s wait, which dlock_poll_until()
+ * removes). */
+#define DEADLINE_PAST_SLACK_MS 5u
+
+/*
+ * A deadline wait whose network goes silent while it waits, with the URI's
+ * default timeouts (longer than the wait), so that calls of the wait (a
+ * keep-alive, a ping, the waiting statement) are in flight at the
+ * deadline: DLOCK_ETIMEDOUT, by the deadline + the store's stated bound
+ * (struct kind, deadline_past_ms), cleanup included.
+ */
+static void test_silent_deadline(void)
+{
+    static const char *const what = "a deadline wait on a network gone silent returns in time";
+    if (proxy_case_skipped(what, "the file backend has no network"))
+        return;
+    const struct kind *k = kind_of(uri);
+    if (!k) {
+        ok(0, "%s: the store has a row in the suite's table", what);
+        return;
+    }
+    struct silent_wait sw;
+    struct msg m = {0};
+    pid_t pid = silent_wait_start(&sw, "silent-deadline");
+    if (pid < 0)
+        return;
+    if (pid == 0) {
+        dlock_client *w = NULL;
+        dlock_lock *x = NULL;
+        char b;
+        int rc = dlock_client_open(sw.puri, &w);
+        msg_send(sw.rp[1], 'R', rc, 0, 0, 0, 0, rc && w ? dlock_errmsg(w) : "");
+        if (rc || read(sw.cp[0], &b, 1) != 1)
+            _exit(1);
+        /* Keep-alives every second (etcd), pings (Redis, ZooKeeper): the
+         * silence at 0.5 s leaves some in flight at the deadline. */
+        dlock_acquire_opts d = wait_for(2500);
+        rc = dlock_acquire(w, sw.name, &d, &x);
+        uint64_t now = dlock_monotonic_ns();
+        msg_send(sw.rp[1], 'W', rc, 0, 0, now > d.deadline_ns ? now - d.deadline_ns : 0, 0,
+                 dlock_errmsg(w));
+        _exit(0);
+    }
+    if (silent_wait_opened(&sw, &m) != 0)
+        goto out;
+    uint64_t t0 = dlock_monotonic_ns();
+    if (write(sw.cp[1], "x", 1) != 1)
+        abort();
+    dlock_info seen;
+    waiters_reach(sw.c, sw.name, 1, 400, &seen);
+    uint64_t at = t0 + 500 * MS, now = dlock_monotonic_ns();
+    if (now < at)
+        sleep_ms((unsigned)((at - now) / MS));
+    proxy_set(&sw.px, PROXY_BLACKHOLE);
+    if (msg_recv(sw.rp[0], &m, t0 + 20000 * MS) != 0 || m.kind != 'W') {
+        ok(0, "%s: no return within 20 s", what);
+        goto out;
+    }
+    is_int(m.a, DLOCK_ETIMEDOUT, "a 2.5 s wait, its network silent after 0.5 s → %s: %s",
+           dlock_err_name(m.a), m.text);
+    ok(m.t <= (uint64_t)(k->deadline_past_ms + DEADLINE_PAST_SLACK_MS) * MS,
+       "it returned %.1f ms past its deadline (bound %u ms, + %u ms for the return)", m.t / 1e6,
+       k->deadline_past_ms, DEADLINE_PAST_SLACK_MS);
+out:
+    silent_wait_end(&sw);
 }
 
 /* Runs cases at the same time, each in a process of its own with its TAP
@@ -2651,9 +2871,6 @@ static void run_parallel(struct pcase *cs, int n, unsigned limit_s)
 }
 
 /* ---- lists of stores: one lock in each ------------------------------------ */
-
-static char parts[8][DLOCK_URI_MAX];
-static int nparts;
 
 /* The name held in one store alone, on a client of its own. */
 static dlock_client *part_client(int i)
@@ -2834,7 +3051,10 @@ int main(int argc, char **argv)
             only = argv[++i];
         else if (strcmp(argv[i], "--break") == 0 && i + 1 < argc) {
             break_what = argv[++i];
-            if (!breaking("exclusion") && !breaking("tokens") && !breaking("fifo"))
+            break_death = breaking("death");
+            break_lease = breaking("lease");
+            if (!breaking("exclusion") && !breaking("tokens") && !breaking("fifo") &&
+                !break_death && !break_lease)
                 nparts = -1, i = argc; /* the usage message */
         }
         else if (strcmp(argv[i], "--drop-cap") == 0 && i + 1 < argc) {
@@ -2873,7 +3093,7 @@ int main(int argc, char **argv)
     uri = nparts > 0 ? list : NULL;
     if (!uri) {
         fprintf(stderr, "usage: conformance [--auth-env VAR] [--many N] [--params P] [--case NAME]"
-                        " [--drop-cap CAP] [--break exclusion|tokens|fifo] (URI | --env VAR)...\n");
+                        " [--drop-cap CAP] [--break WHAT] (URI | --env VAR)...\n");
         return 64;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -2905,7 +3125,8 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    if (break_what) { /* a negative control: its detector's case alone */
+    if (breaking("exclusion") || breaking("tokens") || breaking("fifo")) {
+        /* a negative control: its detector's case alone */
         if (breaking("exclusion"))
             test_mutual_exclusion(4, 40);
         else if (breaking("tokens"))
@@ -2948,6 +3169,7 @@ side_by_side:;
         {"silent store: open", test_silent_open, 0, NULL, 0},
         {"silent store: calls", test_silent_calls, 0, NULL, 0},
         {"silent store: cancel", test_silent_cancel, 0, NULL, 0},
+        {"silent store: deadline", test_silent_deadline, 0, NULL, 0},
         {"many held locks", test_many_held, 0, NULL, 0},
     };
     int ncases = (int)(sizeof cases / sizeof cases[0]);

@@ -339,16 +339,17 @@ static void test_lost_release_bounded(dlock_client *c)
     ok(dlock_call_deadline() == DLOCK_POLL_FOREVER, "no bound left on the application's thread");
 }
 
-/* The negative control, on a client of its own: no keeper thread runs
- * while the environment changes. */
-static void test_lost_release_unbounded(void)
+/* A negative control: case(c, 1) on a client of its own, opened with the
+ * test hook var=value (the hooks are read at open; no keeper thread runs
+ * while the environment changes). */
+static void with_hook(const char *var, const char *value, void (*fn)(dlock_client *, int))
 {
     dlock_client *c = NULL;
-    setenv("DLOCK_TEST_UNBOUNDED_LOSS", "1", 1);
-    is_int(dlock_client_open("kfake://h/", &c), 0, "open (no bound after a loss)");
-    lost_release_case(c, 1);
+    setenv(var, value, 1);
+    is_int(dlock_client_open("kfake://h/", &c), 0, "open with %s=%s", var, value);
+    fn(c, 1);
     dlock_client_close(c);
-    unsetenv("DLOCK_TEST_UNBOUNDED_LOSS");
+    unsetenv(var);
 }
 
 /*
@@ -392,16 +393,6 @@ static void test_margin(dlock_client *c)
     is_int((int)(dlock_loss_margin_ns(100) / MS), 50, "margin of 100 ms: at most half the lease");
     is_int((int)(dlock_loss_margin_ns(300) / MS), 55, "margin of 300 ms: the 50 ms floor + 5 ms");
     margin_case(c, 0);
-}
-
-static void test_margin_late(void)
-{
-    dlock_client *c = NULL;
-    setenv("DLOCK_TEST_LOSS_MARGIN_MS", "-200", 1);
-    is_int(dlock_client_open("kfake://h/", &c), 0, "open (a late keeper)");
-    margin_case(c, 1);
-    dlock_client_close(c);
-    unsetenv("DLOCK_TEST_LOSS_MARGIN_MS");
 }
 
 /* A renewal that answers "renewed" after the loss was reported does not
@@ -665,8 +656,8 @@ int main(void)
     test_estimated_lease_confirmed(c);
     test_many_kept(c);
     dlock_client_close(c);
-    test_lost_release_unbounded();
-    test_margin_late();
+    with_hook("DLOCK_TEST_UNBOUNDED_LOSS", "1", lost_release_case);
+    with_hook("DLOCK_TEST_LOSS_MARGIN_MS", "-200", margin_case);
     test_refusals();
     test_close_stops();
     return done_testing();

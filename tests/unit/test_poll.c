@@ -79,6 +79,18 @@ int main(void)
     is_int(dlock_pause_until(dlock_monotonic_ns() + 10 * MS, -1), 0,
            "a pause without a flag ends at its instant");
 
+    /* Linux may end a poll late by 0.1 % of its timeout (its timer slack:
+     * 4 ms for 4 s, and it usually does on a quiet CPU): the wait looks
+     * again instead, and ends within a fraction of a millisecond of its
+     * deadline, never before it. */
+    t0 = dlock_monotonic_ns();
+    r = dlock_poll_until(&p, 1, -1, t0 + 4000 * MS, 0);
+    took = dlock_monotonic_ns() - t0;
+    is_int(r, 0, "a 4 s wait: the deadline passes");
+    ok(took >= 4000 * MS && took < 4002 * MS,
+       "it ends within 2 ms past its deadline, not the kernel's 4 ms of slack (%.3f ms past)",
+       ((double)took - 4000.0 * MS) / 1e6);
+
     struct pollfd many[DLOCK_POLL_FDS_MAX + 1];
     errno = 0;
     is_int(dlock_poll_until(many, DLOCK_POLL_FDS_MAX + 1, -1, 0, 0), DLOCK_POLL_ERROR,

@@ -296,7 +296,9 @@ class Lock:
     @property
     def expires(self):
         """Until when (dlock.monotonic() seconds) the lock is surely still
-        ours; float('inf') on stores without leases, 0.0 once known lost."""
+        ours; float('inf') on stores without leases (file; ZooKeeper until
+        a kept lock's first check dates its session's lease), 0.0 once
+        known lost."""
         with self._guard:
             h = self._h
             if not h:
