@@ -1362,16 +1362,6 @@ static void check_world(int nw, int all_granted, uint64_t deadline, uint64_t t_f
  */
 enum { TELL_LATE, TELL_BOUND, TELL_FIRST };
 
-/* The loss margin docs/keeper.md states for a lease lease_ms long. */
-static uint64_t loss_margin_ms(uint64_t lease)
-{
-    uint64_t m = lease / DLOCK_LOSS_MARGIN_DIV;
-    if (m < DLOCK_LOSS_MARGIN_MIN_MS)
-        m = DLOCK_LOSS_MARGIN_MIN_MS;
-    m += lease / DLOCK_CLOCK_RATE_DIV + DLOCK_CLOCK_SLACK_MS;
-    return m < lease / 2 ? m : lease / 2;
-}
-
 /*
  * The holder's side: must_lose 1 (the store let go: it must be told), 0
  * (the store kept the lock: it must not be), -1 (either, consistently).
@@ -1636,13 +1626,8 @@ static void case_conn_kill(void)
      * of it, before any waiter can be granted. A session killed on the
      * server: at the next renewal (a keep interval and one call). */
     uint64_t bound = cut ? lease_ms() : keep_interval_ms() + 1000;
-    if (cut)
-        diag("the bound on the holder's report: the lease, %llu ms (due at the latest the loss "
-             "margin, %llu ms, before it)", (unsigned long long)bound,
-             (unsigned long long)loss_margin_ms(bound));
-    else
-        diag("the bound on the holder's report: %llu ms (a keep interval + one call)",
-             (unsigned long long)bound);
+    diag("the bound on the holder's report: %llu ms (%s)", (unsigned long long)bound,
+         cut ? "the lease: due the loss margin before its end" : "a keep interval + one call");
     if (must_lose) /* told by then, or not at all */
         wait_ev(0, EV_LOST, (unsigned)bound + SLACK_MS);
     else /* a lease of renewals after the fault */
