@@ -12,6 +12,18 @@
  * already contains the new child, and an uncontended acquire costs one
  * round trip.
  *
+ * Shared locks and semaphores are the same queue, the node's mode written
+ * in its name before "-lock-" (zookeeper_names.h: "-__READ__", "-__SEM<N>__";
+ * none for an exclusive request, so today's layout is unchanged and an old
+ * client sees every node as a writer's). zk_turn() says what a node does:
+ * a writer holds when first, a reader when no writer is ahead (it watches
+ * the nearest writer ahead), a permit among the first N (the first waiter
+ * watches every holder, a later one the node just before it; a permit
+ * granted after waiting sets its node's data once, which wakes the node
+ * behind it to take over as the first waiter: signal_next()). A node of
+ * another kind ahead is DLOCK_EMODE at once. Tokens stay the czxid: no
+ * node is granted before one ahead of it, so they follow grant order.
+ *
  * The session is the lease: a holder's nodes live exactly as long as its
  * session, one per client, whose timeout is the URI's session_timeout (the
  * per-acquire TTL is not used). Fencing tokens are the lock node's czxid.
@@ -40,12 +52,13 @@
  * checks the same way, so that a multi-name lock's part accepts the
  * largest czxid of its siblings.
  *
- * Inspect (dlock_inspect) writes nothing and joins no queue: a sync
- * pipelined with a getChildren of <root>/<encoded name> (so that a follower
- * that was behind answers as of the leader's state), then an exists (no
- * watch) of the lowest child for its czxid. The lowest child holds: its
- * czxid is the token (and the last token granted: every earlier holder's
- * node was created before it), the owner id before its "-lock-" is the
+ * Inspect (dlock_inspect, dlock_inspect_holders) writes nothing and joins
+ * no queue: a sync pipelined with a getChildren of <root>/<encoded name>
+ * (so that a follower that was behind answers as of the leader's state),
+ * then an exists (no watch) of the holders it reports, pipelined, for their
+ * czxids. The first nodes hold (zk_holders()): the newest one's czxid is
+ * the token (and the last token granted: every earlier holder's node was
+ * created before it), the owner id before its tag and "-lock-" is the
  * owner; the others are the waiters, counted and listed in the order they
  * will be served. No parent node, or no child: free, no waiter. A
  * holder's or waiter's node whose session expired has gone with it. Not

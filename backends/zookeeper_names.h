@@ -70,7 +70,7 @@ void zk_node_owner(const char *name, char *out, size_t outsz);
  *   permit of limit N: holds among the first N; the first waiter (index N)
  *     waits for every holder; a later one for the node just before it,
  *     which deletes itself or, once it holds after waiting, writes its
- *     data (ZK_SIGNAL: that write counts as the change).
+ *     data (.signal: that write counts as the change).
  * Every node before i is compared: a node is never granted beside one of
  * another kind, since that one is before it in every listing it reads.
  */
