@@ -32,6 +32,7 @@ struct mysql_held {
     unsigned char k[DLOCK_SHA256_LEN];
     uint32_t ttl_ms;
     uint64_t expires_ns;    /* end of the lease as the client sees it */
+    int shared;             /* a shared holder (LOCK IN SHARE MODE; a <table>_shared row) */
 };
 
 /* What the two token sources do differently. */
@@ -71,6 +72,10 @@ static const struct row_source *src(const struct mysql_conn *mc)
 static const char *const stmt_sql[N_STMTS] = {
     [ST_LOCK_WAIT] = "SELECT 1 FROM `@T` WHERE k = ? FOR UPDATE",
     [ST_LOCK_NOWAIT] = "SELECT 1 FROM `@T` WHERE k = ? FOR UPDATE NOWAIT",
+    /* A shared holder: the same row's shared lock, queued in the same
+     * InnoDB queue (a reader arriving after a waiting writer waits). */
+    [ST_SHARED_WAIT] = "SELECT 1 FROM `@T` WHERE k = ? LOCK IN SHARE MODE",
+    [ST_SHARED_NOWAIT] = "SELECT 1 FROM `@T` WHERE k = ? LOCK IN SHARE MODE NOWAIT",
     [ST_CREATE_ROW] = "INSERT IGNORE INTO `@T` (k, name, created_at) VALUES (?, ?, UTC_TIMESTAMP(6))",
     /* The floor row is read in the same statement (a derived table:
      * MySQL refuses a plain subquery on the table inserted into; CAST:
@@ -237,7 +242,9 @@ static int lock_row(struct mysql_conn *mc, struct session **sp, const dlock_requ
     MYSQL_STMT *st;
     MYSQL_BIND b;
     struct bound pb = mc_stmt_bound(call, mc->timeout_ms);
-    if ((err = mc_prepare(mc, s, nowait ? ST_LOCK_NOWAIT : ST_LOCK_WAIT, &pb, &st)) != 0)
+    enum stmt_id id = req->mode == DLOCK_MODE_SHARED ? (nowait ? ST_SHARED_NOWAIT : ST_SHARED_WAIT)
+                      : nowait ? ST_LOCK_NOWAIT : ST_LOCK_WAIT;
+    if ((err = mc_prepare(mc, s, id, &pb, &st)) != 0)
         return err;
     mc_bind_bytes(&b, k, &klen);
     if (mysql_stmt_bind_param(st, &b) != 0)
@@ -303,10 +310,17 @@ static int lock_row_seq(struct mysql_conn *mc, struct session **sp, const dlock_
                  left_us / 1000000u, left_us % 1000000u);
         until = req->deadline_ns + CLEANUP_MS * MS;
     }
-    snprintf(sql, sizeof sql,
-             "%sUPDATE `%s` SET token = LAST_INSERT_ID(NEXTVAL(`%s_seq`)), owner = '%.32s',"
-             " session_id = CONNECTION_ID(), acquired_at = UTC_TIMESTAMP(6) WHERE k = X'%s'",
-             pre, mc->table, mc->table, req->owner_hex, kx);
+    if (req->mode == DLOCK_MODE_SHARED) /* the row's shared lock, then NEXTVAL */
+        snprintf(sql, sizeof sql,
+                 "%sINSERT INTO `%s_shared` (k, token, owner, session_id, acquired_at)"
+                 " SELECT k, LAST_INSERT_ID(NEXTVAL(`%s_seq`)), '%.32s', CONNECTION_ID(),"
+                 " UTC_TIMESTAMP(6) FROM `%s` WHERE k = X'%s' LOCK IN SHARE MODE",
+                 pre, mc->table, mc->table, req->owner_hex, mc->table, kx);
+    else
+        snprintf(sql, sizeof sql,
+                 "%sUPDATE `%s` SET token = LAST_INSERT_ID(NEXTVAL(`%s_seq`)), owner = '%.32s',"
+                 " session_id = CONNECTION_ID(), acquired_at = UTC_TIMESTAMP(6) WHERE k = X'%s'",
+                 pre, mc->table, mc->table, req->owner_hex, kx);
     struct nb c = {.op = NB_QUERY, .db = s->db, .sql = sql};
     mc_nb_step(&c, -1);
     int w = mc_nb_wait(&c, until, 1, nowait ? -1 : req->cancel_fd);
@@ -425,6 +439,12 @@ static int record_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock
     return 0;
 }
 
+/* The statement failed for want of <table>_shared (on a live session). */
+static int no_shared_table(const struct session *s)
+{
+    return !s->dead && s->last_errno == ER_NO_SUCH_TABLE;
+}
+
 /* After a failed attempt: a dropped session is closed, a live one has its
  * transaction ended (InnoDB undoes only the failed statement) and is
  * pooled. */
@@ -483,7 +503,7 @@ static int server_dropped_all(struct mysql_conn *mc, uint64_t until_ns)
 static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
                      struct bound *call)
 {
-    int retried = 0, created = 0, err, pooled = 0;
+    int retried = 0, created = 0, made = 0, err, pooled = 0;
     uint64_t down_since = 0, backoff = 100;
     struct session *s = NULL;
     for (;;) {
@@ -514,6 +534,13 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
                 dlock_clearerr(cl(mc));
             h->s = s;
             return 0;
+        }
+        if (err < 0 && s && no_shared_table(s) && !made++) {
+            /* A store set up before shared locks: its first reader. */
+            if ((err = mc_shared_table(mc, call)) == 0) {
+                dlock_clearerr(cl(mc));
+                continue;
+            }
         }
         if (err == 0 && !created++) {
             if ((err = src(mc)->create_row(mc, s, req, h->k, call)) == 0)
@@ -562,6 +589,7 @@ static int row_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_he
     if (!h)
         return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
     dlock_sha256(req->name, req->name_len, h->k);
+    h->shared = req->mode == DLOCK_MODE_SHARED;
     /* The call's bound: a deadline is the caller's; a try gets `timeout`
      * (plus the time spent connecting); a wait without a deadline has a
      * bound per statement only. */
@@ -599,6 +627,26 @@ static int row_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_he
 
 static int hold_lost(struct mysql_conn *mc, struct mysql_held *h, const char *what, int err);
 
+/* token=table: "DO 0" on the lock session; for a reader, the INSERT of its
+ * <table>_shared row in its lock transaction (creating the table once). */
+static int confirm_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
+                         struct bound *b)
+{
+    static const char what[] = "confirming the grant";
+    char kx[2 * DLOCK_SHA256_LEN + 1], sql[320];
+    if (!h->shared)
+        return mc_run(mc, h->s, NB_QUERY, NULL, "DO 0", b, what);
+    dlock_hex(h->k, DLOCK_SHA256_LEN, kx);
+    snprintf(sql, sizeof sql,
+             "INSERT INTO `%s_shared` (k, token, owner, session_id, acquired_at) VALUES (X'%s',"
+             " %" PRIu64 ", '%.32s', CONNECTION_ID(), UTC_TIMESTAMP(6))",
+             mc->table, kx, h->base.token, req->owner_hex);
+    int err = mc_run(mc, h->s, NB_QUERY, NULL, sql, b, what);
+    if (err && no_shared_table(h->s) && (err = mc_shared_table(mc, b)) == 0)
+        err = mc_run(mc, h->s, NB_QUERY, NULL, sql, b, what);
+    return err;
+}
+
 /* token=table: bumps the name's token from the control session while the
  * lock session holds the row, then proves the lock session lived through
  * the bump. On failure the lock is let go (h->s pooled or closed). */
@@ -622,8 +670,9 @@ static int table_granted(struct mysql_conn *mc, struct mysql_held *h, const dloc
      * grant only if our lock session, and with it the row lock, lived
      * through the bump: had the server dropped it meanwhile (KILL,
      * wait_timeout), another holder may already be using a lower token.
-     * One round trip on the lock session proves it is still there. */
-    if ((err = mc_run(mc, h->s, NB_QUERY, NULL, "DO 0", &post, "confirming the grant")) != 0) {
+     * One round trip on the lock session proves it is still there; a
+     * reader's is its <table>_shared row. */
+    if ((err = confirm_grant(mc, h, req, &post)) != 0) {
         err = hold_lost(mc, h, "confirming the grant", err);
         if (h->s)
             mc_rollback_and_pool(mc, h->s, mc_cleanup_until(req));
@@ -850,6 +899,30 @@ static int seq_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t floor
     return 0;
 }
 
+/*
+ * token=table, a reader: the name's latest grant may be another reader's,
+ * so the counter is raised whoever it names, then the lock's own session
+ * proves the reader still holds: no writer was granted meanwhile (it
+ * waits for this reader), so every later writer's grant, and every later
+ * reader's, is recorded after the raise's commit and above floor.
+ */
+static int shared_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t floor,
+                        struct bound *call)
+{
+    static const char what[] = "raising the token";
+    char kx[2 * DLOCK_SHA256_LEN + 1], sql[256];
+    struct session *ctl;
+    int err;
+    dlock_hex(h->k, DLOCK_SHA256_LEN, kx);
+    snprintf(sql, sizeof sql,
+             "UPDATE `%s_grants` SET token = GREATEST(token, %" PRIu64 ") WHERE k = X'%s'",
+             mc->table, floor, kx);
+    if ((err = mc_ctl_session(mc, call, &ctl)) != 0 ||
+        (err = mc_exec_sql(mc, ctl, sql, call, what)) != 0)
+        return err;
+    return lock_alive(mc, h, call->until, what);
+}
+
 static int table_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t floor,
                        struct bound *call)
 {
@@ -860,6 +933,8 @@ static int table_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t flo
     MYSQL_STMT *st;
     int err;
     sid = mysql_thread_id(h->s->db); /* what record_grant wrote as session_id */
+    if (h->shared)
+        return shared_raise(mc, h, floor, call);
     mc_bind_u64(&bd[0], &f);
     mc_bind_bytes(&bd[1], h->k, &klen);
     mc_bind_u64(&bd[2], &sid);
@@ -974,9 +1049,8 @@ static int table_raise_floor(struct mysql_conn *mc, uint64_t floor)
  *  'p' COUNT(*) of INNODB_TRX, read whatever the grants say, so that a
  *      user without the PROCESS privilege always gets error 1227 rather
  *      than a "free" that was never seen;
- *  'w' (MariaDB) the transactions in LOCK WAIT that the holder's
- *      transaction blocks (INNODB_LOCK_WAITS; a lock session holds only
- *      its one row lock, so they wait for this name), whose session is
+ *  'w' (MariaDB) the transactions in LOCK WAIT for the name's row, a
+ *      shared or an exclusive lock (INNODB_LOCKS' record), whose session is
  *      still running its lock statement (information_schema.PROCESSLIST
  *      is live, the InnoDB views are a snapshot up to 0.1 s old: a waiter
  *      that gave up is not counted), in queue order: by the number of
@@ -988,19 +1062,19 @@ static int table_raise_floor(struct mysql_conn *mc, uint64_t floor)
  * it yet. */
 #define VIEWS_AGE_MS "120"
 
-/* The holder's transaction, for 'w': the trx_id of the grants row's
- * session's InnoDB transaction when that transaction is the grant's:
- * RUNNING (not in LOCK WAIT), holding rows (trx_rows_locked > 0), started
- * no later than the grant was recorded (trx_started is the session's local
- * time, whole seconds: acquired_at is moved by the session's UTC offset),
- * and no later grant of another name names the session (a pooled session
- * that went on to hold another name). */
-#define INSPECT_HOLDER                                                                            \
-    "(SELECT t.trx_id FROM information_schema.INNODB_TRX t WHERE t.trx_mysql_thread_id ="         \
-    " g.session_id AND t.trx_state = 'RUNNING' AND t.trx_rows_locked > 0 AND t.trx_started <="     \
-    " g.acquired_at + INTERVAL TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), NOW()) SECOND AND NOT"     \
-    " EXISTS (SELECT 1 FROM `%s_grants` o WHERE o.session_id = g.session_id AND o.k <> g.k AND"  \
-    " o.acquired_at > g.acquired_at) LIMIT 1)"
+/* 'w': the sessions waiting for the name's row (their requested lock's
+ * record, lock_data, is the row's key; trx_id cannot tell them apart: a
+ * transaction that has only read, a reader's, shows 0), still running the
+ * statement that matches info (see above). */
+#define INSPECT_WAITERS(info)                                                                     \
+    " UNION ALL SELECT 'w', w.trx_mysql_thread_id, w.trx_id,"                                      \
+    " (SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS q"                               \
+    " WHERE q.requesting_trx_id = w.trx_id), w.trx_wait_started"                                 \
+    " FROM information_schema.INNODB_TRX w WHERE w.trx_state = 'LOCK WAIT' AND EXISTS (SELECT 1"   \
+    " FROM information_schema.INNODB_LOCKS r WHERE r.lock_id = w.trx_requested_lock_id AND"       \
+    " r.lock_table = CONCAT('`', DATABASE(), '`.`%s`') AND r.lock_data = '0x%s')"                  \
+    " AND EXISTS (SELECT 1 FROM information_schema.PROCESSLIST p"                                  \
+    " WHERE p.ID = w.trx_mysql_thread_id AND p.COMMAND IN ('Query', 'Execute') AND " info ")"
 
 /*
  * token=sequence's inspect statement, read on the control session at READ
@@ -1022,18 +1096,7 @@ static int inspect_seq_sql(struct mysql_conn *mc, const char *kx, int mariadb, c
                     " WHERE l.k = X'%s' AND l.owner <> ''"
                     " UNION ALL SELECT 'p', COUNT(*), NULL, NULL, NULL"
                     " FROM information_schema.INNODB_TRX"
-                    " UNION ALL SELECT 'w', w.trx_mysql_thread_id, w.trx_id,"
-                    " (SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS q"
-                    " WHERE q.requesting_trx_id = w.trx_id), w.trx_wait_started"
-                    " FROM information_schema.INNODB_TRX w"
-                    " JOIN information_schema.INNODB_LOCK_WAITS lw ON lw.requesting_trx_id = w.trx_id"
-                    " WHERE w.trx_state = 'LOCK WAIT' AND lw.blocking_trx_id ="
-                    " (SELECT h.trx_id FROM information_schema.INNODB_TRX h JOIN `%s` l"
-                    " ON h.trx_mysql_thread_id = l.session_id WHERE l.k = X'%s'"
-                    " AND l.owner <> '' LIMIT 1)"
-                    " AND EXISTS (SELECT 1 FROM information_schema.PROCESSLIST p"
-                    " WHERE p.ID = w.trx_mysql_thread_id AND p.COMMAND IN ('Query', 'Execute')"
-                    " AND p.INFO LIKE '%%NEXTVAL(`%s_seq`)%%')",
+                    INSPECT_WAITERS("p.INFO LIKE '%%NEXTVAL(`%s_seq`)%%'"),
                     t, kx, t, kx, t);
 }
 
@@ -1052,18 +1115,9 @@ static int inspect_table_sql(struct mysql_conn *mc, const char *kx, int mariadb,
                      mc->table, kx);
     if (mariadb && n > 0 && (size_t)n < size)
         n += snprintf(sql + n, size - n,
-                      " UNION ALL SELECT 'w', w.trx_mysql_thread_id, w.trx_id,"
-                      " (SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS q"
-                      " WHERE q.requesting_trx_id = w.trx_id), w.trx_wait_started"
-                      " FROM information_schema.INNODB_TRX w"
-                      " JOIN information_schema.INNODB_LOCK_WAITS lw"
-                      " ON lw.requesting_trx_id = w.trx_id"
-                      " WHERE w.trx_state = 'LOCK WAIT' AND lw.blocking_trx_id ="
-                      " (SELECT " INSPECT_HOLDER " FROM `%s_grants` g WHERE g.k = X'%s')"
-                      " AND EXISTS (SELECT 1 FROM information_schema.PROCESSLIST p"
-                      " WHERE p.ID = w.trx_mysql_thread_id AND p.COMMAND IN ('Query', 'Execute')"
-                      " AND p.INFO LIKE '%%FOR UPDATE')",
-                      mc->table, mc->table, kx);
+                      INSPECT_WAITERS("(p.INFO LIKE '%%FOR UPDATE' OR"
+                                      " p.INFO LIKE '%%LOCK IN SHARE MODE')"),
+                      mc->table, kx);
     return n;
 }
 
@@ -1177,6 +1231,16 @@ static int row_inspect(struct mysql_conn *mc, const char *name, size_t len, dloc
          * for the waiters it blocks). */
         if (src(mc)->held && (err = src(mc)->held(mc, ctl, kx, mariadb, &call, &held)) != 0)
             goto failed;
+        /* Readers: held, and the newest one's grant is told. */
+        dlock_holder last;
+        size_t readers = 0;
+        if ((err = mc_shared_read(mc, ctl, kx, &call, NULL, 0, &readers, &last)) != 0)
+            goto failed;
+        if (readers) {
+            held = granted = 1;
+            token = last.token;
+            snprintf(owner, sizeof owner, "%.32s", last.owner);
+        }
         /* token=sequence keeps no token of a free name (one sequence for
          * every name; a grant is never committed). */
         info->known |= DLOCK_KNOWS_HELD | src(mc)->known;
@@ -1198,6 +1262,35 @@ static int row_inspect(struct mysql_conn *mc, const char *name, size_t len, dloc
             return err;
     }
     return err;
+}
+
+/* Every holder: the readers of <table>_shared, else the one inspect tells. */
+static int row_inspect_holders(struct mysql_conn *mc, const char *name, size_t len,
+                               dlock_holder *holders, size_t capacity, size_t *count)
+{
+    unsigned char k[DLOCK_SHA256_LEN];
+    char kx[2 * DLOCK_SHA256_LEN + 1];
+    struct session *ctl;
+    dlock_holder last;
+    dlock_info info;
+    int err = 0;
+    dlock_sha256(name, len, k);
+    dlock_hex(k, DLOCK_SHA256_LEN, kx);
+    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
+    for (int tries = 0; tries < 2; tries++) {
+        if ((err = mc_ctl_session(mc, &call, &ctl)) == 0 &&
+            (err = mc_shared_read(mc, ctl, kx, &call, holders, capacity, count, &last)) == 0)
+            break;
+        if (!mc_ctl_dropped(mc))
+            return err;
+    }
+    if (err || *count)
+        return err;
+    memset(&info, 0, sizeof info);
+    info.version = DLOCK_INFO_VERSION;
+    if ((err = row_inspect(mc, name, len, &info)) != 0)
+        return err;
+    return mc_one_holder(&info, holders, capacity, count);
 }
 
 /* token=sequence keeps no control session: an idle lock session answers
@@ -1297,6 +1390,7 @@ const struct mysql_mode mc_row_table_mode = {
     .token_top = table_token_top,
     .raise_floor = table_raise_floor,
     .inspect = row_inspect,
+    .inspect_holders = row_inspect_holders,
     .row = &table_source,
 };
 
@@ -1311,5 +1405,6 @@ const struct mysql_mode mc_row_seq_mode = {
     .token_top = mc_seq_token_top,
     .raise_floor = mc_seq_raise_floor,
     .inspect = row_inspect,
+    .inspect_holders = row_inspect_holders,
     .row = &seq_source,
 };
