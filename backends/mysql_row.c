@@ -91,6 +91,9 @@ static const char *const stmt_sql[N_STMTS] = {
                  "ON DUPLICATE KEY UPDATE acquired_at = IF(token < VALUES(token),"
                  " UTC_TIMESTAMP(6), acquired_at), token = GREATEST(token, VALUES(token))",
 };
+static const char stmt_sql_mysql_wait[] = "SELECT 1 FROM `@T` WHERE k = ? FOR SHARE",
+                  stmt_sql_mysql_nowait[] = "SELECT 1 FROM `@T` WHERE k = ? FOR SHARE NOWAIT";
+
 static int set_limits(struct mysql_conn *mc, struct session *s, const dlock_request *req,
                       const struct bound *call)
 {
@@ -1075,6 +1078,15 @@ static int table_open(struct mysql_conn *mc)
     if ((err = mc_session_open(mc, ROLE_CTL, NULL, &mc->ctl)) != 0)
         return err;
     mc->mariadb = strstr(mysql_get_server_info(mc->ctl->db), "MariaDB") != NULL;
+    /* MySQL 8 takes NOWAIT after FOR SHARE only (LOCK IN SHARE MODE is
+     * MariaDB's spelling; MariaDB has no FOR SHARE). */
+    for (int i = ST_SHARED_WAIT; !mc->mariadb && i <= ST_SHARED_NOWAIT; i++) {
+        free(mc->sql[i]);
+        if (!(mc->sql[i] = mc_with_table(i == ST_SHARED_WAIT ? stmt_sql_mysql_wait
+                                                              : stmt_sql_mysql_nowait,
+                                         mc->table)))
+            return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
+    }
     return prepare_tables(mc);
 }
 
