@@ -89,11 +89,24 @@ int mc_shared_read(struct mysql_conn *mc, struct session *ctl, const char *kx,
     snprintf(sql, sizeof sql,
              "SELECT token, owner FROM `%s_shared` WHERE k = X'%s' ORDER BY token", mc->table, kx);
     if ((err = mc_query_result(mc, ctl, sql, call, what, &res)) != 0) {
-        if (ctl->dead || ctl->last_errno != ER_NO_SUCH_TABLE)
+        if (ctl->dead)
             return err;
-        dlock_clearerr(cl(mc)); /* no reader yet: the next statement reads as before */
-        return mc->ctl_isolation ? 0 : mc_exec_sql(mc, ctl, "SET TRANSACTION ISOLATION LEVEL"
-                                                             " READ COMMITTED", call, what);
+        /* The level set above was not used: the next statement must read
+         * committed rows, as ever. */
+        int none = ctl->last_errno == ER_NO_SUCH_TABLE; /* no reader ever */
+        if (!mc->ctl_isolation) {
+            dlock_errsave why;
+            dlock_err_save(cl(mc), &why);
+            int reset = mc_exec_sql(mc, ctl, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                                    call, what);
+            if (reset)
+                return reset;
+            dlock_err_restore(cl(mc), &why);
+        }
+        if (!none)
+            return err;
+        dlock_clearerr(cl(mc));
+        return 0;
     }
     for (MYSQL_ROW row; (row = mysql_fetch_row(res)) != NULL;) {
         if (!row[0] || !row[1])
