@@ -1156,10 +1156,27 @@ static void test_shared(void)
     ok(n == 1 && rb && h[0].mode == DLOCK_MODE_SHARED && h[0].token == dlock_lock_token(rb),
        "lists the living reader only (%zu)", n);
     ok(raw_ok(xlock) != 0, "the living reader still excludes an exclusive row lock");
+    /* A reader raises the name's later tokens though a later reader's
+     * grant is the one the name's counter last recorded. */
+    dlock_client *c3 = open_ok(uri);
+    dlock_lock *rc = NULL;
+    is_int(dlock_acquire(c3, x, &s, &rc), 0, "a third reader");
+    uint64_t floor = rc ? dlock_lock_token(rc) + 1000 : 1000;
+    is_int(rb ? dlock_lock_raise_token(rb, floor) : -1, 0, "the second reader raises to %llu",
+           (unsigned long long)floor);
+    if (rc)
+        dlock_release(rc);
+    dlock_client_close(c3);
     if (ra)
         dlock_release(ra);
     if (rb)
         is_int(dlock_release(rb), 0, "the living reader releases");
+    dlock_lock *w = NULL;
+    is_int(try_lock(a, x, &w), 0, "then a writer");
+    ok(w && dlock_lock_token(w) > floor, "above the reader's floor (%llu)",
+       w ? (unsigned long long)dlock_lock_token(w) : 0ull);
+    if (w)
+        dlock_release(w);
     ok(raw_ok(xlock) == 0, "control: with no reader the same exclusive row lock is granted");
     is_int((int)raw_int(sql), 0, "no row left in %s_shared", lock_tbl);
     /* A holder of an earlier release: its transaction holds the row. */
