@@ -180,8 +180,8 @@ static int be_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     /* MySQL 8 schedules row-lock waiters by contention (CATS), not by
      * arrival: only MariaDB's queue is first-come first-served. */
     mc->base.caps = dlock_mysql_backend.caps & ~mc->mode->caps_off;
-    if (!mc->mariadb)
-        mc->base.caps &= ~(unsigned)DLOCK_CAP_FIFO;
+    if (!mc->mariadb) /* permits need SET STATEMENT too */
+        mc->base.caps &= ~(unsigned)(DLOCK_CAP_FIFO | DLOCK_CAP_SEMAPHORE);
     *connp = &mc->base;
     return 0;
 fail:
@@ -262,7 +262,7 @@ const dlock_backend dlock_mysql_backend = {
     .schemes = mysql_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
             DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
-            DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED,
+            DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
     .options = mysql_options_list,
     .open = be_open,
     .close = be_close,

@@ -137,6 +137,25 @@ static int row_locked(struct mysql_conn *mc, struct session *ctl, const char *kx
     return err;
 }
 
+/* Adds the requests for permits of the name whose key is k to info's
+ * waiters: the one at its gate and those queued for it (GET_LOCK). */
+static int permit_waiters(struct mysql_conn *mc, const unsigned char *k, struct bound *call,
+                          dlock_info *info)
+{
+    char gate[65], sql[320];
+    uint64_t n = 0;
+    int isnull = 0;
+    mc_gate_name(mc, k, gate);
+    snprintf(sql, sizeof sql,
+             "SELECT (IS_USED_LOCK('%s') IS NOT NULL) + (SELECT COUNT(*) FROM"
+             " information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT GET_LOCK(''%s''%%')",
+             gate, gate);
+    int err = mc_ctl_query_u64(mc, sql, call, "inspect", &n, &isnull);
+    if (err == 0)
+        info->waiters += (uint32_t)n;
+    return err;
+}
+
 int mc_row_inspect(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info)
 {
     static const char what[] = "inspect";
@@ -219,6 +238,10 @@ int mc_row_inspect(struct mysql_conn *mc, const char *name, size_t len, dlock_in
         dlock_holder last;
         size_t readers = 0;
         if ((err = mc_shared_read(mc, ctl, kx, &call, NULL, 0, &readers, &last)) != 0)
+            goto failed;
+        /* Permits' waiters: at the gate (it looks for a free permit) and
+         * queued for it. */
+        if (mariadb && (err = permit_waiters(mc, k, &call, info)) != 0)
             goto failed;
         if (readers) {
             held = granted = 1;

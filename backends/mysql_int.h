@@ -263,6 +263,14 @@ int mc_row_inspect_holders(struct mysql_conn *mc, const char *name, size_t len,
 /* <table>, <table>_grants, <table>_shared ("@T": the table) */
 extern const char *const mc_create_sql[3];
 int mc_shared_table(struct mysql_conn *mc, struct bound *call);
+/* Who holds a name in a mode (<table>_shared's rows): readers, permits,
+ * the permits' smallest and largest limit. */
+struct shared_kinds {
+    unsigned long readers, permits, min_lim, max_lim;
+};
+void mc_gate_name(struct mysql_conn *mc, const unsigned char *k, char out[65]);
+int mc_shared_kinds(struct mysql_conn *mc, const char *kx, struct bound *call,
+                    struct shared_kinds *kinds);
 int mc_shared_read(struct mysql_conn *mc, struct session *ctl, const char *kx,
                    struct bound *call, dlock_holder *holders, size_t capacity, size_t *count,
                    dlock_holder *last);

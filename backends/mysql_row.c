@@ -33,10 +33,12 @@ struct mysql_held {
     uint32_t ttl_ms;
     uint64_t expires_ns;    /* end of the lease as the client sees it */
     int shared;             /* a shared holder (LOCK IN SHARE MODE; a <table>_shared row) */
+    uint32_t limit;         /* a permit of a semaphore of this limit (the same, with lim) */
 };
 
 /* What the two token sources do differently. */
 struct row_source {
+    int seq_token;       /* the token is NEXTVAL, taken by the grant's statement */
     int server_deadline; /* the server ends a deadline's wait (max_statement_time) */
     int ctl_optional;    /* no control session is kept open (so none is not a sign) */
     /* The row lock on *sp (1: ours, h->expires_ns the time the lease starts
@@ -137,7 +139,8 @@ static int set_limits(struct mysql_conn *mc, struct session *s, const dlock_requ
  * rolls back, freeing anything granted meanwhile, once it sees the
  * connection closed.
  */
-static void cancel_wait(struct mysql_conn *mc, struct session *s, struct nb *wait, uint64_t until_ns)
+static void cancel_wait(struct mysql_conn *mc, struct session *s, struct nb *wait, uint64_t until_ns,
+                        int close)
 {
     char sql[64];
     struct session *ctl;
@@ -153,7 +156,7 @@ static void cancel_wait(struct mysql_conn *mc, struct session *s, struct nb *wai
         if (!mc_ctl_dropped(mc))
             break;
     }
-    if (err == 0 && mc_nb_finish(wait, until_ns, 0) == 0) {
+    if (err == 0 && !close && mc_nb_finish(wait, until_ns, 0) == 0) {
         if (wait->ret == 0 && wait->st) { /* granted after all: read the row, then let go */
             struct nb rd = {.op = NB_STMT_STORE, .db = s->db, .st = wait->st};
             mc_nb_step(&rd, -1);
@@ -202,7 +205,7 @@ static int lock_error(struct mysql_conn *mc, struct session *s, MYSQL_STMT *st, 
  */
 static int lock_wait_cut(struct mysql_conn *mc, struct session *s, struct session **sp,
                          struct nb *c, int w, const dlock_request *req, uint64_t start,
-                         const char *late)
+                         const char *late, int close)
 {
     int nowait = req->wait == DLOCK_WAIT_TRY;
     int err;
@@ -218,7 +221,7 @@ static int lock_wait_cut(struct mysql_conn *mc, struct session *s, struct sessio
         err = dlock_cancelled(cl(mc));
     else
         err = dlock_seterr(cl(mc), DLOCK_ETIMEDOUT, "%s", late);
-    cancel_wait(mc, s, c, mc_cleanup_until(req));
+    cancel_wait(mc, s, c, mc_cleanup_until(req), close);
     return err;
 }
 
@@ -254,7 +257,7 @@ static int lock_row(struct mysql_conn *mc, struct session **sp, const dlock_requ
     int w = mc_nb_wait(&c, until, 1, nowait ? -1 : req->cancel_fd);
     if (w != 0)
         return lock_wait_cut(mc, s, sp, &c, w, req, start,
-                             "the deadline passed with the lock still held elsewhere");
+                             "the deadline passed with the lock still held elsewhere", 0);
     if (c.ret != 0)
         return lock_error(mc, s, st, nowait);
     /* The rows follow the statement's reply at once. */
@@ -323,7 +326,7 @@ static int lock_row_seq(struct mysql_conn *mc, struct session **sp, const dlock_
     if (w != 0) /* the server did not end the wait itself: KILL QUERY it */
         return lock_wait_cut(mc, s, sp, &c, w, req, start,
                              "the deadline passed with the lock still held elsewhere (the"
-                             " server did not end the wait at its max_statement_time)");
+                             " server did not end the wait at its max_statement_time)", 0);
     if (c.ret != 0)
         return lock_error(mc, s, NULL, nowait);
     if (mysql_affected_rows(s->db) == 0)
@@ -435,10 +438,40 @@ static int record_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock
     return 0;
 }
 
-/* The statement failed for want of <table>_shared (on a live session). */
+/* The statement failed for want of <table>_shared, or of its permits'
+ * column (on a live session). */
 static int no_shared_table(const struct session *s)
 {
-    return !s->dead && s->last_errno == ER_NO_SUCH_TABLE;
+    return !s->dead && (s->last_errno == ER_NO_SUCH_TABLE || s->last_errno == ER_BAD_FIELD_ERROR);
+}
+
+/*
+ * Whether a request of limit `limit` (0: the read-write lock) may join the
+ * name's holders as kinds tells: 0, or DLOCK_EMODE with the detail.
+ */
+static int kind_refused(struct mysql_conn *mc, const dlock_request *req,
+                        const struct shared_kinds *kd)
+{
+    int nl = req->name_len > 80 ? 80 : (int)req->name_len;
+    unsigned long other = kd->min_lim != req->limit ? kd->min_lim : kd->max_lim;
+    if (kd->permits && (req->limit == 0 || other != req->limit))
+        return dlock_seterr(cl(mc), DLOCK_EMODE, "%.*s is held as a semaphore of limit %lu"
+                            " (asked: %s)", nl, req->name, other,
+                            req->limit ? "another limit" : "a read-write lock");
+    if (req->limit && kd->readers)
+        return dlock_seterr(cl(mc), DLOCK_EMODE, "%.*s is held as a read-write lock (asked: a"
+                            " semaphore of limit %u)", nl, req->name, req->limit);
+    return 0;
+}
+
+/* Reads the name's holders in modes and refuses req if they disagree. */
+static int kind_check(struct mysql_conn *mc, const dlock_request *req, const unsigned char *k,
+                      struct bound *call, struct shared_kinds *kd)
+{
+    char kx[2 * DLOCK_SHA256_LEN + 1];
+    dlock_hex(k, DLOCK_SHA256_LEN, kx);
+    int err = mc_shared_kinds(mc, kx, call, kd);
+    return err ? err : kind_refused(mc, req, kd);
 }
 
 /* After a failed attempt: a dropped session is closed, a live one has its
@@ -499,9 +532,10 @@ static int server_dropped_all(struct mysql_conn *mc, uint64_t until_ns)
 static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
                      struct bound *call)
 {
-    int retried = 0, created = 0, made = 0, err, pooled = 0;
+    int retried = 0, created = 0, made = 0, err, pooled = 0, probed = 0;
     uint64_t down_since = 0, backoff = 100;
     struct session *s = NULL;
+    struct shared_kinds kd;
     for (;;) {
         if (!s && (err = mc_pool_get(mc, call, &s, &pooled)) != 0) {
             if (!down_since || (err != DLOCK_ECONNECT && err != DLOCK_ETIMEDOUT))
@@ -523,8 +557,22 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
             continue;
         }
         err = set_limits(mc, s, req, call);
-        if (err == 0)
+        if (err == 0 && req->mode == DLOCK_MODE_EXCLUSIVE && req->wait != DLOCK_WAIT_TRY &&
+            !probed++) {
+            /* A writer waits only after a look at a busy name's holders:
+             * permits hold the row in share mode, and a writer is refused
+             * at once there, not queued behind them. */
+            dlock_request t = *req;
+            t.wait = DLOCK_WAIT_TRY;
+            err = src(mc)->lock(mc, &s, &t, h, call);
+            if (err == DLOCK_EBUSY && s && !s->dead &&
+                (err = kind_check(mc, req, h->k, call, &kd)) == 0) {
+                dlock_clearerr(cl(mc));
+                err = src(mc)->lock(mc, &s, req, h, call);
+            }
+        } else if (err == 0) {
             err = src(mc)->lock(mc, &s, req, h, call);
+        }
         if (err == 1) {
             if (down_since) /* the failed reconnects are over */
                 dlock_clearerr(cl(mc));
@@ -571,10 +619,232 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
             mc_pool_drain(mc);
             continue;
         }
+        if (err == DLOCK_EBUSY && req->mode == DLOCK_MODE_EXCLUSIVE && s && !s->dead) {
+            /* A writer's try: busy, or held as a semaphore? */
+            dlock_errsave why;
+            dlock_err_save(cl(mc), &why);
+            if ((err = kind_check(mc, req, h->k, call, &kd)) == 0) {
+                dlock_err_restore(cl(mc), &why);
+                err = DLOCK_EBUSY;
+            }
+        }
         if (s)
             drop_or_pool(mc, s, req);
         return err;
     }
+}
+
+/* ---- semaphores --------------------------------------------------------- */
+
+/*
+ * A permit of a semaphore of limit N: its session's transaction holds the
+ * name's row in share mode (a writer, of this release or an earlier one,
+ * is excluded) and its own row in <table>_shared with lim = N, never
+ * committed. Requests for permits queue, one at a time and in arrival
+ * order, for the name's gate, a user lock (GET_LOCK, woken by the server)
+ * on the request's own session; the one at the gate counts the permits
+ * held and, when all N are, looks again every 50 ms (MariaDB cannot wait
+ * for any one of N rows); then it takes its permit and its token and lets
+ * the gate go, keeping its transaction. Readers and permits are never
+ * granted together: each writes its own <table>_shared row before it reads
+ * the other kind's (READ UNCOMMITTED, on the control session).
+ */
+
+/* Queues for the gate on *sp: 1 once there, or an error (a try: DLOCK_EBUSY;
+ * a wait cut short: *sp closed and NULL, as lock_row). */
+static int gate_take(struct mysql_conn *mc, struct session **sp, const dlock_request *req,
+                     const char *gate, const struct bound *call)
+{
+    static const char what[] = "waiting for the semaphore's gate";
+    struct session *s = *sp;
+    int nowait = req->wait == DLOCK_WAIT_TRY;
+    uint64_t start = dlock_monotonic_ns(), until = 0, left_us = 31536000000000ull;
+    char sql[160];
+    if (nowait) {
+        left_us = 0;
+        until = call->until;
+    } else if (req->wait == DLOCK_WAIT_DEADLINE) {
+        left_us = req->deadline_ns > start ? (req->deadline_ns - start) / 1000u : 0;
+        until = req->deadline_ns + CLEANUP_MS * MS;
+    }
+    snprintf(sql, sizeof sql, "SELECT GET_LOCK('%s', %" PRIu64 ".%06" PRIu64 ")", gate,
+             left_us / 1000000u, left_us % 1000000u);
+    struct nb c = {.op = NB_QUERY, .db = s->db, .sql = sql};
+    mc_nb_step(&c, -1);
+    int w = mc_nb_wait(&c, until, 1, nowait ? -1 : req->cancel_fd);
+    if (w != 0) /* closed after: a gate granted meanwhile goes with the session */
+        return lock_wait_cut(mc, s, sp, &c, w, req, start,
+                             "the deadline passed with every permit still held elsewhere", 1);
+    if (c.ret != 0)
+        return mc_fail_on(mc, s, NULL, what);
+    struct bound rb = mc_stmt_bound(call, mc->timeout_ms);
+    struct nb r = {.op = NB_STORE, .db = s->db};
+    mc_nb_step(&r, -1);
+    if (mc_nb_finish(&r, rb.until, 0) != 0)
+        return mc_no_reply(mc, s, what, start, rb.late);
+    if (!r.res)
+        return mc_fail_on(mc, s, NULL, what);
+    MYSQL_ROW row = mysql_fetch_row(r.res);
+    int got = row && row[0] && strcmp(row[0], "1") == 0;
+    mysql_free_result(r.res);
+    if (got)
+        return 1;
+    if (nowait)
+        return dlock_seterr(cl(mc), DLOCK_EBUSY,
+                            "every permit is held (another request is at the semaphore's gate)");
+    return dlock_seterr(cl(mc), DLOCK_ETIMEDOUT,
+                        "the deadline passed with every permit still held elsewhere");
+}
+
+/* After a failure at the gate: the gate let go, the transaction ended and
+ * the session pooled; or the session closed (the server frees both). */
+static void gate_drop(struct mysql_conn *mc, struct session *s, const char *gate,
+                      const dlock_request *req)
+{
+    char sql[96];
+    dlock_errsave why;
+    struct bound b = {mc_cleanup_until(req), DLOCK_ECONNECT, 0};
+    dlock_err_save(cl(mc), &why);
+    snprintf(sql, sizeof sql, "DO RELEASE_LOCK('%s')", gate);
+    if (!s->dead && mc_exec_sql(mc, s, sql, &b, "letting the semaphore's gate go") == 0)
+        drop_or_pool(mc, s, req);
+    else {
+        s->dead = 1;
+        mc_session_close(s);
+    }
+    dlock_err_restore(cl(mc), &why);
+}
+
+/* At the gate: waits until fewer than req->limit permits are held (a look
+ * every 50 ms at most), refusing a name held in another kind. */
+static int permit_free(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
+                       struct bound *call)
+{
+    struct shared_kinds kd;
+    int err;
+    for (;;) {
+        if ((err = kind_check(mc, req, h->k, call, &kd)) != 0)
+            return err;
+        if (kd.permits < req->limit)
+            return 0;
+        if (req->wait == DLOCK_WAIT_TRY)
+            return dlock_seterr(cl(mc), DLOCK_EBUSY, "all %u permits are held", req->limit);
+        uint64_t until = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : 0;
+        if (until && dlock_monotonic_ns() >= until)
+            return dlock_seterr(cl(mc), DLOCK_ETIMEDOUT,
+                                "the deadline passed with every permit still held elsewhere");
+        if ((err = mc_pause_ms(mc, 50, until, req->cancel_fd)) == DLOCK_EINTR)
+            return dlock_seterr(cl(mc), err, "a signal interrupted the wait");
+        if (err)
+            return err;
+    }
+}
+
+/* At the gate, a permit free: the row in share mode (not waited for: a
+ * writer holding or waiting means a read-write lock), the token and the
+ * permit's row, then the other kinds looked at again. */
+static int permit_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
+                        struct session *s, struct bound *b)
+{
+    static const char what[] = "taking a permit";
+    char kx[2 * DLOCK_SHA256_LEN + 1], tok[96], sql[768];
+    int created = 0, made = 0, err, nl = req->name_len > 80 ? 80 : (int)req->name_len;
+    struct shared_kinds kd;
+    dlock_hex(h->k, DLOCK_SHA256_LEN, kx);
+    h->s = s;
+    if (src(mc)->seq_token)
+        snprintf(tok, sizeof tok, "LAST_INSERT_ID(NEXTVAL(`%s_seq`))", mc->table);
+    else if ((err = record_grant(mc, h, req, b)) != 0)
+        return err;
+    else
+        snprintf(tok, sizeof tok, "%" PRIu64, h->base.token);
+    snprintf(sql, sizeof sql,
+             "SET STATEMENT innodb_lock_wait_timeout = 0 FOR INSERT INTO `%s_shared` (k, token,"
+             " owner, session_id, acquired_at, lim) SELECT k, %s, '%.32s', CONNECTION_ID(),"
+             " UTC_TIMESTAMP(6), %u FROM `%s` WHERE k = X'%s' LOCK IN SHARE MODE",
+             mc->table, tok, req->owner_hex, req->limit, mc->table, kx);
+    for (;;) {
+        err = mc_exec_sql(mc, s, sql, b, what);
+        if (err && !s->dead && s->last_errno == ER_LOCK_WAIT_TIMEOUT)
+            return dlock_seterr(cl(mc), DLOCK_EMODE,
+                                "%.*s is held as a read-write lock (a writer holds it or waits"
+                                " for it; asked: a semaphore of limit %u)", nl, req->name,
+                                req->limit);
+        if (err && no_shared_table(s) && !made++) {
+            if ((err = mc_shared_table(mc, b)) != 0)
+                return err;
+            dlock_clearerr(cl(mc));
+            continue;
+        }
+        if (err)
+            return err;
+        if (mysql_affected_rows(s->db) > 0)
+            break;
+        if (created++) /* a name's first use: its row */
+            return dlock_seterr(cl(mc), DLOCK_ESTORE, "mysql %s: the lock's row keeps vanishing",
+                                mc->where);
+        if ((err = src(mc)->create_row(mc, s, req, h->k, b)) != 0)
+            return err;
+    }
+    h->expires_ns = dlock_monotonic_ns();
+    if (src(mc)->seq_token) {
+        if ((h->base.token = mysql_insert_id(s->db)) == 0)
+            return dlock_seterr(cl(mc), DLOCK_EPROTO, "mysql %s: no token from the grant",
+                                mc->where);
+        if ((err = mc_seq_durable(mc, s, h->base.token, b, &h->expires_ns)) != 0)
+            return err;
+    }
+    return kind_check(mc, req, h->k, b, &kd);
+}
+
+/* A permit (req->limit > 0) on a session of its own, h->s. */
+static int take_permit(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
+                       struct bound *call)
+{
+    char gate[65], sql[96];
+    struct session *s = NULL;
+    int pooled, err;
+    mc_gate_name(mc, h->k, gate);
+    if ((err = mc_pool_get(mc, call, &s, &pooled)) != 0)
+        return err;
+    if ((err = set_limits(mc, s, req, call)) != 0) {
+        drop_or_pool(mc, s, req);
+        return err;
+    }
+    if ((err = gate_take(mc, &s, req, gate, call)) != 1) {
+        if (err == DLOCK_EBUSY) { /* someone at the gate: of another kind? */
+            struct shared_kinds kd;
+            dlock_errsave why;
+            dlock_err_save(cl(mc), &why);
+            if ((err = kind_check(mc, req, h->k, call, &kd)) == 0) {
+                dlock_err_restore(cl(mc), &why);
+                err = DLOCK_EBUSY;
+            }
+        }
+        if (s)
+            drop_or_pool(mc, s, req);
+        return err;
+    }
+    struct bound b;
+    if ((err = permit_free(mc, h, req, call)) == 0) {
+        /* After a wait the bound is a statement's, as after a grant. */
+        b = mc_stmt_bound(req->wait == DLOCK_WAIT_TRY ? call : NULL, mc->timeout_ms);
+        err = permit_grant(mc, h, req, s, &b);
+    }
+    if (err) {
+        h->s = NULL;
+        gate_drop(mc, s, gate, req);
+        return err;
+    }
+    snprintf(sql, sizeof sql, "DO RELEASE_LOCK('%s')", gate);
+    if ((err = mc_exec_sql(mc, s, sql, &b, "letting the semaphore's gate go")) != 0) {
+        h->s = NULL;
+        s->dead = 1;
+        mc_session_close(s);
+        return err;
+    }
+    h->limit = req->limit;
+    return 0;
 }
 
 static int row_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_held **heldp)
@@ -594,7 +864,7 @@ static int row_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_he
         call = (struct bound){req->deadline_ns, DLOCK_ETIMEDOUT, 0};
     else if (req->wait == DLOCK_WAIT_TRY)
         call = (struct bound){start + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
-    if ((err = take_lock(mc, h, req, &call)) != 0) {
+    if ((err = (req->limit ? take_permit : take_lock)(mc, h, req, &call)) != 0) {
         free(h);
         return err;
     }
@@ -612,10 +882,21 @@ static int row_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_he
      * still, so this end is never after the server's. */
     if (req->wait != DLOCK_WAIT_TRY)
         h->base.lease_end_ns = h->expires_ns;
-    /* token=sequence: the token came with the row lock. */
-    if (src(mc)->granted && (err = src(mc)->granted(mc, h, req, &call)) != 0) {
+    /* token=sequence: the token came with the row lock; a permit's, with
+     * its grant. */
+    if (!req->limit && src(mc)->granted && (err = src(mc)->granted(mc, h, req, &call)) != 0) {
         free(h);
         return err;
+    }
+    if (h->shared) { /* its row written: refused if permits hold the name */
+        struct shared_kinds kd;
+        struct bound b = mc_stmt_bound(req->wait == DLOCK_WAIT_TRY ? &call : NULL,
+                                       mc->timeout_ms);
+        if ((err = kind_check(mc, req, h->k, &b, &kd)) != 0) {
+            mc_rollback_and_pool(mc, h->s, mc_cleanup_until(req));
+            free(h);
+            return err;
+        }
     }
     *heldp = &h->base;
     return 0;
@@ -929,7 +1210,7 @@ static int table_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t flo
     MYSQL_STMT *st;
     int err;
     sid = mysql_thread_id(h->s->db); /* what record_grant wrote as session_id */
-    if (h->shared)
+    if (h->shared || h->limit)
         return shared_raise(mc, h, floor, call);
     mc_bind_u64(&bd[0], &f);
     mc_bind_bytes(&bd[1], h->k, &klen);
@@ -1115,6 +1396,7 @@ static const struct row_source table_source = {
 };
 
 static const struct row_source seq_source = {
+    .seq_token = 1,
     .server_deadline = 1,
     .ctl_optional = 1,
     .lock = seq_lock,

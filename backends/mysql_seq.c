@@ -61,9 +61,101 @@ const char *const mc_create_sql[3] = {
     " token BIGINT UNSIGNED NOT NULL COMMENT 'the shared holder''s fencing token',"
     " owner CHAR(32) CHARACTER SET ascii NOT NULL COMMENT 'its owner id',"
     " session_id BIGINT UNSIGNED NOT NULL COMMENT 'CONNECTION_ID() of its session',"
-    " acquired_at DATETIME(6) NOT NULL COMMENT 'UTC', PRIMARY KEY (k, token)"
+    " acquired_at DATETIME(6) NOT NULL COMMENT 'UTC',"
+    " lim INT UNSIGNED NOT NULL DEFAULT 0 COMMENT 'a permit''s semaphore limit; 0: a reader',"
+    " PRIMARY KEY (k, token)"
     ") ENGINE=InnoDB COMMENT='dlock: shared holders, uncommitted rows of their transactions'",
 };
+
+/* A <table>_shared made before semaphores gets their column (instant). */
+static const char add_lim_sql[] =
+    "ALTER TABLE `@T_shared` ADD COLUMN IF NOT EXISTS lim INT UNSIGNED NOT NULL DEFAULT 0"
+    " COMMENT 'a permit''s semaphore limit; 0: a reader'";
+
+/*
+ * A statement reading <table>_shared on the control session ctl at READ
+ * UNCOMMITTED (its rows are never committed): *res its result, NULL when
+ * the store has no <table>_shared (nothing held in a mode). One round
+ * trip, two on a control session that reads committed rows (token=table).
+ */
+static int shared_query(struct mysql_conn *mc, struct session *ctl, const char *sql,
+                        struct bound *call, const char *what, MYSQL_RES **res)
+{
+    int err, altered = 0;
+again:
+    *res = NULL;
+    if (!mc->ctl_isolation &&
+        (err = mc_exec_sql(mc, ctl, "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED", call,
+                           what)) != 0)
+        return err;
+    if ((err = mc_query_result(mc, ctl, sql, call, what, res)) != 0) {
+        if (ctl->dead)
+            return err;
+        /* The level set above was not used: the next statement must read
+         * committed rows, as ever. */
+        int none = ctl->last_errno == ER_NO_SUCH_TABLE; /* no reader ever */
+        if (!mc->ctl_isolation) {
+            dlock_errsave why;
+            dlock_err_save(cl(mc), &why);
+            int reset = mc_exec_sql(mc, ctl, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                                    call, what);
+            if (reset)
+                return reset;
+            dlock_err_restore(cl(mc), &why);
+        }
+        if (ctl->last_errno == ER_BAD_FIELD_ERROR && !altered++) {
+            /* <table>_shared from before semaphores: no permit yet. */
+            if ((err = mc_shared_table(mc, call)) != 0)
+                return err;
+            dlock_clearerr(cl(mc));
+            goto again;
+        }
+        if (!none)
+            return err;
+        dlock_clearerr(cl(mc));
+        *res = NULL;
+        return 0;
+    }
+    return 0;
+}
+
+/*
+ * The kinds holding the name whose key is kx, from <table>_shared at READ
+ * UNCOMMITTED on the control session: readers (lim 0), permits, and the
+ * smallest and largest limit among the permits. As mc_shared_read.
+ */
+int mc_shared_kinds(struct mysql_conn *mc, const char *kx, struct bound *call,
+                    struct shared_kinds *kinds)
+{
+    static const char what[] = "reading the name's holders";
+    char sql[320];
+    int err = 0;
+    memset(kinds, 0, sizeof *kinds);
+    snprintf(sql, sizeof sql,
+             "SELECT COALESCE(SUM(lim = 0), 0), COALESCE(SUM(lim > 0), 0),"
+             " COALESCE(MIN(NULLIF(lim, 0)), 0), COALESCE(MAX(lim), 0)"
+             " FROM `%s_shared` WHERE k = X'%s'", mc->table, kx);
+    for (int tries = 0; tries < 2; tries++) {
+        struct session *ctl;
+        MYSQL_RES *res = NULL;
+        if ((err = mc_ctl_session(mc, call, &ctl)) == 0 &&
+            (err = shared_query(mc, ctl, sql, call, what, &res)) == 0) {
+            MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
+            if (row && row[0] && row[1] && row[2] && row[3]) {
+                kinds->readers = strtoul(row[0], NULL, 10);
+                kinds->permits = strtoul(row[1], NULL, 10);
+                kinds->min_lim = strtoul(row[2], NULL, 10);
+                kinds->max_lim = strtoul(row[3], NULL, 10);
+            }
+            if (res)
+                mysql_free_result(res);
+            return 0;
+        }
+        if (!mc_ctl_dropped(mc))
+            return err;
+    }
+    return err;
+}
 
 /*
  * The shared holders of the name whose key is kx (hex), in grant order,
@@ -82,37 +174,17 @@ int mc_shared_read(struct mysql_conn *mc, struct session *ctl, const char *kx,
     int err;
     *count = 0;
     memset(last, 0, sizeof *last);
-    if (!mc->ctl_isolation &&
-        (err = mc_exec_sql(mc, ctl, "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED", call,
-                           what)) != 0)
-        return err;
     snprintf(sql, sizeof sql,
-             "SELECT token, owner FROM `%s_shared` WHERE k = X'%s' ORDER BY token", mc->table, kx);
-    if ((err = mc_query_result(mc, ctl, sql, call, what, &res)) != 0) {
-        if (ctl->dead)
-            return err;
-        /* The level set above was not used: the next statement must read
-         * committed rows, as ever. */
-        int none = ctl->last_errno == ER_NO_SUCH_TABLE; /* no reader ever */
-        if (!mc->ctl_isolation) {
-            dlock_errsave why;
-            dlock_err_save(cl(mc), &why);
-            int reset = mc_exec_sql(mc, ctl, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
-                                    call, what);
-            if (reset)
-                return reset;
-            dlock_err_restore(cl(mc), &why);
-        }
-        if (!none)
-            return err;
-        dlock_clearerr(cl(mc));
-        return 0;
-    }
+             "SELECT token, owner, lim FROM `%s_shared` WHERE k = X'%s' ORDER BY token",
+             mc->table, kx);
+    if ((err = shared_query(mc, ctl, sql, call, what, &res)) != 0 || !res)
+        return err;
     for (MYSQL_ROW row; (row = mysql_fetch_row(res)) != NULL;) {
-        if (!row[0] || !row[1])
+        if (!row[0] || !row[1] || !row[2])
             continue;
         last->known = DLOCK_KNOWS_MODE | DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER;
-        last->mode = DLOCK_MODE_SHARED;
+        last->limit = (uint32_t)strtoul(row[2], NULL, 10);
+        last->mode = last->limit ? DLOCK_MODE_EXCLUSIVE : DLOCK_MODE_SHARED;
         last->token = strtoull(row[0], NULL, 10);
         snprintf(last->owner, sizeof last->owner, "%s", row[1]);
         if (*count < capacity)
@@ -121,6 +193,22 @@ int mc_shared_read(struct mysql_conn *mc, struct session *ctl, const char *kx,
     }
     mysql_free_result(res);
     return 0;
+}
+
+/* The gate of a name's permits (mysql_row.c): a user lock of 64
+ * characters (MariaDB's longest). */
+void mc_gate_name(struct mysql_conn *mc, const unsigned char *k, char out[65])
+{
+    size_t tl = strlen(mc->table);
+    unsigned char buf[TABLE_NAME_MAX + 1 + DLOCK_SHA256_LEN + 8], d[DLOCK_SHA256_LEN];
+    if (tl > TABLE_NAME_MAX)
+        tl = TABLE_NAME_MAX;
+    memcpy(buf, mc->table, tl);
+    buf[tl] = 0;
+    memcpy(buf + tl + 1, k, DLOCK_SHA256_LEN);
+    dlock_sha256(buf, tl + 1 + DLOCK_SHA256_LEN, d);
+    memcpy(out, "dls:", 4);
+    dlock_hex(d, 30, out + 4);
 }
 
 /* Creates <table>_shared, on a session of its own (a lock session's
@@ -136,6 +224,12 @@ int mc_shared_table(struct mysql_conn *mc, struct bound *call)
     if ((err = mc_session_open(mc, ROLE_CTL, call, &s)) == 0)
         err = mc_exec_sql(mc, s, sql, call, "cannot create the shared holders' table");
     free(sql);
+    if (err == 0 && !(sql = mc_with_table(add_lim_sql, mc->table)))
+        err = dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
+    else if (err == 0) {
+        err = mc_exec_sql(mc, s, sql, call, "cannot add the permits' column to the shared holders' table");
+        free(sql);
+    }
     mc_session_close(s);
     return err;
 }

@@ -142,11 +142,11 @@ static const struct kind {
     /* wait_timeout, in whole seconds (docs/mysql.md, Lease / TTL). */
     {"mysql",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
-         DLOCK_CAP_SHARED,
+         DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
      NULL, 1000, 0, 0, 200},
     {"mysql-sequence",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
-         DLOCK_CAP_SHARED,
+         DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
      NULL, 1000, 0, 0, 200},
     {"mysql-named",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
