@@ -269,7 +269,7 @@ struct shared_kinds {
     unsigned long readers, permits, min_lim, max_lim;
 };
 void mc_gate_name(struct mysql_conn *mc, const unsigned char *k, char out[65]);
-int mc_shared_kinds(struct mysql_conn *mc, const char *kx, struct bound *call,
+int mc_shared_kinds(struct mysql_conn *mc, const char *kx, int passing, struct bound *call,
                     struct shared_kinds *kinds);
 int mc_shared_read(struct mysql_conn *mc, struct session *ctl, const char *kx,
                    struct bound *call, dlock_holder *holders, size_t capacity, size_t *count,

@@ -466,11 +466,11 @@ static int kind_refused(struct mysql_conn *mc, const dlock_request *req,
 
 /* Reads the name's holders in modes and refuses req if they disagree. */
 static int kind_check(struct mysql_conn *mc, const dlock_request *req, const unsigned char *k,
-                      struct bound *call, struct shared_kinds *kd)
+                      struct bound *call, struct shared_kinds *kd, int passing)
 {
     char kx[2 * DLOCK_SHA256_LEN + 1];
     dlock_hex(k, DLOCK_SHA256_LEN, kx);
-    int err = mc_shared_kinds(mc, kx, call, kd);
+    int err = mc_shared_kinds(mc, kx, passing && src(mc)->ctl_optional, call, kd);
     return err ? err : kind_refused(mc, req, kd);
 }
 
@@ -515,123 +515,6 @@ static int server_dropped_all(struct mysql_conn *mc, uint64_t until_ns)
         mc_ctl_dropped(mc);
     dlock_err_restore(cl(mc), &why);
     return !alive;
-}
-
-/*
- * Takes the row lock on a session of its own (h->s). A pooled session the
- * server dropped while idle (its lease ran out, a restart) is replaced,
- * and the rest of the pool with it. A missing row is created, once.
- *
- * A wait (deadline or forever) whose session the server dropped because
- * it went away (a restart, a broken connection) queues again on a new
- * session once the server is back, trying to reconnect every 100 ms to
- * 1 s, until the deadline, or for connect_timeout without a deadline; a
- * session killed alone (KILL from another session, the server still
- * answering) is not waited on again.
- */
-static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
-                     struct bound *call)
-{
-    int retried = 0, created = 0, made = 0, err, pooled = 0, probed = 0;
-    uint64_t down_since = 0, backoff = 100;
-    struct session *s = NULL;
-    struct shared_kinds kd;
-    for (;;) {
-        if (!s && (err = mc_pool_get(mc, call, &s, &pooled)) != 0) {
-            if (!down_since || (err != DLOCK_ECONNECT && err != DLOCK_ETIMEDOUT))
-                return err;
-            /* The server is still away: try again, within bounds. */
-            uint64_t now = dlock_monotonic_ns();
-            uint64_t give_up = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns
-                                                                : down_since + mc->connect_ms * MS;
-            if (now + backoff * MS >= give_up)
-                return dlock_seterr(cl(mc), err == DLOCK_ETIMEDOUT ? DLOCK_ETIMEDOUT : DLOCK_ECONNECT,
-                                    "mysql %s: the server dropped the waiting session and was not"
-                                    " back in time (%s)", mc->where,
-                                    err == DLOCK_ETIMEDOUT ? "deadline" : "connect_timeout");
-            if ((err = mc_pause_ms(mc, backoff, give_up, req->cancel_fd)) == DLOCK_EINTR)
-                return dlock_seterr(cl(mc), err, "a signal interrupted the wait");
-            if (err)
-                return err;
-            backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
-            continue;
-        }
-        err = set_limits(mc, s, req, call);
-        if (err == 0 && req->mode == DLOCK_MODE_EXCLUSIVE && req->wait != DLOCK_WAIT_TRY &&
-            !probed++) {
-            /* A writer waits only after a look at a busy name's holders:
-             * permits hold the row in share mode, and a writer is refused
-             * at once there, not queued behind them. */
-            dlock_request t = *req;
-            t.wait = DLOCK_WAIT_TRY;
-            err = src(mc)->lock(mc, &s, &t, h, call);
-            if (err == DLOCK_EBUSY && s && !s->dead &&
-                (err = kind_check(mc, req, h->k, call, &kd)) == 0) {
-                dlock_clearerr(cl(mc));
-                err = src(mc)->lock(mc, &s, req, h, call);
-            }
-        } else if (err == 0) {
-            err = src(mc)->lock(mc, &s, req, h, call);
-        }
-        if (err == 1) {
-            if (down_since) /* the failed reconnects are over */
-                dlock_clearerr(cl(mc));
-            h->s = s;
-            return 0;
-        }
-        if (err < 0 && s && no_shared_table(s) && !made++) {
-            /* A store set up before shared locks: its first reader. */
-            if ((err = mc_shared_table(mc, call)) == 0) {
-                dlock_clearerr(cl(mc));
-                continue;
-            }
-        }
-        if (err == 0 && !created++) {
-            if ((err = src(mc)->create_row(mc, s, req, h->k, call)) == 0)
-                continue;
-        } else if (err == 0) {
-            err = dlock_seterr(cl(mc), DLOCK_ESTORE, "mysql %s: the lock's row keeps vanishing",
-                               mc->where);
-        }
-        if (s && s->dead && !s->silent_ms) {
-            int again = pooled && !retried++; /* most likely dropped while idle */
-            mc_session_close(s);
-            s = NULL;
-            if (req->wait != DLOCK_WAIT_TRY) {
-                uint64_t check = dlock_monotonic_ns() + mc->timeout_ms * MS;
-                if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < check)
-                    check = req->deadline_ns;
-                if (server_dropped_all(mc, check)) {
-                    mc_pool_drain(mc);
-                    if (!down_since)
-                        down_since = dlock_monotonic_ns();
-                    dlock_clearerr(cl(mc));
-                    continue;
-                }
-                if (!again)
-                    return dlock_seterr(cl(mc), DLOCK_ECONNECT,
-                                        "mysql %s: waiting for the row lock: the waiting session"
-                                        " was killed (KILL from another session?) while the"
-                                        " server kept answering: not waited on again", mc->where);
-            }
-            if (!again)
-                return err;
-            mc_pool_drain(mc);
-            continue;
-        }
-        if (err == DLOCK_EBUSY && req->mode == DLOCK_MODE_EXCLUSIVE && s && !s->dead) {
-            /* A writer's try: busy, or held as a semaphore? */
-            dlock_errsave why;
-            dlock_err_save(cl(mc), &why);
-            if ((err = kind_check(mc, req, h->k, call, &kd)) == 0) {
-                dlock_err_restore(cl(mc), &why);
-                err = DLOCK_EBUSY;
-            }
-        }
-        if (s)
-            drop_or_pool(mc, s, req);
-        return err;
-    }
 }
 
 /* ---- semaphores --------------------------------------------------------- */
@@ -696,34 +579,18 @@ static int gate_take(struct mysql_conn *mc, struct session **sp, const dlock_req
                         "the deadline passed with every permit still held elsewhere");
 }
 
-/* After a failure at the gate: the gate let go, the transaction ended and
- * the session pooled; or the session closed (the server frees both). */
-static void gate_drop(struct mysql_conn *mc, struct session *s, const char *gate,
-                      const dlock_request *req)
-{
-    char sql[96];
-    dlock_errsave why;
-    struct bound b = {mc_cleanup_until(req), DLOCK_ECONNECT, 0};
-    dlock_err_save(cl(mc), &why);
-    snprintf(sql, sizeof sql, "DO RELEASE_LOCK('%s')", gate);
-    if (!s->dead && mc_exec_sql(mc, s, sql, &b, "letting the semaphore's gate go") == 0)
-        drop_or_pool(mc, s, req);
-    else {
-        s->dead = 1;
-        mc_session_close(s);
-    }
-    dlock_err_restore(cl(mc), &why);
-}
-
 /* At the gate: waits until fewer than req->limit permits are held (a look
- * every 50 ms at most), refusing a name held in another kind. */
+ * every 50 ms at most), refusing a name held in another kind. The gate's
+ * session s, idle meanwhile, is kept from its wait_timeout (the lease):
+ * a statement on it every half lease. */
 static int permit_free(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
-                       struct bound *call)
+                       struct session *s, struct bound *call)
 {
     struct shared_kinds kd;
+    uint64_t touched = dlock_monotonic_ns(), half = (uint64_t)req->ttl_ms * MS / 2;
     int err;
     for (;;) {
-        if ((err = kind_check(mc, req, h->k, call, &kd)) != 0)
+        if ((err = kind_check(mc, req, h->k, call, &kd, 0)) != 0)
             return err;
         if (kd.permits < req->limit)
             return 0;
@@ -737,6 +604,12 @@ static int permit_free(struct mysql_conn *mc, struct mysql_held *h, const dlock_
             return dlock_seterr(cl(mc), err, "a signal interrupted the wait");
         if (err)
             return err;
+        if (dlock_monotonic_ns() - touched >= half) {
+            struct bound b = mc_stmt_bound(call, mc->timeout_ms);
+            if ((err = mc_exec_sql(mc, s, "DO 0", &b, "waiting for a permit")) != 0)
+                return err;
+            touched = dlock_monotonic_ns();
+        }
     }
 }
 
@@ -794,29 +667,154 @@ static int permit_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock
         if ((err = mc_seq_durable(mc, s, h->base.token, b, &h->expires_ns)) != 0)
             return err;
     }
-    return kind_check(mc, req, h->k, b, &kd);
+    return kind_check(mc, req, h->k, b, &kd, 0);
 }
 
-/* A permit (req->limit > 0) on a session of its own, h->s. */
-static int take_permit(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
-                       struct bound *call)
+/* A permit (req->limit > 0) on *sp, as a row source's lock (1: granted),
+ * for take_lock. After a failure at the gate the gate is let go (or the
+ * session marked dead, for take_lock to close: the server frees it). */
+static int permit_lock(struct mysql_conn *mc, struct session **sp, const dlock_request *req,
+                       struct mysql_held *h, struct bound *call)
 {
+    static const char what[] = "letting the semaphore's gate go";
     char gate[65], sql[96];
-    struct session *s = NULL;
-    int pooled, err;
+    struct session *s = *sp;
+    int err;
     mc_gate_name(mc, h->k, gate);
-    if ((err = mc_pool_get(mc, call, &s, &pooled)) != 0)
+    if ((err = gate_take(mc, sp, req, gate, call)) != 1)
         return err;
-    if ((err = set_limits(mc, s, req, call)) != 0) {
-        drop_or_pool(mc, s, req);
-        return err;
+    snprintf(sql, sizeof sql, "DO RELEASE_LOCK('%s')", gate);
+    struct bound b = mc_stmt_bound(req->wait == DLOCK_WAIT_TRY ? call : NULL, mc->timeout_ms);
+    if ((err = permit_free(mc, h, req, s, call)) == 0) {
+        /* After a wait the bound is a statement's, as after a grant. */
+        b = mc_stmt_bound(req->wait == DLOCK_WAIT_TRY ? call : NULL, mc->timeout_ms);
+        if ((err = permit_grant(mc, h, req, s, &b)) == 0 &&
+            (err = mc_exec_sql(mc, s, sql, &b, what)) == 0) {
+            h->limit = req->limit;
+            return 1;
+        }
     }
-    if ((err = gate_take(mc, &s, req, gate, call)) != 1) {
-        if (err == DLOCK_EBUSY) { /* someone at the gate: of another kind? */
-            struct shared_kinds kd;
+    h->s = NULL;
+    if (!s->dead) {
+        dlock_errsave why;
+        dlock_err_save(cl(mc), &why);
+        b = (struct bound){mc_cleanup_until(req), DLOCK_ECONNECT, 0};
+        if (mc_exec_sql(mc, s, sql, &b, what) != 0)
+            s->dead = 1;
+        dlock_err_restore(cl(mc), &why);
+    }
+    return err;
+}
+
+/*
+ * Takes the row lock on a session of its own (h->s). A pooled session the
+ * server dropped while idle (its lease ran out, a restart) is replaced,
+ * and the rest of the pool with it. A missing row is created, once.
+ *
+ * A wait (deadline or forever) whose session the server dropped because
+ * it went away (a restart, a broken connection) queues again on a new
+ * session once the server is back, trying to reconnect every 100 ms to
+ * 1 s, until the deadline, or for connect_timeout without a deadline; a
+ * session killed alone (KILL from another session, the server still
+ * answering) is not waited on again.
+ */
+static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
+                     struct bound *call)
+{
+    int retried = 0, created = 0, made = 0, err, pooled = 0, probed = 0;
+    uint64_t down_since = 0, backoff = 100;
+    struct session *s = NULL;
+    struct shared_kinds kd;
+    for (;;) {
+        if (!s && (err = mc_pool_get(mc, call, &s, &pooled)) != 0) {
+            if (!down_since || (err != DLOCK_ECONNECT && err != DLOCK_ETIMEDOUT))
+                return err;
+            /* The server is still away: try again, within bounds. */
+            uint64_t now = dlock_monotonic_ns();
+            uint64_t give_up = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns
+                                                                : down_since + mc->connect_ms * MS;
+            if (now + backoff * MS >= give_up)
+                return dlock_seterr(cl(mc), err == DLOCK_ETIMEDOUT ? DLOCK_ETIMEDOUT : DLOCK_ECONNECT,
+                                    "mysql %s: the server dropped the waiting session and was not"
+                                    " back in time (%s)", mc->where,
+                                    err == DLOCK_ETIMEDOUT ? "deadline" : "connect_timeout");
+            if ((err = mc_pause_ms(mc, backoff, give_up, req->cancel_fd)) == DLOCK_EINTR)
+                return dlock_seterr(cl(mc), err, "a signal interrupted the wait");
+            if (err)
+                return err;
+            backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
+            continue;
+        }
+        err = set_limits(mc, s, req, call);
+        if (err == 0 && req->limit) {
+            err = permit_lock(mc, &s, req, h, call);
+        } else if (err == 0 && req->mode == DLOCK_MODE_EXCLUSIVE && req->wait != DLOCK_WAIT_TRY &&
+                   !probed++) {
+            /* A writer waits only after a look at a busy name's holders:
+             * permits hold the row in share mode, and a writer is refused
+             * at once there, not queued behind them. */
+            dlock_request t = *req;
+            t.wait = DLOCK_WAIT_TRY;
+            err = src(mc)->lock(mc, &s, &t, h, call);
+            if (err == DLOCK_EBUSY && s && !s->dead &&
+                (err = kind_check(mc, req, h->k, call, &kd, 1)) == 0) {
+                dlock_clearerr(cl(mc));
+                err = src(mc)->lock(mc, &s, req, h, call);
+            }
+        } else if (err == 0) {
+            err = src(mc)->lock(mc, &s, req, h, call);
+        }
+        if (err == 1) {
+            if (down_since) /* the failed reconnects are over */
+                dlock_clearerr(cl(mc));
+            h->s = s;
+            return 0;
+        }
+        if (err < 0 && s && no_shared_table(s) && !made++) {
+            /* A store set up before shared locks: its first reader. */
+            if ((err = mc_shared_table(mc, call)) == 0) {
+                dlock_clearerr(cl(mc));
+                continue;
+            }
+        }
+        if (err == 0 && !created++) {
+            if ((err = src(mc)->create_row(mc, s, req, h->k, call)) == 0)
+                continue;
+        } else if (err == 0) {
+            err = dlock_seterr(cl(mc), DLOCK_ESTORE, "mysql %s: the lock's row keeps vanishing",
+                               mc->where);
+        }
+        if (s && s->dead && !s->silent_ms) {
+            int again = pooled && !retried++; /* most likely dropped while idle */
+            mc_session_close(s);
+            s = NULL;
+            if (req->wait != DLOCK_WAIT_TRY) {
+                uint64_t check = dlock_monotonic_ns() + mc->timeout_ms * MS;
+                if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < check)
+                    check = req->deadline_ns;
+                if (server_dropped_all(mc, check)) {
+                    mc_pool_drain(mc);
+                    if (!down_since)
+                        down_since = dlock_monotonic_ns();
+                    dlock_clearerr(cl(mc));
+                    continue;
+                }
+                if (!again)
+                    return dlock_seterr(cl(mc), DLOCK_ECONNECT,
+                                        "mysql %s: waiting for the row lock: the waiting session"
+                                        " was killed (KILL from another session?) while the"
+                                        " server kept answering: not waited on again", mc->where);
+            }
+            if (!again)
+                return err;
+            mc_pool_drain(mc);
+            continue;
+        }
+        if (err == DLOCK_EBUSY && req->mode == DLOCK_MODE_EXCLUSIVE && s && !s->dead) {
+            /* A writer's try: busy, or held as a semaphore? */
             dlock_errsave why;
             dlock_err_save(cl(mc), &why);
-            if ((err = kind_check(mc, req, h->k, call, &kd)) == 0) {
+            if ((err = kind_check(mc, req, h->k, call, &kd, 1)) == 0) {
                 dlock_err_restore(cl(mc), &why);
                 err = DLOCK_EBUSY;
             }
@@ -825,26 +823,6 @@ static int take_permit(struct mysql_conn *mc, struct mysql_held *h, const dlock_
             drop_or_pool(mc, s, req);
         return err;
     }
-    struct bound b;
-    if ((err = permit_free(mc, h, req, call)) == 0) {
-        /* After a wait the bound is a statement's, as after a grant. */
-        b = mc_stmt_bound(req->wait == DLOCK_WAIT_TRY ? call : NULL, mc->timeout_ms);
-        err = permit_grant(mc, h, req, s, &b);
-    }
-    if (err) {
-        h->s = NULL;
-        gate_drop(mc, s, gate, req);
-        return err;
-    }
-    snprintf(sql, sizeof sql, "DO RELEASE_LOCK('%s')", gate);
-    if ((err = mc_exec_sql(mc, s, sql, &b, "letting the semaphore's gate go")) != 0) {
-        h->s = NULL;
-        s->dead = 1;
-        mc_session_close(s);
-        return err;
-    }
-    h->limit = req->limit;
-    return 0;
 }
 
 static int row_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_held **heldp)
@@ -864,7 +842,7 @@ static int row_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_he
         call = (struct bound){req->deadline_ns, DLOCK_ETIMEDOUT, 0};
     else if (req->wait == DLOCK_WAIT_TRY)
         call = (struct bound){start + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
-    if ((err = (req->limit ? take_permit : take_lock)(mc, h, req, &call)) != 0) {
+    if ((err = take_lock(mc, h, req, &call)) != 0) {
         free(h);
         return err;
     }
@@ -892,7 +870,7 @@ static int row_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_he
         struct shared_kinds kd;
         struct bound b = mc_stmt_bound(req->wait == DLOCK_WAIT_TRY ? &call : NULL,
                                        mc->timeout_ms);
-        if ((err = kind_check(mc, req, h->k, &b, &kd)) != 0) {
+        if ((err = kind_check(mc, req, h->k, &b, &kd, 0)) != 0) {
             mc_rollback_and_pool(mc, h->s, mc_cleanup_until(req));
             free(h);
             return err;

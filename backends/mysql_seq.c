@@ -123,8 +123,10 @@ again:
  * The kinds holding the name whose key is kx, from <table>_shared at READ
  * UNCOMMITTED on the control session: readers (lim 0), permits, and the
  * smallest and largest limit among the permits. As mc_shared_read.
+ * passing: unless the control session is open, a session of its own,
+ * closed after (token=sequence's waiting writer keeps one session).
  */
-int mc_shared_kinds(struct mysql_conn *mc, const char *kx, struct bound *call,
+int mc_shared_kinds(struct mysql_conn *mc, const char *kx, int passing, struct bound *call,
                     struct shared_kinds *kinds)
 {
     static const char what[] = "reading the name's holders";
@@ -136,10 +138,17 @@ int mc_shared_kinds(struct mysql_conn *mc, const char *kx, struct bound *call,
              " COALESCE(MIN(NULLIF(lim, 0)), 0), COALESCE(MAX(lim), 0)"
              " FROM `%s_shared` WHERE k = X'%s'", mc->table, kx);
     for (int tries = 0; tries < 2; tries++) {
-        struct session *ctl;
+        struct session *ctl = NULL, *own = NULL;
         MYSQL_RES *res = NULL;
-        if ((err = mc_ctl_session(mc, call, &ctl)) == 0 &&
-            (err = shared_query(mc, ctl, sql, call, what, &res)) == 0) {
+        if (passing && !mc->ctl) {
+            err = mc_session_open(mc, ROLE_CTL, call, &own);
+            ctl = own;
+        } else {
+            err = mc_ctl_session(mc, call, &ctl);
+        }
+        if (err == 0)
+            err = shared_query(mc, ctl, sql, call, what, &res);
+        if (err == 0) {
             MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
             if (row && row[0] && row[1] && row[2] && row[3]) {
                 kinds->readers = strtoul(row[0], NULL, 10);
@@ -149,9 +158,12 @@ int mc_shared_kinds(struct mysql_conn *mc, const char *kx, struct bound *call,
             }
             if (res)
                 mysql_free_result(res);
-            return 0;
         }
-        if (!mc_ctl_dropped(mc))
+        if (own) {
+            mc_session_close(own);
+            return err;
+        }
+        if (err == 0 || !mc_ctl_dropped(mc))
             return err;
     }
     return err;
