@@ -264,9 +264,10 @@ int mc_row_inspect_holders(struct mysql_conn *mc, const char *name, size_t len,
 extern const char *const mc_create_sql[3];
 int mc_shared_table(struct mysql_conn *mc, struct bound *call);
 /* Who holds a name in a mode (<table>_shared's rows): readers, permits,
- * the permits' smallest and largest limit. */
+ * the permits' smallest and largest limit, the oldest permit's token. */
 struct shared_kinds {
     unsigned long readers, permits, min_lim, max_lim;
+    uint64_t oldest; /* the oldest permit's token */
 };
 void mc_gate_name(struct mysql_conn *mc, const unsigned char *k, char out[65]);
 int mc_shared_kinds(struct mysql_conn *mc, const char *kx, int passing, struct bound *call,

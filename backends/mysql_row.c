@@ -579,15 +579,54 @@ static int gate_take(struct mysql_conn *mc, struct session **sp, const dlock_req
                         "the deadline passed with every permit still held elsewhere");
 }
 
-/* At the gate: waits until fewer than req->limit permits are held (a look
- * every 50 ms at most), refusing a name held in another kind. The gate's
- * session s, idle meanwhile, is kept from its wait_timeout (the lease):
- * a statement on it every half lease. */
+/*
+ * At the gate, all permits held: waits on s for the oldest permit's row
+ * (its holder's release or end removes it, and InnoDB wakes us), for 50
+ * ms at most (MariaDB cannot wait for any one of N rows: another permit
+ * freed first is seen at the next look). Returns 0 to look again, or an
+ * error (a wait cut short: *sp closed and NULL, as lock_row).
+ */
+static int permit_wait(struct mysql_conn *mc, struct session **sp, const dlock_request *req,
+                       const unsigned char *k, uint64_t oldest)
+{
+    static const char what[] = "waiting for a permit";
+    struct session *s = *sp;
+    char kx[2 * DLOCK_SHA256_LEN + 1], sql[320];
+    uint64_t start = dlock_monotonic_ns(), us = 50000;
+    if (req->wait == DLOCK_WAIT_DEADLINE)
+        us = req->deadline_ns <= start ? 1 : (req->deadline_ns - start) / 1000u < us
+                                                 ? (req->deadline_ns - start) / 1000u + 1
+                                                 : us;
+    dlock_hex(k, DLOCK_SHA256_LEN, kx);
+    snprintf(sql, sizeof sql,
+             "SET STATEMENT max_statement_time = 0.%06" PRIu64 " FOR SELECT 1 FROM `%s_shared`"
+             " WHERE k = X'%s' AND token = %" PRIu64 " FOR UPDATE", us, mc->table, kx, oldest);
+    struct nb c = {.op = NB_QUERY, .db = s->db, .sql = sql};
+    mc_nb_step(&c, -1);
+    /* The server's answer by its `timeout`, and never after the deadline's cleanup. */
+    uint64_t until = start + us * 1000u + mc->timeout_ms * MS;
+    if (req->wait == DLOCK_WAIT_DEADLINE && mc_cleanup_until(req) < until)
+        until = mc_cleanup_until(req);
+    int w = mc_nb_wait(&c, until, 1, req->cancel_fd);
+    if (w != 0)
+        return lock_wait_cut(mc, s, sp, &c, w, req, start,
+                             "the deadline passed with every permit still held elsewhere", 1);
+    if (c.ret != 0) {
+        unsigned e = mysql_errno(s->db);
+        if (e == ERR_STATEMENT_TIMEOUT || e == ER_LOCK_WAIT_TIMEOUT)
+            return 0;
+        return mc_fail_on(mc, s, NULL, what);
+    }
+    struct bound b = mc_stmt_bound(NULL, mc->timeout_ms);
+    return mc_run(mc, s, NB_STORE, NULL, NULL, &b, what);
+}
+
+/* At the gate: waits until fewer than req->limit permits are held,
+ * refusing a name held in another kind. */
 static int permit_free(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
-                       struct session *s, struct bound *call)
+                       struct session **sp, struct bound *call)
 {
     struct shared_kinds kd;
-    uint64_t touched = dlock_monotonic_ns(), half = (uint64_t)req->ttl_ms * MS / 2;
     int err;
     for (;;) {
         if ((err = kind_check(mc, req, h->k, call, &kd, 0)) != 0)
@@ -596,20 +635,11 @@ static int permit_free(struct mysql_conn *mc, struct mysql_held *h, const dlock_
             return 0;
         if (req->wait == DLOCK_WAIT_TRY)
             return dlock_seterr(cl(mc), DLOCK_EBUSY, "all %u permits are held", req->limit);
-        uint64_t until = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : 0;
-        if (until && dlock_monotonic_ns() >= until)
+        if (req->wait == DLOCK_WAIT_DEADLINE && dlock_monotonic_ns() >= req->deadline_ns)
             return dlock_seterr(cl(mc), DLOCK_ETIMEDOUT,
                                 "the deadline passed with every permit still held elsewhere");
-        if ((err = mc_pause_ms(mc, 50, until, req->cancel_fd)) == DLOCK_EINTR)
-            return dlock_seterr(cl(mc), err, "a signal interrupted the wait");
-        if (err)
+        if ((err = permit_wait(mc, sp, req, h->k, kd.oldest)) != 0)
             return err;
-        if (dlock_monotonic_ns() - touched >= half) {
-            struct bound b = mc_stmt_bound(call, mc->timeout_ms);
-            if ((err = mc_exec_sql(mc, s, "DO 0", &b, "waiting for a permit")) != 0)
-                return err;
-            touched = dlock_monotonic_ns();
-        }
     }
 }
 
@@ -685,7 +715,7 @@ static int permit_lock(struct mysql_conn *mc, struct session **sp, const dlock_r
         return err;
     snprintf(sql, sizeof sql, "DO RELEASE_LOCK('%s')", gate);
     struct bound b = mc_stmt_bound(req->wait == DLOCK_WAIT_TRY ? call : NULL, mc->timeout_ms);
-    if ((err = permit_free(mc, h, req, s, call)) == 0) {
+    if ((err = permit_free(mc, h, req, sp, call)) == 0) {
         /* After a wait the bound is a statement's, as after a grant. */
         b = mc_stmt_bound(req->wait == DLOCK_WAIT_TRY ? call : NULL, mc->timeout_ms);
         if ((err = permit_grant(mc, h, req, s, &b)) == 0 &&
@@ -695,7 +725,7 @@ static int permit_lock(struct mysql_conn *mc, struct session **sp, const dlock_r
         }
     }
     h->s = NULL;
-    if (!s->dead) {
+    if (*sp && !s->dead) {
         dlock_errsave why;
         dlock_err_save(cl(mc), &why);
         b = (struct bound){mc_cleanup_until(req), DLOCK_ECONNECT, 0};

@@ -135,8 +135,8 @@ int mc_shared_kinds(struct mysql_conn *mc, const char *kx, int passing, struct b
     memset(kinds, 0, sizeof *kinds);
     snprintf(sql, sizeof sql,
              "SELECT COALESCE(SUM(lim = 0), 0), COALESCE(SUM(lim > 0), 0),"
-             " COALESCE(MIN(NULLIF(lim, 0)), 0), COALESCE(MAX(lim), 0)"
-             " FROM `%s_shared` WHERE k = X'%s'", mc->table, kx);
+             " COALESCE(MIN(NULLIF(lim, 0)), 0), COALESCE(MAX(lim), 0),"
+             " COALESCE(MIN(IF(lim > 0, token, NULL)), 0) FROM `%s_shared` WHERE k = X'%s'", mc->table, kx);
     for (int tries = 0; tries < 2; tries++) {
         struct session *ctl = NULL, *own = NULL;
         MYSQL_RES *res = NULL;
@@ -150,7 +150,8 @@ int mc_shared_kinds(struct mysql_conn *mc, const char *kx, int passing, struct b
             err = shared_query(mc, ctl, sql, call, what, &res);
         if (err == 0) {
             MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
-            if (row && row[0] && row[1] && row[2] && row[3]) {
+            if (row && row[0] && row[1] && row[2] && row[3] && row[4]) {
+                kinds->oldest = strtoull(row[4], NULL, 10);
                 kinds->readers = strtoul(row[0], NULL, 10);
                 kinds->permits = strtoul(row[1], NULL, 10);
                 kinds->min_lim = strtoul(row[2], NULL, 10);
