@@ -350,8 +350,8 @@ int mc_session_connect(struct mysql_conn *mc, enum session_role role, struct bou
     mysql_options(s->db, MYSQL_OPT_NONBLOCK, 0);
     set_tls(mc, s->db);
     mysql_options(s->db, MYSQL_INIT_COMMAND,
-                  role == ROLE_CTL && mc->ctl_isolation
-                      ? mc->ctl_isolation
+                  role == ROLE_CTL && mc->ctl_isolation   ? mc->ctl_isolation
+                  : role == ROLE_ROW && mc->row_isolation ? mc->row_isolation
                       : "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
     if (role == ROLE_ROW)
         snprintf(limits, sizeof limits, "SET SESSION autocommit = 0, lock_wait_timeout = %u", io_s);

@@ -110,6 +110,7 @@ struct mysql_conn {
     int lock_named;  /* option lock=named (mysql.c picks the mode from these two) */
     const struct mysql_mode *mode; /* picked at open: every method goes through it */
     const char *ctl_isolation; /* the control session's, when not READ COMMITTED */
+    const char *row_isolation; /* lock sessions', when not READ COMMITTED */
     int mariadb;     /* the server is MariaDB (not MySQL) */
     uint64_t durable; /* the sequence: every token below it is on disk (mc_seq_durable) */
     unsigned char salt[DLOCK_SHA256_LEN]; /* lock=named: SHA-256 of database, table */
@@ -270,8 +271,8 @@ struct shared_kinds {
     uint64_t oldest; /* the oldest permit's token */
 };
 void mc_gate_name(struct mysql_conn *mc, const unsigned char *k, char out[65]);
-int mc_shared_kinds(struct mysql_conn *mc, const char *kx, int passing, struct bound *call,
-                    struct shared_kinds *kinds);
+int mc_shared_kinds(struct mysql_conn *mc, const char *kx, struct session *on, int passing,
+                    struct bound *call, struct shared_kinds *kinds);
 int mc_shared_read(struct mysql_conn *mc, struct session *ctl, const char *kx,
                    struct bound *call, dlock_holder *holders, size_t capacity, size_t *count,
                    dlock_holder *last);

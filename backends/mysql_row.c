@@ -464,14 +464,25 @@ static int kind_refused(struct mysql_conn *mc, const dlock_request *req,
     return 0;
 }
 
+/* Reads the name's holders in modes and refuses req if they disagree: on
+ * the lock session s when it reads at READ UNCOMMITTED (token=table), in
+ * its transaction (one round trip), else on the control session. */
+static int kind_check_on(struct mysql_conn *mc, struct session *s, const dlock_request *req,
+                         const unsigned char *k, struct bound *call, struct shared_kinds *kd,
+                         int passing)
+{
+    char kx[2 * DLOCK_SHA256_LEN + 1];
+    dlock_hex(k, DLOCK_SHA256_LEN, kx);
+    int err = mc_shared_kinds(mc, kx, mc->row_isolation ? s : NULL,
+                              passing && src(mc)->ctl_optional, call, kd);
+    return err ? err : kind_refused(mc, req, kd);
+}
+
 /* Reads the name's holders in modes and refuses req if they disagree. */
 static int kind_check(struct mysql_conn *mc, const dlock_request *req, const unsigned char *k,
                       struct bound *call, struct shared_kinds *kd, int passing)
 {
-    char kx[2 * DLOCK_SHA256_LEN + 1];
-    dlock_hex(k, DLOCK_SHA256_LEN, kx);
-    int err = mc_shared_kinds(mc, kx, passing && src(mc)->ctl_optional, call, kd);
-    return err ? err : kind_refused(mc, req, kd);
+    return kind_check_on(mc, NULL, req, k, call, kd, passing);
 }
 
 /* After a failed attempt: a dropped session is closed, a live one has its
@@ -629,7 +640,7 @@ static int permit_free(struct mysql_conn *mc, struct mysql_held *h, const dlock_
     struct shared_kinds kd;
     int err;
     for (;;) {
-        if ((err = kind_check(mc, req, h->k, call, &kd, 0)) != 0)
+        if ((err = kind_check_on(mc, *sp, req, h->k, call, &kd, 0)) != 0)
             return err;
         if (kd.permits < req->limit)
             return 0;
@@ -697,7 +708,7 @@ static int permit_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock
         if ((err = mc_seq_durable(mc, s, h->base.token, b, &h->expires_ns)) != 0)
             return err;
     }
-    return kind_check(mc, req, h->k, b, &kd, 0);
+    return kind_check_on(mc, s, req, h->k, b, &kd, 0);
 }
 
 /* A permit (req->limit > 0) on *sp, as a row source's lock (1: granted),
@@ -900,7 +911,7 @@ static int row_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_he
         struct shared_kinds kd;
         struct bound b = mc_stmt_bound(req->wait == DLOCK_WAIT_TRY ? &call : NULL,
                                        mc->timeout_ms);
-        if ((err = kind_check(mc, req, h->k, &b, &kd, 0)) != 0) {
+        if ((err = kind_check_on(mc, h->s, req, h->k, &b, &kd, 0)) != 0) {
             mc_rollback_and_pool(mc, h->s, mc_cleanup_until(req));
             free(h);
             return err;
@@ -1364,6 +1375,10 @@ static int table_open(struct mysql_conn *mc)
     for (int i = 0; i < N_STMTS; i++)
         if (!(mc->sql[i] = mc_with_table(stmt_sql[i], mc->table)))
             return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
+    /* Lock sessions read <table>_shared's uncommitted rows (a reader's or
+     * permit's look at the other kind, in its own transaction); they make
+     * no other plain read. */
+    mc->row_isolation = "SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED";
     if ((err = mc_session_open(mc, ROLE_CTL, NULL, &mc->ctl)) != 0)
         return err;
     mc->mariadb = strstr(mysql_get_server_info(mc->ctl->db), "MariaDB") != NULL;

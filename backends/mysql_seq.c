@@ -79,7 +79,7 @@ static const char add_lim_sql[] =
  * trip, two on a control session that reads committed rows (token=table).
  */
 static int shared_query(struct mysql_conn *mc, struct session *ctl, const char *sql,
-                        struct bound *call, const char *what, MYSQL_RES **res)
+                        const char *old, struct bound *call, const char *what, MYSQL_RES **res)
 {
     int err, altered = 0;
 again:
@@ -104,10 +104,11 @@ again:
             dlock_err_restore(cl(mc), &why);
         }
         if (ctl->last_errno == ER_BAD_FIELD_ERROR && !altered++) {
-            /* <table>_shared from before semaphores: no permit yet. */
-            if ((err = mc_shared_table(mc, call)) != 0)
-                return err;
+            /* <table>_shared from before semaphores: no permit yet (the
+             * first permit adds the column; not here: a reader's own
+             * transaction may be using the table). */
             dlock_clearerr(cl(mc));
+            sql = old;
             goto again;
         }
         if (!none)
@@ -124,30 +125,44 @@ again:
  * UNCOMMITTED on the control session: readers (lim 0), permits, and the
  * smallest and largest limit among the permits. As mc_shared_read.
  * passing: unless the control session is open, a session of its own,
- * closed after (token=sequence's waiting writer keeps one session).
+ * closed after (token=sequence's waiting writer keeps one session). on: a
+ * lock session reading at READ UNCOMMITTED (token=table's) instead, one
+ * round trip in its transaction.
  */
-int mc_shared_kinds(struct mysql_conn *mc, const char *kx, int passing, struct bound *call,
-                    struct shared_kinds *kinds)
+int mc_shared_kinds(struct mysql_conn *mc, const char *kx, struct session *on, int passing,
+                    struct bound *call, struct shared_kinds *kinds)
 {
     static const char what[] = "reading the name's holders";
-    char sql[320];
+    char sql[320], old[160];
     int err = 0;
     memset(kinds, 0, sizeof *kinds);
     snprintf(sql, sizeof sql,
              "SELECT COALESCE(SUM(lim = 0), 0), COALESCE(SUM(lim > 0), 0),"
              " COALESCE(MIN(NULLIF(lim, 0)), 0), COALESCE(MAX(lim), 0),"
-             " COALESCE(MIN(IF(lim > 0, token, NULL)), 0) FROM `%s_shared` WHERE k = X'%s'", mc->table, kx);
+             " COALESCE(MIN(IF(lim > 0, token, NULL)), 0) FROM `%s_shared` WHERE k = X'%s'",
+             mc->table, kx);
+    snprintf(old, sizeof old, "SELECT COUNT(*), 0, 0, 0, 0 FROM `%s_shared` WHERE k = X'%s'",
+             mc->table, kx);
     for (int tries = 0; tries < 2; tries++) {
         struct session *ctl = NULL, *own = NULL;
         MYSQL_RES *res = NULL;
-        if (passing && !mc->ctl) {
+        if (on) {
+            ctl = on;
+            err = mc_query_result(mc, on, sql, call, what, &res);
+            if (err && !on->dead && on->last_errno == ER_BAD_FIELD_ERROR) {
+                dlock_clearerr(cl(mc)); /* as shared_query */
+                err = mc_query_result(mc, on, old, call, what, &res);
+            }
+            if (err)
+                return err;
+        } else if (passing && !mc->ctl) {
             err = mc_session_open(mc, ROLE_CTL, call, &own);
             ctl = own;
         } else {
             err = mc_ctl_session(mc, call, &ctl);
         }
-        if (err == 0)
-            err = shared_query(mc, ctl, sql, call, what, &res);
+        if (err == 0 && !on)
+            err = shared_query(mc, ctl, sql, old, call, what, &res);
         if (err == 0) {
             MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
             if (row && row[0] && row[1] && row[2] && row[3] && row[4]) {
@@ -160,8 +175,9 @@ int mc_shared_kinds(struct mysql_conn *mc, const char *kx, int passing, struct b
             if (res)
                 mysql_free_result(res);
         }
-        if (own) {
-            mc_session_close(own);
+        if (own || on) {
+            if (own)
+                mc_session_close(own);
             return err;
         }
         if (err == 0 || !mc_ctl_dropped(mc))
@@ -182,7 +198,7 @@ int mc_shared_read(struct mysql_conn *mc, struct session *ctl, const char *kx,
                    dlock_holder *last)
 {
     static const char what[] = "inspect";
-    char sql[256];
+    char sql[256], old[256];
     MYSQL_RES *res = NULL;
     int err;
     *count = 0;
@@ -190,7 +206,10 @@ int mc_shared_read(struct mysql_conn *mc, struct session *ctl, const char *kx,
     snprintf(sql, sizeof sql,
              "SELECT token, owner, lim FROM `%s_shared` WHERE k = X'%s' ORDER BY token",
              mc->table, kx);
-    if ((err = shared_query(mc, ctl, sql, call, what, &res)) != 0 || !res)
+    snprintf(old, sizeof old,
+             "SELECT token, owner, 0 FROM `%s_shared` WHERE k = X'%s' ORDER BY token",
+             mc->table, kx);
+    if ((err = shared_query(mc, ctl, sql, old, call, what, &res)) != 0 || !res)
         return err;
     for (MYSQL_ROW row; (row = mysql_fetch_row(res)) != NULL;) {
         if (!row[0] || !row[1] || !row[2])
