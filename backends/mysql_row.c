@@ -10,6 +10,12 @@
  *   token=sequence  one UPDATE takes the row lock and NEXTVAL of the
  *                   store's sequence (mysql_seq.c), its durable mark after.
  *
+ * A reader holds the row in share mode and its row in <table>_shared; a
+ * permit of a semaphore the same with its limit, after its turn at the
+ * name's gate (a user lock). Readers, writers and permits of another limit
+ * are refused (DLOCK_EMODE) from <table>_shared's rows (docs/mysql.md,
+ * "Shared locks and semaphores").
+ *
  * Deadlines, cancels, restarts, keeping, raising, the floor and inspect:
  * docs/mysql.md, "How the backend works". Calls mysql_inspect.c (inspect),
  * mysql_seq.c and mysql_conn.c only.
@@ -685,7 +691,10 @@ static int permit_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock
                                 " for it; asked: a semaphore of limit %u)", nl, req->name,
                                 req->limit);
         if (err && no_shared_table(s) && !made++) {
-            if ((err = mc_shared_table(mc, b)) != 0)
+            /* The DDL waits for every transaction that used the table: this
+             * one first (it holds nothing yet; the gate is no row). */
+            if ((err = mc_exec_sql(mc, s, "ROLLBACK", b, what)) != 0 ||
+                (err = mc_shared_table(mc, b)) != 0)
                 return err;
             dlock_clearerr(cl(mc));
             continue;

@@ -1192,6 +1192,81 @@ static void test_shared(void)
     dlock_client_close(b);
 }
 
+/*
+ * Permits of a semaphore (issue 27): each holds the name's row in share
+ * mode (an earlier release's exclusive row lock is refused) and its own
+ * uncommitted row in <table>_shared with lim; a killed permit holder's row
+ * goes with its session, the other stays; an earlier release's holder of
+ * the row makes a permit DLOCK_EMODE. A <table>_shared of the shared-lock
+ * layout (no lim) gets the column at the first permit, a reader's first.
+ */
+static void test_semaphore(void)
+{
+    char x[128], key[80], sql[384], xlock[256], ks[256], kill[64];
+    name_of(x, sizeof x, "semaphore");
+    key_sql(x, key);
+    dlock_client *a = open_ok(uri), *b = open_ok(uri), *c = open_ok(uri);
+    dlock_lock *pa = NULL, *pb = NULL, *pc = NULL, *r = NULL;
+    dlock_acquire_opts s = wait_opts(DLOCK_WAIT_TRY, 0, 30000), p = s;
+    s.mode = DLOCK_MODE_SHARED;
+    p.limit = 2;
+    /* The shared-lock layout: no lim column (a reader first, then a permit). */
+    is_int(dlock_acquire(a, x, &s, &r), 0, "a reader (creates %s_shared if need be)", lock_tbl);
+    if (r)
+        dlock_release(r);
+    snprintf(sql, sizeof sql, "ALTER TABLE %s_shared DROP COLUMN IF EXISTS lim", lock_tbl);
+    ok(raw_ok(sql) == 0, "%s_shared as the shared-lock release made it (no lim)", lock_tbl);
+    is_int(dlock_acquire(a, x, &s, &r), 0, "a reader on that layout");
+    if (r)
+        dlock_release(r);
+    r = NULL;
+    is_int(dlock_acquire(a, x, &p, &pa), 0, "a permit of 2 (adds lim)");
+    is_int(dlock_acquire(b, x, &p, &pb), 0, "a second permit");
+    is_int(dlock_acquire(c, x, &p, &pc), DLOCK_EBUSY, "a third: busy");
+    snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM %s_shared WHERE k = %s AND lim = 2", lock_tbl,
+             key);
+    is_int((int)raw_int(sql), 2, "two rows with lim 2 in %s_shared, uncommitted", lock_tbl);
+    snprintf(xlock, sizeof xlock, "SELECT 1 FROM %s WHERE k = %s FOR UPDATE NOWAIT", lock_tbl,
+             key);
+    ok(raw_ok(xlock) != 0, "an exclusive row lock, as an earlier release takes it, is refused");
+    snprintf(ks, sizeof ks, "SELECT session_id FROM %s_shared WHERE k = %s AND token = %llu",
+             lock_tbl, key, pa ? (unsigned long long)dlock_lock_token(pa) : 0ull);
+    long long sid = raw_int(ks);
+    snprintf(kill, sizeof kill, "KILL %lld", sid);
+    ok(sid > 0 && raw_ok(kill) == 0, "the first permit's session killed");
+    long long left = -1;
+    for (int i = 0; i < 100 && (left = raw_int(sql)) != 1; i++)
+        sleep_ms(20);
+    is_int((int)left, 1, "its row went with it; the other permit's stays");
+    is_int(dlock_acquire(c, x, &p, &pc), 0, "the third gets the freed permit");
+    dlock_client *d = open_ok(uri); /* a still has its lost permit's handle */
+    is_int(dlock_acquire(d, x, &s, &r), DLOCK_EMODE, "a reader: DLOCK_EMODE (%s)", dlock_errmsg(d));
+    if (r)
+        dlock_release(r);
+    dlock_client_close(d);
+    if (pb)
+        dlock_release(pb);
+    if (pc)
+        dlock_release(pc);
+    if (pa)
+        dlock_release(pa); /* lost: its session was killed */
+    ok(raw_ok(xlock) == 0, "control: with no permit the same exclusive row lock is granted");
+    is_int((int)raw_int(sql), 0, "no permit's row left");
+    snprintf(xlock, sizeof xlock, "SELECT 1 FROM %s WHERE k = %s FOR UPDATE", lock_tbl, key);
+    mysql_query(raw, "START TRANSACTION");
+    ok(raw_ok(xlock) == 0, "an earlier release's holder takes the row");
+    pa = NULL;
+    is_int(dlock_acquire(a, x, &p, &pa), DLOCK_EMODE, "a permit: DLOCK_EMODE (%s)",
+           dlock_errmsg(a));
+    mysql_query(raw, "ROLLBACK");
+    is_int(dlock_acquire(a, x, &p, &pa), 0, "once it let go, the permit is granted");
+    if (pa)
+        dlock_release(pa);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+}
+
 /* ---- raise_token (issue 11) ------------------------------------------------ */
 
 /* The name's counter in the grants table (0: no row). */
@@ -2162,6 +2237,7 @@ int main(void)
         {"store_floor", test_store_floor, 1},
         {"inspect", test_inspect, 2},
         {"shared", test_shared, 2},
+        {"semaphore", test_semaphore, 2},
         {"waiter_sessions", test_waiter_sessions, 0},
         {"sequence_upgrade", test_sequence_upgrade, 0},
         {"sequence_crash", test_sequence_crash, 0},
