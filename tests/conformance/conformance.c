@@ -128,13 +128,21 @@ static const struct kind {
     {"file", DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE, NULL, 0, 0, 0,
      0},
     /* A PX expiry, to the millisecond. */
-    {"redis", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0,
-     200},
-    {"redlock", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0, 200},
-    {"redis-cluster", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL, 0,
-     0, 0, 200},
-    {"redis-sentinel", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL,
-     0, 0, 0, 200},
+    {"redis",
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED |
+         DLOCK_CAP_SEMAPHORE,
+     NULL, 0, 0, 0, 200},
+    /* Shared locks over a quorum; no semaphore (docs/redlock.md). */
+    {"redlock", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED, NULL, 0, 0,
+     0, 200},
+    {"redis-cluster",
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED |
+         DLOCK_CAP_SEMAPHORE,
+     NULL, 0, 0, 0, 200},
+    {"redis-sentinel",
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED |
+         DLOCK_CAP_SEMAPHORE,
+     NULL, 0, 0, 0, 200},
     /* idle_session_timeout, in milliseconds. */
     {"postgres",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
