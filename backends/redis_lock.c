@@ -647,30 +647,43 @@ _Static_assert(DLOCK_REDIS_LISTED == DLOCK_INFO_LISTED, "waiters listed");
  * that only reads, atomic like every script call; bounded by `timeout`,
  * repeated once after a lost reply.
  */
-static int single_inspect(struct redis_conn *rc, const char *name, size_t len, dlock_info *info)
+/* One call of a script operation that only reads name's keys (inspect,
+ * holders): op and its one argument, bounded like every call. */
+static int read_op(struct redis_conn *rc, const char *name, size_t len, const char *op,
+                   const char *arg, redisReply **r)
 {
     struct redis_keys keys;
+    int err;
+    if (dlock_redis_keys(rc, name, len, &keys) != 0)
+        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    const char *args[2] = {op, arg};
+    const size_t lens[2] = {strlen(op), strlen(arg)};
+    err = call_keys(rc, &keys, REDIS_NKEYS_ALL, args, lens, 2, dlock_redis_call_until(rc), r);
+    dlock_redis_keys_free(&keys);
+    return err;
+}
+
+static int bad_read(struct redis_conn *rc, const char *op, const char *name, size_t len)
+{
+    return dlock_seterr(cl(rc), DLOCK_EPROTO,
+                        "unexpected reply from the lock script's %s (a key of \"%.*s\" not "
+                        "written by dlock?)",
+                        op, (int)(len > 64 ? 64 : len), name);
+}
+
+static int single_inspect(struct redis_conn *rc, const char *name, size_t len, dlock_info *info)
+{
     struct redis_seen seen;
     redisReply *r = NULL;
     char listed[8];
     int err;
-    if (dlock_redis_keys(rc, name, len, &keys) != 0)
-        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
     snprintf(listed, sizeof listed, "%d", DLOCK_REDIS_LISTED);
-    const char *args[2] = {"inspect", listed};
-    const size_t lens[2] = {7, strlen(listed)};
-    err = call_keys(rc, &keys, REDIS_NKEYS_ALL, args, lens, 2, dlock_redis_call_until(rc),
-                    &r);
-    dlock_redis_keys_free(&keys);
-    if (err)
+    if ((err = read_op(rc, name, len, "inspect", listed, &r)) != 0)
         return err;
     err = dlock_redis_reply_inspect(r, &seen);
     freeReplyObject(r);
     if (err)
-        return dlock_seterr(cl(rc), DLOCK_EPROTO,
-                            "unexpected reply from the lock script's inspect (a key of \"%.*s\" "
-                            "not written by dlock?)",
-                            (int)(len > 64 ? 64 : len), name);
+        return bad_read(rc, "inspect", name, len);
     info->known = DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER |
                   DLOCK_KNOWS_LAST_TOKEN;
     info->held = seen.held;
@@ -701,30 +714,18 @@ static int single_inspect(struct redis_conn *rc, const char *name, size_t len, d
 static int single_holders(struct redis_conn *rc, const char *name, size_t len, dlock_holder *out,
                           size_t capacity, size_t *count)
 {
-    struct redis_keys keys;
     redisReply *r = NULL;
     char cap[24];
     uint32_t limit = 0;
     int err;
-    if (dlock_redis_keys(rc, name, len, &keys) != 0)
-        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
-    /* No name has more than DLOCK_LIMIT_MAX holders... save a lock key
-     * of another writer's, which is one. */
+    /* A semaphore has no more holders than this; more readers are counted
+     * and listed in part. */
     snprintf(cap, sizeof cap, "%zu", capacity > DLOCK_LIMIT_MAX ? (size_t)DLOCK_LIMIT_MAX : capacity);
-    const char *args[2] = {"holders", cap};
-    const size_t lens[2] = {7, strlen(cap)};
-    err = call_keys(rc, &keys, REDIS_NKEYS_ALL, args, lens, 2, dlock_redis_call_until(rc), &r);
-    dlock_redis_keys_free(&keys);
-    if (err)
+    if ((err = read_op(rc, name, len, "holders", cap, &r)) != 0)
         return err;
     err = dlock_redis_reply_holders(r, out, capacity, count, &limit);
     freeReplyObject(r);
-    if (err)
-        return dlock_seterr(cl(rc), DLOCK_EPROTO,
-                            "unexpected reply from the lock script's holders (a key of \"%.*s\" "
-                            "not written by dlock?)",
-                            (int)(len > 64 ? 64 : len), name);
-    return 0;
+    return err ? bad_read(rc, "holders", name, len) : 0;
 }
 
 const struct redis_recipe dlock_redis_single_recipe = {

@@ -967,6 +967,15 @@ static int redlock_raise_floor(struct redis_conn *rc, uint64_t floor)
                         ones, rc->nnodes, quorum(rc), st.first.msg);
 }
 
+/* An inspection that fewer than a quorum of the nodes answered. */
+static int too_few(struct redis_conn *rc, size_t answered, const struct round *st)
+{
+    return dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                        "inspect: only %zu of %zu Redlock nodes answered, %zu needed for a "
+                        "quorum (%.150s)",
+                        answered, rc->nnodes, quorum(rc), st->first.msg);
+}
+
 static int desc(const void *a, const void *b)
 {
     long long x = *(const long long *)a, y = *(const long long *)b;
@@ -1040,10 +1049,7 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dl
     }
     free_replies(rc, replies);
     if (answered < q) {
-        err = dlock_seterr(cl(rc), DLOCK_ECONNECT,
-                           "inspect: only %zu of %zu Redlock nodes answered, %zu needed for a "
-                           "quorum (%.150s)",
-                           answered, n, q, st.first.msg);
+        err = too_few(rc, answered, &st);
         goto out;
     }
     /* The owner holding the most nodes that answered (a value that is not
@@ -1186,10 +1192,7 @@ static int redlock_holders(struct redis_conn *rc, const char *name, size_t len, 
     }
     free_replies(rc, replies);
     if (answered < q) {
-        err = dlock_seterr(cl(rc), DLOCK_ECONNECT,
-                           "inspect: only %zu of %zu Redlock nodes answered, %zu needed for a "
-                           "quorum (%.150s)",
-                           answered, n, q, st.first.msg);
+        err = too_few(rc, answered, &st);
         goto out;
     }
     /* Each owner once, at its first node that lists it. */
