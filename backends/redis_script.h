@@ -78,7 +78,8 @@
  * nobody queued. The rest of the script creates a closure per helper on
  * every call, which costs the server about as much as the commands
  * themselves; these paths create none and call Redis the fewest times
- * (acquire: EXISTS, TIME, MGET, SET fence, SET lock). Everything else,
+ * (acquire: EXISTS, TIME, MGET, SET fence, SET lock), and the same for a
+ * reader or permit on a free name and its release. Everything else,
  * and a fast path that finds the queue non-empty, falls through to the
  * general code below, whose grants draw their tokens with the same
  * fast_token(). */
@@ -97,7 +98,7 @@
     "  end\n" \
     "  local s = string.format('%.0f', token)\n" \
     "  redis.call('SET', KEYS[2], s)\n" \
-    "  return token, s\n" \
+    "  return token, s, now\n" \
     "end\n" \
     "if op == 'acquire' then\n" \
     "  if redis.call('EXISTS', KEYS[3], KEYS[1]) == 0 then\n" \
@@ -115,6 +116,28 @@
     "  if redis.call('EXISTS', KEYS[3]) == 0 then\n" \
     "    redis.call('DEL', KEYS[1])\n" \
     "    return 1\n" \
+    "  end\n" \
+    /* A reader or permit on a free name, nobody queued (no lock key: \
+     * nobody holds, whatever a holders key left behind says). */ \
+    "elseif op == 'sacquire' then\n" \
+    "  if redis.call('EXISTS', KEYS[3], KEYS[1]) == 0 then\n" \
+    "    local token, s, now = fast_token()\n" \
+    "    redis.call('DEL', KEYS[6], KEYS[7])\n" \
+    "    redis.call('ZADD', KEYS[6], string.format('%.0f', math.floor(now / 1000) + tonumber(ARGV[3])), owner)\n" \
+    "    redis.call('HSET', KEYS[7], owner, ARGV[6] .. ':' .. s, 'limit', ARGV[7])\n" \
+    "    redis.call('SET', KEYS[1], owner .. ':' .. s, 'PX', ARGV[3])\n" \
+    "    return {1, token}\n" \
+    "  end\n" \
+    /* The only holder leaves, nobody queued, its lease not ended. */ \
+    "elseif op == 'srelease' then\n" \
+    "  if redis.call('EXISTS', KEYS[3]) == 0 and redis.call('ZCARD', KEYS[6]) == 1 then\n" \
+    "    local sc = redis.call('ZSCORE', KEYS[6], owner)\n" \
+    "    local t = redis.call('TIME')\n" \
+    "    if sc and tonumber(sc) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) and\n" \
+    "       redis.call('EXISTS', KEYS[1]) == 1 then\n" \
+    "      redis.call('DEL', KEYS[1], KEYS[6], KEYS[7])\n" \
+    "      return 1\n" \
+    "    end\n" \
     "  end\n" \
     "end\n" \
     "if op == 'floor' then\n" \
