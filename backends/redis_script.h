@@ -117,25 +117,27 @@
     "    redis.call('DEL', KEYS[1])\n" \
     "    return 1\n" \
     "  end\n" \
-    /* A reader or permit on a free name, nobody queued (no lock key: \
-     * nobody holds, whatever a holders key left behind says). */ \
-    "elseif op == 'sacquire' then\n" \
+    /* A reader or permit (Redlock: a reader) on a free name, nobody \
+     * queued (no lock key: nobody holds, whatever a holders key left \
+     * behind says). */ \
+    "elseif op == 'sacquire' or op == 'sgrab' then\n" \
     "  if redis.call('EXISTS', KEYS[3], KEYS[1]) == 0 then\n" \
     "    local token, s, now = fast_token()\n" \
     "    redis.call('DEL', KEYS[6], KEYS[7])\n" \
     "    redis.call('ZADD', KEYS[6], string.format('%.0f', math.floor(now / 1000) + tonumber(ARGV[3])), owner)\n" \
-    "    redis.call('HSET', KEYS[7], owner, ARGV[6] .. ':' .. s, 'limit', ARGV[7])\n" \
+    "    redis.call('HSET', KEYS[7], owner, (ARGV[6] or 's') .. ':' .. s, 'limit', ARGV[7] or '0')\n" \
     "    redis.call('SET', KEYS[1], owner .. ':' .. s, 'PX', ARGV[3])\n" \
     "    return {1, token}\n" \
     "  end\n" \
     /* The only holder leaves, nobody queued, its lease not ended. */ \
-    "elseif op == 'srelease' then\n" \
+    "elseif op == 'srelease' or op == 'sdrop' then\n" \
     "  if redis.call('EXISTS', KEYS[3]) == 0 and redis.call('ZCARD', KEYS[6]) == 1 then\n" \
     "    local sc = redis.call('ZSCORE', KEYS[6], owner)\n" \
     "    local t = redis.call('TIME')\n" \
     "    if sc and tonumber(sc) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) and\n" \
     "       redis.call('EXISTS', KEYS[1]) == 1 then\n" \
     "      redis.call('DEL', KEYS[1], KEYS[6], KEYS[7])\n" \
+    "      if op == 'sdrop' then redis.call('" PUB "', ARGV[3], 'released') end\n" \
     "      return 1\n" \
     "    end\n" \
     "  end\n" \
