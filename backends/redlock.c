@@ -1122,17 +1122,6 @@ out:
     return err;
 }
 
-static int redlock_inspect(struct redis_conn *rc, const char *name, size_t len, dlock_info *info)
-{
-    struct redis_keys keys;
-    int err;
-    if (dlock_redis_keys(rc, name, len, &keys) != 0)
-        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
-    err = inspect_keys(rc, &keys, info);
-    dlock_redis_keys_free(&keys);
-    return err;
-}
-
 /*
  * inspect_holders: the script's "holders" (reads only) on every node at
  * once, each reply bounded by node_timeout: a holder is an owner listed on
@@ -1231,6 +1220,45 @@ static int redlock_holders(struct redis_conn *rc, const char *name, size_t len, 
 out:
     free(seen);
     free(all);
+    return err;
+}
+
+/*
+ * inspect: inspect_keys() above; readers may be granted in another order
+ * on each node, so that no one owner is the newest on a quorum: when it
+ * finds the name free or cannot tell, the holders are asked (as
+ * inspect_holders), and the one with the highest token is told.
+ */
+static int redlock_inspect(struct redis_conn *rc, const char *name, size_t len, dlock_info *info)
+{
+    struct redis_keys keys;
+    dlock_holder *hs;
+    size_t count = 0;
+    int err;
+    if (dlock_redis_keys(rc, name, len, &keys) != 0)
+        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    err = inspect_keys(rc, &keys, info);
+    dlock_redis_keys_free(&keys);
+    if ((err && err != DLOCK_ECONNECT) || (!err && info->held))
+        return err;
+    if (!(hs = calloc(REDLOCK_HOLDERS_MAX, sizeof *hs)))
+        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    dlock_errsave why;
+    dlock_err_save(cl(rc), &why);
+    if (redlock_holders(rc, name, len, hs, REDLOCK_HOLDERS_MAX, &count) == 0 && count > 0) {
+        const dlock_holder *top = &hs[(count < REDLOCK_HOLDERS_MAX ? count : REDLOCK_HOLDERS_MAX) - 1];
+        if (err)
+            info->known = DLOCK_KNOWS_HELD; /* the waiters were not told */
+        info->held = 1;
+        info->known |= top->known & (DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER | DLOCK_KNOWS_LEASE);
+        info->token = top->token;
+        info->lease_ms = top->lease_ms;
+        memcpy(info->owner, top->owner, sizeof info->owner);
+        err = 0;
+    } else {
+        dlock_err_restore(cl(rc), &why);
+    }
+    free(hs);
     return err;
 }
 

@@ -8,10 +8,12 @@
  *  - the lock key mirrors the holders (the newest one's owner and token,
  *    the longest lease) and nothing is left behind after the last release;
  *  - a release grants exactly the waiters it admits: the readers at the
- *    head of the queue, not a writer behind them nor a reader behind that.
+ *    head of the queue, not a writer behind them nor a reader behind that;
+ *  - Redlock: readers granted in another order on each node (so that no
+ *    one of them is the newest on a quorum) are still inspected as held.
  *
- * Environment (scripts/stores/start.sh prints it): DLOCK_REDIS_URI. A
- * missing variable fails the run.
+ * Environment (scripts/stores/start.sh prints it): DLOCK_REDIS_URI,
+ * DLOCK_REDLOCK_URI. A missing variable fails the run.
  */
 #include <hiredis/hiredis.h>
 #include <pthread.h>
@@ -23,6 +25,7 @@
 #include "tests/tap.h"
 #include "tests/util.h"
 #include "tests/backends/redis_test.h"
+#include "backends/redis_script.h"
 #include "tests/backends/redis_script_prev.h"
 
 static char prefix[64];
@@ -333,14 +336,74 @@ static void test_admits_head(const char *uri)
     dlock_client_close(h);
 }
 
+/* One call of today's script on one node: op owner ttl (Redlock's grab). */
+static long long grab(redisContext *ctx, const char *name, const char *op, const char *owner)
+{
+    char k[7][192];
+    static const char *const suffix[7] = {":lock", ":fence", ":queue", "", ":raised", ":holders",
+                                          ":modes"};
+    for (int i = 0; i < 7; i++)
+        snprintf(k[i], sizeof k[i], i == 3 ? "dlock:floor" : "dlock:%s%s", name, suffix[i]);
+    const char *argv[13] = {"EVAL", dlock_redis_lua, "7", k[0], k[1], k[2], k[3], k[4], k[5],
+                            k[6], op, owner, "30000"};
+    long long a, b;
+    prev_pair(redisCommandArgv(ctx, 13, argv, NULL), &a, &b);
+    return a;
+}
+
+static void test_redlock_order(const char *uri)
+{
+    static const char *const owner[3] = {"a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1",
+                                         "b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2",
+                                         "c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3"};
+    /* On each node, the order of the grants: the newest is A on two
+     * nodes, B on two, C on one: none on a quorum of the five. */
+    static const int order[5][3] = {{1, 2, 0}, {2, 1, 0}, {0, 2, 1}, {2, 0, 1}, {0, 1, 2}};
+    dlock_client *c = open_ok(uri);
+    char name[128];
+    int granted = 1;
+    snprintf(name, sizeof name, "%sredlock-order", prefix);
+    for (int i = 0; i < 5; i++) {
+        redisContext *ctx = raw(uri, (size_t)i);
+        for (int j = 0; j < 3; j++)
+            granted &= grab(ctx, name, "sgrab", owner[order[i][j]]) == 1;
+        redisFree(ctx);
+    }
+    ok(granted, "redlock order: three readers on five nodes, in another order on each");
+    dlock_info info;
+    int rc = dlock_inspect(c, name, &info);
+    is_int(rc, 0, "redlock order: inspect answers (%s)", rc ? dlock_errmsg(c) : "");
+    ok(rc == 0 && info.held == 1, "redlock order: held, though no reader is the newest on a "
+                                  "quorum");
+    dlock_holder hs[4];
+    size_t n = 0;
+    is_int(dlock_inspect_holders(c, name, hs, 4, &n), 0, "redlock order: holders listed");
+    is_int((int)n, 3, "redlock order: three");
+    ok(n == 3 && hs[0].mode == DLOCK_MODE_SHARED && hs[0].token < hs[1].token &&
+           hs[1].token < hs[2].token,
+       "redlock order: shared, by token");
+    for (int i = 0; i < 5; i++) {
+        redisContext *ctx = raw(uri, (size_t)i);
+        for (int j = 0; j < 3; j++) {
+            grab(ctx, name, "srelease", owner[j]);
+        }
+        redisFree(ctx);
+    }
+    is_int(dlock_inspect(c, name, &info), 0, "redlock order: inspect after the releases");
+    is_int(info.held, 0, "redlock order: free");
+    dlock_client_close(c);
+}
+
 int main(void)
 {
     const char *single = need_env("DLOCK_REDIS_URI");
+    const char *redlock = need_env("DLOCK_REDLOCK_URI");
     setvbuf(stdout, NULL, _IOLBF, 0);
     snprintf(prefix, sizeof prefix, "redis-modes-%d-%llu/", (int)getpid(),
              (unsigned long long)(dlock_monotonic_ns() % 1000000007ull));
     test_prev_exclusive(single);
     test_mirror(single);
     test_admits_head(single);
+    test_redlock_order(redlock);
     return done_testing();
 }
