@@ -7,9 +7,15 @@
  *         KEYS[3] queue  (list of waiting entries "<owner>|<ttl>|<channel>")
  *         KEYS[4] floor  (integer, "<prefix>floor": the store-wide floor of
  *                         raise_floor, never expires; missing means 0)
+ *         KEYS[5] raised (below)
+ *         KEYS[6] holders, KEYS[7] modes: shared holders and permits
+ *                         (below, before the general code)
+ * Every lock operation gets all seven keys (the floor call, one).
  * ARGV[1] is the operation:
  *   acquire owner ttl channel mode  → {1, token} granted, or {0, pttl}
- *                                     (mode "wait" queues the caller once)
+ *                                     (mode "wait" queues the caller once),
+ *                                     or {2, limit}: the name is held as a
+ *                                     semaphore of that limit (DLOCK_EMODE)
  *   release owner                   → 1 released, 0 not ours (lost)
  *   renew   owner ttl               → 1 renewed,  0 not ours (lost)
  *   cancel  owner entry             → 1 it had been handed to us (now
@@ -27,7 +33,18 @@
  *   floor   value                   → store-wide, called with the floor key
  *                                     alone (numkeys 1, KEYS[1] floor):
  *                                     floor = max(floor, value), 1
- *   inspect listed [channel]        → reads only (with KEYS[5]):
+ *   sacquire owner ttl channel mode kind limit
+ *                                   → a reader (kind "s", limit 0) or a
+ *                                     permit (kind "p", limit N): {1, token},
+ *                                     {0, ms to the earliest lease end}, or
+ *                                     {2, the name's limit} held as another
+ *                                     kind (0: a read-write lock)
+ *   srelease, srenew, scancel, sgrab, sdrop: release, renew, cancel, grab
+ *                                     and drop of a reader or permit
+ *   holders listed                  → reads only: {how many hold, the
+ *                                     name's limit, {the first `listed` by
+ *                                     token: {owner, kind, token, lease ms}}}
+ *   inspect listed [channel]        → reads only:
  *                                     {lock value or "", PTTL lock, counter
  *                                     or "", raised mark or "", live waiters,
  *                                     {their first `listed` owners, in queue
