@@ -149,15 +149,19 @@ static const struct kind {
      NULL, 0, 0, 0, 200},
     /* wait_timeout, in whole seconds (docs/mysql.md, Lease / TTL). */
     {"mysql",
-     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
+         DLOCK_CAP_SHARED,
      NULL, 1000, 0, 0, 200},
     {"mysql-sequence",
-     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
+         DLOCK_CAP_SHARED,
      NULL, 1000, 0, 0, 200},
     {"mysql-named",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
      "session", 1000, 0, 0, 200},
-    {"zookeeper", DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS, NULL, 0, 0, 0, 200},
+    {"zookeeper",
+     DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE, NULL, 0,
+     0, 0, 200},
     /* Whole seconds, at least the server's minimum (2 s with the test
      * stores' settings); its lessor looks for expired leases every 500 ms
      * (docs/etcd.md, TTL). */
