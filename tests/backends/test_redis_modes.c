@@ -394,6 +394,33 @@ static void test_redlock_order(const char *uri)
     dlock_client_close(c);
 }
 
+/* Counters out of step: one node's far ahead, so a reader's grant is
+ * written back to the others; every node then records that token. */
+static void test_redlock_writeback(const char *uri)
+{
+    dlock_client *c = open_ok(uri);
+    dlock_lock *l = NULL;
+    char name[128], fence[192];
+    snprintf(name, sizeof name, "%sredlock-writeback", prefix);
+    snprintf(fence, sizeof fence, "dlock:%s:fence", name);
+    redisContext *ctx = raw(uri, 0);
+    redisReply *r = redisCommand(ctx, "SET %s 5000000000000000", fence);
+    if (r)
+        freeReplyObject(r);
+    redisFree(ctx);
+    dlock_acquire_opts s = mode_opts(DLOCK_MODE_SHARED, 0, DLOCK_WAIT_TRY, 0, 30000);
+    is_int(dlock_acquire(c, name, &s, &l), 0, "redlock write-back: a reader");
+    dlock_holder h[2];
+    size_t n = 0;
+    is_int(dlock_inspect_holders(c, name, h, 2, &n), 0, "redlock write-back: holders listed");
+    ok(l && n == 1 && h[0].token == dlock_lock_token(l),
+       "redlock write-back: the reader's token is its grant's (%llu, listed %llu)",
+       (unsigned long long)(l ? dlock_lock_token(l) : 0), (unsigned long long)h[0].token);
+    if (l)
+        dlock_release(l);
+    dlock_client_close(c);
+}
+
 int main(void)
 {
     const char *single = need_env("DLOCK_REDIS_URI");
@@ -405,5 +432,6 @@ int main(void)
     test_mirror(single);
     test_admits_head(single);
     test_redlock_order(redlock);
+    test_redlock_writeback(redlock);
     return done_testing();
 }
