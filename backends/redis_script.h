@@ -351,11 +351,15 @@
     "  local sc = redis.call('ZSCORE', holders, owner)\n" \
     "  if not ours() and not (sc and tonumber(sc) > now_ms()) then return 0 end\n" \
     "  local floor = tonumber(ARGV[3])\n" \
-    /* Redlock's write-back (no mark) makes floor a reader's token: its \
-     * grant's, which inspect_holders then tells on every node written. */ \
+    /* Redlock's write-back (no mark) makes floor the holder's token (its \
+     * grant's, which inspect_holders then tells on every node written): a \
+     * reader's in the modes hash, a writer's in the lock key's value. */ \
     "  if sc and ARGV[4] ~= 'mark' then\n" \
     "    local k, t = string.match(redis.call('HGET', modes, owner) or '', '^(%a):(%d+)$')\n" \
     "    if t and tonumber(t) < floor then redis.call('HSET', modes, owner, k .. ':' .. ARGV[3]) end\n" \
+    "  elseif ARGV[4] ~= 'mark' then\n" \
+    "    local t, p = ours(), redis.call('PTTL', lock)\n" \
+    "    if t and t < floor and p > 0 then redis.call('SET', lock, owner .. ':' .. ARGV[3], 'PX', p) end\n" \
     "  end\n" \
     "  local cur = tonumber(redis.call('GET', fence) or '0')\n" \
     "  if cur < floor then\n" \

@@ -418,6 +418,20 @@ static void test_redlock_writeback(const char *uri)
        (unsigned long long)(l ? dlock_lock_token(l) : 0), (unsigned long long)h[0].token);
     if (l)
         dlock_release(l);
+    l = NULL;
+    ctx = raw(uri, 0);
+    r = redisCommand(ctx, "SET %s 6000000000000000", fence);
+    if (r)
+        freeReplyObject(r);
+    redisFree(ctx);
+    dlock_acquire_opts e = mode_opts(DLOCK_MODE_EXCLUSIVE, 0, DLOCK_WAIT_TRY, 0, 30000);
+    is_int(dlock_acquire(c, name, &e, &l), 0, "redlock write-back: a writer");
+    is_int(dlock_inspect_holders(c, name, h, 2, &n), 0, "redlock write-back: holders listed");
+    ok(l && n == 1 && h[0].token == dlock_lock_token(l),
+       "redlock write-back: the writer's token is its grant's (%llu, listed %llu)",
+       (unsigned long long)(l ? dlock_lock_token(l) : 0), (unsigned long long)h[0].token);
+    if (l)
+        dlock_release(l);
     dlock_client_close(c);
 }
 
