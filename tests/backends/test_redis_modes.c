@@ -394,44 +394,39 @@ static void test_redlock_order(const char *uri)
     dlock_client_close(c);
 }
 
-/* Counters out of step: one node's far ahead, so a reader's grant is
- * written back to the others; every node then records that token. */
+/* Counters out of step: node 0's far ahead (at `ahead`), so a grant of
+ * mode is written back to the others; every node then records its token,
+ * which inspect_holders tells. */
+static void writeback_case(dlock_client *c, const char *uri, const char *name, dlock_mode mode,
+                           const char *ahead, const char *what)
+{
+    char fence[192];
+    dlock_lock *l = NULL;
+    dlock_holder h[2];
+    size_t n = 0;
+    snprintf(fence, sizeof fence, "dlock:%s:fence", name);
+    redisContext *ctx = raw(uri, 0);
+    redisReply *r = redisCommand(ctx, "SET %s %s", fence, ahead);
+    if (r)
+        freeReplyObject(r);
+    redisFree(ctx);
+    dlock_acquire_opts o = mode_opts(mode, 0, DLOCK_WAIT_TRY, 0, 30000);
+    is_int(dlock_acquire(c, name, &o, &l), 0, "redlock write-back: a %s", what);
+    is_int(dlock_inspect_holders(c, name, h, 2, &n), 0, "redlock write-back: holders listed");
+    ok(l && n == 1 && h[0].token == dlock_lock_token(l),
+       "redlock write-back: the %s's token is its grant's (%llu, listed %llu)", what,
+       (unsigned long long)(l ? dlock_lock_token(l) : 0), (unsigned long long)h[0].token);
+    if (l)
+        dlock_release(l);
+}
+
 static void test_redlock_writeback(const char *uri)
 {
     dlock_client *c = open_ok(uri);
-    dlock_lock *l = NULL;
-    char name[128], fence[192];
+    char name[128];
     snprintf(name, sizeof name, "%sredlock-writeback", prefix);
-    snprintf(fence, sizeof fence, "dlock:%s:fence", name);
-    redisContext *ctx = raw(uri, 0);
-    redisReply *r = redisCommand(ctx, "SET %s 5000000000000000", fence);
-    if (r)
-        freeReplyObject(r);
-    redisFree(ctx);
-    dlock_acquire_opts s = mode_opts(DLOCK_MODE_SHARED, 0, DLOCK_WAIT_TRY, 0, 30000);
-    is_int(dlock_acquire(c, name, &s, &l), 0, "redlock write-back: a reader");
-    dlock_holder h[2];
-    size_t n = 0;
-    is_int(dlock_inspect_holders(c, name, h, 2, &n), 0, "redlock write-back: holders listed");
-    ok(l && n == 1 && h[0].token == dlock_lock_token(l),
-       "redlock write-back: the reader's token is its grant's (%llu, listed %llu)",
-       (unsigned long long)(l ? dlock_lock_token(l) : 0), (unsigned long long)h[0].token);
-    if (l)
-        dlock_release(l);
-    l = NULL;
-    ctx = raw(uri, 0);
-    r = redisCommand(ctx, "SET %s 6000000000000000", fence);
-    if (r)
-        freeReplyObject(r);
-    redisFree(ctx);
-    dlock_acquire_opts e = mode_opts(DLOCK_MODE_EXCLUSIVE, 0, DLOCK_WAIT_TRY, 0, 30000);
-    is_int(dlock_acquire(c, name, &e, &l), 0, "redlock write-back: a writer");
-    is_int(dlock_inspect_holders(c, name, h, 2, &n), 0, "redlock write-back: holders listed");
-    ok(l && n == 1 && h[0].token == dlock_lock_token(l),
-       "redlock write-back: the writer's token is its grant's (%llu, listed %llu)",
-       (unsigned long long)(l ? dlock_lock_token(l) : 0), (unsigned long long)h[0].token);
-    if (l)
-        dlock_release(l);
+    writeback_case(c, uri, name, DLOCK_MODE_SHARED, "5000000000000000", "reader");
+    writeback_case(c, uri, name, DLOCK_MODE_EXCLUSIVE, "6000000000000000", "writer");
     dlock_client_close(c);
 }
 
