@@ -337,9 +337,14 @@
     "  if not ours() then return 0 end\n" \
     "  redis.call('PEXPIRE', lock, ARGV[3])\n" \
     "  return 1\n" \
+    /* A waiter that leaves may have held back those behind it that fit \
+     * (readers behind a writer): they are served now. */ \
     "elseif op == 'cancel' then\n" \
     "  redis.call('LREM', queue, 0, ARGV[3])\n" \
-    "  if not ours() then return 0 end\n" \
+    "  if not ours() then\n" \
+    "    if redis.call('EXISTS', queue) == 1 then admit(prune()) end\n" \
+    "    return 0\n" \
+    "  end\n" \
     "  unlock()\n" \
     "  return 1\n" \
     "elseif op == 'grab' then\n" \
@@ -463,7 +468,9 @@
     "  return 1\n" \
     "elseif op == 'scancel' then\n" \
     "  redis.call('LREM', queue, 0, ARGV[3])\n" \
-    "  return leave()\n" \
+    "  if leave() == 1 then return 1 end\n" \
+    "  if redis.call('EXISTS', queue) == 1 then admit(prune()) end\n" \
+    "  return 0\n" \
     /* Redlock's shared grab and drop (no queue). */ \
     "elseif op == 'sgrab' then\n" \
     "  local n = prune()\n" \

@@ -109,6 +109,7 @@ struct bg {
     const char *name;
     dlock_mode mode;
     uint32_t limit;
+    unsigned wait_ms; /* 0: 10 s */
     pthread_t th;
     int rc;
     _Atomic int done;
@@ -118,7 +119,8 @@ struct bg {
 static void *bg_run(void *arg)
 {
     struct bg *b = arg;
-    dlock_acquire_opts o = mode_opts(b->mode, b->limit, DLOCK_WAIT_DEADLINE, 10000, 30000);
+    dlock_acquire_opts o = mode_opts(b->mode, b->limit, DLOCK_WAIT_DEADLINE,
+                                     b->wait_ms ? b->wait_ms : 10000, 30000);
     b->rc = dlock_acquire(b->c, b->name, &o, &b->l);
     b->done = 1;
     return NULL;
@@ -336,6 +338,42 @@ static void test_admits_head(const char *uri)
     dlock_client_close(h);
 }
 
+/* A writer queued between readers gives up: the reader behind it is
+ * granted then, beside the reader that holds, not at that one's lease end. */
+static void test_writer_gives_up(const char *uri)
+{
+    dlock_client *a = open_ok(uri), *w = open_ok(uri), *b = open_ok(uri);
+    redisContext *ctx = raw(uri, 0);
+    dlock_lock *r1 = NULL;
+    char name[128];
+    struct keys k;
+    snprintf(name, sizeof name, "%sgives-up", prefix);
+    keys_of(&k, name);
+    dlock_acquire_opts s = mode_opts(DLOCK_MODE_SHARED, 0, DLOCK_WAIT_TRY, 0, 30000);
+    is_int(dlock_acquire(a, name, &s, &r1), 0, "gives up: a reader holds (30 s lease)");
+    struct bg wb = {.c = w, .name = name, .mode = DLOCK_MODE_EXCLUSIVE, .wait_ms = 800};
+    struct bg rb = {.c = b, .name = name, .mode = DLOCK_MODE_SHARED};
+    ok(bg_start_queued(&wb, ctx, &k, 0), "gives up: a writer waits behind it (800 ms deadline)");
+    ok(bg_start_queued(&rb, ctx, &k, 1), "gives up: a second reader waits behind the writer");
+    sleep_ms(200);
+    ok(!rb.done, "gives up: the second reader waits (the writer is ahead)");
+    pthread_join(wb.th, NULL);
+    uint64_t t0 = dlock_monotonic_ns();
+    is_int(wb.rc, DLOCK_ETIMEDOUT, "gives up: the writer's deadline passes");
+    int done = bg_done_within(&rb, 2000);
+    double ms = since_ms(t0);
+    ok(done && rb.rc == 0,
+       "gives up: the reader behind it is granted beside the first (%.0f ms after)", ms);
+    bg_finish(&rb);
+    if (r1)
+        dlock_release(r1);
+    ok(nothing_left(ctx, &k), "gives up: nothing left behind");
+    redisFree(ctx);
+    dlock_client_close(b);
+    dlock_client_close(w);
+    dlock_client_close(a);
+}
+
 /* One call of today's script on one node: op owner ttl (Redlock's grab). */
 static long long grab(redisContext *ctx, const char *name, const char *op, const char *owner)
 {
@@ -440,6 +478,7 @@ int main(void)
     test_prev_exclusive(single);
     test_mirror(single);
     test_admits_head(single);
+    test_writer_gives_up(single);
     test_redlock_order(redlock);
     test_redlock_writeback(redlock);
     return done_testing();
