@@ -3,7 +3,8 @@
  * a lock name ("<prefix><name>:lock", ":fence", ":queue", the floor
  * "<prefix>floor", ":raised", ":holders", ":modes"), a Cluster's hash slot of a name and the
  * hash tag "{T}" that puts all of a name's keys and channels in that slot,
- * and a script call's argv. Pure: it calls nothing of the backend's (only
+ * a script call's argv, and the detail of a request refused because the
+ * name is held as another kind (DLOCK_EMODE). Pure: it calls nothing of the backend's (only
  * the core's error recording).
  */
 #include <inttypes.h>

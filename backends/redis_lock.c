@@ -19,6 +19,14 @@
  * waiter, in one script call) and fails with DLOCK_ECANCELED. A handoff
  * message read before the flag is noticed is a grant.
  *
+ * Shared locks and permits (h->kind 's', 'p'): the same flow with the
+ * script's "sacquire", "srelease", "srenew", "scancel" (DLOCK_REDIS_OP());
+ * the wait channel's tail tells the script the waiter's kind ("#s",
+ * "#p<N>"), and a release publishes to each waiter it admits (all the
+ * readers at the head, or permits up to the limit). A request on a name
+ * held as another kind fails at once with DLOCK_EMODE. A waiter's bound is
+ * the earliest holder's lease end (how a dead holder is noticed).
+ *
  * Inspect (dlock_inspect()): one call of the script's "inspect", which
  * only reads, atomically (every script call is): GET and PTTL of
  * "<prefix><name>:lock" (the value "<owner_hex>:<token>"), GET of the
