@@ -281,7 +281,7 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         dlock_errsave first = {0, ""};
         /* Shared locks over a quorum, as exclusive ones (a writer's quorum
          * and a reader's meet on a node); no semaphore: N + 1 holders may
-         * each find room on a quorum (docs/redlock.md). */
+         * each find room on a quorum (docs/redis.md). */
         rc->base.caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING |
                         DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_RAISE |
                         DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED;
@@ -312,6 +312,9 @@ fail:
     return err;
 }
 
+_Static_assert(DLOCK_NAME_MAX < (1u << 13) && DLOCK_LIMIT_MAX <= 0xffffu,
+              "struct redis_held's bit fields hold a name's length and a limit");
+
 static struct redis_held *held_new(const dlock_request *req)
 {
     struct redis_held *h = calloc(1, sizeof *h);
@@ -321,8 +324,8 @@ static struct redis_held *held_new(const dlock_request *req)
     h->ttl_ms = req->ttl_ms;
     h->name_len = (uint32_t)req->name_len;
     h->name = req->name;
-    h->kind = req->mode == DLOCK_MODE_SHARED ? 's' : req->limit ? 'p' : 0;
-    h->limit = req->limit;
+    h->shared = req->mode == DLOCK_MODE_SHARED;
+    h->limit = req->limit & 0xffffu; /* <= DLOCK_LIMIT_MAX: the core checks */
     return h;
 }
 

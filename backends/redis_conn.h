@@ -165,11 +165,9 @@ struct redis_held {
     dlock_held base;
     char owner[32];     /* the owner id's hex digits, not NUL-terminated */
     uint32_t ttl_ms;
-    uint32_t name_len;  /* <= DLOCK_NAME_MAX */
-    /* 0 an exclusive lock, 's' a shared one, 'p' a permit of a semaphore
-     * of `limit` (the script's kinds, see redis_script.h). */
-    char kind;
-    uint32_t limit;
+    uint32_t name_len : 13; /* <= DLOCK_NAME_MAX (4096) */
+    uint32_t shared : 1;    /* a reader */
+    uint32_t limit : 16;    /* a permit of a semaphore of limit (0: none) */
     /* Redlock: the end of the last confirmed validity (CLOCK_MONOTONIC ns).
      * base.lease_end_ns is zeroed by the core before each renewal; this is
      * not, so a raise between renewals still knows the lock is valid. */
@@ -207,9 +205,12 @@ int dlock_redis_held_keys(struct redis_conn *rc, const struct redis_held *h,
  * kind (the script's {2, limit}: 0 a read-write lock, N a semaphore of N):
  * DLOCK_EMODE. */
 int dlock_redis_emode(struct redis_conn *rc, const struct redis_held *h, long long held_limit);
+/* h's kind as the script names it: 0 an exclusive lock, 's' a reader, 'p'
+ * a permit (see redis_script.h). */
+#define DLOCK_REDIS_KIND(h) ((h)->shared ? 's' : (h)->limit ? 'p' : 0)
 /* The script's operation on h in h's kind: an exclusive lock's name, or
  * the shared one's ("s" before it: "srelease", "srenew", ...). */
-#define DLOCK_REDIS_OP(h, name) ((h)->kind ? "s" name : name)
+#define DLOCK_REDIS_OP(h, name) (DLOCK_REDIS_KIND(h) ? "s" name : name)
 /* Builds EVALSHA argv: sha, the first nkeys keys (REDIS_NKEYS, or
  * REDIS_NKEYS_ALL), then the n extra args. */
 size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *keys,

@@ -123,10 +123,10 @@ int dlock_redis_emode(struct redis_conn *rc, const struct redis_held *h, long lo
 {
     int n = h->name_len > 64 ? 64 : (int)h->name_len;
     char asked[48];
-    if (h->kind == 'p')
-        snprintf(asked, sizeof asked, "a semaphore of limit %" PRIu32, h->limit);
+    if (DLOCK_REDIS_KIND(h) == 'p')
+        snprintf(asked, sizeof asked, "a semaphore of limit %" PRIu32, (uint32_t)h->limit);
     else
-        snprintf(asked, sizeof asked, "a %s lock", h->kind ? "shared" : "exclusive");
+        snprintf(asked, sizeof asked, "a %s lock", h->shared ? "shared" : "exclusive");
     if (held_limit > 0)
         return dlock_seterr(rc->base.client, DLOCK_EMODE,
                             "\"%.*s\" is held as a semaphore of limit %lld; asked for %s", n,

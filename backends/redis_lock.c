@@ -19,7 +19,7 @@
  * waiter, in one script call) and fails with DLOCK_ECANCELED. A handoff
  * message read before the flag is noticed is a grant.
  *
- * Shared locks and permits (h->kind 's', 'p'): the same flow with the
+ * Shared locks and permits (DLOCK_REDIS_KIND() 's', 'p'): the same flow with the
  * script's "sacquire", "srelease", "srenew", "scancel" (DLOCK_REDIS_OP());
  * the wait channel's tail tells the script the waiter's kind ("#s",
  * "#p<N>"), and a release publishes to each waiter it admits (all the
@@ -92,10 +92,11 @@ static void wait_channel(struct redis_conn *rc, struct redis_held *h, unsigned s
                   : snprintf(w->name, sizeof w->name, "%.40sw:%.32s", rc->prefix, h->owner);
     /* The waiter's kind, which the script's handoff reads: "#s" shared,
      * "#p<N>" a permit of a semaphore of N, none exclusive. */
-    if (h->kind == 's')
+    if (DLOCK_REDIS_KIND(h) == 's')
         len += snprintf(w->name + len, sizeof w->name - (size_t)len, "#s");
-    else if (h->kind == 'p')
-        len += snprintf(w->name + len, sizeof w->name - (size_t)len, "#p%" PRIu32, h->limit);
+    else if (DLOCK_REDIS_KIND(h) == 'p')
+        len += snprintf(w->name + len, sizeof w->name - (size_t)len, "#p%" PRIu32,
+                        (uint32_t)h->limit);
     w->len = (size_t)len;
 }
 
@@ -261,17 +262,17 @@ static int try_acquire(struct redis_conn *rc, struct redis_held *h, const struct
     redisReply *r = NULL;
     long long granted = 0, value = 0;
     int err;
-    char kind[2] = {h->kind, '\0'}, limit[12];
+    char kind[2] = {DLOCK_REDIS_KIND(h), '\0'}, limit[12];
     snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
-    snprintf(limit, sizeof limit, "%" PRIu32, h->limit);
+    snprintf(limit, sizeof limit, "%" PRIu32, (uint32_t)h->limit);
     const char *chan = w->len ? w->name : "-";
-    const char *args[] = {h->kind ? "sacquire" : "acquire", h->owner, ttl, chan, mode, kind, limit};
+    const char *args[] = {kind[0] ? "sacquire" : "acquire", h->owner, ttl, chan, mode, kind, limit};
     const size_t lens[] = {strlen(args[0]), 32, strlen(ttl), strlen(chan), strlen(mode), 1,
                            strlen(limit)};
     /* A grant's lease starts on the server after this instant, even when
      * the reply that says so is the retry's. */
     uint64_t sent = dlock_monotonic_ns();
-    if ((err = call_op(rc, h, args, lens, h->kind ? 7 : 5, until_ns, &r)) != 0)
+    if ((err = call_op(rc, h, args, lens, kind[0] ? 7 : 5, until_ns, &r)) != 0)
         return err;
     err = dlock_redis_reply_pair(r, &granted, &value);
     freeReplyObject(r);
