@@ -90,6 +90,22 @@ static int parse_ttl(const char *s, uint32_t *out)
     return 0;
 }
 
+/* A semaphore's limit: digits only, 1..DLOCK_LIMIT_MAX. */
+static int parse_limit(const char *s, uint32_t *out)
+{
+    char *end;
+    unsigned long v;
+
+    if (*s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    v = strtoul(s, &end, 10);
+    if (*end != '\0' || errno == ERANGE || v < 1 || v > DLOCK_LIMIT_MAX)
+        return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
 static int parse_run_options(int argc, char **argv, struct run_args *ra)
 {
     static const struct option longopts[] = {
@@ -98,6 +114,8 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
         {"ttl", required_argument, NULL, 'T'},
         {"grace", required_argument, NULL, 'G'},
         {"password-file", required_argument, NULL, 'P'},
+        {"shared", no_argument, NULL, 'S'},
+        {"limit", required_argument, NULL, 'L'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -132,12 +150,23 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
                 return dlock_usage_error("--password-file needs a file name");
             ra->password_file = optarg;
             break;
+        case 'S':
+            ra->acq.mode = DLOCK_MODE_SHARED;
+            break;
+        case 'L':
+            if (parse_limit(optarg, &ra->acq.limit) != 0)
+                return dlock_usage_error("invalid limit '%s': expected a count 1..%u",
+                                   store_uri_shown_value(optarg), DLOCK_LIMIT_MAX);
+            break;
         default:
             return dlock_other_option(c, argv);
         }
     }
     if (have_wait && nonblock)
         return dlock_usage_error("-w and -n cannot be used together");
+    if (ra->acq.mode == DLOCK_MODE_SHARED && ra->acq.limit)
+        return dlock_usage_error("--shared and --limit cannot be used together: a semaphore's "
+                           "permits are taken in exclusive mode");
     if (nonblock)
         ra->acq.wait = DLOCK_WAIT_TRY;
     else if (have_wait)
