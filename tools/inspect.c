@@ -190,7 +190,8 @@ static void print_inspect_text(const char *name, const char *store, const dlock_
             else
                 printf(" %s by %zu holder%s", (hk & DLOCK_KNOWS_MODE) ? mode_name(&hs->h[0]) :
                        "in an unknown mode", hs->count, hs->count == 1 ? "" : "s");
-            fputs(", the newest", stdout);
+            if (hs->count > 1)
+                fputs(", the newest", stdout);
         }
         if (k & DLOCK_KNOWS_OWNER) {
             fputs(" by ", stdout);
