@@ -89,6 +89,22 @@ void dlock_json_string(FILE *f, const char *s)
     fputc('"', f);
 }
 
+int dlock_parse_count(const char *s, unsigned long min, unsigned long max, unsigned long *out)
+{
+    char *end;
+    unsigned long v;
+
+    /* strtoul() would quietly accept and negate "-1". */
+    if (*s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    v = strtoul(s, &end, 10);
+    if (*end != '\0' || errno == ERANGE || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
 int dlock_parse_seconds(const char *s, double *out)
 {
     char *end;

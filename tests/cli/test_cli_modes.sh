@@ -24,13 +24,14 @@ else
 fi
 # Names of their own on a shared store.
 pfx="cli-modes-$$-$RANDOM"
-n=0
-failed=0
 bg_pids=()
 
 cleanup() {
     local pid
-    touch "$dir"/*.go 2>/dev/null
+    local f
+    for f in "$dir"/*.tok; do
+        [ -e "$f" ] && touch "${f%.tok}.go"
+    done
     for pid in "${bg_pids[@]}"; do
         kill -TERM "$pid" 2>/dev/null
     done
@@ -39,44 +40,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-check() {
-    n=$((n + 1))
-    if [ "$1" -eq 0 ]; then
-        echo "ok $n - $2"
-    else
-        echo "not ok $n - $2"
-        failed=$((failed + 1))
-        echo "#   last exit status: ${rc-}"
-        sed 's/^/#   stdout: /' "$dir/out" 2>/dev/null
-        sed 's/^/#   stderr: /' "$dir/err" 2>/dev/null
-    fi
-}
+. "$(dirname "$0")/lib.sh"
 
 skip() {
     n=$((n + 1))
     echo "ok $n # SKIP $1"
-}
-
-dl() {
-    "$DLOCK" "$@" </dev/null >"$dir/out" 2>"$dir/err"
-    rc=$?
-    out=$(<"$dir/out")
-    err=$(<"$dir/err")
-}
-
-now_ms() { date +%s%3N; }
-
-wait_for() {
-    local i
-    for ((i = 0; i < 200; i++)); do
-        [ -e "$1" ] && return 0
-        sleep 0.05
-    done
-    return 1
-}
-
-one_line() {
-    [ "$(wc -l <"$dir/err")" -eq 1 ] && [[ $err == "dlock: "* ]]
 }
 
 # hold TAG ARGS...: dlock run ARGS... in the background with a command that
@@ -95,6 +63,21 @@ let_go() {
     local pid_var="pid_$1"
     touch "$dir/$1.go"
     wait "${!pid_var}" 2>/dev/null
+}
+
+# json_holders MODE LIMIT TOKEN...: the last `inspect --json` ($out) lists
+# exactly these holders, in this order, each of MODE and LIMIT with an
+# owner and a lease member; the name's token is the newest's.
+json_holders() {
+    printf '%s' "$out" | /usr/bin/python3 -c '
+import json, sys
+o = json.loads(sys.stdin.read())
+mode, limit, tokens = sys.argv[1], int(sys.argv[2]), [int(t) for t in sys.argv[3:]]
+h = o["holders"]
+ok = (o["held"] is True and o["holder_count"] == len(tokens) and o["token"] == tokens[-1]
+      and [x["token"] for x in h] == tokens and all(x["mode"] == mode and x["limit"] == limit
+                                                    and "owner" in x and "lease_ms" in x for x in h))
+sys.exit(0 if ok else 1)' "$@"
 }
 
 # --- usage errors (no store asked) -------------------------------------------
@@ -155,15 +138,7 @@ if [ $shared = 1 ]; then
         [[ $(sed -n 3p "$dir/out") == "  holder 2 of 2: shared, token $t2"* ]]
     check $? "inspect: the name's line, then one line per holder with mode and token"
     dl inspect --json "$uri" "$r"
-    printf '%s' "$out" | /usr/bin/python3 -c '
-import json, sys
-o = json.loads(sys.stdin.read())
-h = o["holders"]
-ok = (o["held"] is True and o["holder_count"] == 2 and len(h) == 2
-      and [x["mode"] for x in h] == ["shared", "shared"] and [x["limit"] for x in h] == [0, 0]
-      and [x["token"] for x in h] == [int(sys.argv[1]), int(sys.argv[2])]
-      and o["token"] == int(sys.argv[2]) and all("lease_ms" in x and "owner" in x for x in h))
-sys.exit(0 if ok else 1)' "$t1" "$t2"
+    json_holders shared 0 "$t1" "$t2"
     check $? "inspect --json: holder_count 2, holders in grant order, mode and token each"
     let_go r1
     let_go r2
@@ -214,14 +189,7 @@ if [ $sem = 1 ]; then
         [[ $(sed -n 3p "$dir/out") == "  holder 2 of 2: permit, token $p2"* ]]
     check $? "inspect: a semaphore of 2, one line per permit"
     dl inspect --json "$uri" "$s"
-    printf '%s' "$out" | /usr/bin/python3 -c '
-import json, sys
-o = json.loads(sys.stdin.read())
-h = o["holders"]
-ok = (o["holder_count"] == 2 and [x["mode"] for x in h] == ["exclusive", "exclusive"]
-      and [x["limit"] for x in h] == [2, 2]
-      and [x["token"] for x in h] == [int(sys.argv[1]), int(sys.argv[2])])
-sys.exit(0 if ok else 1)' "$p1" "$p2"
+    json_holders exclusive 2 "$p1" "$p2"
     check $? "inspect --json: two exclusive holders with limit 2, in grant order"
     # A waiter for the third permit is admitted when one permit is given back.
     hold p3 --limit 2 -w 10 "$uri" "$s"

@@ -102,20 +102,26 @@ def _limit(shared, limit):
     return mode, limit
 
 
+def _known(s, out):
+    """The token, owner and lease of a dlock_info or dlock_holder into out,
+    those the store filled (s.known)."""
+    k = s.known
+    if k & _lib.KNOWS_TOKEN:
+        out["token"] = s.token
+    if k & _lib.KNOWS_OWNER:
+        out["owner"] = s.owner.decode("utf-8", "replace")
+    if k & _lib.KNOWS_LEASE:
+        out["lease"] = s.lease_ms / 1000.0
+    return out
+
+
 def _holder(h):
     """One dlock_holder as a dict of the keys the store filled."""
     out = {}
-    k = h.known
-    if k & _lib.KNOWS_MODE:
+    if h.known & _lib.KNOWS_MODE:
         out["mode"] = "shared" if h.mode == _lib.MODE_SHARED else "exclusive"
         out["limit"] = h.limit
-    if k & _lib.KNOWS_TOKEN:
-        out["token"] = h.token
-    if k & _lib.KNOWS_OWNER:
-        out["owner"] = h.owner.decode("utf-8", "replace")
-    if k & _lib.KNOWS_LEASE:
-        out["lease"] = h.lease_ms / 1000.0
-    return out
+    return _known(h, out)
 
 
 def _deadline_ns(timeout, deadline):
@@ -723,12 +729,7 @@ class Client:
         out = {}
         if k & _lib.KNOWS_HELD:
             out["held"] = bool(info.held)
-        if k & _lib.KNOWS_TOKEN:
-            out["token"] = info.token
-        if k & _lib.KNOWS_OWNER:
-            out["owner"] = info.owner.decode("utf-8", "replace")
-        if k & _lib.KNOWS_LEASE:
-            out["lease"] = info.lease_ms / 1000.0
+        _known(info, out)
         if k & _lib.KNOWS_WAITERS:
             out["waiters"] = info.waiters
         if k & _lib.KNOWS_ORDER:
