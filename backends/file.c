@@ -63,7 +63,9 @@
 #include <string.h>
 #include <dirent.h>
 #include <poll.h>
+#include <limits.h>
 #include <sys/eventfd.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -96,6 +98,10 @@ struct file_held {
      * kept (a client may hold 100 000 locks). */
     const char *name;
     size_t name_len;
+    /* A reader or a permit: the side file (its mark and its slot), the
+     * slot; else -1. */
+    int side;
+    off_t slot;
 };
 
 static const char *const file_schemes[] = {"file", NULL};
@@ -253,7 +259,6 @@ static void *waiter_main(void *arg)
      * frame's redzones, which it would then report at the thread's exit. */
     struct waiter *w = arg;
     int r;
-    whole_file(&w->fl);
     do
         r = fcntl(w->fd, F_OFD_SETLKW, &w->fl);
     while (r < 0 && errno == EINTR);
@@ -274,9 +279,10 @@ static void *waiter_main(void *arg)
  * deadline), or an errno-derived failure in
  * *sys_errno (with DLOCK_EIO). On timeout or cancel the caller must close
  * fd: that drops a lock granted in the instant the thread was cancelled. */
-static int wait_until(int fd, uint64_t deadline_ns, int cancel_fd, int *sys_errno)
+static int wait_until(int fd, const struct flock *fl, uint64_t deadline_ns, int cancel_fd,
+                      int *sys_errno)
 {
-    struct waiter w = {.fd = fd};
+    struct waiter w = {.fd = fd, .fl = *fl};
     pthread_t th;
     int done, err, r, cancelled = 0, perr = 0, interrupted = 0;
 
@@ -327,11 +333,12 @@ static int wait_until(int fd, uint64_t deadline_ns, int cancel_fd, int *sys_errn
     return err ? DLOCK_EIO : 0;
 }
 
-static int lock_fd(dlock_client *c, int fd, const dlock_request *req)
+/* Takes the lock fl describes on fd (the lock file whole, or a byte of the
+ * side file), waiting as req says. */
+static int lock_fd(dlock_client *c, int fd, const dlock_request *req, struct flock *want)
 {
-    struct flock fl;
+    struct flock fl = *want;
     int e = 0, rc;
-    whole_file(&fl);
     if (fcntl(fd, F_OFD_SETLK, &fl) == 0)
         return 0;
     if (errno != EAGAIN && errno != EACCES) {
@@ -352,7 +359,7 @@ static int lock_fd(dlock_client *c, int fd, const dlock_request *req)
         goto syserr;
     case DLOCK_WAIT_DEADLINE:
     helper:
-        rc = wait_until(fd, req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : UINT64_MAX,
+        rc = wait_until(fd, want, req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : UINT64_MAX,
                         req->cancel_fd, &e);
         if (rc == DLOCK_ECANCELED)
             return dlock_cancelled(c);
@@ -502,45 +509,309 @@ static int bump_token(struct file_conn *fc, int fd, const dlock_request *req,
     return 0;
 }
 
+/* The side file of a name: "." + the lock file's name + ".modes" (a
+ * leading '.' never starts a lock file's name, and token_top skips it).
+ * Its bytes far above its contents are locks: */
+#define SIDE_SUFFIX ".modes"
+#define GATE_OFF ((off_t)1 << 40)      /* the gate: one request at a time */
+#define TOKEN_OFF (GATE_OFF + 4)       /* around a token's read-modify-write */
+#define MARK_OFF (GATE_OFF + 16)       /* + limit: the kind of every request */
+#define SLOT_OFF ((off_t)1 << 41)      /* + i: holder i, its record at i * REC_SIZE */
+#define SLOT_MAX ((off_t)1 << 30)
+/* A holder's record: "<20-digit token> <32 hex owner> <s|x> <5-digit limit>\n". */
+#define REC_SIZE 64
+#define REC_LEN (TOKEN_DIGITS + 1 + 32 + 1 + 1 + 1 + 5 + 1)
+/* A permit's waiter looks at the slots again at least this often, whether
+ * or not a close of the side file woke it (inotify): 50 ms. */
+#define SLOT_POLL_NS 50000000u
+
+static void byte_range(struct flock *fl, short type, off_t start, off_t len)
+{
+    memset(fl, 0, sizeof *fl);
+    fl->l_type = type;
+    fl->l_whence = SEEK_SET;
+    fl->l_start = start;
+    fl->l_len = len;
+}
+
+static int set_range(int fd, int cmd, short type, off_t start, off_t len)
+{
+    struct flock fl;
+    byte_range(&fl, type, start, len);
+    return fcntl(fd, cmd, &fl);
+}
+
+/* The type of a lock another open file description holds in [start,
+ * start + len) that a write lock there would meet (F_UNLCK: none), and
+ * where it starts; -1 (errno). */
+static int probe_range(int fd, off_t start, off_t len, off_t *at)
+{
+    struct flock fl;
+    byte_range(&fl, F_WRLCK, start, len);
+    if (fcntl(fd, F_OFD_GETLK, &fl) < 0)
+        return -1;
+    *at = fl.l_start;
+    return fl.l_type;
+}
+
+static int side_name(const char *fname, char *out, size_t outsz)
+{
+    int n = snprintf(out, outsz, ".%s" SIDE_SUFFIX, fname);
+    return n > 0 && (size_t)n < outsz ? 0 : DLOCK_EINVAL;
+}
+
+static int side_error(dlock_client *c, const char *what)
+{
+    return dlock_seterr(c, DLOCK_EIO, "cannot %s the lock's side file: %s", what,
+                        strerror(errno));
+}
+
+/* Drops every lock fd holds (a child forked meanwhile shares the open file
+ * description: close() alone would leave them) and closes it. */
+static void side_close(int fd)
+{
+    if (fd < 0)
+        return;
+    set_range(fd, F_OFD_SETLK, F_UNLCK, 0, 0);
+    close(fd);
+}
+
+static int mismatch(dlock_client *c, const dlock_request *req, off_t held_limit)
+{
+    int nl = req->name_len > 80 ? 80 : (int)req->name_len;
+    if (held_limit)
+        return dlock_seterr(c, DLOCK_EMODE, "%.*s is held as a semaphore of limit %u (asked: %s)",
+                            nl, req->name, (unsigned)held_limit,
+                            req->limit ? "another limit" : "a read-write lock");
+    return dlock_seterr(c, DLOCK_EMODE,
+                        "%.*s is held as a read-write lock (asked: a semaphore of limit %u)", nl,
+                        req->name, req->limit);
+}
+
+/* Marks the request's kind (a read lock on MARK_OFF + limit, kept while it
+ * waits and holds), then looks for another kind's mark: marking first, the
+ * later of two requests of different kinds always sees the earlier. A
+ * semaphore also looks for a holder of the lock file whole (an exclusive
+ * holder keeps no mark: the lock file's write lock tells it). */
+static int mark_kind(dlock_client *c, int side, int fd, const dlock_request *req)
+{
+    off_t lim = req->limit, at = 0;
+    int t;
+    if (set_range(side, F_OFD_SETLK, F_RDLCK, MARK_OFF + lim, 1) < 0)
+        return side_error(c, "lock");
+    if (lim && (t = probe_range(side, MARK_OFF, lim, &at)) != F_UNLCK)
+        return t < 0 ? side_error(c, "inspect") : mismatch(c, req, at - MARK_OFF);
+    t = probe_range(side, MARK_OFF + lim + 1, (off_t)DLOCK_LIMIT_MAX - lim, &at);
+    if (t != F_UNLCK)
+        return t < 0 ? side_error(c, "inspect") : mismatch(c, req, at - MARK_OFF);
+    if (lim) {
+        struct flock fl;
+        byte_range(&fl, F_RDLCK, 0, 0);
+        if (fcntl(fd, F_OFD_GETLK, &fl) < 0)
+            return side_error(c, "inspect");
+        if (fl.l_type == F_WRLCK)
+            return mismatch(c, req, 0);
+    }
+    return 0;
+}
+
+/* The first free slot below max, taken: 0, DLOCK_EBUSY (all held), or an
+ * error. */
+static int take_slot(dlock_client *c, int side, off_t max, off_t *slot)
+{
+    for (off_t i = 0; i < max; i++) {
+        if (set_range(side, F_OFD_SETLK, F_WRLCK, SLOT_OFF + i, 1) == 0) {
+            *slot = i;
+            return 0;
+        }
+        if (errno != EAGAIN && errno != EACCES)
+            return side_error(c, "lock");
+    }
+    return DLOCK_EBUSY;
+}
+
+static void drain(int fd)
+{
+    char buf[4096];
+    while (read(fd, buf, sizeof buf) > 0)
+        ;
+}
+
+/* A permit, for the holder of the gate: the first free slot of limit. The
+ * kernel cannot wait for one of N locks, so the waiter watches the side
+ * file with inotify (a holder's release closes it) and looks again on each
+ * close, and at least every SLOT_POLL_NS (a holder that died: its close
+ * may be reported before its locks are gone). */
+static int wait_permit(struct file_conn *fc, int side, const char *sname, const dlock_request *req,
+                       off_t *slot)
+{
+    dlock_client *c = fc->base.client;
+    uint64_t deadline = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : DLOCK_POLL_FOREVER;
+    int rc = take_slot(c, side, req->limit, slot);
+    if (rc != DLOCK_EBUSY)
+        return rc;
+    if (req->wait == DLOCK_WAIT_TRY)
+        return dlock_seterr(c, DLOCK_EBUSY, "every permit of the semaphore is held (limit %u)",
+                            req->limit);
+    char path[PATH_MAX];
+    int ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (ifd >= 0 && ((size_t)snprintf(path, sizeof path, "%s/%s", fc->dir, sname) >= sizeof path ||
+                     inotify_add_watch(ifd, path, IN_CLOSE) < 0)) {
+        close(ifd);
+        ifd = -1; /* no notice: the bounded look alone */
+    }
+    for (;;) {
+        if ((rc = take_slot(c, side, req->limit, slot)) != DLOCK_EBUSY)
+            break;
+        uint64_t now = dlock_monotonic_ns();
+        if (now >= deadline) {
+            rc = dlock_seterr(c, DLOCK_ETIMEDOUT, "the deadline passed with every permit held");
+            break;
+        }
+        struct pollfd p = {.fd = ifd, .events = POLLIN};
+        int n = dlock_poll_until(&p, 1, req->cancel_fd,
+                                 deadline - now > SLOT_POLL_NS ? now + SLOT_POLL_NS : deadline,
+                                 deadline == DLOCK_POLL_FOREVER ? DLOCK_POLL_INTR : 0);
+        if (n == DLOCK_POLL_SIGNAL) {
+            if (!dlock_fd_cancelled(req->cancel_fd)) {
+                rc = dlock_seterr(c, DLOCK_EINTR, "a signal interrupted the wait");
+                break;
+            }
+            n = DLOCK_POLL_CANCEL;
+        }
+        if (n == DLOCK_POLL_ERROR) {
+            rc = dlock_seterr(c, DLOCK_EIO, "cannot wait for a permit: %s", strerror(errno));
+            break;
+        }
+        if (n > 0 && (n & DLOCK_POLL_READY))
+            drain(ifd);
+        if (n > 0 && (n & DLOCK_POLL_CANCEL)) {
+            /* A permit freed with the cancel may still be taken. */
+            if ((rc = take_slot(c, side, req->limit, slot)) == DLOCK_EBUSY)
+                rc = dlock_cancelled(c);
+            break;
+        }
+    }
+    if (ifd >= 0)
+        close(ifd);
+    return rc;
+}
+
+/* Takes (F_WRLCK) or drops (F_UNLCK) the side file's token byte, held
+ * around a token's read-modify-write by a holder that shares the lock file
+ * (a grant, a raise): readers and permits hold it together. */
+static int token_lock(dlock_client *c, int side, short type)
+{
+    int r;
+    do
+        r = set_range(side, type == F_UNLCK ? F_OFD_SETLK : F_OFD_SETLKW, type, TOKEN_OFF, 1);
+    while (r < 0 && errno == EINTR);
+    return r < 0 ? side_error(c, "lock") : 0;
+}
+
+static int write_record(dlock_client *c, int side, off_t slot, const dlock_request *req,
+                        uint64_t token)
+{
+    char rec[REC_SIZE];
+    memset(rec, 0, sizeof rec);
+    snprintf(rec, sizeof rec, "%020" PRIu64 " %s %c %05u\n", token, req->owner_hex,
+             req->mode == DLOCK_MODE_SHARED ? 's' : 'x', req->limit);
+    if (pwrite(side, rec, REC_SIZE, slot * REC_SIZE) != REC_SIZE)
+        return side_error(c, "write");
+    return 0;
+}
+
 static int file_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
 {
     struct file_conn *fc = (struct file_conn *)conn;
     dlock_client *c = conn->client;
-    char fname[DLOCK_FILE_ENCODED_MAX + 80];
+    char fname[DLOCK_FILE_ENCODED_MAX + 80], sname[DLOCK_FILE_ENCODED_MAX + 96];
     struct file_held *h;
+    struct flock fl;
     uint64_t token = 0;
-    int fd, rc;
+    off_t slot = -1;
+    int fd = -1, side, rc;
+    int shares = req->mode == DLOCK_MODE_SHARED || req->limit;
 
-    if ((rc = dlock_file_encode_name(req->name, req->name_len, fname, sizeof fname)) != 0)
+    if ((rc = dlock_file_encode_name(req->name, req->name_len, fname, sizeof fname)) != 0 ||
+        (rc = side_name(fname, sname, sizeof sname)) != 0)
         return dlock_seterr(c, rc, "cannot encode the lock name");
+    side = openat(fc->dirfd, sname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (side < 0)
+        return dlock_seterr(c, DLOCK_EIO, "cannot open lock file in '%.150s': %s", fc->dir,
+                            strerror(errno));
+    /* The kind first; then the gate, which a waiter keeps until its grant,
+     * so that requests pass in arrival order (a writer waiting for readers
+     * holds back the readers behind it); a permit's slot; the lock file. */
+    fd = openat(fc->dirfd, fname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        rc = dlock_seterr(c, DLOCK_EIO, "cannot open lock file in '%.150s': %s", fc->dir,
+                          strerror(errno));
+        goto fail;
+    }
+    if ((rc = mark_kind(c, side, fd, req)) != 0)
+        goto fail;
+    byte_range(&fl, F_WRLCK, GATE_OFF, 1);
+    if ((rc = lock_fd(c, side, req, &fl)) != 0)
+        goto fail;
+    if (req->limit)
+        rc = wait_permit(fc, side, sname, req, &slot);
+    else if (shares && (rc = take_slot(c, side, SLOT_MAX, &slot)) == DLOCK_EBUSY)
+        rc = dlock_seterr(c, DLOCK_EIO, "no free holder slot in the lock's side file");
+    if (rc)
+        goto fail;
+    whole_file(&fl);
+    if (shares)
+        fl.l_type = F_RDLCK;
     for (;;) {
-        fd = openat(fc->dirfd, fname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0)
-            return dlock_seterr(c, DLOCK_EIO, "cannot open lock file in '%.150s': %s",
-                                fc->dir, strerror(errno));
-        if ((rc = lock_fd(c, fd, req)) != 0) {
-            close(fd);
-            return rc;
-        }
+        if ((rc = lock_fd(c, fd, req, &fl)) != 0)
+            goto fail;
         if (still_linked(fc->dirfd, fname, fd))
             break;
         close(fd); /* someone removed or replaced the file: lock the new one */
+        fd = openat(fc->dirfd, fname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0) {
+            rc = dlock_seterr(c, DLOCK_EIO, "cannot open lock file in '%.150s': %s", fc->dir,
+                              strerror(errno));
+            goto fail;
+        }
     }
-    if ((rc = bump_token(fc, fd, req, &token)) != 0) {
-        close(fd);
-        return rc;
+    /* Holders that share the lock file bump its token one at a time (the
+     * gate orders grants; the token byte keeps a raise out). */
+    if (shares && (rc = token_lock(c, side, F_WRLCK)) != 0)
+        goto fail;
+    rc = bump_token(fc, fd, req, &token);
+    if (shares) {
+        if (rc == 0)
+            rc = write_record(c, side, slot, req, token);
+        token_lock(c, side, F_UNLCK);
     }
+    if (rc)
+        goto fail;
     h = calloc(1, sizeof *h);
     if (!h) {
-        close(fd);
-        return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
+        rc = dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if (shares) {
+        set_range(side, F_OFD_SETLK, F_UNLCK, GATE_OFF, 1);
+    } else {
+        side_close(side); /* the lock file's write lock tells the kind */
+        side = -1;
     }
     h->base.token = token;
     h->fd = fd;
+    h->side = side;
+    h->slot = slot;
     h->name = req->name;
     h->name_len = req->name_len;
     *heldp = &h->base;
     return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    side_close(side);
+    return rc;
 }
 
 /* Removed, renamed away or replaced: another process may have created and
@@ -570,6 +841,14 @@ static int file_release(dlock_conn *conn, dlock_held *held)
         rc = dlock_seterr(conn->client, DLOCK_EIO, "cannot unlock the lock file: %s",
                           strerror(errno));
     close(h->fd);
+    if (h->side >= 0) {
+        /* The record goes before the slot is free: only a holder that died
+         * leaves one, and inspect counts only those whose slot is held. */
+        static const char zero[REC_SIZE];
+        if (pwrite(h->side, zero, REC_SIZE, h->slot * REC_SIZE) != REC_SIZE && rc == 0)
+            rc = side_error(conn->client, "write");
+        side_close(h->side);
+    }
     free(h);
     return rc;
 }
@@ -592,19 +871,23 @@ static int file_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
     char digits[TOKEN_DIGITS + 2];
     uint64_t token;
     int empty, rc;
-    if ((rc = check_held(conn, h)) != 0 ||
-        (rc = read_token(conn->client, h->fd, &token, &empty)) != 0)
+    if ((rc = check_held(conn, h)) != 0)
         return rc;
-    if (token >= floor)
-        return 0;
-    snprintf(digits, sizeof digits, "%020" PRIu64 "\n", floor);
-    if (pwrite(h->fd, digits, TOKEN_DIGITS + 1, 0) != TOKEN_DIGITS + 1)
-        return dlock_seterr(conn->client, DLOCK_EIO, "cannot write the fencing token: %s",
-                            strerror(errno));
-    if (fc->fsync && fdatasync(h->fd) < 0)
-        return dlock_seterr(conn->client, DLOCK_EIO, "cannot sync the fencing token: %s",
-                            strerror(errno));
-    return 0;
+    /* A reader or a permit shares the lock file: one token change at a time. */
+    if (h->side >= 0 && (rc = token_lock(conn->client, h->side, F_WRLCK)) != 0)
+        return rc;
+    if ((rc = read_token(conn->client, h->fd, &token, &empty)) == 0 && token < floor) {
+        snprintf(digits, sizeof digits, "%020" PRIu64 "\n", floor);
+        if (pwrite(h->fd, digits, TOKEN_DIGITS + 1, 0) != TOKEN_DIGITS + 1)
+            rc = dlock_seterr(conn->client, DLOCK_EIO, "cannot write the fencing token: %s",
+                              strerror(errno));
+        else if (fc->fsync && fdatasync(h->fd) < 0)
+            rc = dlock_seterr(conn->client, DLOCK_EIO, "cannot sync the fencing token: %s",
+                              strerror(errno));
+    }
+    if (h->side >= 0)
+        token_lock(conn->client, h->side, F_UNLCK);
+    return rc;
 }
 
 /* A lock file's token, read without locking it: a holder may be rewriting
@@ -806,30 +1089,36 @@ static int parse_contents(const char *buf, size_t n, uint64_t *tokenp, char *own
     return 0;
 }
 
-/* Whether a write lock on fd's whole file conflicts with one held through
- * another open file description (this process's too). -1 (errno), 0, 1. */
-static int is_locked(int fd)
+/* The type of a lock another open file description holds on fd's file
+ * (this process's too): F_UNLCK (none), F_RDLCK, F_WRLCK; -1 (errno). */
+static int lock_state(int fd)
 {
     struct flock fl;
     whole_file(&fl);
     if (fcntl(fd, F_OFD_GETLK, &fl) < 0)
         return -1;
-    return fl.l_type != F_UNLCK;
+    return fl.l_type;
 }
 
-static int file_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
-{
-    struct file_conn *fc = (struct file_conn *)conn;
-    dlock_client *c = conn->client;
-    char fname[DLOCK_FILE_ENCODED_MAX + 80], buf[CONTENTS_MAX], again[CONTENTS_MAX];
+/* What the lock file tells: *statep F_UNLCK (free, or never taken),
+ * F_WRLCK (an exclusive holder), F_RDLCK (readers or permits); the grant's
+ * token and owner when *parsedp (a holder's when held exclusively). */
+struct look {
+    int state, parsed;
+    uint64_t token;
     char owner[DLOCK_HOLDER_MAX];
-    size_t n = 0, m = 0;
-    uint64_t token = 0;
-    struct stat st;
-    int held = 0, rc = 0;
+};
 
-    if ((rc = dlock_file_encode_name(name, len, fname, sizeof fname)) != 0)
-        return dlock_seterr(c, rc, "cannot encode the lock name");
+static int look_at(struct file_conn *fc, const char *fname, struct look *lk)
+{
+    dlock_client *c = fc->base.client;
+    char buf[CONTENTS_MAX], again[CONTENTS_MAX];
+    size_t n = 0, m = 0;
+    struct stat st;
+    int rc = 0;
+
+    memset(lk, 0, sizeof *lk);
+    lk->state = F_UNLCK;
     /* Read-only, no O_CREAT: inspecting leaves the directory as it was. */
     int fd = openat(fc->dirfd, fname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
@@ -837,7 +1126,7 @@ static int file_inspect(dlock_conn *conn, const char *name, size_t len, dlock_in
             return dlock_seterr(c, DLOCK_EIO, "cannot open the lock file %.120s in '%.150s': %s",
                                 fname, fc->dir, strerror(errno));
         /* Never taken here (lock files are never deleted): free, no grant. */
-        info->known = DLOCK_KNOWS_HELD | DLOCK_KNOWS_LAST_TOKEN;
+        lk->parsed = 1;
         return 0;
     }
     if (fstat(fd, &st) < 0) {
@@ -854,7 +1143,7 @@ static int file_inspect(dlock_conn *conn, const char *name, size_t len, dlock_in
     /* Contents, lock state, contents: the same contents on both sides
      * were there when the lock state was asked. */
     for (int tries = 0;; tries++) {
-        if (read_contents(fd, buf, &n) < 0 || (held = is_locked(fd)) < 0 ||
+        if (read_contents(fd, buf, &n) < 0 || (lk->state = lock_state(fd)) < 0 ||
             read_contents(fd, again, &m) < 0) {
             rc = dlock_seterr(c, DLOCK_EIO, "cannot inspect the lock file %.120s in '%.150s': %s",
                               fname, fc->dir, strerror(errno));
@@ -868,21 +1157,180 @@ static int file_inspect(dlock_conn *conn, const char *name, size_t len, dlock_in
         }
     }
     close(fd);
-    if (rc)
+    /* No token yet (a first grant in progress, or a crash), or not dlock's:
+     * not parsed. */
+    if (rc == 0 && n > 0 && parse_contents(buf, n, &lk->token, lk->owner, sizeof lk->owner) == 0)
+        lk->parsed = 1;
+    return rc;
+}
+
+static int by_token(const void *a, const void *b)
+{
+    const dlock_holder *x = a, *y = b;
+    return (x->token > y->token) - (x->token < y->token);
+}
+
+/* A record of the side file, parsed: 0, or 1 when it is not one. */
+static int parse_record(const char *rec, dlock_holder *h)
+{
+    uint64_t token = 0;
+    unsigned limit = 0;
+    int i;
+    for (i = 0; i < TOKEN_DIGITS && rec[i] >= '0' && rec[i] <= '9'; i++)
+        token = token * 10 + (uint64_t)(rec[i] - '0');
+    const char *o = rec + TOKEN_DIGITS + 1, *m = o + 33;
+    if (i != TOKEN_DIGITS || rec[TOKEN_DIGITS] != ' ' || o[32] != ' ' ||
+        (m[0] != 's' && m[0] != 'x') || m[1] != ' ' || rec[REC_LEN - 1] != '\n')
+        return 1;
+    for (i = 0; i < 32; i++)
+        if (!((o[i] >= '0' && o[i] <= '9') || (o[i] >= 'a' && o[i] <= 'f')))
+            return 1;
+    for (i = 2; i < 7; i++) {
+        if (m[i] < '0' || m[i] > '9')
+            return 1;
+        limit = limit * 10 + (unsigned)(m[i] - '0');
+    }
+    memset(h, 0, sizeof *h);
+    h->known = DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER | DLOCK_KNOWS_MODE;
+    h->mode = m[0] == 's' ? DLOCK_MODE_SHARED : DLOCK_MODE_EXCLUSIVE;
+    h->limit = limit;
+    h->token = token;
+    memcpy(h->owner, o, 32);
+    h->owner[32] = '\0';
+    return 0;
+}
+
+/* The readers or permits of a name, from the side file's records whose
+ * slot is held (a holder that died left its record, and its slot went with
+ * it), in token order: *outp (malloc'd), *np. */
+static int read_records(struct file_conn *fc, const char *fname, dlock_holder **outp, size_t *np)
+{
+    dlock_client *c = fc->base.client;
+    char sname[DLOCK_FILE_ENCODED_MAX + 96], rec[REC_SIZE], again[REC_SIZE];
+    dlock_holder *out = NULL;
+    size_t n = 0, cap = 0;
+    struct stat st;
+    int rc = 0;
+    *outp = NULL;
+    *np = 0;
+    if (side_name(fname, sname, sizeof sname) != 0)
+        return 0;
+    int side = openat(fc->dirfd, sname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (side < 0)
+        return errno == ENOENT ? 0 : side_error(c, "open");
+    if (fstat(side, &st) < 0) {
+        rc = side_error(c, "inspect");
+        goto out;
+    }
+    for (off_t i = 0; i < st.st_size / REC_SIZE && i < SLOT_MAX; i++) {
+        off_t at;
+        dlock_holder h;
+        int t;
+        if (pread(side, rec, REC_SIZE, i * REC_SIZE) != REC_SIZE ||
+            (t = probe_range(side, SLOT_OFF + i, 1, &at)) < 0 ||
+            pread(side, again, REC_SIZE, i * REC_SIZE) != REC_SIZE) {
+            rc = side_error(c, "read");
+            goto out;
+        }
+        if (t == F_UNLCK || memcmp(rec, again, REC_SIZE) != 0 || parse_record(rec, &h) != 0)
+            continue; /* free, or changing hands now: not a holder's as it stands */
+        if (n == cap) {
+            dlock_holder *more = realloc(out, (cap = cap ? 2 * cap : 8) * sizeof *out);
+            if (!more) {
+                rc = dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
+                goto out;
+            }
+            out = more;
+        }
+        out[n++] = h;
+    }
+    qsort(out, n, sizeof *out, by_token);
+out:
+    close(side);
+    if (rc) {
+        free(out);
+        return rc;
+    }
+    *outp = out;
+    *np = n;
+    return 0;
+}
+
+static int file_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+{
+    struct file_conn *fc = (struct file_conn *)conn;
+    char fname[DLOCK_FILE_ENCODED_MAX + 80];
+    struct look lk;
+    int rc;
+
+    if ((rc = dlock_file_encode_name(name, len, fname, sizeof fname)) != 0)
+        return dlock_seterr(conn->client, rc, "cannot encode the lock name");
+    if ((rc = look_at(fc, fname, &lk)) != 0)
         return rc;
     info->known = DLOCK_KNOWS_HELD;
-    info->held = held;
-    if (n == 0 || parse_contents(buf, n, &token, owner, sizeof owner) != 0)
-        return 0; /* no token yet (a first grant in progress, or a crash), or not dlock's */
+    info->held = lk.state != F_UNLCK;
+    if (!lk.parsed)
+        return 0;
     info->known |= DLOCK_KNOWS_LAST_TOKEN;
-    info->last_token = token;
-    if (held) {
-        info->known |= DLOCK_KNOWS_TOKEN;
-        info->token = token;
-        if (owner[0]) {
-            info->known |= DLOCK_KNOWS_OWNER;
-            memcpy(info->owner, owner, strlen(owner) + 1);
+    info->last_token = lk.token;
+    if (lk.state == F_RDLCK) {
+        /* Readers or permits: the newest's token and owner. */
+        dlock_holder *hs;
+        size_t n;
+        if ((rc = read_records(fc, fname, &hs, &n)) != 0)
+            return rc;
+        if (n) {
+            info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER;
+            info->token = hs[n - 1].token;
+            memcpy(info->owner, hs[n - 1].owner, sizeof info->owner);
         }
+        free(hs);
+    } else if (lk.state == F_WRLCK) {
+        info->known |= DLOCK_KNOWS_TOKEN;
+        info->token = lk.token;
+        if (lk.owner[0]) {
+            info->known |= DLOCK_KNOWS_OWNER;
+            memcpy(info->owner, lk.owner, strlen(lk.owner) + 1);
+        }
+    }
+    return 0;
+}
+
+static int file_inspect_holders(dlock_conn *conn, const char *name, size_t len,
+                                dlock_holder *holders, size_t capacity, size_t *count)
+{
+    struct file_conn *fc = (struct file_conn *)conn;
+    char fname[DLOCK_FILE_ENCODED_MAX + 80];
+    struct look lk;
+    int rc;
+
+    if ((rc = dlock_file_encode_name(name, len, fname, sizeof fname)) != 0)
+        return dlock_seterr(conn->client, rc, "cannot encode the lock name");
+    if ((rc = look_at(fc, fname, &lk)) != 0)
+        return rc;
+    *count = 0;
+    if (lk.state == F_WRLCK) {
+        *count = 1;
+        if (capacity) {
+            holders[0].known = DLOCK_KNOWS_MODE;
+            holders[0].mode = DLOCK_MODE_EXCLUSIVE;
+            if (lk.parsed) {
+                holders[0].known |= DLOCK_KNOWS_TOKEN;
+                holders[0].token = lk.token;
+            }
+            if (lk.parsed && lk.owner[0]) {
+                holders[0].known |= DLOCK_KNOWS_OWNER;
+                memcpy(holders[0].owner, lk.owner, strlen(lk.owner) + 1);
+            }
+        }
+    } else if (lk.state == F_RDLCK) {
+        dlock_holder *hs;
+        size_t n;
+        if ((rc = read_records(fc, fname, &hs, &n)) != 0)
+            return rc;
+        memcpy(holders, hs, (n < capacity ? n : capacity) * sizeof *hs);
+        *count = n;
+        free(hs);
     }
     return 0;
 }
@@ -892,7 +1340,7 @@ const dlock_backend dlock_file_backend = {
     .name = "file",
     .schemes = file_schemes,
     .caps = DLOCK_CAP_FENCING | DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH |
-            DLOCK_CAP_RAISE | DLOCK_CAP_CANCEL,
+            DLOCK_CAP_RAISE | DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
     .options = file_options,
     .open = file_open,
     .close = file_close,
@@ -904,4 +1352,5 @@ const dlock_backend dlock_file_backend = {
     .token_top = file_token_top,
     .raise_floor = file_raise_floor,
     .inspect = file_inspect,
+    .inspect_holders = file_inspect_holders,
 };

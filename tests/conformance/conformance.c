@@ -125,8 +125,9 @@ static const struct kind {
      * PostgreSQL's min(200 ms, timeout) with the default timeout). */
     unsigned deadline_past_ms;
 } kinds[] = {
-    {"file", DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE, NULL, 0, 0, 0,
-     0},
+    {"file", DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
+                 DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+     NULL, 0, 0, 0, 0},
     /* A PX expiry, to the millisecond. */
     {"redis", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0,
      200},
