@@ -630,6 +630,15 @@ static int take_slot(dlock_client *c, int side, off_t max, off_t *slot)
     return DLOCK_EBUSY;
 }
 
+/* SLOT_POLL_NS, or for the tests DLOCK_TEST_FILE_LOOK_MS (a long look
+ * shows that the release's notice woke the waiter, not its look). */
+static uint64_t look_ns(void)
+{
+    const char *v = getenv("DLOCK_TEST_FILE_LOOK_MS");
+    unsigned long ms = v ? strtoul(v, NULL, 10) : 0;
+    return ms > 0 && ms <= 60000 ? (uint64_t)ms * 1000000u : SLOT_POLL_NS;
+}
+
 static void drain(int fd)
 {
     char buf[4096];
@@ -647,6 +656,7 @@ static int wait_permit(struct file_conn *fc, int side, const char *sname, const 
 {
     dlock_client *c = fc->base.client;
     uint64_t deadline = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : DLOCK_POLL_FOREVER;
+    uint64_t look = look_ns();
     int rc = take_slot(c, side, req->limit, slot);
     if (rc != DLOCK_EBUSY)
         return rc;
@@ -670,7 +680,7 @@ static int wait_permit(struct file_conn *fc, int side, const char *sname, const 
         }
         struct pollfd p = {.fd = ifd, .events = POLLIN};
         int n = dlock_poll_until(&p, 1, req->cancel_fd,
-                                 deadline - now > SLOT_POLL_NS ? now + SLOT_POLL_NS : deadline,
+                                 deadline - now > look ? now + look : deadline,
                                  deadline == DLOCK_POLL_FOREVER ? DLOCK_POLL_INTR : 0);
         if (n == DLOCK_POLL_SIGNAL) {
             if (!dlock_fd_cancelled(req->cancel_fd)) {
