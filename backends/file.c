@@ -709,12 +709,16 @@ static int wait_permit(struct file_conn *fc, int side, const char *sname, const 
 
 /* Takes (F_WRLCK) or drops (F_UNLCK) the side file's token byte, held
  * around a token's read-modify-write by a holder that shares the lock file
- * (a grant, a raise): readers and permits hold it together. */
-static int token_lock(dlock_client *c, int side, short type)
+ * (a grant, a raise): readers and permits hold the lock file together. A
+ * grant, which holds the gate, takes the gate and the token byte as one
+ * range (from = GATE_OFF), and drops both at once; a raise takes the token
+ * byte alone (from = TOKEN_OFF). Never held while waiting for another. */
+static int token_lock(dlock_client *c, int side, short type, off_t from)
 {
     int r;
     do
-        r = set_range(side, type == F_UNLCK ? F_OFD_SETLK : F_OFD_SETLKW, type, TOKEN_OFF, 1);
+        r = set_range(side, type == F_UNLCK ? F_OFD_SETLK : F_OFD_SETLKW, type, from,
+                      TOKEN_OFF + 1 - from);
     while (r < 0 && errno == EINTR);
     return r < 0 ? side_error(c, "lock") : 0;
 }
@@ -731,6 +735,24 @@ static int write_record(dlock_client *c, int side, off_t slot, const dlock_reque
     return 0;
 }
 
+static int open_lock_file(struct file_conn *fc, const char *fname)
+{
+    int fd = openat(fc->dirfd, fname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        dlock_seterr(fc->base.client, DLOCK_EIO, "cannot open lock file in '%.150s': %s", fc->dir,
+                     strerror(errno));
+    return fd;
+}
+
+/*
+ * An exclusive request first tries the lock file alone, as the previous
+ * release did: granted, it needs nothing else (its write lock tells its
+ * kind, and a waiter that holds the gate waits for a holder, so the lock
+ * file is not free then). Otherwise, and for readers and permits: the
+ * kind's mark; the gate, which a waiter keeps until its grant, so that
+ * requests pass in arrival order (a writer waiting for readers holds back
+ * the readers behind it); a permit's slot, or a reader's; the lock file.
+ */
 static int file_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
 {
     struct file_conn *fc = (struct file_conn *)conn;
@@ -740,21 +762,24 @@ static int file_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     struct flock fl;
     uint64_t token = 0;
     off_t slot = -1;
-    int fd = -1, side, rc;
+    int fd, side = -1, rc;
     int shares = req->mode == DLOCK_MODE_SHARED || req->limit;
 
     if ((rc = dlock_file_encode_name(req->name, req->name_len, fname, sizeof fname)) != 0 ||
         (rc = side_name(fname, sname, sizeof sname)) != 0)
         return dlock_seterr(c, rc, "cannot encode the lock name");
+    if ((fd = open_lock_file(fc, fname)) < 0)
+        return DLOCK_EIO;
+    whole_file(&fl);
+    if (!shares && fcntl(fd, F_OFD_SETLK, &fl) == 0) {
+        if (still_linked(fc->dirfd, fname, fd))
+            goto granted;
+        close(fd); /* someone removed or replaced the file: lock the new one */
+        if ((fd = open_lock_file(fc, fname)) < 0)
+            return DLOCK_EIO;
+    }
     side = openat(fc->dirfd, sname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (side < 0)
-        return dlock_seterr(c, DLOCK_EIO, "cannot open lock file in '%.150s': %s", fc->dir,
-                            strerror(errno));
-    /* The kind first; then the gate, which a waiter keeps until its grant,
-     * so that requests pass in arrival order (a writer waiting for readers
-     * holds back the readers behind it); a permit's slot; the lock file. */
-    fd = openat(fc->dirfd, fname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) {
+    if (side < 0) {
         rc = dlock_seterr(c, DLOCK_EIO, "cannot open lock file in '%.150s': %s", fc->dir,
                           strerror(errno));
         goto fail;
@@ -779,32 +804,25 @@ static int file_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         if (still_linked(fc->dirfd, fname, fd))
             break;
         close(fd); /* someone removed or replaced the file: lock the new one */
-        fd = openat(fc->dirfd, fname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0) {
-            rc = dlock_seterr(c, DLOCK_EIO, "cannot open lock file in '%.150s': %s", fc->dir,
-                              strerror(errno));
+        if ((fd = open_lock_file(fc, fname)) < 0) {
+            rc = DLOCK_EIO;
             goto fail;
         }
     }
     /* Holders that share the lock file bump its token one at a time (the
      * gate orders grants; the token byte keeps a raise out). */
-    if (shares && (rc = token_lock(c, side, F_WRLCK)) != 0)
+    if (shares && (rc = token_lock(c, side, F_WRLCK, GATE_OFF)) != 0)
         goto fail;
+granted:
     rc = bump_token(fc, fd, req, &token);
-    if (shares) {
-        if (rc == 0)
-            rc = write_record(c, side, slot, req, token);
-        token_lock(c, side, F_UNLCK);
-    }
+    if (rc == 0 && shares)
+        rc = write_record(c, side, slot, req, token);
+    if (rc == 0 && !(h = calloc(1, sizeof *h)))
+        rc = dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     if (rc)
         goto fail;
-    h = calloc(1, sizeof *h);
-    if (!h) {
-        rc = dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
-        goto fail;
-    }
     if (shares) {
-        set_range(side, F_OFD_SETLK, F_UNLCK, GATE_OFF, 1);
+        token_lock(c, side, F_UNLCK, GATE_OFF); /* the gate and the token byte */
     } else {
         side_close(side); /* the lock file's write lock tells the kind */
         side = -1;
@@ -884,7 +902,7 @@ static int file_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
     if ((rc = check_held(conn, h)) != 0)
         return rc;
     /* A reader or a permit shares the lock file: one token change at a time. */
-    if (h->side >= 0 && (rc = token_lock(conn->client, h->side, F_WRLCK)) != 0)
+    if (h->side >= 0 && (rc = token_lock(conn->client, h->side, F_WRLCK, TOKEN_OFF)) != 0)
         return rc;
     if ((rc = read_token(conn->client, h->fd, &token, &empty)) == 0 && token < floor) {
         snprintf(digits, sizeof digits, "%020" PRIu64 "\n", floor);
@@ -896,7 +914,7 @@ static int file_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
                               strerror(errno));
     }
     if (h->side >= 0)
-        token_lock(conn->client, h->side, F_UNLCK);
+        token_lock(conn->client, h->side, F_UNLCK, TOKEN_OFF);
     return rc;
 }
 
