@@ -53,6 +53,24 @@
  * first line). After dlock_lock_raise_token() the first line holds the
  * raised value, which inspect does not take for a grant (on a list of
  * stores, the file's own grant is reported, not the list's token).
+ *
+ * Shared locks and semaphores (docs/file.md): readers and permits hold the
+ * lock file whole with a read lock (so a writer, and a client of the
+ * previous release, excludes them and is excluded), and a side file
+ * ".<lock file>.modes" whose high bytes are locks: a gate (a write lock
+ * taken before the lock file and kept by a waiter until its grant: a
+ * writer waiting for readers holds back the readers behind it, which the
+ * kernel alone would not), a token byte (a grant or raise that shares the
+ * lock file rewrites the token under it), one mark per kind (read-locked
+ * by every request of a read-write lock, or of a semaphore of N, waiting
+ * or holding: another kind's mark is DLOCK_EMODE at once), and a slot per
+ * holder (a permit takes one of N; a reader any), whose record (token,
+ * owner, mode, limit) inspect_holders lists while the slot is held. A
+ * permit's waiter, holding the gate, looks at the slots again on every
+ * close of the side file (inotify: a release closes it) and at least
+ * every 50 ms. An exclusive request that finds the lock file free takes it
+ * alone, as before. All of it is the holder's open file descriptions: a
+ * dead holder's locks go at once.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -88,6 +106,11 @@ struct file_conn {
     int dirfd;
     int fsync;
     char *dir;
+    /* The inotify instance a permit's waiter watches the side file with,
+     * kept for the next wait (closing one takes milliseconds); in use by
+     * one wait at a time (ifd_busy: another makes its own). */
+    pthread_mutex_t mu;
+    int ifd, ifd_busy;
 };
 
 struct file_held {
@@ -213,6 +236,8 @@ static int file_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     }
     fc->fsync = fsync_tokens;
+    fc->ifd = -1;
+    pthread_mutex_init(&fc->mu, NULL);
     fc->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fc->dirfd < 0) {
         int e = errno;
@@ -229,6 +254,9 @@ static void file_close(dlock_conn *conn)
 {
     struct file_conn *fc = (struct file_conn *)conn;
     close(fc->dirfd);
+    if (fc->ifd >= 0)
+        close(fc->ifd);
+    pthread_mutex_destroy(&fc->mu);
     free(fc->dir);
     free(fc);
 }
@@ -664,11 +692,21 @@ static int wait_permit(struct file_conn *fc, int side, const char *sname, const 
         return dlock_seterr(c, DLOCK_EBUSY, "every permit of the semaphore is held (limit %u)",
                             req->limit);
     char path[PATH_MAX];
-    int ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-    if (ifd >= 0 && ((size_t)snprintf(path, sizeof path, "%s/%s", fc->dir, sname) >= sizeof path ||
-                     inotify_add_watch(ifd, path, IN_CLOSE) < 0)) {
-        close(ifd);
-        ifd = -1; /* no notice: the bounded look alone */
+    int ifd = -1, own = 0, wd = -1;
+    pthread_mutex_lock(&fc->mu);
+    if (!fc->ifd_busy) {
+        if (fc->ifd < 0)
+            fc->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+        ifd = fc->ifd;
+        fc->ifd_busy = ifd >= 0;
+    }
+    pthread_mutex_unlock(&fc->mu);
+    if (ifd < 0 && (ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) >= 0)
+        own = 1;
+    if (ifd >= 0) {
+        drain(ifd); /* what an earlier wait left */
+        if ((size_t)snprintf(path, sizeof path, "%s/%s", fc->dir, sname) < sizeof path)
+            wd = inotify_add_watch(ifd, path, IN_CLOSE);
     }
     for (;;) {
         if ((rc = take_slot(c, side, req->limit, slot)) != DLOCK_EBUSY)
@@ -678,7 +716,7 @@ static int wait_permit(struct file_conn *fc, int side, const char *sname, const 
             rc = dlock_seterr(c, DLOCK_ETIMEDOUT, "the deadline passed with every permit held");
             break;
         }
-        struct pollfd p = {.fd = ifd, .events = POLLIN};
+        struct pollfd p = {.fd = wd >= 0 ? ifd : -1, .events = POLLIN}; /* -1: the look alone */
         int n = dlock_poll_until(&p, 1, req->cancel_fd,
                                  deadline - now > look ? now + look : deadline,
                                  deadline == DLOCK_POLL_FOREVER ? DLOCK_POLL_INTR : 0);
@@ -702,8 +740,15 @@ static int wait_permit(struct file_conn *fc, int side, const char *sname, const 
             break;
         }
     }
-    if (ifd >= 0)
+    if (wd >= 0)
+        inotify_rm_watch(ifd, wd);
+    if (own) {
         close(ifd);
+    } else if (ifd >= 0) {
+        pthread_mutex_lock(&fc->mu);
+        fc->ifd_busy = 0;
+        pthread_mutex_unlock(&fc->mu);
+    }
     return rc;
 }
 
