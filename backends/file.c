@@ -980,82 +980,83 @@ static int look_at(struct file_conn *fc, const char *fname, struct look *lk)
     return rc;
 }
 
+/* The holders of name as the lock file and its side file tell: an
+ * exclusive one from the lock file, readers or permits from the side
+ * file's records, in token order (*hsp malloc'd, *np of them); *lk what
+ * the lock file says. */
+static int holders_of(struct file_conn *fc, const char *name, size_t len, struct look *lk,
+                      dlock_holder **hsp, size_t *np)
+{
+    char fname[DLOCK_FILE_ENCODED_MAX + 80];
+    int rc;
+    *hsp = NULL;
+    *np = 0;
+    if ((rc = dlock_file_encode_name(name, len, fname, sizeof fname)) != 0)
+        return dlock_seterr(fc->base.client, rc, "cannot encode the lock name");
+    if ((rc = look_at(fc, fname, lk)) != 0)
+        return rc;
+    if (lk->state == F_RDLCK)
+        return dlock_file_read_records(fc, fname, hsp, np);
+    if (lk->state != F_WRLCK)
+        return 0;
+    dlock_holder *h = calloc(1, sizeof *h);
+    if (!h)
+        return dlock_seterr(fc->base.client, DLOCK_ENOMEM, "out of memory");
+    h->known = DLOCK_KNOWS_MODE;
+    h->mode = DLOCK_MODE_EXCLUSIVE;
+    if (lk->parsed) {
+        h->known |= DLOCK_KNOWS_TOKEN;
+        h->token = lk->token;
+    }
+    if (lk->parsed && lk->owner[0]) {
+        h->known |= DLOCK_KNOWS_OWNER;
+        memcpy(h->owner, lk->owner, strlen(lk->owner) + 1);
+    }
+    *hsp = h;
+    *np = 1;
+    return 0;
+}
+
 static int file_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
 {
-    struct file_conn *fc = (struct file_conn *)conn;
-    char fname[DLOCK_FILE_ENCODED_MAX + 80];
     struct look lk;
-    int rc;
-
-    if ((rc = dlock_file_encode_name(name, len, fname, sizeof fname)) != 0)
-        return dlock_seterr(conn->client, rc, "cannot encode the lock name");
-    if ((rc = look_at(fc, fname, &lk)) != 0)
+    dlock_holder *hs;
+    size_t n;
+    int rc = holders_of((struct file_conn *)conn, name, len, &lk, &hs, &n);
+    if (rc)
         return rc;
     info->known = DLOCK_KNOWS_HELD;
     info->held = lk.state != F_UNLCK;
-    if (!lk.parsed)
-        return 0;
-    info->known |= DLOCK_KNOWS_LAST_TOKEN;
-    info->last_token = lk.token;
-    if (lk.state == F_RDLCK) {
-        /* Readers or permits: the newest's token and owner. */
-        dlock_holder *hs;
-        size_t n;
-        if ((rc = dlock_file_read_records(fc, fname, &hs, &n)) != 0)
-            return rc;
-        if (n) {
-            info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER;
-            info->token = hs[n - 1].token;
-            memcpy(info->owner, hs[n - 1].owner, sizeof info->owner);
-        }
-        free(hs);
-    } else if (lk.state == F_WRLCK) {
-        info->known |= DLOCK_KNOWS_TOKEN;
-        info->token = lk.token;
-        if (lk.owner[0]) {
-            info->known |= DLOCK_KNOWS_OWNER;
-            memcpy(info->owner, lk.owner, strlen(lk.owner) + 1);
-        }
+    if (lk.parsed) {
+        info->known |= DLOCK_KNOWS_LAST_TOKEN;
+        info->last_token = lk.token;
     }
+    /* Readers or permits: the newest's token and owner. */
+    const dlock_holder *h = n ? &hs[n - 1] : NULL;
+    if (h && (h->known & DLOCK_KNOWS_TOKEN)) {
+        info->known |= DLOCK_KNOWS_TOKEN;
+        info->token = h->token;
+    }
+    if (h && (h->known & DLOCK_KNOWS_OWNER)) {
+        info->known |= DLOCK_KNOWS_OWNER;
+        memcpy(info->owner, h->owner, sizeof info->owner);
+    }
+    free(hs);
     return 0;
 }
 
 static int file_inspect_holders(dlock_conn *conn, const char *name, size_t len,
                                 dlock_holder *holders, size_t capacity, size_t *count)
 {
-    struct file_conn *fc = (struct file_conn *)conn;
-    char fname[DLOCK_FILE_ENCODED_MAX + 80];
     struct look lk;
-    int rc;
-
-    if ((rc = dlock_file_encode_name(name, len, fname, sizeof fname)) != 0)
-        return dlock_seterr(conn->client, rc, "cannot encode the lock name");
-    if ((rc = look_at(fc, fname, &lk)) != 0)
+    dlock_holder *hs;
+    size_t n;
+    int rc = holders_of((struct file_conn *)conn, name, len, &lk, &hs, &n);
+    if (rc)
         return rc;
-    *count = 0;
-    if (lk.state == F_WRLCK) {
-        *count = 1;
-        if (capacity) {
-            holders[0].known = DLOCK_KNOWS_MODE;
-            holders[0].mode = DLOCK_MODE_EXCLUSIVE;
-            if (lk.parsed) {
-                holders[0].known |= DLOCK_KNOWS_TOKEN;
-                holders[0].token = lk.token;
-            }
-            if (lk.parsed && lk.owner[0]) {
-                holders[0].known |= DLOCK_KNOWS_OWNER;
-                memcpy(holders[0].owner, lk.owner, strlen(lk.owner) + 1);
-            }
-        }
-    } else if (lk.state == F_RDLCK) {
-        dlock_holder *hs;
-        size_t n;
-        if ((rc = dlock_file_read_records(fc, fname, &hs, &n)) != 0)
-            return rc;
-        memcpy(holders, hs, (n < capacity ? n : capacity) * sizeof *hs);
-        *count = n;
-        free(hs);
-    }
+    memcpy(holders, hs, (n < capacity ? n : capacity) * sizeof *hs);
+    *count = n;
+    free(hs);
     return 0;
 }
 
