@@ -565,6 +565,7 @@ static int file_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         if ((fd = open_lock_file(fc, fname)) < 0)
             return DLOCK_EIO;
     }
+again:
     side = openat(fc->dirfd, sname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (side < 0) {
         rc = dlock_seterr(c, DLOCK_EIO, "cannot open lock file in '%.150s': %s", fc->dir,
@@ -576,6 +577,10 @@ static int file_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     dlock_file_gate(&fl);
     if ((rc = lock_fd(c, side, req, &fl)) != 0)
         goto fail;
+    if (!still_linked(fc->dirfd, sname, side)) {
+        dlock_file_side_close(side); /* removed or replaced: the new one's gate */
+        goto again;
+    }
     if (req->limit)
         rc = dlock_file_wait_permit(fc, side, sname, req, &slot);
     else if (shares && (rc = dlock_file_take_slot(c, side, SLOT_MAX, &slot)) == DLOCK_EBUSY)
@@ -640,6 +645,13 @@ static int check_held(dlock_conn *conn, struct file_held *h)
     if (!still_linked(fc->dirfd, fname, h->fd))
         return dlock_seterr(conn->client, DLOCK_ELOST,
                             "the lock file was removed or replaced while the lock was held");
+    /* A reader's or a permit's side file too: a new one's slots and marks
+     * no longer count this holder. */
+    char sname[DLOCK_FILE_ENCODED_MAX + 96];
+    if (h->side >= 0 && (dlock_file_side_name(fname, sname, sizeof sname) != 0 ||
+                         !still_linked(fc->dirfd, sname, h->side)))
+        return dlock_seterr(conn->client, DLOCK_ELOST,
+                            "the lock's side file was removed or replaced while the lock was held");
     return 0;
 }
 

@@ -402,6 +402,29 @@ static void kinds_refused(void)
     dlock_client_close(y);
 }
 
+/* A reader whose side file is removed (its slot and mark no longer count)
+ * is told, as a holder whose lock file is removed is. */
+static void side_file_removed(void)
+{
+    const char *name = "side-removed";
+    dlock_client *c = client();
+    dlock_lock *l = NULL;
+    dlock_acquire_opts s = try_opts(DLOCK_MODE_SHARED, 0);
+    char fname[DLOCK_FILE_ENCODED_MAX + 80], side[700];
+    dlock_file_encode_name(name, strlen(name), fname, sizeof fname);
+    snprintf(side, sizeof side, "%s/.%s.modes", dir, fname);
+    is_int(dlock_acquire(c, name, &s, &l), 0, "a reader holds");
+    is_int(dlock_renew(l, 1000), 0, "renew: still held");
+    ok(unlink(side) == 0, "its side file removed");
+    is_int(dlock_renew(l, 1000), DLOCK_ELOST, "renew: DLOCK_ELOST (%s)", dlock_errmsg(c));
+    is_int(dlock_release(l), DLOCK_ELOST, "release: DLOCK_ELOST");
+    l = NULL;
+    is_int(dlock_acquire(c, name, &s, &l), 0, "a new reader, on a new side file");
+    if (l)
+        dlock_release(l);
+    dlock_client_close(c);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/dlock-test-file-modes-%d", (int)getpid());
@@ -414,6 +437,7 @@ int main(void)
     previous_release();
     dead_record_not_listed();
     kinds_refused();
+    side_file_removed();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
