@@ -106,7 +106,10 @@ int dlock_file_mark_kind(dlock_client *c, int side, int fd, const dlock_request 
         return side_error(c, "lock");
     if (lim && (t = probe_range(side, MARK_OFF, lim, &at)) != F_UNLCK)
         return t < 0 ? side_error(c, "inspect") : mismatch(c, req, at - MARK_OFF);
-    t = probe_range(side, MARK_OFF + lim + 1, (off_t)DLOCK_LIMIT_MAX - lim, &at);
+    /* (a length of 0 would reach to the end of the file: the slots) */
+    t = lim < DLOCK_LIMIT_MAX
+            ? probe_range(side, MARK_OFF + lim + 1, (off_t)DLOCK_LIMIT_MAX - lim, &at)
+            : F_UNLCK;
     if (t != F_UNLCK)
         return t < 0 ? side_error(c, "inspect") : mismatch(c, req, at - MARK_OFF);
     if (lim) {

@@ -398,6 +398,22 @@ static void kinds_refused(void)
     ok(strstr(dlock_errmsg(c), "limit 3") != NULL, "naming limit 3: %s", dlock_errmsg(c));
     if (l)
         dlock_release(l);
+    /* The largest limit: its mark is the last, just below nothing else. */
+    dlock_lock *m[2] = {NULL, NULL};
+    dlock_acquire_opts big = try_opts(DLOCK_MODE_EXCLUSIVE, DLOCK_LIMIT_MAX);
+    is_int(dlock_acquire(c, "limit-max", &big, &m[0]), 0, "a permit of limit %u",
+           DLOCK_LIMIT_MAX);
+    is_int(dlock_acquire(y, "limit-max", &big, &m[1]), 0, "a second one beside it (%s)",
+           dlock_errmsg(y));
+    dlock_client *z = client();
+    dlock_acquire_opts two = try_opts(DLOCK_MODE_EXCLUSIVE, 2);
+    l = NULL;
+    is_int(dlock_acquire(z, "limit-max", &two, &l), DLOCK_EMODE, "limit 2 beside it: DLOCK_EMODE");
+    ok(strstr(dlock_errmsg(z), "limit 65535") != NULL, "naming limit 65535: %s", dlock_errmsg(z));
+    dlock_client_close(z);
+    for (int i = 0; i < 2; i++)
+        if (m[i])
+            dlock_release(m[i]);
     dlock_client_close(c);
     dlock_client_close(y);
 }
