@@ -155,6 +155,17 @@ static const char *lock_path(const char *name)
     return path_buf;
 }
 
+static char side_buf[700];
+
+/* The name's side file (readers' and permits' slots and records). */
+static const char *side_path(const char *name)
+{
+    char fname[DLOCK_FILE_ENCODED_MAX + 80];
+    dlock_file_encode_name(name, strlen(name), fname, sizeof fname);
+    snprintf(side_buf, sizeof side_buf, "%s/.%s.modes", dir, fname);
+    return side_buf;
+}
+
 /* The previous release's lock: the lock file whole, write-locked. */
 static int old_lock(int fd, int cmd)
 {
@@ -355,10 +366,8 @@ static void dead_record_not_listed(void)
        "lists it: one permit of limit 2 (%zu)", count);
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
-    char fname[DLOCK_FILE_ENCODED_MAX + 80], side[700], rec[64] = {0};
-    dlock_file_encode_name(name, strlen(name), fname, sizeof fname);
-    snprintf(side, sizeof side, "%s/.%s.modes", dir, fname);
-    int fd = open(side, O_RDONLY);
+    char rec[64] = {0};
+    int fd = open(side_path(name), O_RDONLY);
     ok(fd >= 0 && pread(fd, rec, sizeof rec, 0) == (ssize_t)sizeof rec && rec[0] != '\0',
        "its record is still in the side file");
     if (fd >= 0)
@@ -426,12 +435,9 @@ static void side_file_removed(void)
     dlock_client *c = client();
     dlock_lock *l = NULL;
     dlock_acquire_opts s = try_opts(DLOCK_MODE_SHARED, 0);
-    char fname[DLOCK_FILE_ENCODED_MAX + 80], side[700];
-    dlock_file_encode_name(name, strlen(name), fname, sizeof fname);
-    snprintf(side, sizeof side, "%s/.%s.modes", dir, fname);
     is_int(dlock_acquire(c, name, &s, &l), 0, "a reader holds");
     is_int(dlock_renew(l, 1000), 0, "renew: still held");
-    ok(unlink(side) == 0, "its side file removed");
+    ok(unlink(side_path(name)) == 0, "its side file removed");
     is_int(dlock_renew(l, 1000), DLOCK_ELOST, "renew: DLOCK_ELOST (%s)", dlock_errmsg(c));
     is_int(dlock_release(l), DLOCK_ELOST, "release: DLOCK_ELOST");
     l = NULL;
