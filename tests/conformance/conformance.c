@@ -3085,7 +3085,7 @@ int main(int argc, char **argv)
             break_death = breaking("death");
             break_lease = breaking("lease");
             if (!breaking("exclusion") && !breaking("tokens") && !breaking("fifo") &&
-                !break_death && !break_lease)
+                !breaking("shared") && !break_death && !break_lease)
                 nparts = -1, i = argc; /* the usage message */
         }
         else if (strcmp(argv[i], "--drop-cap") == 0 && i + 1 < argc) {
