@@ -381,6 +381,46 @@ static void dead_record_not_listed(void)
     dlock_client_close(c);
 }
 
+/* A waiter for the one permit of a semaphore whose holder is SIGKILLed:
+ * the kernel frees the slot with the holder's descriptors, and the waiter
+ * sees it at the close's notice or its next look (50 ms). */
+static void killed_holder_frees_permit(void)
+{
+    const char *name = "sem-killed";
+    int p[2];
+    if (pipe(p) < 0)
+        abort();
+    pid_t pid = fork();
+    if (pid == 0) {
+        dlock_client *k = client();
+        dlock_lock *l = NULL;
+        dlock_acquire_opts o = try_opts(DLOCK_MODE_EXCLUSIVE, 1);
+        char ok_ = dlock_acquire(k, name, &o, &l) == 0 ? 'y' : 'n';
+        if (write(p[1], &ok_, 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    char got = 0;
+    close(p[1]);
+    if (read(p[0], &got, 1) != 1)
+        got = 0;
+    close(p[0]);
+    is_int(got, 'y', "a child holds the one permit");
+    struct worker w;
+    board_reset();
+    worker_start(&w, name, DLOCK_MODE_EXCLUSIVE, 1, 'w', 0);
+    sleep_ms(100);
+    is_int(board_n(), 0, "a waiter waits");
+    uint64_t t0 = dlock_monotonic_ns();
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    int in = board_reaches(1, 5000);
+    double ms = in ? (double)(board.at_ns - t0) / 1e6 : -1;
+    ok(in && ms < 500, "the waiter has the permit %.1f ms after the kill (its look: 50 ms)", ms);
+    is_int(worker_end(&w), 0, "and releases it");
+}
+
 /* A reader that came in after a wait still marks its kind: a semaphore
  * beside it is refused at once, and so is another limit beside a
  * semaphore. */
@@ -458,6 +498,7 @@ int main(void)
     permit_handoff_is_notified();
     previous_release();
     dead_record_not_listed();
+    killed_holder_frees_permit();
     kinds_refused();
     side_file_removed();
     char cmd[128];
