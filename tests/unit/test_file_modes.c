@@ -201,9 +201,12 @@ static void kernel_lets_readers_pass(void)
     pthread_create(&th, NULL, block_on, &b);
     sleep_ms(100);
     rd.l_type = F_RDLCK;
-    int passed = fcntl(r2, F_OFD_SETLK, &rd) == 0;
-    ok(passed, "control: the kernel grants a later reader past the waiting writer (what the "
-               "gate prevents)");
+    if (fcntl(r2, F_OFD_SETLK, &rd) == 0)
+        ok(1, "control: the kernel grants a later reader past the waiting writer (what the "
+              "gate prevents)");
+    else
+        skip("this kernel holds a later reader behind a waiting writer itself",
+             "control: the kernel grants a later reader past the waiting writer");
     close(r2);
     rd.l_type = F_UNLCK;
     fcntl(r1, F_OFD_SETLK, &rd);
