@@ -336,6 +336,31 @@ static void previous_release(void)
     dlock_client_close(c);
 }
 
+/* A child that takes a permit of name (limit) and holds it until killed:
+ * its pid; *got 'y' once it holds. */
+static pid_t child_holds_permit(const char *name, uint32_t limit, char *got)
+{
+    int p[2];
+    if (pipe(p) < 0)
+        abort();
+    pid_t pid = fork();
+    if (pid == 0) {
+        dlock_client *k = client();
+        dlock_lock *l = NULL;
+        dlock_acquire_opts o = try_opts(DLOCK_MODE_EXCLUSIVE, limit);
+        char ok_ = dlock_acquire(k, name, &o, &l) == 0 ? 'y' : 'n';
+        if (write(p[1], &ok_, 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    close(p[1]);
+    if (read(p[0], got, 1) != 1)
+        *got = 0;
+    close(p[0]);
+    return pid;
+}
+
 /* A permit's holder SIGKILLed leaves its record; inspect lists only
  * holders whose slot is held, so the dead one is not listed. */
 static void dead_record_not_listed(void)
@@ -344,25 +369,8 @@ static void dead_record_not_listed(void)
     dlock_client *c = client();
     dlock_holder h[4];
     size_t count = 9;
-    int p[2];
-    if (pipe(p) < 0)
-        abort();
-    pid_t pid = fork();
-    if (pid == 0) {
-        dlock_client *k = client();
-        dlock_lock *l = NULL;
-        dlock_acquire_opts o = try_opts(DLOCK_MODE_EXCLUSIVE, 2);
-        char ok_ = dlock_acquire(k, name, &o, &l) == 0 ? 'y' : 'n';
-        if (write(p[1], &ok_, 1) != 1)
-            _exit(1);
-        pause();
-        _exit(0);
-    }
     char got = 0;
-    close(p[1]);
-    if (read(p[0], &got, 1) != 1)
-        got = 0;
-    close(p[0]);
+    pid_t pid = child_holds_permit(name, 2, &got);
     is_int(got, 'y', "a child holds a permit");
     is_int(dlock_inspect_holders(c, name, h, 4, &count), 0, "inspect_holders");
     ok(count == 1 && h[0].mode == DLOCK_MODE_EXCLUSIVE && h[0].limit == 2,
@@ -390,25 +398,8 @@ static void dead_record_not_listed(void)
 static void killed_holder_frees_permit(void)
 {
     const char *name = "sem-killed";
-    int p[2];
-    if (pipe(p) < 0)
-        abort();
-    pid_t pid = fork();
-    if (pid == 0) {
-        dlock_client *k = client();
-        dlock_lock *l = NULL;
-        dlock_acquire_opts o = try_opts(DLOCK_MODE_EXCLUSIVE, 1);
-        char ok_ = dlock_acquire(k, name, &o, &l) == 0 ? 'y' : 'n';
-        if (write(p[1], &ok_, 1) != 1)
-            _exit(1);
-        pause();
-        _exit(0);
-    }
     char got = 0;
-    close(p[1]);
-    if (read(p[0], &got, 1) != 1)
-        got = 0;
-    close(p[0]);
+    pid_t pid = child_holds_permit(name, 1, &got);
     is_int(got, 'y', "a child holds the one permit");
     struct worker w;
     board_reset();
