@@ -1,0 +1,415 @@
+/*
+ * PostgreSQL: the statements of each mode, and a semaphore's wait for a
+ * slot. The recipe (postgres.c) calls down here; this file calls only the
+ * statement layer (postgres_io.c) below it.
+ *
+ * A name's locks. Its key K (the bigint of dlock_pg_key()) is the
+ * read-write lock: an exclusive holder holds pg_advisory_lock(K), as every
+ * release before shared modes did, so an older client still excludes and
+ * is excluded; a shared holder holds pg_advisory_lock_shared(K). The
+ * server's lock queue is first-come first-served across modes: a shared
+ * request waits behind a queued exclusive one (a try fails then), and the
+ * shared requests at its head are granted together. The other locks of a
+ * name are two-int advisory locks (pg_locks' objsubid 2, apart from every
+ * bigint key), (hi ^ tag, ...) where hi and lo are the key's halves:
+ *   - gate     (hi ^ 'gate', lo): a semaphore's queue, taken exclusively;
+ *   - mutex    (hi ^ 'mutx', lo): a transaction lock that makes the check of
+ *              the name's kind and the grant one step (see below);
+ *   - slots    (hi ^ 'slot', lo + i), i < limit: a semaphore's permits;
+ *   - limit    (hi ^ 'limt', lo & 0xffff0000 | N): held shared by every
+ *              holder of a semaphore of limit N, so pg_locks tells the limit;
+ *   - token    (hi ^ 'tokn', token's low 32 bits): held shared by each
+ *              shared holder and permit, so inspect tells each one's token.
+ * A permit's holder also holds K shared: an exclusive request (an older
+ * client's too) is excluded by a semaphore's holders, by the server.
+ *
+ * The kind of a name. Shared holders and permits both hold K shared, so
+ * the server does not keep them apart: a shared request looks in pg_locks
+ * for a limit lock (a semaphore's holder), a semaphore request for a
+ * holder of K without one (a read-write lock's) or a limit lock of another
+ * limit, each under the mutex, after its own lock of K and before its
+ * grant: of two requests of different kinds, the one that looks second
+ * sees the other's grant, and refuses (DLOCK_EMODE). An exclusive request
+ * looks only when its try fails (an uncontended one costs nothing more),
+ * and then refuses rather than waits behind a semaphore.
+ *
+ * A semaphore (limit N). Its requests pass its gate one at a time, in the
+ * server's lock queue (first-come first-served; a try fails while anyone
+ * waits there): the one at the gate takes the first free slot and its
+ * token and lets go of the gate; with no slot free, a wait keeps the gate
+ * (the next ones queue behind it), LISTENs on the name's channel, and
+ * looks again whenever a holder's release NOTIFYs it, and every
+ * SEM_POLL_MS at least: a holder whose session ended (died, its lease ran
+ * out) frees its slot with no NOTIFY. A dead holder's permit is freed by
+ * its session's end, as a lock is; only the waiter at the gate polls.
+ *
+ * Tokens: every grant, in every mode, bumps the name's counter (or the
+ * sequence) in its own statement, after its lock, before the statement
+ * ends: holders of a read-write lock in shared mode are granted in one
+ * transaction each, and an exclusive grant waits until every earlier
+ * grant's holder has unlocked, which it does after its bump has committed.
+ */
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/postgres_int.h"
+#include "core/sha256.h"
+
+#define T_GATE 0x67617465u  /* "gate" */
+#define T_MUTEX 0x6d757478u /* "mutx" */
+#define T_SLOT 0x736c6f74u  /* "slot" */
+#define T_LIMIT 0x6c696d74u /* "limt" */
+#define T_TOKEN 0x746f6b6eu /* "tokn" */
+
+/* The longest a semaphore's waiter at the gate goes without looking at the
+ * slots: a slot freed by a session's end sends no notification. */
+#define SEM_POLL_MS 50u
+
+/* This database's advisory locks in pg_locks (as l). */
+#define IN_DB "l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database" \
+              " WHERE datname = current_database())"
+
+/* An int4 argument of the two-int advisory functions from a uint32_t. */
+static int32_t i4(uint32_t v)
+{
+    return (int32_t)v;
+}
+
+/* The key of a name: see "Key" in postgres.c. */
+int64_t dlock_pg_key(const char *ns, const char *name, size_t len)
+{
+    unsigned char d[DLOCK_SHA256_LEN];
+    uint64_t k = 0;
+    if (ns) {
+        /* Bounded by the URI and name limits: no allocation to fail. */
+        unsigned char buf[DLOCK_URI_MAX + 1 + DLOCK_NAME_MAX];
+        size_t nlen = strnlen(ns, DLOCK_URI_MAX);
+        memcpy(buf, ns, nlen);
+        buf[nlen] = 0;
+        memcpy(buf + nlen + 1, name, len);
+        dlock_sha256(buf, nlen + 1 + len, d);
+    } else {
+        dlock_sha256(name, len, d);
+    }
+    for (int i = 0; i < 8; i++)
+        k = k << 8 | d[i];
+    return (int64_t)k;
+}
+
+void dlock_pg_name(int64_t key, struct pg_name *n)
+{
+    uint64_t u = (uint64_t)key;
+    n->key = key;
+    n->hi = (uint32_t)(u >> 32);
+    n->lo = (uint32_t)u;
+}
+
+void dlock_pg_tag(char *buf, size_t len, const char *owner_hex, uint32_t ttl_ms, uint64_t token,
+                  int64_t key)
+{
+    if (token)
+        snprintf(buf, len, TAG_HEAD "%s ttl=%" PRIu32 " token=%" PRIu64 " key=%" PRId64 "*/ ",
+                 owner_hex, ttl_ms, token, key);
+    else
+        snprintf(buf, len, TAG_HEAD "%s ttl=%" PRIu32 " key=%" PRId64 "*/ ", owner_hex, ttl_ms,
+                 key);
+}
+
+/* The channel a semaphore's releases NOTIFY. */
+static void channel(char *buf, size_t len, int64_t key)
+{
+    snprintf(buf, len, "dlock_sem_%016" PRIx64, (uint64_t)key);
+}
+
+/* The limit of a semaphore holding n, from its holders' limit locks; NULL
+ * when none holds it as a semaphore. */
+static void held_as_sem(char *buf, size_t len, const struct pg_name *n)
+{
+    snprintf(buf, len,
+             "(SELECT min(l.objid::bigint & 65535) FROM pg_locks l WHERE " IN_DB
+             " AND l.granted AND l.objsubid = 2 AND l.classid = %" PRIu32
+             " AND l.objid::bigint >> 16 = %" PRIu32 ")",
+             n->hi ^ T_LIMIT, n->lo >> 16);
+}
+
+/* What stands in the way of a semaphore of limit `limit` on n, among other
+ * sessions' grants: a limit lock of another limit (that limit), a holder
+ * of the key without a limit lock (0: a read-write lock), else NULL. */
+static void other_kind(char *buf, size_t len, const struct pg_name *n, uint32_t limit)
+{
+    snprintf(buf, len,
+             "(WITH p AS MATERIALIZED (SELECT l.pid, l.objsubid AS sub, l.objid::bigint AS o"
+             " FROM pg_locks l WHERE " IN_DB " AND l.granted AND l.pid <> pg_backend_pid() AND"
+             " ((l.objsubid = 1 AND l.classid = %" PRIu32 " AND l.objid = %" PRIu32 ") OR"
+             " (l.objsubid = 2 AND l.classid = %" PRIu32 " AND l.objid::bigint >> 16 = %" PRIu32
+             "))) SELECT coalesce((SELECT min(o & 65535) FROM p WHERE sub = 2 AND"
+             " (o & 65535) <> %" PRIu32 "), (SELECT 0 FROM p b WHERE b.sub = 1 AND NOT EXISTS"
+             " (SELECT 1 FROM p m WHERE m.sub = 2 AND m.pid = b.pid) LIMIT 1)))",
+             n->hi, n->lo, n->hi ^ T_LIMIT, n->lo >> 16, limit);
+}
+
+/* CTE f: the token of a grant, from CTE src where cond (one row or none). */
+static void token_cte(char *buf, size_t len, const struct pg_conn *pc, int64_t key,
+                      const char *src, const char *cond)
+{
+    if (pc->use_sequence)
+        snprintf(buf, len, "f AS MATERIALIZED (SELECT nextval('%s_seq') AS token FROM %s WHERE %s)",
+                 pc->table, src, cond);
+    else /* the store's floor (the row -2^63, NULL when missing) read in the same statement */
+        snprintf(buf, len,
+                 "f AS (INSERT INTO %s (key, token) SELECT %" PRId64 ", GREATEST(1, (SELECT token"
+                 " FROM %s WHERE key = -9223372036854775808) + 1) FROM %s WHERE %s "
+                 "ON CONFLICT (key) DO UPDATE SET token = GREATEST(%s.token + 1, EXCLUDED.token)"
+                 " RETURNING token)",
+                 pc->table, key, pc->table, src, cond, pc->table);
+}
+
+/* The token lock of the grant in f (its token's low 32 bits, as an int4). */
+static void token_lock(char *buf, size_t len, const struct pg_name *n)
+{
+    snprintf(buf, len,
+             "(SELECT pg_advisory_lock_shared(%" PRId32 ", ((token + 2147483648) %% 4294967296"
+             " - 2147483648)::int4) IS NOT NULL FROM f)",
+             i4(n->hi ^ T_TOKEN));
+}
+
+void dlock_pg_lock_sql(const struct pg_conn *pc, const dlock_request *req, int64_t key,
+                       int have_gate, char *buf, size_t len)
+{
+    struct pg_name n;
+    char f[700], q[700], tl[200];
+    int try = req->wait == DLOCK_WAIT_TRY;
+    dlock_pg_name(key, &n);
+    held_as_sem(q, sizeof q, &n);
+    if (req->limit == 0 && req->mode == DLOCK_MODE_EXCLUSIVE) {
+        /* Today's lock; a failed try, or a wait that would queue, asks
+         * whether a semaphore holds the name. */
+        token_cte(f, sizeof f, pc, key, "l", "got");
+        if (try)
+            snprintf(buf, len,
+                     "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock(%" PRId64 ") AS got), %s "
+                     "SELECT (SELECT token FROM f), (SELECT CASE WHEN NOT got THEN %s END FROM l)",
+                     key, f, q);
+        else
+            snprintf(buf, len,
+                     "WITH l AS MATERIALIZED (SELECT CASE WHEN pg_try_advisory_lock(%" PRId64 ")"
+                     " THEN true WHEN %s IS NOT NULL THEN false ELSE pg_advisory_lock(%" PRId64 ")"
+                     " IS NOT NULL END AS got), %s "
+                     "SELECT (SELECT token FROM f), (SELECT CASE WHEN NOT got THEN %s END FROM l)",
+                     key, q, key, f, q);
+        return;
+    }
+    token_lock(tl, sizeof tl, &n);
+    if (req->mode == DLOCK_MODE_SHARED) {
+        token_cte(f, sizeof f, pc, key, "k", "kind IS NULL");
+        snprintf(buf, len,
+                 "WITH l AS MATERIALIZED (SELECT %s(%" PRId64 ")%s AS got), "
+                 "x AS MATERIALIZED (SELECT pg_advisory_xact_lock(%" PRId32 ", %" PRId32 ")"
+                 " IS NOT NULL AS m FROM l WHERE got), "
+                 "k AS MATERIALIZED (SELECT %s AS kind FROM x), %s "
+                 "SELECT (SELECT token FROM f), (SELECT kind FROM k), NULL::int, false, %s,"
+                 " (SELECT pg_advisory_unlock_shared(%" PRId64 ") FROM k WHERE kind IS NOT NULL)",
+                 try ? "pg_try_advisory_lock_shared" : "pg_advisory_lock_shared", key,
+                 try ? "" : " IS NOT NULL", i4(n.hi ^ T_MUTEX), i4(n.lo), q, f, tl, key);
+        return;
+    }
+    /* A semaphore: through its gate; keep the gate when waiting. */
+    char gate[160], kind[900];
+    int keep = !try;
+    if (have_gate)
+        snprintf(gate, sizeof gate, "true");
+    else
+        snprintf(gate, sizeof gate, "%s(%" PRId32 ", %" PRId32 ")%s",
+                 try ? "pg_try_advisory_lock" : "pg_advisory_lock", i4(n.hi ^ T_GATE), i4(n.lo),
+                 try ? "" : " IS NOT NULL");
+    other_kind(kind, sizeof kind, &n, req->limit);
+    token_cte(f, sizeof f, pc, key, "m", "lm");
+    snprintf(buf, len,
+             "WITH g AS MATERIALIZED (SELECT %s AS gate), "
+             "x AS MATERIALIZED (SELECT pg_advisory_xact_lock(%" PRId32 ", %" PRId32 ")"
+             " IS NOT NULL AS m FROM g WHERE gate), "
+             "k AS MATERIALIZED (SELECT %s AS kind FROM x), "
+             "b AS MATERIALIZED (SELECT pg_try_advisory_lock_shared(%" PRId64 ") AS bs FROM k"
+             " WHERE kind IS NULL), "
+             "s AS MATERIALIZED (SELECT i FROM b, generate_series(0, %" PRIu32 ") i WHERE b.bs AND"
+             " pg_try_advisory_lock(%" PRId32 ", ((%" PRIu32 " + i + 2147483648) %% 4294967296"
+             " - 2147483648)::int4) LIMIT 1), "
+             "m AS MATERIALIZED (SELECT pg_advisory_lock_shared(%" PRId32 ", %" PRId32 ")"
+             " IS NOT NULL AS lm FROM s), %s "
+             "SELECT (SELECT token FROM f), (SELECT kind FROM k), (SELECT i FROM s),"
+             " (SELECT gate AND %s AND NOT EXISTS (SELECT 1 FROM s) AND NOT EXISTS (SELECT 1"
+             " FROM k WHERE kind IS NOT NULL) FROM g), %s,"
+             " (SELECT pg_advisory_unlock_shared(%" PRId64 ") FROM b WHERE bs AND NOT EXISTS"
+             " (SELECT 1 FROM s)),"
+             " (SELECT pg_advisory_unlock(%" PRId32 ", %" PRId32 ") FROM g WHERE gate AND"
+             " (%s OR EXISTS (SELECT 1 FROM s) OR EXISTS (SELECT 1 FROM k WHERE kind IS NOT"
+             " NULL)))",
+             gate, i4(n.hi ^ T_MUTEX), i4(n.lo), kind, key, req->limit - 1, i4(n.hi ^ T_SLOT),
+             n.lo, i4(n.hi ^ T_LIMIT), i4((n.lo & 0xffff0000u) | req->limit), f,
+             keep ? "true" : "false", tl, key, i4(n.hi ^ T_GATE), i4(n.lo),
+             keep ? "false" : "true");
+}
+
+void dlock_pg_unlock_if_held(char *sql, size_t len, int64_t key)
+{
+    struct pg_name n;
+    dlock_pg_name(key, &n);
+    snprintf(sql, len,
+             "SELECT CASE WHEN l.objsubid = 1 THEN CASE WHEN l.mode = 'ExclusiveLock' THEN"
+             " pg_advisory_unlock(%" PRId64 ") ELSE pg_advisory_unlock_shared(%" PRId64 ") END"
+             " ELSE CASE WHEN l.mode = 'ExclusiveLock' THEN pg_advisory_unlock(c, o) ELSE"
+             " pg_advisory_unlock_shared(c, o) END END "
+             "FROM pg_locks l, LATERAL (SELECT ((l.classid::bigint + 2147483648) %% 4294967296"
+             " - 2147483648)::int4 AS c, ((l.objid::bigint + 2147483648) %% 4294967296"
+             " - 2147483648)::int4 AS o) v "
+             "WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.granted AND"
+             " ((l.objsubid = 1 AND l.classid = %" PRIu32 " AND l.objid = %" PRIu32 ") OR"
+             " (l.objsubid = 2 AND ((l.classid = %" PRIu32 " AND l.objid = %" PRIu32 ") OR"
+             " (l.classid = %" PRIu32 " AND (l.objid::bigint - %" PRIu32 " + 4294967296)"
+             " %% 4294967296 < 65536) OR (l.classid = %" PRIu32 " AND l.objid::bigint >> 16 = %"
+             PRIu32 ") OR l.classid = %" PRIu32 ")))",
+             key, key, n.hi, n.lo, n.hi ^ T_GATE, n.lo, n.hi ^ T_SLOT, n.lo, n.hi ^ T_LIMIT,
+             n.lo >> 16, n.hi ^ T_TOKEN);
+}
+
+void dlock_pg_unlock_exprs(const struct pg_held *h, char *buf, size_t len)
+{
+    struct pg_name n;
+    char ch[40];
+    dlock_pg_name(h->key, &n);
+    if (h->limit == 0 && h->mode == DLOCK_MODE_EXCLUSIVE) {
+        snprintf(buf, len, "pg_advisory_unlock(%" PRId64 ")", h->key);
+        return;
+    }
+    int32_t tok = i4((uint32_t)h->base.token);
+    if (h->limit == 0) {
+        snprintf(buf, len,
+                 "pg_advisory_unlock_shared(%" PRId64 "), pg_advisory_unlock_shared(%" PRId32
+                 ", %" PRId32 ")",
+                 h->key, i4(n.hi ^ T_TOKEN), tok);
+        return;
+    }
+    channel(ch, sizeof ch, h->key);
+    snprintf(buf, len,
+             "pg_advisory_unlock(%" PRId32 ", %" PRId32 "), pg_advisory_unlock_shared(%" PRId64
+             "), pg_advisory_unlock_shared(%" PRId32 ", %" PRId32 "),"
+             " pg_advisory_unlock_shared(%" PRId32 ", %" PRId32 "), pg_notify('%s', '')",
+             i4(n.hi ^ T_SLOT), i4(n.lo + h->slot), h->key, i4(n.hi ^ T_LIMIT),
+             i4((n.lo & 0xffff0000u) | h->limit), i4(n.hi ^ T_TOKEN), tok, ch);
+}
+
+int dlock_pg_mode_error(struct pg_conn *pc, const dlock_request *req, long long kind)
+{
+    if (kind == 0)
+        return dlock_seterr(cl(pc), DLOCK_EMODE,
+                            "postgresql: the name is held as a read-write lock, not as a"
+                            " semaphore of limit %" PRIu32, req->limit);
+    if (req->limit)
+        return dlock_seterr(cl(pc), DLOCK_EMODE,
+                            "postgresql: the name is held as a semaphore of limit %lld, not %"
+                            PRIu32, kind, req->limit);
+    return dlock_seterr(cl(pc), DLOCK_EMODE,
+                        "postgresql: the name is held as a semaphore of limit %lld, not as a"
+                        " read-write lock", kind);
+}
+
+/* A semaphore's waiter gives up (deadline, cancel): lets go of the gate and
+ * stops listening. A session that cannot is closed (its locks go with it).
+ * The caller's error stays reported. */
+static void sem_give_up(struct pg_conn *pc, struct pg_session *s, int64_t key)
+{
+    char sql[1400], ch[40];
+    size_t o;
+    PGresult *r = NULL;
+    dlock_errsave why;
+    dlock_pg_unlock_if_held(sql, sizeof sql, key);
+    o = strlen(sql);
+    channel(ch, sizeof ch, key);
+    snprintf(sql + o, sizeof sql - o, "; UNLISTEN %s", ch);
+    dlock_err_save(cl(pc), &why);
+    if (dlock_pg_run(pc, s, sql, 0, &r, "leaving the semaphore's queue",
+                     dlock_monotonic_ns() + CANCEL_MS * MS) == 0)
+        PQclear(r);
+    else
+        dlock_pg_session_close(s);
+    dlock_err_restore(cl(pc), &why);
+}
+
+int dlock_pg_sem_wait(struct pg_conn *pc, struct pg_session *s, const dlock_request *req,
+                      int64_t key, uint64_t *token, uint32_t *slot, uint64_t *granted_ns)
+{
+    char sql[8192], lock[6000], tg[160], ch[40];
+    uint64_t deadline = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : DLOCK_POLL_FOREVER;
+    uint64_t poll_ms = req->ttl_ms / 2 < SEM_POLL_MS ? req->ttl_ms / 2 : SEM_POLL_MS;
+    int first = 1, err;
+    if (poll_ms == 0)
+        poll_ms = 1;
+    channel(ch, sizeof ch, key);
+    dlock_pg_tag(tg, sizeof tg, req->owner_hex, s->base.lease, 0, key);
+    dlock_pg_lock_sql(pc, req, key, 1, lock, sizeof lock);
+    for (;;) {
+        PGresult *r = NULL;
+        /* The first look follows the LISTEN's commit: a release from then
+         * on wakes this wait. */
+        char head[120] = "";
+        if (first)
+            snprintf(head, sizeof head, "BEGIN; LISTEN %s; COMMIT; ", ch);
+        snprintf(sql, sizeof sql,
+                 "%s%sSET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL"
+                 " synchronous_commit = on; SET LOCAL lock_timeout = %" PRIu64 "; SET LOCAL"
+                 " statement_timeout = %" PRIu64 "; %s",
+                 tg, head, pc->timeout_ms, pc->timeout_ms, lock);
+        err = dlock_pg_run(pc, s, sql, first ? 7 : 4, &r, "waiting for a permit",
+                           after_timeout(pc));
+        first = 0;
+        if (err) {
+            if (s->pg && PQstatus(s->pg) == CONNECTION_OK)
+                sem_give_up(pc, s, key);
+            return err;
+        }
+        *granted_ns = dlock_monotonic_ns();
+        if (PQntuples(r) != 1) {
+            PQclear(r);
+            sem_give_up(pc, s, key);
+            return dlock_seterr(cl(pc), DLOCK_EPROTO, "postgresql: no row returned");
+        }
+        if (!PQgetisnull(r, 0, PG_COL_TOKEN)) {
+            *token = strtoull(PQgetvalue(r, 0, PG_COL_TOKEN), NULL, 10);
+            *slot = (uint32_t)strtoul(PQgetvalue(r, 0, PG_COL_SLOT), NULL, 10);
+            PQclear(r);
+            return 0;
+        }
+        if (!PQgetisnull(r, 0, PG_COL_KIND)) {
+            long long kind = strtoll(PQgetvalue(r, 0, PG_COL_KIND), NULL, 10);
+            PQclear(r);
+            sem_give_up(pc, s, key);
+            return dlock_pg_mode_error(pc, req, kind);
+        }
+        PQclear(r);
+        uint64_t now = dlock_monotonic_ns();
+        if (now >= deadline) {
+            int e = dlock_seterr(cl(pc), DLOCK_ETIMEDOUT,
+                                 "the deadline passed with every permit still held");
+            sem_give_up(pc, s, key);
+            return e;
+        }
+        uint64_t until = now + poll_ms * MS;
+        if (until > deadline)
+            until = deadline;
+        struct pollfd pfd = {.fd = PQsocket(s->pg), .events = POLLIN};
+        int n = dlock_poll_until(&pfd, 1, req->cancel_fd, until, 0);
+        if (n > 0 && (n & DLOCK_POLL_CANCEL)) {
+            int e = dlock_cancelled(cl(pc));
+            sem_give_up(pc, s, key);
+            return e;
+        }
+        if (n < 0 || ((n & DLOCK_POLL_READY) && (!PQconsumeInput(s->pg) || s->ended))) {
+            dlock_pg_session_close(s);
+            return dlock_seterr(cl(pc), DLOCK_ECONNECT,
+                                "postgresql: the session ended while waiting for a permit");
+        }
+    }
+}
