@@ -684,6 +684,66 @@ int dlock_inspect(dlock_client *c, const char *name, dlock_info *info)
     return finish(c, rc);
 }
 
+/* One exclusive holder from what inspect() tells, for a backend that
+ * cannot list holders: stores without shared modes hold one at a time. */
+static int holders_from_info(dlock_client *c, const char *name, size_t len,
+                             dlock_holder *holders, size_t capacity, size_t *count)
+{
+    dlock_info info;
+    memset(&info, 0, sizeof info);
+    info.version = DLOCK_INFO_VERSION;
+    int rc = c->backend->inspect(c->conn, name, len, &info);
+    if (rc || !(info.known & DLOCK_KNOWS_HELD) || !info.held)
+        return rc;
+    *count = 1;
+    if (capacity) {
+        dlock_holder *h = &holders[0];
+        h->known = DLOCK_KNOWS_MODE |
+                   (info.known & (DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER | DLOCK_KNOWS_LEASE));
+        h->mode = DLOCK_MODE_EXCLUSIVE;
+        h->token = info.token;
+        h->lease_ms = info.lease_ms;
+        memcpy(h->owner, info.owner, sizeof h->owner);
+    }
+    return 0;
+}
+
+int dlock_store_holders(dlock_client *c, const char *name, size_t len, dlock_holder *holders,
+                        size_t capacity, size_t *count)
+{
+    if (dlock_method(c->backend, inspect_holders))
+        return c->backend->inspect_holders(c->conn, name, len, holders, capacity, count);
+    if (dlock_method(c->backend, inspect))
+        return holders_from_info(c, name, len, holders, capacity, count);
+    return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot inspect its locks",
+                        c->backend->name);
+}
+
+int dlock_inspect_holders(dlock_client *c, const char *name, dlock_holder *holders,
+                          size_t capacity, size_t *count)
+{
+    int rc;
+    if (!c || not_on_keeper())
+        return DLOCK_EINVAL;
+    if ((rc = check_usable(c)) != 0)
+        return rc;
+    if (!count || (capacity && !holders))
+        return dlock_seterr(c, DLOCK_EINVAL, "no place to store the holders");
+    *count = 0;
+    size_t len = name ? strnlen(name, DLOCK_NAME_MAX + 1) : 0;
+    if ((rc = check_name(c, name, len)) != 0)
+        return rc;
+    if (capacity)
+        memset(holders, 0, capacity * sizeof *holders);
+    rc = dlock_store_holders(c, name, len, holders, capacity, count);
+    if (rc) {
+        *count = 0;
+        if (capacity)
+            memset(holders, 0, capacity * sizeof *holders);
+    }
+    return finish(c, rc);
+}
+
 const char *dlock_lock_owner(const dlock_lock *lock)
 {
     if (!lock)

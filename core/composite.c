@@ -459,6 +459,16 @@ static int comp_inspect(dlock_conn *conn, const char *name, size_t len, dlock_in
     return rc ? store_error(cc, 0, rc) : 0;
 }
 
+/* The first store's holders, as comp_inspect. */
+static int comp_inspect_holders(dlock_conn *conn, const char *name, size_t len,
+                                dlock_holder *holders, size_t capacity, size_t *count)
+{
+    struct comp_conn *cc = (struct comp_conn *)conn;
+    dlock_err_clear(cc->part[0]);
+    int rc = dlock_store_holders(cc->part[0], name, len, holders, capacity, count);
+    return rc ? store_error(cc, 0, rc) : 0;
+}
+
 /* The largest of the stores' tops: every store must tell. */
 static int comp_token_top(dlock_conn *conn, uint64_t *top)
 {
@@ -522,6 +532,7 @@ const dlock_backend dlock_composite_backend = {
     .token_top = comp_token_top,
     .raise_floor = comp_raise_floor,
     .inspect = comp_inspect,
+    .inspect_holders = comp_inspect_holders,
 };
 
 /* Splits s at runs of whitespace: the count of words, and with out (room for

@@ -99,6 +99,10 @@ int dlock_thread_start(pthread_t *th, int detached, void *(*fn)(void *), void *a
 void dlock_cond_init_mono(pthread_cond_t *cv);
 int dlock_random_bytes(void *buf, size_t len);
 int dlock_owner_new(unsigned char owner[16], char hex[33]);
+/* The holders of a checked name as c's backend lists them, or as its
+ * inspect() tells them (core/client.c; the composite asks its first store). */
+int dlock_store_holders(dlock_client *c, const char *name, size_t len, dlock_holder *holders,
+                        size_t capacity, size_t *count);
 /* The eventfd of a cancel flag, -1 for NULL (core/cancel.c). */
 int dlock_cancel_fd(const dlock_cancel *cancel);
 #define dlock_clearerr dlock_err_clear
@@ -114,6 +118,7 @@ enum {
     DLOCK_ABI_inspect = 5,
     DLOCK_ABI_lease_ms = 6,
     DLOCK_ABI_mode = 7, /* request->mode and ->limit, and the caps that ask for them */
+    DLOCK_ABI_inspect_holders = 8,
 };
 /* 1 when b was built against an ABI with m (a method or held field). */
 #define dlock_abi_has(b, m) ((b)->version >= DLOCK_ABI_##m)

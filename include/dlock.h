@@ -169,6 +169,33 @@ DLOCK_API unsigned int dlock_client_caps(const dlock_client *client);
 DLOCK_API int dlock_client_ping(dlock_client *client);
 
 /*
+ * Shared locks and semaphores. Every name is either a read-write lock or a
+ * counting semaphore of one limit, as its holders ask:
+ * - a read-write lock (limit 0): an exclusive request is the classic lock;
+ *   shared requests (DLOCK_MODE_SHARED) hold together, and exclude and are
+ *   excluded by exclusive ones. Waiters are served in arrival order across
+ *   modes: a reader that arrives after a waiting writer waits behind it,
+ *   and consecutive readers at the head of the queue are granted together.
+ * - a semaphore (limit N, 1..DLOCK_LIMIT_MAX): at most N holders at once,
+ *   granted in arrival order; a dead holder's permit is freed as a dead
+ *   holder's lock is (session end, lease), that permit only.
+ * Every grant carries a fencing token that strictly increases in grant
+ * order for the name, whatever the mode: an exclusive grant's token is
+ * above every earlier grant's. A request whose mode or limit disagrees with
+ * the name's current holders (a semaphore on a name held as a read-write
+ * lock, limit 5 on a name held with limit 3) fails at once with
+ * DLOCK_EMODE. A backend without the mode (DLOCK_CAP_SHARED,
+ * DLOCK_CAP_SEMAPHORE) refuses it with DLOCK_ENOTSUP. Everything else a
+ * held lock has works in every mode: release, renew, keep, cancel,
+ * deadlines, lists of stores, several names (all in one mode).
+ */
+typedef enum dlock_mode {
+    DLOCK_MODE_EXCLUSIVE = 0,
+    DLOCK_MODE_SHARED = 1
+} dlock_mode;
+#define DLOCK_LIMIT_MAX 65535u
+
+/*
  * What a store knows about one lock name, read without taking or disturbing
  * the lock (dlock_inspect()). A store tells what it can: .known has a
  * DLOCK_KNOWS_* bit for every field it filled; the others are zero and must
@@ -186,6 +213,7 @@ enum {
     DLOCK_KNOWS_WAITERS = 1u << 4,    /* .waiters */
     DLOCK_KNOWS_ORDER = 1u << 5,      /* .listed and .waiter[]: the queue's head */
     DLOCK_KNOWS_LAST_TOKEN = 1u << 6, /* .last_token */
+    DLOCK_KNOWS_MODE = 1u << 7,       /* dlock_holder .mode and .limit */
 };
 
 typedef struct dlock_info {
@@ -216,6 +244,35 @@ typedef struct dlock_info {
  * name; connection and store errors.
  */
 DLOCK_API int dlock_inspect(dlock_client *client, const char *name, dlock_info *info);
+
+/*
+ * One holder of a name (dlock_inspect_holders()): a read-write lock has one
+ * exclusive holder or any number of shared ones, a semaphore up to its
+ * limit. Like dlock_info, .known says which fields the store filled. Its
+ * size never changes (an array of them is laid out by the caller).
+ */
+typedef struct dlock_holder {
+    unsigned int known; /* DLOCK_KNOWS_TOKEN, _OWNER, _LEASE, _MODE */
+    dlock_mode mode;    /* this holder's mode */
+    uint32_t limit;     /* the name's limit: 0 for a read-write lock */
+    uint64_t token;     /* its fencing token */
+    uint64_t lease_ms;  /* lease time left, ms */
+    char owner[DLOCK_HOLDER_MAX]; /* as dlock_info's .owner */
+    uint64_t reserved[4];
+} dlock_holder;
+
+/*
+ * Every holder of the lock called name, in grant order (token ascending):
+ * fills holders[0 .. min(capacity, *count)) and sets *count to how many
+ * hold (0: free), which may be more than capacity (ask again with more
+ * room). Reads like dlock_inspect(): takes, waits for and changes nothing.
+ * A store that cannot list its holders but can inspect tells the one it
+ * knows (an exclusive holder). On a list of stores, the first store's.
+ * DLOCK_ENOTSUP when the backend cannot inspect; DLOCK_EINVAL for a bad
+ * name, or no count, or no array with a capacity.
+ */
+DLOCK_API int dlock_inspect_holders(dlock_client *client, const char *name,
+                                    dlock_holder *holders, size_t capacity, size_t *count);
 
 /* The owner id of this grant as 32 lower-case hex digits (the holder an
  * inspection names, where the store keeps it). Owned by the lock; made at
@@ -289,32 +346,6 @@ typedef enum dlock_wait {
 #define DLOCK_ACQUIRE_OPTS_VERSION 4
 #define DLOCK_TTL_DEFAULT_MS 30000u
 
-/*
- * Shared locks and semaphores. Every name is either a read-write lock or a
- * counting semaphore of one limit, as its holders ask:
- * - a read-write lock (limit 0): an exclusive request is the classic lock;
- *   shared requests (DLOCK_MODE_SHARED) hold together, and exclude and are
- *   excluded by exclusive ones. Waiters are served in arrival order across
- *   modes: a reader that arrives after a waiting writer waits behind it,
- *   and consecutive readers at the head of the queue are granted together.
- * - a semaphore (limit N, 1..DLOCK_LIMIT_MAX): at most N holders at once,
- *   granted in arrival order; a dead holder's permit is freed as a dead
- *   holder's lock is (session end, lease), that permit only.
- * Every grant carries a fencing token that strictly increases in grant
- * order for the name, whatever the mode: an exclusive grant's token is
- * above every earlier grant's. A request whose mode or limit disagrees with
- * the name's current holders (a semaphore on a name held as a read-write
- * lock, limit 5 on a name held with limit 3) fails at once with
- * DLOCK_EMODE. A backend without the mode (DLOCK_CAP_SHARED,
- * DLOCK_CAP_SEMAPHORE) refuses it with DLOCK_ENOTSUP. Everything else a
- * held lock has works in every mode: release, renew, keep, cancel,
- * deadlines, lists of stores, several names (all in one mode).
- */
-typedef enum dlock_mode {
-    DLOCK_MODE_EXCLUSIVE = 0,
-    DLOCK_MODE_SHARED = 1
-} dlock_mode;
-#define DLOCK_LIMIT_MAX 65535u
 
 /*
  * Cancelling a wait. A dlock_cancel is a flag that any thread may raise

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define DLOCK_BACKEND_VERSION 7
+#define DLOCK_BACKEND_VERSION 8
 
 /* Capability bits: what a backend guarantees. */
 enum {
@@ -322,6 +322,19 @@ struct dlock_backend {
      * application's thread. The owner is the holder's owner_hex where the
      * store keeps it. */
     int (*inspect)(dlock_conn *conn, const char *name, size_t len, dlock_info *info);
+
+    /* Version 8. */
+
+    /* Optional (NULL: the core tells inspect()'s holder, as an exclusive
+     * one, or DLOCK_ENOTSUP without inspect). Lists every holder of name
+     * (as inspect: checked, NUL-terminated, disturbing nothing, bounded),
+     * in grant order: fills holders[0 .. min(capacity, *count)) (zeroed by
+     * the core; capacity may be 0) and sets *count to how many hold. A
+     * backend that grants shared locks or semaphore permits implements it.
+     * On such a name, inspect() reports held with the newest holder's
+     * token, owner and lease. */
+    int (*inspect_holders)(dlock_conn *conn, const char *name, size_t len,
+                           dlock_holder *holders, size_t capacity, size_t *count);
 };
 
 /*

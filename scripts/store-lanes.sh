@@ -39,11 +39,15 @@ fi
 # fault run of the same store (faults-X with X). test_redis also uses the
 # Redlock nodes, test_zookeeper the ensemble.
 group_of() {
-    case $1 in
+    local n=$1
+    # A fault run in a mode (faults-modes: faults-X-shared, faults-X-permit)
+    # kills what faults-X kills.
+    case $n in faults-*-shared | faults-*-permit) n=${n%-*} ;; esac
+    case $n in
     redis | redlock | faults-redis | faults-redlock) echo redis ;;
     zookeeper | faults-zookeeper | faults-zookeeper-ensemble) echo zookeeper ;;
-    faults-*) echo "${1#faults-}" ;;
-    *) echo "$1" ;;
+    faults-*) echo "${n#faults-}" ;;
+    *) echo "$n" ;;
     esac
 }
 # Their usual length in seconds (CI runs of 2026-11-26); 30 if unknown.
@@ -53,7 +57,8 @@ secs_of() {
     faults-redis-sentinel) echo 52 ;; faults-redis-cluster) echo 38 ;;
     faults-zookeeper-ensemble) echo 32 ;; faults-zookeeper) echo 23 ;;
     faults-redlock | faults-etcd) echo 21 ;; faults-redis) echo 12 ;;
-    faults-mysql | faults-postgres | redlock) echo 10 ;; faults-file) echo 1 ;;
+    faults-mysql | faults-postgres | redlock) echo 10 ;; faults-file*) echo 1 ;;
+    faults-*-shared | faults-*-permit) secs_of "${1%-*}" ;;
     *) echo 30 ;;
     esac
 }

@@ -100,9 +100,9 @@ phase() { # name: prints the time since the last phase
 # a lane, so they do not meet.
 FAULT_LANES=${DLOCK_FAULT_LANES:-2}
 meson test -C "$BUILD" --no-rebuild --print-errorlogs --num-processes 2 --no-suite faults \
-    --no-suite backends || status=$?
+    --no-suite faults-modes --no-suite backends || status=$?
 phase "$BUILD (all suites but faults and backends)"
-bash scripts/store-lanes.sh "$BUILD" test "$FAULT_LANES" faults backends || status=1
+bash scripts/store-lanes.sh "$BUILD" test "$FAULT_LANES" faults faults-modes backends || status=1
 phase "$BUILD faults and backends ($FAULT_LANES lanes)"
 meson test -C "$BUILD" --no-rebuild --print-errorlogs --num-processes 2 \
     --setup valgrind --suite unit || status=1

@@ -11,7 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A program of several files defines TAP_SHARED in each and defines the
+ * counters once (TAP_COUNTERS), so that every file counts on one plan. */
+#ifdef TAP_SHARED
+extern int tap_n_, tap_failed_;
+#define TAP_COUNTERS int tap_n_, tap_failed_
+#else
 static int tap_n_, tap_failed_;
+#endif
 
 static inline int tap_ok_(int cond, const char *file, int line, const char *fmt, ...)
 {

@@ -28,7 +28,8 @@
  *                   "tokens" (token order: a client that makes its tokens
  *                   up, counting its own grants) and "fifo" (arrival order:
  *                   every other waiter gives its turn away, releasing its
- *                   grant at once and queueing again). With --case:
+ *                   grant at once and queueing again), "shared" (read-write
+ *                   exclusion: writers ask for shared locks). With --case:
  *                   "death" (a killed holder's connections live on in a
  *                   child of it, so "holder killed" must fail on a store
  *                   that declares HOLDER_DEATH), "lease" ("leases" renews
@@ -73,16 +74,17 @@
 #include "core/uri.h"
 #include "dlock_backend.h"
 #include "tests/proxy.h"
-#include "tests/tap.h"
-#include "tests/util.h"
+#include "tests/conformance/conformance.h"
 
-static const char *uri;
+TAP_COUNTERS;
+
+const char *uri;
 static const char *auth_uri;
-static unsigned int caps;
-static char prefix[64]; /* per-run name prefix: runs never collide */
-static char backend[32]; /* "file", "redis", "redlock", "postgres", ... */
+unsigned int caps;
+char prefix[64]; /* per-run name prefix: runs never collide */
+char backend[32]; /* "file", "redis", "redlock", "postgres", ... */
 static int nhosts;       /* 0: no network (file) */
-static int composite;    /* a list of stores (one lock in each) */
+int composite;    /* a list of stores (one lock in each) */
 
 /* The cases that cut, stop or rewrite one store's network: for a list of
  * stores they run in each store's own run of the suite. */
@@ -95,7 +97,6 @@ static int composite;    /* a list of stores (one lock in each) */
         }                                                                                     \
     } while (0)
 
-#define MS 1000000ull
 
 /*
  * What each kind of store must declare (dlock_client_caps), asserted once
@@ -301,12 +302,12 @@ static int owner_is(const char *owner, const char *id)
     return d > 0 && (owner[w + 1 + d] == '\0' || owner[w + 1 + d] == ' ');
 }
 
-static void name_of(char *buf, size_t len, const char *what)
+void name_of(char *buf, size_t len, const char *what)
 {
     snprintf(buf, len, "%s%s", prefix, what);
 }
 
-static dlock_client *client(void)
+dlock_client *client(void)
 {
     dlock_client *c = NULL;
     int rc = dlock_client_open(uri, &c);
@@ -320,7 +321,7 @@ static dlock_client *client(void)
     return c;
 }
 
-static dlock_acquire_opts wait_for(uint64_t ms)
+dlock_acquire_opts wait_for(uint64_t ms)
 {
     dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
     o.wait = DLOCK_WAIT_DEADLINE;
@@ -328,7 +329,7 @@ static dlock_acquire_opts wait_for(uint64_t ms)
     return o;
 }
 
-static dlock_acquire_opts try_once(void)
+dlock_acquire_opts try_once(void)
 {
     dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
     o.wait = DLOCK_WAIT_TRY;
@@ -546,7 +547,7 @@ static void test_same_process(void)
 /* --break WHAT (see the usage above): which deliberately wrong client the
  * control's workers are. */
 static const char *break_what;
-static int breaking(const char *what)
+int breaking(const char *what)
 {
     return break_what && strcmp(break_what, what) == 0;
 }
@@ -778,7 +779,7 @@ static int inspect_ok(dlock_client *c, const char *name, dlock_info *i)
  * the store than the pause); others, to see a count the store may show
  * late. Not more often: MySQL's row-lock waiters are in InnoDB's views, a
  * cache that refreshes only after 0.1 s without a reader. */
-static int waiters_reach(dlock_client *c, const char *name, uint64_t n, uint32_t ms, dlock_info *i)
+int waiters_reach(dlock_client *c, const char *name, uint64_t n, uint32_t ms, dlock_info *i)
 {
     uint64_t until = dlock_monotonic_ns() + (uint64_t)ms * MS;
     memset(i, 0, sizeof *i);
@@ -1221,9 +1222,6 @@ static void test_names_long_wait(void)
  * case adds HOLDER_DEATH_SLACK_MS for a busy machine. Its lease is
  * HOLDER_DEATH_TTL_MS, far above both: a lock freed only by its lease
  * running out fails the case. */
-#define HOLDER_DEATH_BOUND_MS 1000u
-#define HOLDER_DEATH_SLACK_MS 1000u
-#define HOLDER_DEATH_TTL_MS 20000u
 
 static void test_holder_killed(void)
 {
@@ -1701,7 +1699,7 @@ static int is(const char *name)
 }
 
 /* Leases of the keep cases; MySQL's wait_timeout counts whole seconds. */
-static uint32_t keep_ttl(void)
+uint32_t keep_ttl(void)
 {
     return is("mysql") ? 2000 : 1000;
 }
@@ -3154,9 +3152,11 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    if (breaking("exclusion") || breaking("tokens") || breaking("fifo")) {
+    if (breaking("exclusion") || breaking("tokens") || breaking("fifo") || breaking("shared")) {
         /* a negative control: its detector's case alone */
-        if (breaking("exclusion"))
+        if (breaking("shared"))
+            test_modes_break_shared();
+        else if (breaking("exclusion"))
             test_mutual_exclusion(4, 40);
         else if (breaking("tokens"))
             test_tokens();
@@ -3182,6 +3182,7 @@ int main(int argc, char **argv)
     test_fifo();
     test_names();
     test_reentrant();
+    test_modes();
 side_by_side:;
     struct pcase cases[] = {
         {"closed port", test_closed_port, 0, NULL, 0},
@@ -3200,6 +3201,8 @@ side_by_side:;
         {"silent store: cancel", test_silent_cancel, 0, NULL, 0},
         {"silent store: deadline", test_silent_deadline, 0, NULL, 0},
         {"many held locks", test_many_held, 0, NULL, 0},
+        {"killed permit holder", test_modes_holder_killed, 0, NULL, 0},
+        {"kept reader and permit", test_modes_kept, 0, NULL, 0},
     };
     int ncases = (int)(sizeof cases / sizeof cases[0]);
     if (only) {

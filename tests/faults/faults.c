@@ -2,7 +2,9 @@
  * The fault suite: stores killed and restarted, connections killed from the
  * server side, holders killed and paused, the ZooKeeper or etcd leader
  * killed, etcd members killed and stopped, etcd's history compacted,
- * Redlock nodes down. `faults (URI | --env VAR) [--case NAME]`.
+ * Redlock nodes down. `faults (URI | --env VAR) [--case NAME] [--mode M]`:
+ * M "shared" makes the faulted holder a reader (the waiters stay writers),
+ * "permit" makes every grant a permit of a semaphore of 1.
  *
  * Every case runs a holder and waiters in processes of their own (as in real
  * use: a fork never shares a client) against one store, injects one fault,
@@ -124,6 +126,20 @@
 #include "tests/proxy.h"
 #include "tests/tap.h"
 #include "tests/util.h"
+
+/* --mode permit: every acquire of the run is a permit of a semaphore of 1
+ * (at most one inside, as an exclusive lock, through the store's semaphore
+ * recipe); --mode shared: the faulted holder holds a shared lock, the
+ * waiters exclusive ones. Either way the checks below are unchanged. */
+static uint32_t run_limit;
+static dlock_mode holder_mode = DLOCK_MODE_EXCLUSIVE;
+
+static dlock_acquire_opts mode_opts(dlock_wait wait, uint64_t wait_ms, uint32_t ttl_ms)
+{
+    dlock_acquire_opts o = wait_opts(wait, wait_ms, ttl_ms);
+    o.limit = run_limit;
+    return o;
+}
 
 #ifndef DLOCK_STORES_SCRIPTS
 #define DLOCK_STORES_SCRIPTS "scripts/stores"
@@ -1058,7 +1074,8 @@ static pid_t spawn_holder(int who, const char *u, const char *name, uint32_t ttl
     uint64_t t0 = dlock_monotonic_ns();
     int rc = dlock_client_open(u, &c);
     if (rc == 0) {
-        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, ttl);
+        dlock_acquire_opts o = mode_opts(DLOCK_WAIT_DEADLINE, 10000, ttl);
+        o.mode = holder_mode;
         o.keep = keep;
         o.on_lost = keep ? holder_lost : NULL;
         rc = dlock_acquire(c, name, &o, &l);
@@ -1120,7 +1137,7 @@ static pid_t spawn_waiter(int who, const char *u, const char *name, uint64_t dea
     int rc;
     for (;;) {
         dlock_lock *l = NULL;
-        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 0, ttl_ms() * 4);
+        dlock_acquire_opts o = mode_opts(DLOCK_WAIT_DEADLINE, 0, ttl_ms() * 4);
         o.deadline_ns = deadline;
         t0 = dlock_monotonic_ns();
         const char *brk = getenv("DLOCK_FAULTS_BREAK_OVERLAP");
@@ -1484,14 +1501,14 @@ static void case_store_restart(void)
     if (is("etcd")) {
         char kname[128];
         name_of(kname, sizeof kname, "restart-durable");
-        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, 20000);
+        dlock_acquire_opts o = mode_opts(DLOCK_WAIT_DEADLINE, 5000, 20000);
         is_int(dlock_acquire(pc, kname, &o, &kept_lock), 0,
                "a lock with a 20 s lease taken before the kill");
     }
     uint64_t before[5] = {0};
     for (int i = 0; i < 5; i++) {
         dlock_lock *l = NULL;
-        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, ttl_ms());
+        dlock_acquire_opts o = mode_opts(DLOCK_WAIT_DEADLINE, 5000, ttl_ms());
         if (dlock_acquire(pc, probe, &o, &l) == 0) {
             before[i] = dlock_lock_token(l);
             dlock_release(l);
@@ -1541,7 +1558,7 @@ static void case_store_restart(void)
     check_world(NW, 1, deadline, t_fault);
     {
         dlock_lock *l = NULL;
-        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, ttl_ms());
+        dlock_acquire_opts o = mode_opts(DLOCK_WAIT_DEADLINE, 10000, ttl_ms());
         int rc = dlock_acquire(pc, probe, &o, &l);
         is_int(rc, 0, "the probe client, open across the restart, acquires again%s%s",
                rc ? ": " : "", rc ? dlock_errmsg(pc) : "");
@@ -1830,7 +1847,7 @@ static pid_t spawn_probe(const char *u, const char *name, uint64_t deadline)
         sleep_ms(1);
     for (;;) {
         dlock_lock *l = NULL;
-        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 0, ttl_ms());
+        dlock_acquire_opts o = mode_opts(DLOCK_WAIT_DEADLINE, 0, ttl_ms());
         o.deadline_ns = deadline;
         uint64_t t0 = dlock_monotonic_ns();
         int rc = dlock_acquire(c, name, &o, &l);
@@ -2076,7 +2093,7 @@ static void case_compaction(void)
     dlock_client *c = open_ok(curi);
     for (int i = 0; i < 5; i++) {
         dlock_lock *l = NULL;
-        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, ttl_ms());
+        dlock_acquire_opts o = mode_opts(DLOCK_WAIT_DEADLINE, 5000, ttl_ms());
         if (dlock_acquire(c, other, &o, &l) == 0)
             dlock_release(l);
     }
@@ -2154,7 +2171,7 @@ static void case_quorum(void)
        g ? (unsigned long long)g->token : 0ull);
     is_int(store_ctl("%s", inst[3]), 0, "a third node killed (%s): 2 of 5 left", inst[3]);
     uint64_t t3 = dlock_monotonic_ns();
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 2000, ttl_ms());
+    dlock_acquire_opts o = mode_opts(DLOCK_WAIT_DEADLINE, 2000, ttl_ms());
     uint64_t dl = o.deadline_ns;
     int rc = dlock_acquire(c, name, &o, &x);
     uint64_t t = dlock_monotonic_ns();
@@ -2170,7 +2187,7 @@ static void case_quorum(void)
        "the message names the lost quorum and the 2 of 5 nodes still up: %s", dlock_errmsg(c));
     if (rc == 0)
         dlock_release(x);
-    o = wait_opts(DLOCK_WAIT_TRY, 0, ttl_ms());
+    o = mode_opts(DLOCK_WAIT_TRY, 0, ttl_ms());
     t = dlock_monotonic_ns();
     rc = dlock_acquire(c, name, &o, &x);
     diag("quorum: try with 2 of 5 up: %s after %.0f ms: %s", dlock_err_name(rc),
@@ -2190,7 +2207,7 @@ static void case_quorum(void)
     /* All back: locks work again, tokens above every earlier one. */
     uint64_t t_start = dlock_monotonic_ns();
     is_int(store_ctl("start %s %s %s", inst[0], inst[2], inst[3]), 0, "the three nodes started again");
-    o = wait_opts(DLOCK_WAIT_DEADLINE, 10000, ttl_ms());
+    o = mode_opts(DLOCK_WAIT_DEADLINE, 10000, ttl_ms());
     rc = dlock_acquire(c, name, &o, &l);
     is_int(rc, 0, "the same client acquires again %.0f ms after the restart began%s%s",
            ms_of(t_start, dlock_monotonic_ns()), rc ? ": " : "", rc ? dlock_errmsg(c) : "");
@@ -2344,7 +2361,7 @@ static pid_t spawn_looper(int who, const char *u, int k, const char *name, unsig
     int rc;
     while (!W->stop) {
         dlock_lock *l = NULL;
-        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 3000, ttl_ms());
+        dlock_acquire_opts o = mode_opts(DLOCK_WAIT_DEADLINE, 3000, ttl_ms());
         t0 = dlock_monotonic_ns();
         rc = dlock_acquire(c, name, &o, &l);
         if (rc) {
@@ -2871,6 +2888,7 @@ static uint64_t try_token(dlock_client *c, const char *name, int *rc, dlock_lock
     dlock_acquire_opts o = DLOCK_ACQUIRE_OPTS_INIT;
     o.wait = DLOCK_WAIT_TRY;
     o.ttl_ms = 10000;
+    o.limit = run_limit;
     *l = NULL;
     *rc = dlock_acquire(c, name, &o, l);
     return *rc ? 0 : dlock_lock_token(*l);
@@ -3027,7 +3045,7 @@ static void case_node_pause(void)
     pc = open_ok(wuri);
     {
         dlock_lock *l = NULL;
-        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, ttl_ms());
+        dlock_acquire_opts o = mode_opts(DLOCK_WAIT_TRY, 0, ttl_ms());
         if (dlock_acquire(pc, name, &o, &l) == 0) /* held: a busy answer, and pc is connected */
             dlock_release(l);
     }
@@ -3036,7 +3054,7 @@ static void case_node_pause(void)
     uint64_t t_fault = dlock_monotonic_ns();
     {
         dlock_lock *l = NULL;
-        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, ttl_ms());
+        dlock_acquire_opts o = mode_opts(DLOCK_WAIT_TRY, 0, ttl_ms());
         uint64_t t0 = dlock_monotonic_ns();
         int rc = dlock_acquire(pc, name, &o, &l);
         double took = ms_of(t0, dlock_monotonic_ns());
@@ -3151,7 +3169,8 @@ static void run_case(const struct fcase *fc)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: faults (URI | --env VAR) [--case NAME] [--list]\n"
+    fprintf(stderr, "usage: faults (URI | --env VAR) [--case NAME] [--list]"
+                    " [--mode exclusive|shared|permit]\n"
                     "cases: store-restart conn-kill holder-kill holder-pause leader-kill quorum\n"
                     "       cluster-failover slot-migrate floor-migrate primary-kill primary-cut node-pause\n"
                     "       member-kill member-pause compaction\n");
@@ -3169,6 +3188,15 @@ int main(int argc, char **argv)
             only = argv[++i];
         else if (strcmp(argv[i], "--list") == 0)
             list = 1;
+        else if (strcmp(argv[i], "--mode") == 0 && i + 1 < argc) {
+            const char *m = argv[++i];
+            if (strcmp(m, "permit") == 0)
+                run_limit = 1;
+            else if (strcmp(m, "shared") == 0)
+                holder_mode = DLOCK_MODE_SHARED;
+            else if (strcmp(m, "exclusive") != 0)
+                usage();
+        }
         else if (argv[i][0] != '-' && !uri)
             uri = argv[i];
         else

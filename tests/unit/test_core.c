@@ -552,6 +552,91 @@ static void test_modes(dlock_client *plain)
     dlock_client_close(c);
 }
 
+static int fake_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+{
+    (void)conn;
+    (void)len;
+    if (strcmp(name, "held") != 0)
+        return 0;
+    info->known = DLOCK_KNOWS_HELD | DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER;
+    info->held = 1;
+    info->token = 7;
+    snprintf(info->owner, sizeof info->owner, "the-owner");
+    return 0;
+}
+
+/* Three shared holders of every name, tokens 10, 11, 12. */
+static int fake_holders(dlock_conn *conn, const char *name, size_t len, dlock_holder *h,
+                        size_t capacity, size_t *count)
+{
+    (void)conn;
+    (void)name;
+    (void)len;
+    for (size_t i = 0; i < 3 && i < capacity; i++) {
+        h[i].known = DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_MODE;
+        h[i].mode = DLOCK_MODE_SHARED;
+        h[i].token = 10 + i;
+    }
+    *count = 3;
+    return 0;
+}
+
+static void test_inspect_holders(void)
+{
+    static dlock_backend listing, telling, mute;
+    static const char *const s1[] = {"listing", NULL}, *const s2[] = {"telling", NULL},
+                             *const s3[] = {"mute", NULL};
+    dlock_client *c1 = NULL, *c2 = NULL, *c3 = NULL;
+    dlock_holder h[4];
+    size_t n = 99;
+    listing = fake_backend;
+    listing.schemes = s1;
+    listing.inspect_holders = fake_holders;
+    telling = fake_backend;
+    telling.schemes = s2;
+    telling.inspect = fake_inspect;
+    mute = fake_backend;
+    mute.schemes = s3;
+    mute.inspect = NULL;
+    mute.inspect_holders = NULL;
+    is_int(dlock_backend_register(&listing), 0, "a backend that lists holders");
+    is_int(dlock_backend_register(&telling), 0, "one that inspects only");
+    is_int(dlock_backend_register(&mute), 0, "one that cannot inspect");
+    is_int(dlock_client_open("listing://h/", &c1), 0, "open listing");
+    is_int(dlock_client_open("telling://h/", &c2), 0, "open telling");
+    is_int(dlock_client_open("mute://h/", &c3), 0, "open mute");
+
+    memset(h, 0x5a, sizeof h);
+    is_int(dlock_inspect_holders(c1, "n", h, 2, &n), 0, "holders listed");
+    ok(n == 3, "the count is every holder (%zu), more than the room", n);
+    ok(h[0].token == 10 && h[1].token == 11 && h[0].mode == DLOCK_MODE_SHARED,
+       "the first two filled in order");
+    ok(h[2].known == 0x5a5a5a5au, "nothing written past the capacity");
+    is_int(dlock_inspect_holders(c1, "n", NULL, 0, &n), 0, "a count alone");
+    ok(n == 3, "still 3");
+
+    memset(h, 0x5a, sizeof h);
+    is_int(dlock_inspect_holders(c2, "held", h, 4, &n), 0, "from inspect()");
+    ok(n == 1 && h[0].token == 7 && strcmp(h[0].owner, "the-owner") == 0 &&
+           h[0].mode == DLOCK_MODE_EXCLUSIVE,
+       "one exclusive holder, as inspect() tells it");
+    ok(h[0].known == (DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER | DLOCK_KNOWS_MODE),
+       "known as inspect() knew, plus the mode");
+    ok(h[1].known == 0 && h[1].token == 0, "the rest of the array zeroed");
+    is_int(dlock_inspect_holders(c2, "free", h, 4, &n), 0, "a free name");
+    ok(n == 0, "no holder");
+
+    is_int(dlock_inspect_holders(c3, "n", h, 4, &n), DLOCK_ENOTSUP, "no inspect: ENOTSUP");
+    is_int(dlock_inspect_holders(c1, "n", h, 4, NULL), DLOCK_EINVAL, "no count: EINVAL");
+    is_int(dlock_inspect_holders(c1, "n", NULL, 4, &n), DLOCK_EINVAL,
+           "a capacity without an array: EINVAL");
+    is_int(dlock_inspect_holders(c1, "", h, 4, &n), DLOCK_EINVAL, "an empty name: EINVAL");
+    is_int(dlock_inspect_holders(NULL, "n", h, 4, &n), DLOCK_EINVAL, "no client: EINVAL");
+    dlock_client_close(c1);
+    dlock_client_close(c2);
+    dlock_client_close(c3);
+}
+
 static void test_redaction_in_backend_errors(void)
 {
     dlock_client *c = NULL;
@@ -859,6 +944,7 @@ int main(void)
     test_acquire_flow(c);
     test_cancel(c);
     test_modes(c);
+    test_inspect_holders();
     int rel = fake.release;
     dlock_client_close(c);
     is_int(fake.release - rel, 1, "close released the lock left held");
