@@ -1266,4 +1266,5 @@ const dlock_backend dlock_postgres_backend = {
     .token_top = pg_token_top,
     .raise_floor = pg_raise_floor,
     .inspect = dlock_pg_inspect,
+    .inspect_holders = dlock_pg_inspect_holders,
 };

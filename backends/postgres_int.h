@@ -66,6 +66,18 @@ struct pg_held {
     uint32_t slot;      /* the semaphore's slot held, 0 .. limit - 1 */
 };
 
+/* The tags of a name's two-int locks' first half (hi ^ tag): see
+ * postgres_modes.c. */
+#define T_GATE 0x67617465u  /* "gate" */
+#define T_MUTEX 0x6d757478u /* "mutx" */
+#define T_SLOT 0x736c6f74u  /* "slot" */
+#define T_LIMIT 0x6c696d74u /* "limt" */
+#define T_TOKEN 0x746f6b6eu /* "tokn" */
+
+/* This database's advisory locks in pg_locks (as l). */
+#define IN_DB "l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database" \
+              " WHERE datname = current_database())"
+
 /* What a name's locks are, beside its key (postgres_modes.c). */
 struct pg_name {
     int64_t key;
@@ -147,8 +159,10 @@ int dlock_pg_run_idle(struct pg_conn *pc, const char *sql, int want, PGresult **
 int dlock_pg_store_failed(struct pg_conn *pc, int err, const char *state, const char *what);
 /* The bigint key of a name (postgres.c's header comment). */
 int64_t dlock_pg_key(const char *ns, const char *name, size_t len);
-/* The backend's inspect() (postgres_inspect.c). */
+/* The backend's inspect() and inspect_holders() (postgres_inspect.c). */
 int dlock_pg_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info);
+int dlock_pg_inspect_holders(dlock_conn *conn, const char *name, size_t len,
+                             dlock_holder *holders, size_t capacity, size_t *count);
 
 /* The tag that starts every statement on a holder session (tag()). */
 #define TAG_HEAD "/*dlock owner="

@@ -58,19 +58,11 @@
 #include "backends/postgres_int.h"
 #include "core/sha256.h"
 
-#define T_GATE 0x67617465u  /* "gate" */
-#define T_MUTEX 0x6d757478u /* "mutx" */
-#define T_SLOT 0x736c6f74u  /* "slot" */
-#define T_LIMIT 0x6c696d74u /* "limt" */
-#define T_TOKEN 0x746f6b6eu /* "tokn" */
 
 /* The longest a semaphore's waiter at the gate goes without looking at the
  * slots: a slot freed by a session's end sends no notification. */
 #define SEM_POLL_MS 50u
 
-/* This database's advisory locks in pg_locks (as l). */
-#define IN_DB "l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database" \
-              " WHERE datname = current_database())"
 
 /* An int4 argument of the two-int advisory functions from a uint32_t. */
 static int32_t i4(uint32_t v)
@@ -216,7 +208,10 @@ void dlock_pg_lock_sql(const struct pg_conn *pc, const dlock_request *req, int64
                  try ? "" : " IS NOT NULL", i4(n.hi ^ T_MUTEX), i4(n.lo), q, f, tl, key);
         return;
     }
-    /* A semaphore: through its gate; keep the gate when waiting. */
+    /* A semaphore: through its gate; keep the gate when waiting. The slots
+     * are tried in a subquery of b's row (one per statement, only where
+     * the key was taken), first free first, so that no plan can try a slot
+     * it then does not keep. */
     char gate[160], kind[900];
     int keep = !try;
     if (have_gate)
@@ -234,9 +229,10 @@ void dlock_pg_lock_sql(const struct pg_conn *pc, const dlock_request *req, int64
              "k AS MATERIALIZED (SELECT %s AS kind FROM x), "
              "b AS MATERIALIZED (SELECT pg_try_advisory_lock_shared(%" PRId64 ") AS bs FROM k"
              " WHERE kind IS NULL), "
-             "s AS MATERIALIZED (SELECT i FROM b, generate_series(0, %" PRIu32 ") i WHERE b.bs AND"
+             "s0 AS MATERIALIZED (SELECT (SELECT i FROM generate_series(0, %" PRIu32 ") i WHERE"
              " pg_try_advisory_lock(%" PRId32 ", ((%" PRIu32 " + i + 2147483648) %% 4294967296"
-             " - 2147483648)::int4) LIMIT 1), "
+             " - 2147483648)::int4) LIMIT 1) AS i FROM b WHERE bs), "
+             "s AS MATERIALIZED (SELECT i FROM s0 WHERE i IS NOT NULL), "
              "m AS MATERIALIZED (SELECT pg_advisory_lock_shared(%" PRId32 ", %" PRId32 ")"
              " IS NOT NULL AS lm FROM s), %s "
              "SELECT (SELECT token FROM f), (SELECT kind FROM k), (SELECT i FROM s),"
