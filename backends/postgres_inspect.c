@@ -296,7 +296,8 @@ again:
              " AND l.granted AND ((l.objsubid = 1 AND l.classid = %" PRIu32 " AND l.objid = %"
              PRIu32 ") OR (l.objsubid = 2 AND l.classid IN (%" PRIu32 ", %" PRIu32 ")))) "
              "SELECT p.mode, p.pid, (SELECT min(m.o & 65535) FROM p m WHERE m.sub = 2 AND"
-             " m.c = %" PRIu32 " AND m.o >> 16 = %" PRIu32 " AND m.pid = p.pid), a.state,"
+             " m.c = %" PRIu32 " AND m.o >> 16 = %" PRIu32 " AND m.o & 65535 <> 0 AND m.pid = p.pid),"
+             " a.state,"
              " substr(a.query, 1, 120), host(a.client_addr), a.client_port,"
              " floor(extract(epoch FROM clock_timestamp() - a.state_change) * 1000)::bigint,"
              " (SELECT max(t.o) FROM p t WHERE t.sub = 2 AND t.c = %" PRIu32

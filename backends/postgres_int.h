@@ -73,6 +73,7 @@ struct pg_held {
 #define T_SLOT 0x736c6f74u  /* "slot" */
 #define T_LIMIT 0x6c696d74u /* "limt" */
 #define T_TOKEN 0x746f6b6eu /* "tokn" */
+#define T_READ 0x72656164u  /* "read" */
 
 /* This database's advisory locks in pg_locks (as l). */
 #define IN_DB "l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database" \

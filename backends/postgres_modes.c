@@ -123,24 +123,26 @@ static void held_as_sem(char *buf, size_t len, const struct pg_name *n)
     snprintf(buf, len,
              "(SELECT min(l.objid::bigint & 65535) FROM pg_locks l WHERE " IN_DB
              " AND l.granted AND l.objsubid = 2 AND l.classid = %" PRIu32
-             " AND l.objid::bigint >> 16 = %" PRIu32 ")",
+             " AND l.objid::bigint >> 16 = %" PRIu32 " AND l.objid::bigint & 65535 <> 0)",
              n->hi ^ T_LIMIT, n->lo >> 16);
 }
 
-/* What stands in the way of a semaphore of limit `limit` on n, among other
- * sessions' grants: a limit lock of another limit (that limit), a holder
- * of the key without a limit lock (0: a read-write lock), else NULL. */
-static void other_kind(char *buf, size_t len, const struct pg_name *n, uint32_t limit)
+/* "No one else holds this two-int lock" (two int4 arguments, twice): taken
+ * and let go at once, in the statement, under the name's mutex. A lock
+ * taken for the transaction would outlive the mutex: a transaction's locks
+ * are let go one by one at its end, and the next holder of the mutex could
+ * find it still taken. */
+#define FREE "(CASE WHEN pg_try_advisory_lock(%" PRId32 ", %" PRId32 ") THEN" \
+             " pg_advisory_unlock(%" PRId32 ", %" PRId32 ") ELSE false END)"
+
+/* 0 when a read-write lock's exclusive holder holds n, else NULL. */
+static void held_exclusive(char *buf, size_t len, const struct pg_name *n)
 {
     snprintf(buf, len,
-             "(WITH p AS MATERIALIZED (SELECT l.pid, l.objsubid AS sub, l.objid::bigint AS o"
-             " FROM pg_locks l WHERE " IN_DB " AND l.granted AND l.pid <> pg_backend_pid() AND"
-             " ((l.objsubid = 1 AND l.classid = %" PRIu32 " AND l.objid = %" PRIu32 ") OR"
-             " (l.objsubid = 2 AND l.classid = %" PRIu32 " AND l.objid::bigint >> 16 = %" PRIu32
-             "))) SELECT coalesce((SELECT min(o & 65535) FROM p WHERE sub = 2 AND"
-             " (o & 65535) <> %" PRIu32 "), (SELECT 0 FROM p b WHERE b.sub = 1 AND NOT EXISTS"
-             " (SELECT 1 FROM p m WHERE m.sub = 2 AND m.pid = b.pid) LIMIT 1)))",
-             n->hi, n->lo, n->hi ^ T_LIMIT, n->lo >> 16, limit);
+             "(SELECT 0 FROM pg_locks l WHERE " IN_DB " AND l.granted AND l.objsubid = 1 AND"
+             " l.classid = %" PRIu32 " AND l.objid = %" PRIu32 " AND l.mode = 'ExclusiveLock'"
+             " LIMIT 1)",
+             n->hi, n->lo);
 }
 
 /* CTE f: the token of a grant, from CTE src where cond (one row or none). */
@@ -196,23 +198,30 @@ void dlock_pg_lock_sql(const struct pg_conn *pc, const dlock_request *req, int64
     }
     token_lock(tl, sizeof tl, &n);
     if (req->mode == DLOCK_MODE_SHARED) {
-        token_cte(f, sizeof f, pc, key, "k", "kind IS NULL");
+        /* Under the mutex, a semaphore's holder (its marker held) stands
+         * in the way; else the reader's marker is taken. */
+        token_cte(f, sizeof f, pc, key, "r", "rm");
         snprintf(buf, len,
                  "WITH l AS MATERIALIZED (SELECT %s(%" PRId64 ")%s AS got), "
                  "x AS MATERIALIZED (SELECT pg_advisory_xact_lock(%" PRId32 ", %" PRId32 ")"
                  " IS NOT NULL AS m FROM l WHERE got), "
-                 "k AS MATERIALIZED (SELECT %s AS kind FROM x), %s "
+                 "k AS MATERIALIZED (SELECT CASE WHEN " FREE " THEN NULL ELSE %s END AS kind"
+                 " FROM x), "
+                 "r AS MATERIALIZED (SELECT pg_advisory_lock_shared(%" PRId32 ", %" PRId32 ")"
+                 " IS NOT NULL AS rm FROM k WHERE kind IS NULL), %s "
                  "SELECT (SELECT token FROM f), (SELECT kind FROM k), NULL::int, false, %s,"
                  " (SELECT pg_advisory_unlock_shared(%" PRId64 ") FROM k WHERE kind IS NOT NULL)",
                  try ? "pg_try_advisory_lock_shared" : "pg_advisory_lock_shared", key,
-                 try ? "" : " IS NOT NULL", i4(n.hi ^ T_MUTEX), i4(n.lo), q, f, tl, key);
+                 try ? "" : " IS NOT NULL", i4(n.hi ^ T_MUTEX), i4(n.lo), i4(n.hi ^ T_LIMIT),
+                 i4(n.lo & 0xffff0000u), i4(n.hi ^ T_LIMIT), i4(n.lo & 0xffff0000u), q,
+                 i4(n.hi ^ T_READ), i4(n.lo), f, tl, key);
         return;
     }
     /* A semaphore: through its gate; keep the gate when waiting. The slots
      * are tried in a subquery of b's row (one per statement, only where
      * the key was taken), first free first, so that no plan can try a slot
      * it then does not keep. */
-    char gate[160], kind[900];
+    char gate[160], excl[400];
     int keep = !try;
     if (have_gate)
         snprintf(gate, sizeof gate, "true");
@@ -220,31 +229,43 @@ void dlock_pg_lock_sql(const struct pg_conn *pc, const dlock_request *req, int64
         snprintf(gate, sizeof gate, "%s(%" PRId32 ", %" PRId32 ")%s",
                  try ? "pg_try_advisory_lock" : "pg_advisory_lock", i4(n.hi ^ T_GATE), i4(n.lo),
                  try ? "" : " IS NOT NULL");
-    other_kind(kind, sizeof kind, &n, req->limit);
+    held_exclusive(excl, sizeof excl, &n);
     token_cte(f, sizeof f, pc, key, "m", "lm");
+    /* Under the mutex: readers (their marker held: 0), or a semaphore's
+     * holders (its marker held) none of which holds this limit's lock
+     * (their limit). An exclusive holder shows when the key's shared lock
+     * is refused (0). */
     snprintf(buf, len,
              "WITH g AS MATERIALIZED (SELECT %s AS gate), "
              "x AS MATERIALIZED (SELECT pg_advisory_xact_lock(%" PRId32 ", %" PRId32 ")"
              " IS NOT NULL AS m FROM g WHERE gate), "
-             "k AS MATERIALIZED (SELECT %s AS kind FROM x), "
+             "k AS MATERIALIZED (SELECT CASE WHEN NOT " FREE " THEN 0 WHEN NOT " FREE " AND "
+             FREE " THEN %s END AS kind FROM x), "
              "b AS MATERIALIZED (SELECT pg_try_advisory_lock_shared(%" PRId64 ") AS bs FROM k"
              " WHERE kind IS NULL), "
+             "kk AS MATERIALIZED (SELECT coalesce((SELECT kind FROM k), (SELECT %s FROM b WHERE"
+             " NOT bs)) AS kind), "
              "s0 AS MATERIALIZED (SELECT (SELECT i FROM generate_series(0, %" PRIu32 ") i WHERE"
              " pg_try_advisory_lock(%" PRId32 ", ((%" PRIu32 " + i + 2147483648) %% 4294967296"
              " - 2147483648)::int4) LIMIT 1) AS i FROM b WHERE bs), "
              "s AS MATERIALIZED (SELECT i FROM s0 WHERE i IS NOT NULL), "
              "m AS MATERIALIZED (SELECT pg_advisory_lock_shared(%" PRId32 ", %" PRId32 ")"
-             " IS NOT NULL AS lm FROM s), %s "
-             "SELECT (SELECT token FROM f), (SELECT kind FROM k), (SELECT i FROM s),"
+             " IS NOT NULL AS a, pg_advisory_lock_shared(%" PRId32 ", %" PRId32 ") IS NOT NULL"
+             " AS lm FROM s), %s "
+             "SELECT (SELECT token FROM f), (SELECT kind FROM kk), (SELECT i FROM s),"
              " (SELECT gate AND %s AND NOT EXISTS (SELECT 1 FROM s) AND NOT EXISTS (SELECT 1"
-             " FROM k WHERE kind IS NOT NULL) FROM g), %s,"
+             " FROM kk WHERE kind IS NOT NULL) FROM g), %s,"
              " (SELECT pg_advisory_unlock_shared(%" PRId64 ") FROM b WHERE bs AND NOT EXISTS"
              " (SELECT 1 FROM s)),"
              " (SELECT pg_advisory_unlock(%" PRId32 ", %" PRId32 ") FROM g WHERE gate AND"
-             " (%s OR EXISTS (SELECT 1 FROM s) OR EXISTS (SELECT 1 FROM k WHERE kind IS NOT"
+             " (%s OR EXISTS (SELECT 1 FROM s) OR EXISTS (SELECT 1 FROM kk WHERE kind IS NOT"
              " NULL)))",
-             gate, i4(n.hi ^ T_MUTEX), i4(n.lo), kind, key, req->limit - 1, i4(n.hi ^ T_SLOT),
-             n.lo, i4(n.hi ^ T_LIMIT), i4((n.lo & 0xffff0000u) | req->limit), f,
+             gate, i4(n.hi ^ T_MUTEX), i4(n.lo), i4(n.hi ^ T_READ), i4(n.lo), i4(n.hi ^ T_READ),
+             i4(n.lo), i4(n.hi ^ T_LIMIT), i4(n.lo & 0xffff0000u), i4(n.hi ^ T_LIMIT),
+             i4(n.lo & 0xffff0000u), i4(n.hi ^ T_LIMIT), i4((n.lo & 0xffff0000u) | req->limit),
+             i4(n.hi ^ T_LIMIT), i4((n.lo & 0xffff0000u) | req->limit), q,
+             key, excl, req->limit - 1, i4(n.hi ^ T_SLOT), n.lo, i4(n.hi ^ T_LIMIT),
+             i4((n.lo & 0xffff0000u) | req->limit), i4(n.hi ^ T_LIMIT), i4(n.lo & 0xffff0000u), f,
              keep ? "true" : "false", tl, key, i4(n.hi ^ T_GATE), i4(n.lo),
              keep ? "false" : "true");
 }
@@ -266,9 +287,10 @@ void dlock_pg_unlock_if_held(char *sql, size_t len, int64_t key)
              " (l.objsubid = 2 AND ((l.classid = %" PRIu32 " AND l.objid = %" PRIu32 ") OR"
              " (l.classid = %" PRIu32 " AND (l.objid::bigint - %" PRIu32 " + 4294967296)"
              " %% 4294967296 < 65536) OR (l.classid = %" PRIu32 " AND l.objid::bigint >> 16 = %"
-             PRIu32 ") OR l.classid = %" PRIu32 ")))",
+             PRIu32 ") OR l.classid = %" PRIu32 " OR (l.classid = %" PRIu32 " AND l.objid = %" PRIu32
+             "))))",
              key, key, n.hi, n.lo, n.hi ^ T_GATE, n.lo, n.hi ^ T_SLOT, n.lo, n.hi ^ T_LIMIT,
-             n.lo >> 16, n.hi ^ T_TOKEN);
+             n.lo >> 16, n.hi ^ T_TOKEN, n.hi ^ T_READ, n.lo);
 }
 
 void dlock_pg_unlock_exprs(const struct pg_held *h, char *buf, size_t len)
@@ -284,17 +306,19 @@ void dlock_pg_unlock_exprs(const struct pg_held *h, char *buf, size_t len)
     if (h->limit == 0) {
         snprintf(buf, len,
                  "pg_advisory_unlock_shared(%" PRId64 "), pg_advisory_unlock_shared(%" PRId32
-                 ", %" PRId32 ")",
-                 h->key, i4(n.hi ^ T_TOKEN), tok);
+                 ", %" PRId32 "), pg_advisory_unlock_shared(%" PRId32 ", %" PRId32 ")",
+                 h->key, i4(n.hi ^ T_READ), i4(n.lo), i4(n.hi ^ T_TOKEN), tok);
         return;
     }
     channel(ch, sizeof ch, h->key);
     snprintf(buf, len,
              "pg_advisory_unlock(%" PRId32 ", %" PRId32 "), pg_advisory_unlock_shared(%" PRId64
              "), pg_advisory_unlock_shared(%" PRId32 ", %" PRId32 "),"
+             " pg_advisory_unlock_shared(%" PRId32 ", %" PRId32 "),"
              " pg_advisory_unlock_shared(%" PRId32 ", %" PRId32 "), pg_notify('%s', '')",
              i4(n.hi ^ T_SLOT), i4(n.lo + h->slot), h->key, i4(n.hi ^ T_LIMIT),
-             i4((n.lo & 0xffff0000u) | h->limit), i4(n.hi ^ T_TOKEN), tok, ch);
+             i4((n.lo & 0xffff0000u) | h->limit), i4(n.hi ^ T_LIMIT), i4(n.lo & 0xffff0000u),
+             i4(n.hi ^ T_TOKEN), tok, ch);
 }
 
 int dlock_pg_mode_error(struct pg_conn *pc, const dlock_request *req, long long kind)
