@@ -150,7 +150,9 @@ static const struct kind {
     {"mysql-named",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
      "session", 1000, 0, 0, 200},
-    {"zookeeper", DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS, NULL, 0, 0, 0, 200},
+    {"zookeeper",
+     DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE, NULL, 0,
+     0, 0, 200},
     /* Whole seconds, at least the server's minimum (2 s with the test
      * stores' settings); its lessor looks for expired leases every 500 ms
      * (docs/etcd.md, TTL). */
