@@ -3,9 +3,12 @@
  * session-level advisory locks (libpq).
  *
  * Files: this one is the recipe (the statements of each method); below it,
- * postgres_io.c connects and runs statements with a client-side bound and
- * cancels them, and sql_session.c decides which session a lock goes on;
- * postgres_int.h holds the types they share.
+ * postgres_modes.c builds each mode's statements (exclusive, shared, a
+ * semaphore's permit: see its top for the locks of a name) and runs a
+ * semaphore's wait for a slot, postgres_inspect.c reads pg_locks for
+ * inspect and inspect_holders, postgres_io.c connects and runs statements
+ * with a client-side bound and cancels them, and sql_session.c decides
+ * which session a lock goes on; postgres_int.h holds the types they share.
  *
  * Key: a name becomes the bigint key the first 8 bytes of
  * SHA-256(namespace || 0x00 || name), big-endian, as a signed 64-bit
@@ -1226,25 +1229,12 @@ static int pg_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 static int pg_ping(dlock_conn *conn)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
-    struct pg_session *s = NULL;
     PGresult *r = NULL;
-    int err, opened = 0;
-    for (;;) {
-        if ((err = session_take(pc, &s, &opened, 0)) != 0)
-            return err;
-        if ((err = dlock_pg_run(pc, s, "SELECT 1", 0, &r, "ping", after_timeout(pc))) == 0) {
-            PQclear(r);
-            return 0;
-        }
-        if (s->pg && PQstatus(s->pg) == CONNECTION_OK)
-            return err;
-        /* Died while pooled: the next one, then a new one. */
-        int stop = opened || s->base.silent_ms;
-        dlock_pg_session_close(s);
-        if (stop)
-            return err;
-        dlock_clearerr(conn->client);
-    }
+    char state[6];
+    int err = dlock_pg_run_pooled(pc, "SELECT 1", 0, &r, "ping", state, pc->timeout_ms);
+    if (err == 0)
+        PQclear(r);
+    return err;
 }
 
 const dlock_backend dlock_postgres_backend = {

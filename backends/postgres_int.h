@@ -155,6 +155,10 @@ void dlock_pg_tx_settings(char *buf, size_t len, uint64_t ms);
  * *out, the SQLSTATE of a failure in state. */
 int dlock_pg_run_idle(struct pg_conn *pc, const char *sql, int want, PGresult **out,
                       const char *what, char state[6]);
+/* The same, bounded by bound_ms on the client alone (ping: `timeout`). A
+ * pooled session that died while idle is replaced once. */
+int dlock_pg_run_pooled(struct pg_conn *pc, const char *sql, int want, PGresult **out,
+                        const char *what, char state[6], uint64_t bound_ms);
 /* A failed store-wide statement: one that ran out of `timeout` on the
  * server says what it waited for. */
 int dlock_pg_store_failed(struct pg_conn *pc, int err, const char *state, const char *what);
@@ -192,8 +196,8 @@ int dlock_pg_mode_error(struct pg_conn *pc, const dlock_request *req, long long 
  * held): listens for releases, and looks again at each notification, and
  * at least every SEM_POLL_MS for a slot a dead holder's session freed,
  * until a slot is taken (0, *token set) or the deadline or cancel (the
- * gate is let go: nothing is left behind). settings: the acquire's
- * transaction settings (SEM_SETTINGS_STMTS statements, tag included). */
+ * gate is let go: nothing is left behind). Each look is a transaction of
+ * its own, with the acquire's settings and tag. */
 int dlock_pg_sem_wait(struct pg_conn *pc, struct pg_session *s, const dlock_request *req,
                       int64_t key, uint64_t *token, uint32_t *slot, uint64_t *granted_ns);
 

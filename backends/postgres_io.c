@@ -417,11 +417,10 @@ void dlock_pg_tx_settings(char *buf, size_t len, uint64_t ms)
  * replaced once. Holds no lock, so a failure on a live session leaves
  * nothing behind. Bounded by `timeout` on the server and a little longer on
  * the client. The result of statement `want` in *out. */
-int dlock_pg_run_idle(struct pg_conn *pc, const char *sql, int want, PGresult **out,
-                    const char *what, char state[6])
+int dlock_pg_run_pooled(struct pg_conn *pc, const char *sql, int want, PGresult **out,
+                        const char *what, char state[6], uint64_t bound_ms)
 {
     struct pg_session *s = NULL;
-    uint64_t margin = pc->timeout_ms < DEADLINE_MARGIN_MS ? pc->timeout_ms : DEADLINE_MARGIN_MS;
     int err, opened = 0;
     state[0] = '\0';
     for (;;) {
@@ -431,17 +430,25 @@ int dlock_pg_run_idle(struct pg_conn *pc, const char *sql, int want, PGresult **
             return err;
         s = (struct pg_session *)b;
         if ((err = dlock_pg_run(pc, s, sql, want, out, what,
-                       dlock_monotonic_ns() + (pc->timeout_ms + margin) * MS)) == 0)
+                                dlock_monotonic_ns() + bound_ms * MS)) == 0)
             return 0;
         memcpy(state, s->sqlstate, 6);
         if (s->pg && PQstatus(s->pg) == CONNECTION_OK)
             return err;
+        /* Died while pooled: the next one, then a new one. */
         int stop = opened || s->base.silent_ms;
         dlock_pg_session_close(s);
         if (stop)
             return err;
         dlock_clearerr(cl(pc));
     }
+}
+
+int dlock_pg_run_idle(struct pg_conn *pc, const char *sql, int want, PGresult **out,
+                      const char *what, char state[6])
+{
+    uint64_t margin = pc->timeout_ms < DEADLINE_MARGIN_MS ? pc->timeout_ms : DEADLINE_MARGIN_MS;
+    return dlock_pg_run_pooled(pc, sql, want, out, what, state, pc->timeout_ms + margin);
 }
 
 /* A failed store-wide statement: one that ran out of `timeout` on the

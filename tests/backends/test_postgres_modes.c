@@ -22,7 +22,6 @@
  * Environment: DLOCK_POSTGRES_URI. Arguments: names of cases to run; none
  * runs all.
  */
-#include <libpq-fe.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -30,10 +29,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/uri.h"
 #include "dlock.h"
 #include "tests/tap.h"
 #include "tests/util.h"
+#include "tests/backends/pg_raw.h"
 
 #define MS 1000000ull
 
@@ -41,36 +40,6 @@ int64_t dlock_pg_key(const char *ns, const char *name, size_t len);
 
 static const char *uri;
 static char prefix[64];
-
-static PGconn *raw_connect(void)
-{
-    dlock_uri *u = NULL;
-    char err[256], conninfo[512];
-    dlock_uri_parse(uri, &u, err, sizeof err);
-    snprintf(conninfo, sizeof conninfo, "host=%s port=%u dbname=%s user=%s", dlock_uri_host(u, 0),
-             dlock_uri_port(u, 0), dlock_uri_path(u) + 1, dlock_uri_user(u));
-    dlock_uri_free(u);
-    PGconn *pg = PQconnectdb(conninfo);
-    if (PQstatus(pg) != CONNECTION_OK) {
-        printf("Bail out! raw connection: %s\n", PQerrorMessage(pg));
-        exit(1);
-    }
-    PQclear(PQexec(pg, "SET client_min_messages = warning"));
-    return pg;
-}
-
-/* First column of the first row of sql ("" on error); caller frees. */
-static char *q1(PGconn *pg, const char *sql)
-{
-    PGresult *r = PQexec(pg, sql);
-    char *v = strdup(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0
-                         ? PQgetvalue(r, 0, 0)
-                         : "");
-    if (PQresultStatus(r) != PGRES_TUPLES_OK && PQresultStatus(r) != PGRES_COMMAND_OK)
-        diag("sql failed: %s", PQresultErrorMessage(r));
-    PQclear(r);
-    return v;
-}
 
 static int q1_is(PGconn *pg, const char *sql, const char *want)
 {
@@ -94,7 +63,7 @@ static void test_old_layout(void)
     char name[128], sql[256];
     snprintf(name, sizeof name, "%sold-layout", prefix);
     long long key = (long long)dlock_pg_key(NULL, name, strlen(name));
-    PGconn *old = raw_connect();
+    PGconn *old = pg_raw_connect(uri);
     dlock_client *c = open_ok(uri);
     dlock_lock *l = NULL;
     snprintf(sql, sizeof sql, "SELECT pg_try_advisory_lock(%lld)", key);
@@ -131,7 +100,7 @@ static void test_queued_writer(void)
     char name[128], sql[256];
     snprintf(name, sizeof name, "%squeued-writer", prefix);
     long long key = (long long)dlock_pg_key(NULL, name, strlen(name));
-    PGconn *old = raw_connect();
+    PGconn *old = pg_raw_connect(uri);
     dlock_client *a = open_ok(uri), *b = open_ok(uri);
     dlock_lock *la = NULL, *lb = NULL;
     dlock_acquire_opts o = mode_opts(DLOCK_WAIT_TRY, 0, DLOCK_MODE_SHARED, 0);
@@ -229,7 +198,7 @@ static void test_sem_dead_holder(void)
 {
     char name[128], sql[512];
     snprintf(name, sizeof name, "%ssem-dead", prefix);
-    PGconn *adm = raw_connect();
+    PGconn *adm = pg_raw_connect(uri);
     dlock_client *c1 = open_ok(uri), *c2 = open_ok(uri), *c3 = open_ok(uri);
     dlock_lock *l1 = NULL, *l2 = NULL;
     dlock_acquire_opts o = mode_opts(DLOCK_WAIT_TRY, 0, DLOCK_MODE_EXCLUSIVE, 2);
