@@ -313,12 +313,6 @@ static const char *lost_why(struct pg_conn *pc, const struct pg_held *h)
     return dlock_sql_lost_why(&pc->pool, &h->sh);
 }
 
-/* Sets client_connection_check_interval to 1 s for the transaction, where
- * the server can check (see acquire_on()). One statement. */
-#define CHECK_CLIENT_SQL                                                                       \
-    "DO $$BEGIN PERFORM set_config('client_connection_check_interval', '1000', true); "       \
-    "EXCEPTION WHEN invalid_parameter_value THEN NULL; END$$; "
-
 static int valid_identifier(const char *s)
 {
     size_t n = strlen(s);

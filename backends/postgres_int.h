@@ -140,6 +140,12 @@ int dlock_pg_run_cancellable(struct pg_conn *pc, struct pg_session *s, const cha
                              PGresult **out, const char *what, uint64_t until_ns, int cancel_fd,
                              int *cancelled);
 
+/* Sets client_connection_check_interval to 1 s for the transaction, where
+ * the server can check (see acquire_on() in postgres.c). One statement. */
+#define CHECK_CLIENT_SQL                                                                       \
+    "DO $$BEGIN PERFORM set_config('client_connection_check_interval', '1000', true); "       \
+    "EXCEPTION WHEN invalid_parameter_value THEN NULL; END$$; "
+
 /* How long past its deadline a deadline wait waits for the server's reply
  * (lock_timeout ends the wait on the server at the deadline); the margin
  * of other statements' client-side bound over their server-side one. */
@@ -179,8 +185,9 @@ void dlock_pg_tag(char *buf, size_t len, const char *owner_hex, uint32_t ttl_ms,
 void dlock_pg_name(int64_t key, struct pg_name *n);
 /* The statement (after the transaction's settings) that takes the lock
  * req asks for on key and its token, in one round trip; its columns are
- * PG_COL_*. have_gate: a semaphore wait holding its gate already; it
- * keeps the gate when no slot is free (a wait) rather than letting go. */
+ * PG_COL_*. have_gate: a semaphore wait holding its gate already (1); it
+ * keeps the gate when no slot is free (a wait) rather than letting go; 2:
+ * a semaphore of 1, whose statement waits in the server for its slot. */
 void dlock_pg_lock_sql(const struct pg_conn *pc, const dlock_request *req, int64_t key,
                        int have_gate, char *buf, size_t len);
 /* "SELECT ..." that unlocks what this session holds of key's locks, in

@@ -231,23 +231,43 @@ void dlock_pg_lock_sql(const struct pg_conn *pc, const dlock_request *req, int64
                  try ? "" : " IS NOT NULL");
     held_exclusive(excl, sizeof excl, &n);
     token_cte(f, sizeof f, pc, key, "m", "lm");
+    /* The slot: the first free one; a semaphore of 1's waiter at the gate
+     * (have_gate 2) waits for its one slot in the server's queue, before
+     * the mutex, and gives it back when the grant is refused after all. */
+    char w[200] = "", xfrom[16] = "g WHERE gate", s0[400], back[200] = "";
+    if (have_gate == 2) {
+        snprintf(w, sizeof w,
+                 "w AS MATERIALIZED (SELECT pg_advisory_lock(%" PRId32 ", %" PRId32 ") IS NOT NULL"
+                 " AS got FROM g), ",
+                 i4(n.hi ^ T_SLOT), i4(n.lo));
+        snprintf(xfrom, sizeof xfrom, "w");
+        snprintf(s0, sizeof s0, "SELECT 0 AS i FROM b WHERE bs");
+        snprintf(back, sizeof back,
+                 ", (SELECT pg_advisory_unlock(%" PRId32 ", %" PRId32 ") FROM w WHERE NOT EXISTS"
+                 " (SELECT 1 FROM s))",
+                 i4(n.hi ^ T_SLOT), i4(n.lo));
+    } else {
+        snprintf(s0, sizeof s0,
+                 "SELECT (SELECT i FROM generate_series(0, %" PRIu32 ") i WHERE"
+                 " pg_try_advisory_lock(%" PRId32 ", ((%" PRIu32 " + i + 2147483648) %% 4294967296"
+                 " - 2147483648)::int4) LIMIT 1) AS i FROM b WHERE bs",
+                 req->limit - 1, i4(n.hi ^ T_SLOT), n.lo);
+    }
     /* Under the mutex: readers (their marker held: 0), or a semaphore's
      * holders (its marker held) none of which holds this limit's lock
      * (their limit). An exclusive holder shows when the key's shared lock
      * is refused (0). */
     snprintf(buf, len,
-             "WITH g AS MATERIALIZED (SELECT %s AS gate), "
+             "WITH g AS MATERIALIZED (SELECT %s AS gate), %s"
              "x AS MATERIALIZED (SELECT pg_advisory_xact_lock(%" PRId32 ", %" PRId32 ")"
-             " IS NOT NULL AS m FROM g WHERE gate), "
+             " IS NOT NULL AS m FROM %s), "
              "k AS MATERIALIZED (SELECT CASE WHEN NOT " FREE " THEN 0 WHEN NOT " FREE " AND "
              FREE " THEN %s END AS kind FROM x), "
              "b AS MATERIALIZED (SELECT pg_try_advisory_lock_shared(%" PRId64 ") AS bs FROM k"
              " WHERE kind IS NULL), "
              "kk AS MATERIALIZED (SELECT coalesce((SELECT kind FROM k), (SELECT %s FROM b WHERE"
              " NOT bs)) AS kind), "
-             "s0 AS MATERIALIZED (SELECT (SELECT i FROM generate_series(0, %" PRIu32 ") i WHERE"
-             " pg_try_advisory_lock(%" PRId32 ", ((%" PRIu32 " + i + 2147483648) %% 4294967296"
-             " - 2147483648)::int4) LIMIT 1) AS i FROM b WHERE bs), "
+             "s0 AS MATERIALIZED (%s), "
              "s AS MATERIALIZED (SELECT i FROM s0 WHERE i IS NOT NULL), "
              "m AS MATERIALIZED (SELECT pg_advisory_lock_shared(%" PRId32 ", %" PRId32 ")"
              " IS NOT NULL AS a, pg_advisory_lock_shared(%" PRId32 ", %" PRId32 ") IS NOT NULL"
@@ -259,15 +279,16 @@ void dlock_pg_lock_sql(const struct pg_conn *pc, const dlock_request *req, int64
              " (SELECT 1 FROM s)),"
              " (SELECT pg_advisory_unlock(%" PRId32 ", %" PRId32 ") FROM g WHERE gate AND"
              " (%s OR EXISTS (SELECT 1 FROM s) OR EXISTS (SELECT 1 FROM kk WHERE kind IS NOT"
-             " NULL)))",
-             gate, i4(n.hi ^ T_MUTEX), i4(n.lo), i4(n.hi ^ T_READ), i4(n.lo), i4(n.hi ^ T_READ),
+             " NULL)))%s",
+             gate, w, i4(n.hi ^ T_MUTEX), i4(n.lo), xfrom, i4(n.hi ^ T_READ), i4(n.lo),
+             i4(n.hi ^ T_READ),
              i4(n.lo), i4(n.hi ^ T_LIMIT), i4(n.lo & 0xffff0000u), i4(n.hi ^ T_LIMIT),
              i4(n.lo & 0xffff0000u), i4(n.hi ^ T_LIMIT), i4((n.lo & 0xffff0000u) | req->limit),
              i4(n.hi ^ T_LIMIT), i4((n.lo & 0xffff0000u) | req->limit), q,
-             key, excl, req->limit - 1, i4(n.hi ^ T_SLOT), n.lo, i4(n.hi ^ T_LIMIT),
+             key, excl, s0, i4(n.hi ^ T_LIMIT),
              i4((n.lo & 0xffff0000u) | req->limit), i4(n.hi ^ T_LIMIT), i4(n.lo & 0xffff0000u), f,
              keep ? "true" : "false", tl, key, i4(n.hi ^ T_GATE), i4(n.lo),
-             keep ? "false" : "true");
+             keep ? "false" : "true", back);
 }
 
 void dlock_pg_unlock_if_held(char *sql, size_t len, int64_t key)
@@ -358,9 +379,94 @@ static void sem_give_up(struct pg_conn *pc, struct pg_session *s, int64_t key)
     dlock_err_restore(cl(pc), &why);
 }
 
+/* What a look at the slots found: 1 a permit (*token, *slot), -1 the
+ * name's other kind (reported, the gate let go), 0 nothing yet (the gate
+ * kept). r is cleared. */
+static int looked(struct pg_conn *pc, struct pg_session *s, const dlock_request *req,
+                  int64_t key, PGresult *r, uint64_t *token, uint32_t *slot)
+{
+    if (PQntuples(r) == 1 && !PQgetisnull(r, 0, PG_COL_TOKEN)) {
+        *token = strtoull(PQgetvalue(r, 0, PG_COL_TOKEN), NULL, 10);
+        *slot = (uint32_t)strtoul(PQgetvalue(r, 0, PG_COL_SLOT), NULL, 10);
+        PQclear(r);
+        return 1;
+    }
+    if (PQntuples(r) == 1 && !PQgetisnull(r, 0, PG_COL_KIND)) {
+        long long kind = strtoll(PQgetvalue(r, 0, PG_COL_KIND), NULL, 10);
+        PQclear(r);
+        sem_give_up(pc, s, key);
+        dlock_pg_mode_error(pc, req, kind);
+        return -1;
+    }
+    PQclear(r);
+    return 0;
+}
+
+/* A semaphore of 1: the waiter at the gate waits for the one slot in the
+ * server's lock queue, woken by the server at the holder's release or its
+ * session's end, as an exclusive lock's waiter is; bounded by lock_timeout
+ * for a deadline and cancelled as its wait is. A look that finds the name's
+ * key refused (an exclusive request queued there) gives the slot back and
+ * tries again SEM_POLL_MS later. */
+static int sem_wait_one(struct pg_conn *pc, struct pg_session *s, const dlock_request *req,
+                        int64_t key, uint64_t *token, uint32_t *slot, uint64_t *granted_ns)
+{
+    char sql[8192], lock[6000], tg[160];
+    uint64_t margin = pc->timeout_ms < DEADLINE_MARGIN_MS ? pc->timeout_ms : DEADLINE_MARGIN_MS;
+    dlock_pg_tag(tg, sizeof tg, req->owner_hex, s->base.lease, 0, key);
+    dlock_pg_lock_sql(pc, req, key, 2, lock, sizeof lock);
+    for (;;) {
+        uint64_t now = dlock_monotonic_ns(), lock_ms = 0, until = 0;
+        if (req->wait == DLOCK_WAIT_DEADLINE) {
+            if (now >= req->deadline_ns)
+                break;
+            lock_ms = (req->deadline_ns - now + MS - 1) / MS;
+            if (lock_ms > INT32_MAX)
+                lock_ms = 0;
+            until = req->deadline_ns + margin * MS;
+        }
+        snprintf(sql, sizeof sql,
+                 "%sSET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit"
+                 " = on; SET LOCAL lock_timeout = %" PRIu64 "; SET LOCAL statement_timeout = %"
+                 PRIu64 "; " CHECK_CLIENT_SQL "%s",
+                 tg, lock_ms, lock_ms, lock);
+        PGresult *r = NULL;
+        int cancelled = 0;
+        int err = dlock_pg_run_cancellable(pc, s, sql, 5, &r, "waiting for a permit", until,
+                                           req->cancel_fd, &cancelled);
+        if (err) {
+            int timed = err == DLOCK_ETIMEDOUT || (err == DLOCK_ESTORE &&
+                        strcmp(s->sqlstate, "57014") == 0 && !cancelled);
+            if (s->pg && PQstatus(s->pg) == CONNECTION_OK)
+                sem_give_up(pc, s, key);
+            if (cancelled)
+                return dlock_cancelled(cl(pc));
+            if (timed && req->wait == DLOCK_WAIT_DEADLINE)
+                break;
+            return err;
+        }
+        *granted_ns = dlock_monotonic_ns();
+        int got = looked(pc, s, req, key, r, token, slot);
+        if (got)
+            return got > 0 ? 0 : DLOCK_EMODE;
+        uint64_t next = dlock_monotonic_ns() + SEM_POLL_MS * MS;
+        if (req->wait == DLOCK_WAIT_DEADLINE && next > req->deadline_ns)
+            next = req->deadline_ns;
+        if (dlock_pause_until(next, req->cancel_fd) == DLOCK_ECANCELED) {
+            sem_give_up(pc, s, key);
+            return dlock_cancelled(cl(pc));
+        }
+    }
+    int e = dlock_seterr(cl(pc), DLOCK_ETIMEDOUT, "the deadline passed with every permit still held");
+    sem_give_up(pc, s, key);
+    return e;
+}
+
 int dlock_pg_sem_wait(struct pg_conn *pc, struct pg_session *s, const dlock_request *req,
                       int64_t key, uint64_t *token, uint32_t *slot, uint64_t *granted_ns)
 {
+    if (req->limit == 1)
+        return sem_wait_one(pc, s, req, key, token, slot, granted_ns);
     char sql[8192], lock[6000], tg[160], ch[40];
     uint64_t deadline = req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : DLOCK_POLL_FOREVER;
     uint64_t poll_ms = req->ttl_ms / 2 < SEM_POLL_MS ? req->ttl_ms / 2 : SEM_POLL_MS;
@@ -391,24 +497,9 @@ int dlock_pg_sem_wait(struct pg_conn *pc, struct pg_session *s, const dlock_requ
             return err;
         }
         *granted_ns = dlock_monotonic_ns();
-        if (PQntuples(r) != 1) {
-            PQclear(r);
-            sem_give_up(pc, s, key);
-            return dlock_seterr(cl(pc), DLOCK_EPROTO, "postgresql: no row returned");
-        }
-        if (!PQgetisnull(r, 0, PG_COL_TOKEN)) {
-            *token = strtoull(PQgetvalue(r, 0, PG_COL_TOKEN), NULL, 10);
-            *slot = (uint32_t)strtoul(PQgetvalue(r, 0, PG_COL_SLOT), NULL, 10);
-            PQclear(r);
-            return 0;
-        }
-        if (!PQgetisnull(r, 0, PG_COL_KIND)) {
-            long long kind = strtoll(PQgetvalue(r, 0, PG_COL_KIND), NULL, 10);
-            PQclear(r);
-            sem_give_up(pc, s, key);
-            return dlock_pg_mode_error(pc, req, kind);
-        }
-        PQclear(r);
+        int got = looked(pc, s, req, key, r, token, slot);
+        if (got)
+            return got > 0 ? 0 : DLOCK_EMODE;
         uint64_t now = dlock_monotonic_ns();
         if (now >= deadline) {
             int e = dlock_seterr(cl(pc), DLOCK_ETIMEDOUT,

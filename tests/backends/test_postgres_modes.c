@@ -10,12 +10,14 @@
  *   modes: with an exclusive request of the previous release queued behind
  *   a shared holder, a shared request waits behind it (a try is busy, a
  *   deadline wait times out), and the writer gets the lock at the release.
- * - sem_notified: a semaphore's waiter is woken by the holder's release
+ * - sem_notified: a semaphore's (of 2) waiter is woken by the holder's release
  *   (NOTIFY), not by its 50 ms re-look: the handoffs' median stays well
  *   under it (negative control: without the notification, about 25 ms).
  * - sem_dead_holder: a permit holder whose session is terminated frees its
  *   permit, that one only, with no NOTIFY: the waiter at the gate gets it
  *   within its re-look, the other holder keeps its own.
+ * - sem_one_dead_holder: a semaphore of 1's waiter waits for the slot in
+ *   the server's queue: its holder's session's end wakes it at once.
  * - sem_waiter_leaves: a waiter that gives up (deadline, cancel) leaves
  *   the gate: a later try gets the next free permit at once.
  *
@@ -160,15 +162,17 @@ static void test_sem_notified(void)
 {
     char name[128];
     snprintf(name, sizeof name, "%ssem-notified", prefix);
-    dlock_client *h = open_ok(uri), *wc = open_ok(uri);
+    dlock_client *h = open_ok(uri), *wc = open_ok(uri), *pc = open_ok(uri);
     uint64_t took[7];
     int all = 1;
-    dlock_lock *l = NULL;
-    dlock_acquire_opts o = mode_opts(DLOCK_WAIT_TRY, 0, DLOCK_MODE_EXCLUSIVE, 1);
-    if (dlock_acquire(h, name, &o, &l) != 0)
+    dlock_lock *l = NULL, *p = NULL;
+    /* A semaphore of 2 (one of 1 waits in the server, as a lock), one
+     * permit held throughout. */
+    dlock_acquire_opts o = mode_opts(DLOCK_WAIT_TRY, 0, DLOCK_MODE_EXCLUSIVE, 2);
+    if (dlock_acquire(pc, name, &o, &p) != 0 || dlock_acquire(h, name, &o, &l) != 0)
         all = 0;
     for (int i = 0; i < 7 && all; i++) {
-        struct waiter w = {wc, name, 1, NULL, -1, 0, NULL};
+        struct waiter w = {wc, name, 2, NULL, -1, 0, NULL};
         pthread_t t;
         pthread_create(&t, NULL, wait_main, &w);
         sleep_ms(120); /* at the gate, past its first look */
@@ -183,15 +187,18 @@ static void test_sem_notified(void)
         h = wc;
         wc = x;
     }
-    ok(all, "seven handoffs of a semaphore of limit 1");
+    ok(all, "seven handoffs of a permit of a semaphore of 2");
     if (l)
         dlock_release(l);
+    if (p)
+        dlock_release(p);
     qsort(took, 7, sizeof took[0], cmp_u64);
     diag("handoff: median %.2f ms, max %.2f ms", took[3] / 1e6, took[6] / 1e6);
     ok(all && took[3] < 15 * MS, "the waiter is woken by the release, not its 50 ms re-look"
                                  " (median %.2f ms)", took[3] / 1e6);
     dlock_client_close(h);
     dlock_client_close(wc);
+    dlock_client_close(pc);
 }
 
 static void test_sem_dead_holder(void)
@@ -231,6 +238,39 @@ static void test_sem_dead_holder(void)
     dlock_client_close(c1);
     dlock_client_close(c2);
     dlock_client_close(c3);
+    PQfinish(adm);
+}
+
+/* A semaphore of 1's waiter waits in the server's queue for the slot: the
+ * holder's session's end wakes it at once. */
+static void test_sem_one_dead_holder(void)
+{
+    char name[128], sql[512];
+    snprintf(name, sizeof name, "%ssem-one-dead", prefix);
+    PGconn *adm = pg_raw_connect(uri);
+    dlock_client *c1 = open_ok(uri), *c2 = open_ok(uri);
+    dlock_lock *l1 = NULL;
+    dlock_acquire_opts o = mode_opts(DLOCK_WAIT_TRY, 0, DLOCK_MODE_EXCLUSIVE, 1);
+    is_int(dlock_acquire(c1, name, &o, &l1), 0, "the permit of a semaphore of 1");
+    struct waiter w = {c2, name, 1, NULL, -1, 0, NULL};
+    pthread_t t;
+    pthread_create(&t, NULL, wait_main, &w);
+    sleep_ms(200);
+    snprintf(sql, sizeof sql,
+             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query LIKE"
+             " '/*dlock owner=%s %%'",
+             dlock_lock_owner(l1));
+    uint64_t start = dlock_monotonic_ns();
+    ok(q1_is(adm, sql, "1"), "the holder's session is terminated");
+    pthread_join(t, NULL);
+    is_int(w.rc, 0, "the waiter gets the permit");
+    ok(w.rc == 0 && w.granted_ns - start < 500 * MS, "woken by the server (%.1f ms)",
+       (w.granted_ns - start) / 1e6);
+    dlock_release(l1);
+    if (w.l)
+        dlock_release(w.l);
+    dlock_client_close(c1);
+    dlock_client_close(c2);
     PQfinish(adm);
 }
 
@@ -275,6 +315,7 @@ static const struct {
     {"queued_writer", test_queued_writer},
     {"sem_notified", test_sem_notified},
     {"sem_dead_holder", test_sem_dead_holder},
+    {"sem_one_dead_holder", test_sem_one_dead_holder},
     {"sem_waiter_leaves", test_sem_waiter_leaves},
 };
 
