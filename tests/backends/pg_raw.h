@@ -1,7 +1,8 @@
 /*
  * A plain libpq session for the PostgreSQL tests, to look behind the
  * library (pg_locks, pg_stat_activity) and to play a client of an earlier
- * release: pg_raw_connect() to the test's URI, and q1() for one value.
+ * release: pg_raw_connect() to the test's URI, and q1() for one value;
+ * PG_RUN_CASES() runs the cases named on the command line.
  * Include after tests/tap.h.
  */
 #ifndef DLOCK_TESTS_PG_RAW_H
@@ -44,5 +45,16 @@ static inline char *q1(PGconn *pg, const char *sql)
     PQclear(r);
     return v;
 }
+
+/* Runs cases[i].run() for every case named in argv[1..argc) (all when
+ * none); cases is an array of {name, run}. */
+#define PG_RUN_CASES(cases, argc, argv)                                                        \
+    for (size_t case_ = 0; case_ < sizeof(cases) / sizeof(cases)[0]; case_++) {               \
+        int want_ = (argc) < 2;                                                                \
+        for (int a_ = 1; a_ < (argc); a_++)                                                    \
+            want_ |= strcmp((argv)[a_], (cases)[case_].name) == 0;                             \
+        if (want_)                                                                             \
+            (cases)[case_].run();                                                              \
+    }
 
 #endif

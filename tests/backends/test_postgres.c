@@ -2208,13 +2208,7 @@ int main(int argc, char **argv)
     snprintf(prefix, sizeof prefix, "pg-test-%d-%llu/", (int)getpid(),
              (unsigned long long)(dlock_monotonic_ns() % 1000000007ull));
     raw = pg_raw_connect(uri);
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int want = argc < 2;
-        for (int a = 1; a < argc; a++)
-            want |= strcmp(argv[a], cases[i].name) == 0;
-        if (want)
-            cases[i].run();
-    }
+    PG_RUN_CASES(cases, argc, argv);
     PQfinish(raw);
     return done_testing();
 }
