@@ -201,7 +201,8 @@ void dlock_pg_unlock_exprs(const struct pg_held *h, char *buf, size_t len);
 int dlock_pg_mode_error(struct pg_conn *pc, const dlock_request *req, long long kind);
 /* A semaphore wait on s (holding the name's gate, no slot free yet, s->mu
  * held): listens for releases, and looks again at each notification, and
- * at least every SEM_POLL_MS for a slot a dead holder's session freed,
+ * at least every SEM_POLL_MS for a slot a dead holder's session freed (a
+ * semaphore of 1 waits for its slot in the server's lock queue instead),
  * until a slot is taken (0, *token set) or the deadline or cancel (the
  * gate is let go: nothing is left behind). Each look is a transaction of
  * its own, with the acquire's settings and tag. */
