@@ -812,8 +812,9 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
         dlock_sql_expire(&pc->pool, &s->base, &h->sh);
         char ex[600];
         dlock_pg_unlock_exprs(h, ex, sizeof ex);
-        /* A semaphore's waiter may have listened on this session. */
-        snprintf(sql, sizeof sql, "SELECT %s%s", ex, h->limit ? "; UNLISTEN *" : "");
+        /* A semaphore's waiter (of more than 1) may have listened on this
+         * session. */
+        snprintf(sql, sizeof sql, "SELECT %s%s", ex, h->limit > 1 ? "; UNLISTEN *" : "");
         /* A lost lock's release ends by the core's bound
          * (dlock_call_deadline()) where it is alone on its session: a
          * statement cut short closes the session, which would lose the

@@ -331,15 +331,20 @@ void dlock_pg_unlock_exprs(const struct pg_held *h, char *buf, size_t len)
                  h->key, i4(n.hi ^ T_READ), i4(n.lo), i4(n.hi ^ T_TOKEN), tok);
         return;
     }
+    /* A semaphore of 1's waiter waits in the server for the slot: no one
+     * listens for its releases. */
+    char notify[80] = "";
     channel(ch, sizeof ch, h->key);
+    if (h->limit > 1)
+        snprintf(notify, sizeof notify, ", pg_notify('%s', '')", ch);
     snprintf(buf, len,
              "pg_advisory_unlock(%" PRId32 ", %" PRId32 "), pg_advisory_unlock_shared(%" PRId64
              "), pg_advisory_unlock_shared(%" PRId32 ", %" PRId32 "),"
              " pg_advisory_unlock_shared(%" PRId32 ", %" PRId32 "),"
-             " pg_advisory_unlock_shared(%" PRId32 ", %" PRId32 "), pg_notify('%s', '')",
+             " pg_advisory_unlock_shared(%" PRId32 ", %" PRId32 ")%s",
              i4(n.hi ^ T_SLOT), i4(n.lo + h->slot), h->key, i4(n.hi ^ T_LIMIT),
              i4((n.lo & 0xffff0000u) | h->limit), i4(n.hi ^ T_LIMIT), i4(n.lo & 0xffff0000u),
-             i4(n.hi ^ T_TOKEN), tok, ch);
+             i4(n.hi ^ T_TOKEN), tok, notify);
 }
 
 int dlock_pg_mode_error(struct pg_conn *pc, const dlock_request *req, long long kind)
