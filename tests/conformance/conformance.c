@@ -138,7 +138,8 @@ static const struct kind {
      0, 0, 0, 200},
     /* idle_session_timeout, in milliseconds. */
     {"postgres",
-     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
+         DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
      NULL, 0, 0, 0, 200},
     /* wait_timeout, in whole seconds (docs/mysql.md, Lease / TTL). */
     {"mysql",
