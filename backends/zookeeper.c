@@ -12,6 +12,18 @@
  * already contains the new child, and an uncontended acquire costs one
  * round trip.
  *
+ * Shared locks and semaphores are the same queue, the node's mode written
+ * in its name before "-lock-" (zookeeper_names.h: "-__READ__", "-__SEM<N>__";
+ * none for an exclusive request, so today's layout is unchanged and an old
+ * client sees every node as a writer's). zk_turn() says what a node does:
+ * a writer holds when first, a reader when no writer is ahead (it watches
+ * the nearest writer ahead), a permit among the first N (the first waiter
+ * watches every holder, a later one the node just before it; a permit
+ * granted after waiting sets its node's data once, which wakes the node
+ * behind it to take over as the first waiter: signal_next()). A node of
+ * another kind ahead is DLOCK_EMODE at once. Tokens stay the czxid: no
+ * node is granted before one ahead of it, so they follow grant order.
+ *
  * The session is the lease: a holder's nodes live exactly as long as its
  * session, one per client, whose timeout is the URI's session_timeout (the
  * per-acquire TTL is not used). Fencing tokens are the lock node's czxid.
@@ -40,12 +52,13 @@
  * checks the same way, so that a multi-name lock's part accepts the
  * largest czxid of its siblings.
  *
- * Inspect (dlock_inspect) writes nothing and joins no queue: a sync
- * pipelined with a getChildren of <root>/<encoded name> (so that a follower
- * that was behind answers as of the leader's state), then an exists (no
- * watch) of the lowest child for its czxid. The lowest child holds: its
- * czxid is the token (and the last token granted: every earlier holder's
- * node was created before it), the owner id before its "-lock-" is the
+ * Inspect (dlock_inspect, dlock_inspect_holders) writes nothing and joins
+ * no queue: a sync pipelined with a getChildren of <root>/<encoded name>
+ * (so that a follower that was behind answers as of the leader's state),
+ * then an exists (no watch) of the holders it reports, pipelined, for their
+ * czxids. The first nodes hold (zk_holders()): the newest one's czxid is
+ * the token (and the last token granted: every earlier holder's node was
+ * created before it), the owner id before its tag and "-lock-" is the
  * owner; the others are the waiters, counted and listed in the order they
  * will be served. No parent node, or no child: free, no waiter. A
  * holder's or waiter's node whose session expired has gone with it. Not
@@ -143,6 +156,7 @@ struct zk_acq {
     unsigned lost_gen; /* the session that create was sent on */
     uint64_t czxid;    /* node's; 0 until known */
     uint64_t until;    /* how long connection waits may last */
+    int waited;        /* a permit that waited: it signals once it holds */
 };
 
 static int oom(struct zk_conn *zc)
@@ -209,6 +223,8 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path, void 
     }
     gen = zc->gen;
     zc->events++;
+    if (type != ZOO_SESSION_EVENT)
+        zc->node_events++;
     zk_wake(zc);
     pthread_mutex_unlock(&zc->mu);
     /* Connected again: what given-up requests left goes now, whether or not
@@ -577,23 +593,32 @@ static int make_node(struct zk_acq *a, struct zk_kids *k)
     return create_and_list(a, k);
 }
 
-/* Watches the predecessor and waits until it changes, or the session does,
- * or the deadline passes (DLOCK_ETIMEDOUT). */
-static int wait_predecessor(struct zk_acq *a, const char *pred)
+/* Watches the nodes a turn waits for (zk_turn()) and waits until one
+ * changes, or the session does, or the deadline passes (DLOCK_ETIMEDOUT).
+ * A node already gone, or a permit's predecessor that already signalled,
+ * means looking again at once. */
+static int wait_nodes(struct zk_acq *a, const struct zk_kids *k, const struct zk_turn *t)
 {
     struct zk_conn *zc = a->zc;
-    char *path = join3(a->parent, "/", pred);
-    if (!path)
-        return oom(zc);
+    char **paths = calloc(t->count, sizeof *paths);
+    int rc = paths ? ZOK : NOMEM, written = 0;
+    for (size_t j = 0; j < t->count && rc == ZOK; j++)
+        if (!(paths[j] = join3(a->parent, "/", k->v[t->first + j].name)))
+            rc = NOMEM;
     uint64_t seen = zk_events_now(zc);
     /* getData rather than exists: on a node already gone it leaves no
      * watch behind. */
-    int rc = zk_get(zc, path, 1, reply_until(a));
-    int err = rc == ZOK || rc == ZNONODE ? 0
-              : step_error(a, rc, "cannot watch the node before ours under", a->parent);
-    free(path);
+    if (rc == ZOK)
+        rc = zk_watch_all(zc, paths, t->count, &written, reply_until(a));
+    for (size_t j = 0; paths && j < t->count; j++)
+        free(paths[j]);
+    free(paths);
+    if (rc == ZNONODE || (rc == ZOK && t->signal && written))
+        return 0;
     if (rc != ZOK)
-        return err;
+        return step_error(a, rc, t->count > 1 ? "cannot watch the nodes before ours under"
+                                              : "cannot watch the node before ours under",
+                          a->parent);
     uint64_t until = a->req->wait == DLOCK_WAIT_DEADLINE ? a->req->deadline_ns : NEVER;
     int got = zk_wait_event(zc, seen, until);
     if (got < 0)
@@ -601,6 +626,39 @@ static int wait_predecessor(struct zk_acq *a, const char *pred)
     if (!got)
         return dlock_seterr(cl(zc), DLOCK_ETIMEDOUT,
                             "the deadline passed with the lock still held elsewhere");
+    return 0;
+}
+
+/* A request of another kind than a node before ours: refused at once. */
+static int mismatch(struct zk_acq *a, const struct zk_kid *other)
+{
+    const dlock_request *r = a->req;
+    int nl = r->name_len > 80 ? 80 : (int)r->name_len;
+    if (other->kind == ZK_PERMIT)
+        return dlock_seterr(cl(a->zc), DLOCK_EMODE,
+                            "%.*s is held as a semaphore of limit %u (asked: %s)", nl, r->name,
+                            other->limit, r->limit ? "another limit" : "a read-write lock");
+    return dlock_seterr(cl(a->zc), DLOCK_EMODE,
+                        "%.*s is held as a read-write lock (asked: a semaphore of limit %u)",
+                        nl, r->name, r->limit);
+}
+
+/* A permit that held after waiting writes its node's data once, which the
+ * node behind it watches (zk_turn()): that one becomes the first waiter.
+ * Nobody watches a node granted at its first look, nor the last one. */
+static int signal_next(struct zk_acq *a, const struct zk_kids *k, size_t i)
+{
+    if (!a->waited || !a->req->limit || i + 1 >= k->n)
+        return 0;
+    int rc = zk_set(a->zc, a->node, reply_until(a));
+    if (rc == ZNONODE) { /* deleted under us: queue again */
+        free(a->node);
+        a->node = NULL;
+        return AGAIN;
+    }
+    if (rc != ZOK)
+        return step_error(a, rc, "cannot write", a->node);
+    a->waited = 0;
     return 0;
 }
 
@@ -643,11 +701,16 @@ static int acquire_turn(struct zk_acq *a, struct zk_kids *k)
         a->node = NULL;
         return AGAIN;
     }
-    if (i == 0)
-        return 0;
+    struct zk_turn t;
+    zk_turn(k, (size_t)i, &t);
+    if (t.verdict == ZK_MISMATCH)
+        return mismatch(a, &k->v[t.first]);
+    if (t.verdict == ZK_GRANTED)
+        return signal_next(a, k, (size_t)i);
     if (a->req->wait == DLOCK_WAIT_TRY)
         return dlock_seterr(cl(zc), DLOCK_EBUSY, "the lock is held by another owner");
-    int err2 = wait_predecessor(a, k->v[i - 1].name);
+    a->waited = 1;
+    int err2 = wait_nodes(a, k, &t);
     return err2 ? err2 : AGAIN;
 }
 
@@ -690,8 +753,9 @@ static int acquire_paths(struct zk_acq *a)
     int err = name_parent(a->zc, a->req->name, a->req->name_len, &a->parent);
     if (err)
         return err;
-    char mark[MARK_MAX];
-    snprintf(mark, sizeof mark, "%s%s", a->req->owner_hex, ZK_LOCK_MARK);
+    char mark[MARK_MAX], tag[ZK_TAG_MAX];
+    zk_tag(a->req->mode == DLOCK_MODE_SHARED, a->req->limit, tag);
+    snprintf(mark, sizeof mark, "%s%s%s", a->req->owner_hex, tag, ZK_LOCK_MARK);
     a->prefix = join3(a->parent, "/", mark);
     return a->prefix ? 0 : oom(a->zc);
 }
@@ -954,6 +1018,15 @@ static int zk_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
     return err ? lost(zc, why) : 0;
 }
 
+uint64_t dlock_zk_watch_events(dlock_client *c)
+{
+    struct zk_conn *zc = (struct zk_conn *)c->conn;
+    pthread_mutex_lock(&zc->mu);
+    uint64_t n = zc->node_events;
+    pthread_mutex_unlock(&zc->mu);
+    return n;
+}
+
 uint64_t dlock_zk_probes_sent(dlock_client *c)
 {
     struct zk_conn *zc = (struct zk_conn *)c->conn;
@@ -989,29 +1062,85 @@ static int zk_ping(dlock_conn *conn)
 
 /* ---- inspect ------------------------------------------------------- */
 
-/* What a lock node's name tells of its owner: the part before its last
- * "-lock-" (our owner id; another recipe's prefix, as in Curator's
- * "_c_<uuid>"), cut to fit. */
-static void node_owner(const char *node, char *out, size_t outsz)
+/*
+ * The name's lock children, read with a sync ahead (zk_sync_list), how
+ * many of its first nodes hold (*nh, zk_holders()), and the stats of want
+ * of the holders (an exists each, no watch, pipelined): the newest ones
+ * (newest set) or the first. A holder that lets go between the listing
+ * and the exists means looking again. No node is created, no watch is
+ * left, nothing is written: the parent missing (never taken, or its
+ * container reaped) is free. Within connect_timeout, like ping. *st holds
+ * min(want, *nh) stats (the caller frees it and k).
+ */
+static int read_queue(struct zk_conn *zc, const char *name, size_t len, size_t want,
+                      int newest, struct zk_kids *k, size_t *nh, struct Stat **st)
 {
-    const char *mark = NULL;
-    for (const char *s = node; (s = strstr(s, ZK_LOCK_MARK)) != NULL; s++)
-        mark = s;
-    size_t n = mark ? (size_t)(mark - node) : 0;
-    if (n >= outsz)
-        n = outsz - 1;
-    memcpy(out, node, n);
-    out[n] = '\0';
+    uint64_t until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS;
+    char *parent = NULL, **paths = NULL;
+    int err = name_parent(zc, name, len, &parent);
+    while (err == 0) {
+        size_t n = 0, from = 0;
+        if ((err = session_connect(zc, until)) != 0)
+            break;
+        uint64_t seen = zk_events_now(zc);
+        const char *what = "cannot list";
+        int rc = zk_sync_list(zc, parent, k, until);
+        if (rc == ZNONODE)
+            rc = ZOK; /* no parent: no child either */
+        if (rc == ZOK) {
+            *nh = zk_holders(k);
+            n = want < *nh ? want : *nh;
+            from = newest ? *nh - n : 0;
+            *st = calloc(n ? n : 1, sizeof **st);
+            paths = calloc(n ? n : 1, sizeof *paths);
+            for (size_t j = 0; *st && paths && j < n; j++)
+                if (!(paths[j] = join3(parent, "/", k->v[from + j].name)))
+                    break;
+            if (!*st || !paths || (n && !paths[n - 1]))
+                rc = NOMEM;
+            else if (n)
+                rc = zk_exists_all(zc, paths, n, *st, until);
+            what = "cannot read the holders under";
+        }
+        for (size_t j = 0; paths && j < n; j++)
+            free(paths[j]);
+        free(paths);
+        paths = NULL;
+        if (rc == ZOK)
+            break;
+        zk_kids_free(k);
+        free(*st);
+        *st = NULL;
+        /* ZNONODE: a holder let go between the listing and the read. A
+         * connection error: session_connect() waits for the connection to
+         * return, or starts a new session if this one died. */
+        int again = rc == ZNONODE || is_connection_error(rc);
+        if (!again || dlock_monotonic_ns() >= until) {
+            if (rc == ZNONODE)
+                err = dlock_seterr(cl(zc), DLOCK_ETIMEDOUT,
+                                   "zookeeper %s: the holder of %.80s changed at every look "
+                                   "for connect_timeout (%d ms)", zc->hosts, parent,
+                                   zc->connect_ms);
+            else
+                err = zk_error(zc, rc, what, parent);
+            break;
+        }
+        if (rc != ZNONODE)
+            retry_pause(zc, seen);
+    }
+    free(parent);
+    return err;
 }
 
 /*
- * The name's lock children, read with a sync ahead (zk_sync_list): the
- * lowest sequence holds, and its czxid (an exists, no watch) is the token;
- * the others wait in sequence order, each named by the owner id in its
- * node's name. A holder that lets go between the listing and the exists
- * means looking again. No node is created, no watch is left, nothing is
- * written: the parent missing (never taken, or its container reaped) is
- * free. Within connect_timeout, like ping.
+ * The holders are the first nodes of the queue (zk_holders()): one writer,
+ * the readers before the first writer, or a semaphore's first permits up
+ * to its limit. The newest holder's czxid is the token (and the last token
+ * granted: every earlier holder's node was created before it), the owner
+ * id in its node's name the owner; the others are the waiters, counted and
+ * listed in the order they will be served. No parent node, or no child:
+ * free, no waiter. A holder's or waiter's node whose session expired has
+ * gone with it.
  *
  * What it cannot know: a lease (the holder's node lives as long as its
  * session, whose timeout and last heartbeat only the servers know; a dead
@@ -1025,69 +1154,55 @@ static void node_owner(const char *node, char *out, size_t outsz)
 static int zk_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
 {
     struct zk_conn *zc = (struct zk_conn *)conn;
-    uint64_t until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS;
-    char *parent = NULL, *holder = NULL;
-    int err = name_parent(zc, name, len, &parent);
+    struct zk_kids k = {NULL, 0};
+    struct Stat *st = NULL;
+    size_t nh = 0;
+    int err = read_queue(zc, name, len, 1, 1, &k, &nh, &st);
     if (err)
         return err;
-    for (;;) {
-        struct zk_kids k = {NULL, 0};
-        struct Stat st = {0};
-        if ((err = session_connect(zc, until)) != 0)
-            break;
-        uint64_t seen = zk_events_now(zc);
-        const char *what = "cannot list", *where = parent;
-        int rc = zk_sync_list(zc, parent, &k, until);
-        if (rc == ZNONODE)
-            rc = ZOK; /* no parent: no child either */
-        if (rc == ZOK && k.n > 0) {
-            free(holder);
-            if (!(holder = join3(parent, "/", k.v[0].name))) {
-                zk_kids_free(&k);
-                err = oom(zc);
-                break;
-            }
-            what = "cannot read", where = holder;
-            rc = zk_exists(zc, holder, &st, until);
-        }
-        if (rc == ZOK) {
-            info->known = DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER;
-            info->held = k.n > 0;
-            if (info->held) {
-                info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_LAST_TOKEN;
-                /* Every earlier holder's node was created before it. */
-                info->token = info->last_token = (uint64_t)st.czxid;
-                node_owner(k.v[0].name, info->owner, sizeof info->owner);
-                if (info->owner[0])
-                    info->known |= DLOCK_KNOWS_OWNER;
-                info->waiters = k.n - 1;
-                for (size_t i = 1; i < k.n && info->listed < DLOCK_INFO_LISTED; i++)
-                    node_owner(k.v[i].name, info->waiter[info->listed++], DLOCK_HOLDER_MAX);
-            }
-            zk_kids_free(&k);
-            break;
-        }
-        zk_kids_free(&k);
-        /* ZNONODE: the holder let go between the listing and the read. A
-         * connection error: session_connect() waits for the connection to
-         * return, or starts a new session if this one died. */
-        int again = rc == ZNONODE || is_connection_error(rc);
-        if (!again || dlock_monotonic_ns() >= until) {
-            if (rc == ZNONODE)
-                err = dlock_seterr(cl(zc), DLOCK_ETIMEDOUT,
-                                   "zookeeper %s: the holder of %.80s changed at every look "
-                                   "for connect_timeout (%d ms)", zc->hosts, parent,
-                                   zc->connect_ms);
-            else
-                err = zk_error(zc, rc, what, where);
-            break;
-        }
-        if (rc != ZNONODE)
-            retry_pause(zc, seen);
+    info->known = DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER;
+    info->held = nh > 0;
+    if (info->held) {
+        info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_LAST_TOKEN;
+        info->token = info->last_token = (uint64_t)st[0].czxid;
+        zk_node_owner(k.v[nh - 1].name, info->owner, sizeof info->owner);
+        if (info->owner[0])
+            info->known |= DLOCK_KNOWS_OWNER;
+        info->waiters = k.n - nh;
+        for (size_t i = nh; i < k.n && info->listed < DLOCK_INFO_LISTED; i++)
+            zk_node_owner(k.v[i].name, info->waiter[info->listed++], DLOCK_HOLDER_MAX);
     }
-    free(holder);
-    free(parent);
-    return err;
+    zk_kids_free(&k);
+    free(st);
+    return 0;
+}
+
+/* Every holder, in grant order (sequence, so czxid, ascending): mode,
+ * limit, token (czxid) and owner id; no lease (see zk_inspect()). */
+static int zk_inspect_holders(dlock_conn *conn, const char *name, size_t len,
+                              dlock_holder *holders, size_t capacity, size_t *count)
+{
+    struct zk_conn *zc = (struct zk_conn *)conn;
+    struct zk_kids k = {NULL, 0};
+    struct Stat *st = NULL;
+    size_t nh = 0;
+    int err = read_queue(zc, name, len, capacity, 0, &k, &nh, &st);
+    if (err)
+        return err;
+    *count = nh;
+    for (size_t i = 0; i < nh && i < capacity; i++) {
+        dlock_holder *h = &holders[i];
+        h->known = DLOCK_KNOWS_MODE | DLOCK_KNOWS_TOKEN;
+        h->mode = k.v[i].kind == ZK_READER ? DLOCK_MODE_SHARED : DLOCK_MODE_EXCLUSIVE;
+        h->limit = k.v[i].limit;
+        h->token = (uint64_t)st[i].czxid;
+        zk_node_owner(k.v[i].name, h->owner, sizeof h->owner);
+        if (h->owner[0])
+            h->known |= DLOCK_KNOWS_OWNER;
+    }
+    zk_kids_free(&k);
+    free(st);
+    return 0;
 }
 
 /* ---- open and close -------------------------------------------------- */
@@ -1303,7 +1418,7 @@ const dlock_backend dlock_zookeeper_backend = {
      * keeps alive by itself; the TTL is not used. No HOLDER_DEATH: a dead
      * holder's lock is freed when its session times out, not at once. */
     .caps = DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE |
-            DLOCK_CAP_CANCEL,
+            DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
     .options = zk_options,
     .open = zk_open,
     .close = zk_close,
@@ -1316,4 +1431,5 @@ const dlock_backend dlock_zookeeper_backend = {
     .token_top = zk_token_top,
     .raise_floor = zk_raise_floor,
     .inspect = zk_inspect,
+    .inspect_holders = zk_inspect_holders,
 };

@@ -317,6 +317,64 @@ int zk_get(struct zk_conn *zc, const char *path, int watch, uint64_t until)
     return rc;
 }
 
+/* Sends getData (watch set) or exists (none) of each of paths[0..n) and
+ * waits for every reply: ZOK, ZNONODE when one is gone, else the first
+ * other code; the stats in st[] (if given). */
+static int pipelined(struct zk_conn *zc, char *const *paths, size_t n, int watch,
+                     struct Stat *st, int *written, uint64_t until)
+{
+    struct zk_call **c = calloc(n ? n : 1, sizeof *c);
+    int rc = ZOK;
+    if (!c)
+        return NOMEM;
+    for (size_t i = 0; i < n && rc == ZOK; i++) {
+        if (!(c[i] = call_new(zc, paths[i], LEAVES_NOTHING)))
+            rc = NOMEM;
+        else if (watch)
+            call_sent(c[i], zoo_aget(zc->zh, paths[i], 1, on_data, c[i]));
+        else
+            call_sent(c[i], zoo_aexists(zc->zh, paths[i], 0, on_stat, c[i]));
+    }
+    /* Every request sent is waited for (replies come in order). */
+    for (size_t i = 0; i < n && c[i]; i++) {
+        int r = call_wait(c[i], until);
+        if (r == ZOK && st)
+            st[i] = c[i]->st;
+        if (r == ZOK && written && c[i]->st.version > 0)
+            *written = 1;
+        if (r != ZOK && (rc == ZOK || (rc == ZNONODE && r != ZNONODE)))
+            rc = r;
+        call_put(c[i]);
+    }
+    free(c);
+    return rc;
+}
+
+int zk_watch_all(struct zk_conn *zc, char *const *paths, size_t n, int *written,
+                 uint64_t until)
+{
+    *written = 0;
+    return pipelined(zc, paths, n, 1, NULL, written, until);
+}
+
+int zk_exists_all(struct zk_conn *zc, char *const *paths, size_t n, struct Stat *st,
+                  uint64_t until)
+{
+    return pipelined(zc, paths, n, 0, st, NULL, until);
+}
+
+int zk_set(struct zk_conn *zc, const char *path, uint64_t until)
+{
+    static const char data[] = "held";
+    struct zk_call *c = call_new(zc, path, LEAVES_NOTHING);
+    if (!c)
+        return NOMEM;
+    call_sent(c, zoo_aset(zc->zh, path, data, (int)sizeof data - 1, -1, on_stat, c));
+    int rc = call_wait(c, until);
+    call_put(c);
+    return rc;
+}
+
 /* A node that nobody has to clean up: root, parents, the ping's. */
 int zk_create(struct zk_conn *zc, const char *path, int flags, uint64_t until)
 {

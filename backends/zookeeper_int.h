@@ -33,15 +33,15 @@
 #define NOMEM 1001   /* no memory for the request */
 #define CANCELLED 1002 /* the acquire's wait was cancelled first */
 
-/* "<owner hex>-lock-" */
-#define MARK_MAX (sizeof ((dlock_request *)0)->owner_hex + sizeof ZK_LOCK_MARK)
+/* "<owner hex><tag>-lock-" */
+#define MARK_MAX (sizeof ((dlock_request *)0)->owner_hex + ZK_TAG_MAX + sizeof ZK_LOCK_MARK)
 
 /*
  * What a session may have left behind on the servers, and that nobody will
  * delete otherwise: a node of ours whose delete could not be sent or was
  * lost with the connection (path is the node), or the node a create whose
  * reply was lost may have made (search: path is its parent, mark our
- * "<owner>-lock-" prefix). Queued on zc->orphans and sent as soon as the
+ * "<owner><tag>-lock-" prefix). Queued on zc->orphans and sent as soon as the
  * session is connected, by the client's completion thread
  * (zookeeper_orphans.c).
  */
@@ -84,6 +84,7 @@ struct zk_conn {
     int state;                /* last session state reported */
     int ever_connected;       /* this session was established once */
     uint64_t events;          /* counts every watch and session event */
+    uint64_t node_events;     /* the watch events alone (read by the tests) */
     uint64_t suspended_since; /* when the connection dropped; 0 while up */
     int negotiated_ms;        /* the timeout the server granted */
     struct zk_held *watched;  /* held locks whose node is watched, under mu */
@@ -163,6 +164,19 @@ int zk_delete(struct zk_conn *zc, const char *path, uint64_t until);
 int zk_exists(struct zk_conn *zc, const char *path, struct Stat *st, uint64_t until);
 /* getData, with a watch if asked (delivered to the session's watcher). */
 int zk_get(struct zk_conn *zc, const char *path, int watch, uint64_t until);
+/* getData with a watch on each of paths[0..n), pipelined (one round trip):
+ * ZOK when every node is there (*written: one's data was set since its
+ * create), ZNONODE when one is gone (it leaves no watch), else the first
+ * other code. */
+int zk_watch_all(struct zk_conn *zc, char *const *paths, size_t n, int *written,
+                 uint64_t until);
+/* setData of a node (a permit's signal to the node behind it). */
+int zk_set(struct zk_conn *zc, const char *path, uint64_t until);
+/* exists (no watch) of each of paths[0..n), pipelined: ZOK when every
+ * node is there (their stats in st[]), ZNONODE when one is gone, else the
+ * first other code. */
+int zk_exists_all(struct zk_conn *zc, char *const *paths, size_t n, struct Stat *st,
+                  uint64_t until);
 /* A node that nobody has to clean up: root, parents, the ping's. */
 int zk_create(struct zk_conn *zc, const char *path, int flags, uint64_t until);
 /* token_top's probe: *zxid is its transaction's, above every czxid before
@@ -198,6 +212,9 @@ void zk_create_list(struct zk_conn *zc, const char *prefix, const char *parent, 
 void zk_alive_probe(struct zk_conn *zc, uint64_t now, uint64_t period_ns);
 /* The liveness probes the client has sent, all its sessions (tests). */
 uint64_t dlock_zk_probes_sent(dlock_client *c);
+/* The watch events the client has received, all its sessions (tests: a
+ * release wakes only the waiters it admits). */
+uint64_t dlock_zk_watch_events(dlock_client *c);
 
 /* Wakes every waiter of zc, mu held (the client's threads). */
 void zk_wake(struct zk_conn *zc);

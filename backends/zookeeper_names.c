@@ -1,20 +1,28 @@
-/* Lock-node names and the lock root: see zookeeper_names.h. No I/O. */
+/* Lock-node names, their modes and the queue's rules, and the lock root:
+ * see zookeeper_names.h. No I/O. */
 #include "backends/zookeeper_names.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-int zk_lock_seq(const char *name, long long *seq)
+/* The last "-lock-" of name, or NULL. */
+static const char *last_mark(const char *name)
 {
     const char *mark = NULL, *s = name;
-    size_t ml = strlen(ZK_LOCK_MARK);
     /* The last mark: a foreign prefix (Curator's "_c_<uuid>") may hold one. */
     while ((s = strstr(s, ZK_LOCK_MARK)) != NULL)
         mark = s++;
+    return mark;
+}
+
+int zk_lock_seq(const char *name, long long *seq)
+{
+    const char *mark = last_mark(name), *s;
     if (!mark)
         return -1;
-    s = mark + ml;
+    s = mark + strlen(ZK_LOCK_MARK);
     int neg = *s == '-';
     s += neg;
     if (*s < '0' || *s > '9')
@@ -62,10 +70,117 @@ int zk_kids_parse(const char *const *names, size_t n, struct zk_kids *k)
             zk_kids_free(k);
             return -1;
         }
+        k->v[k->n].kind = zk_node_kind(names[i], &k->v[k->n].limit);
         k->v[k->n++].seq = seq;
     }
     qsort(k->v, k->n, sizeof *k->v, kid_cmp);
     return 0;
+}
+
+void zk_tag(int shared, unsigned limit, char *out)
+{
+    if (limit)
+        snprintf(out, ZK_TAG_MAX, "%s%u__", ZK_SEM_TAG, limit & 0xffffu);
+    else
+        snprintf(out, ZK_TAG_MAX, "%s", shared ? ZK_READ_TAG : "");
+}
+
+/* The length of the tag that ends name[0 .. end) (0: none), its kind and
+ * limit. */
+static size_t tag_before(const char *name, size_t end, enum zk_kind *kind, unsigned *limit)
+{
+    size_t rl = strlen(ZK_READ_TAG), sl = strlen(ZK_SEM_TAG);
+    *kind = ZK_WRITER;
+    *limit = 0;
+    if (end >= rl && memcmp(name + end - rl, ZK_READ_TAG, rl) == 0) {
+        *kind = ZK_READER;
+        return rl;
+    }
+    /* "-__SEM<1..65535, no leading 0>__" */
+    if (end < sl + 3 || memcmp(name + end - 2, "__", 2) != 0)
+        return 0;
+    size_t d = end - 2, digits = 0;
+    while (d > 0 && digits < 6 && name[d - 1] >= '0' && name[d - 1] <= '9')
+        d--, digits++;
+    if (digits == 0 || digits > 5 || name[d] == '0' || d < sl ||
+        memcmp(name + d - sl, ZK_SEM_TAG, sl) != 0)
+        return 0;
+    unsigned v = 0;
+    for (size_t j = d; j < end - 2; j++)
+        v = v * 10 + (unsigned)(name[j] - '0');
+    if (v > 65535)
+        return 0;
+    *kind = ZK_PERMIT;
+    *limit = v;
+    return end - (d - sl);
+}
+
+enum zk_kind zk_node_kind(const char *name, unsigned *limit)
+{
+    const char *mark = last_mark(name);
+    enum zk_kind kind = ZK_WRITER;
+    *limit = 0;
+    if (mark)
+        tag_before(name, (size_t)(mark - name), &kind, limit);
+    return kind;
+}
+
+void zk_node_owner(const char *name, char *out, size_t outsz)
+{
+    const char *mark = last_mark(name);
+    enum zk_kind kind;
+    unsigned limit;
+    size_t n = mark ? (size_t)(mark - name) : 0;
+    n -= tag_before(name, n, &kind, &limit);
+    if (n >= outsz)
+        n = outsz - 1;
+    memcpy(out, name, n);
+    out[n] = '\0';
+}
+
+/* Two nodes that may hold the same name together, or wait in one queue: a
+ * read-write lock's, or permits of one limit. */
+static int same_kind(const struct zk_kid *a, const struct zk_kid *b)
+{
+    if ((a->kind == ZK_PERMIT) != (b->kind == ZK_PERMIT))
+        return 0;
+    return a->kind != ZK_PERMIT || a->limit == b->limit;
+}
+
+void zk_turn(const struct zk_kids *k, size_t i, struct zk_turn *t)
+{
+    const struct zk_kid *me = &k->v[i];
+    size_t writer = i; /* the nearest writer before i; i: none */
+    *t = (struct zk_turn){ZK_GRANTED, 0, 0, 0};
+    for (size_t j = 0; j < i; j++) {
+        if (!same_kind(&k->v[j], me)) {
+            *t = (struct zk_turn){ZK_MISMATCH, 0, j, 1};
+            return;
+        }
+        if (k->v[j].kind == ZK_WRITER)
+            writer = j;
+    }
+    if (me->kind == ZK_WRITER && i > 0)
+        *t = (struct zk_turn){ZK_WAIT, 0, i - 1, 1};
+    else if (me->kind == ZK_READER && writer < i)
+        *t = (struct zk_turn){ZK_WAIT, 0, writer, 1};
+    else if (me->kind == ZK_PERMIT && i == me->limit)
+        *t = (struct zk_turn){ZK_WAIT, 0, 0, i};
+    else if (me->kind == ZK_PERMIT && i > me->limit)
+        *t = (struct zk_turn){ZK_WAIT, 1, i - 1, 1};
+}
+
+size_t zk_holders(const struct zk_kids *k)
+{
+    size_t n = 0;
+    if (k->n == 0)
+        return 0;
+    if (k->v[0].kind == ZK_WRITER)
+        return 1;
+    while (n < k->n && same_kind(&k->v[n], &k->v[0]) && k->v[n].kind == k->v[0].kind &&
+           (k->v[0].kind == ZK_READER || n < k->v[0].limit))
+        n++;
+    return n;
 }
 
 long zk_kids_find(const struct zk_kids *k, const char *start)

@@ -11,7 +11,10 @@
  * with the sequence recorded, none is dropped that parses, the list is
  * sorted by sequence; a prefix found starts the name found, and one not
  * found starts none; an accepted root is absolute, not "/", within the
- * input, and outside /zookeeper.
+ * input, and outside /zookeeper. The queue's rules: a node's kind and limit
+ * are its name's, its owner id a prefix of its name; exactly the first
+ * zk_holders() nodes are granted, a node never waits for one at or behind
+ * it, and a refusal names a node ahead of another kind.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -65,6 +68,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             require(zk_lock_seq(k.v[i].name, &seq) == 0 && seq == k.v[i].seq);
             require(strstr(k.v[i].name, ZK_LOCK_MARK) != NULL);
             require(i == 0 || k.v[i - 1].seq <= k.v[i].seq);
+        }
+        size_t holders = zk_holders(&k);
+        require(holders <= k.n && (k.n == 0 || holders > 0));
+        for (size_t i = 0; i < k.n; i++) {
+            unsigned limit;
+            char owner[64];
+            struct zk_turn t;
+            require(zk_node_kind(k.v[i].name, &limit) == k.v[i].kind && limit == k.v[i].limit);
+            require((k.v[i].kind == ZK_PERMIT) == (limit >= 1 && limit <= 65535));
+            zk_node_owner(k.v[i].name, owner, sizeof owner);
+            require(strncmp(k.v[i].name, owner, strlen(owner)) == 0);
+            zk_turn(&k, i, &t);
+            require((t.verdict == ZK_GRANTED) == (i < holders));
+            if (t.verdict == ZK_WAIT)
+                require(t.count >= 1 && t.first + t.count <= i);
+            if (t.verdict == ZK_MISMATCH)
+                require(t.first < i && ((k.v[t.first].kind == ZK_PERMIT) !=
+                                            (k.v[i].kind == ZK_PERMIT) ||
+                                        k.v[t.first].limit != k.v[i].limit));
         }
         long f = zk_kids_find(&k, names[0]);
         size_t pl = strlen(names[0]);
