@@ -185,10 +185,10 @@ static void print_inspect_text(const char *name, const char *store, const dlock_
             uint32_t limit = hs->shown ? hs->h[0].limit : 0;
 
             if ((hk & DLOCK_KNOWS_MODE) && limit)
-                printf(" as a semaphore of %" PRIu32 ", %zu permit%s taken", limit, hs->count,
+                printf(" as a semaphore of %" PRIu32 " (%zu permit%s taken)", limit, hs->count,
                        hs->count == 1 ? "" : "s");
             else
-                printf(" %s by %zu holder%s", (hk & DLOCK_KNOWS_MODE) ? mode_name(&hs->h[0]) :
+                printf(" %s (%zu holder%s)", (hk & DLOCK_KNOWS_MODE) ? mode_name(&hs->h[0]) :
                        "in an unknown mode", hs->count, hs->count == 1 ? "" : "s");
             if (hs->count > 1)
                 fputs(", the newest", stdout);

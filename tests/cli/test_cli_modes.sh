@@ -133,7 +133,7 @@ if [ $shared = 1 ]; then
     check $? "a semaphore on a name held shared: exit 75 at once (${el} ms, -w 5)"
     dl inspect "$uri" "$r"
     [ $rc -eq 0 ] && [ "$(wc -l <"$dir/out")" -eq 3 ] &&
-        [[ $(sed -n 1p "$dir/out") == "$r: held shared by 2 holders, the newest"*", token $t2"* ]] &&
+        [[ $(sed -n 1p "$dir/out") == "$r: held shared (2 holders), the newest"*", token $t2"* ]] &&
         [[ $(sed -n 2p "$dir/out") == "  holder 1 of 2: shared, token $t1"* ]] &&
         [[ $(sed -n 3p "$dir/out") == "  holder 2 of 2: shared, token $t2"* ]]
     check $? "inspect: the name's line, then one line per holder with mode and token"
@@ -184,7 +184,7 @@ if [ $sem = 1 ]; then
     done
     dl inspect "$uri" "$s"
     [ $rc -eq 0 ] && [ "$(wc -l <"$dir/out")" -eq 3 ] &&
-        [[ $(sed -n 1p "$dir/out") == "$s: held as a semaphore of 2, 2 permits taken"* ]] &&
+        [[ $(sed -n 1p "$dir/out") == "$s: held as a semaphore of 2 (2 permits taken), the newest"* ]] &&
         [[ $(sed -n 2p "$dir/out") == "  holder 1 of 2: permit, token $p1"* ]] &&
         [[ $(sed -n 3p "$dir/out") == "  holder 2 of 2: permit, token $p2"* ]]
     check $? "inspect: a semaphore of 2, one line per permit"
