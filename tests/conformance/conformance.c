@@ -125,8 +125,9 @@ static const struct kind {
      * PostgreSQL's min(200 ms, timeout) with the default timeout). */
     unsigned deadline_past_ms;
 } kinds[] = {
-    {"file", DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE, NULL, 0, 0, 0,
-     0},
+    {"file", DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
+                 DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+     NULL, 0, 0, 0, 0},
     /* A PX expiry, to the millisecond. */
     {"redis",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED |
@@ -145,7 +146,8 @@ static const struct kind {
      NULL, 0, 0, 0, 200},
     /* idle_session_timeout, in milliseconds. */
     {"postgres",
-     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
+         DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
      NULL, 0, 0, 0, 200},
     /* wait_timeout, in whole seconds (docs/mysql.md, Lease / TTL). */
     {"mysql",
@@ -3092,7 +3094,7 @@ int main(int argc, char **argv)
             break_death = breaking("death");
             break_lease = breaking("lease");
             if (!breaking("exclusion") && !breaking("tokens") && !breaking("fifo") &&
-                !break_death && !break_lease)
+                !breaking("shared") && !break_death && !break_lease)
                 nparts = -1, i = argc; /* the usage message */
         }
         else if (strcmp(argv[i], "--drop-cap") == 0 && i + 1 < argc) {

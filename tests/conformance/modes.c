@@ -273,8 +273,12 @@ static void holders_are(dlock_client *c, const char *name, dlock_lock **held, si
     for (size_t i = 0; i < count && i < n && i < 8; i++) {
         if ((h[i].known & DLOCK_KNOWS_MODE) && (h[i].mode != mode || h[i].limit != limit))
             modes = 0;
+        /* On a list, the first store's own grant: at most the list's
+         * token (a raised part reports its grant, not the raise). */
+        uint64_t want = dlock_lock_token(held[i]);
         if ((h[i].known & DLOCK_KNOWS_TOKEN) &&
-            (h[i].token != dlock_lock_token(held[i]) || (i && h[i].token <= h[i - 1].token)))
+            ((composite ? h[i].token == 0 || h[i].token > want : h[i].token != want) ||
+             (i && h[i].token <= h[i - 1].token)))
             tokens = 0;
         if ((h[i].known & DLOCK_KNOWS_OWNER) &&
             !strstr(h[i].owner, dlock_lock_owner(held[i])))
