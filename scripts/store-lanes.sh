@@ -45,7 +45,8 @@ group_of() {
     case $n in faults-*-shared | faults-*-permit) n=${n%-*} ;; esac
     case $n in
     redis | redis_modes | redlock | faults-redis | faults-redlock) echo redis ;;
-    zookeeper | faults-zookeeper | faults-zookeeper-ensemble) echo zookeeper ;;
+    zookeeper | zookeeper-modes | faults-zookeeper | faults-zookeeper-ensemble) echo zookeeper ;;
+    postgres_modes) echo postgres ;;
     faults-*) echo "${n#faults-}" ;;
     *) echo "$n" ;;
     esac
