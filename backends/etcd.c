@@ -81,82 +81,22 @@
 #include <time.h>
 
 #include "config.h"
-#include "backends/etcd_http.h"
-#include "backends/etcd_json.h"
-#include "backends/etcd_reply.h"
-#include "core/internal.h"
+#include "backends/etcd_int.h"
 
 #define DEFAULT_PORT 2379
 #define DEFAULT_PREFIX "/dlock"
 #define DEFAULT_CONNECT_MS 2000
 #define DEFAULT_TIMEOUT_MS 5000
-#define MS UINT64_C(1000000)
 /* The waiters' lease: a waiter's key lives on a short lease of its
  * client's, kept alive while it waits, so that a waiter that dies frees
  * its place within this long (etcd's minimum TTL is 2 s by default). */
 #define WAIT_TTL_S 3
 /* How far past its deadline a deadline wait's calls and cleanup may run. */
 #define DEADLINE_SLACK_MS 150
-#define RANGE_DESCEND "DESCEND"
 
 static const char *const etcd_schemes[] = {"etcd", NULL};
 static const char *const etcd_options[] = {"connect_timeout", "timeout", "tls", "cacert",
                                            "cert", "key", NULL};
-
-struct etcd_conn {
-    dlock_conn base;
-    struct etcd_site site;
-    struct etcd_http app;    /* the application's thread */
-    struct etcd_http keeper; /* the keeper's thread */
-    CURL *watch;             /* the application's watch stream */
-    CURLM *multi;
-    int64_t wait_lease;      /* the waiters' short lease (0: none yet) */
-    uint64_t wait_kept;      /* when it was last granted or kept alive */
-    int64_t stale_lease;     /* a waiters' lease given up with a key maybe left on it */
-    int lost_place;          /* this wait's key is gone (set by place_lost) */
-    uint64_t cap;            /* during a deadline wait: no call past this (0: none) */
-    char *prefix;
-    char where[512];
-};
-
-struct etcd_held {
-    dlock_held base;
-    char *key;       /* <prefix>/<escaped name>/<lease id, 16 hex digits> */
-    size_t klen;
-    size_t dir;      /* the name's key prefix: key[0, dir) ends with '/' */
-    int64_t lease;
-    int64_t ttl_s;   /* the lease's TTL as asked */
-    uint32_t ttl_ms;
-    uint64_t end_ns; /* the client's lease end */
-    int waiting;     /* the key is on the waiters' lease */
-    int queued;      /* a wait: the key may be on the waiters' lease */
-    enum etcd_kind kind; /* exclusive (today's layout), reader or permit */
-    uint32_t limit;  /* a permit's: the semaphore's limit */
-    int how;         /* how the wait watches pred (WATCH_*) */
-    int64_t since;   /* WATCH_CHANGE: the revision pred was read at */
-};
-
-/* What a waiter watches: its key's deletion; its deletion or a put (a
- * permit waiter's predecessor, which a waited grant touches); any key
- * created before ours deleted (the first permit waiter). */
-enum { WATCH_DELETE, WATCH_CHANGE, WATCH_AHEAD };
-
-static dlock_client *cl(struct etcd_conn *ec)
-{
-    return ec->base.client;
-}
-
-static int oom(struct etcd_conn *ec)
-{
-    return dlock_seterr(cl(ec), DLOCK_ENOMEM, "out of memory");
-}
-
-/* A call's bound: `timeout`, or less within a deadline wait (cap). */
-static uint64_t call_until(struct etcd_conn *ec)
-{
-    uint64_t t = dlock_monotonic_ns() + ec->site.timeout_ms * MS;
-    return ec->cap && ec->cap < t ? ec->cap : t;
-}
 
 /* until, or the core's earlier bound for this call (dlock_call_deadline():
  * a keep's lease end, a lost lock's release). */
@@ -183,99 +123,7 @@ static void pause_ms(uint64_t ms, uint64_t until, int cancel_fd)
 
 /* ---- keys ---------------------------------------------------------------- */
 
-/* <prefix>/<name>/, with '%' and '/' in the name escaped (%25, %2F) so that
- * no name's keys start with another name's prefix. */
-static char *name_dir(struct etcd_conn *ec, const char *name, size_t len, size_t *dlen)
-{
-    size_t plen = strlen(ec->prefix), n = plen + 1 + 3 * len + 1 + 24 + 1;
-    char *d = malloc(n), *o;
-    if (!d)
-        return NULL;
-    memcpy(d, ec->prefix, plen);
-    o = d + plen;
-    *o++ = '/';
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)name[i];
-        if (c == '%' || c == '/') {
-            o += sprintf(o, "%%%02X", c);
-        } else {
-            *o++ = (char)c;
-        }
-    }
-    *o++ = '/';
-    *o = '\0';
-    *dlen = (size_t)(o - d);
-    return d;
-}
-
-/* The end of the range of keys starting with dir (its last byte + 1: dir
- * ends with '/', so no carry). */
-static json_object *range_end(const char *dir, size_t dlen)
-{
-    char *e = malloc(dlen);
-    if (!e)
-        return NULL;
-    memcpy(e, dir, dlen);
-    e[dlen - 1]++;
-    json_object *j = etcd_new_bytes(e, dlen);
-    free(e);
-    return j;
-}
-
-static json_object *range_req(const char *dir, size_t dlen, const char *order, int64_t limit,
-                              int64_t max_create)
-{
-    json_object *r = json_object_new_object();
-    if (!r)
-        return NULL;
-    json_object_object_add(r, "key", etcd_new_bytes(dir, dlen));
-    json_object_object_add(r, "range_end", range_end(dir, dlen));
-    json_object_object_add(r, "sort_target", json_object_new_string("CREATE"));
-    json_object_object_add(r, "sort_order", json_object_new_string(order));
-    if (limit)
-        json_object_object_add(r, "limit", etcd_new_int(limit));
-    if (max_create)
-        json_object_object_add(r, "max_create_revision", etcd_new_int(max_create));
-    return r;
-}
-
-static json_object *wrap(const char *what, json_object *op)
-{
-    json_object *o = json_object_new_object();
-    if (o)
-        json_object_object_add(o, what, op);
-    return o;
-}
-
-static json_object *kvs_of(json_object *range)
-{
-    json_object *k = etcd_get(range, "kvs");
-    return k && json_object_is_type(k, json_type_array) ? k : NULL;
-}
-
 /* ---- calls ----------------------------------------------------------------- */
-
-/* A call whose reply must carry no error: 0 with *root (the caller puts
- * it), else the error recorded. */
-static int call_ok(struct etcd_conn *ec, struct etcd_http *h, const char *path, json_object *req,
-                   uint64_t until, int late, const char *what, json_object **root)
-{
-    struct etcd_res r;
-    *root = NULL;
-    if (!req)
-        return oom(ec);
-    int err = etcd_call(&ec->site, h, path, req, until, late, &r);
-    json_object_put(req);
-    if (err)
-        return err;
-    if (r.code) {
-        err = etcd_error(&ec->site, &r, what);
-        json_object_put(r.root);
-        return err;
-    }
-    *root = r.root;
-    return 0;
-}
 
 static int lease_grant(struct etcd_conn *ec, struct etcd_http *h, int64_t ttl_s, uint64_t until,
                        int64_t *id)
@@ -283,7 +131,7 @@ static int lease_grant(struct etcd_conn *ec, struct etcd_http *h, int64_t ttl_s,
     json_object *req = json_object_new_object(), *root;
     if (req)
         json_object_object_add(req, "TTL", etcd_new_int(ttl_s));
-    int err = call_ok(ec, h, "/v3/lease/grant", req, until, DLOCK_ECONNECT, "lease grant", &root);
+    int err = etcd_call_ok(ec, h, "/v3/lease/grant", req, until, DLOCK_ECONNECT, "lease grant", &root);
     if (err)
         return err;
     int64_t got = etcd_int(root, "ID");
@@ -328,7 +176,7 @@ static int lease_keepalive(struct etcd_conn *ec, struct etcd_http *h, int64_t id
     json_object *req = json_object_new_object(), *root;
     if (req)
         json_object_object_add(req, "ID", etcd_new_int(id));
-    int err = call_ok(ec, h, "/v3/lease/keepalive", req, until, DLOCK_ECONNECT, "lease keep-alive",
+    int err = etcd_call_ok(ec, h, "/v3/lease/keepalive", req, until, DLOCK_ECONNECT, "lease keep-alive",
                       &root);
     if (err)
         return err;
@@ -372,15 +220,6 @@ static uint64_t keep_every_ms(const struct etcd_held *held)
     return ms / 3 ? ms / 3 : 1;
 }
 
-static int place_lost(struct etcd_conn *ec)
-{
-    ec->lost_place = 1;
-    return dlock_seterr(cl(ec), DLOCK_ECONNECT,
-                        "etcd %s: the waiter's lease ran out (the store was out of reach or the"
-                        " client paused longer than its TTL): its place in the queue is gone",
-                        ec->where);
-}
-
 /* Keeps the waiters' lease and the lock's own alive. */
 static int keep_during_wait(struct etcd_conn *ec, struct wait *wt)
 {
@@ -390,22 +229,20 @@ static int keep_during_wait(struct etcd_conn *ec, struct wait *wt)
     if (wt->held->waiting) {
         err = lease_keepalive(ec, &ec->app, ec->wait_lease, call_until(ec), &ttl);
         if (err == DLOCK_ELOST)
-            return place_lost(ec);
+            return etcd_place_lost(ec);
         if (err)
             return err;
         ec->wait_kept = sent;
     }
     err = lease_keepalive(ec, &ec->app, wt->held->lease, call_until(ec), &ttl);
     if (err == DLOCK_ELOST)
-        return place_lost(ec);
+        return etcd_place_lost(ec);
     if (err)
         return err;
     wt->lease_from = sent;
     wt->next_keep = sent + keep_every_ms(wt->held) * MS;
     return 0;
 }
-
-static int count_before(struct etcd_conn *ec, struct etcd_held *held, int64_t *n);
 
 /* Whether what a wait watches went before its watch started: the key is
  * gone (or, with since, was written after since); WATCH_AHEAD: fewer
@@ -415,17 +252,17 @@ static int looked_again(struct etcd_conn *ec, struct etcd_held *held, const char
 {
     if (held->how == WATCH_AHEAD) {
         int64_t n = 0;
-        int err = count_before(ec, held, &n);
+        int err = etcd_count_before(ec, held, &n);
         *gone = err == 0 && n < (int64_t)held->limit;
         return err;
     }
     json_object *req = json_object_new_object(), *root;
     if (req)
         json_object_object_add(req, "key", etcd_new_bytes(key, klen));
-    int err = call_ok(ec, &ec->app, "/v3/kv/range", req, call_until(ec), DLOCK_ECONNECT,
+    int err = etcd_call_ok(ec, &ec->app, "/v3/kv/range", req, call_until(ec), DLOCK_ECONNECT,
                       "reading the key before ours", &root);
     if (err == 0) {
-        json_object *kvs = kvs_of(root);
+        json_object *kvs = etcd_kvs_of(root);
         json_object *kv = kvs && json_object_array_length(kvs) ? json_object_array_get_idx(kvs, 0)
                                                                : NULL;
         *gone = !kv || (held->how == WATCH_CHANGE && etcd_int(kv, "mod_revision") > held->since);
@@ -453,7 +290,7 @@ static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, 
     struct etcd_held *held = wt->held;
     struct etcd_stream w = {0};
     struct curl_slist *hdr = NULL;
-    json_object *cr = json_object_new_object(), *req = wrap("create_request", cr), *filters = NULL;
+    json_object *cr = json_object_new_object(), *req = etcd_wrap("create_request", cr), *filters = NULL;
     int err = 0;
     if (!cr || !req) {
         json_object_put(req ? req : cr);
@@ -463,7 +300,7 @@ static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, 
         /* Every deletion of the name's keys, told with the key's create
          * revision: one of a key before ours admits us. */
         json_object_object_add(cr, "key", etcd_new_bytes(held->key, held->dir));
-        json_object_object_add(cr, "range_end", range_end(held->key, held->dir));
+        json_object_object_add(cr, "range_end", etcd_range_end(held->key, held->dir));
         json_object_object_add(cr, "prev_kv", json_object_new_boolean(1));
         w.before = (int64_t)held->base.token;
     } else {
@@ -552,29 +389,6 @@ out:
 
 /* ---- acquire ---------------------------------------------------------------- */
 
-static json_object *create_cmp(const char *key, size_t klen, const char *result, int64_t rev)
-{
-    json_object *c = json_object_new_object();
-    if (!c)
-        return NULL;
-    json_object_object_add(c, "key", etcd_new_bytes(key, klen));
-    json_object_object_add(c, "target", json_object_new_string("CREATE"));
-    json_object_object_add(c, "result", json_object_new_string(result));
-    json_object_object_add(c, "create_revision", etcd_new_int(rev));
-    return c;
-}
-
-static json_object *put_lease(const char *key, size_t klen, int64_t lease)
-{
-    json_object *put = json_object_new_object();
-    if (!put)
-        return NULL;
-    json_object_object_add(put, "key", etcd_new_bytes(key, klen));
-    json_object_object_add(put, "ignore_value", json_object_new_boolean(1));
-    json_object_object_add(put, "lease", etcd_new_int(lease));
-    return wrap("request_put", put);
-}
-
 /*
  * The grant, in one transaction: if every key of the name was created at
  * or after ours (a compare over the name's range: none is before it) and
@@ -588,20 +402,20 @@ static int claim(struct etcd_conn *ec, struct etcd_held *held, struct etcd_kv *p
     json_object *req = json_object_new_object(), *cmps = json_object_new_array();
     json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *root;
     json_object *own = json_object_new_object();
-    json_object *first = create_cmp(held->key, held->dir, "GREATER", (int64_t)held->base.token - 1);
+    json_object *first = etcd_create_cmp(held->key, held->dir, "GREATER", (int64_t)held->base.token - 1);
     if (!req || !cmps || !ok || !ko || !first || !own) {
         json_object_put(req), json_object_put(cmps), json_object_put(ok);
         json_object_put(ko), json_object_put(first), json_object_put(own);
         return oom(ec);
     }
-    json_object_object_add(first, "range_end", range_end(held->key, held->dir));
+    json_object_object_add(first, "range_end", etcd_range_end(held->key, held->dir));
     json_object_array_add(cmps, first);
-    json_object_array_add(cmps, create_cmp(held->key, held->klen, "EQUAL", (int64_t)held->base.token));
-    json_object_array_add(ok, put_lease(held->key, held->klen, held->lease));
+    json_object_array_add(cmps, etcd_create_cmp(held->key, held->klen, "EQUAL", (int64_t)held->base.token));
+    json_object_array_add(ok, etcd_put_lease(held->key, held->klen, held->lease));
     json_object_object_add(own, "key", etcd_new_bytes(held->key, held->klen));
     json_object_object_add(own, "count_only", json_object_new_boolean(1));
-    json_object_array_add(ko, wrap("request_range", own));
-    json_object_array_add(ko, wrap("request_range", range_req(held->key, held->dir, RANGE_DESCEND,
+    json_object_array_add(ko, etcd_wrap("request_range", own));
+    json_object_array_add(ko, etcd_wrap("request_range", etcd_range_req(held->key, held->dir, RANGE_DESCEND,
                                                                1, (int64_t)held->base.token - 1)));
     json_object_object_add(req, "compare", cmps);
     json_object_object_add(req, "success", ok);
@@ -637,256 +451,14 @@ static int claim(struct etcd_conn *ec, struct etcd_held *held, struct etcd_kv *p
         err = dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: reading the queue: a reply without"
                            " its two ranges", ec->where);
     } else if (etcd_int(mine, "count") == 0) {
-        err = place_lost(ec);
-    } else if (!kvs_of(before) || json_object_array_length(kvs_of(before)) == 0) {
+        err = etcd_place_lost(ec);
+    } else if (!etcd_kvs_of(before) || json_object_array_length(etcd_kvs_of(before)) == 0) {
         /* Nobody before us, yet the compare failed: a key created in
          * between went. Read again. */
         err = 1;
-    } else if (etcd_kv_read(json_object_array_get_idx(kvs_of(before), 0), pred) != 0) {
+    } else if (etcd_kv_read(json_object_array_get_idx(etcd_kvs_of(before), 0), pred) != 0) {
         err = dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: reading the queue: a bad key",
                            ec->where);
-    }
-    json_object_put(root);
-    return err;
-}
-
-/* ---- shared locks and semaphores ----------------------------------------- */
-
-/* DLOCK_EMODE when the name's oldest key (oldest: a range reply's first)
- * is of another kind than ours: a semaphore of another limit, a semaphore
- * where we ask a read-write lock, or the other way round. */
-static int kind_check(struct etcd_conn *ec, const struct etcd_held *held, const dlock_request *req,
-                      const struct etcd_kv *oldest)
-{
-    uint32_t limit;
-    int nl = req->name_len > 80 ? 80 : (int)req->name_len;
-    if (!oldest->key || oldest->klen < held->dir)
-        return 0;
-    enum etcd_kind k = etcd_key_kind(oldest->key + held->dir, oldest->klen - held->dir, &limit);
-    if (k == ETCD_PERMIT && (held->kind != ETCD_PERMIT || limit != held->limit)) {
-        char asked[48] = "a read-write lock";
-        if (held->limit)
-            snprintf(asked, sizeof asked, "a semaphore of limit %u", held->limit);
-        return dlock_seterr(cl(ec), DLOCK_EMODE, "%.*s is held as a semaphore of limit %u (asked:"
-                            " %s)", nl, req->name, limit, asked);
-    }
-    if (k != ETCD_PERMIT && held->kind == ETCD_PERMIT)
-        return dlock_seterr(cl(ec), DLOCK_EMODE, "%.*s is held as a read-write lock (asked: a"
-                            " semaphore of limit %u)", nl, req->name, held->limit);
-    return 0;
-}
-
-/* The keys held's request waits for, newest first: a reader's, the
- * writers' (today's layout: keys named by a lease id in hex, "0".."f");
- * a permit's, every key. With before, only those created before ours. */
-static json_object *ahead_req(const struct etcd_held *held, int64_t limit, int before)
-{
-    json_object *r = range_req(held->key, held->dir, RANGE_DESCEND, limit,
-                               before ? (int64_t)held->base.token - 1 : 0);
-    if (r && held->kind == ETCD_READER) {
-        char *k = malloc(held->dir + 1);
-        if (!k) {
-            json_object_put(r);
-            return NULL;
-        }
-        memcpy(k, held->key, held->dir);
-        k[held->dir] = '0';
-        json_object_object_add(r, "key", etcd_new_bytes(k, held->dir + 1));
-        k[held->dir] = 'g';
-        json_object_object_add(r, "range_end", etcd_new_bytes(k, held->dir + 1));
-        free(k);
-    }
-    return r;
-}
-
-/* What a reader or permit waits for, from n keys before ours (kvs from
- * skip on, newest first): 0 with pred->key NULL when admitted (a reader
- * with no writer before it, a permit with fewer keys than the limit
- * before it), else pred and held->how. */
-static int mode_look(struct etcd_conn *ec, struct etcd_held *held, int64_t n, json_object *kvs,
-                     size_t skip, struct etcd_kv *pred)
-{
-    memset(pred, 0, sizeof *pred);
-    if (held->kind == ETCD_READER ? n <= 0 : n < (int64_t)held->limit)
-        return 0;
-    held->how = held->kind == ETCD_READER ? WATCH_DELETE
-                : n == (int64_t)held->limit ? WATCH_AHEAD : WATCH_CHANGE;
-    if (!kvs || json_object_array_length(kvs) <= skip ||
-        etcd_kv_read(json_object_array_get_idx(kvs, skip), pred) != 0)
-        return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: reading the queue: a bad key",
-                            ec->where);
-    held->since = pred->mod > pred->create ? pred->mod : pred->create;
-    return 0;
-}
-
-/* A txn of one compare (our key still there, with our create revision)
- * and the ops ok: 0 with *root when it succeeded, the place lost when not
- * (2: the lock's lease is gone), else an error. */
-static int own_txn(struct etcd_conn *ec, struct etcd_held *held, json_object *ok,
-                   json_object **root)
-{
-    json_object *req = json_object_new_object(), *cmps = json_object_new_array();
-    struct etcd_res r;
-    *root = NULL;
-    if (!req || !cmps || !ok) {
-        json_object_put(req), json_object_put(cmps), json_object_put(ok);
-        return oom(ec);
-    }
-    json_object_array_add(cmps, create_cmp(held->key, held->klen, "EQUAL", (int64_t)held->base.token));
-    json_object_object_add(req, "compare", cmps);
-    json_object_object_add(req, "success", ok);
-    int err = etcd_call(&ec->site, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT, &r);
-    json_object_put(req);
-    if (err)
-        return err;
-    if (r.code == ETCD_NOT_FOUND) {
-        json_object_put(r.root);
-        return 2;
-    }
-    if (r.code) {
-        err = etcd_error(&ec->site, &r, "reading the queue");
-        json_object_put(r.root);
-        return err;
-    }
-    if (!json_object_get_boolean(etcd_get(r.root, "succeeded"))) {
-        json_object_put(r.root);
-        return place_lost(ec);
-    }
-    *root = r.root;
-    return 0;
-}
-
-/* How many keys are before ours, up to the limit (a permit's). */
-static int count_before(struct etcd_conn *ec, struct etcd_held *held, int64_t *n)
-{
-    json_object *root;
-    int err = call_ok(ec, &ec->app, "/v3/kv/range", ahead_req(held, held->limit, 1),
-                      call_until(ec), DLOCK_ECONNECT, "reading the queue", &root);
-    if (err == 0) {
-        json_object *kvs = kvs_of(root);
-        *n = kvs ? (int64_t)json_object_array_length(kvs) : 0;
-        json_object_put(root);
-    }
-    return err;
-}
-
-/* A reader or permit looks again at what is before it (mode_look). */
-static int claim_mode(struct etcd_conn *ec, struct etcd_held *held, struct etcd_kv *pred)
-{
-    json_object *ok = json_object_new_array(), *root;
-    int64_t limit = held->kind == ETCD_READER ? 1 : (int64_t)held->limit + 1;
-    if (ok)
-        json_object_array_add(ok, wrap("request_range", ahead_req(held, limit, 1)));
-    memset(pred, 0, sizeof *pred);
-    int err = own_txn(ec, held, ok, &root);
-    if (err)
-        return err;
-    json_object *rs = etcd_get(root, "responses");
-    json_object *kvs = kvs_of(etcd_get(json_object_array_get_idx(rs, 0), "response_range"));
-    err = mode_look(ec, held, kvs ? (int64_t)json_object_array_length(kvs) : 0, kvs, 0, pred);
-    json_object_put(root);
-    return err;
-}
-
-/* An admitted reader or permit waiting on the waiters' lease: its key
- * moves to the lock's lease (a put, which a permit waiter behind it
- * watches: it becomes the first waiter). 2: the lock's lease is gone. */
-static int grant_mode(struct etcd_conn *ec, struct etcd_held *held)
-{
-    json_object *ok = json_object_new_array(), *root;
-    if (ok)
-        json_object_array_add(ok, put_lease(held->key, held->klen, held->lease));
-    int err = own_txn(ec, held, ok, &root);
-    json_object_put(root);
-    if (err == 0)
-        held->waiting = 0;
-    return err;
-}
-
-/*
- * A reader's or permit's key, in one transaction: on the lock's lease
- * when the name has no key (held), else (try: on the lock's lease; wait:
- * on the waiters' lease) with the name's oldest key (its kind: a mismatch
- * is DLOCK_EMODE) and what is ahead of ours (ahead_req; ours is the
- * newest). 0 with pred->key NULL when admitted (held->waiting: its key is
- * still to move, grant_mode), else what to watch; 1: the waiters' lease
- * had expired.
- */
-static int create_mode_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_request *req,
-                           int try, struct etcd_kv *pred)
-{
-    json_object *txn = json_object_new_object(), *cmps = json_object_new_array();
-    json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *root;
-    json_object *empty = create_cmp(held->key, held->dir, "EQUAL", 0);
-    memset(pred, 0, sizeof *pred);
-    if (!txn || !cmps || !ok || !ko || !empty) {
-        json_object_put(txn), json_object_put(cmps), json_object_put(ok);
-        json_object_put(ko), json_object_put(empty);
-        return oom(ec);
-    }
-    json_object_object_add(empty, "range_end", range_end(held->key, held->dir));
-    json_object_array_add(cmps, empty);
-    for (int branch = 0; branch < 2; branch++) {
-        json_object *put = json_object_new_object();
-        if (put) {
-            json_object_object_add(put, "key", etcd_new_bytes(held->key, held->klen));
-            json_object_object_add(put, "value", etcd_new_bytes(req->owner_hex, 32));
-            json_object_object_add(put, "lease", etcd_new_int(branch && !try ? ec->wait_lease
-                                                                             : held->lease));
-            json_object_object_add(put, "prev_kv", json_object_new_boolean(1));
-        }
-        json_object_array_add(branch ? ko : ok, wrap("request_put", put));
-    }
-    json_object_array_add(ko, wrap("request_range", range_req(held->key, held->dir, "ASCEND", 1, 0)));
-    json_object_array_add(ko, wrap("request_range", ahead_req(held, held->kind == ETCD_READER ? 1
-                                                                       : (int64_t)held->limit + 2, 0)));
-    json_object_object_add(txn, "compare", cmps);
-    json_object_object_add(txn, "success", ok);
-    json_object_object_add(txn, "failure", ko);
-    struct etcd_res r;
-    int err = etcd_call(&ec->site, &ec->app, "/v3/kv/txn", txn, call_until(ec), DLOCK_ECONNECT, &r);
-    json_object_put(txn);
-    if (err)
-        return err;
-    if (r.code == ETCD_NOT_FOUND && !try) {
-        json_object_put(r.root);
-        ec->wait_lease = 0;
-        return 1;
-    }
-    if (r.code) {
-        err = etcd_error(&ec->site, &r, "creating the lock key");
-        json_object_put(r.root);
-        return err;
-    }
-    root = r.root;
-    json_object *rs = etcd_get(root, "responses");
-    json_object *put = etcd_get(json_object_array_get_idx(rs, 0), "response_put");
-    held->base.token = (uint64_t)etcd_int(etcd_get(root, "header"), "revision");
-    if (json_object_get_boolean(etcd_get(root, "succeeded")) || !put) {
-        json_object_put(root);
-        return put ? 0 : dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: creating the lock key: a"
-                                      " reply without its parts", ec->where);
-    }
-    held->waiting = !try;
-    json_object *oldest = kvs_of(etcd_get(json_object_array_get_idx(rs, 1), "response_range"));
-    json_object *ahead = etcd_get(json_object_array_get_idx(rs, 2), "response_range");
-    struct etcd_kv old = {0};
-    if (oldest && json_object_array_length(oldest) &&
-        etcd_kv_read(json_object_array_get_idx(oldest, 0), &old) != 0)
-        err = oom(ec);
-    if (!err)
-        err = kind_check(ec, held, req, &old);
-    free(old.key);
-    if (!err && etcd_get(put, "prev_kv")) {
-        /* A repeat after a lost reply found our key: what is before it. */
-        held->base.token = (uint64_t)etcd_int(etcd_get(put, "prev_kv"), "create_revision");
-        json_object_put(root);
-        return claim_mode(ec, held, pred);
-    }
-    if (!err) {
-        int mine = held->kind == ETCD_PERMIT; /* a permit's range has ours first */
-        err = mode_look(ec, held, etcd_int(ahead, "count") - mine, kvs_of(ahead), (size_t)mine,
-                        pred);
     }
     json_object_put(root);
     return err;
@@ -939,20 +511,20 @@ static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_
                       int try, struct etcd_kv *pred, int64_t *rev)
 {
     if (held->kind != ETCD_WRITER)
-        return create_mode_key(ec, held, req, try, pred);
+        return etcd_create_mode_key(ec, held, req, try, pred);
     json_object *txn = json_object_new_object(), *cmps = json_object_new_array();
     json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *root;
-    json_object *empty = create_cmp(held->key, held->dir, "EQUAL", 0);
+    json_object *empty = etcd_create_cmp(held->key, held->dir, "EQUAL", 0);
     if (!txn || !cmps || !ok || !ko || !empty) {
         json_object_put(txn), json_object_put(cmps), json_object_put(ok);
         json_object_put(ko), json_object_put(empty);
         return oom(ec);
     }
-    json_object_object_add(empty, "range_end", range_end(held->key, held->dir));
+    json_object_object_add(empty, "range_end", etcd_range_end(held->key, held->dir));
     json_object_array_add(cmps, empty);
     for (int branch = 0; branch < 2; branch++) {
         if (branch == 1 && try) {
-            json_object_array_add(ko, wrap("request_range", range_req(held->key, held->dir,
+            json_object_array_add(ko, etcd_wrap("request_range", etcd_range_req(held->key, held->dir,
                                                                        "ASCEND", 1, 0)));
             break;
         }
@@ -965,12 +537,12 @@ static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_
         json_object_object_add(put, "value", etcd_new_bytes(req->owner_hex, 32));
         json_object_object_add(put, "lease", etcd_new_int(branch ? ec->wait_lease : held->lease));
         json_object_object_add(put, "prev_kv", json_object_new_boolean(1));
-        json_object_array_add(branch ? ko : ok, wrap("request_put", put));
+        json_object_array_add(branch ? ko : ok, etcd_wrap("request_put", put));
         if (branch) {
-            json_object_array_add(ko, wrap("request_range", range_req(held->key, held->dir,
+            json_object_array_add(ko, etcd_wrap("request_range", etcd_range_req(held->key, held->dir,
                                                                        RANGE_DESCEND, 2, 0)));
             /* the oldest key: its kind (a semaphore's: DLOCK_EMODE) */
-            json_object_array_add(ko, wrap("request_range", range_req(held->key, held->dir,
+            json_object_array_add(ko, etcd_wrap("request_range", etcd_range_req(held->key, held->dir,
                                                                        "ASCEND", 1, 0)));
         }
     }
@@ -1000,7 +572,7 @@ static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_
                        : etcd_get(json_object_array_get_idx(rs, 0), "response_put");
     json_object *range = !succeeded ? etcd_get(json_object_array_get_idx(rs, try ? 0 : 1),
                                                "response_range") : NULL;
-    json_object *kvs = kvs_of(range);
+    json_object *kvs = etcd_kvs_of(range);
     memset(pred, 0, sizeof *pred);
     *rev = etcd_int(etcd_get(root, "header"), "revision");
     held->waiting = !succeeded && !try;
@@ -1010,13 +582,13 @@ static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_
                             " without its parts", ec->where);
     }
     if (!succeeded && !try) {
-        json_object *o = kvs_of(etcd_get(json_object_array_get_idx(rs, 2), "response_range"));
+        json_object *o = etcd_kvs_of(etcd_get(json_object_array_get_idx(rs, 2), "response_range"));
         struct etcd_kv old = {0};
         if (o && json_object_array_length(o) &&
             etcd_kv_read(json_object_array_get_idx(o, 0), &old) != 0)
             err = oom(ec);
         if (!err)
-            err = kind_check(ec, held, req, &old);
+            err = etcd_kind_check(ec, held, req, &old);
         free(old.key);
         if (err) {
             json_object_put(root);
@@ -1092,13 +664,13 @@ static void give_up(struct etcd_conn *ec, struct etcd_held *held)
         json_object *ok = json_object_new_array(), *del = json_object_new_object(), *root;
         if (req && cmps && ok && del) {
             if (held->base.token)
-                json_object_array_add(cmps, create_cmp(held->key, held->klen, "EQUAL",
+                json_object_array_add(cmps, etcd_create_cmp(held->key, held->klen, "EQUAL",
                                                        (int64_t)held->base.token));
             json_object_object_add(del, "key", etcd_new_bytes(held->key, held->klen));
-            json_object_array_add(ok, wrap("request_delete_range", del));
+            json_object_array_add(ok, etcd_wrap("request_delete_range", del));
             json_object_object_add(req, "compare", cmps);
             json_object_object_add(req, "success", ok);
-            if (call_ok(ec, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT,
+            if (etcd_call_ok(ec, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT,
                         "leaving the queue", &root) == 0) {
                 json_object_put(root);
                 deleted = 1;
@@ -1149,7 +721,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         return oom(ec);
     held->ttl_ms = req->ttl_ms;
     held->ttl_s = ttl_seconds(req->ttl_ms);
-    if (!(held->key = name_dir(ec, req->name, req->name_len, &held->dir))) {
+    if (!(held->key = etcd_name_dir(ec, req->name, req->name_len, &held->dir))) {
         free(held);
         return oom(ec);
     }
@@ -1189,14 +761,14 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         if ((err = create_key(ec, held, req, try, &pred, &rev)) != 1)
             break;
         if (tries) {
-            err = place_lost(ec);
+            err = etcd_place_lost(ec);
             goto fail;
         }
     }
     if (err)
         goto fail;
     if (pred.key && try) {
-        if (held->kind != ETCD_WRITER || (err = kind_check(ec, held, req, &pred)) == 0)
+        if (held->kind != ETCD_WRITER || (err = etcd_kind_check(ec, held, req, &pred)) == 0)
             err = dlock_seterr(cl(ec), DLOCK_EBUSY, "the lock is held by another owner");
         goto fail;
     }
@@ -1240,9 +812,9 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
             err = claim(ec, held, &pred, &rev);
         } else {
             if (!admitted)
-                err = claim_mode(ec, held, &pred);
+                err = etcd_claim_mode(ec, held, &pred);
             if (admitted || (err == 0 && !pred.key))
-                err = grant_mode(ec, held);
+                err = etcd_grant_mode(ec, held);
             admitted = 0;
         }
         if (err == 2) {
@@ -1320,11 +892,11 @@ static int check_key(struct etcd_conn *ec, struct etcd_http *h, struct etcd_held
     json_object *req = json_object_new_object(), *root;
     if (req)
         json_object_object_add(req, "key", etcd_new_bytes(held->key, held->klen));
-    int err = call_ok(ec, h, "/v3/kv/range", req, until, DLOCK_ECONNECT, "reading the lock key",
+    int err = etcd_call_ok(ec, h, "/v3/kv/range", req, until, DLOCK_ECONNECT, "reading the lock key",
                       &root);
     if (err)
         return err;
-    json_object *kvs = kvs_of(root);
+    json_object *kvs = etcd_kvs_of(root);
     json_object *kv = kvs && json_object_array_length(kvs) > 0 ? json_object_array_get_idx(kvs, 0)
                                                                : NULL;
     int64_t create = etcd_int(kv, "create_revision"), lease = etcd_int(kv, "lease");
@@ -1363,11 +935,11 @@ static int move_lease(struct etcd_conn *ec, struct etcd_http *h, struct etcd_hel
     json_object_object_add(put, "key", etcd_new_bytes(held->key, held->klen));
     json_object_object_add(put, "ignore_value", json_object_new_boolean(1));
     json_object_object_add(put, "lease", etcd_new_int(id));
-    json_object_array_add(ok, wrap("request_put", put));
+    json_object_array_add(ok, etcd_wrap("request_put", put));
     json_object_object_add(txn, "compare", cmps);
     json_object_object_add(txn, "success", ok);
     dlock_errsave save;
-    if ((err = call_ok(ec, h, "/v3/kv/txn", txn, until, DLOCK_ECONNECT, "moving the lease",
+    if ((err = etcd_call_ok(ec, h, "/v3/kv/txn", txn, until, DLOCK_ECONNECT, "moving the lease",
                        &root)) != 0) {
         /* The move may have happened: the new lease goes, and with it the
          * key if it moved (the next check then says lost: safe). */
@@ -1445,7 +1017,7 @@ static int etcd_ping(dlock_conn *conn)
 {
     struct etcd_conn *ec = (struct etcd_conn *)conn;
     json_object *root;
-    int err = call_ok(ec, &ec->app, "/v3/maintenance/status", json_object_new_object(),
+    int err = etcd_call_ok(ec, &ec->app, "/v3/maintenance/status", json_object_new_object(),
                       call_until(ec), DLOCK_ECONNECT, "status", &root);
     json_object_put(root);
     return err;
@@ -1468,7 +1040,7 @@ static int call_revision(struct etcd_conn *ec, const char *path, json_object *re
                          const char *what, int64_t *rev)
 {
     json_object *root;
-    int err = call_ok(ec, &ec->app, path, req, until, DLOCK_ECONNECT, what, &root);
+    int err = etcd_call_ok(ec, &ec->app, path, req, until, DLOCK_ECONNECT, what, &root);
     if (err)
         return err;
     *rev = etcd_int(etcd_get(root, "header"), "revision");
@@ -1483,7 +1055,7 @@ static int current_revision(struct etcd_conn *ec, uint64_t until, int64_t *rev)
     char *dir = prefix_key(ec, "/");
     if (!dir)
         return oom(ec);
-    json_object *req = range_req(dir, strlen(dir), "NONE", 0, 0);
+    json_object *req = etcd_range_req(dir, strlen(dir), "NONE", 0, 0);
     free(dir);
     if (req) {
         json_object_object_del(req, "sort_target");
@@ -1557,166 +1129,6 @@ static int etcd_raise_token(dlock_conn *conn, dlock_held *h, uint64_t floor)
     struct etcd_held *held = (struct etcd_held *)h;
     int err = check_key(ec, &ec->app, held, call_until(ec));
     return err ? err : check_floor(ec, floor, "the token");
-}
-
-/* A name's keys in create order, as many as limit (0: all): *root (the
- * caller puts it), *kvs its array (NULL: none), *dlen its dir's length. */
-static int read_name(struct etcd_conn *ec, const char *name, size_t len, int64_t limit,
-                     uint64_t until, json_object **root, json_object **kvs, size_t *dlen)
-{
-    char *dir = name_dir(ec, name, len, dlen);
-    if (!dir)
-        return oom(ec);
-    int err = call_ok(ec, &ec->app, "/v3/kv/range", range_req(dir, *dlen, "ASCEND", limit, 0),
-                      until, DLOCK_ECONNECT, "inspect", root);
-    free(dir);
-    *kvs = err ? NULL : kvs_of(*root);
-    return err;
-}
-
-/* The kind of a key of kvs (a range reply's array), dlen: its name's dir. */
-static enum etcd_kind kind_at(json_object *kvs, size_t i, size_t dlen, uint32_t *limit)
-{
-    struct etcd_kv kv;
-    enum etcd_kind k = ETCD_WRITER;
-    *limit = 0;
-    if (etcd_kv_read(json_object_array_get_idx(kvs, i), &kv) == 0 && kv.klen > dlen)
-        k = etcd_key_kind(kv.key + dlen, kv.klen - dlen, limit);
-    free(kv.key);
-    return k;
-}
-
-/* How many of a name's first keys (kvs, in create order) hold: the first
- * writer alone, else the readers before the first writer, or a
- * semaphore's first `limit` keys. *limit: the name's (0: a read-write
- * lock). Set *cut when the holders may go on past kvs. */
-static size_t holders_of(json_object *kvs, size_t dlen, uint32_t *limit, int *cut)
-{
-    size_t n = kvs ? json_object_array_length(kvs) : 0, h = 0;
-    uint32_t lim;
-    *limit = 0;
-    *cut = 0;
-    for (; h < n; h++) {
-        enum etcd_kind kind = kind_at(kvs, h, dlen, &lim);
-        if (h == 0)
-            *limit = lim;
-        if (kind == ETCD_WRITER || (*limit == 0 && kind != ETCD_READER))
-            return h ? h : 1;
-        if (*limit && h >= *limit)
-            return h;
-    }
-    *cut = n > 0;
-    return h;
-}
-
-/* The lease time left of lease (0: unknown). */
-static uint64_t lease_left_ms(struct etcd_conn *ec, int64_t lease, uint64_t until, int *err)
-{
-    json_object *req = json_object_new_object(), *root;
-    if (req)
-        json_object_object_add(req, "ID", etcd_new_int(lease));
-    if ((*err = call_ok(ec, &ec->app, "/v3/lease/timetolive", req, until, DLOCK_ECONNECT,
-                        "inspect: lease time to live", &root)) != 0)
-        return 0;
-    int64_t ttl = etcd_int(root, "TTL");
-    json_object_put(root);
-    return ttl > 0 ? (uint64_t)ttl * 1000 : 0;
-}
-
-/* A name's keys, read again in full when its holders may go on past the
- * first read's (a semaphore's or readers' run). */
-static int read_holders(struct etcd_conn *ec, const char *name, size_t len, int64_t limit,
-                        uint64_t until, json_object **root, json_object **kvs, size_t *nh,
-                        uint32_t *lim, size_t *dlenp)
-{
-    size_t dlen;
-    int cut, err = read_name(ec, name, len, limit, until, root, kvs, &dlen);
-    *dlenp = dlen;
-    if (err)
-        return err;
-    *nh = holders_of(*kvs, dlen, lim, &cut);
-    if (cut && limit && etcd_int(*root, "count") > (int64_t)*nh) {
-        json_object_put(*root);
-        if ((err = read_name(ec, name, len, 0, until, root, kvs, &dlen)) != 0)
-            return err;
-        *nh = holders_of(*kvs, dlen, lim, &cut);
-    }
-    return 0;
-}
-
-static int etcd_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
-{
-    struct etcd_conn *ec = (struct etcd_conn *)conn;
-    json_object *root = NULL, *kvs;
-    uint64_t until = call_until(ec);
-    size_t nh;
-    uint32_t lim;
-    size_t dlen;
-    int err = read_holders(ec, name, len, DLOCK_INFO_LISTED + 1, until, &root, &kvs, &nh, &lim,
-                           &dlen);
-    if (err)
-        return err;
-    int64_t count = etcd_int(root, "count"), lease = 0;
-    info->known |= DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER;
-    info->held = count > 0;
-    info->waiters = count > (int64_t)nh ? (uint64_t)(count - (int64_t)nh) : 0;
-    /* The newest holder's token, owner and lease; the waiters after. */
-    for (size_t i = nh ? nh - 1 : 0; kvs && i < json_object_array_length(kvs); i++) {
-        struct etcd_kv kv;
-        if (etcd_kv_read(json_object_array_get_idx(kvs, i), &kv) != 0) {
-            json_object_put(root);
-            return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: inspect: a bad key", ec->where);
-        }
-        free(kv.key);
-        if (i + 1 == nh) {
-            info->token = (uint64_t)kv.create;
-            snprintf(info->owner, sizeof info->owner, "%s", kv.value);
-            info->known |= DLOCK_KNOWS_TOKEN | (kv.value[0] ? DLOCK_KNOWS_OWNER : 0);
-            lease = kv.lease;
-        } else if (info->listed < DLOCK_INFO_LISTED) {
-            snprintf(info->waiter[info->listed++], DLOCK_HOLDER_MAX, "%s", kv.value);
-        }
-    }
-    json_object_put(root);
-    if (lease && (info->lease_ms = lease_left_ms(ec, lease, until, &err)) != 0)
-        info->known |= DLOCK_KNOWS_LEASE;
-    return err;
-}
-
-/* Every holder (holders_of), with its lease left: one call each. */
-static int etcd_inspect_holders(dlock_conn *conn, const char *name, size_t len,
-                                dlock_holder *holders, size_t capacity, size_t *count)
-{
-    struct etcd_conn *ec = (struct etcd_conn *)conn;
-    json_object *root = NULL, *kvs;
-    uint64_t until = call_until(ec);
-    size_t nh;
-    uint32_t lim;
-    size_t dlen;
-    int err = read_holders(ec, name, len, (int64_t)capacity + 1, until, &root, &kvs, &nh, &lim,
-                           &dlen);
-    if (err)
-        return err;
-    *count = nh;
-    for (size_t i = 0; i < nh && i < capacity && err == 0; i++) {
-        struct etcd_kv kv;
-        dlock_holder *h = &holders[i];
-        if (etcd_kv_read(json_object_array_get_idx(kvs, i), &kv) != 0) {
-            err = dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: inspect: a bad key", ec->where);
-            break;
-        }
-        free(kv.key);
-        h->known = DLOCK_KNOWS_MODE | DLOCK_KNOWS_TOKEN | (kv.value[0] ? DLOCK_KNOWS_OWNER : 0);
-        h->limit = lim;
-        h->mode = kind_at(kvs, i, dlen, &lim) == ETCD_READER ? DLOCK_MODE_SHARED
-                                                            : DLOCK_MODE_EXCLUSIVE;
-        h->token = (uint64_t)kv.create;
-        snprintf(h->owner, sizeof h->owner, "%s", kv.value);
-        if (kv.lease && (h->lease_ms = lease_left_ms(ec, kv.lease, until, &err)) != 0)
-            h->known |= DLOCK_KNOWS_LEASE;
-    }
-    json_object_put(root);
-    return err;
 }
 
 /* ---- open and close ------------------------------------------------------ */
