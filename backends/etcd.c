@@ -337,8 +337,10 @@ static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, 
     for (int checked = 0;;) {
         int running = 0;
         curl_multi_perform(ec->multi, &running);
-        if (w.done == 1)
+        if (w.done == 1) {
+            __atomic_add_fetch(&ec->watch_events, 1, __ATOMIC_RELAXED);
             break;
+        }
         if (w.created && !checked && !w.done) {
             int gone = 0;
             checked = 1;
@@ -385,6 +387,11 @@ out:
     json_object_put(req);
     etcd_stream_free(&w);
     return err;
+}
+
+uint64_t dlock_etcd_watch_events(dlock_client *c)
+{
+    return __atomic_load_n(&((struct etcd_conn *)c->conn)->watch_events, __ATOMIC_RELAXED);
 }
 
 /* ---- acquire ---------------------------------------------------------------- */

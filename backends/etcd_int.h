@@ -35,6 +35,7 @@ struct etcd_conn {
     int64_t stale_lease;     /* a waiters' lease given up with a key maybe left on it */
     int lost_place;          /* this wait's key is gone (set by place_lost) */
     uint64_t cap;            /* during a deadline wait: no call past this (0: none) */
+    uint64_t watch_events;   /* watches ended by an event (atomic; tests read it) */
     char *prefix;
     char where[512];
 };
@@ -79,6 +80,10 @@ static inline uint64_t call_until(struct etcd_conn *ec)
     uint64_t t = dlock_monotonic_ns() + ec->site.timeout_ms * MS;
     return ec->cap && ec->cap < t ? ec->cap : t;
 }
+
+/* Test-only (etcd.c): the watches a client's waits saw end by an event
+ * (tests/backends/test_etcd_modes.c counts wake-ups with it). */
+uint64_t dlock_etcd_watch_events(dlock_client *c);
 
 /* etcd_ops.c */
 char *etcd_name_dir(struct etcd_conn *ec, const char *name, size_t len, size_t *dlen);
