@@ -72,6 +72,16 @@
  * holder's lease time left comes from a second call (lease TimeToLive).
  * Not known: the last token of a free name (its keys are gone).
  *
+ * Shared locks and semaphores (etcd_queue.c): the same queue, the kind
+ * in the key's name before the lease id ("r": a reader, "s<limit>-": a
+ * permit; today's exclusive key unchanged). A reader holds when no
+ * writer's key is before its own and watches the nearest one; a permit
+ * when fewer than its limit are before it: the first waiter watches the
+ * name's range for the deletion of a key before its own, later ones the
+ * key just before theirs for its deletion or the put of its grant. The
+ * token is the create revision in every mode. A name's oldest key sets
+ * its kind: a request of another is DLOCK_EMODE at once.
+ *
  * See docs/etcd.md for what this guarantees and where it is weaker.
  */
 #include <inttypes.h>
@@ -507,9 +517,10 @@ static int wait_lease(struct etcd_conn *ec)
  * Our key, in one transaction. If the name has no key at all (a compare
  * over its range: every key's create revision is 0 only when there is
  * none), ours is created on the lock's own lease: held, in one round trip.
- * Otherwise a try creates nothing and reads the newest key (busy), and a
+ * Otherwise a try creates nothing and reads the oldest key (busy), and a
  * wait creates ours on the waiters' lease and reads the name's two newest
- * keys: ours and the one before it, which it watches. Both puts ask for
+ * keys (ours and the one before it, which it watches) and the oldest (its
+ * kind: DLOCK_EMODE when a semaphore's). Both puts ask for
  * the key's previous version: a repeat after a lost reply finds our key
  * there, and reads the queue again instead (claim). A key's create
  * revision is the revision of the transaction that made it: the token.
@@ -519,60 +530,21 @@ static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_
 {
     if (held->kind != ETCD_WRITER)
         return etcd_create_mode_key(ec, held, req, try, pred);
-    json_object *txn = json_object_new_object(), *cmps = json_object_new_array();
     json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *root;
-    json_object *empty = etcd_create_cmp(held->key, held->dir, "EQUAL", 0);
-    if (!txn || !cmps || !ok || !ko || !empty) {
-        json_object_put(txn), json_object_put(cmps), json_object_put(ok);
-        json_object_put(ko), json_object_put(empty);
-        return oom(ec);
-    }
-    json_object_object_add(empty, "range_end", etcd_range_end(held->key, held->dir));
-    json_object_array_add(cmps, empty);
-    for (int branch = 0; branch < 2; branch++) {
-        if (branch == 1 && try) {
-            json_object_array_add(ko, etcd_wrap("request_range", etcd_range_req(held->key, held->dir,
-                                                                       "ASCEND", 1, 0)));
-            break;
-        }
-        json_object *put = json_object_new_object();
-        if (!put) {
-            json_object_put(txn), json_object_put(cmps), json_object_put(ok), json_object_put(ko);
-            return oom(ec);
-        }
-        json_object_object_add(put, "key", etcd_new_bytes(held->key, held->klen));
-        json_object_object_add(put, "value", etcd_new_bytes(req->owner_hex, 32));
-        json_object_object_add(put, "lease", etcd_new_int(branch ? ec->wait_lease : held->lease));
-        json_object_object_add(put, "prev_kv", json_object_new_boolean(1));
-        json_object_array_add(branch ? ko : ok, etcd_wrap("request_put", put));
-        if (branch) {
-            json_object_array_add(ko, etcd_wrap("request_range", etcd_range_req(held->key, held->dir,
-                                                                       RANGE_DESCEND, 2, 0)));
-            /* the oldest key: its kind (a semaphore's: DLOCK_EMODE) */
-            json_object_array_add(ko, etcd_wrap("request_range", etcd_range_req(held->key, held->dir,
-                                                                       "ASCEND", 1, 0)));
-        }
-    }
-    json_object_object_add(txn, "compare", cmps);
-    json_object_object_add(txn, "success", ok);
-    json_object_object_add(txn, "failure", ko);
-    struct etcd_res r;
-    int err = etcd_call(&ec->site, &ec->app, "/v3/kv/txn", txn, call_until(ec), DLOCK_ECONNECT, &r);
-    json_object_put(txn);
+    if (ok)
+        json_object_array_add(ok, etcd_put_key(held, req->owner_hex, held->lease));
+    if (ko && !try)
+        json_object_array_add(ko, etcd_put_key(held, req->owner_hex, ec->wait_lease));
+    if (ko && !try)
+        json_object_array_add(ko, etcd_wrap("request_range", etcd_range_req(held->key, held->dir,
+                                                                            RANGE_DESCEND, 2, 0)));
+    /* the oldest key (a try's busy reply; a wait's kind check) */
+    if (ko)
+        json_object_array_add(ko, etcd_wrap("request_range", etcd_range_req(held->key, held->dir,
+                                                                            "ASCEND", 1, 0)));
+    int err = etcd_create_txn(ec, held, ok, ko, try, &root);
     if (err)
         return err;
-    if (r.code == ETCD_NOT_FOUND && !try) {
-        /* The waiters' lease had expired: a new one, and again. */
-        json_object_put(r.root);
-        ec->wait_lease = 0;
-        return 1;
-    }
-    if (r.code) {
-        err = etcd_error(&ec->site, &r, "creating the lock key");
-        json_object_put(r.root);
-        return err;
-    }
-    root = r.root;
     json_object *rs = etcd_get(root, "responses");
     int succeeded = json_object_get_boolean(etcd_get(root, "succeeded"));
     json_object *put = !succeeded && try ? NULL
@@ -588,19 +560,11 @@ static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_
         return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: creating the lock key: a reply"
                             " without its parts", ec->where);
     }
-    if (!succeeded && !try) {
-        json_object *o = etcd_kvs_of(etcd_get(json_object_array_get_idx(rs, 2), "response_range"));
-        struct etcd_kv old = {0};
-        if (o && json_object_array_length(o) &&
-            etcd_kv_read(json_object_array_get_idx(o, 0), &old) != 0)
-            err = oom(ec);
-        if (!err)
-            err = etcd_kind_check(ec, held, req, &old);
-        free(old.key);
-        if (err) {
-            json_object_put(root);
-            return err;
-        }
+    if (!succeeded && !try &&
+        (err = etcd_kind_check_range(ec, held, req, etcd_get(json_object_array_get_idx(rs, 2),
+                                                             "response_range"))) != 0) {
+        json_object_put(root);
+        return err;
     }
     if (put && etcd_get(put, "prev_kv")) {
         /* A repeat after a lost reply found our key: read what is before it. */

@@ -97,10 +97,25 @@ int etcd_call_ok(struct etcd_conn *ec, struct etcd_http *h, const char *path, js
 json_object *etcd_create_cmp(const char *key, size_t klen, const char *result, int64_t rev);
 json_object *etcd_put_lease(const char *key, size_t klen, int64_t lease);
 int etcd_place_lost(struct etcd_conn *ec);
+/* Our key's put: the owner id as its value, on lease, asking for the key's
+ * previous version (a repeat after a lost reply finds our key there). */
+json_object *etcd_put_key(const struct etcd_held *held, const char *owner_hex, int64_t lease);
+/* The transaction that creates a key: if the name has no key at all (a
+ * compare over its range: every key's create revision is 0 only when
+ * there is none), the ops ok, else ko (both taken). 0 with *root (the
+ * caller puts it); 1 when the waiters' lease had expired (not on a try:
+ * a new one, and again); else an error. */
+int etcd_create_txn(struct etcd_conn *ec, const struct etcd_held *held, json_object *ok,
+                    json_object *ko, int try, json_object **root);
 
 /* etcd_queue.c */
+/* DLOCK_EMODE when the name's oldest key (its kv; a range reply's first)
+ * is of another kind than held's (a semaphore of another limit, or of a
+ * read-write lock where the other is asked): refused at once. */
 int etcd_kind_check(struct etcd_conn *ec, const struct etcd_held *held, const dlock_request *req,
                     const struct etcd_kv *oldest);
+int etcd_kind_check_range(struct etcd_conn *ec, const struct etcd_held *held,
+                          const dlock_request *req, json_object *range);
 int etcd_count_before(struct etcd_conn *ec, struct etcd_held *held, int64_t *n);
 int etcd_claim_mode(struct etcd_conn *ec, struct etcd_held *held, struct etcd_kv *pred);
 int etcd_grant_mode(struct etcd_conn *ec, struct etcd_held *held);

@@ -131,3 +131,51 @@ int etcd_place_lost(struct etcd_conn *ec)
                         ec->where);
 }
 
+
+json_object *etcd_put_key(const struct etcd_held *held, const char *owner_hex, int64_t lease)
+{
+    json_object *put = json_object_new_object();
+    if (!put)
+        return NULL;
+    json_object_object_add(put, "key", etcd_new_bytes(held->key, held->klen));
+    json_object_object_add(put, "value", etcd_new_bytes(owner_hex, 32));
+    json_object_object_add(put, "lease", etcd_new_int(lease));
+    json_object_object_add(put, "prev_kv", json_object_new_boolean(1));
+    return etcd_wrap("request_put", put);
+}
+
+int etcd_create_txn(struct etcd_conn *ec, const struct etcd_held *held, json_object *ok,
+                    json_object *ko, int try, json_object **root)
+{
+    json_object *txn = json_object_new_object(), *cmps = json_object_new_array();
+    json_object *empty = etcd_create_cmp(held->key, held->dir, "EQUAL", 0);
+    struct etcd_res r;
+    *root = NULL;
+    if (!txn || !cmps || !ok || !ko || !empty) {
+        json_object_put(txn), json_object_put(cmps), json_object_put(ok);
+        json_object_put(ko), json_object_put(empty);
+        return oom(ec);
+    }
+    json_object_object_add(empty, "range_end", etcd_range_end(held->key, held->dir));
+    json_object_array_add(cmps, empty);
+    json_object_object_add(txn, "compare", cmps);
+    json_object_object_add(txn, "success", ok);
+    json_object_object_add(txn, "failure", ko);
+    int err = etcd_call(&ec->site, &ec->app, "/v3/kv/txn", txn, call_until(ec), DLOCK_ECONNECT, &r);
+    json_object_put(txn);
+    if (err)
+        return err;
+    if (r.code == ETCD_NOT_FOUND && !try) {
+        /* The waiters' lease had expired: a new one, and again. */
+        json_object_put(r.root);
+        ec->wait_lease = 0;
+        return 1;
+    }
+    if (r.code) {
+        err = etcd_error(&ec->site, &r, "creating the lock key");
+        json_object_put(r.root);
+        return err;
+    }
+    *root = r.root;
+    return 0;
+}

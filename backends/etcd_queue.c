@@ -14,7 +14,7 @@
  * is of another kind than ours: a semaphore of another limit, a semaphore
  * where we ask a read-write lock, or the other way round. */
 int etcd_kind_check(struct etcd_conn *ec, const struct etcd_held *held, const dlock_request *req,
-                      const struct etcd_kv *oldest)
+                    const struct etcd_kv *oldest)
 {
     uint32_t limit;
     int nl = req->name_len > 80 ? 80 : (int)req->name_len;
@@ -32,6 +32,19 @@ int etcd_kind_check(struct etcd_conn *ec, const struct etcd_held *held, const dl
         return dlock_seterr(cl(ec), DLOCK_EMODE, "%.*s is held as a read-write lock (asked: a"
                             " semaphore of limit %u)", nl, req->name, held->limit);
     return 0;
+}
+
+int etcd_kind_check_range(struct etcd_conn *ec, const struct etcd_held *held,
+                          const dlock_request *req, json_object *range)
+{
+    json_object *kvs = etcd_kvs_of(range);
+    struct etcd_kv old = {0};
+    if (kvs && json_object_array_length(kvs) &&
+        etcd_kv_read(json_object_array_get_idx(kvs, 0), &old) != 0)
+        return oom(ec);
+    int err = etcd_kind_check(ec, held, req, &old);
+    free(old.key);
+    return err;
 }
 
 /* The keys held's request waits for, newest first: a reader's, the
@@ -173,50 +186,22 @@ int etcd_grant_mode(struct etcd_conn *ec, struct etcd_held *held)
 int etcd_create_mode_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_request *req,
                            int try, struct etcd_kv *pred)
 {
-    json_object *txn = json_object_new_object(), *cmps = json_object_new_array();
     json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *root;
-    json_object *empty = etcd_create_cmp(held->key, held->dir, "EQUAL", 0);
     memset(pred, 0, sizeof *pred);
-    if (!txn || !cmps || !ok || !ko || !empty) {
-        json_object_put(txn), json_object_put(cmps), json_object_put(ok);
-        json_object_put(ko), json_object_put(empty);
-        return oom(ec);
+    if (ok)
+        json_object_array_add(ok, etcd_put_key(held, req->owner_hex, held->lease));
+    if (ko) {
+        json_object_array_add(ko, etcd_put_key(held, req->owner_hex,
+                                               try ? held->lease : ec->wait_lease));
+        json_object_array_add(ko, etcd_wrap("request_range", etcd_range_req(held->key, held->dir,
+                                                                            "ASCEND", 1, 0)));
+        json_object_array_add(ko, etcd_wrap("request_range",
+                                            ahead_req(held, held->kind == ETCD_READER ? 1
+                                                            : (int64_t)held->limit + 2, 0)));
     }
-    json_object_object_add(empty, "range_end", etcd_range_end(held->key, held->dir));
-    json_object_array_add(cmps, empty);
-    for (int branch = 0; branch < 2; branch++) {
-        json_object *put = json_object_new_object();
-        if (put) {
-            json_object_object_add(put, "key", etcd_new_bytes(held->key, held->klen));
-            json_object_object_add(put, "value", etcd_new_bytes(req->owner_hex, 32));
-            json_object_object_add(put, "lease", etcd_new_int(branch && !try ? ec->wait_lease
-                                                                             : held->lease));
-            json_object_object_add(put, "prev_kv", json_object_new_boolean(1));
-        }
-        json_object_array_add(branch ? ko : ok, etcd_wrap("request_put", put));
-    }
-    json_object_array_add(ko, etcd_wrap("request_range", etcd_range_req(held->key, held->dir, "ASCEND", 1, 0)));
-    json_object_array_add(ko, etcd_wrap("request_range", ahead_req(held, held->kind == ETCD_READER ? 1
-                                                                       : (int64_t)held->limit + 2, 0)));
-    json_object_object_add(txn, "compare", cmps);
-    json_object_object_add(txn, "success", ok);
-    json_object_object_add(txn, "failure", ko);
-    struct etcd_res r;
-    int err = etcd_call(&ec->site, &ec->app, "/v3/kv/txn", txn, call_until(ec), DLOCK_ECONNECT, &r);
-    json_object_put(txn);
+    int err = etcd_create_txn(ec, held, ok, ko, try, &root);
     if (err)
         return err;
-    if (r.code == ETCD_NOT_FOUND && !try) {
-        json_object_put(r.root);
-        ec->wait_lease = 0;
-        return 1;
-    }
-    if (r.code) {
-        err = etcd_error(&ec->site, &r, "creating the lock key");
-        json_object_put(r.root);
-        return err;
-    }
-    root = r.root;
     json_object *rs = etcd_get(root, "responses");
     json_object *put = etcd_get(json_object_array_get_idx(rs, 0), "response_put");
     held->base.token = (uint64_t)etcd_int(etcd_get(root, "header"), "revision");
@@ -226,15 +211,9 @@ int etcd_create_mode_key(struct etcd_conn *ec, struct etcd_held *held, const dlo
                                       " reply without its parts", ec->where);
     }
     held->waiting = !try;
-    json_object *oldest = etcd_kvs_of(etcd_get(json_object_array_get_idx(rs, 1), "response_range"));
     json_object *ahead = etcd_get(json_object_array_get_idx(rs, 2), "response_range");
-    struct etcd_kv old = {0};
-    if (oldest && json_object_array_length(oldest) &&
-        etcd_kv_read(json_object_array_get_idx(oldest, 0), &old) != 0)
-        err = oom(ec);
-    if (!err)
-        err = etcd_kind_check(ec, held, req, &old);
-    free(old.key);
+    err = etcd_kind_check_range(ec, held, req, etcd_get(json_object_array_get_idx(rs, 1),
+                                                        "response_range"));
     if (!err && etcd_get(put, "prev_kv")) {
         /* A repeat after a lost reply found our key: what is before it. */
         held->base.token = (uint64_t)etcd_int(etcd_get(put, "prev_kv"), "create_revision");
