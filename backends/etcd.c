@@ -141,7 +141,8 @@ static int lease_grant(struct etcd_conn *ec, struct etcd_http *h, int64_t ttl_s,
     json_object *req = json_object_new_object(), *root;
     if (req)
         json_object_object_add(req, "TTL", etcd_new_int(ttl_s));
-    int err = etcd_call_ok(ec, h, "/v3/lease/grant", req, until, DLOCK_ECONNECT, "lease grant", &root);
+    int err = etcd_call_ok(ec, h, "/v3/lease/grant", req, until, DLOCK_ECONNECT, "lease grant",
+                           &root);
     if (err)
         return err;
     int64_t got = etcd_int(root, "ID");
@@ -186,8 +187,8 @@ static int lease_keepalive(struct etcd_conn *ec, struct etcd_http *h, int64_t id
     json_object *req = json_object_new_object(), *root;
     if (req)
         json_object_object_add(req, "ID", etcd_new_int(id));
-    int err = etcd_call_ok(ec, h, "/v3/lease/keepalive", req, until, DLOCK_ECONNECT, "lease keep-alive",
-                      &root);
+    int err = etcd_call_ok(ec, h, "/v3/lease/keepalive", req, until, DLOCK_ECONNECT,
+                           "lease keep-alive", &root);
     if (err)
         return err;
     *ttl = etcd_int(etcd_get(root, "result"), "TTL");
@@ -270,7 +271,7 @@ static int looked_again(struct etcd_conn *ec, struct etcd_held *held, const char
     if (req)
         json_object_object_add(req, "key", etcd_new_bytes(key, klen));
     int err = etcd_call_ok(ec, &ec->app, "/v3/kv/range", req, call_until(ec), DLOCK_ECONNECT,
-                      "reading the key before ours", &root);
+                           "reading the key before ours", &root);
     if (err == 0) {
         json_object *kvs = etcd_kvs_of(root);
         json_object *kv = kvs && json_object_array_length(kvs) ? json_object_array_get_idx(kvs, 0)
@@ -300,7 +301,8 @@ static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, 
     struct etcd_held *held = wt->held;
     struct etcd_stream w = {0};
     struct curl_slist *hdr = NULL;
-    json_object *cr = json_object_new_object(), *req = etcd_wrap("create_request", cr), *filters = NULL;
+    json_object *cr = json_object_new_object(), *req = etcd_wrap("create_request", cr);
+    json_object *filters = NULL;
     int err = 0;
     if (!cr || !req) {
         json_object_put(req ? req : cr);
@@ -419,7 +421,8 @@ static int claim(struct etcd_conn *ec, struct etcd_held *held, struct etcd_kv *p
     json_object *req = json_object_new_object(), *cmps = json_object_new_array();
     json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *root;
     json_object *own = json_object_new_object();
-    json_object *first = etcd_create_cmp(held->key, held->dir, "GREATER", (int64_t)held->base.token - 1);
+    json_object *first = etcd_create_cmp(held->key, held->dir, "GREATER",
+                                         (int64_t)held->base.token - 1);
     if (!req || !cmps || !ok || !ko || !first || !own) {
         json_object_put(req), json_object_put(cmps), json_object_put(ok);
         json_object_put(ko), json_object_put(first), json_object_put(own);
@@ -427,34 +430,22 @@ static int claim(struct etcd_conn *ec, struct etcd_held *held, struct etcd_kv *p
     }
     json_object_object_add(first, "range_end", etcd_range_end(held->key, held->dir));
     json_object_array_add(cmps, first);
-    json_object_array_add(cmps, etcd_create_cmp(held->key, held->klen, "EQUAL", (int64_t)held->base.token));
+    json_object_array_add(cmps, etcd_create_cmp(held->key, held->klen, "EQUAL",
+                                                (int64_t)held->base.token));
     json_object_array_add(ok, etcd_put_lease(held->key, held->klen, held->lease));
     json_object_object_add(own, "key", etcd_new_bytes(held->key, held->klen));
     json_object_object_add(own, "count_only", json_object_new_boolean(1));
     json_object_array_add(ko, etcd_wrap("request_range", own));
-    json_object_array_add(ko, etcd_wrap("request_range", etcd_range_req(held->key, held->dir, RANGE_DESCEND,
-                                                               1, (int64_t)held->base.token - 1)));
+    json_object_array_add(ko, etcd_wrap("request_range",
+                                        etcd_range_req(held->key, held->dir, RANGE_DESCEND, 1,
+                                                       (int64_t)held->base.token - 1)));
     json_object_object_add(req, "compare", cmps);
     json_object_object_add(req, "success", ok);
     json_object_object_add(req, "failure", ko);
-    struct etcd_res r;
-    int err = etcd_call(&ec->site, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT, &r);
-    json_object_put(req);
     memset(pred, 0, sizeof *pred);
+    int err = etcd_queue_txn(ec, req, &root);
     if (err)
-        return err;
-    if (r.code == ETCD_NOT_FOUND) {
-        /* The lock's lease expired while the store was out of reach: a
-         * new one, and again. */
-        json_object_put(r.root);
-        return 2;
-    }
-    if (r.code) {
-        err = etcd_error(&ec->site, &r, "reading the queue");
-        json_object_put(r.root);
-        return err;
-    }
-    root = r.root;
+        return err; /* 2: the lock's lease expired while the store was out of reach */
     *rev = etcd_int(etcd_get(root, "header"), "revision");
     if (json_object_get_boolean(etcd_get(root, "succeeded"))) {
         held->waiting = 0;
@@ -636,13 +627,13 @@ static void give_up(struct etcd_conn *ec, struct etcd_held *held)
         if (req && cmps && ok && del) {
             if (held->base.token)
                 json_object_array_add(cmps, etcd_create_cmp(held->key, held->klen, "EQUAL",
-                                                       (int64_t)held->base.token));
+                                                            (int64_t)held->base.token));
             json_object_object_add(del, "key", etcd_new_bytes(held->key, held->klen));
             json_object_array_add(ok, etcd_wrap("request_delete_range", del));
             json_object_object_add(req, "compare", cmps);
             json_object_object_add(req, "success", ok);
             if (etcd_call_ok(ec, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT,
-                        "leaving the queue", &root) == 0) {
+                             "leaving the queue", &root) == 0) {
                 json_object_put(root);
                 deleted = 1;
             }
@@ -863,8 +854,8 @@ static int check_key(struct etcd_conn *ec, struct etcd_http *h, struct etcd_held
     json_object *req = json_object_new_object(), *root;
     if (req)
         json_object_object_add(req, "key", etcd_new_bytes(held->key, held->klen));
-    int err = etcd_call_ok(ec, h, "/v3/kv/range", req, until, DLOCK_ECONNECT, "reading the lock key",
-                      &root);
+    int err = etcd_call_ok(ec, h, "/v3/kv/range", req, until, DLOCK_ECONNECT,
+                           "reading the lock key", &root);
     if (err)
         return err;
     json_object *kvs = etcd_kvs_of(root);
@@ -911,7 +902,7 @@ static int move_lease(struct etcd_conn *ec, struct etcd_http *h, struct etcd_hel
     json_object_object_add(txn, "success", ok);
     dlock_errsave save;
     if ((err = etcd_call_ok(ec, h, "/v3/kv/txn", txn, until, DLOCK_ECONNECT, "moving the lease",
-                       &root)) != 0) {
+                            &root)) != 0) {
         /* The move may have happened: the new lease goes, and with it the
          * key if it moved (the next check then says lost: safe). */
         dlock_err_save(cl(ec), &save);
@@ -989,7 +980,7 @@ static int etcd_ping(dlock_conn *conn)
     struct etcd_conn *ec = (struct etcd_conn *)conn;
     json_object *root;
     int err = etcd_call_ok(ec, &ec->app, "/v3/maintenance/status", json_object_new_object(),
-                      call_until(ec), DLOCK_ECONNECT, "status", &root);
+                           call_until(ec), DLOCK_ECONNECT, "status", &root);
     json_object_put(root);
     return err;
 }

@@ -45,7 +45,7 @@ json_object *etcd_range_end(const char *dir, size_t dlen)
 }
 
 json_object *etcd_range_req(const char *dir, size_t dlen, const char *order, int64_t limit,
-                              int64_t max_create)
+                            int64_t max_create)
 {
     json_object *r = json_object_new_object();
     if (!r)
@@ -80,7 +80,7 @@ json_object *etcd_kvs_of(json_object *range)
 /* A call whose reply must carry no error: 0 with *root (the caller puts
  * it), else the error recorded. */
 int etcd_call_ok(struct etcd_conn *ec, struct etcd_http *h, const char *path, json_object *req,
-                   uint64_t until, int late, const char *what, json_object **root)
+                 uint64_t until, int late, const char *what, json_object **root)
 {
     struct etcd_res r;
     *root = NULL;
@@ -173,6 +173,27 @@ int etcd_create_txn(struct etcd_conn *ec, const struct etcd_held *held, json_obj
     }
     if (r.code) {
         err = etcd_error(&ec->site, &r, "creating the lock key");
+        json_object_put(r.root);
+        return err;
+    }
+    *root = r.root;
+    return 0;
+}
+
+int etcd_queue_txn(struct etcd_conn *ec, json_object *req, json_object **root)
+{
+    struct etcd_res r;
+    *root = NULL;
+    int err = etcd_call(&ec->site, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT, &r);
+    json_object_put(req);
+    if (err)
+        return err;
+    if (r.code == ETCD_NOT_FOUND) {
+        json_object_put(r.root);
+        return 2;
+    }
+    if (r.code) {
+        err = etcd_error(&ec->site, &r, "reading the queue");
         json_object_put(r.root);
         return err;
     }

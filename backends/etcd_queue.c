@@ -53,7 +53,7 @@ int etcd_kind_check_range(struct etcd_conn *ec, const struct etcd_held *held,
 static json_object *ahead_req(const struct etcd_held *held, int64_t limit, int before)
 {
     json_object *r = etcd_range_req(held->key, held->dir, RANGE_DESCEND, limit,
-                               before ? (int64_t)held->base.token - 1 : 0);
+                                    before ? (int64_t)held->base.token - 1 : 0);
     if (r && held->kind == ETCD_READER) {
         char *k = malloc(held->dir + 1);
         if (!k) {
@@ -97,34 +97,22 @@ static int own_txn(struct etcd_conn *ec, struct etcd_held *held, json_object *ok
                    json_object **root)
 {
     json_object *req = json_object_new_object(), *cmps = json_object_new_array();
-    struct etcd_res r;
     *root = NULL;
     if (!req || !cmps || !ok) {
         json_object_put(req), json_object_put(cmps), json_object_put(ok);
         return oom(ec);
     }
-    json_object_array_add(cmps, etcd_create_cmp(held->key, held->klen, "EQUAL", (int64_t)held->base.token));
+    json_object_array_add(cmps, etcd_create_cmp(held->key, held->klen, "EQUAL",
+                                                (int64_t)held->base.token));
     json_object_object_add(req, "compare", cmps);
     json_object_object_add(req, "success", ok);
-    int err = etcd_call(&ec->site, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT, &r);
-    json_object_put(req);
-    if (err)
-        return err;
-    if (r.code == ETCD_NOT_FOUND) {
-        json_object_put(r.root);
-        return 2;
-    }
-    if (r.code) {
-        err = etcd_error(&ec->site, &r, "reading the queue");
-        json_object_put(r.root);
-        return err;
-    }
-    if (!json_object_get_boolean(etcd_get(r.root, "succeeded"))) {
-        json_object_put(r.root);
+    int err = etcd_queue_txn(ec, req, root);
+    if (err == 0 && !json_object_get_boolean(etcd_get(*root, "succeeded"))) {
+        json_object_put(*root);
+        *root = NULL;
         return etcd_place_lost(ec);
     }
-    *root = r.root;
-    return 0;
+    return err;
 }
 
 /* How many keys are before ours, up to the limit (a permit's). */
@@ -132,7 +120,7 @@ int etcd_count_before(struct etcd_conn *ec, struct etcd_held *held, int64_t *n)
 {
     json_object *root;
     int err = etcd_call_ok(ec, &ec->app, "/v3/kv/range", ahead_req(held, held->limit, 1),
-                      call_until(ec), DLOCK_ECONNECT, "reading the queue", &root);
+                           call_until(ec), DLOCK_ECONNECT, "reading the queue", &root);
     if (err == 0) {
         json_object *kvs = etcd_kvs_of(root);
         *n = kvs ? (int64_t)json_object_array_length(kvs) : 0;
@@ -184,7 +172,7 @@ int etcd_grant_mode(struct etcd_conn *ec, struct etcd_held *held)
  * had expired.
  */
 int etcd_create_mode_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_request *req,
-                           int try, struct etcd_kv *pred)
+                         int try, struct etcd_kv *pred)
 {
     json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *root;
     memset(pred, 0, sizeof *pred);
@@ -239,8 +227,9 @@ static int read_name(struct etcd_conn *ec, const char *name, size_t len, int64_t
     char *dir = etcd_name_dir(ec, name, len, dlen);
     if (!dir)
         return oom(ec);
-    int err = etcd_call_ok(ec, &ec->app, "/v3/kv/range", etcd_range_req(dir, *dlen, "ASCEND", limit, 0),
-                      until, DLOCK_ECONNECT, "inspect", root);
+    int err = etcd_call_ok(ec, &ec->app, "/v3/kv/range",
+                           etcd_range_req(dir, *dlen, "ASCEND", limit, 0), until, DLOCK_ECONNECT,
+                           "inspect", root);
     free(dir);
     *kvs = err ? NULL : etcd_kvs_of(*root);
     return err;
@@ -288,7 +277,7 @@ static uint64_t lease_left_ms(struct etcd_conn *ec, int64_t lease, uint64_t unti
     if (req)
         json_object_object_add(req, "ID", etcd_new_int(lease));
     if ((*err = etcd_call_ok(ec, &ec->app, "/v3/lease/timetolive", req, until, DLOCK_ECONNECT,
-                        "inspect: lease time to live", &root)) != 0)
+                             "inspect: lease time to live", &root)) != 0)
         return 0;
     int64_t ttl = etcd_int(root, "TTL");
     json_object_put(root);
@@ -356,8 +345,8 @@ int etcd_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *inf
 }
 
 /* Every holder (holders_of), with its lease left: one call each. */
-int etcd_inspect_holders(dlock_conn *conn, const char *name, size_t len,
-                                dlock_holder *holders, size_t capacity, size_t *count)
+int etcd_inspect_holders(dlock_conn *conn, const char *name, size_t len, dlock_holder *holders,
+                         size_t capacity, size_t *count)
 {
     struct etcd_conn *ec = (struct etcd_conn *)conn;
     json_object *root = NULL, *kvs;
