@@ -443,7 +443,7 @@ static int claim(struct etcd_conn *ec, struct etcd_held *held, struct etcd_kv *p
     json_object_object_add(req, "success", ok);
     json_object_object_add(req, "failure", ko);
     memset(pred, 0, sizeof *pred);
-    int err = etcd_queue_txn(ec, req, &root);
+    int err = etcd_txn(ec, req, "reading the queue", 2, &root);
     if (err)
         return err; /* 2: the lock's lease expired while the store was out of reach */
     *rev = etcd_int(etcd_get(root, "header"), "revision");

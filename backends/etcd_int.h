@@ -107,10 +107,11 @@ json_object *etcd_put_key(const struct etcd_held *held, const char *owner_hex, i
  * a new one, and again); else an error. */
 int etcd_create_txn(struct etcd_conn *ec, const struct etcd_held *held, json_object *ok,
                     json_object *ko, int try, json_object **root);
-/* A transaction of a wait (req, taken): 0 with *root (the caller puts
- * it); 2 when a lease it puts on is gone (the lock's expired while the
- * store was out of reach: a new one, and again); else an error. */
-int etcd_queue_txn(struct etcd_conn *ec, json_object *req, json_object **root);
+/* A transaction (req, taken): 0 with *root (the caller puts it); gone
+ * when a lease it puts a key on is gone (0: that is an error too: what
+ * failed); else an error. */
+int etcd_txn(struct etcd_conn *ec, json_object *req, const char *what, int gone,
+                   json_object **root);
 
 /* etcd_queue.c */
 /* DLOCK_EMODE when the name's oldest key (its kv; a range reply's first)

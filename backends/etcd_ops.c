@@ -149,7 +149,6 @@ int etcd_create_txn(struct etcd_conn *ec, const struct etcd_held *held, json_obj
 {
     json_object *txn = json_object_new_object(), *cmps = json_object_new_array();
     json_object *empty = etcd_create_cmp(held->key, held->dir, "EQUAL", 0);
-    struct etcd_res r;
     *root = NULL;
     if (!txn || !cmps || !ok || !ko || !empty) {
         json_object_put(txn), json_object_put(cmps), json_object_put(ok);
@@ -161,26 +160,14 @@ int etcd_create_txn(struct etcd_conn *ec, const struct etcd_held *held, json_obj
     json_object_object_add(txn, "compare", cmps);
     json_object_object_add(txn, "success", ok);
     json_object_object_add(txn, "failure", ko);
-    int err = etcd_call(&ec->site, &ec->app, "/v3/kv/txn", txn, call_until(ec), DLOCK_ECONNECT, &r);
-    json_object_put(txn);
-    if (err)
-        return err;
-    if (r.code == ETCD_NOT_FOUND && !try) {
-        /* The waiters' lease had expired: a new one, and again. */
-        json_object_put(r.root);
+    int err = etcd_txn(ec, txn, "creating the lock key", try ? 0 : 1, root);
+    if (err == 1) /* The waiters' lease had expired: a new one, and again. */
         ec->wait_lease = 0;
-        return 1;
-    }
-    if (r.code) {
-        err = etcd_error(&ec->site, &r, "creating the lock key");
-        json_object_put(r.root);
-        return err;
-    }
-    *root = r.root;
-    return 0;
+    return err;
 }
 
-int etcd_queue_txn(struct etcd_conn *ec, json_object *req, json_object **root)
+int etcd_txn(struct etcd_conn *ec, json_object *req, const char *what, int gone,
+                   json_object **root)
 {
     struct etcd_res r;
     *root = NULL;
@@ -188,12 +175,12 @@ int etcd_queue_txn(struct etcd_conn *ec, json_object *req, json_object **root)
     json_object_put(req);
     if (err)
         return err;
-    if (r.code == ETCD_NOT_FOUND) {
+    if (r.code == ETCD_NOT_FOUND && gone) {
         json_object_put(r.root);
-        return 2;
+        return gone;
     }
     if (r.code) {
-        err = etcd_error(&ec->site, &r, "reading the queue");
+        err = etcd_error(&ec->site, &r, what);
         json_object_put(r.root);
         return err;
     }

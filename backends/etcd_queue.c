@@ -106,7 +106,7 @@ static int own_txn(struct etcd_conn *ec, struct etcd_held *held, json_object *ok
                                                 (int64_t)held->base.token));
     json_object_object_add(req, "compare", cmps);
     json_object_object_add(req, "success", ok);
-    int err = etcd_queue_txn(ec, req, root);
+    int err = etcd_txn(ec, req, "reading the queue", 2, root);
     if (err == 0 && !json_object_get_boolean(etcd_get(*root, "succeeded"))) {
         json_object_put(*root);
         *root = NULL;
