@@ -92,6 +92,8 @@ json_object *etcd_range_req(const char *dir, size_t dlen, const char *order, int
                             int64_t max_create);
 json_object *etcd_wrap(const char *what, json_object *op);
 json_object *etcd_kvs_of(json_object *range);
+/* A call whose reply must carry no error: 0 with *root (the caller puts
+ * it), else the error recorded. */
 int etcd_call_ok(struct etcd_conn *ec, struct etcd_http *h, const char *path, json_object *req,
                  uint64_t until, int late, const char *what, json_object **root);
 json_object *etcd_create_cmp(const char *key, size_t klen, const char *result, int64_t rev);
@@ -111,7 +113,7 @@ int etcd_create_txn(struct etcd_conn *ec, const struct etcd_held *held, json_obj
  * when a lease it puts a key on is gone (0: that is an error too: what
  * failed); else an error. */
 int etcd_txn(struct etcd_conn *ec, json_object *req, const char *what, int gone,
-                   json_object **root);
+             json_object **root);
 
 /* etcd_queue.c */
 /* DLOCK_EMODE when the name's oldest key (its kv; a range reply's first)

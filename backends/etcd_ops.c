@@ -77,10 +77,12 @@ json_object *etcd_kvs_of(json_object *range)
 
 /* ---- calls ----------------------------------------------------------------- */
 
-/* A call whose reply must carry no error: 0 with *root (the caller puts
- * it), else the error recorded. */
-int etcd_call_ok(struct etcd_conn *ec, struct etcd_http *h, const char *path, json_object *req,
-                 uint64_t until, int late, const char *what, json_object **root)
+/* A call whose reply must carry no error but "not found" (a lease gone)
+ * where gone is not 0: 0 with *root (the caller puts it), gone, or the
+ * error recorded. */
+static int call_gone(struct etcd_conn *ec, struct etcd_http *h, const char *path,
+                     json_object *req, uint64_t until, int late, const char *what, int gone,
+                     json_object **root)
 {
     struct etcd_res r;
     *root = NULL;
@@ -90,6 +92,10 @@ int etcd_call_ok(struct etcd_conn *ec, struct etcd_http *h, const char *path, js
     json_object_put(req);
     if (err)
         return err;
+    if (r.code == ETCD_NOT_FOUND && gone) {
+        json_object_put(r.root);
+        return gone;
+    }
     if (r.code) {
         err = etcd_error(&ec->site, &r, what);
         json_object_put(r.root);
@@ -97,6 +103,12 @@ int etcd_call_ok(struct etcd_conn *ec, struct etcd_http *h, const char *path, js
     }
     *root = r.root;
     return 0;
+}
+
+int etcd_call_ok(struct etcd_conn *ec, struct etcd_http *h, const char *path, json_object *req,
+                 uint64_t until, int late, const char *what, json_object **root)
+{
+    return call_gone(ec, h, path, req, until, late, what, 0, root);
 }
 
 json_object *etcd_create_cmp(const char *key, size_t klen, const char *result, int64_t rev)
@@ -167,23 +179,8 @@ int etcd_create_txn(struct etcd_conn *ec, const struct etcd_held *held, json_obj
 }
 
 int etcd_txn(struct etcd_conn *ec, json_object *req, const char *what, int gone,
-                   json_object **root)
+             json_object **root)
 {
-    struct etcd_res r;
-    *root = NULL;
-    int err = etcd_call(&ec->site, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT, &r);
-    json_object_put(req);
-    if (err)
-        return err;
-    if (r.code == ETCD_NOT_FOUND && gone) {
-        json_object_put(r.root);
-        return gone;
-    }
-    if (r.code) {
-        err = etcd_error(&ec->site, &r, what);
-        json_object_put(r.root);
-        return err;
-    }
-    *root = r.root;
-    return 0;
+    return call_gone(ec, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT, what, gone,
+                     root);
 }
