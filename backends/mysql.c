@@ -179,8 +179,9 @@ static int be_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         goto fail;
     /* MySQL 8 schedules row-lock waiters by contention (CATS), not by
      * arrival: only MariaDB's queue is first-come first-served. */
+    mc->base.caps = dlock_mysql_backend.caps & ~mc->mode->caps_off;
     if (!mc->mariadb)
-        mc->base.caps = dlock_mysql_backend.caps & ~(unsigned)DLOCK_CAP_FIFO;
+        mc->base.caps &= ~(unsigned)DLOCK_CAP_FIFO;
     *connp = &mc->base;
     return 0;
 fail:
@@ -242,13 +243,26 @@ static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
     return mc->mode->inspect(mc, name, len, info);
 }
 
+static int be_inspect_holders(dlock_conn *conn, const char *name, size_t len,
+                              dlock_holder *holders, size_t capacity, size_t *count)
+{
+    struct mysql_conn *mc = (struct mysql_conn *)conn;
+    dlock_info info;
+    if (mc->mode->inspect_holders)
+        return mc->mode->inspect_holders(mc, name, len, holders, capacity, count);
+    memset(&info, 0, sizeof info);
+    info.version = DLOCK_INFO_VERSION;
+    int err = mc->mode->inspect(mc, name, len, &info);
+    return err ? err : mc_one_holder(&info, holders, capacity, count);
+}
+
 const dlock_backend dlock_mysql_backend = {
     DLOCK_BACKEND_INIT,
     .name = "mysql",
     .schemes = mysql_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
             DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
-            DLOCK_CAP_CANCEL,
+            DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED,
     .options = mysql_options_list,
     .open = be_open,
     .close = be_close,
@@ -261,4 +275,5 @@ const dlock_backend dlock_mysql_backend = {
     .token_top = be_token_top,
     .raise_floor = be_raise_floor,
     .inspect = be_inspect,
+    .inspect_holders = be_inspect_holders,
 };

@@ -711,6 +711,20 @@ int mc_ping_pooled(struct mysql_conn *mc)
     return err;
 }
 
+/* inspect_holders from what inspect told: its one holder, exclusive, if
+ * held (a mode that holds one at a time). */
+int mc_one_holder(const dlock_info *info, dlock_holder *holders, size_t capacity, size_t *count)
+{
+    *count = (info->known & DLOCK_KNOWS_HELD) && info->held;
+    if (*count && capacity) {
+        holders[0].known = DLOCK_KNOWS_MODE | (info->known & (DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER));
+        holders[0].mode = DLOCK_MODE_EXCLUSIVE;
+        holders[0].token = info->token;
+        memcpy(holders[0].owner, info->owner, sizeof holders[0].owner);
+    }
+    return 0;
+}
+
 /* tmpl with every "@T" replaced by the table name; NULL if out of memory. */
 char *mc_with_table(const char *tmpl, const char *table)
 {

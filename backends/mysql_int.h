@@ -8,6 +8,7 @@
  *                  or lock=named) and dispatches every method through it
  *   mysql_row.c    the row-lock recipe, both token sources (a small
  *                  per-source table chosen with the mode)
+ *   mysql_inspect.c  inspect of row locks (its own per-source table)
  *   mysql_named.c  the lock=named (GET_LOCK) recipe, its sessions on the
  *                  SQL backends' shared layer (sql_session.c)
  *   mysql_seq.c    the store's tables and its sequence (token=sequence,
@@ -61,7 +62,8 @@
 #define ERR_UNKNOWN_SEQUENCE 4091  /* MariaDB: not a sequence */
 
 enum stmt_id {
-    ST_LOCK_WAIT, ST_LOCK_NOWAIT, ST_CREATE_ROW, ST_GRANT, ST_RAISE, ST_TOP, ST_FLOOR, N_STMTS
+    ST_LOCK_WAIT, ST_LOCK_NOWAIT, ST_SHARED_WAIT, ST_SHARED_NOWAIT, ST_CREATE_ROW, ST_GRANT,
+    ST_RAISE, ST_TOP, ST_FLOOR, N_STMTS
 };
 
 /* The row of <table>_grants that holds the store's floor (raise_floor): a
@@ -77,6 +79,8 @@ enum session_role {
 
 struct mysql_mode;
 struct row_source;
+
+struct row_view;
 
 /* A server connection. lock=named embeds it in its sql_session one. */
 struct session {
@@ -168,7 +172,12 @@ struct mysql_mode {
     int (*token_top)(struct mysql_conn *mc, uint64_t *top);
     int (*raise_floor)(struct mysql_conn *mc, uint64_t floor);
     int (*inspect)(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info);
+    /* NULL: the one holder inspect tells (mc_one_holder). */
+    int (*inspect_holders)(struct mysql_conn *mc, const char *name, size_t len,
+                           dlock_holder *holders, size_t capacity, size_t *count);
+    unsigned caps_off; /* capabilities the mode lacks (lock=named: shared, semaphores) */
     const struct row_source *row; /* row locks: the token source (mysql_row.c) */
+    const struct row_view *view;  /* row locks: inspect's part of it (mysql_inspect.c) */
 };
 
 extern const struct mysql_mode mc_row_table_mode; /* mysql_row.c */
@@ -229,10 +238,34 @@ int mc_lease_over(struct mysql_conn *mc, uint32_t ttl_ms, const char *what);
 char *mc_with_table(const char *tmpl, const char *table);
 int mc_ping_ctl(struct mysql_conn *mc);
 int mc_ping_pooled(struct mysql_conn *mc);
+int mc_one_holder(const dlock_info *info, dlock_holder *holders, size_t capacity, size_t *count);
+
+/* ---- mysql_inspect.c: inspect of row locks ------------------------------ */
+
+/* What inspect does differently per token source (mysql_inspect.c). */
+struct row_view {
+    /* inspect's statement (without its ORDER BY): its length, as snprintf. */
+    int (*inspect_sql)(struct mysql_conn *mc, const char *kx, int mariadb, char *sql,
+                       size_t size);
+    /* Whether the row is locked, asked of the row; NULL: the views' grant says. */
+    int (*held)(struct mysql_conn *mc, struct session *ctl, const char *kx, int mariadb,
+                const struct bound *b, int *locked);
+    unsigned known; /* what inspect knows beyond DLOCK_KNOWS_HELD */
+};
+
+extern const struct row_view mc_table_view, mc_seq_view;
+int mc_row_inspect(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info);
+int mc_row_inspect_holders(struct mysql_conn *mc, const char *name, size_t len,
+                           dlock_holder *holders, size_t capacity, size_t *count);
 
 /* ---- mysql_seq.c: the tables, the sequence and its durable mark --------- */
 
-extern const char *const mc_create_sql[2]; /* <table>, <table>_grants ("@T": the table) */
+/* <table>, <table>_grants, <table>_shared ("@T": the table) */
+extern const char *const mc_create_sql[3];
+int mc_shared_table(struct mysql_conn *mc, struct bound *call);
+int mc_shared_read(struct mysql_conn *mc, struct session *ctl, const char *kx,
+                   struct bound *call, dlock_holder *holders, size_t capacity, size_t *count,
+                   dlock_holder *last);
 int mc_seq_open(struct mysql_conn *mc, enum session_role role, const char *what,
                 struct session *s);
 int mc_seq_checkpoint(struct mysql_conn *mc, struct bound *call, uint64_t *mark);

@@ -843,4 +843,7 @@ const struct mysql_mode mc_named_mode = {
     .token_top = mc_seq_token_top,
     .raise_floor = mc_seq_raise_floor,
     .inspect = named_inspect,
+    /* GET_LOCK has no shared mode, nor a count: the core refuses both
+     * with DLOCK_ENOTSUP (docs/mysql.md, "Shared locks and semaphores"). */
+    .caps_off = DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
 };

@@ -11,8 +11,8 @@
  *                   store's sequence (mysql_seq.c), its durable mark after.
  *
  * Deadlines, cancels, restarts, keeping, raising, the floor and inspect:
- * docs/mysql.md, "How the backend works". Calls mysql_seq.c and
- * mysql_conn.c only.
+ * docs/mysql.md, "How the backend works". Calls mysql_inspect.c (inspect),
+ * mysql_seq.c and mysql_conn.c only.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -32,6 +32,7 @@ struct mysql_held {
     unsigned char k[DLOCK_SHA256_LEN];
     uint32_t ttl_ms;
     uint64_t expires_ns;    /* end of the lease as the client sees it */
+    int shared;             /* a shared holder (LOCK IN SHARE MODE; a <table>_shared row) */
 };
 
 /* What the two token sources do differently. */
@@ -51,13 +52,6 @@ struct row_source {
     int (*floor_check)(struct mysql_conn *mc, uint64_t floor);
     /* raise_token once the lock is proven ours, by call. */
     int (*raise)(struct mysql_conn *mc, struct mysql_held *h, uint64_t floor, struct bound *call);
-    /* inspect's statement (without its ORDER BY): its length, as snprintf. */
-    int (*inspect_sql)(struct mysql_conn *mc, const char *kx, int mariadb, char *sql,
-                       size_t size);
-    /* Whether the row is locked, asked of the row; NULL: the views' grant says. */
-    int (*held)(struct mysql_conn *mc, struct session *ctl, const char *kx, int mariadb,
-                const struct bound *b, int *locked);
-    unsigned known; /* what inspect knows beyond DLOCK_KNOWS_HELD */
 };
 
 static const struct row_source *src(const struct mysql_conn *mc)
@@ -71,6 +65,10 @@ static const struct row_source *src(const struct mysql_conn *mc)
 static const char *const stmt_sql[N_STMTS] = {
     [ST_LOCK_WAIT] = "SELECT 1 FROM `@T` WHERE k = ? FOR UPDATE",
     [ST_LOCK_NOWAIT] = "SELECT 1 FROM `@T` WHERE k = ? FOR UPDATE NOWAIT",
+    /* A shared holder: the same row's shared lock, queued in the same
+     * InnoDB queue (a reader arriving after a waiting writer waits). */
+    [ST_SHARED_WAIT] = "SELECT 1 FROM `@T` WHERE k = ? LOCK IN SHARE MODE",
+    [ST_SHARED_NOWAIT] = "SELECT 1 FROM `@T` WHERE k = ? LOCK IN SHARE MODE NOWAIT",
     [ST_CREATE_ROW] = "INSERT IGNORE INTO `@T` (k, name, created_at) VALUES (?, ?, UTC_TIMESTAMP(6))",
     /* The floor row is read in the same statement (a derived table:
      * MySQL refuses a plain subquery on the table inserted into; CAST:
@@ -93,6 +91,9 @@ static const char *const stmt_sql[N_STMTS] = {
                  "ON DUPLICATE KEY UPDATE acquired_at = IF(token < VALUES(token),"
                  " UTC_TIMESTAMP(6), acquired_at), token = GREATEST(token, VALUES(token))",
 };
+static const char stmt_sql_mysql_wait[] = "SELECT 1 FROM `@T` WHERE k = ? FOR SHARE",
+                  stmt_sql_mysql_nowait[] = "SELECT 1 FROM `@T` WHERE k = ? FOR SHARE NOWAIT";
+
 static int set_limits(struct mysql_conn *mc, struct session *s, const dlock_request *req,
                       const struct bound *call)
 {
@@ -237,7 +238,9 @@ static int lock_row(struct mysql_conn *mc, struct session **sp, const dlock_requ
     MYSQL_STMT *st;
     MYSQL_BIND b;
     struct bound pb = mc_stmt_bound(call, mc->timeout_ms);
-    if ((err = mc_prepare(mc, s, nowait ? ST_LOCK_NOWAIT : ST_LOCK_WAIT, &pb, &st)) != 0)
+    enum stmt_id id = req->mode == DLOCK_MODE_SHARED ? (nowait ? ST_SHARED_NOWAIT : ST_SHARED_WAIT)
+                      : nowait ? ST_LOCK_NOWAIT : ST_LOCK_WAIT;
+    if ((err = mc_prepare(mc, s, id, &pb, &st)) != 0)
         return err;
     mc_bind_bytes(&b, k, &klen);
     if (mysql_stmt_bind_param(st, &b) != 0)
@@ -303,10 +306,17 @@ static int lock_row_seq(struct mysql_conn *mc, struct session **sp, const dlock_
                  left_us / 1000000u, left_us % 1000000u);
         until = req->deadline_ns + CLEANUP_MS * MS;
     }
-    snprintf(sql, sizeof sql,
-             "%sUPDATE `%s` SET token = LAST_INSERT_ID(NEXTVAL(`%s_seq`)), owner = '%.32s',"
-             " session_id = CONNECTION_ID(), acquired_at = UTC_TIMESTAMP(6) WHERE k = X'%s'",
-             pre, mc->table, mc->table, req->owner_hex, kx);
+    if (req->mode == DLOCK_MODE_SHARED) /* the row's shared lock, then NEXTVAL */
+        snprintf(sql, sizeof sql,
+                 "%sINSERT INTO `%s_shared` (k, token, owner, session_id, acquired_at)"
+                 " SELECT k, LAST_INSERT_ID(NEXTVAL(`%s_seq`)), '%.32s', CONNECTION_ID(),"
+                 " UTC_TIMESTAMP(6) FROM `%s` WHERE k = X'%s' LOCK IN SHARE MODE",
+                 pre, mc->table, mc->table, req->owner_hex, mc->table, kx);
+    else
+        snprintf(sql, sizeof sql,
+                 "%sUPDATE `%s` SET token = LAST_INSERT_ID(NEXTVAL(`%s_seq`)), owner = '%.32s',"
+                 " session_id = CONNECTION_ID(), acquired_at = UTC_TIMESTAMP(6) WHERE k = X'%s'",
+                 pre, mc->table, mc->table, req->owner_hex, kx);
     struct nb c = {.op = NB_QUERY, .db = s->db, .sql = sql};
     mc_nb_step(&c, -1);
     int w = mc_nb_wait(&c, until, 1, nowait ? -1 : req->cancel_fd);
@@ -425,6 +435,12 @@ static int record_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock
     return 0;
 }
 
+/* The statement failed for want of <table>_shared (on a live session). */
+static int no_shared_table(const struct session *s)
+{
+    return !s->dead && s->last_errno == ER_NO_SUCH_TABLE;
+}
+
 /* After a failed attempt: a dropped session is closed, a live one has its
  * transaction ended (InnoDB undoes only the failed statement) and is
  * pooled. */
@@ -483,7 +499,7 @@ static int server_dropped_all(struct mysql_conn *mc, uint64_t until_ns)
 static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
                      struct bound *call)
 {
-    int retried = 0, created = 0, err, pooled = 0;
+    int retried = 0, created = 0, made = 0, err, pooled = 0;
     uint64_t down_since = 0, backoff = 100;
     struct session *s = NULL;
     for (;;) {
@@ -514,6 +530,13 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
                 dlock_clearerr(cl(mc));
             h->s = s;
             return 0;
+        }
+        if (err < 0 && s && no_shared_table(s) && !made++) {
+            /* A store set up before shared locks: its first reader. */
+            if ((err = mc_shared_table(mc, call)) == 0) {
+                dlock_clearerr(cl(mc));
+                continue;
+            }
         }
         if (err == 0 && !created++) {
             if ((err = src(mc)->create_row(mc, s, req, h->k, call)) == 0)
@@ -562,6 +585,7 @@ static int row_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_he
     if (!h)
         return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
     dlock_sha256(req->name, req->name_len, h->k);
+    h->shared = req->mode == DLOCK_MODE_SHARED;
     /* The call's bound: a deadline is the caller's; a try gets `timeout`
      * (plus the time spent connecting); a wait without a deadline has a
      * bound per statement only. */
@@ -599,6 +623,26 @@ static int row_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_he
 
 static int hold_lost(struct mysql_conn *mc, struct mysql_held *h, const char *what, int err);
 
+/* token=table: "DO 0" on the lock session; for a reader, the INSERT of its
+ * <table>_shared row in its lock transaction (creating the table once). */
+static int confirm_grant(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
+                         struct bound *b)
+{
+    static const char what[] = "confirming the grant";
+    char kx[2 * DLOCK_SHA256_LEN + 1], sql[320];
+    if (!h->shared)
+        return mc_run(mc, h->s, NB_QUERY, NULL, "DO 0", b, what);
+    dlock_hex(h->k, DLOCK_SHA256_LEN, kx);
+    snprintf(sql, sizeof sql,
+             "INSERT INTO `%s_shared` (k, token, owner, session_id, acquired_at) VALUES (X'%s',"
+             " %" PRIu64 ", '%.32s', CONNECTION_ID(), UTC_TIMESTAMP(6))",
+             mc->table, kx, h->base.token, req->owner_hex);
+    int err = mc_run(mc, h->s, NB_QUERY, NULL, sql, b, what);
+    if (err && no_shared_table(h->s) && (err = mc_shared_table(mc, b)) == 0)
+        err = mc_run(mc, h->s, NB_QUERY, NULL, sql, b, what);
+    return err;
+}
+
 /* token=table: bumps the name's token from the control session while the
  * lock session holds the row, then proves the lock session lived through
  * the bump. On failure the lock is let go (h->s pooled or closed). */
@@ -622,8 +666,9 @@ static int table_granted(struct mysql_conn *mc, struct mysql_held *h, const dloc
      * grant only if our lock session, and with it the row lock, lived
      * through the bump: had the server dropped it meanwhile (KILL,
      * wait_timeout), another holder may already be using a lower token.
-     * One round trip on the lock session proves it is still there. */
-    if ((err = mc_run(mc, h->s, NB_QUERY, NULL, "DO 0", &post, "confirming the grant")) != 0) {
+     * One round trip on the lock session proves it is still there; a
+     * reader's is its <table>_shared row. */
+    if ((err = confirm_grant(mc, h, req, &post)) != 0) {
         err = hold_lost(mc, h, "confirming the grant", err);
         if (h->s)
             mc_rollback_and_pool(mc, h->s, mc_cleanup_until(req));
@@ -850,6 +895,30 @@ static int seq_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t floor
     return 0;
 }
 
+/*
+ * token=table, a reader: the name's latest grant may be another reader's,
+ * so the counter is raised whoever it names, then the lock's own session
+ * proves the reader still holds: no writer was granted meanwhile (it
+ * waits for this reader), so every later writer's grant, and every later
+ * reader's, is recorded after the raise's commit and above floor.
+ */
+static int shared_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t floor,
+                        struct bound *call)
+{
+    static const char what[] = "raising the token";
+    char kx[2 * DLOCK_SHA256_LEN + 1], sql[256];
+    struct session *ctl;
+    int err;
+    dlock_hex(h->k, DLOCK_SHA256_LEN, kx);
+    snprintf(sql, sizeof sql,
+             "UPDATE `%s_grants` SET token = GREATEST(token, %" PRIu64 ") WHERE k = X'%s'",
+             mc->table, floor, kx);
+    if ((err = mc_ctl_session(mc, call, &ctl)) != 0 ||
+        (err = mc_exec_sql(mc, ctl, sql, call, what)) != 0)
+        return err;
+    return lock_alive(mc, h, call->until, what);
+}
+
 static int table_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t floor,
                        struct bound *call)
 {
@@ -860,6 +929,8 @@ static int table_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t flo
     MYSQL_STMT *st;
     int err;
     sid = mysql_thread_id(h->s->db); /* what record_grant wrote as session_id */
+    if (h->shared)
+        return shared_raise(mc, h, floor, call);
     mc_bind_u64(&bd[0], &f);
     mc_bind_bytes(&bd[1], h->k, &klen);
     mc_bind_u64(&bd[2], &sid);
@@ -961,245 +1032,6 @@ static int table_raise_floor(struct mysql_conn *mc, uint64_t floor)
     return err;
 }
 
-/* ---- inspect ------------------------------------------------------------ */
-
-/*
- * inspect: a text statement on the control session (autocommit, no
- * locking read, no row lock taken or waited for), then for token=table
- * row_locked's NOWAIT read of the row, bounded by `timeout` together.
- * The first is a UNION ALL of:
- *
- *  'g' the name's row of <table>_grants (a consistent read): token,
- *      owner and the grant's age;
- *  'p' COUNT(*) of INNODB_TRX, read whatever the grants say, so that a
- *      user without the PROCESS privilege always gets error 1227 rather
- *      than a "free" that was never seen;
- *  'w' (MariaDB) the transactions in LOCK WAIT that the holder's
- *      transaction blocks (INNODB_LOCK_WAITS; a lock session holds only
- *      its one row lock, so they wait for this name), whose session is
- *      still running its lock statement (information_schema.PROCESSLIST
- *      is live, the InnoDB views are a snapshot up to 0.1 s old: a waiter
- *      that gave up is not counted), in queue order: by the number of
- *      transactions each waits behind (the holder and the waiters queued
- *      before it), then trx_wait_started and trx_id.
- */
-/* InnoDB's views are a snapshot refreshed when read at most every 0.1 s
- * (trx_i_s_cache): a grant recorded less than this long ago may not be in
- * it yet. */
-#define VIEWS_AGE_MS "120"
-
-/* The holder's transaction, for 'w': the trx_id of the grants row's
- * session's InnoDB transaction when that transaction is the grant's:
- * RUNNING (not in LOCK WAIT), holding rows (trx_rows_locked > 0), started
- * no later than the grant was recorded (trx_started is the session's local
- * time, whole seconds: acquired_at is moved by the session's UTC offset),
- * and no later grant of another name names the session (a pooled session
- * that went on to hold another name). */
-#define INSPECT_HOLDER                                                                            \
-    "(SELECT t.trx_id FROM information_schema.INNODB_TRX t WHERE t.trx_mysql_thread_id ="         \
-    " g.session_id AND t.trx_state = 'RUNNING' AND t.trx_rows_locked > 0 AND t.trx_started <="     \
-    " g.acquired_at + INTERVAL TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), NOW()) SECOND AND NOT"     \
-    " EXISTS (SELECT 1 FROM `%s_grants` o WHERE o.session_id = g.session_id AND o.k <> g.k AND"  \
-    " o.acquired_at > g.acquired_at) LIMIT 1)"
-
-/*
- * token=sequence's inspect statement, read on the control session at READ
- * UNCOMMITTED: the holder's grant is the lock row's uncommitted owner,
- * token, session and time (a release rolls them back to '' and 0: a row
- * with an owner has a live holder); 'p' as above; 'w' as above, the holder's
- * transaction found by the row's session_id, the waiters' sessions running
- * the locking UPDATE (its NEXTVAL names the sequence).
- */
-static int inspect_seq_sql(struct mysql_conn *mc, const char *kx, int mariadb, char *sql,
-                           size_t size)
-{
-    (void)mariadb; /* token=sequence is MariaDB's only */
-    const char *t = mc->table;
-    return snprintf(sql, size,
-                    "SELECT 'g' AS x, l.token AS a, l.owner AS b, l.session_id AS c,"
-                    " GREATEST(0, " VIEWS_AGE_MS " - TIMESTAMPDIFF(MICROSECOND, l.acquired_at,"
-                    " UTC_TIMESTAMP(6)) DIV 1000) AS d FROM `%s` l"
-                    " WHERE l.k = X'%s' AND l.owner <> ''"
-                    " UNION ALL SELECT 'p', COUNT(*), NULL, NULL, NULL"
-                    " FROM information_schema.INNODB_TRX"
-                    " UNION ALL SELECT 'w', w.trx_mysql_thread_id, w.trx_id,"
-                    " (SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS q"
-                    " WHERE q.requesting_trx_id = w.trx_id), w.trx_wait_started"
-                    " FROM information_schema.INNODB_TRX w"
-                    " JOIN information_schema.INNODB_LOCK_WAITS lw ON lw.requesting_trx_id = w.trx_id"
-                    " WHERE w.trx_state = 'LOCK WAIT' AND lw.blocking_trx_id ="
-                    " (SELECT h.trx_id FROM information_schema.INNODB_TRX h JOIN `%s` l"
-                    " ON h.trx_mysql_thread_id = l.session_id WHERE l.k = X'%s'"
-                    " AND l.owner <> '' LIMIT 1)"
-                    " AND EXISTS (SELECT 1 FROM information_schema.PROCESSLIST p"
-                    " WHERE p.ID = w.trx_mysql_thread_id AND p.COMMAND IN ('Query', 'Execute')"
-                    " AND p.INFO LIKE '%%NEXTVAL(`%s_seq`)%%')",
-                    t, kx, t, kx, t);
-}
-
-/* token=table's inspect statement (see above): 'g', 'p', and on MariaDB
- * 'w'. */
-static int inspect_table_sql(struct mysql_conn *mc, const char *kx, int mariadb, char *sql,
-                             size_t size)
-{
-    int n = snprintf(sql, size,
-                     /* c: held is row_locked's, not the views' (below) */
-                     "SELECT 'g' AS x, g.token AS a, g.owner AS b, NULL AS c,"
-                     " GREATEST(0, " VIEWS_AGE_MS " - TIMESTAMPDIFF(MICROSECOND, g.acquired_at,"
-                     " UTC_TIMESTAMP(6)) DIV 1000) AS d FROM `%s_grants` g WHERE g.k = X'%s'"
-                     " UNION ALL SELECT 'p', COUNT(*), NULL, NULL, NULL"
-                     " FROM information_schema.INNODB_TRX",
-                     mc->table, kx);
-    if (mariadb && n > 0 && (size_t)n < size)
-        n += snprintf(sql + n, size - n,
-                      " UNION ALL SELECT 'w', w.trx_mysql_thread_id, w.trx_id,"
-                      " (SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS q"
-                      " WHERE q.requesting_trx_id = w.trx_id), w.trx_wait_started"
-                      " FROM information_schema.INNODB_TRX w"
-                      " JOIN information_schema.INNODB_LOCK_WAITS lw"
-                      " ON lw.requesting_trx_id = w.trx_id"
-                      " WHERE w.trx_state = 'LOCK WAIT' AND lw.blocking_trx_id ="
-                      " (SELECT " INSPECT_HOLDER " FROM `%s_grants` g WHERE g.k = X'%s')"
-                      " AND EXISTS (SELECT 1 FROM information_schema.PROCESSLIST p"
-                      " WHERE p.ID = w.trx_mysql_thread_id AND p.COMMAND IN ('Query', 'Execute')"
-                      " AND p.INFO LIKE '%%FOR UPDATE')",
-                      mc->table, mc->table, kx);
-    return n;
-}
-
-/*
- * token=table's held: whether the name's row is locked, asked of the row
- * itself, live (InnoDB's views are a snapshot that is not refreshed while
- * anybody read it in the last 0.1 s: a client inspecting in a loop, or
- * two, keep it stale for as long as they go on). A shared locking read
- * with NOWAIT in the control session's autocommit: refused at once when a
- * holder's (or a queued waiter's) exclusive lock is there, and when the
- * row is free a shared lock for the statement's own moment, which no
- * other inspect conflicts with and which a lock statement arriving then
- * waits out (microseconds; it queues no one and passes no one).
- */
-static int row_locked(struct mysql_conn *mc, struct session *ctl, const char *kx, int mariadb,
-                      const struct bound *b, int *locked)
-{
-    char sql[256];
-    MYSQL_RES *res = NULL;
-    snprintf(sql, sizeof sql, "SELECT 1 FROM `%s` WHERE k = X'%s' %s", mc->table, kx,
-             mariadb ? "LOCK IN SHARE MODE NOWAIT" : "FOR SHARE NOWAIT");
-    int err = mc_query_result(mc, ctl, sql, b, "inspect", &res);
-    *locked = 0;
-    if (err == 0) {
-        mysql_free_result(res);
-        return 0;
-    }
-    if (!ctl->dead && (ctl->last_errno == ER_LOCK_WAIT_TIMEOUT || ctl->last_errno == ERR_LOCK_NOWAIT)) {
-        dlock_clearerr(cl(mc));
-        *locked = 1;
-        return 0;
-    }
-    return err;
-}
-
-static int row_inspect(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info)
-{
-    static const char what[] = "inspect";
-    static const char hexd[] = "0123456789abcdef";
-    unsigned char k[DLOCK_SHA256_LEN];
-    char kx[2 * DLOCK_SHA256_LEN + 1], sql[3072];
-    struct session *ctl;
-    MYSQL_RES *res = NULL;
-    int err = 0;
-    dlock_sha256(name, len, k);
-    for (size_t i = 0; i < DLOCK_SHA256_LEN; i++) {
-        kx[2 * i] = hexd[k[i] >> 4];
-        kx[2 * i + 1] = hexd[k[i] & 15];
-    }
-    kx[sizeof kx - 1] = '\0';
-    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
-    for (int tries = 0, again = 0; tries < 2; tries++) {
-    retry:
-        if ((err = mc_ctl_session(mc, &call, &ctl)) != 0)
-            goto failed;
-        /* MySQL 8 has no INNODB_LOCK_WAITS (performance_schema's
-         * data_lock_waits instead): no waiters there. */
-        int mariadb = strstr(mysql_get_server_info(ctl->db), "MariaDB") != NULL;
-        int n = src(mc)->inspect_sql(mc, kx, mariadb, sql, sizeof sql);
-        if (n > 0 && (size_t)n < sizeof sql)
-            n += snprintf(sql + n, sizeof sql - n, " ORDER BY x, c, d, b");
-        if (n <= 0 || (size_t)n >= sizeof sql)
-            return dlock_seterr(cl(mc), DLOCK_EINVAL, "mysql: inspect: statement too long");
-        if ((err = mc_query_result(mc, ctl, sql, &call, what, &res)) != 0) {
-            if (!ctl->dead && ctl->last_errno == ER_SPECIFIC_ACCESS_DENIED_ERROR)
-                return dlock_seterr(cl(mc), DLOCK_ENOTSUP,
-                                    "mysql %s: inspecting MySQL locks needs the PROCESS privilege"
-                                    " (information_schema.INNODB_TRX); grant it with"
-                                    " GRANT PROCESS ON *.* TO user", mc->where);
-            goto failed;
-        }
-        uint64_t token = 0, young = 0;
-        int granted = 0, held = 0, seen = 0;
-        char owner[33] = "";
-        info->waiters = 0;
-        info->listed = 0;
-        for (MYSQL_ROW row; (row = mysql_fetch_row(res)) != NULL;) {
-            if (!row[0])
-                continue;
-            if (row[0][0] == 'g' && row[1] && row[2]) {
-                granted = 1;
-                token = strtoull(row[1], NULL, 10);
-                snprintf(owner, sizeof owner, "%s", row[2]);
-                held = row[3] != NULL;
-                young = row[4] ? strtoull(row[4], NULL, 10) : 0;
-            } else if (row[0][0] == 'p') {
-                seen = 1;
-            } else if (row[0][0] == 'w' && row[1]) {
-                if (info->listed < DLOCK_INFO_LISTED)
-                    snprintf(info->waiter[info->listed++], DLOCK_HOLDER_MAX, "session %s", row[1]);
-                info->waiters++;
-            }
-        }
-        mysql_free_result(res);
-        /* The grant was recorded after the views' snapshot may have been
-         * taken: read them again once the snapshot has expired. */
-        if (young && !again && dlock_monotonic_ns() + 110 * MS < call.until) {
-            again = 1;
-            /* 0.1 s without reads refreshes it */
-            if ((err = mc_pause_ms(mc, 110, call.until, -1)) != 0)
-                return dlock_seterr(cl(mc), err, "mysql %s: inspect: interrupted", mc->where);
-            memset(info->waiter, 0, sizeof info->waiter);
-            goto retry;
-        }
-        if (!seen)
-            return dlock_seterr(cl(mc), DLOCK_EPROTO,
-                                "mysql %s: inspect: information_schema.INNODB_TRX gave no count",
-                                mc->where);
-        /* token=table: held is the row's lock, the grant the latest
-         * recorded (the views above only find the holder's transaction
-         * for the waiters it blocks). */
-        if (src(mc)->held && (err = src(mc)->held(mc, ctl, kx, mariadb, &call, &held)) != 0)
-            goto failed;
-        /* token=sequence keeps no token of a free name (one sequence for
-         * every name; a grant is never committed). */
-        info->known |= DLOCK_KNOWS_HELD | src(mc)->known;
-        info->held = held;
-        info->last_token = granted && (src(mc)->known & DLOCK_KNOWS_LAST_TOKEN) ? token : 0;
-        if (held && granted) {
-            info->token = token;
-            info->known |= DLOCK_KNOWS_TOKEN;
-            if (strlen(owner) == 32) {
-                snprintf(info->owner, sizeof info->owner, "%s", owner);
-                info->known |= DLOCK_KNOWS_OWNER;
-            }
-        }
-        if (mariadb)
-            info->known |= DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER;
-        return 0;
-    failed:
-        if (!mc_ctl_dropped(mc))
-            return err;
-    }
-    return err;
-}
-
 /* token=sequence keeps no control session: an idle lock session answers
  * then. */
 static int seq_ping(struct mysql_conn *mc)
@@ -1246,6 +1078,15 @@ static int table_open(struct mysql_conn *mc)
     if ((err = mc_session_open(mc, ROLE_CTL, NULL, &mc->ctl)) != 0)
         return err;
     mc->mariadb = strstr(mysql_get_server_info(mc->ctl->db), "MariaDB") != NULL;
+    /* MySQL 8 takes NOWAIT after FOR SHARE only (LOCK IN SHARE MODE is
+     * MariaDB's spelling; MariaDB has no FOR SHARE). */
+    for (int i = ST_SHARED_WAIT; !mc->mariadb && i <= ST_SHARED_NOWAIT; i++) {
+        free(mc->sql[i]);
+        if (!(mc->sql[i] = mc_with_table(i == ST_SHARED_WAIT ? stmt_sql_mysql_wait
+                                                              : stmt_sql_mysql_nowait,
+                                         mc->table)))
+            return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
+    }
     return prepare_tables(mc);
 }
 
@@ -1271,9 +1112,6 @@ static const struct row_source table_source = {
     .granted = table_granted,
     .floor_check = table_floor_check,
     .raise = table_raise,
-    .inspect_sql = inspect_table_sql,
-    .held = row_locked,
-    .known = DLOCK_KNOWS_LAST_TOKEN,
 };
 
 static const struct row_source seq_source = {
@@ -1283,7 +1121,6 @@ static const struct row_source seq_source = {
     .create_row = create_row_seq,
     .floor_check = mc_seq_floor_check,
     .raise = seq_raise,
-    .inspect_sql = inspect_seq_sql,
 };
 
 const struct mysql_mode mc_row_table_mode = {
@@ -1296,8 +1133,10 @@ const struct mysql_mode mc_row_table_mode = {
     .raise_token = row_raise_token,
     .token_top = table_token_top,
     .raise_floor = table_raise_floor,
-    .inspect = row_inspect,
+    .inspect = mc_row_inspect,
+    .inspect_holders = mc_row_inspect_holders,
     .row = &table_source,
+    .view = &mc_table_view,
 };
 
 const struct mysql_mode mc_row_seq_mode = {
@@ -1310,6 +1149,8 @@ const struct mysql_mode mc_row_seq_mode = {
     .raise_token = row_raise_token,
     .token_top = mc_seq_token_top,
     .raise_floor = mc_seq_raise_floor,
-    .inspect = row_inspect,
+    .inspect = mc_row_inspect,
+    .inspect_holders = mc_row_inspect_holders,
     .row = &seq_source,
+    .view = &mc_seq_view,
 };

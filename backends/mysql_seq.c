@@ -40,7 +40,7 @@ static const char add_columns_sql[] =
     " ADD COLUMN IF NOT EXISTS session_id BIGINT UNSIGNED NOT NULL DEFAULT 0,"
     " ADD COLUMN IF NOT EXISTS acquired_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00'";
 
-const char *const mc_create_sql[2] = {
+const char *const mc_create_sql[3] = {
     "CREATE TABLE IF NOT EXISTS `@T` ("
     " k BINARY(32) NOT NULL PRIMARY KEY COMMENT 'SHA-256 of the lock name',"
     " name VARBINARY(255) NOT NULL COMMENT 'the name, cut to 255 bytes, for people',"
@@ -53,7 +53,92 @@ const char *const mc_create_sql[2] = {
     " session_id BIGINT UNSIGNED NOT NULL COMMENT 'CONNECTION_ID() of the holding session',"
     " acquired_at DATETIME(6) NOT NULL COMMENT 'UTC'"
     ") ENGINE=InnoDB COMMENT='dlock: latest grant of each lock, committed at grant time'",
+    /* A shared holder's row, written by its lock transaction and never
+     * committed: its release (a rollback) or its session's end removes it;
+     * seen by inspect at READ UNCOMMITTED only. */
+    "CREATE TABLE IF NOT EXISTS `@T_shared` ("
+    " k BINARY(32) NOT NULL COMMENT 'SHA-256 of the lock name',"
+    " token BIGINT UNSIGNED NOT NULL COMMENT 'the shared holder''s fencing token',"
+    " owner CHAR(32) CHARACTER SET ascii NOT NULL COMMENT 'its owner id',"
+    " session_id BIGINT UNSIGNED NOT NULL COMMENT 'CONNECTION_ID() of its session',"
+    " acquired_at DATETIME(6) NOT NULL COMMENT 'UTC', PRIMARY KEY (k, token)"
+    ") ENGINE=InnoDB COMMENT='dlock: shared holders, uncommitted rows of their transactions'",
 };
+
+/*
+ * The shared holders of the name whose key is kx (hex), in grant order,
+ * read on the control session ctl at READ UNCOMMITTED (their rows are never
+ * committed): fills holders[0 .. min(capacity, *count)) and *last (the
+ * highest token's); a store without <table>_shared has none. One round
+ * trip, two on a control session that reads committed rows (token=table).
+ */
+int mc_shared_read(struct mysql_conn *mc, struct session *ctl, const char *kx,
+                   struct bound *call, dlock_holder *holders, size_t capacity, size_t *count,
+                   dlock_holder *last)
+{
+    static const char what[] = "inspect";
+    char sql[256];
+    MYSQL_RES *res = NULL;
+    int err;
+    *count = 0;
+    memset(last, 0, sizeof *last);
+    if (!mc->ctl_isolation &&
+        (err = mc_exec_sql(mc, ctl, "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED", call,
+                           what)) != 0)
+        return err;
+    snprintf(sql, sizeof sql,
+             "SELECT token, owner FROM `%s_shared` WHERE k = X'%s' ORDER BY token", mc->table, kx);
+    if ((err = mc_query_result(mc, ctl, sql, call, what, &res)) != 0) {
+        if (ctl->dead)
+            return err;
+        /* The level set above was not used: the next statement must read
+         * committed rows, as ever. */
+        int none = ctl->last_errno == ER_NO_SUCH_TABLE; /* no reader ever */
+        if (!mc->ctl_isolation) {
+            dlock_errsave why;
+            dlock_err_save(cl(mc), &why);
+            int reset = mc_exec_sql(mc, ctl, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                                    call, what);
+            if (reset)
+                return reset;
+            dlock_err_restore(cl(mc), &why);
+        }
+        if (!none)
+            return err;
+        dlock_clearerr(cl(mc));
+        return 0;
+    }
+    for (MYSQL_ROW row; (row = mysql_fetch_row(res)) != NULL;) {
+        if (!row[0] || !row[1])
+            continue;
+        last->known = DLOCK_KNOWS_MODE | DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER;
+        last->mode = DLOCK_MODE_SHARED;
+        last->token = strtoull(row[0], NULL, 10);
+        snprintf(last->owner, sizeof last->owner, "%s", row[1]);
+        if (*count < capacity)
+            holders[*count] = *last;
+        ++*count;
+    }
+    mysql_free_result(res);
+    return 0;
+}
+
+/* Creates <table>_shared, on a session of its own (a lock session's
+ * transaction must not be committed by the DDL): a store set up before
+ * shared locks gets it at its first shared grant. */
+int mc_shared_table(struct mysql_conn *mc, struct bound *call)
+{
+    struct session *s = NULL;
+    char *sql = mc_with_table(mc_create_sql[2], mc->table);
+    int err;
+    if (!sql)
+        return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
+    if ((err = mc_session_open(mc, ROLE_CTL, call, &s)) == 0)
+        err = mc_exec_sql(mc, s, sql, call, "cannot create the shared holders' table");
+    free(sql);
+    mc_session_close(s);
+    return err;
+}
 
 /*
  * token=sequence: MariaDB writes a sequence's table (its next range, a

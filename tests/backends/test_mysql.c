@@ -1101,6 +1101,97 @@ static void test_foreign_row_lock(void)
     dlock_client_close(c);
 }
 
+/* ---- shared locks (issue 27) ----------------------------------------------- */
+
+/* Runs sql on the raw session: 0 if it succeeded (its rows dropped). */
+static int raw_ok(const char *sql)
+{
+    if (mysql_query(raw, sql) != 0)
+        return -1;
+    mysql_free_result(mysql_store_result(raw));
+    return 0;
+}
+
+/*
+ * Readers hold the name's row in share mode, on today's row: an exclusive
+ * row lock (what the lock statements of a release without shared locks
+ * take: FOR UPDATE, or token=sequence's UPDATE) is refused while they
+ * hold, and granted once they are gone (the control: the same check can
+ * fail); a client of such a release holding the row excludes a reader.
+ * Each reader's <table>_shared row is its lock transaction's, never
+ * committed: its session's end (KILL) removes it, the other reader's stays
+ * and inspect lists that one only.
+ */
+static void test_shared(void)
+{
+    char x[128], key[80], sql[384], xlock[256];
+    name_of(x, sizeof x, "shared");
+    key_sql(x, key);
+    dlock_client *a = open_ok(uri), *b = open_ok(uri);
+    dlock_lock *ra = NULL, *rb = NULL;
+    dlock_acquire_opts s = wait_opts(DLOCK_WAIT_TRY, 0, 30000);
+    s.mode = DLOCK_MODE_SHARED;
+    is_int(dlock_acquire(a, x, &s, &ra), 0, "a reader");
+    is_int(dlock_acquire(b, x, &s, &rb), 0, "a second reader");
+    snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM %s_shared WHERE k = %s", lock_tbl, key);
+    is_int((int)raw_int(sql), 2, "two rows in %s_shared, uncommitted", lock_tbl);
+    snprintf(xlock, sizeof xlock, "SELECT 1 FROM %s WHERE k = %s FOR UPDATE NOWAIT", lock_tbl,
+             key);
+    ok(raw_ok(xlock) != 0, "an exclusive row lock, as an earlier release takes it, is refused");
+    char ks[256];
+    snprintf(ks, sizeof ks, "SELECT session_id FROM %s_shared WHERE k = %s AND token = %llu",
+             lock_tbl, key, ra ? (unsigned long long)dlock_lock_token(ra) : 0ull);
+    long long sid = raw_int(ks);
+    ok(sid > 0, "the first reader's row names its session (%lld)", sid);
+    char kill[64];
+    snprintf(kill, sizeof kill, "KILL %lld", sid);
+    ok(sid > 0 && raw_ok(kill) == 0, "that session killed");
+    long long left = -1;
+    for (int i = 0; i < 100 && (left = raw_int(sql)) != 1; i++)
+        sleep_ms(20);
+    is_int((int)left, 1, "its row went with it; the other reader's stays");
+    dlock_holder h[4];
+    size_t n = 0;
+    is_int(dlock_inspect_holders(b, x, h, 4, &n), 0, "inspect_holders");
+    ok(n == 1 && rb && h[0].mode == DLOCK_MODE_SHARED && h[0].token == dlock_lock_token(rb),
+       "lists the living reader only (%zu)", n);
+    ok(raw_ok(xlock) != 0, "the living reader still excludes an exclusive row lock");
+    /* A reader raises the name's later tokens though a later reader's
+     * grant is the one the name's counter last recorded. */
+    dlock_client *c3 = open_ok(uri);
+    dlock_lock *rc = NULL;
+    is_int(dlock_acquire(c3, x, &s, &rc), 0, "a third reader");
+    uint64_t floor = rc ? dlock_lock_token(rc) + 1000 : 1000;
+    is_int(rb ? dlock_lock_raise_token(rb, floor) : -1, 0, "the second reader raises to %llu",
+           (unsigned long long)floor);
+    if (rc)
+        dlock_release(rc);
+    dlock_client_close(c3);
+    if (ra)
+        dlock_release(ra);
+    if (rb)
+        is_int(dlock_release(rb), 0, "the living reader releases");
+    dlock_lock *w = NULL;
+    is_int(try_lock(a, x, &w), 0, "then a writer");
+    ok(w && dlock_lock_token(w) > floor, "above the reader's floor (%llu)",
+       w ? (unsigned long long)dlock_lock_token(w) : 0ull);
+    if (w)
+        dlock_release(w);
+    ok(raw_ok(xlock) == 0, "control: with no reader the same exclusive row lock is granted");
+    is_int((int)raw_int(sql), 0, "no row left in %s_shared", lock_tbl);
+    /* A holder of an earlier release: its transaction holds the row. */
+    snprintf(xlock, sizeof xlock, "SELECT 1 FROM %s WHERE k = %s FOR UPDATE", lock_tbl, key);
+    mysql_query(raw, "START TRANSACTION");
+    ok(raw_ok(xlock) == 0, "an earlier release's holder takes the row");
+    is_int(dlock_acquire(a, x, &s, &ra), DLOCK_EBUSY, "a reader's try: busy");
+    mysql_query(raw, "ROLLBACK");
+    is_int(dlock_acquire(a, x, &s, &ra), 0, "once it let go, the reader holds");
+    if (ra == NULL || dlock_release(ra) != 0)
+        diag("release: %s", dlock_errmsg(a));
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 /* ---- raise_token (issue 11) ------------------------------------------------ */
 
 /* The name's counter in the grants table (0: no row). */
@@ -2070,6 +2161,7 @@ int main(void)
         {"raise", test_raise, 1},
         {"store_floor", test_store_floor, 1},
         {"inspect", test_inspect, 2},
+        {"shared", test_shared, 2},
         {"waiter_sessions", test_waiter_sessions, 0},
         {"sequence_upgrade", test_sequence_upgrade, 0},
         {"sequence_crash", test_sequence_crash, 0},
@@ -2106,8 +2198,9 @@ int main(void)
         }
     }
     char drop[160];
-    snprintf(drop, sizeof drop, "DROP TABLE IF EXISTS tm_tab%d, tm_tab%d_grants, tm_seq%d",
-             (int)getpid(), (int)getpid(), (int)getpid());
+    snprintf(drop, sizeof drop, "DROP TABLE IF EXISTS tm_tab%d, tm_tab%d_grants, tm_tab%d_shared,"
+             " tm_seq%d, tm_seq%d_shared", (int)getpid(), (int)getpid(), (int)getpid(),
+             (int)getpid(), (int)getpid());
     mysql_query(raw, drop);
     snprintf(drop, sizeof drop, "DROP SEQUENCE IF EXISTS tm_seq%d_seq", (int)getpid());
     mysql_query(raw, drop);
