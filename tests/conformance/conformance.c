@@ -167,7 +167,9 @@ static const struct kind {
     /* Whole seconds, at least the server's minimum (2 s with the test
      * stores' settings); its lessor looks for expired leases every 500 ms
      * (docs/etcd.md, TTL). */
-    {"etcd", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS, NULL, 1000, 2000, 500, 150},
+    {"etcd",
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+     NULL, 1000, 2000, 500, 150},
 };
 #undef LEASED
 #undef WAITS
