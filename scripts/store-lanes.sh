@@ -47,6 +47,7 @@ group_of() {
     redis | redis_modes | redlock | faults-redis | faults-redlock) echo redis ;;
     zookeeper | zookeeper-modes | faults-zookeeper | faults-zookeeper-ensemble) echo zookeeper ;;
     postgres_modes) echo postgres ;;
+    etcd-modes) echo etcd ;;
     faults-*) echo "${n#faults-}" ;;
     *) echo "$n" ;;
     esac
