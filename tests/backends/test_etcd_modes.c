@@ -32,6 +32,7 @@
 #include "dlock.h"
 #include "tests/tap.h"
 #include "tests/util.h"
+#include "tests/backends/mode_waiters.h"
 
 /* Test-only (backends/etcd.c): watches of a client's waits ended by an event. */
 uint64_t dlock_etcd_watch_events(dlock_client *c);
@@ -189,29 +190,6 @@ static int raw_old_rule(const char *name, int64_t create)
 
 /* ---- waiters in threads ------------------------------------------------------ */
 
-struct waiter {
-    dlock_client *c;
-    const char *name;
-    dlock_mode mode;
-    uint32_t limit;
-    unsigned wait_ms;
-    dlock_lock *l;
-    int rc;
-    int done; /* atomic */
-    pthread_t t;
-};
-
-static void *waiter_main(void *arg)
-{
-    struct waiter *w = arg;
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, w->wait_ms, 0);
-    o.mode = w->mode;
-    o.limit = w->limit;
-    w->rc = dlock_acquire(w->c, w->name, &o, &w->l);
-    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    return NULL;
-}
-
 /* How many keys name has (holders and waiters), as inspect reads them. */
 static int keys_of(dlock_client *c, const char *name)
 {
@@ -227,48 +205,13 @@ static int keys_of(dlock_client *c, const char *name)
 static void queue(struct waiter *w, dlock_client *look, const char *name, dlock_mode mode,
                   uint32_t limit, unsigned wait_ms, int keys)
 {
-    *w = (struct waiter){open_ok(uri), name, mode, limit, wait_ms, NULL, 0, 0, 0};
-    pthread_create(&w->t, NULL, waiter_main, w);
+    waiter_start(w, uri, name, mode, limit, wait_ms);
     int n = -1;
     for (int i = 0; i < 1000 && (n = keys_of(look, name)) < keys; i++)
         sleep_ms(5);
     if (n != keys)
         diag("%s: %d keys, not %d", name, n, keys);
 }
-
-static int held_now(struct waiter *w)
-{
-    return __atomic_load_n(&w->done, __ATOMIC_SEQ_CST) && w->rc == 0;
-}
-
-static int returns_within(struct waiter *w, unsigned ms)
-{
-    for (unsigned i = 0; i < ms / 5 && !__atomic_load_n(&w->done, __ATOMIC_SEQ_CST); i++)
-        sleep_ms(5);
-    return __atomic_load_n(&w->done, __ATOMIC_SEQ_CST);
-}
-
-static void finish(struct waiter *w)
-{
-    pthread_join(w->t, NULL);
-    if (w->l)
-        dlock_release(w->l);
-    dlock_client_close(w->c);
-}
-
-static dlock_lock *take(dlock_client *c, const char *name, dlock_mode mode, uint32_t limit)
-{
-    dlock_lock *l = NULL;
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
-    o.mode = mode;
-    o.limit = limit;
-    if (dlock_acquire(c, name, &o, &l) != 0)
-        diag("acquire %s: %s", name, dlock_errmsg(c));
-    return l;
-}
-
-/* Events settle: what the clients' threads were doing is done. */
-#define SETTLE_MS 300
 
 /*
  * W1 holds; R1, R2 read behind it; W2 writes behind them; R3, R4 read
