@@ -72,6 +72,16 @@
  * holder's lease time left comes from a second call (lease TimeToLive).
  * Not known: the last token of a free name (its keys are gone).
  *
+ * Shared locks and semaphores (etcd_queue.c): the same queue, the kind
+ * in the key's name before the lease id ("r": a reader, "s<limit>-": a
+ * permit; today's exclusive key unchanged). A reader holds when no
+ * writer's key is before its own and watches the nearest one; a permit
+ * when fewer than its limit are before it: the first waiter watches the
+ * name's range for the deletion of a key before its own, later ones the
+ * key just before theirs for its deletion or the put of its grant. The
+ * token is the create revision in every mode. A name's oldest key sets
+ * its kind: a request of another is DLOCK_EMODE at once.
+ *
  * See docs/etcd.md for what this guarantees and where it is weaker.
  */
 #include <inttypes.h>
@@ -81,73 +91,22 @@
 #include <time.h>
 
 #include "config.h"
-#include "backends/etcd_http.h"
-#include "backends/etcd_json.h"
-#include "backends/etcd_reply.h"
-#include "core/internal.h"
+#include "backends/etcd_int.h"
 
 #define DEFAULT_PORT 2379
 #define DEFAULT_PREFIX "/dlock"
 #define DEFAULT_CONNECT_MS 2000
 #define DEFAULT_TIMEOUT_MS 5000
-#define MS UINT64_C(1000000)
 /* The waiters' lease: a waiter's key lives on a short lease of its
  * client's, kept alive while it waits, so that a waiter that dies frees
  * its place within this long (etcd's minimum TTL is 2 s by default). */
 #define WAIT_TTL_S 3
 /* How far past its deadline a deadline wait's calls and cleanup may run. */
 #define DEADLINE_SLACK_MS 150
-#define RANGE_DESCEND "DESCEND"
 
 static const char *const etcd_schemes[] = {"etcd", NULL};
 static const char *const etcd_options[] = {"connect_timeout", "timeout", "tls", "cacert",
                                            "cert", "key", NULL};
-
-struct etcd_conn {
-    dlock_conn base;
-    struct etcd_site site;
-    struct etcd_http app;    /* the application's thread */
-    struct etcd_http keeper; /* the keeper's thread */
-    CURL *watch;             /* the application's watch stream */
-    CURLM *multi;
-    int64_t wait_lease;      /* the waiters' short lease (0: none yet) */
-    uint64_t wait_kept;      /* when it was last granted or kept alive */
-    int64_t stale_lease;     /* a waiters' lease given up with a key maybe left on it */
-    int lost_place;          /* this wait's key is gone (set by place_lost) */
-    uint64_t cap;            /* during a deadline wait: no call past this (0: none) */
-    char *prefix;
-    char where[512];
-};
-
-struct etcd_held {
-    dlock_held base;
-    char *key;       /* <prefix>/<escaped name>/<lease id, 16 hex digits> */
-    size_t klen;
-    size_t dir;      /* the name's key prefix: key[0, dir) ends with '/' */
-    int64_t lease;
-    int64_t ttl_s;   /* the lease's TTL as asked */
-    uint32_t ttl_ms;
-    uint64_t end_ns; /* the client's lease end */
-    int waiting;     /* the key is on the waiters' lease */
-    int queued;      /* a wait: the key may be on the waiters' lease */
-};
-
-static dlock_client *cl(struct etcd_conn *ec)
-{
-    return ec->base.client;
-}
-
-static int oom(struct etcd_conn *ec)
-{
-    return dlock_seterr(cl(ec), DLOCK_ENOMEM, "out of memory");
-}
-
-/* A call's bound: `timeout`, or less within a deadline wait (cap). */
-static uint64_t call_until(struct etcd_conn *ec)
-{
-    uint64_t t = dlock_monotonic_ns() + ec->site.timeout_ms * MS;
-    return ec->cap && ec->cap < t ? ec->cap : t;
-}
 
 /* until, or the core's earlier bound for this call (dlock_call_deadline():
  * a keep's lease end, a lost lock's release). */
@@ -174,99 +133,7 @@ static void pause_ms(uint64_t ms, uint64_t until, int cancel_fd)
 
 /* ---- keys ---------------------------------------------------------------- */
 
-/* <prefix>/<name>/, with '%' and '/' in the name escaped (%25, %2F) so that
- * no name's keys start with another name's prefix. */
-static char *name_dir(struct etcd_conn *ec, const char *name, size_t len, size_t *dlen)
-{
-    size_t plen = strlen(ec->prefix), n = plen + 1 + 3 * len + 1 + 16 + 1;
-    char *d = malloc(n), *o;
-    if (!d)
-        return NULL;
-    memcpy(d, ec->prefix, plen);
-    o = d + plen;
-    *o++ = '/';
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)name[i];
-        if (c == '%' || c == '/') {
-            o += sprintf(o, "%%%02X", c);
-        } else {
-            *o++ = (char)c;
-        }
-    }
-    *o++ = '/';
-    *o = '\0';
-    *dlen = (size_t)(o - d);
-    return d;
-}
-
-/* The end of the range of keys starting with dir (its last byte + 1: dir
- * ends with '/', so no carry). */
-static json_object *range_end(const char *dir, size_t dlen)
-{
-    char *e = malloc(dlen);
-    if (!e)
-        return NULL;
-    memcpy(e, dir, dlen);
-    e[dlen - 1]++;
-    json_object *j = etcd_new_bytes(e, dlen);
-    free(e);
-    return j;
-}
-
-static json_object *range_req(const char *dir, size_t dlen, const char *order, int64_t limit,
-                              int64_t max_create)
-{
-    json_object *r = json_object_new_object();
-    if (!r)
-        return NULL;
-    json_object_object_add(r, "key", etcd_new_bytes(dir, dlen));
-    json_object_object_add(r, "range_end", range_end(dir, dlen));
-    json_object_object_add(r, "sort_target", json_object_new_string("CREATE"));
-    json_object_object_add(r, "sort_order", json_object_new_string(order));
-    if (limit)
-        json_object_object_add(r, "limit", etcd_new_int(limit));
-    if (max_create)
-        json_object_object_add(r, "max_create_revision", etcd_new_int(max_create));
-    return r;
-}
-
-static json_object *wrap(const char *what, json_object *op)
-{
-    json_object *o = json_object_new_object();
-    if (o)
-        json_object_object_add(o, what, op);
-    return o;
-}
-
-static json_object *kvs_of(json_object *range)
-{
-    json_object *k = etcd_get(range, "kvs");
-    return k && json_object_is_type(k, json_type_array) ? k : NULL;
-}
-
 /* ---- calls ----------------------------------------------------------------- */
-
-/* A call whose reply must carry no error: 0 with *root (the caller puts
- * it), else the error recorded. */
-static int call_ok(struct etcd_conn *ec, struct etcd_http *h, const char *path, json_object *req,
-                   uint64_t until, int late, const char *what, json_object **root)
-{
-    struct etcd_res r;
-    *root = NULL;
-    if (!req)
-        return oom(ec);
-    int err = etcd_call(&ec->site, h, path, req, until, late, &r);
-    json_object_put(req);
-    if (err)
-        return err;
-    if (r.code) {
-        err = etcd_error(&ec->site, &r, what);
-        json_object_put(r.root);
-        return err;
-    }
-    *root = r.root;
-    return 0;
-}
 
 static int lease_grant(struct etcd_conn *ec, struct etcd_http *h, int64_t ttl_s, uint64_t until,
                        int64_t *id)
@@ -274,7 +141,8 @@ static int lease_grant(struct etcd_conn *ec, struct etcd_http *h, int64_t ttl_s,
     json_object *req = json_object_new_object(), *root;
     if (req)
         json_object_object_add(req, "TTL", etcd_new_int(ttl_s));
-    int err = call_ok(ec, h, "/v3/lease/grant", req, until, DLOCK_ECONNECT, "lease grant", &root);
+    int err = etcd_call_ok(ec, h, "/v3/lease/grant", req, until, DLOCK_ECONNECT, "lease grant",
+                           &root);
     if (err)
         return err;
     int64_t got = etcd_int(root, "ID");
@@ -319,8 +187,8 @@ static int lease_keepalive(struct etcd_conn *ec, struct etcd_http *h, int64_t id
     json_object *req = json_object_new_object(), *root;
     if (req)
         json_object_object_add(req, "ID", etcd_new_int(id));
-    int err = call_ok(ec, h, "/v3/lease/keepalive", req, until, DLOCK_ECONNECT, "lease keep-alive",
-                      &root);
+    int err = etcd_call_ok(ec, h, "/v3/lease/keepalive", req, until, DLOCK_ECONNECT,
+                           "lease keep-alive", &root);
     if (err)
         return err;
     *ttl = etcd_int(etcd_get(root, "result"), "TTL");
@@ -363,15 +231,6 @@ static uint64_t keep_every_ms(const struct etcd_held *held)
     return ms / 3 ? ms / 3 : 1;
 }
 
-static int place_lost(struct etcd_conn *ec)
-{
-    ec->lost_place = 1;
-    return dlock_seterr(cl(ec), DLOCK_ECONNECT,
-                        "etcd %s: the waiter's lease ran out (the store was out of reach or the"
-                        " client paused longer than its TTL): its place in the queue is gone",
-                        ec->where);
-}
-
 /* Keeps the waiters' lease and the lock's own alive. */
 static int keep_during_wait(struct etcd_conn *ec, struct wait *wt)
 {
@@ -381,14 +240,14 @@ static int keep_during_wait(struct etcd_conn *ec, struct wait *wt)
     if (wt->held->waiting) {
         err = lease_keepalive(ec, &ec->app, ec->wait_lease, call_until(ec), &ttl);
         if (err == DLOCK_ELOST)
-            return place_lost(ec);
+            return etcd_place_lost(ec);
         if (err)
             return err;
         ec->wait_kept = sent;
     }
     err = lease_keepalive(ec, &ec->app, wt->held->lease, call_until(ec), &ttl);
     if (err == DLOCK_ELOST)
-        return place_lost(ec);
+        return etcd_place_lost(ec);
     if (err)
         return err;
     wt->lease_from = sent;
@@ -396,18 +255,28 @@ static int keep_during_wait(struct etcd_conn *ec, struct wait *wt)
     return 0;
 }
 
-/* Whether key still exists (a count-only read). */
-static int key_exists(struct etcd_conn *ec, const char *key, size_t klen, int *exists)
+/* Whether what a wait watches went before its watch started: the key is
+ * gone (or, with since, was written after since); WATCH_AHEAD: fewer
+ * keys than the limit are before ours. */
+static int looked_again(struct etcd_conn *ec, struct etcd_held *held, const char *key,
+                        size_t klen, int *gone)
 {
-    json_object *req = json_object_new_object(), *root;
-    if (req) {
-        json_object_object_add(req, "key", etcd_new_bytes(key, klen));
-        json_object_object_add(req, "count_only", json_object_new_boolean(1));
+    if (held->how == WATCH_AHEAD) {
+        int64_t n = 0;
+        int err = etcd_count_before(ec, held, &n);
+        *gone = err == 0 && n < (int64_t)held->limit;
+        return err;
     }
-    int err = call_ok(ec, &ec->app, "/v3/kv/range", req, call_until(ec), DLOCK_ECONNECT,
-                      "reading the key before ours", &root);
+    json_object *req = json_object_new_object(), *root;
+    if (req)
+        json_object_object_add(req, "key", etcd_new_bytes(key, klen));
+    int err = etcd_call_ok(ec, &ec->app, "/v3/kv/range", req, call_until(ec), DLOCK_ECONNECT,
+                           "reading the key before ours", &root);
     if (err == 0) {
-        *exists = etcd_int(root, "count") > 0;
+        json_object *kvs = etcd_kvs_of(root);
+        json_object *kv = kvs && json_object_array_length(kvs) ? json_object_array_get_idx(kvs, 0)
+                                                               : NULL;
+        *gone = !kv || (held->how == WATCH_CHANGE && etcd_int(kv, "mod_revision") > held->since);
         json_object_put(root);
     }
     return err;
@@ -429,18 +298,31 @@ static int key_exists(struct etcd_conn *ec, const char *key, size_t klen, int *e
  */
 static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, size_t klen)
 {
+    struct etcd_held *held = wt->held;
     struct etcd_stream w = {0};
     struct curl_slist *hdr = NULL;
-    json_object *cr = json_object_new_object(), *req = wrap("create_request", cr), *filters;
+    json_object *cr = json_object_new_object(), *req = etcd_wrap("create_request", cr);
+    json_object *filters = NULL;
     int err = 0;
     if (!cr || !req) {
         json_object_put(req ? req : cr);
         return oom(ec);
     }
-    json_object_object_add(cr, "key", etcd_new_bytes(key, klen));
-    if ((filters = json_object_new_array()) != NULL)
+    if (held->how == WATCH_AHEAD) {
+        /* Every deletion of the name's keys, told with the key's create
+         * revision: one of a key before ours admits us. */
+        json_object_object_add(cr, "key", etcd_new_bytes(held->key, held->dir));
+        json_object_object_add(cr, "range_end", etcd_range_end(held->key, held->dir));
+        json_object_object_add(cr, "prev_kv", json_object_new_boolean(1));
+        w.before = (int64_t)held->base.token;
+    } else {
+        json_object_object_add(cr, "key", etcd_new_bytes(key, klen));
+    }
+    w.any = held->how == WATCH_CHANGE;
+    if (!w.any && (filters = json_object_new_array()) != NULL)
         json_object_array_add(filters, json_object_new_string("NOPUT"));
-    json_object_object_add(cr, "filters", filters); /* NULL: a null, never sent */
+    if (!w.any)
+        json_object_object_add(cr, "filters", filters); /* NULL: a null, never sent */
     pthread_mutex_lock(&ec->site.mu);
     size_t ep = ec->site.cur;
     pthread_mutex_unlock(&ec->site.mu);
@@ -467,14 +349,16 @@ static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, 
     for (int checked = 0;;) {
         int running = 0;
         curl_multi_perform(ec->multi, &running);
-        if (w.done == 1)
+        if (w.done == 1) {
+            __atomic_add_fetch(&ec->watch_events, 1, __ATOMIC_RELAXED);
             break;
+        }
         if (w.created && !checked && !w.done) {
-            int exists = 1;
+            int gone = 0;
             checked = 1;
-            if ((err = key_exists(ec, key, klen, &exists)) != 0)
+            if ((err = looked_again(ec, held, key, klen, &gone)) != 0)
                 break;
-            if (!exists)
+            if (gone)
                 break; /* gone before the watch started: err 0 */
         }
         if (w.done || !running) {
@@ -517,30 +401,12 @@ out:
     return err;
 }
 
+uint64_t dlock_etcd_watch_events(dlock_client *c)
+{
+    return __atomic_load_n(&((struct etcd_conn *)c->conn)->watch_events, __ATOMIC_RELAXED);
+}
+
 /* ---- acquire ---------------------------------------------------------------- */
-
-static json_object *create_cmp(const char *key, size_t klen, const char *result, int64_t rev)
-{
-    json_object *c = json_object_new_object();
-    if (!c)
-        return NULL;
-    json_object_object_add(c, "key", etcd_new_bytes(key, klen));
-    json_object_object_add(c, "target", json_object_new_string("CREATE"));
-    json_object_object_add(c, "result", json_object_new_string(result));
-    json_object_object_add(c, "create_revision", etcd_new_int(rev));
-    return c;
-}
-
-static json_object *put_lease(const char *key, size_t klen, int64_t lease)
-{
-    json_object *put = json_object_new_object();
-    if (!put)
-        return NULL;
-    json_object_object_add(put, "key", etcd_new_bytes(key, klen));
-    json_object_object_add(put, "ignore_value", json_object_new_boolean(1));
-    json_object_object_add(put, "lease", etcd_new_int(lease));
-    return wrap("request_put", put);
-}
 
 /*
  * The grant, in one transaction: if every key of the name was created at
@@ -555,42 +421,31 @@ static int claim(struct etcd_conn *ec, struct etcd_held *held, struct etcd_kv *p
     json_object *req = json_object_new_object(), *cmps = json_object_new_array();
     json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *root;
     json_object *own = json_object_new_object();
-    json_object *first = create_cmp(held->key, held->dir, "GREATER", (int64_t)held->base.token - 1);
+    json_object *first = etcd_create_cmp(held->key, held->dir, "GREATER",
+                                         (int64_t)held->base.token - 1);
     if (!req || !cmps || !ok || !ko || !first || !own) {
         json_object_put(req), json_object_put(cmps), json_object_put(ok);
         json_object_put(ko), json_object_put(first), json_object_put(own);
         return oom(ec);
     }
-    json_object_object_add(first, "range_end", range_end(held->key, held->dir));
+    json_object_object_add(first, "range_end", etcd_range_end(held->key, held->dir));
     json_object_array_add(cmps, first);
-    json_object_array_add(cmps, create_cmp(held->key, held->klen, "EQUAL", (int64_t)held->base.token));
-    json_object_array_add(ok, put_lease(held->key, held->klen, held->lease));
+    json_object_array_add(cmps, etcd_create_cmp(held->key, held->klen, "EQUAL",
+                                                (int64_t)held->base.token));
+    json_object_array_add(ok, etcd_put_lease(held->key, held->klen, held->lease));
     json_object_object_add(own, "key", etcd_new_bytes(held->key, held->klen));
     json_object_object_add(own, "count_only", json_object_new_boolean(1));
-    json_object_array_add(ko, wrap("request_range", own));
-    json_object_array_add(ko, wrap("request_range", range_req(held->key, held->dir, RANGE_DESCEND,
-                                                               1, (int64_t)held->base.token - 1)));
+    json_object_array_add(ko, etcd_wrap("request_range", own));
+    json_object_array_add(ko, etcd_wrap("request_range",
+                                        etcd_range_req(held->key, held->dir, RANGE_DESCEND, 1,
+                                                       (int64_t)held->base.token - 1)));
     json_object_object_add(req, "compare", cmps);
     json_object_object_add(req, "success", ok);
     json_object_object_add(req, "failure", ko);
-    struct etcd_res r;
-    int err = etcd_call(&ec->site, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT, &r);
-    json_object_put(req);
     memset(pred, 0, sizeof *pred);
+    int err = etcd_txn(ec, req, "reading the queue", 2, &root);
     if (err)
-        return err;
-    if (r.code == ETCD_NOT_FOUND) {
-        /* The lock's lease expired while the store was out of reach: a
-         * new one, and again. */
-        json_object_put(r.root);
-        return 2;
-    }
-    if (r.code) {
-        err = etcd_error(&ec->site, &r, "reading the queue");
-        json_object_put(r.root);
-        return err;
-    }
-    root = r.root;
+        return err; /* 2: the lock's lease expired while the store was out of reach */
     *rev = etcd_int(etcd_get(root, "header"), "revision");
     if (json_object_get_boolean(etcd_get(root, "succeeded"))) {
         held->waiting = 0;
@@ -604,12 +459,12 @@ static int claim(struct etcd_conn *ec, struct etcd_held *held, struct etcd_kv *p
         err = dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: reading the queue: a reply without"
                            " its two ranges", ec->where);
     } else if (etcd_int(mine, "count") == 0) {
-        err = place_lost(ec);
-    } else if (!kvs_of(before) || json_object_array_length(kvs_of(before)) == 0) {
+        err = etcd_place_lost(ec);
+    } else if (!etcd_kvs_of(before) || json_object_array_length(etcd_kvs_of(before)) == 0) {
         /* Nobody before us, yet the compare failed: a key created in
          * between went. Read again. */
         err = 1;
-    } else if (etcd_kv_read(json_object_array_get_idx(kvs_of(before), 0), pred) != 0) {
+    } else if (etcd_kv_read(json_object_array_get_idx(etcd_kvs_of(before), 0), pred) != 0) {
         err = dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: reading the queue: a bad key",
                            ec->where);
     }
@@ -653,9 +508,10 @@ static int wait_lease(struct etcd_conn *ec)
  * Our key, in one transaction. If the name has no key at all (a compare
  * over its range: every key's create revision is 0 only when there is
  * none), ours is created on the lock's own lease: held, in one round trip.
- * Otherwise a try creates nothing and reads the newest key (busy), and a
+ * Otherwise a try creates nothing and reads the oldest key (busy), and a
  * wait creates ours on the waiters' lease and reads the name's two newest
- * keys: ours and the one before it, which it watches. Both puts ask for
+ * keys (ours and the one before it, which it watches) and the oldest (its
+ * kind: DLOCK_EMODE when a semaphore's). Both puts ask for
  * the key's previous version: a repeat after a lost reply finds our key
  * there, and reads the queue again instead (claim). A key's create
  * revision is the revision of the transaction that made it: the token.
@@ -663,63 +519,30 @@ static int wait_lease(struct etcd_conn *ec)
 static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_request *req,
                       int try, struct etcd_kv *pred, int64_t *rev)
 {
-    json_object *txn = json_object_new_object(), *cmps = json_object_new_array();
+    if (held->kind != ETCD_WRITER)
+        return etcd_create_mode_key(ec, held, req, try, pred);
     json_object *ok = json_object_new_array(), *ko = json_object_new_array(), *root;
-    json_object *empty = create_cmp(held->key, held->dir, "EQUAL", 0);
-    if (!txn || !cmps || !ok || !ko || !empty) {
-        json_object_put(txn), json_object_put(cmps), json_object_put(ok);
-        json_object_put(ko), json_object_put(empty);
-        return oom(ec);
-    }
-    json_object_object_add(empty, "range_end", range_end(held->key, held->dir));
-    json_object_array_add(cmps, empty);
-    for (int branch = 0; branch < 2; branch++) {
-        if (branch == 1 && try) {
-            json_object_array_add(ko, wrap("request_range", range_req(held->key, held->dir,
-                                                                       "ASCEND", 1, 0)));
-            break;
-        }
-        json_object *put = json_object_new_object();
-        if (!put) {
-            json_object_put(txn), json_object_put(cmps), json_object_put(ok), json_object_put(ko);
-            return oom(ec);
-        }
-        json_object_object_add(put, "key", etcd_new_bytes(held->key, held->klen));
-        json_object_object_add(put, "value", etcd_new_bytes(req->owner_hex, 32));
-        json_object_object_add(put, "lease", etcd_new_int(branch ? ec->wait_lease : held->lease));
-        json_object_object_add(put, "prev_kv", json_object_new_boolean(1));
-        json_object_array_add(branch ? ko : ok, wrap("request_put", put));
-        if (branch)
-            json_object_array_add(ko, wrap("request_range", range_req(held->key, held->dir,
-                                                                       RANGE_DESCEND, 2, 0)));
-    }
-    json_object_object_add(txn, "compare", cmps);
-    json_object_object_add(txn, "success", ok);
-    json_object_object_add(txn, "failure", ko);
-    struct etcd_res r;
-    int err = etcd_call(&ec->site, &ec->app, "/v3/kv/txn", txn, call_until(ec), DLOCK_ECONNECT, &r);
-    json_object_put(txn);
+    if (ok)
+        json_object_array_add(ok, etcd_put_key(held, req->owner_hex, held->lease));
+    if (ko && !try)
+        json_object_array_add(ko, etcd_put_key(held, req->owner_hex, ec->wait_lease));
+    if (ko && !try)
+        json_object_array_add(ko, etcd_wrap("request_range", etcd_range_req(held->key, held->dir,
+                                                                            RANGE_DESCEND, 2, 0)));
+    /* the oldest key (a try's busy reply; a wait's kind check) */
+    if (ko)
+        json_object_array_add(ko, etcd_wrap("request_range", etcd_range_req(held->key, held->dir,
+                                                                            "ASCEND", 1, 0)));
+    int err = etcd_create_txn(ec, held, ok, ko, try, &root);
     if (err)
         return err;
-    if (r.code == ETCD_NOT_FOUND && !try) {
-        /* The waiters' lease had expired: a new one, and again. */
-        json_object_put(r.root);
-        ec->wait_lease = 0;
-        return 1;
-    }
-    if (r.code) {
-        err = etcd_error(&ec->site, &r, "creating the lock key");
-        json_object_put(r.root);
-        return err;
-    }
-    root = r.root;
     json_object *rs = etcd_get(root, "responses");
     int succeeded = json_object_get_boolean(etcd_get(root, "succeeded"));
     json_object *put = !succeeded && try ? NULL
                        : etcd_get(json_object_array_get_idx(rs, 0), "response_put");
     json_object *range = !succeeded ? etcd_get(json_object_array_get_idx(rs, try ? 0 : 1),
                                                "response_range") : NULL;
-    json_object *kvs = kvs_of(range);
+    json_object *kvs = etcd_kvs_of(range);
     memset(pred, 0, sizeof *pred);
     *rev = etcd_int(etcd_get(root, "header"), "revision");
     held->waiting = !succeeded && !try;
@@ -727,6 +550,12 @@ static int create_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_
         json_object_put(root);
         return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: creating the lock key: a reply"
                             " without its parts", ec->where);
+    }
+    if (!succeeded && !try &&
+        (err = etcd_kind_check_range(ec, held, req, etcd_get(json_object_array_get_idx(rs, 2),
+                                                             "response_range"))) != 0) {
+        json_object_put(root);
+        return err;
     }
     if (put && etcd_get(put, "prev_kv")) {
         /* A repeat after a lost reply found our key: read what is before it. */
@@ -797,14 +626,14 @@ static void give_up(struct etcd_conn *ec, struct etcd_held *held)
         json_object *ok = json_object_new_array(), *del = json_object_new_object(), *root;
         if (req && cmps && ok && del) {
             if (held->base.token)
-                json_object_array_add(cmps, create_cmp(held->key, held->klen, "EQUAL",
-                                                       (int64_t)held->base.token));
+                json_object_array_add(cmps, etcd_create_cmp(held->key, held->klen, "EQUAL",
+                                                            (int64_t)held->base.token));
             json_object_object_add(del, "key", etcd_new_bytes(held->key, held->klen));
-            json_object_array_add(ok, wrap("request_delete_range", del));
+            json_object_array_add(ok, etcd_wrap("request_delete_range", del));
             json_object_object_add(req, "compare", cmps);
             json_object_object_add(req, "success", ok);
-            if (call_ok(ec, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT,
-                        "leaving the queue", &root) == 0) {
+            if (etcd_call_ok(ec, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT,
+                             "leaving the queue", &root) == 0) {
                 json_object_put(root);
                 deleted = 1;
             }
@@ -854,7 +683,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         return oom(ec);
     held->ttl_ms = req->ttl_ms;
     held->ttl_s = ttl_seconds(req->ttl_ms);
-    if (!(held->key = name_dir(ec, req->name, req->name_len, &held->dir))) {
+    if (!(held->key = etcd_name_dir(ec, req->name, req->name_len, &held->dir))) {
         free(held);
         return oom(ec);
     }
@@ -876,7 +705,15 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         held_free(held);
         return err;
     }
-    held->klen = held->dir + (size_t)sprintf(held->key + held->dir, "%016" PRIx64,
+    held->kind = req->limit ? ETCD_PERMIT
+                 : req->mode == DLOCK_MODE_SHARED ? ETCD_READER : ETCD_WRITER;
+    held->limit = req->limit;
+    char tag[16] = "";
+    if (held->kind == ETCD_READER)
+        snprintf(tag, sizeof tag, "r");
+    else if (held->kind == ETCD_PERMIT)
+        snprintf(tag, sizeof tag, "s%u-", (unsigned)req->limit);
+    held->klen = held->dir + (size_t)sprintf(held->key + held->dir, "%s%016" PRIx64, tag,
                                              (uint64_t)held->lease);
     int try = req->wait == DLOCK_WAIT_TRY;
     held->queued = !try;
@@ -886,14 +723,15 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         if ((err = create_key(ec, held, req, try, &pred, &rev)) != 1)
             break;
         if (tries) {
-            err = place_lost(ec);
+            err = etcd_place_lost(ec);
             goto fail;
         }
     }
     if (err)
         goto fail;
     if (pred.key && try) {
-        err = dlock_seterr(cl(ec), DLOCK_EBUSY, "the lock is held by another owner");
+        if (held->kind != ETCD_WRITER || (err = etcd_kind_check(ec, held, req, &pred)) == 0)
+            err = dlock_seterr(cl(ec), DLOCK_EBUSY, "the lock is held by another owner");
         goto fail;
     }
     /* The first keep-alives: the lock's lease a third of its TTL after
@@ -901,7 +739,10 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     wt.next_keep = wt.lease_from + keep_every_ms(held) * MS;
     if (ec->wait_kept + WAIT_TTL_S * 1000 / 3 * MS < wt.next_keep)
         wt.next_keep = ec->wait_kept + WAIT_TTL_S * 1000 / 3 * MS;
-    for (int quick = 0, granted = !pred.key; !granted;) {
+    /* A reader or permit admitted with its key still on the waiters'
+     * lease, or told by its WATCH_AHEAD watch: moved (grant_mode). */
+    int admitted = !pred.key;
+    for (int quick = 0, granted = !pred.key && !held->waiting; !granted;) {
         if (dlock_request_cancelled(req)) {
             err = dlock_cancelled(cl(ec));
             goto fail;
@@ -924,11 +765,20 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
                 goto fail;
             /* A watch that keeps ending at once (a member refusing it):
              * not more than one start every 100 ms. */
+            admitted = err == 0 && held->how == WATCH_AHEAD;
             quick = err == 1 && dlock_monotonic_ns() - started < 100 * MS ? quick + 1 : 0;
             if (quick > 2)
                 wait_pause(&wt, 100);
         }
-        err = claim(ec, held, &pred, &rev);
+        if (held->kind == ETCD_WRITER) {
+            err = claim(ec, held, &pred, &rev);
+        } else {
+            if (!admitted)
+                err = etcd_claim_mode(ec, held, &pred);
+            if (admitted || (err == 0 && !pred.key))
+                err = etcd_grant_mode(ec, held);
+            admitted = 0;
+        }
         if (err == 2) {
             /* The lock's lease ran out during an outage: a new one. */
             wt.lease_from = dlock_monotonic_ns();
@@ -1004,11 +854,11 @@ static int check_key(struct etcd_conn *ec, struct etcd_http *h, struct etcd_held
     json_object *req = json_object_new_object(), *root;
     if (req)
         json_object_object_add(req, "key", etcd_new_bytes(held->key, held->klen));
-    int err = call_ok(ec, h, "/v3/kv/range", req, until, DLOCK_ECONNECT, "reading the lock key",
-                      &root);
+    int err = etcd_call_ok(ec, h, "/v3/kv/range", req, until, DLOCK_ECONNECT,
+                           "reading the lock key", &root);
     if (err)
         return err;
-    json_object *kvs = kvs_of(root);
+    json_object *kvs = etcd_kvs_of(root);
     json_object *kv = kvs && json_object_array_length(kvs) > 0 ? json_object_array_get_idx(kvs, 0)
                                                                : NULL;
     int64_t create = etcd_int(kv, "create_revision"), lease = etcd_int(kv, "lease");
@@ -1047,12 +897,12 @@ static int move_lease(struct etcd_conn *ec, struct etcd_http *h, struct etcd_hel
     json_object_object_add(put, "key", etcd_new_bytes(held->key, held->klen));
     json_object_object_add(put, "ignore_value", json_object_new_boolean(1));
     json_object_object_add(put, "lease", etcd_new_int(id));
-    json_object_array_add(ok, wrap("request_put", put));
+    json_object_array_add(ok, etcd_wrap("request_put", put));
     json_object_object_add(txn, "compare", cmps);
     json_object_object_add(txn, "success", ok);
     dlock_errsave save;
-    if ((err = call_ok(ec, h, "/v3/kv/txn", txn, until, DLOCK_ECONNECT, "moving the lease",
-                       &root)) != 0) {
+    if ((err = etcd_call_ok(ec, h, "/v3/kv/txn", txn, until, DLOCK_ECONNECT, "moving the lease",
+                            &root)) != 0) {
         /* The move may have happened: the new lease goes, and with it the
          * key if it moved (the next check then says lost: safe). */
         dlock_err_save(cl(ec), &save);
@@ -1129,8 +979,8 @@ static int etcd_ping(dlock_conn *conn)
 {
     struct etcd_conn *ec = (struct etcd_conn *)conn;
     json_object *root;
-    int err = call_ok(ec, &ec->app, "/v3/maintenance/status", json_object_new_object(),
-                      call_until(ec), DLOCK_ECONNECT, "status", &root);
+    int err = etcd_call_ok(ec, &ec->app, "/v3/maintenance/status", json_object_new_object(),
+                           call_until(ec), DLOCK_ECONNECT, "status", &root);
     json_object_put(root);
     return err;
 }
@@ -1152,7 +1002,7 @@ static int call_revision(struct etcd_conn *ec, const char *path, json_object *re
                          const char *what, int64_t *rev)
 {
     json_object *root;
-    int err = call_ok(ec, &ec->app, path, req, until, DLOCK_ECONNECT, what, &root);
+    int err = etcd_call_ok(ec, &ec->app, path, req, until, DLOCK_ECONNECT, what, &root);
     if (err)
         return err;
     *rev = etcd_int(etcd_get(root, "header"), "revision");
@@ -1167,7 +1017,7 @@ static int current_revision(struct etcd_conn *ec, uint64_t until, int64_t *rev)
     char *dir = prefix_key(ec, "/");
     if (!dir)
         return oom(ec);
-    json_object *req = range_req(dir, strlen(dir), "NONE", 0, 0);
+    json_object *req = etcd_range_req(dir, strlen(dir), "NONE", 0, 0);
     free(dir);
     if (req) {
         json_object_object_del(req, "sort_target");
@@ -1241,60 +1091,6 @@ static int etcd_raise_token(dlock_conn *conn, dlock_held *h, uint64_t floor)
     struct etcd_held *held = (struct etcd_held *)h;
     int err = check_key(ec, &ec->app, held, call_until(ec));
     return err ? err : check_floor(ec, floor, "the token");
-}
-
-static int etcd_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
-{
-    struct etcd_conn *ec = (struct etcd_conn *)conn;
-    size_t dlen;
-    char *dir = name_dir(ec, name, len, &dlen);
-    json_object *root = NULL;
-    uint64_t until = call_until(ec);
-    if (!dir)
-        return oom(ec);
-    int err = call_ok(ec, &ec->app, "/v3/kv/range",
-                      range_req(dir, dlen, "ASCEND", DLOCK_INFO_LISTED + 1, 0), until,
-                      DLOCK_ECONNECT, "inspect", &root);
-    free(dir);
-    if (err)
-        return err;
-    json_object *kvs = kvs_of(root);
-    int64_t count = etcd_int(root, "count"), lease = 0;
-    info->known |= DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER;
-    info->held = count > 0;
-    info->waiters = count > 0 ? (uint64_t)(count - 1) : 0;
-    for (size_t i = 0; kvs && i < json_object_array_length(kvs); i++) {
-        struct etcd_kv kv;
-        if (etcd_kv_read(json_object_array_get_idx(kvs, i), &kv) != 0) {
-            json_object_put(root);
-            return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: inspect: a bad key", ec->where);
-        }
-        free(kv.key);
-        if (i == 0) {
-            info->token = (uint64_t)kv.create;
-            snprintf(info->owner, sizeof info->owner, "%s", kv.value);
-            info->known |= DLOCK_KNOWS_TOKEN | (kv.value[0] ? DLOCK_KNOWS_OWNER : 0);
-            lease = kv.lease;
-        } else if (info->listed < DLOCK_INFO_LISTED) {
-            snprintf(info->waiter[info->listed++], DLOCK_HOLDER_MAX, "%s", kv.value);
-        }
-    }
-    json_object_put(root);
-    if (lease) {
-        json_object *req = json_object_new_object();
-        if (req)
-            json_object_object_add(req, "ID", etcd_new_int(lease));
-        if ((err = call_ok(ec, &ec->app, "/v3/lease/timetolive", req, until, DLOCK_ECONNECT,
-                           "inspect: lease time to live", &root)) != 0)
-            return err;
-        int64_t ttl = etcd_int(root, "TTL");
-        json_object_put(root);
-        if (ttl > 0) {
-            info->lease_ms = (uint64_t)ttl * 1000;
-            info->known |= DLOCK_KNOWS_LEASE;
-        }
-    }
-    return 0;
 }
 
 /* ---- open and close ------------------------------------------------------ */
@@ -1437,7 +1233,8 @@ const dlock_backend dlock_etcd_backend = {
     .schemes = etcd_schemes,
     /* No HOLDER_DEATH: a dead holder's lock goes when its lease runs out. */
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
-            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_CANCEL,
+            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED |
+            DLOCK_CAP_SEMAPHORE,
     .options = etcd_options,
     .open = etcd_open,
     .close = etcd_close,
@@ -1450,4 +1247,5 @@ const dlock_backend dlock_etcd_backend = {
     .token_top = etcd_token_top,
     .raise_floor = etcd_raise_floor,
     .inspect = etcd_inspect,
+    .inspect_holders = etcd_inspect_holders,
 };

@@ -26,6 +26,7 @@ int etcd_kv_read(json_object *o, struct etcd_kv *kv)
     kv->key[len] = '\0';
     kv->klen = len;
     kv->create = etcd_int(o, "create_revision");
+    kv->mod = etcd_int(o, "mod_revision");
     kv->lease = etcd_int(o, "lease");
     vlen = sizeof kv->value - 1;
     json_object *v = etcd_get(o, "value");
@@ -34,6 +35,38 @@ int etcd_kv_read(json_object *o, struct etcd_kv *kv)
     else
         kv->value[0] = '\0';
     return 0;
+}
+
+enum etcd_kind etcd_key_kind(const char *tail, size_t len, uint32_t *limit)
+{
+    *limit = 0;
+    if (len > 0 && tail[0] == 'r')
+        return ETCD_READER;
+    if (len < 3 || tail[0] != 's')
+        return ETCD_WRITER;
+    uint32_t n = 0;
+    size_t i = 1;
+    for (; i < len && i < 7 && tail[i] >= '0' && tail[i] <= '9'; i++)
+        n = n * 10 + (uint32_t)(tail[i] - '0');
+    if (i == 1 || i >= len || tail[i] != '-' || n == 0 || n > DLOCK_LIMIT_MAX)
+        return ETCD_WRITER;
+    *limit = n;
+    return ETCD_PERMIT;
+}
+
+/* Whether a watch event counts (struct etcd_stream: any, before). */
+static int event_counts(const struct etcd_stream *w, json_object *e)
+{
+    json_object *t = etcd_get(e, "type");
+    int del = t && json_object_is_type(t, json_type_string) &&
+              strcmp(json_object_get_string(t), "DELETE") == 0;
+    if (w->any)
+        return 1;
+    if (!del)
+        return 0;
+    json_object *prev = etcd_get(e, "prev_kv");
+    /* Without its previous key (compacted), it may be one before ours. */
+    return !w->before || !prev || etcd_int(prev, "create_revision") < w->before;
 }
 
 static void stream_line(struct etcd_stream *w, const char *line)
@@ -51,12 +84,9 @@ static void stream_line(struct etcd_stream *w, const char *line)
                  text && text[0] ? text : e ? "an error without a message" : "an unreadable reply");
         w->done = 2;
     } else if ((ev = etcd_get(res, "events")) && json_object_is_type(ev, json_type_array)) {
-        for (size_t i = 0; i < json_object_array_length(ev); i++) {
-            json_object *t = etcd_get(json_object_array_get_idx(ev, i), "type");
-            if (t && json_object_is_type(t, json_type_string) &&
-                strcmp(json_object_get_string(t), "DELETE") == 0)
+        for (size_t i = 0; i < json_object_array_length(ev); i++)
+            if (event_counts(w, json_object_array_get_idx(ev, i)))
                 w->done = 1;
-        }
     } else if (etcd_get(res, "canceled") && json_object_get_boolean(etcd_get(res, "canceled"))) {
         w->compact = etcd_int(res, "compact_revision");
         snprintf(w->why, sizeof w->why, "the watch was cancelled%s",

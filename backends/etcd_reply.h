@@ -17,13 +17,21 @@
 struct etcd_kv {
     char *key;      /* its bytes, NUL-terminated (the caller frees it) */
     size_t klen;
-    int64_t create, lease;
+    int64_t create, mod, lease;
     char value[DLOCK_HOLDER_MAX]; /* the value, cut to fit; "" when none */
 };
 
 /* Reads one element of a range reply's "kvs": 0, or -1 (not a key, or no
  * memory) with nothing to free. */
 int etcd_kv_read(json_object *o, struct etcd_kv *kv);
+
+/* The kind of a name's key, from its tail (what follows the name's
+ * "<prefix>/<name>/"): today's exclusive layout (the lock's lease id in 16
+ * hex digits), a reader ("r" and the lease id) or a permit of a semaphore
+ * ("s<limit>-" and the lease id, *limit set). Anything else is a writer:
+ * it excludes everybody, as an older release's client would take it. */
+enum etcd_kind { ETCD_WRITER, ETCD_READER, ETCD_PERMIT };
+enum etcd_kind etcd_key_kind(const char *tail, size_t len, uint32_t *limit);
 
 /* Appends len bytes to the growing, NUL-terminated buffer *buf (*len
  * used, *cap allocated): 0, or -1 with nothing changed when out of memory. */
@@ -33,7 +41,10 @@ int etcd_append(char **buf, size_t *len, size_t *cap, const char *data, size_t n
 struct etcd_stream {
     char *buf;
     size_t len, cap;
-    int done;        /* 1: a DELETE event came; 2: the watch ended (read again) */
+    int done;        /* 1: an event that counts came; 2: the watch ended (read again) */
+    int any;         /* set by the caller: every event counts (else a DELETE only) */
+    int64_t before;  /* set by the caller: a DELETE counts only if its key's create
+                      * revision (the event's prev_kv) is below this (0: every one) */
     int created;     /* the server confirmed the watch */
     int64_t compact; /* cancelled: the revision compacted past (0: not that) */
     char why[256];   /* why it ended */

@@ -53,6 +53,24 @@
  * first line). After dlock_lock_raise_token() the first line holds the
  * raised value, which inspect does not take for a grant (on a list of
  * stores, the file's own grant is reported, not the list's token).
+ *
+ * Shared locks and semaphores (docs/file.md): readers and permits hold the
+ * lock file whole with a read lock (so a writer, and a client of the
+ * previous release, excludes them and is excluded), and a side file
+ * ".<lock file>.modes" whose high bytes are locks: a gate (a write lock
+ * taken before the lock file and kept by a waiter until its grant: a
+ * writer waiting for readers holds back the readers behind it, which the
+ * kernel alone would not), a token byte (a grant or raise that shares the
+ * lock file rewrites the token under it), one mark per kind (read-locked
+ * by every request of a read-write lock, or of a semaphore of N, waiting
+ * or holding: another kind's mark is DLOCK_EMODE at once), and a slot per
+ * holder (a permit takes one of N; a reader any), whose record (token,
+ * owner, mode, limit) inspect_holders lists while the slot is held. A
+ * permit's waiter, holding the gate, looks at the slots again on every
+ * close of the side file (inotify: a release closes it) and at least
+ * every 50 ms. An exclusive request that finds the lock file free takes it
+ * alone, as before. All of it is the holder's open file descriptions: a
+ * dead holder's locks go at once.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -70,23 +88,15 @@
 
 #include "config.h"
 #include "backends/file.h"
-#include "core/internal.h"
+#include "backends/file_int.h"
 #include "core/sha256.h"
 
 /* Encoded names longer than this are shortened with a hash. */
 #define ENCODED_KEEP 120
-#define TOKEN_DIGITS 20
 /* The directory's token floor: a leading '.' never starts an encoded name. */
 #define FLOOR_FILE ".dlock-floor"
 #define FLOOR_NEW ".dlock-floor.new"
 #define FLOOR_WRITER ".dlock-floor-writer"
-
-struct file_conn {
-    dlock_conn base;
-    int dirfd;
-    int fsync;
-    char *dir;
-};
 
 struct file_held {
     dlock_held base;
@@ -96,6 +106,10 @@ struct file_held {
      * kept (a client may hold 100 000 locks). */
     const char *name;
     size_t name_len;
+    /* A reader or a permit: the side file (its mark and its slot), the
+     * slot; else -1. */
+    int side;
+    off_t slot;
 };
 
 static const char *const file_schemes[] = {"file", NULL};
@@ -207,6 +221,8 @@ static int file_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     }
     fc->fsync = fsync_tokens;
+    fc->ifd = -1;
+    pthread_mutex_init(&fc->mu, NULL);
     fc->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fc->dirfd < 0) {
         int e = errno;
@@ -223,6 +239,9 @@ static void file_close(dlock_conn *conn)
 {
     struct file_conn *fc = (struct file_conn *)conn;
     close(fc->dirfd);
+    if (fc->ifd >= 0)
+        close(fc->ifd);
+    pthread_mutex_destroy(&fc->mu);
     free(fc->dir);
     free(fc);
 }
@@ -253,7 +272,6 @@ static void *waiter_main(void *arg)
      * frame's redzones, which it would then report at the thread's exit. */
     struct waiter *w = arg;
     int r;
-    whole_file(&w->fl);
     do
         r = fcntl(w->fd, F_OFD_SETLKW, &w->fl);
     while (r < 0 && errno == EINTR);
@@ -274,9 +292,10 @@ static void *waiter_main(void *arg)
  * deadline), or an errno-derived failure in
  * *sys_errno (with DLOCK_EIO). On timeout or cancel the caller must close
  * fd: that drops a lock granted in the instant the thread was cancelled. */
-static int wait_until(int fd, uint64_t deadline_ns, int cancel_fd, int *sys_errno)
+static int wait_until(int fd, const struct flock *fl, uint64_t deadline_ns, int cancel_fd,
+                      int *sys_errno)
 {
-    struct waiter w = {.fd = fd};
+    struct waiter w = {.fd = fd, .fl = *fl};
     pthread_t th;
     int done, err, r, cancelled = 0, perr = 0, interrupted = 0;
 
@@ -327,11 +346,12 @@ static int wait_until(int fd, uint64_t deadline_ns, int cancel_fd, int *sys_errn
     return err ? DLOCK_EIO : 0;
 }
 
-static int lock_fd(dlock_client *c, int fd, const dlock_request *req)
+/* Takes the lock fl describes on fd (the lock file whole, or a byte of the
+ * side file), waiting as req says. */
+static int lock_fd(dlock_client *c, int fd, const dlock_request *req, struct flock *want)
 {
-    struct flock fl;
+    struct flock fl = *want;
     int e = 0, rc;
-    whole_file(&fl);
     if (fcntl(fd, F_OFD_SETLK, &fl) == 0)
         return 0;
     if (errno != EAGAIN && errno != EACCES) {
@@ -352,7 +372,7 @@ static int lock_fd(dlock_client *c, int fd, const dlock_request *req)
         goto syserr;
     case DLOCK_WAIT_DEADLINE:
     helper:
-        rc = wait_until(fd, req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : UINT64_MAX,
+        rc = wait_until(fd, want, req->wait == DLOCK_WAIT_DEADLINE ? req->deadline_ns : UINT64_MAX,
                         req->cancel_fd, &e);
         if (rc == DLOCK_ECANCELED)
             return dlock_cancelled(c);
@@ -502,45 +522,116 @@ static int bump_token(struct file_conn *fc, int fd, const dlock_request *req,
     return 0;
 }
 
+static int open_lock_file(struct file_conn *fc, const char *fname)
+{
+    int fd = openat(fc->dirfd, fname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        dlock_seterr(fc->base.client, DLOCK_EIO, "cannot open lock file in '%.150s': %s", fc->dir,
+                     strerror(errno));
+    return fd;
+}
+
+/*
+ * An exclusive request first tries the lock file alone, as the previous
+ * release did: granted, it needs nothing else (its write lock tells its
+ * kind, and a waiter that holds the gate waits for a holder, so the lock
+ * file is not free then). Otherwise, and for readers and permits: the
+ * kind's mark; the gate, which a waiter keeps until its grant, so that
+ * requests pass in arrival order (a writer waiting for readers holds back
+ * the readers behind it); a permit's slot, or a reader's; the lock file.
+ */
 static int file_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
 {
     struct file_conn *fc = (struct file_conn *)conn;
     dlock_client *c = conn->client;
-    char fname[DLOCK_FILE_ENCODED_MAX + 80];
+    char fname[DLOCK_FILE_ENCODED_MAX + 80], sname[DLOCK_FILE_ENCODED_MAX + 96];
     struct file_held *h;
+    struct flock fl;
     uint64_t token = 0;
-    int fd, rc;
+    off_t slot = -1;
+    int fd, side = -1, rc;
+    int shares = req->mode == DLOCK_MODE_SHARED || req->limit;
 
-    if ((rc = dlock_file_encode_name(req->name, req->name_len, fname, sizeof fname)) != 0)
+    if ((rc = dlock_file_encode_name(req->name, req->name_len, fname, sizeof fname)) != 0 ||
+        (rc = dlock_file_side_name(fname, sname, sizeof sname)) != 0)
         return dlock_seterr(c, rc, "cannot encode the lock name");
+    if ((fd = open_lock_file(fc, fname)) < 0)
+        return DLOCK_EIO;
+    whole_file(&fl);
+    if (!shares && fcntl(fd, F_OFD_SETLK, &fl) == 0) {
+        if (still_linked(fc->dirfd, fname, fd))
+            goto granted;
+        close(fd); /* someone removed or replaced the file: lock the new one */
+        if ((fd = open_lock_file(fc, fname)) < 0)
+            return DLOCK_EIO;
+    }
+again:
+    side = openat(fc->dirfd, sname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (side < 0) {
+        rc = dlock_seterr(c, DLOCK_EIO, "cannot open lock file in '%.150s': %s", fc->dir,
+                          strerror(errno));
+        goto fail;
+    }
+    if ((rc = dlock_file_mark_kind(c, side, fd, req)) != 0)
+        goto fail;
+    dlock_file_gate(&fl);
+    if ((rc = lock_fd(c, side, req, &fl)) != 0)
+        goto fail;
+    if (!still_linked(fc->dirfd, sname, side)) {
+        dlock_file_side_close(side); /* removed or replaced: the new one's gate */
+        goto again;
+    }
+    if (req->limit)
+        rc = dlock_file_wait_permit(fc, side, sname, req, &slot);
+    else if (shares && (rc = dlock_file_take_slot(c, side, SLOT_MAX, &slot)) == DLOCK_EBUSY)
+        rc = dlock_seterr(c, DLOCK_EIO, "no free holder slot in the lock's side file");
+    if (rc)
+        goto fail;
+    whole_file(&fl);
+    if (shares)
+        fl.l_type = F_RDLCK;
     for (;;) {
-        fd = openat(fc->dirfd, fname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0)
-            return dlock_seterr(c, DLOCK_EIO, "cannot open lock file in '%.150s': %s",
-                                fc->dir, strerror(errno));
-        if ((rc = lock_fd(c, fd, req)) != 0) {
-            close(fd);
-            return rc;
-        }
+        if ((rc = lock_fd(c, fd, req, &fl)) != 0)
+            goto fail;
         if (still_linked(fc->dirfd, fname, fd))
             break;
         close(fd); /* someone removed or replaced the file: lock the new one */
+        if ((fd = open_lock_file(fc, fname)) < 0) {
+            rc = DLOCK_EIO;
+            goto fail;
+        }
     }
-    if ((rc = bump_token(fc, fd, req, &token)) != 0) {
-        close(fd);
-        return rc;
-    }
-    h = calloc(1, sizeof *h);
-    if (!h) {
-        close(fd);
-        return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
+    /* Holders that share the lock file bump its token one at a time (the
+     * gate orders grants; the token byte keeps a raise out). */
+    if (shares && (rc = dlock_file_token_lock(c, side, F_WRLCK, GATE_OFF)) != 0)
+        goto fail;
+granted:
+    rc = bump_token(fc, fd, req, &token);
+    if (rc == 0 && shares)
+        rc = dlock_file_write_record(c, side, slot, req, token);
+    if (rc == 0 && !(h = calloc(1, sizeof *h)))
+        rc = dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
+    if (rc)
+        goto fail;
+    if (shares) {
+        dlock_file_token_lock(c, side, F_UNLCK, GATE_OFF); /* the gate and the token byte */
+    } else {
+        dlock_file_side_close(side); /* the lock file's write lock tells the kind */
+        side = -1;
     }
     h->base.token = token;
     h->fd = fd;
+    h->side = side;
+    h->slot = slot;
     h->name = req->name;
     h->name_len = req->name_len;
     *heldp = &h->base;
     return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    dlock_file_side_close(side);
+    return rc;
 }
 
 /* Removed, renamed away or replaced: another process may have created and
@@ -554,6 +645,13 @@ static int check_held(dlock_conn *conn, struct file_held *h)
     if (!still_linked(fc->dirfd, fname, h->fd))
         return dlock_seterr(conn->client, DLOCK_ELOST,
                             "the lock file was removed or replaced while the lock was held");
+    /* A reader's or a permit's side file too: a new one's slots and marks
+     * no longer count this holder. */
+    char sname[DLOCK_FILE_ENCODED_MAX + 96];
+    if (h->side >= 0 && (dlock_file_side_name(fname, sname, sizeof sname) != 0 ||
+                         !still_linked(fc->dirfd, sname, h->side)))
+        return dlock_seterr(conn->client, DLOCK_ELOST,
+                            "the lock's side file was removed or replaced while the lock was held");
     return 0;
 }
 
@@ -570,6 +668,14 @@ static int file_release(dlock_conn *conn, dlock_held *held)
         rc = dlock_seterr(conn->client, DLOCK_EIO, "cannot unlock the lock file: %s",
                           strerror(errno));
     close(h->fd);
+    if (h->side >= 0) {
+        /* The record goes before the slot is free: only a holder that died
+         * leaves one, and inspect counts only those whose slot is held. */
+        int r = dlock_file_clear_record(conn->client, h->side, h->slot);
+        if (rc == 0)
+            rc = r;
+        dlock_file_side_close(h->side);
+    }
     free(h);
     return rc;
 }
@@ -592,19 +698,24 @@ static int file_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
     char digits[TOKEN_DIGITS + 2];
     uint64_t token;
     int empty, rc;
-    if ((rc = check_held(conn, h)) != 0 ||
-        (rc = read_token(conn->client, h->fd, &token, &empty)) != 0)
+    if ((rc = check_held(conn, h)) != 0)
         return rc;
-    if (token >= floor)
-        return 0;
-    snprintf(digits, sizeof digits, "%020" PRIu64 "\n", floor);
-    if (pwrite(h->fd, digits, TOKEN_DIGITS + 1, 0) != TOKEN_DIGITS + 1)
-        return dlock_seterr(conn->client, DLOCK_EIO, "cannot write the fencing token: %s",
-                            strerror(errno));
-    if (fc->fsync && fdatasync(h->fd) < 0)
-        return dlock_seterr(conn->client, DLOCK_EIO, "cannot sync the fencing token: %s",
-                            strerror(errno));
-    return 0;
+    /* A reader or a permit shares the lock file: one token change at a time. */
+    if (h->side >= 0 &&
+        (rc = dlock_file_token_lock(conn->client, h->side, F_WRLCK, TOKEN_OFF)) != 0)
+        return rc;
+    if ((rc = read_token(conn->client, h->fd, &token, &empty)) == 0 && token < floor) {
+        snprintf(digits, sizeof digits, "%020" PRIu64 "\n", floor);
+        if (pwrite(h->fd, digits, TOKEN_DIGITS + 1, 0) != TOKEN_DIGITS + 1)
+            rc = dlock_seterr(conn->client, DLOCK_EIO, "cannot write the fencing token: %s",
+                              strerror(errno));
+        else if (fc->fsync && fdatasync(h->fd) < 0)
+            rc = dlock_seterr(conn->client, DLOCK_EIO, "cannot sync the fencing token: %s",
+                              strerror(errno));
+    }
+    if (h->side >= 0)
+        dlock_file_token_lock(conn->client, h->side, F_UNLCK, TOKEN_OFF);
+    return rc;
 }
 
 /* A lock file's token, read without locking it: a holder may be rewriting
@@ -806,30 +917,36 @@ static int parse_contents(const char *buf, size_t n, uint64_t *tokenp, char *own
     return 0;
 }
 
-/* Whether a write lock on fd's whole file conflicts with one held through
- * another open file description (this process's too). -1 (errno), 0, 1. */
-static int is_locked(int fd)
+/* The type of a lock another open file description holds on fd's file
+ * (this process's too): F_UNLCK (none), F_RDLCK, F_WRLCK; -1 (errno). */
+static int lock_state(int fd)
 {
     struct flock fl;
     whole_file(&fl);
     if (fcntl(fd, F_OFD_GETLK, &fl) < 0)
         return -1;
-    return fl.l_type != F_UNLCK;
+    return fl.l_type;
 }
 
-static int file_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
-{
-    struct file_conn *fc = (struct file_conn *)conn;
-    dlock_client *c = conn->client;
-    char fname[DLOCK_FILE_ENCODED_MAX + 80], buf[CONTENTS_MAX], again[CONTENTS_MAX];
+/* What the lock file tells: *statep F_UNLCK (free, or never taken),
+ * F_WRLCK (an exclusive holder), F_RDLCK (readers or permits); the grant's
+ * token and owner when *parsedp (a holder's when held exclusively). */
+struct look {
+    int state, parsed;
+    uint64_t token;
     char owner[DLOCK_HOLDER_MAX];
-    size_t n = 0, m = 0;
-    uint64_t token = 0;
-    struct stat st;
-    int held = 0, rc = 0;
+};
 
-    if ((rc = dlock_file_encode_name(name, len, fname, sizeof fname)) != 0)
-        return dlock_seterr(c, rc, "cannot encode the lock name");
+static int look_at(struct file_conn *fc, const char *fname, struct look *lk)
+{
+    dlock_client *c = fc->base.client;
+    char buf[CONTENTS_MAX], again[CONTENTS_MAX];
+    size_t n = 0, m = 0;
+    struct stat st;
+    int rc = 0;
+
+    memset(lk, 0, sizeof *lk);
+    lk->state = F_UNLCK;
     /* Read-only, no O_CREAT: inspecting leaves the directory as it was. */
     int fd = openat(fc->dirfd, fname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
@@ -837,7 +954,7 @@ static int file_inspect(dlock_conn *conn, const char *name, size_t len, dlock_in
             return dlock_seterr(c, DLOCK_EIO, "cannot open the lock file %.120s in '%.150s': %s",
                                 fname, fc->dir, strerror(errno));
         /* Never taken here (lock files are never deleted): free, no grant. */
-        info->known = DLOCK_KNOWS_HELD | DLOCK_KNOWS_LAST_TOKEN;
+        lk->parsed = 1;
         return 0;
     }
     if (fstat(fd, &st) < 0) {
@@ -854,7 +971,7 @@ static int file_inspect(dlock_conn *conn, const char *name, size_t len, dlock_in
     /* Contents, lock state, contents: the same contents on both sides
      * were there when the lock state was asked. */
     for (int tries = 0;; tries++) {
-        if (read_contents(fd, buf, &n) < 0 || (held = is_locked(fd)) < 0 ||
+        if (read_contents(fd, buf, &n) < 0 || (lk->state = lock_state(fd)) < 0 ||
             read_contents(fd, again, &m) < 0) {
             rc = dlock_seterr(c, DLOCK_EIO, "cannot inspect the lock file %.120s in '%.150s': %s",
                               fname, fc->dir, strerror(errno));
@@ -868,22 +985,90 @@ static int file_inspect(dlock_conn *conn, const char *name, size_t len, dlock_in
         }
     }
     close(fd);
+    /* No token yet (a first grant in progress, or a crash), or not dlock's:
+     * not parsed. */
+    if (rc == 0 && n > 0 && parse_contents(buf, n, &lk->token, lk->owner, sizeof lk->owner) == 0)
+        lk->parsed = 1;
+    return rc;
+}
+
+/* The holders of name as the lock file and its side file tell: an
+ * exclusive one from the lock file, readers or permits from the side
+ * file's records, in token order (*hsp malloc'd, *np of them); *lk what
+ * the lock file says. */
+static int holders_of(struct file_conn *fc, const char *name, size_t len, struct look *lk,
+                      dlock_holder **hsp, size_t *np)
+{
+    char fname[DLOCK_FILE_ENCODED_MAX + 80];
+    int rc;
+    *hsp = NULL;
+    *np = 0;
+    if ((rc = dlock_file_encode_name(name, len, fname, sizeof fname)) != 0)
+        return dlock_seterr(fc->base.client, rc, "cannot encode the lock name");
+    if ((rc = look_at(fc, fname, lk)) != 0)
+        return rc;
+    if (lk->state == F_RDLCK)
+        return dlock_file_read_records(fc, fname, hsp, np);
+    if (lk->state != F_WRLCK)
+        return 0;
+    dlock_holder *h = calloc(1, sizeof *h);
+    if (!h)
+        return dlock_seterr(fc->base.client, DLOCK_ENOMEM, "out of memory");
+    h->known = DLOCK_KNOWS_MODE;
+    h->mode = DLOCK_MODE_EXCLUSIVE;
+    if (lk->parsed) {
+        h->known |= DLOCK_KNOWS_TOKEN;
+        h->token = lk->token;
+    }
+    if (lk->parsed && lk->owner[0]) {
+        h->known |= DLOCK_KNOWS_OWNER;
+        memcpy(h->owner, lk->owner, strlen(lk->owner) + 1);
+    }
+    *hsp = h;
+    *np = 1;
+    return 0;
+}
+
+static int file_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+{
+    struct look lk;
+    dlock_holder *hs;
+    size_t n;
+    int rc = holders_of((struct file_conn *)conn, name, len, &lk, &hs, &n);
     if (rc)
         return rc;
     info->known = DLOCK_KNOWS_HELD;
-    info->held = held;
-    if (n == 0 || parse_contents(buf, n, &token, owner, sizeof owner) != 0)
-        return 0; /* no token yet (a first grant in progress, or a crash), or not dlock's */
-    info->known |= DLOCK_KNOWS_LAST_TOKEN;
-    info->last_token = token;
-    if (held) {
-        info->known |= DLOCK_KNOWS_TOKEN;
-        info->token = token;
-        if (owner[0]) {
-            info->known |= DLOCK_KNOWS_OWNER;
-            memcpy(info->owner, owner, strlen(owner) + 1);
-        }
+    info->held = lk.state != F_UNLCK;
+    if (lk.parsed) {
+        info->known |= DLOCK_KNOWS_LAST_TOKEN;
+        info->last_token = lk.token;
     }
+    /* Readers or permits: the newest's token and owner. */
+    const dlock_holder *h = n ? &hs[n - 1] : NULL;
+    if (h && (h->known & DLOCK_KNOWS_TOKEN)) {
+        info->known |= DLOCK_KNOWS_TOKEN;
+        info->token = h->token;
+    }
+    if (h && (h->known & DLOCK_KNOWS_OWNER)) {
+        info->known |= DLOCK_KNOWS_OWNER;
+        memcpy(info->owner, h->owner, sizeof info->owner);
+    }
+    free(hs);
+    return 0;
+}
+
+static int file_inspect_holders(dlock_conn *conn, const char *name, size_t len,
+                                dlock_holder *holders, size_t capacity, size_t *count)
+{
+    struct look lk;
+    dlock_holder *hs;
+    size_t n;
+    int rc = holders_of((struct file_conn *)conn, name, len, &lk, &hs, &n);
+    if (rc)
+        return rc;
+    memcpy(holders, hs, (n < capacity ? n : capacity) * sizeof *hs);
+    *count = n;
+    free(hs);
     return 0;
 }
 
@@ -892,7 +1077,7 @@ const dlock_backend dlock_file_backend = {
     .name = "file",
     .schemes = file_schemes,
     .caps = DLOCK_CAP_FENCING | DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH |
-            DLOCK_CAP_RAISE | DLOCK_CAP_CANCEL,
+            DLOCK_CAP_RAISE | DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
     .options = file_options,
     .open = file_open,
     .close = file_close,
@@ -904,4 +1089,5 @@ const dlock_backend dlock_file_backend = {
     .token_top = file_token_top,
     .raise_floor = file_raise_floor,
     .inspect = file_inspect,
+    .inspect_holders = file_inspect_holders,
 };

@@ -3,9 +3,12 @@
  * session-level advisory locks (libpq).
  *
  * Files: this one is the recipe (the statements of each method); below it,
- * postgres_io.c connects and runs statements with a client-side bound and
- * cancels them, and sql_session.c decides which session a lock goes on;
- * postgres_int.h holds the types they share.
+ * postgres_modes.c builds each mode's statements (exclusive, shared, a
+ * semaphore's permit: see its top for the locks of a name) and runs a
+ * semaphore's wait for a slot, postgres_inspect.c reads pg_locks for
+ * inspect and inspect_holders, postgres_io.c connects and runs statements
+ * with a client-side bound and cancels them, and sql_session.c decides
+ * which session a lock goes on; postgres_int.h holds the types they share.
  *
  * Key: a name becomes the bigint key the first 8 bytes of
  * SHA-256(namespace || 0x00 || name), big-endian, as a signed 64-bit
@@ -174,7 +177,6 @@
 
 #include "config.h"
 #include "core/internal.h"
-#include "core/sha256.h"
 #include "backends/postgres_int.h"
 
 #define DEFAULT_CONNECT_MS 5000
@@ -183,51 +185,11 @@
 /* token=table: the row of the fencing table that holds the store's floor
  * (raise_floor), the lowest bigint. */
 #define FLOOR_KEY "-9223372036854775808"
-/* idle_session_timeout, the lease, is an int of milliseconds. */
-#define TTL_MAX 2147483647u
-/* How long past its deadline a deadline wait waits for the server's reply
- * (lock_timeout ends the wait on the server at the deadline). */
-#define DEADLINE_MARGIN_MS 200u
 
 static const char *const pg_schemes[] = {"postgresql", "postgres", NULL};
 static const char *const pg_options[] = {
     "connect_timeout", "timeout", "sslmode", "application_name", "namespace", "table", "token", NULL,
 };
-
-int64_t dlock_pg_key(const char *ns, const char *name, size_t len);
-
-int64_t dlock_pg_key(const char *ns, const char *name, size_t len)
-{
-    unsigned char d[DLOCK_SHA256_LEN];
-    uint64_t k = 0;
-    if (ns) {
-        /* Bounded by the URI and name limits: no allocation to fail. */
-        unsigned char buf[DLOCK_URI_MAX + 1 + DLOCK_NAME_MAX];
-        size_t nlen = strnlen(ns, DLOCK_URI_MAX);
-        memcpy(buf, ns, nlen);
-        buf[nlen] = 0;
-        memcpy(buf + nlen + 1, name, len);
-        dlock_sha256(buf, nlen + 1 + len, d);
-    } else {
-        dlock_sha256(name, len, d);
-    }
-    for (int i = 0; i < 8; i++)
-        k = k << 8 | d[i];
-    return (int64_t)k;
-}
-
-/* "SELECT pg_advisory_unlock(key)" where this session holds key: undoes a
- * grant that a failed statement may have left (session locks outlive it),
- * and never touches a key it does not hold. */
-static void unlock_if_held(char *sql, size_t len, int64_t key)
-{
-    uint64_t u = (uint64_t)key;
-    snprintf(sql, len,
-             "SELECT pg_advisory_unlock(%" PRId64 ") FROM pg_locks WHERE locktype = 'advisory'"
-             " AND pid = pg_backend_pid() AND classid = %" PRIu64 " AND objid = %" PRIu64
-             " AND objsubid = 1 AND granted",
-             key, u >> 32, u & 0xffffffffu);
-}
 
 /* After a failure that may have left key locked on a live session: free
  * it, at once and synchronously (all the session's locks when it holds no
@@ -238,11 +200,11 @@ static void session_scrub(struct pg_conn *pc, struct pg_session *s, int64_t key,
 {
     dlock_errsave why;
     PGresult *r = NULL;
-    char sql[320];
+    char sql[1400];
     if (s->base.nheld == 0)
         snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock_all()");
     else
-        unlock_if_held(sql, sizeof sql, key);
+        dlock_pg_unlock_if_held(sql, sizeof sql, key);
     dlock_err_save(cl(pc), &why); /* report the failure, not this */
     int ok = dlock_pg_run(pc, s, sql, 0, &r, "freeing the session's lock",
                  until_ns ? until_ns : after_timeout(pc)) == 0;
@@ -294,14 +256,15 @@ static int unlock_batch(dlock_conn *conn, struct dlock_sql_session *b,
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
     struct pg_session *s = (struct pg_session *)b;
-    char sql[64 + DLOCK_SQL_EXPIRE_BATCH * 48];
+    char sql[64 + DLOCK_SQL_EXPIRE_BATCH * 600], ex[600];
     size_t o = 0;
     if (!s->pg)
         return DLOCK_ECONNECT;
     o += (size_t)snprintf(sql + o, sizeof sql - o, "SELECT ");
-    for (size_t i = 0; i < n; i++)
-        o += (size_t)snprintf(sql + o, sizeof sql - o, "%spg_advisory_unlock(%" PRId64 ")",
-                              i ? ", " : "", DLOCK_SQL_OF(batch[i], struct pg_held, sh)->key);
+    for (size_t i = 0; i < n; i++) {
+        dlock_pg_unlock_exprs(DLOCK_SQL_OF(batch[i], struct pg_held, sh), ex, sizeof ex);
+        o += (size_t)snprintf(sql + o, sizeof sql - o, "%s%s", i ? ", " : "", ex);
+    }
     dlock_errsave why;
     PGresult *r = NULL;
     dlock_err_save(cl(pc), &why); /* this is not what the caller reports */
@@ -349,12 +312,6 @@ static const char *lost_why(struct pg_conn *pc, const struct pg_held *h)
 {
     return dlock_sql_lost_why(&pc->pool, &h->sh);
 }
-
-/* Sets client_connection_check_interval to 1 s for the transaction, where
- * the server can check (see acquire_on()). One statement. */
-#define CHECK_CLIENT_SQL                                                                       \
-    "DO $$BEGIN PERFORM set_config('client_connection_check_interval', '1000', true); "       \
-    "EXCEPTION WHEN invalid_parameter_value THEN NULL; END$$; "
 
 static int valid_identifier(const char *s)
 {
@@ -498,22 +455,11 @@ fail:
     return err;
 }
 
-/* The tag that starts every statement on a holder session, for inspect:
- * pg_stat_activity.query shows it to other sessions of the same role. It
- * names the lock the statement is for (key), the session's lease (its
- * idle_session_timeout) and, once known, the lock's token. */
-#define TAG_HEAD "/*dlock owner="
-static void tag(char *buf, size_t len, const char *owner_hex, uint32_t ttl_ms, uint64_t token,
-                int64_t key)
-{
-    if (token)
-        snprintf(buf, len, TAG_HEAD "%s ttl=%" PRIu32 " token=%" PRIu64 " key=%" PRId64 "*/ ",
-                 owner_hex, ttl_ms, token, key);
-    else
-        snprintf(buf, len, TAG_HEAD "%s ttl=%" PRIu32 " key=%" PRId64 "*/ ", owner_hex, ttl_ms,
-                 key);
-}
-
+/* The tag that starts every statement on a holder session, for inspect
+ * (dlock_pg_tag()): pg_stat_activity.query shows it to other sessions of
+ * the same role. It names the lock the statement is for (key), the
+ * session's lease (its idle_session_timeout) and, once known, the lock's
+ * token. */
 /* "SET idle_session_timeout = ms;" when the session's differs, else "". */
 static void idle_clause(struct pg_session *s, uint32_t ms, char *buf, size_t len)
 {
@@ -529,9 +475,9 @@ static void idle_clause(struct pg_session *s, uint32_t ms, char *buf, size_t len
 static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t key,
                             uint64_t until_ns)
 {
-    char sql[320];
+    char sql[1400];
     PGresult *r = NULL;
-    unlock_if_held(sql, sizeof sql, key);
+    dlock_pg_unlock_if_held(sql, sizeof sql, key);
     dlock_errsave why;
     dlock_err_save(cl(pc), &why); /* report the timeout, not this */
     if (!until_ns)
@@ -555,28 +501,31 @@ static uint64_t acquire_until(const struct pg_conn *pc, const dlock_request *req
     return 0;
 }
 
-/* One attempt on session s (bounded by cap_ns too, 0: no cap). On success *token is the grant's, and
- * *granted_ns the moment from which its lease counts: a try's start (the
- * server's idle timer starts later), or a waited grant's arrival (the wait
- * may have lasted longer than the TTL). */
+/* One attempt on session s. On success *token is the grant's (*slot a
+ * semaphore's slot), and *granted_ns the moment from which its lease
+ * counts: a try's start (the server's idle timer starts later), or a
+ * waited grant's arrival (the wait may have lasted longer than the TTL).
+ * A semaphore's wait that finds no slot free goes on in
+ * dlock_pg_sem_wait(). */
 static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_request *req,
-                      int64_t key, uint64_t cap_ns, uint64_t *token, uint64_t *granted_ns)
+                      int64_t key, uint32_t *slot, uint64_t *token, uint64_t *granted_ns)
 {
-    char sql[1700], idle[64], settings[512], tg[128];
+    char sql[8192], idle[64], settings[512], tg[128];
     PGresult *r = NULL;
     int stmt = 4, err;
+    int plain = req->mode == DLOCK_MODE_EXCLUSIVE && req->limit == 0;
     uint64_t start = dlock_monotonic_ns(), until = acquire_until(pc, req, start);
-    if (cap_ns && (!until || cap_ns < until))
-        until = cap_ns;
     uint32_t lease_ms = dlock_sql_lease(&s->base, NULL, req->ttl_ms);
     idle_clause(s, lease_ms, idle, sizeof idle);
     stmt += idle[0] != '\0';
     /* lock_timeout bounds each lock wait, statement_timeout all of them
      * together; 0 is none. A try waits for no lock at all (1 ms: the least
-     * lock_timeout takes). */
+     * lock_timeout takes); a shared or semaphore try still waits for the
+     * transactions of other grants of the name (the mutex, the counter
+     * row), `timeout` at most. */
     uint64_t lock_ms = 0, stmt_ms = 0;
     if (req->wait == DLOCK_WAIT_TRY) {
-        lock_ms = 1;
+        lock_ms = plain ? 1 : pc->timeout_ms;
     } else if (req->wait == DLOCK_WAIT_DEADLINE) {
         lock_ms = req->deadline_ns > start ? (req->deadline_ns - start + MS - 1) / MS : 1;
         if (lock_ms > INT32_MAX)
@@ -584,7 +533,7 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
         stmt_ms = lock_ms;
     }
     /* The transaction's own settings, whatever the server's defaults. */
-    tag(tg, sizeof tg, req->owner_hex, lease_ms, 0, key);
+    dlock_pg_tag(tg, sizeof tg, req->owner_hex, lease_ms, 0, key);
     /* A wait also has the server look for its client every second
      * (client_connection_check_interval, PostgreSQL 14+): a session whose
      * close reaches the server while it is queued (its process died, or a
@@ -599,25 +548,9 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
              tg, lock_ms, stmt_ms,
              req->wait == DLOCK_WAIT_TRY ? "" : CHECK_CLIENT_SQL);
     stmt += req->wait != DLOCK_WAIT_TRY;
-    /* The lock and the counter bump in one statement: the CTE runs once
-     * (MATERIALIZED), and the INSERT (or nextval) only where the lock was
-     * granted. */
-    const char *fn = req->wait == DLOCK_WAIT_TRY ? "pg_try_advisory_lock" : "pg_advisory_lock";
-    if (pc->use_sequence)
-        snprintf(sql, sizeof sql,
-                 "%s%sWITH l AS MATERIALIZED (SELECT %s(%" PRId64 ") AS got) "
-                 "SELECT CASE WHEN %s THEN nextval('%s_seq') END FROM l",
-                 settings, idle, fn, key, req->wait == DLOCK_WAIT_TRY ? "got" : "true", pc->table);
-    else /* the store's floor (FLOOR_KEY's row, NULL when missing) read in the same statement */
-        snprintf(sql, sizeof sql,
-             "%s%sWITH l AS MATERIALIZED (SELECT %s(%" PRId64 ") AS got), "
-             "f AS (INSERT INTO %s (key, token) SELECT %" PRId64 ", GREATEST(1, (SELECT token FROM"
-             " %s WHERE key = " FLOOR_KEY ") + 1) FROM l WHERE %s "
-             "ON CONFLICT (key) DO UPDATE SET token = GREATEST(%s.token + 1, EXCLUDED.token)"
-             " RETURNING token) "
-             "SELECT (SELECT token FROM f)",
-             settings, idle, fn, key, pc->table, key, pc->table,
-             req->wait == DLOCK_WAIT_TRY ? "got" : "true", pc->table);
+    /* The lock and the counter bump in one statement (postgres_modes.c). */
+    size_t o = (size_t)snprintf(sql, sizeof sql, "%s%s", settings, idle);
+    dlock_pg_lock_sql(pc, req, key, 0, sql + o, sizeof sql - o);
     int cancelled = 0;
     err = dlock_pg_run_cancellable(pc, s, sql, stmt, &r,
                           req->wait == DLOCK_WAIT_TRY ? "acquire" : "waiting for the lock", until,
@@ -651,13 +584,32 @@ static int acquire_on(struct pg_conn *pc, struct pg_session *s, const dlock_requ
         return err;
     if (idle[0])
         s->base.lease = lease_ms;
-    if (PQntuples(r) != 1 || PQgetisnull(r, 0, 0)) {
+    if (PQntuples(r) != 1) {
         PQclear(r);
+        return dlock_seterr(cl(pc), DLOCK_EPROTO, "no fencing token returned");
+    }
+    if (PQgetisnull(r, 0, PG_COL_TOKEN)) {
+        /* Refused for the name's kind (nothing held: the statement let go
+         * of what it took), busy, or a semaphore's wait at the gate. */
+        int kinded = !PQgetisnull(r, 0, PG_COL_KIND);
+        long long kind = kinded ? strtoll(PQgetvalue(r, 0, PG_COL_KIND), NULL, 10) : 0;
+        int at_gate = !plain && !kinded && PQgetvalue(r, 0, PG_COL_GATE)[0] == 't';
+        PQclear(r);
+        if (kinded)
+            return dlock_pg_mode_error(pc, req, kind);
+        if (at_gate)
+            return dlock_pg_sem_wait(pc, s, req, key, token, slot, granted_ns);
+        if (req->wait == DLOCK_WAIT_TRY && req->limit)
+            return dlock_seterr(cl(pc), DLOCK_EBUSY,
+                                "all %" PRIu32 " permits are held, or others wait for one",
+                                req->limit);
         if (req->wait == DLOCK_WAIT_TRY)
             return dlock_seterr(cl(pc), DLOCK_EBUSY, "the lock is held by another owner");
         return dlock_seterr(cl(pc), DLOCK_EPROTO, "no fencing token returned");
     }
-    *token = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
+    *token = strtoull(PQgetvalue(r, 0, PG_COL_TOKEN), NULL, 10);
+    if (req->limit && !PQgetisnull(r, 0, PG_COL_SLOT))
+        *slot = (uint32_t)strtoul(PQgetvalue(r, 0, PG_COL_SLOT), NULL, 10);
     PQclear(r);
     /* The session can end in the instant after the grant (terminated, the
      * server stopping), and its last words come with the reply: a grant on
@@ -693,10 +645,12 @@ static int ttl_check(struct pg_conn *pc, uint32_t ttl_ms)
  * close the session and lose its mates' locks, so a deadline nearer than
  * `timeout` skips this and waits on a session of its own. The session,
  * its mutex still locked, on a grant; NULL otherwise (nothing is held,
- * and nothing is reported: the wait follows).
+ * and nothing is reported: the wait follows), but for a name held in
+ * another kind (*refused set, DLOCK_EMODE reported).
  */
 static struct pg_session *pre_try(struct pg_conn *pc, const dlock_request *req, int64_t key,
-                                  uint64_t *token, uint64_t *granted_ns)
+                                  uint32_t *slot, uint64_t *token, uint64_t *granted_ns,
+                                  int *refused)
 {
     struct pg_session *s = (struct pg_session *)dlock_sql_holder_for_wait(
         &pc->pool, req, pc->timeout_ms, req->ttl_ms, &key);
@@ -705,9 +659,14 @@ static struct pg_session *pre_try(struct pg_conn *pc, const dlock_request *req, 
     dlock_request t = *req;
     t.wait = DLOCK_WAIT_TRY;
     dlock_sql_expire(&pc->pool, &s->base, NULL);
-    int err = acquire_on(pc, s, &t, key, 0, token, granted_ns);
+    int err = acquire_on(pc, s, &t, key, slot, token, granted_ns);
     if (err == 0)
         return s;
+    if (err == DLOCK_EMODE) { /* held in another kind: refused at once, nothing held */
+        pthread_mutex_unlock(&s->base.mu);
+        *refused = 1;
+        return NULL;
+    }
     if (s->pg && PQstatus(s->pg) == CONNECTION_OK) {
         if (err != DLOCK_EBUSY && err != DLOCK_ETIMEDOUT)
             session_scrub(pc, s, key, after_timeout(pc));
@@ -747,15 +706,21 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     struct pg_session *s = NULL;
     struct pg_held *h;
     uint64_t token = 0, granted = 0;
+    uint32_t slot = 0;
     int64_t key = dlock_pg_key(pc->namespace, req->name, req->name_len);
-    int err, opened;
+    int err, opened, refused = 0;
     if ((err = ttl_check(pc, req->ttl_ms)) != 0)
         return err;
     /* Before the grant: a grant is never left without its handle. */
     if (!(h = calloc(1, sizeof *h)))
         return dlock_seterr(conn->client, DLOCK_ENOMEM, "out of memory");
-    if (req->wait != DLOCK_WAIT_TRY && (s = pre_try(pc, req, key, &token, &granted)) != NULL)
+    if (req->wait != DLOCK_WAIT_TRY &&
+        (s = pre_try(pc, req, key, &slot, &token, &granted, &refused)) != NULL)
         goto granted;
+    if (refused) {
+        free(h);
+        return DLOCK_EMODE;
+    }
     for (;;) {
         uint64_t now = dlock_monotonic_ns();
         /* A new session for a deadline wait: by the deadline (and margin). */
@@ -769,7 +734,7 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
         s = (struct pg_session *)b;
         if (s->base.nheld)
             dlock_sql_expire(&pc->pool, &s->base, NULL);
-        err = acquire_on(pc, s, req, key, 0, &token, &granted);
+        err = acquire_on(pc, s, req, key, &slot, &token, &granted);
         s->base.waiting = 0;
         if (err == 0)
             break; /* still under s->mu */
@@ -777,7 +742,8 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
             /* Busy, timed out and cancelled leave nothing held (a late
              * grant was undone). Any other failure may have come after the
              * lock was granted in the same statement. */
-            if (err != DLOCK_EBUSY && err != DLOCK_ETIMEDOUT && err != DLOCK_ECANCELED)
+            if (err != DLOCK_EBUSY && err != DLOCK_ETIMEDOUT && err != DLOCK_ECANCELED &&
+                err != DLOCK_EMODE)
                 session_scrub(pc, s, key, acquire_until(pc, req, dlock_monotonic_ns()));
             pthread_mutex_unlock(&s->base.mu);
             free(h);
@@ -792,7 +758,7 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
         dlock_pg_session_close(s);
         pthread_mutex_unlock(&s->base.mu);
         if (opened || silent || err == DLOCK_ETIMEDOUT || err == DLOCK_EBUSY ||
-            err == DLOCK_ECANCELED) {
+            err == DLOCK_ECANCELED || err == DLOCK_EMODE) {
             free(h);
             return silent ? deadline_err(pc, req, err) : err;
         }
@@ -802,6 +768,9 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
 granted:
     h->base.token = token;
     h->key = key;
+    h->mode = req->mode;
+    h->limit = req->limit;
+    h->slot = slot;
     memcpy(h->owner_hex, req->owner_hex, sizeof h->owner_hex);
     h->sh.lease = req->ttl_ms;
     h->sh.lease_end_ns = granted + (uint64_t)req->ttl_ms * MS;
@@ -830,7 +799,7 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
     struct pg_conn *pc = (struct pg_conn *)conn;
     struct pg_held *h = (struct pg_held *)held;
     struct pg_session *s = hs(h);
-    char sql[160];
+    char sql[700];
     PGresult *r = NULL;
     int err;
     pthread_mutex_lock(&s->base.mu);
@@ -841,7 +810,11 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
         err = session_lost(pc, h);
     } else {
         dlock_sql_expire(&pc->pool, &s->base, &h->sh);
-        snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock(%" PRId64 ")", h->key);
+        char ex[600];
+        dlock_pg_unlock_exprs(h, ex, sizeof ex);
+        /* A semaphore's waiter (of more than 1) may have listened on this
+         * session. */
+        snprintf(sql, sizeof sql, "SELECT %s%s", ex, h->limit > 1 ? "; UNLISTEN *" : "");
         /* A lost lock's release ends by the core's bound
          * (dlock_call_deadline()) where it is alone on its session: a
          * statement cut short closes the session, which would lose the
@@ -897,7 +870,7 @@ static int renew_on(struct pg_conn *pc, struct pg_held *h, uint32_t ttl_ms, uint
         until_ns = after_timeout(pc);
     uint32_t lease_ms = dlock_sql_lease(&s->base, &h->sh, ttl_ms);
     uint64_t sent = dlock_monotonic_ns();
-    tag(tg, sizeof tg, h->owner_hex, lease_ms, h->base.token, h->key);
+    dlock_pg_tag(tg, sizeof tg, h->owner_hex, lease_ms, h->base.token, h->key);
     snprintf(sql, sizeof sql, "%sSET idle_session_timeout = %" PRIu32, tg, lease_ms);
     int err = dlock_pg_run(pc, s, sql, 0, &r, "renew", until_ns);
     if (err)
@@ -965,16 +938,6 @@ static int raise_failed(struct pg_conn *pc, struct pg_held *h, int err, uint64_t
     return err;
 }
 
-/* A raise transaction's settings, as the acquire's: every lock wait, and
- * the whole statement, end after ms on the server. */
-static void raise_settings(char *buf, size_t len, uint64_t ms)
-{
-    snprintf(buf, len,
-             "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on; "
-             "SET LOCAL lock_timeout = %" PRIu64 "; SET LOCAL statement_timeout = %" PRIu64 "; ",
-             ms, ms);
-}
-
 /*
  * raise_token, on the lock's own session, in one transaction with the
  * acquire's settings (READ COMMITTED, synchronous_commit on: the raise is on
@@ -1031,8 +994,8 @@ static int raise_on(struct pg_conn *pc, struct pg_held *h, uint64_t floor)
              "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
              " AND classid = %" PRIu64 " AND objid = %" PRIu64 " AND objsubid = 1 AND granted)",
              u >> 32, u & 0xffffffffu);
-    tag(tg, sizeof tg, h->owner_hex, hs(h)->base.lease, h->base.token, h->key);
-    raise_settings(rs, sizeof rs, pc->timeout_ms);
+    dlock_pg_tag(tg, sizeof tg, h->owner_hex, hs(h)->base.lease, h->base.token, h->key);
+    dlock_pg_tx_settings(rs, sizeof rs, pc->timeout_ms);
     snprintf(settings, sizeof settings, "%s%s", tg, rs);
     if (pc->use_sequence) {
         /* Already past floor (the next value > floor)? Then nothing to do,
@@ -1057,7 +1020,7 @@ static int raise_on(struct pg_conn *pc, struct pg_held *h, uint64_t floor)
         if (above)
             return 0;
         uint64_t now = dlock_monotonic_ns();
-        raise_settings(rs, sizeof rs, now < end ? (end - now + MS - 1) / MS : 1);
+        dlock_pg_tx_settings(rs, sizeof rs, now < end ? (end - now + MS - 1) / MS : 1);
         snprintf(settings, sizeof settings, "%s%s", tg, rs);
     }
     if (pc->use_sequence)
@@ -1100,51 +1063,6 @@ static int pg_raise_token(dlock_conn *conn, dlock_held *held, uint64_t floor)
     return err;
 }
 
-/* One transaction of its own (sql: raise_settings() then statements) on an
- * idle pooled session, as ping: a pooled session that died while idle is
- * replaced once. Holds no lock, so a failure on a live session leaves
- * nothing behind. Bounded by `timeout` on the server and a little longer on
- * the client. The result of statement `want` in *out. */
-static int run_idle(struct pg_conn *pc, const char *sql, int want, PGresult **out,
-                    const char *what, char state[6])
-{
-    struct pg_session *s = NULL;
-    uint64_t margin = pc->timeout_ms < DEADLINE_MARGIN_MS ? pc->timeout_ms : DEADLINE_MARGIN_MS;
-    int err, opened = 0;
-    state[0] = '\0';
-    for (;;) {
-        if ((err = session_take(pc, &s, &opened, 0)) != 0)
-            return err;
-        if ((err = dlock_pg_run(pc, s, sql, want, out, what,
-                       dlock_monotonic_ns() + (pc->timeout_ms + margin) * MS)) == 0)
-            return 0;
-        memcpy(state, s->sqlstate, 6);
-        if (s->pg && PQstatus(s->pg) == CONNECTION_OK)
-            return err;
-        int stop = opened || s->base.silent_ms;
-        dlock_pg_session_close(s);
-        if (stop)
-            return err;
-        dlock_clearerr(cl(pc));
-    }
-}
-
-/* A failed store-wide statement: one that ran out of `timeout` on the
- * server (lock_timeout, statement_timeout) says what it waited for. */
-static int store_failed(struct pg_conn *pc, int err, const char *state, const char *what)
-{
-    char why[DLOCK_ERRMSG_MAX];
-    if (strcmp(state, "55P03") != 0 && strcmp(state, "57014") != 0)
-        return err;
-    snprintf(why, sizeof why, "%s", cl(pc)->errmsg);
-    return dlock_seterr(cl(pc), DLOCK_ETIMEDOUT,
-                        "postgresql: %s: the fencing %s %s%s stayed locked by another"
-                        " transaction, or the statement ran, for the timeout (%" PRIu64
-                        " ms); nothing was changed: %s",
-                        what, pc->use_sequence ? "sequence" : "table", pc->table,
-                        pc->use_sequence ? "_seq" : "", pc->timeout_ms, why);
-}
-
 /*
  * token_top: token=table, max(token) over the fencing table (a scan of
  * every row, the floor's included); token=sequence, the sequence's
@@ -1158,13 +1076,13 @@ static int pg_token_top(dlock_conn *conn, uint64_t *top)
     char sql[512], settings[256], state[6];
     PGresult *r = NULL;
     int err;
-    raise_settings(settings, sizeof settings, pc->timeout_ms);
+    dlock_pg_tx_settings(settings, sizeof settings, pc->timeout_ms);
     if (pc->use_sequence)
         snprintf(sql, sizeof sql, "%sSELECT last_value FROM %s_seq", settings, pc->table);
     else
         snprintf(sql, sizeof sql, "%sSELECT coalesce(max(token), 0) FROM %s", settings, pc->table);
-    if ((err = run_idle(pc, sql, 4, &r, "reading the highest token", state)) != 0)
-        return store_failed(pc, err, state, "reading the highest token");
+    if ((err = dlock_pg_run_idle(pc, sql, 4, &r, "reading the highest token", state)) != 0)
+        return dlock_pg_store_failed(pc, err, state, "reading the highest token");
     if (PQntuples(r) != 1 || PQgetisnull(r, 0, 0)) {
         PQclear(r);
         return dlock_seterr(conn->client, DLOCK_EPROTO,
@@ -1210,15 +1128,15 @@ static int pg_raise_floor(dlock_conn *conn, uint64_t floor)
                             floor, pc->use_sequence ? "sequence" : "table");
     if (floor == 0)
         return 0; /* every token is above 0 */
-    raise_settings(settings, sizeof settings, pc->timeout_ms);
+    dlock_pg_tx_settings(settings, sizeof settings, pc->timeout_ms);
     if (!pc->use_sequence) {
         snprintf(sql, sizeof sql,
                  "%sINSERT INTO %s (key, token) VALUES (" FLOOR_KEY ", %" PRIu64 ") "
                  "ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token"
                  " WHERE %s.token < EXCLUDED.token",
                  settings, pc->table, floor, pc->table);
-        if ((err = run_idle(pc, sql, 4, &r, what, state)) != 0)
-            return store_failed(pc, err, state, what);
+        if ((err = dlock_pg_run_idle(pc, sql, 4, &r, what, state)) != 0)
+            return dlock_pg_store_failed(pc, err, state, what);
         PQclear(r);
         return 0;
     }
@@ -1227,8 +1145,8 @@ static int pg_raise_floor(dlock_conn *conn, uint64_t floor)
              " AND is_called) AS above FROM %s_seq) "
              "SELECT above, CASE WHEN above THEN pg_current_xact_id() END FROM v",
              settings, floor, floor, pc->table);
-    if ((err = run_idle(pc, sql, 4, &r, what, state)) != 0)
-        return store_failed(pc, err, state, what);
+    if ((err = dlock_pg_run_idle(pc, sql, 4, &r, what, state)) != 0)
+        return dlock_pg_store_failed(pc, err, state, what);
     int above = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
     PQclear(r);
     r = NULL;
@@ -1239,7 +1157,7 @@ static int pg_raise_floor(dlock_conn *conn, uint64_t floor)
              "SELECT setval('%s_seq', %" PRIu64 ") FROM %s_seq WHERE last_value < %" PRIu64
              " OR (last_value = %" PRIu64 " AND NOT is_called)",
              settings, pc->table, pc->table, floor, pc->table, floor, floor);
-    if ((err = run_idle(pc, sql, 5, &r, what, state)) != 0) {
+    if ((err = dlock_pg_run_idle(pc, sql, 5, &r, what, state)) != 0) {
         if (strcmp(state, "42501") == 0) {
             char why[DLOCK_ERRMSG_MAX];
             snprintf(why, sizeof why, "%s", cl(pc)->errmsg);
@@ -1249,7 +1167,7 @@ static int pg_raise_floor(dlock_conn *conn, uint64_t floor)
                                 " while setval() raises it); nothing was raised: %s",
                                 pc->table, floor, why);
         }
-        return store_failed(pc, err, state, what);
+        return dlock_pg_store_failed(pc, err, state, what);
     }
     PQclear(r);
     return 0;
@@ -1306,218 +1224,12 @@ static int pg_keep(dlock_conn *conn, dlock_held *held, uint32_t ttl_ms)
 static int pg_ping(dlock_conn *conn)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
-    struct pg_session *s = NULL;
     PGresult *r = NULL;
-    int err, opened = 0;
-    for (;;) {
-        if ((err = session_take(pc, &s, &opened, 0)) != 0)
-            return err;
-        if ((err = dlock_pg_run(pc, s, "SELECT 1", 0, &r, "ping", after_timeout(pc))) == 0) {
-            PQclear(r);
-            return 0;
-        }
-        if (s->pg && PQstatus(s->pg) == CONNECTION_OK)
-            return err;
-        /* Died while pooled: the next one, then a new one. */
-        int stop = opened || s->base.silent_ms;
-        dlock_pg_session_close(s);
-        if (stop)
-            return err;
-        dlock_clearerr(conn->client);
-    }
-}
-
-/* Reads the tag of a statement on a holder session (see tag()) at the
- * start of q: the owner id, the session's lease, the token when the
- * statement names it, and the key of the lock it is for (*has_key = 0 for
- * a tag without one: one lock per session, as dlock before issue 13
- * wrote them). 1 when q starts with a whole tag. */
-static int read_tag(const char *q, char owner[33], uint32_t *ttl_ms, uint64_t *token,
-                    int64_t *key, int *has_key)
-{
-    size_t h = sizeof TAG_HEAD - 1;
-    char *end;
-    if (strncmp(q, TAG_HEAD, h) != 0 || strspn(q + h, "0123456789abcdef") != 32 ||
-        strncmp(q + h + 32, " ttl=", 5) != 0)
-        return 0;
-    memcpy(owner, q + h, 32);
-    owner[32] = '\0';
-    q += h + 37;
-    if (*q < '0' || *q > '9')
-        return 0;
-    unsigned long long v = strtoull(q, &end, 10);
-    if (v > TTL_MAX)
-        return 0;
-    *ttl_ms = (uint32_t)v;
-    *token = 0;
-    *has_key = 0;
-    if (strncmp(end, " token=", 7) == 0) {
-        q = end + 7;
-        if (*q < '0' || *q > '9')
-            return 0;
-        *token = strtoull(q, &end, 10);
-    }
-    if (strncmp(end, " key=", 5) == 0) {
-        q = end + 5;
-        if (*q != '-' && (*q < '0' || *q > '9'))
-            return 0;
-        *key = strtoll(q, &end, 10);
-        *has_key = 1;
-    }
-    return strncmp(end, "*/", 2) == 0;
-}
-
-/* Is the statement at the start of q tagged, and for the lock key? A
- * session's latest statement may be for another of the locks it holds. */
-static int tag_for(const char *q, int64_t key, char owner[33], uint32_t *ttl_ms, uint64_t *token,
-                   int *tagged)
-{
-    int64_t k = 0;
-    int has_key = 0;
-    *tagged = read_tag(q, owner, ttl_ms, token, &k, &has_key);
-    return *tagged && (!has_key || k == key);
-}
-
-/* What the store knows a session by: its owner id from its statements'
- * tag when the latest statement is for this key, else its pid and client
- * address (pg_stat_activity shows those only to the same role or
- * pg_read_all_stats). */
-static void session_name(const PGresult *r, int row, int64_t key, char *buf, size_t len)
-{
-    char owner[33];
-    uint32_t ttl;
-    uint64_t token;
-    int tagged;
-    const char *pid = PQgetvalue(r, row, 1);
-    if (!PQgetisnull(r, row, 4) && tag_for(PQgetvalue(r, row, 4), key, owner, &ttl, &token, &tagged))
-        snprintf(buf, len, "%s", owner);
-    else if (!PQgetisnull(r, row, 5))
-        snprintf(buf, len, "pid %s (client %s:%s)", pid, PQgetvalue(r, row, 5),
-                 PQgetvalue(r, row, 6));
-    else if (!PQgetisnull(r, row, 6) && strcmp(PQgetvalue(r, row, 6), "-1") == 0)
-        snprintf(buf, len, "pid %s (unix socket)", pid);
-    else
-        snprintf(buf, len, "pid %s", pid);
-}
-
-/*
- * inspect: one read-only statement on an idle pooled session, bounded by
- * `timeout` on the server (lock_timeout, statement_timeout) and a little
- * longer on the client. It reads the name's advisory lock in pg_locks
- * (this database's; granted: the holder; not granted: the waiters, in
- * waitstart order, PostgreSQL 14 and later), each session's
- * pg_stat_activity row (state, state_change, the start of its query:
- * the tag, the client address), and with token=table the name's row of
- * the fencing table (a plain read: no row lock, no wait for a holder's
- * bump). It takes no advisory or row lock.
- */
-static int pg_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
-{
-    struct pg_conn *pc = (struct pg_conn *)conn;
-    char sql[1400], settings[256], token_sql[160], state[6];
-    PGresult *r = NULL;
-    int64_t key = dlock_pg_key(pc->namespace, name, len);
-    uint64_t u = (uint64_t)key;
-    int err;
-    raise_settings(settings, sizeof settings, pc->timeout_ms);
-    /* Without SELECT on the fencing table (a monitoring role), the rest
-     * still tells: asked again without the name's row. */
-    int row_readable = !pc->use_sequence;
-again:
-    if (!row_readable)
-        snprintf(token_sql, sizeof token_sql, "NULL::bigint");
-    else
-        snprintf(token_sql, sizeof token_sql, "(SELECT token FROM %s WHERE key = %" PRId64 ")",
-                 pc->table, key);
-    /* waitstart (PostgreSQL 14): when each waiter started waiting. */
-    int ordered = pc->server_version >= 140000;
-    snprintf(sql, sizeof sql,
-             "%sSELECT t.token, l.pid, l.granted, a.state, substr(a.query, 1, 120),"
-             " host(a.client_addr), a.client_port,"
-             " floor(extract(epoch FROM clock_timestamp() - a.state_change) * 1000)::bigint "
-             "FROM (SELECT %s AS token) t LEFT JOIN (pg_locks l LEFT JOIN pg_stat_activity a"
-             " ON a.pid = l.pid) ON l.locktype = 'advisory' AND l.database = (SELECT oid FROM"
-             " pg_database WHERE datname = current_database()) AND l.classid = %" PRIu64
-             " AND l.objid = %" PRIu64 " AND l.objsubid = 1 "
-             "ORDER BY l.granted DESC%s, l.pid",
-             settings, token_sql, u >> 32, u & 0xffffffffu,
-             ordered ? ", l.waitstart NULLS LAST" : "");
-    if ((err = run_idle(pc, sql, 4, &r, "inspect", state)) != 0) {
-        if (row_readable && strcmp(state, "42501") == 0) {
-            row_readable = 0;
-            dlock_clearerr(conn->client);
-            goto again;
-        }
-        return store_failed(pc, err, state, "inspect");
-    }
-    int rows = PQntuples(r), holder = -1;
-    if (rows < 1) {
+    char state[6];
+    int err = dlock_pg_run_pooled(pc, "SELECT 1", 0, &r, "ping", state, pc->timeout_ms);
+    if (err == 0)
         PQclear(r);
-        return dlock_seterr(conn->client, DLOCK_EPROTO, "postgresql: inspect: no row returned");
-    }
-    info->known |= DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS;
-    if (ordered)
-        info->known |= DLOCK_KNOWS_ORDER;
-    for (int i = 0; i < rows; i++) {
-        if (PQgetisnull(r, i, 1))
-            continue; /* no session holds or awaits the lock */
-        if (PQgetvalue(r, i, 2)[0] == 't') {
-            if (holder < 0)
-                holder = i;
-            continue;
-        }
-        if (ordered && info->listed < DLOCK_INFO_LISTED)
-            session_name(r, i, key, info->waiter[info->listed++], DLOCK_HOLDER_MAX);
-        info->waiters++;
-    }
-    int have_row = row_readable && !PQgetisnull(r, 0, 0);
-    uint64_t row_token = have_row ? strtoull(PQgetvalue(r, 0, 0), NULL, 10) : 0;
-    if (holder < 0) {
-        /* Free: the name's counter is the last token granted (or the floor
-         * a raise_token set it to); no row: none granted yet. */
-        if (row_readable) {
-            info->last_token = row_token;
-            info->known |= DLOCK_KNOWS_LAST_TOKEN;
-        }
-        PQclear(r);
-        return 0;
-    }
-    info->held = 1;
-    info->known |= DLOCK_KNOWS_OWNER;
-    session_name(r, holder, key, info->owner, sizeof info->owner);
-    char owner[33];
-    uint32_t ttl = 0;
-    uint64_t token = 0;
-    const char *st = PQgetisnull(r, holder, 3) ? "" : PQgetvalue(r, holder, 3);
-    /* tagged: a dlock holder session (its lease is the tag's, whichever of
-     * its locks the statement was for); mine: the statement was for this
-     * lock (its token is this lock's). */
-    int tagged = 0;
-    int mine = !PQgetisnull(r, holder, 4) &&
-               tag_for(PQgetvalue(r, holder, 4), key, owner, &ttl, &token, &tagged);
-    if (!mine)
-        token = 0;
-    if (tagged && strcmp(st, "idle") == 0 && !PQgetisnull(r, holder, 7)) {
-        /* The idle timer runs from state_change. */
-        long long idle = strtoll(PQgetvalue(r, holder, 7), NULL, 10);
-        info->lease_ms = idle < 0 ? ttl : idle >= (long long)ttl ? 0 : ttl - (uint64_t)idle;
-        info->known |= DLOCK_KNOWS_LEASE;
-    } else if (tagged && strcmp(st, "active") == 0) {
-        /* A statement runs: the timer starts again, at ttl, when it ends. */
-        info->lease_ms = ttl;
-        info->known |= DLOCK_KNOWS_LEASE;
-    }
-    /* The token: named by the holder's latest statement (renew, raise),
-     * else, after its acquire's commit, the name's row, which only the
-     * holder writes while it holds. */
-    if (tagged && !token && have_row && strcmp(st, "idle") == 0)
-        token = row_token;
-    if (tagged && token) {
-        info->token = info->last_token = token;
-        info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_LAST_TOKEN;
-    }
-    PQclear(r);
-    return 0;
+    return err;
 }
 
 const dlock_backend dlock_postgres_backend = {
@@ -1526,7 +1238,7 @@ const dlock_backend dlock_postgres_backend = {
     .schemes = pg_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
             DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
-            DLOCK_CAP_CANCEL,
+            DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
     .options = pg_options,
     .open = pg_open,
     .close = pg_close,
@@ -1538,5 +1250,6 @@ const dlock_backend dlock_postgres_backend = {
     .raise_token = pg_raise_token,
     .token_top = pg_token_top,
     .raise_floor = pg_raise_floor,
-    .inspect = pg_inspect,
+    .inspect = dlock_pg_inspect,
+    .inspect_holders = dlock_pg_inspect_holders,
 };

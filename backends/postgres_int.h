@@ -16,6 +16,9 @@
 
 #define MS 1000000ull
 
+/* idle_session_timeout, the lease, is an int of milliseconds. */
+#define TTL_MAX 2147483647u
+
 /* How long a cancelled wait gives the server to take the cancel, then
  * again to end the statement: what a deadline's cleanup gets, each. */
 #define CANCEL_MS 150
@@ -58,6 +61,38 @@ struct pg_held {
     struct dlock_sql_held sh; /* its session, lease (ms) and client-side lease end */
     int64_t key;
     char owner_hex[33]; /* the grant's owner id, tagged on its statements */
+    dlock_mode mode;    /* exclusive or shared: how key is held */
+    uint32_t limit;     /* a semaphore's limit (key held shared, and a slot); 0: none */
+    uint32_t slot;      /* the semaphore's slot held, 0 .. limit - 1 */
+};
+
+/* The tags of a name's two-int locks' first half (hi ^ tag): see
+ * postgres_modes.c. */
+#define T_GATE 0x67617465u  /* "gate" */
+#define T_MUTEX 0x6d757478u /* "mutx" */
+#define T_SLOT 0x736c6f74u  /* "slot" */
+#define T_LIMIT 0x6c696d74u /* "limt" */
+#define T_TOKEN 0x746f6b6eu /* "tokn" */
+#define T_READ 0x72656164u  /* "read" */
+
+/* This database's advisory locks in pg_locks (as l). */
+#define IN_DB "l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database" \
+              " WHERE datname = current_database())"
+
+/* What a name's locks are, beside its key (postgres_modes.c). */
+struct pg_name {
+    int64_t key;
+    uint32_t hi, lo; /* the key's halves: pg_locks' classid and objid */
+};
+
+/* What an acquire statement found besides a token (dlock_pg_lock_sql()):
+ * its result's columns. */
+enum {
+    PG_COL_TOKEN = 0, /* the grant's token; NULL: none */
+    PG_COL_KIND = 1,  /* NULL, or the name's other kind: 0 a read-write lock, N a
+                         semaphore of limit N */
+    PG_COL_SLOT = 2,  /* a semaphore's slot taken; NULL: none */
+    PG_COL_GATE = 3   /* a semaphore wait: the gate is still held (no slot yet) */
 };
 
 /* h's session, set at the grant, never changed. */
@@ -104,5 +139,74 @@ int dlock_pg_run(struct pg_conn *pc, struct pg_session *s, const char *sql, int 
 int dlock_pg_run_cancellable(struct pg_conn *pc, struct pg_session *s, const char *sql, int want,
                              PGresult **out, const char *what, uint64_t until_ns, int cancel_fd,
                              int *cancelled);
+
+/* Sets client_connection_check_interval to 1 s for the transaction, where
+ * the server can check (see acquire_on() in postgres.c). One statement. */
+#define CHECK_CLIENT_SQL                                                                       \
+    "DO $$BEGIN PERFORM set_config('client_connection_check_interval', '1000', true); "       \
+    "EXCEPTION WHEN invalid_parameter_value THEN NULL; END$$; "
+
+/* How long past its deadline a deadline wait waits for the server's reply
+ * (lock_timeout ends the wait on the server at the deadline); the margin
+ * of other statements' client-side bound over their server-side one. */
+#define DEADLINE_MARGIN_MS 200u
+
+/* A transaction's settings (4 statements), as the acquire's: READ
+ * COMMITTED, synchronous_commit on, and every lock wait and the whole
+ * statement end after ms on the server. */
+void dlock_pg_tx_settings(char *buf, size_t len, uint64_t ms);
+/* One transaction of its own (sql: dlock_pg_tx_settings() then
+ * statements) on an idle pooled session, bounded by `timeout` on the server
+ * and a little longer on the client; the result of statement `want` in
+ * *out, the SQLSTATE of a failure in state. */
+int dlock_pg_run_idle(struct pg_conn *pc, const char *sql, int want, PGresult **out,
+                      const char *what, char state[6]);
+/* The same, bounded by bound_ms on the client alone (ping: `timeout`). A
+ * pooled session that died while idle is replaced once. */
+int dlock_pg_run_pooled(struct pg_conn *pc, const char *sql, int want, PGresult **out,
+                        const char *what, char state[6], uint64_t bound_ms);
+/* A failed store-wide statement: one that ran out of `timeout` on the
+ * server says what it waited for. */
+int dlock_pg_store_failed(struct pg_conn *pc, int err, const char *state, const char *what);
+/* The bigint key of a name (postgres.c's header comment). */
+int64_t dlock_pg_key(const char *ns, const char *name, size_t len);
+/* The backend's inspect() and inspect_holders() (postgres_inspect.c). */
+int dlock_pg_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info);
+int dlock_pg_inspect_holders(dlock_conn *conn, const char *name, size_t len,
+                             dlock_holder *holders, size_t capacity, size_t *count);
+
+/* The tag that starts every statement on a holder session (tag()). */
+#define TAG_HEAD "/*dlock owner="
+void dlock_pg_tag(char *buf, size_t len, const char *owner_hex, uint32_t ttl_ms, uint64_t token,
+                  int64_t key);
+
+/* Shared locks and semaphores (postgres_modes.c): the statements of each
+ * mode, and a semaphore's wait for a slot. */
+void dlock_pg_name(int64_t key, struct pg_name *n);
+/* The statement (after the transaction's settings) that takes the lock
+ * req asks for on key and its token, in one round trip; its columns are
+ * PG_COL_*. have_gate: a semaphore wait holding its gate already (1); it
+ * keeps the gate when no slot is free (a wait) rather than letting go; 2:
+ * a semaphore of 1, whose statement waits in the server for its slot. */
+void dlock_pg_lock_sql(const struct pg_conn *pc, const dlock_request *req, int64_t key,
+                       int have_gate, char *buf, size_t len);
+/* "SELECT ..." that unlocks what this session holds of key's locks, in
+ * whichever mode: undoes a grant a failed statement may have left, and
+ * never touches another name's. */
+void dlock_pg_unlock_if_held(char *sql, size_t len, int64_t key);
+/* The expressions (comma-separated, for a SELECT) that release h's grant:
+ * the first one is true when it was still held. */
+void dlock_pg_unlock_exprs(const struct pg_held *h, char *buf, size_t len);
+/* The detail of DLOCK_EMODE for a name held as `kind` (PG_COL_KIND). */
+int dlock_pg_mode_error(struct pg_conn *pc, const dlock_request *req, long long kind);
+/* A semaphore wait on s (holding the name's gate, no slot free yet, s->mu
+ * held): listens for releases, and looks again at each notification, and
+ * at least every SEM_POLL_MS for a slot a dead holder's session freed (a
+ * semaphore of 1 waits for its slot in the server's lock queue instead),
+ * until a slot is taken (0, *token set) or the deadline or cancel (the
+ * gate is let go: nothing is left behind). Each look is a transaction of
+ * its own, with the acquire's settings and tag. */
+int dlock_pg_sem_wait(struct pg_conn *pc, struct pg_session *s, const dlock_request *req,
+                      int64_t key, uint64_t *token, uint32_t *slot, uint64_t *granted_ns);
 
 #endif

@@ -324,6 +324,10 @@ int dlock_pg_run_cancellable(struct pg_conn *pc, struct pg_session *s, const cha
     if (!s->pg)
         return dlock_seterr(cl(pc), DLOCK_ECONNECT, "postgresql: %s: the session was closed", what);
     s->sqlstate[0] = '\0';
+    /* Notifications (a semaphore's waiter listens) that came before this
+     * statement are stale: its reply is what counts now. */
+    for (PGnotify *n; (n = PQnotifies(s->pg)) != NULL;)
+        PQfreemem(n);
     if (!PQsendQuery(s->pg, sql))
         return result_error(pc, s->pg, NULL, what);
     while ((f = PQflush(s->pg)) == 1) {
@@ -395,5 +399,71 @@ int dlock_pg_run_cancellable(struct pg_conn *pc, struct pg_session *s, const cha
         return result_error(pc, s->pg, NULL, what);
     *out = keep;
     return 0;
+}
+
+
+/* A raise transaction's settings, as the acquire's: every lock wait, and
+ * the whole statement, end after ms on the server. */
+void dlock_pg_tx_settings(char *buf, size_t len, uint64_t ms)
+{
+    snprintf(buf, len,
+             "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on; "
+             "SET LOCAL lock_timeout = %" PRIu64 "; SET LOCAL statement_timeout = %" PRIu64 "; ",
+             ms, ms);
+}
+
+/* One transaction of its own (sql: dlock_pg_tx_settings() then statements) on an
+ * idle pooled session, as ping: a pooled session that died while idle is
+ * replaced once. Holds no lock, so a failure on a live session leaves
+ * nothing behind. Bounded by `timeout` on the server and a little longer on
+ * the client. The result of statement `want` in *out. */
+int dlock_pg_run_pooled(struct pg_conn *pc, const char *sql, int want, PGresult **out,
+                        const char *what, char state[6], uint64_t bound_ms)
+{
+    struct pg_session *s = NULL;
+    int err, opened = 0;
+    state[0] = '\0';
+    for (;;) {
+        struct dlock_sql_session *b = NULL;
+        uint64_t until = 0;
+        if ((err = dlock_sql_take(&pc->pool, &until, &b, &opened)) != 0)
+            return err;
+        s = (struct pg_session *)b;
+        if ((err = dlock_pg_run(pc, s, sql, want, out, what,
+                                dlock_monotonic_ns() + bound_ms * MS)) == 0)
+            return 0;
+        memcpy(state, s->sqlstate, 6);
+        if (s->pg && PQstatus(s->pg) == CONNECTION_OK)
+            return err;
+        /* Died while pooled: the next one, then a new one. */
+        int stop = opened || s->base.silent_ms;
+        dlock_pg_session_close(s);
+        if (stop)
+            return err;
+        dlock_clearerr(cl(pc));
+    }
+}
+
+int dlock_pg_run_idle(struct pg_conn *pc, const char *sql, int want, PGresult **out,
+                      const char *what, char state[6])
+{
+    uint64_t margin = pc->timeout_ms < DEADLINE_MARGIN_MS ? pc->timeout_ms : DEADLINE_MARGIN_MS;
+    return dlock_pg_run_pooled(pc, sql, want, out, what, state, pc->timeout_ms + margin);
+}
+
+/* A failed store-wide statement: one that ran out of `timeout` on the
+ * server (lock_timeout, statement_timeout) says what it waited for. */
+int dlock_pg_store_failed(struct pg_conn *pc, int err, const char *state, const char *what)
+{
+    char why[DLOCK_ERRMSG_MAX];
+    if (strcmp(state, "55P03") != 0 && strcmp(state, "57014") != 0)
+        return err;
+    snprintf(why, sizeof why, "%s", cl(pc)->errmsg);
+    return dlock_seterr(cl(pc), DLOCK_ETIMEDOUT,
+                        "postgresql: %s: the fencing %s %s%s stayed locked by another"
+                        " transaction, or the statement ran, for the timeout (%" PRIu64
+                        " ms); nothing was changed: %s",
+                        what, pc->use_sequence ? "sequence" : "table", pc->table,
+                        pc->use_sequence ? "_seq" : "", pc->timeout_ms, why);
 }
 

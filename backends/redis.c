@@ -279,9 +279,12 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         /* Redlock: nodes are contacted per operation; open needs a quorum. */
         size_t up = 0, need = n / 2 + 1;
         dlock_errsave first = {0, ""};
+        /* Shared locks over a quorum, as exclusive ones (a writer's quorum
+         * and a reader's meet on a node); no semaphore: N + 1 holders may
+         * each find room on a quorum (docs/redis.md). */
         rc->base.caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING |
                         DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_RAISE |
-                        DLOCK_CAP_CANCEL;
+                        DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED;
         for (size_t i = 0; i < n; i++) {
             err = dlock_redis_node_connect(rc, &rc->nodes[i], tv_ns(&rc->connect_tv));
             if (err == DLOCK_EAUTH || err == DLOCK_ESTORE)
@@ -309,6 +312,9 @@ fail:
     return err;
 }
 
+_Static_assert(DLOCK_NAME_MAX < (1u << 13) && DLOCK_LIMIT_MAX <= 0xffffu,
+              "struct redis_held's bit fields hold a name's length and a limit");
+
 static struct redis_held *held_new(const dlock_request *req)
 {
     struct redis_held *h = calloc(1, sizeof *h);
@@ -318,6 +324,8 @@ static struct redis_held *held_new(const dlock_request *req)
     h->ttl_ms = req->ttl_ms;
     h->name_len = (uint32_t)req->name_len;
     h->name = req->name;
+    h->shared = req->mode == DLOCK_MODE_SHARED;
+    h->limit = req->limit & 0xffffu; /* <= DLOCK_LIMIT_MAX: the core checks */
     return h;
 }
 
@@ -438,12 +446,20 @@ static int redis_inspect(dlock_conn *conn, const char *name, size_t len, dlock_i
     return rc->recipe->inspect(rc, name, len, info);
 }
 
+static int redis_inspect_holders(dlock_conn *conn, const char *name, size_t len,
+                                 dlock_holder *holders, size_t capacity, size_t *count)
+{
+    struct redis_conn *rc = (struct redis_conn *)conn;
+    return rc->recipe->holders(rc, name, len, holders, capacity, count);
+}
+
 const dlock_backend dlock_redis_backend = {
     DLOCK_BACKEND_INIT,
     .name = "redis",
     .schemes = redis_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
-            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_RAISE | DLOCK_CAP_CANCEL,
+            DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_RAISE | DLOCK_CAP_CANCEL |
+            DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
     .options = redis_options,
     .open = redis_open,
     .close = redis_close,
@@ -456,4 +472,5 @@ const dlock_backend dlock_redis_backend = {
     .token_top = redis_token_top,
     .raise_floor = redis_raise_floor,
     .inspect = redis_inspect,
+    .inspect_holders = redis_inspect_holders,
 };

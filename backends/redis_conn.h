@@ -87,6 +87,8 @@ struct redis_recipe {
     int (*top)(struct redis_conn *rc, uint64_t *top);
     int (*raise_floor)(struct redis_conn *rc, uint64_t floor);
     int (*inspect)(struct redis_conn *rc, const char *name, size_t len, dlock_info *info);
+    int (*holders)(struct redis_conn *rc, const char *name, size_t len, dlock_holder *out,
+                   size_t capacity, size_t *count);
 };
 
 /* A deadline wait's calls may run this far past the deadline (so that a
@@ -142,26 +144,30 @@ struct redis_conn {
 
 /* Keys of one lock name: "<prefix><name>:lock", ":fence", ":queue", the
  * store-wide floor "<prefix>floor" (no name's key: theirs all end in one
- * of the suffixes), then ":raised" (the mark of raise_token, passed only
- * to the calls that use it: REDIS_NKEYS_ALL keys). Every other call gets
- * the first REDIS_NKEYS. */
-enum { REDIS_NKEYS = 4, REDIS_KEY_RAISED = 4, REDIS_NKEYS_ALL = 5 };
+ * of the suffixes), ":raised" (the mark of raise_token), ":holders" and
+ * ":modes" (shared holders and permits, see redis_script.h). The floor
+ * script call gets the floor key alone; the lock operations get all
+ * REDIS_NKEYS_ALL (the first REDIS_NKEYS are what the script of the
+ * previous release took). */
+enum { REDIS_NKEYS = 4, REDIS_KEY_RAISED = 4, REDIS_NKEYS_ALL = 7 };
 struct redis_keys {
     unsigned slot; /* Cluster: the hash slot of every key (and channel) */
     const char *k[REDIS_NKEYS_ALL];
     size_t len[REDIS_NKEYS_ALL];
     char *buf;        /* small, or malloc'ed for long names */
-    char small[512];  /* so that a call on a short name needs no malloc
+    char small[768];  /* so that a call on a short name needs no malloc
                          (and a release cannot fail for want of memory);
                          never copy a struct redis_keys */
 };
 
-/* Small on purpose (a client may hold 100 000): 72 bytes. */
+/* Small on purpose (a client may hold 100 000): 80 bytes. */
 struct redis_held {
     dlock_held base;
     char owner[32];     /* the owner id's hex digits, not NUL-terminated */
     uint32_t ttl_ms;
-    uint32_t name_len;  /* <= DLOCK_NAME_MAX */
+    uint32_t name_len : 13; /* <= DLOCK_NAME_MAX (4096) */
+    uint32_t shared : 1;    /* a reader */
+    uint32_t limit : 16;    /* a permit of a semaphore of limit (0: none) */
     /* Redlock: the end of the last confirmed validity (CLOCK_MONOTONIC ns).
      * base.lease_end_ns is zeroed by the core before each renewal; this is
      * not, so a raise between renewals still knows the lock is valid. */
@@ -195,6 +201,16 @@ void dlock_redis_keys_free(struct redis_keys *keys);
  * detail when out of memory. */
 int dlock_redis_held_keys(struct redis_conn *rc, const struct redis_held *h,
                           struct redis_keys *keys);
+/* The detail of a request refused because the name is held as another
+ * kind (the script's {2, limit}: 0 a read-write lock, N a semaphore of N):
+ * DLOCK_EMODE. */
+int dlock_redis_emode(struct redis_conn *rc, const struct redis_held *h, long long held_limit);
+/* h's kind as the script names it: 0 an exclusive lock, 's' a reader, 'p'
+ * a permit (see redis_script.h). */
+#define DLOCK_REDIS_KIND(h) ((h)->shared ? 's' : (h)->limit ? 'p' : 0)
+/* The script's operation on h in h's kind: an exclusive lock's name, or
+ * the shared one's ("s" before it: "srelease", "srenew", ...). */
+#define DLOCK_REDIS_OP(h, name) (DLOCK_REDIS_KIND(h) ? "s" name : name)
 /* Builds EVALSHA argv: sha, the first nkeys keys (REDIS_NKEYS, or
  * REDIS_NKEYS_ALL), then the n extra args. */
 size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *keys,

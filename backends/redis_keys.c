@@ -1,11 +1,13 @@
 /*
  * What the Redis backend calls its keys, and where they live: the keys of
  * a lock name ("<prefix><name>:lock", ":fence", ":queue", the floor
- * "<prefix>floor", ":raised"), a Cluster's hash slot of a name and the
+ * "<prefix>floor", ":raised", ":holders", ":modes"), a Cluster's hash slot of a name and the
  * hash tag "{T}" that puts all of a name's keys and channels in that slot,
- * and a script call's argv. Pure: it calls nothing of the backend's (only
+ * a script call's argv, and the detail of a request refused because the
+ * name is held as another kind (DLOCK_EMODE). Pure: it calls nothing of the backend's (only
  * the core's error recording).
  */
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -72,8 +74,8 @@ int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
                      struct redis_keys *keys)
 {
     /* The floor key has no name in it: "<prefix>floor". */
-    static const char *const suffix[REDIS_NKEYS_ALL] = {":lock", ":fence", ":queue", "floor",
-                                                        ":raised"};
+    static const char *const suffix[REDIS_NKEYS_ALL] = {":lock",   ":fence",   ":queue", "floor",
+                                                        ":raised", ":holders", ":modes"};
     /* Cluster: "{T}" after the prefix, T the tag of the name's slot (so
      * the floor key too is in it). */
     char tag[8] = "";
@@ -117,6 +119,23 @@ int dlock_redis_held_keys(struct redis_conn *rc, const struct redis_held *h,
     return 0;
 }
 
+int dlock_redis_emode(struct redis_conn *rc, const struct redis_held *h, long long held_limit)
+{
+    int n = h->name_len > 64 ? 64 : (int)h->name_len;
+    char asked[48];
+    if (DLOCK_REDIS_KIND(h) == 'p')
+        snprintf(asked, sizeof asked, "a semaphore of limit %" PRIu32, (uint32_t)h->limit);
+    else
+        snprintf(asked, sizeof asked, "a %s lock", h->shared ? "shared" : "exclusive");
+    if (held_limit > 0)
+        return dlock_seterr(rc->base.client, DLOCK_EMODE,
+                            "\"%.*s\" is held as a semaphore of limit %lld; asked for %s", n,
+                            h->name, held_limit, asked);
+    return dlock_seterr(rc->base.client, DLOCK_EMODE,
+                        "\"%.*s\" is held as a read-write lock; asked for %s", n, h->name,
+                        asked);
+}
+
 size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *keys,
                                size_t nkeys, const char **extra, const size_t *extra_len,
                                size_t n, const char **argv, size_t *argvlen)
@@ -124,7 +143,7 @@ size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *k
     size_t i = 0;
     argv[i] = "EVALSHA", argvlen[i++] = 7;
     argv[i] = rc->sha, argvlen[i++] = 40;
-    argv[i] = nkeys == REDIS_NKEYS_ALL ? "5" : "4", argvlen[i++] = 1;
+    argv[i] = nkeys == REDIS_NKEYS_ALL ? "7" : "4", argvlen[i++] = 1;
     for (size_t k = 0; k < (nkeys == REDIS_NKEYS_ALL ? nkeys : REDIS_NKEYS); k++)
         argv[i] = keys->k[k], argvlen[i++] = keys->len[k];
     for (size_t k = 0; k < n; k++)

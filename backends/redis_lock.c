@@ -19,6 +19,14 @@
  * waiter, in one script call) and fails with DLOCK_ECANCELED. A handoff
  * message read before the flag is noticed is a grant.
  *
+ * Shared locks and permits (DLOCK_REDIS_KIND() 's', 'p'): the same flow with the
+ * script's "sacquire", "srelease", "srenew", "scancel" (DLOCK_REDIS_OP());
+ * the wait channel's tail tells the script the waiter's kind ("#s",
+ * "#p<N>"), and a release publishes to each waiter it admits (all the
+ * readers at the head, or permits up to the limit). A request on a name
+ * held as another kind fails at once with DLOCK_EMODE. A waiter's bound is
+ * the earliest holder's lease end (how a dead holder is noticed).
+ *
  * Inspect (dlock_inspect()): one call of the script's "inspect", which
  * only reads, atomically (every script call is): GET and PTTL of
  * "<prefix><name>:lock" (the value "<owner_hex>:<token>"), GET of the
@@ -82,6 +90,13 @@ static void wait_channel(struct redis_conn *rc, struct redis_held *h, unsigned s
                   ? snprintf(w->name, sizeof w->name, "%.40s{%s}w:%.32s", rc->prefix,
                              dlock_redis_slot_tag(slot), h->owner)
                   : snprintf(w->name, sizeof w->name, "%.40sw:%.32s", rc->prefix, h->owner);
+    /* The waiter's kind, which the script's handoff reads: "#s" shared,
+     * "#p<N>" a permit of a semaphore of N, none exclusive. */
+    if (DLOCK_REDIS_KIND(h) == 's')
+        len += snprintf(w->name + len, sizeof w->name - (size_t)len, "#s");
+    else if (DLOCK_REDIS_KIND(h) == 'p')
+        len += snprintf(w->name + len, sizeof w->name - (size_t)len, "#p%" PRIu32,
+                        (uint32_t)h->limit);
     w->len = (size_t)len;
 }
 
@@ -182,8 +197,8 @@ static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const struc
 static int run_op(struct redis_conn *rc, const struct redis_keys *keys, size_t nkeys,
                   const char **args, const size_t *lens, size_t nargs, redisReply **out)
 {
-    const char *argv[16];
-    size_t argvlen[16];
+    const char *argv[20];
+    size_t argvlen[20];
     size_t argc = dlock_redis_script_argv(rc, keys, nkeys, args, lens, nargs, argv, argvlen);
     if (rc->mode == REDIS_CLUSTER)
         return dlock_redis_cluster_script(rc, keys->slot, argc, argv, argvlen, out);
@@ -219,7 +234,7 @@ static int call_op(struct redis_conn *rc, struct redis_held *h, const char **arg
     struct redis_keys keys;
     int err = dlock_redis_held_keys(rc, h, &keys);
     if (err == 0)
-        err = call_keys(rc, &keys, REDIS_NKEYS, args, lens, nargs, until_ns, out);
+        err = call_keys(rc, &keys, REDIS_NKEYS_ALL, args, lens, nargs, until_ns, out);
     dlock_redis_keys_free(&keys);
     return err;
 }
@@ -247,19 +262,24 @@ static int try_acquire(struct redis_conn *rc, struct redis_held *h, const struct
     redisReply *r = NULL;
     long long granted = 0, value = 0;
     int err;
+    char kind[2] = {DLOCK_REDIS_KIND(h), '\0'}, limit[12];
     snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
+    snprintf(limit, sizeof limit, "%" PRIu32, (uint32_t)h->limit);
     const char *chan = w->len ? w->name : "-";
-    const char *args[] = {"acquire", h->owner, ttl, chan, mode};
-    const size_t lens[] = {7, 32, strlen(ttl), strlen(chan), strlen(mode)};
+    const char *args[] = {kind[0] ? "sacquire" : "acquire", h->owner, ttl, chan, mode, kind, limit};
+    const size_t lens[] = {strlen(args[0]), 32, strlen(ttl), strlen(chan), strlen(mode), 1,
+                           strlen(limit)};
     /* A grant's lease starts on the server after this instant, even when
      * the reply that says so is the retry's. */
     uint64_t sent = dlock_monotonic_ns();
-    if ((err = call_op(rc, h, args, lens, 5, until_ns, &r)) != 0)
+    if ((err = call_op(rc, h, args, lens, kind[0] ? 7 : 5, until_ns, &r)) != 0)
         return err;
     err = dlock_redis_reply_pair(r, &granted, &value);
     freeReplyObject(r);
     if (err)
         return dlock_seterr(cl(rc), DLOCK_EPROTO, "unexpected reply from the lock script");
+    if (granted == 2)
+        return dlock_redis_emode(rc, h, value);
     if (granted) {
         if (value <= 0)
             return dlock_seterr(cl(rc), DLOCK_EPROTO, "the lock script granted token %lld", value);
@@ -398,7 +418,7 @@ static void cancel_wait(struct redis_conn *rc, struct redis_held *h, struct redi
                                                                  : DLOCK_REDIS_CLEANUP_NS;
     snprintf(entry, sizeof entry, "%.32s|%" PRIu32 "|%s", h->owner, h->ttl_ms, w->name);
     dlock_err_save(cl(rc), &saved);
-    int err = simple_op(rc, h, "cancel", entry, &res, dlock_monotonic_ns() + bound);
+    int err = simple_op(rc, h, DLOCK_REDIS_OP(h, "cancel"), entry, &res, dlock_monotonic_ns() + bound);
     if (n && err)
         dlock_redis_drop_sub(n);
     else if (n)
@@ -429,7 +449,7 @@ static int confirm_grant(struct redis_conn *rc, struct redis_held *h, uint64_t u
         return 0;
     uint64_t saved = dlock_redis_limit(rc, until_ns), sent = dlock_monotonic_ns();
     snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
-    if ((err = simple_op(rc, h, "renew", ttl, &res, until_ns)) == 0 && res != 1)
+    if ((err = simple_op(rc, h, DLOCK_REDIS_OP(h, "renew"), ttl, &res, until_ns)) == 0 && res != 1)
         err = dlock_seterr(cl(rc), DLOCK_ESTORE,
                            "the lock granted to us was gone before the replicas acknowledged "
                            "it (its lease ran out, or the store lost it)");
@@ -446,7 +466,7 @@ static int confirm_grant(struct redis_conn *rc, struct redis_held *h, uint64_t u
                                                                      : DLOCK_REDIS_CLEANUP_NS;
         dlock_err_save(cl(rc), &why);
         res = 0;
-        int rel = simple_op(rc, h, "release", NULL, &res, dlock_monotonic_ns() + bound);
+        int rel = simple_op(rc, h, DLOCK_REDIS_OP(h, "release"), NULL, &res, dlock_monotonic_ns() + bound);
         dlock_err_restore(cl(rc), &why);
         if (rel == 0 && res == 1)
             dlock_seterr(cl(rc), why.err, "%s; the lock was released", why.msg);
@@ -553,7 +573,7 @@ static int single_release(struct redis_conn *rc, struct redis_held *h)
 {
     long long res = 0;
     int err;
-    if ((err = simple_op(rc, h, "release", NULL, &res, dlock_redis_call_until(rc))) == 0 &&
+    if ((err = simple_op(rc, h, DLOCK_REDIS_OP(h, "release"), NULL, &res, dlock_redis_call_until(rc))) == 0 &&
         res != 1)
         err = dlock_seterr(cl(rc), DLOCK_ELOST, "%s%s", LOST_WHY,
                            rc->retried ? "; or a release whose reply was lost had done it"
@@ -570,7 +590,7 @@ static int renew_op(struct redis_conn *rc, struct redis_held *h, uint32_t ttl_ms
     long long res = 0;
     int err;
     snprintf(ttl, sizeof ttl, "%" PRIu32, ttl_ms);
-    if ((err = simple_op(rc, h, "renew", ttl, &res, dlock_redis_call_until(rc))) != 0)
+    if ((err = simple_op(rc, h, DLOCK_REDIS_OP(h, "renew"), ttl, &res, dlock_redis_call_until(rc))) != 0)
         return err;
     if (res != 1)
         return dlock_seterr(cl(rc), DLOCK_ELOST, "%s%s", refused, LOST_WHY);
@@ -636,30 +656,43 @@ _Static_assert(DLOCK_REDIS_LISTED == DLOCK_INFO_LISTED, "waiters listed");
  * that only reads, atomic like every script call; bounded by `timeout`,
  * repeated once after a lost reply.
  */
-static int single_inspect(struct redis_conn *rc, const char *name, size_t len, dlock_info *info)
+/* One call of a script operation that only reads name's keys (inspect,
+ * holders): op and its one argument, bounded like every call. */
+static int read_op(struct redis_conn *rc, const char *name, size_t len, const char *op,
+                   const char *arg, redisReply **r)
 {
     struct redis_keys keys;
+    int err;
+    if (dlock_redis_keys(rc, name, len, &keys) != 0)
+        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    const char *args[2] = {op, arg};
+    const size_t lens[2] = {strlen(op), strlen(arg)};
+    err = call_keys(rc, &keys, REDIS_NKEYS_ALL, args, lens, 2, dlock_redis_call_until(rc), r);
+    dlock_redis_keys_free(&keys);
+    return err;
+}
+
+static int bad_read(struct redis_conn *rc, const char *op, const char *name, size_t len)
+{
+    return dlock_seterr(cl(rc), DLOCK_EPROTO,
+                        "unexpected reply from the lock script's %s (a key of \"%.*s\" not "
+                        "written by dlock?)",
+                        op, (int)(len > 64 ? 64 : len), name);
+}
+
+static int single_inspect(struct redis_conn *rc, const char *name, size_t len, dlock_info *info)
+{
     struct redis_seen seen;
     redisReply *r = NULL;
     char listed[8];
     int err;
-    if (dlock_redis_keys(rc, name, len, &keys) != 0)
-        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
     snprintf(listed, sizeof listed, "%d", DLOCK_REDIS_LISTED);
-    const char *args[2] = {"inspect", listed};
-    const size_t lens[2] = {7, strlen(listed)};
-    err = call_keys(rc, &keys, REDIS_NKEYS_ALL, args, lens, 2, dlock_redis_call_until(rc),
-                    &r);
-    dlock_redis_keys_free(&keys);
-    if (err)
+    if ((err = read_op(rc, name, len, "inspect", listed, &r)) != 0)
         return err;
     err = dlock_redis_reply_inspect(r, &seen);
     freeReplyObject(r);
     if (err)
-        return dlock_seterr(cl(rc), DLOCK_EPROTO,
-                            "unexpected reply from the lock script's inspect (a key of \"%.*s\" "
-                            "not written by dlock?)",
-                            (int)(len > 64 ? 64 : len), name);
+        return bad_read(rc, "inspect", name, len);
     info->known = DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER |
                   DLOCK_KNOWS_LAST_TOKEN;
     info->held = seen.held;
@@ -681,6 +714,29 @@ static int single_inspect(struct redis_conn *rc, const char *name, size_t len, d
     return 0;
 }
 
+/*
+ * inspect_holders: the script's "holders", reads only, one call like
+ * inspect: the live holders (lease not ended) in token order, or the
+ * exclusive holder of the lock key. At most capacity listed (the script
+ * sorts them all: O(n log n) in the holders).
+ */
+static int single_holders(struct redis_conn *rc, const char *name, size_t len, dlock_holder *out,
+                          size_t capacity, size_t *count)
+{
+    redisReply *r = NULL;
+    char cap[24];
+    uint32_t limit = 0;
+    int err;
+    /* A semaphore has no more holders than this; more readers are counted
+     * and listed in part. */
+    snprintf(cap, sizeof cap, "%zu", capacity > DLOCK_LIMIT_MAX ? (size_t)DLOCK_LIMIT_MAX : capacity);
+    if ((err = read_op(rc, name, len, "holders", cap, &r)) != 0)
+        return err;
+    err = dlock_redis_reply_holders(r, out, capacity, count, &limit);
+    freeReplyObject(r);
+    return err ? bad_read(rc, "holders", name, len) : 0;
+}
+
 const struct redis_recipe dlock_redis_single_recipe = {
     .acquire = acquire_single,
     .release = single_release,
@@ -690,4 +746,5 @@ const struct redis_recipe dlock_redis_single_recipe = {
     .top = dlock_redis_floor_top,
     .raise_floor = dlock_redis_floor_raise,
     .inspect = single_inspect,
+    .holders = single_holders,
 };

@@ -383,6 +383,63 @@ int dlock_redis_reply_inspect(const redisReply *r, struct redis_seen *s)
     return 0;
 }
 
+/* One holder: {owner, kind, token, lease}; an exclusive holder ('x')
+ * comes as {lock value, 'x', '', PTTL}, the value "<owner>:<token>" when
+ * dlock wrote it. */
+static int holder_of(const redisReply *r, uint32_t limit, dlock_holder *h)
+{
+    if (!array_of(r, 4))
+        return -1;
+    redisReply *const *e = r->element;
+    if (!is_str(e[0]) || !is_str(e[1]) || e[1]->len != 1 || !is_str(e[2]) ||
+        e[3]->type != REDIS_REPLY_INTEGER)
+        return -1;
+    const char *owner = e[0]->str;
+    uint64_t token = 0;
+    char kind = e[1]->str[0];
+    if (kind == 'x') {
+        if (e[0]->len > 33 && e[0]->str[32] == ':' && hex32(e[0]->str, 32))
+            token = dec(e[0]->str + 33, e[0]->len - 33);
+    } else if ((kind == 's' || kind == 'p') && hex32(e[0]->str, e[0]->len)) {
+        token = dec(e[2]->str, e[2]->len);
+    } else {
+        return -1;
+    }
+    h->known = DLOCK_KNOWS_MODE;
+    h->mode = kind == 's' ? DLOCK_MODE_SHARED : DLOCK_MODE_EXCLUSIVE;
+    h->limit = kind == 'p' ? limit : 0;
+    if (token) {
+        h->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER;
+        h->token = token;
+        memcpy(h->owner, owner, 32);
+        h->owner[32] = '\0';
+    }
+    if (e[3]->integer >= 0) {
+        h->known |= DLOCK_KNOWS_LEASE;
+        h->lease_ms = (uint64_t)e[3]->integer;
+    }
+    return 0;
+}
+
+int dlock_redis_reply_holders(const redisReply *r, dlock_holder *out, size_t capacity,
+                              size_t *count, uint32_t *limit)
+{
+    if (!array_of(r, 3) || r->element[0]->type != REDIS_REPLY_INTEGER ||
+        r->element[1]->type != REDIS_REPLY_INTEGER || r->element[2]->type != REDIS_REPLY_ARRAY ||
+        (r->element[2]->elements && !r->element[2]->element))
+        return -1;
+    long long n = r->element[0]->integer, lim = r->element[1]->integer;
+    const redisReply *list = r->element[2];
+    if (n < 0 || lim < 0 || lim > DLOCK_LIMIT_MAX || list->elements > (unsigned long long)n)
+        return -1;
+    *count = (size_t)n;
+    *limit = (uint32_t)lim;
+    for (size_t i = 0; i < list->elements && i < capacity; i++)
+        if (holder_of(list->element[i], *limit, &out[i]) != 0)
+            return -1;
+    return 0;
+}
+
 int dlock_redis_reply_command_known(const redisReply *r)
 {
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 1 || !r->element[0])

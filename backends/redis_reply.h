@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dlock.h"
+
 /* The script's {a, b} replies (acquire, grab): 0 with *a and *b set, or -1
  * when the reply is not an array of two integers. */
 int dlock_redis_reply_pair(const redisReply *r, long long *a, long long *b);
@@ -125,5 +127,12 @@ struct redis_seen {
 };
 /* 0 with *s filled, or -1 when the reply is not what the script returns. */
 int dlock_redis_reply_inspect(const redisReply *r, struct redis_seen *s);
+
+/* The script's "holders" reply ({count, limit, {{owner, kind, token,
+ * lease ms}, ...}}, redis_script.h): fills out[0 .. min(capacity, what the
+ * reply lists)) (zeroed by the caller) and *count (how many hold) and
+ * *limit; 0, or -1 when the reply is anything else. */
+int dlock_redis_reply_holders(const redisReply *r, dlock_holder *out, size_t capacity,
+                              size_t *count, uint32_t *limit);
 
 #endif

@@ -313,8 +313,8 @@ static void all_nodes_keys(struct redis_conn *rc, const struct redis_keys *keys,
                            redisReply **replies, size_t need, uint64_t timeout_ns, int flags,
                            struct round *st)
 {
-    const char *argv[16];
-    size_t argvlen[16];
+    const char *argv[20];
+    size_t argvlen[20];
     size_t argc = dlock_redis_script_argv(rc, keys, nkeys, args, lens, nargs, argv, argvlen);
     all_nodes_argv(rc, argc, argv, argvlen, replies, need, timeout_ns, flags, st);
 }
@@ -343,7 +343,7 @@ static void all_nodes(struct redis_conn *rc, struct redis_held *h, const char **
                       const size_t *lens, size_t nargs, redisReply **replies, size_t need,
                       uint64_t timeout_ns, int flags, struct round *st)
 {
-    held_nodes(rc, h, REDIS_NKEYS, args, lens, nargs, replies, need, timeout_ns, flags, st);
+    held_nodes(rc, h, REDIS_NKEYS_ALL, args, lens, nargs, replies, need, timeout_ns, flags, st);
 }
 
 static void free_replies(struct redis_conn *rc, redisReply **replies)
@@ -413,8 +413,8 @@ static void drop_all(struct redis_conn *rc, struct redis_held *h, size_t *ours, 
     if (!release_channel(rc, h, &chan_len, &chan))
         return;
     dlock_err_save(cl(rc), &saved);
-    const char *args[3] = {"drop", h->owner, chan};
-    const size_t lens[3] = {4, 32, chan_len};
+    const char *args[3] = {DLOCK_REDIS_OP(h, "drop"), h->owner, chan};
+    const size_t lens[3] = {strlen(args[0]), 32, chan_len};
     all_nodes(rc, h, args, lens, 3, replies, quorum(rc), bound_ns, 0, NULL);
     count_ints(rc, replies, ours, not_ours);
     free_replies(rc, replies);
@@ -460,8 +460,8 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
 
     dlock_clearerr(cl(rc));
     snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
-    const char *args[3] = {"grab", h->owner, ttl};
-    const size_t lens[3] = {4, 32, strlen(ttl)};
+    const char *args[3] = {DLOCK_REDIS_OP(h, "grab"), h->owner, ttl};
+    const size_t lens[3] = {strlen(args[0]), 32, strlen(ttl)};
     all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc), ROUND_QUORUM_FIRST,
               &st);
     for (size_t i = 0; i < rc->nnodes; i++) {
@@ -474,7 +474,7 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
             granted++;
             max_token = t > max_token ? t : max_token;
             min_token = !min_token || t < min_token ? t : min_token;
-        } else if (a != 1 && (shortest < 0 || b < shortest)) {
+        } else if (a == 0 && (shortest < 0 || b < shortest)) {
             shortest = b;
         }
     }
@@ -780,8 +780,8 @@ static int redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t t
     if ((err = ttl_ok(rc, ttl_ms)) != 0)
         return err;
     snprintf(ttl, sizeof ttl, "%" PRIu32, ttl_ms);
-    const char *args[3] = {"renew", h->owner, ttl};
-    const size_t lens[3] = {5, 32, strlen(ttl)};
+    const char *args[3] = {DLOCK_REDIS_OP(h, "renew"), h->owner, ttl};
+    const size_t lens[3] = {strlen(args[0]), 32, strlen(ttl)};
     all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc), 0, NULL);
     count_ints(rc, replies, &ours, &not_ours);
     free_replies(rc, replies);
@@ -819,8 +819,8 @@ static int redlock_keep(struct redis_conn *kc, struct redis_held *h, uint32_t tt
     if (kc->nnodes > MAX_NODES)
         return dlock_seterr(cl(kc), DLOCK_EBADURI, "Redlock takes at most %d hosts", MAX_NODES);
     snprintf(ttl, sizeof ttl, "%" PRIu32, ttl_ms);
-    const char *args[3] = {"renew", h->owner, ttl};
-    const size_t lens[3] = {5, 32, strlen(ttl)};
+    const char *args[3] = {DLOCK_REDIS_OP(h, "renew"), h->owner, ttl};
+    const size_t lens[3] = {strlen(args[0]), 32, strlen(ttl)};
     all_nodes(kc, h, args, lens, 3, replies, quorum(kc), node_timeout_ns(kc), 0, NULL);
     count_ints(kc, replies, &ours, &not_ours);
     free_replies(kc, replies);
@@ -967,6 +967,15 @@ static int redlock_raise_floor(struct redis_conn *rc, uint64_t floor)
                         ones, rc->nnodes, quorum(rc), st.first.msg);
 }
 
+/* An inspection that fewer than a quorum of the nodes answered. */
+static int too_few(struct redis_conn *rc, size_t answered, const struct round *st)
+{
+    return dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                        "inspect: only %zu of %zu Redlock nodes answered, %zu needed for a "
+                        "quorum (%.150s)",
+                        answered, rc->nnodes, quorum(rc), st->first.msg);
+}
+
 static int desc(const void *a, const void *b)
 {
     long long x = *(const long long *)a, y = *(const long long *)b;
@@ -1040,10 +1049,7 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dl
     }
     free_replies(rc, replies);
     if (answered < q) {
-        err = dlock_seterr(cl(rc), DLOCK_ECONNECT,
-                           "inspect: only %zu of %zu Redlock nodes answered, %zu needed for a "
-                           "quorum (%.150s)",
-                           answered, n, q, st.first.msg);
+        err = too_few(rc, answered, &st);
         goto out;
     }
     /* The owner holding the most nodes that answered (a value that is not
@@ -1116,14 +1122,143 @@ out:
     return err;
 }
 
+/*
+ * inspect_holders: the script's "holders" (reads only) on every node at
+ * once, each reply bounded by node_timeout: a holder is an owner listed on
+ * a quorum of the nodes (what a grant needs); its token the quorum-th
+ * largest of its nodes' (as inspect's), its lease the quorum-th longest.
+ * Each node lists at most REDLOCK_HOLDERS_MAX (Redlock has readers only,
+ * never a semaphore's thousands). Fewer than a quorum answering:
+ * DLOCK_ECONNECT.
+ */
+#define REDLOCK_HOLDERS_MAX 256
+static int holder_cmp(const void *a, const void *b)
+{
+    const dlock_holder *x = a, *y = b;
+    return x->token < y->token ? -1 : x->token > y->token;
+}
+
+static int redlock_holders(struct redis_conn *rc, const char *name, size_t len, dlock_holder *out,
+                           size_t capacity, size_t *count)
+{
+    redisReply *replies[MAX_NODES];
+    struct redis_keys keys;
+    struct round st;
+    size_t n = rc->nnodes, q = quorum(rc), answered = 0, found = 0;
+    dlock_holder *seen, *all = NULL;
+    size_t listed[MAX_NODES] = {0};
+    char cap[12];
+    int err = 0;
+    if (n > MAX_NODES)
+        return dlock_seterr(cl(rc), DLOCK_EBADURI, "Redlock takes at most %d hosts", MAX_NODES);
+    if (!(seen = calloc(n * REDLOCK_HOLDERS_MAX, sizeof *seen)) ||
+        !(all = calloc(REDLOCK_HOLDERS_MAX, sizeof *all)) ||
+        dlock_redis_keys(rc, name, len, &keys) != 0) {
+        free(seen);
+        free(all);
+        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    }
+    snprintf(cap, sizeof cap, "%d", REDLOCK_HOLDERS_MAX);
+    const char *args[2] = {"holders", cap};
+    const size_t lens[2] = {7, strlen(cap)};
+    all_nodes_keys(rc, &keys, REDIS_NKEYS_ALL, args, lens, 2, replies, 0, node_timeout_ns(rc), 0,
+                   &st);
+    dlock_redis_keys_free(&keys);
+    for (size_t i = 0; i < n; i++) {
+        size_t c = 0;
+        uint32_t limit = 0;
+        if (!replies[i])
+            continue;
+        if (dlock_redis_reply_holders(replies[i], &seen[i * REDLOCK_HOLDERS_MAX],
+                                      REDLOCK_HOLDERS_MAX, &c, &limit) != 0) {
+            dlock_seterr(cl(rc), DLOCK_EPROTO, "redis %s:%d: unexpected holders reply",
+                         rc->nodes[i].host, rc->nodes[i].port);
+            round_fail(rc, &st);
+            continue;
+        }
+        listed[i] = c < REDLOCK_HOLDERS_MAX ? c : REDLOCK_HOLDERS_MAX;
+        answered++;
+    }
+    free_replies(rc, replies);
+    if (answered < q) {
+        err = too_few(rc, answered, &st);
+        goto out;
+    }
+    /* Each owner once, at its first node that lists it. */
+    for (size_t i = 0; i < n; i++) {
+        for (size_t k = 0; k < listed[i] && found < REDLOCK_HOLDERS_MAX; k++) {
+            const dlock_holder *h = &seen[i * REDLOCK_HOLDERS_MAX + k];
+            long long tok[MAX_NODES], lease[MAX_NODES];
+            size_t on = 0, first = 1;
+            if (!(h->known & DLOCK_KNOWS_OWNER))
+                continue;
+            for (size_t j = 0; j < n && first; j++)
+                for (size_t m = 0; m < listed[j]; m++) {
+                    const dlock_holder *o = &seen[j * REDLOCK_HOLDERS_MAX + m];
+                    if (!(o->known & DLOCK_KNOWS_OWNER) || strcmp(o->owner, h->owner) != 0)
+                        continue;
+                    if (j < i)
+                        first = 0;
+                    tok[on] = (long long)o->token;
+                    lease[on++] = (o->known & DLOCK_KNOWS_LEASE) ? (long long)o->lease_ms : 0;
+                    break;
+                }
+            if (!first || on < q)
+                continue;
+            qsort(tok, on, sizeof tok[0], desc);
+            qsort(lease, on, sizeof lease[0], desc);
+            all[found] = *h;
+            all[found].token = (uint64_t)tok[q - 1];
+            all[found++].lease_ms = (uint64_t)lease[q - 1];
+        }
+    }
+    qsort(all, found, sizeof *all, holder_cmp);
+    if (capacity)
+        memcpy(out, all, (found < capacity ? found : capacity) * sizeof *out);
+    *count = found;
+    dlock_clearerr(cl(rc));
+out:
+    free(seen);
+    free(all);
+    return err;
+}
+
+/*
+ * inspect: inspect_keys() above; readers may be granted in another order
+ * on each node, so that no one owner is the newest on a quorum: when it
+ * finds the name free or cannot tell, the holders are asked (as
+ * inspect_holders), and the one with the highest token is told.
+ */
 static int redlock_inspect(struct redis_conn *rc, const char *name, size_t len, dlock_info *info)
 {
     struct redis_keys keys;
+    dlock_holder *hs;
+    size_t count = 0;
     int err;
     if (dlock_redis_keys(rc, name, len, &keys) != 0)
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
     err = inspect_keys(rc, &keys, info);
     dlock_redis_keys_free(&keys);
+    if ((err && err != DLOCK_ECONNECT) || (!err && info->held))
+        return err;
+    if (!(hs = calloc(REDLOCK_HOLDERS_MAX, sizeof *hs)))
+        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    dlock_errsave why;
+    dlock_err_save(cl(rc), &why);
+    if (redlock_holders(rc, name, len, hs, REDLOCK_HOLDERS_MAX, &count) == 0 && count > 0) {
+        const dlock_holder *top = &hs[(count < REDLOCK_HOLDERS_MAX ? count : REDLOCK_HOLDERS_MAX) - 1];
+        if (err)
+            info->known = DLOCK_KNOWS_HELD; /* the waiters were not told */
+        info->held = 1;
+        info->known |= top->known & (DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_OWNER | DLOCK_KNOWS_LEASE);
+        info->token = top->token;
+        info->lease_ms = top->lease_ms;
+        memcpy(info->owner, top->owner, sizeof info->owner);
+        err = 0;
+    } else {
+        dlock_err_restore(cl(rc), &why);
+    }
+    free(hs);
     return err;
 }
 
@@ -1136,4 +1271,5 @@ const struct redis_recipe dlock_redlock_recipe = {
     .top = redlock_top,
     .raise_floor = redlock_raise_floor,
     .inspect = redlock_inspect,
+    .holders = redlock_holders,
 };

@@ -9,6 +9,7 @@
 
 #include "bench.h"
 #include "bench_int.h"
+#include "dlock_backend.h" /* DLOCK_CAP_SHARED, DLOCK_CAP_SEMAPHORE */
 
 static const char usage_text[] =
     "usage: dlock bench [options] URI [URI...]\n"
@@ -16,7 +17,10 @@ static const char usage_text[] =
     "Measures, for each store: its round trip (ping), uncontended\n"
     "acquire+release, the release-to-next-holder handoff (two clients in\n"
     "ping-pong, then queues of waiters), throughput with many contenders, and\n"
-    "checks mutual exclusion throughout. Latencies are in microseconds.\n"
+    "checks mutual exclusion throughout. Where the backend has them, also\n"
+    "shared acquire+release uncontended and the semaphore handoff (the last\n"
+    "permit of a semaphore of 2 in ping-pong, the other permit held).\n"
+    "Latencies are in microseconds.\n"
     "\n"
     "With --scale, measures instead what holding many locks costs one client:\n"
     "for each N it takes N locks (10 min lease), reports the acquire rate\n"
@@ -325,12 +329,27 @@ static int run_uri(const char *uri, dlock_client *c, const char *prefix,
         return rc;
     phase(wd, r, "uncontended acquire+release", 0, ctx);
     snprintf(name, sizeof name, "%s-solo", prefix);
-    if ((rc = bench_run_uncontended(c, name, o, r, ctx)) != 0)
+    if ((rc = bench_run_uncontended(c, name, DLOCK_MODE_EXCLUSIVE, o, &r->uncontended,
+                                    ctx)) != 0)
         return rc;
     phase(wd, r, "ping-pong handoff", 0, ctx);
     snprintf(name, sizeof name, "%s-pingpong", prefix);
-    if ((rc = bench_run_pingpong(uri, name, o, r, ctx)) != 0)
+    if ((rc = bench_run_pingpong(uri, name, 0, o, &r->handoff, r, ctx)) != 0)
         return rc;
+    if (r->caps & DLOCK_CAP_SHARED) {
+        phase(wd, r, "shared acquire+release, uncontended", 0, ctx);
+        snprintf(name, sizeof name, "%s-shared", prefix);
+        if ((rc = bench_run_uncontended(c, name, DLOCK_MODE_SHARED, o,
+                                        &r->shared_uncontended, ctx)) != 0)
+            return rc;
+    }
+    if (r->caps & DLOCK_CAP_SEMAPHORE) {
+        phase(wd, r, "semaphore handoff", 0, ctx);
+        snprintf(name, sizeof name, "%s-semaphore", prefix);
+        if ((rc = bench_run_pingpong(uri, name, BENCH_SEM_LIMIT, o, &r->sem_handoff, r,
+                                     ctx)) != 0)
+            return rc;
+    }
     phase(wd, r, "throughput on one name", o->seconds, ctx);
     snprintf(name, sizeof name, "%s-crowd", prefix);
     if ((rc = bench_run_throughput(uri, name, 0, o, r, ctx)) != 0)

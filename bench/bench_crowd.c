@@ -27,7 +27,7 @@ static void *tput_main(void *arg)
         return NULL;
     while (!bench_stopped(t->ctx) && t->count < BENCH_TPUT_MAX_PER_THREAD) {
         dlock_lock *lock;
-        int rc = bench_acquire(t->client, t->name, t->wait, &lock);
+        int rc = bench_acquire(t->client, t->name, t->wait, 0, &lock);
 
         if (rc == DLOCK_ETIMEDOUT) {
             t->timeouts++;
@@ -190,7 +190,7 @@ static int waitq_turn(waitq_thread *t)
     int rc;
 
     atomic_fetch_add(&q->queued, 1);
-    rc = bench_acquire(t->client, q->name, q->wait, &lock);
+    rc = bench_acquire(t->client, q->name, q->wait, 0, &lock);
     t1 = bench_now();
     if (rc == DLOCK_ETIMEDOUT) {
         /* A store that lets some waiter starve: count it, up to the cap. */

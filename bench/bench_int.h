@@ -21,6 +21,10 @@
 #define BENCH_PHASE_CAP_NS (20ull * 1000000000ull)  /* one measurement */
 #define BENCH_WAIT_NS (10ull * 1000000000ull)       /* one acquire, one peer */
 #define BENCH_WAITER_HANDOFFS 300  /* most samples per waiter set */
+/* The semaphore handoff: a semaphore of this limit, all its permits but one
+ * held throughout by clients of their own, the last one passed in
+ * ping-pong. */
+#define BENCH_SEM_LIMIT 2
 /* --scale: up to 8 sizes of at most 10 million locks, each held on a 10 min
  * lease so that none expires during the run; filling, and releasing, one
  * size is cut after BENCH_SCALE_CAP_NS. */
@@ -121,6 +125,9 @@ typedef struct bench_result {
     bench_stats ping;
     bench_stats uncontended;
     bench_stats handoff;
+    /* Shared locks and semaphores, where the backend has them (caps). */
+    bench_stats shared_uncontended;  /* try-mode shared acquire+release */
+    bench_stats sem_handoff;         /* ping-pong of a semaphore's last permit */
     bench_tput tput_one;  /* all contenders on one name */
     bench_tput tput_own;  /* each contender on its own name */
     bench_waiter_result waiters[BENCH_MAX_WAITER_SETS];
@@ -153,20 +160,26 @@ void bench_close_clients(dlock_client **clients, size_t n);
 size_t bench_spawn(pthread_t *tids, size_t n, void *(*fn)(void *),
                    void *args, size_t arg_size, bench_ctx *ctx);
 void bench_join(pthread_t *tids, size_t n);
+/* An exclusive acquire (a permit of a semaphore of limit, when limit > 0)
+ * giving up after BENCH_WAIT_NS. */
 int bench_acquire(dlock_client *c, const char *name, dlock_wait wait,
-                  dlock_lock **lockp);
+                  uint32_t limit, dlock_lock **lockp);
 int bench_watchdog_start(bench_watchdog *wd);
 void bench_watchdog_arm(bench_watchdog *wd, const char *uri, const char *what,
                         uint64_t budget_ns);
 void bench_watchdog_stop(bench_watchdog *wd);
 
-/* bench_solo.c: one client, then two in strict ping-pong. */
+/* bench_solo.c: one client, then two in strict ping-pong. The
+ * uncontended run takes the name in mode; the ping-pong passes a lock, or
+ * with limit > 0 the last permit of a semaphore of limit (the others held
+ * throughout). */
 int bench_run_ping(dlock_client *c, const bench_opts *o, bench_result *r,
                    bench_ctx *ctx);
-int bench_run_uncontended(dlock_client *c, const char *name,
-                          const bench_opts *o, bench_result *r, bench_ctx *ctx);
-int bench_run_pingpong(const char *uri, const char *name, const bench_opts *o,
-                       bench_result *r, bench_ctx *ctx);
+int bench_run_uncontended(dlock_client *c, const char *name, dlock_mode mode,
+                          const bench_opts *o, bench_stats *out, bench_ctx *ctx);
+int bench_run_pingpong(const char *uri, const char *name, uint32_t limit,
+                       const bench_opts *o, bench_stats *out, bench_result *r,
+                       bench_ctx *ctx);
 
 /* bench_crowd.c: many clients at once. */
 int bench_run_throughput(const char *uri, const char *prefix, int own_names,

@@ -129,6 +129,22 @@ static void row(const char *label, const bench_stats *s, const char *note)
            s->p99, s->mean, s->max, note);
 }
 
+/* A mode's row, its p50 against the exclusive one's (the targets: shared
+ * within 1.2x, the semaphore handoff within 1.5x), or n/a. */
+static void mode_row(const char *label, unsigned int has, const bench_stats *s,
+                     const bench_stats *exclusive, const char *none)
+{
+    char note[64] = "";
+
+    if (!has) {
+        printf("  %-32s %7s  (%s)\n", label, "n/a", none);
+        return;
+    }
+    if (exclusive->p50 > 0)
+        snprintf(note, sizeof note, "  (p50 %.2fx the exclusive)", s->p50 / exclusive->p50);
+    row(label, s, note);
+}
+
 static void tput_row(size_t contenders, const char *what, const bench_tput *t)
 {
     printf("  %zu contenders, %-18s %12.1f %14llu", contenders, what, t->rate,
@@ -200,6 +216,10 @@ void bench_print_table(const bench_opts *o, const bench_result *r)
                "store round trip (ping)", "n/a");
     row("acquire+release, uncontended", &r->uncontended, "");
     row("handoff, ping-pong", &r->handoff, "");
+    mode_row("shared acquire+release", r->caps & DLOCK_CAP_SHARED, &r->shared_uncontended,
+             &r->uncontended, "the backend has no shared locks");
+    mode_row("semaphore handoff, ping-pong", r->caps & DLOCK_CAP_SEMAPHORE, &r->sem_handoff,
+             &r->handoff, "the backend has no semaphores");
     for (size_t i = 0; i < r->n_waiters; i++) {
         const bench_waiter_result *w = &r->waiters[i];
 
@@ -292,6 +312,16 @@ static void json_result(FILE *f, const bench_opts *o, const bench_result *r)
     json_stats(f, "uncontended_us", &r->uncontended);
     fprintf(f, ",");
     json_stats(f, "handoff_pingpong_us", &r->handoff);
+    fprintf(f, ",");
+    if (r->caps & DLOCK_CAP_SHARED)
+        json_stats(f, "shared_uncontended_us", &r->shared_uncontended);
+    else
+        fprintf(f, "\"shared_uncontended_us\":null");
+    fprintf(f, ",\"semaphore_limit\":%u,", BENCH_SEM_LIMIT);
+    if (r->caps & DLOCK_CAP_SEMAPHORE)
+        json_stats(f, "semaphore_handoff_pingpong_us", &r->sem_handoff);
+    else
+        fprintf(f, "\"semaphore_handoff_pingpong_us\":null");
     fprintf(f, ",\"handoff_waiters\":[");
     for (size_t i = 0; i < r->n_waiters; i++) {
         const bench_waiter_result *w = &r->waiters[i];

@@ -1,4 +1,5 @@
-/* Store round trip, uncontended latency, and the two-client ping-pong. */
+/* Store round trip, uncontended latency (exclusive or shared), and the
+ * two-client ping-pong (of a lock, or of a semaphore's last permit). */
 #include <stdlib.h>
 
 #include "bench_int.h"
@@ -59,13 +60,15 @@ int bench_run_ping(dlock_client *c, const bench_opts *o, bench_result *r,
 }
 
 /* One try-mode acquire and its release on a name nobody else uses. */
-static int try_pair(dlock_client *c, const char *name, bench_ctx *ctx)
+static int try_pair(dlock_client *c, const char *name, dlock_mode mode,
+                    bench_ctx *ctx)
 {
     dlock_acquire_opts opts = DLOCK_ACQUIRE_OPTS_INIT;
     dlock_lock *lock;
     int rc;
 
     opts.wait = DLOCK_WAIT_TRY;
+    opts.mode = mode;
     if ((rc = dlock_acquire(c, name, &opts, &lock)) != 0) {
         bench_ctx_fail(ctx, rc, c, "uncontended acquire");
         return rc;
@@ -75,15 +78,15 @@ static int try_pair(dlock_client *c, const char *name, bench_ctx *ctx)
     return rc;
 }
 
-int bench_run_uncontended(dlock_client *c, const char *name,
-                          const bench_opts *o, bench_result *r, bench_ctx *ctx)
+int bench_run_uncontended(dlock_client *c, const char *name, dlock_mode mode,
+                          const bench_opts *o, bench_stats *out, bench_ctx *ctx)
 {
     bench_samples s;
     uint64_t cap;
     int rc = 0;
 
     for (size_t i = warmup_count(o->iterations); i > 0; i--)
-        if ((rc = try_pair(c, name, ctx)) != 0)
+        if ((rc = try_pair(c, name, mode, ctx)) != 0)
             return rc;
     if ((rc = bench_samples_init(&s, o->iterations)) != 0) {
         bench_ctx_fail(ctx, rc, NULL, "uncontended samples");
@@ -93,11 +96,11 @@ int bench_run_uncontended(dlock_client *c, const char *name,
     for (size_t i = 0; i < o->iterations && bench_now() < cap; i++) {
         uint64_t t = bench_now();
 
-        if ((rc = try_pair(c, name, ctx)) != 0)
+        if ((rc = try_pair(c, name, mode, ctx)) != 0)
             break;
         bench_samples_add(&s, bench_now() - t);
     }
-    bench_samples_stats(&s, &r->uncontended);
+    bench_samples_stats(&s, out);
     bench_samples_free(&s);
     return rc;
 }
@@ -111,6 +114,7 @@ typedef struct pingpong {
     bench_ctx *ctx;
     const char *name;
     dlock_wait wait;
+    uint32_t limit;  /* 0: a lock; else the semaphore's */
     size_t rounds;
     uint64_t cap_ns;
     atomic_size_t holding;   /* k + 1: the holder of round k holds the lock */
@@ -159,7 +163,7 @@ static int pingpong_take(pingpong_thread *t, size_t k, dlock_lock **lockp)
                          "ping-pong: the holder thread did not take the lock"))
         return 1;
     atomic_store(&pp->announced, k + 1);
-    rc = bench_acquire(t->client, pp->name, pp->wait, lockp);
+    rc = bench_acquire(t->client, pp->name, pp->wait, pp->limit, lockp);
     t1 = bench_now();
     if (rc != 0) {
         bench_ctx_fail(pp->ctx, rc, t->client, "ping-pong acquire");
@@ -181,7 +185,7 @@ static void *pingpong_main(void *arg)
     dlock_lock *lock = NULL;
 
     if (t->id == 0) {
-        int rc = bench_acquire(t->client, pp->name, pp->wait, &lock);
+        int rc = bench_acquire(t->client, pp->name, pp->wait, pp->limit, &lock);
 
         if (rc != 0) {
             bench_ctx_fail(pp->ctx, rc, t->client, "ping-pong first acquire");
@@ -208,16 +212,50 @@ static void *pingpong_main(void *arg)
     return NULL;
 }
 
-int bench_run_pingpong(const char *uri, const char *name, const bench_opts *o,
-                       bench_result *r, bench_ctx *ctx)
+/* The permits of a semaphore of limit but the last, taken in try mode by
+ * clients of their own (one client holds a name once) and held while the
+ * ping-pong runs. */
+static int hold_other_permits(const char *uri, const char *name, uint32_t limit,
+                              dlock_client **clients, dlock_lock **locks,
+                              bench_ctx *ctx)
 {
-    pingpong pp = { .ctx = ctx, .name = name, .wait = o->wait,
+    size_t n = limit ? limit - 1 : 0;
+    int rc;
+
+    if ((rc = bench_open_clients(uri, clients, n, ctx)) != 0)
+        return rc;
+    for (size_t i = 0; i < n; i++) {
+        dlock_acquire_opts opts = DLOCK_ACQUIRE_OPTS_INIT;
+
+        opts.wait = DLOCK_WAIT_TRY;
+        opts.limit = limit;
+        if ((rc = dlock_acquire(clients[i], name, &opts, &locks[i])) != 0) {
+            bench_ctx_fail(ctx, rc, clients[i], "semaphore: holding the other permits");
+            return rc;
+        }
+    }
+    return 0;
+}
+
+int bench_run_pingpong(const char *uri, const char *name, uint32_t limit,
+                       const bench_opts *o, bench_stats *out, bench_result *r,
+                       bench_ctx *ctx)
+{
+    pingpong pp = { .ctx = ctx, .name = name, .wait = o->wait, .limit = limit,
                     .rounds = o->handoffs };
     pingpong_thread th[2];
     dlock_client *clients[2] = { NULL, NULL };
+    dlock_client *others[BENCH_SEM_LIMIT] = { NULL };
+    dlock_lock *permits[BENCH_SEM_LIMIT] = { NULL };
+    size_t n_others = limit ? limit - 1 : 0;
     pthread_t tids[2];
     size_t started;
     int rc;
+
+    if (n_others > sizeof others / sizeof others[0]) {
+        bench_ctx_fail(ctx, DLOCK_EINVAL, NULL, "semaphore: limit too large");
+        return DLOCK_EINVAL;
+    }
 
     atomic_init(&pp.holding, 0);
     atomic_init(&pp.announced, 0);
@@ -228,7 +266,9 @@ int bench_run_pingpong(const char *uri, const char *name, const bench_opts *o,
         bench_ctx_fail(ctx, rc, NULL, "ping-pong samples");
         return rc;
     }
-    if ((rc = bench_open_clients(uri, clients, 2, ctx)) != 0) {
+    if ((rc = hold_other_permits(uri, name, limit, others, permits, ctx)) != 0 ||
+        (rc = bench_open_clients(uri, clients, 2, ctx)) != 0) {
+        bench_close_clients(others, n_others);
         bench_samples_free(&pp.samples);
         return rc;
     }
@@ -238,7 +278,11 @@ int bench_run_pingpong(const char *uri, const char *name, const bench_opts *o,
     started = bench_spawn(tids, 2, pingpong_main, th, sizeof th[0], ctx);
     bench_join(tids, started);
     bench_close_clients(clients, 2);
-    bench_samples_stats(&pp.samples, &r->handoff);
+    for (size_t i = 0; i < n_others; i++)
+        if (permits[i] && (rc = dlock_release(permits[i])) != 0)
+            bench_ctx_fail(ctx, rc, others[i], "semaphore: releasing the other permits");
+    bench_close_clients(others, n_others);
+    bench_samples_stats(&pp.samples, out);
     bench_samples_free(&pp.samples);
     r->violations += atomic_load(&pp.crit.violations);
     if (atomic_load(&pp.crit.counter) != atomic_load(&pp.grants))

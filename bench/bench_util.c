@@ -246,11 +246,12 @@ void bench_join(pthread_t *tids, size_t n)
 /* A blocking acquire; with DLOCK_WAIT_DEADLINE it gives up after
  * BENCH_WAIT_NS, with DLOCK_WAIT_FOREVER only the watchdog bounds it. */
 int bench_acquire(dlock_client *c, const char *name, dlock_wait wait,
-                  dlock_lock **lockp)
+                  uint32_t limit, dlock_lock **lockp)
 {
     dlock_acquire_opts opts = DLOCK_ACQUIRE_OPTS_INIT;
 
     opts.wait = wait;
+    opts.limit = limit;
     opts.deadline_ns = bench_now() + BENCH_WAIT_NS;
     return dlock_acquire(c, name, &opts, lockp);
 }

@@ -9,8 +9,10 @@ after, then the next round), the bench on --client-cpu and every store
 process found under --stores-dir (pidfiles) moved to --store-cpu, so that
 placement does not differ between runs. Prints, per URI, the median over
 the rounds of the uncontended and ping-pong handoff p50 for each binary and
-the change, as a Markdown table. Exit 1 when a run fails or a change
-exceeds --limit percent (default 10) in the slower direction."""
+the change, as a Markdown table; then, where both binaries measured them
+(stores with shared locks or semaphores), the shared acquire+release and the
+semaphore handoff. Exit 1 when a run fails or a change exceeds --limit
+percent (default 10) in the slower direction."""
 import argparse
 import glob
 import json
@@ -41,13 +43,20 @@ def shown(uri):
     return re.sub(r'(password=)[^&]*', r'\1***', shown)
 
 
+# What each row compares: the JSON's p50 of each.
+KEYS = ('uncontended_us', 'handoff_pingpong_us', 'shared_uncontended_us',
+        'semaphore_handoff_pingpong_us')
+TITLES = ('uncontended', 'handoff', 'shared uncontended', 'semaphore handoff')
+
+
 def run(binary, uri, cpu, extra):
     cmd = ['taskset', '-c', str(cpu), binary, 'bench', '--json'] + extra + [uri]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError('%s: exit %d: %s' % (' '.join(cmd), out.returncode, out.stderr.strip()))
     r = json.loads(out.stdout)['results'][0]
-    return r['uncontended_us']['p50'], r['handoff_pingpong_us']['p50']
+    # None where this binary or the store has no such measurement.
+    return tuple((r.get(k) or {}).get('p50') for k in KEYS)
 
 
 def main():
@@ -67,21 +76,24 @@ def main():
           file=sys.stderr)
     extra = a.bench_args.split()
     bad = 0
-    print('| store | uncontended p50 before / after (µs) | change | handoff p50 before / after (µs) | change |')
-    print('|---|---|---|---|---|')
+    print('| store | ' + ' | '.join('%s p50 before / after (µs) | change' % t for t in TITLES) + ' |')
+    print('|---|' + '---|---|' * len(TITLES))
     for uri in a.uris:
         got = {'before': [], 'after': []}
         for _ in range(a.rounds):
             for which in ('before', 'after'):
                 got[which].append(run(getattr(a, which), uri, a.client_cpu, extra))
-        med = {w: [statistics.median(x[i] for x in got[w]) for i in (0, 1)] for w in got}
         cells = []
-        for i in (0, 1):
-            b, f = med['before'][i], med['after'][i]
+        for i in range(len(KEYS)):
+            vals = {w: [x[i] for x in got[w]] for w in got}
+            if any(v is None for w in vals for v in vals[w]):
+                cells.append('n/a | n/a')
+                continue
+            b, f = (statistics.median(vals[w]) for w in ('before', 'after'))
             ch = (f - b) / b * 100 if b else 0.0
             bad += ch > a.limit
             cells.append('%.1f / %.1f | %+.1f %%' % (b, f, ch))
-        print('| `%s` | %s | %s |' % (shown(uri), cells[0], cells[1]))
+        print('| `%s` | %s |' % (shown(uri), ' | '.join(cells)))
         sys.stdout.flush()
     return 1 if bad else 0
 

@@ -60,7 +60,7 @@ def main():
     redis = os.environ.get("DLOCK_REDIS_URI")
     if redis:
         uris.append(redis)
-    print("1..%d" % (10 + (1 if redis else 0)))
+    print("1..%d" % (11 + (1 if redis else 0)))
     chart = os.path.join(work, "chart.svg")
     cmd = [exe, "bench", "--json", "--chart", chart, "--iterations", "50",
            "--handoffs", "20", "--contenders", "2", "--seconds", "0.1",
@@ -75,6 +75,19 @@ def main():
     res = data["results"]
     check(len(res) == len(uris), "one result per URI")
     check(all("p90" in r["uncontended_us"] for r in res), "JSON has p90")
+    # The modes' rows: measured where the store has the mode, null where not.
+    bad = []
+    for r in res:
+        for cap, key in (("shared", "shared_uncontended_us"),
+                         ("semaphore", "semaphore_handoff_pingpong_us")):
+            st = r.get(key, "missing")
+            if (st is None) == (cap in r["caps"]) or (st is not None and not (
+                    isinstance(st, dict) and st.get("n", 0) > 0 and st.get("p50", 0) > 0)):
+                bad.append((r["uri"], key, st))
+        if r.get("semaphore_limit") != 2:
+            bad.append((r["uri"], "semaphore_limit", r.get("semaphore_limit")))
+    check(not bad, "shared acquire+release and semaphore handoff measured where the "
+          "store has the mode, null where not", bad)
     m = data["machine"]
     check(m.get("cpu_model") and m.get("kernel") and m.get("nproc"),
           "JSON names the machine (cpu_model, kernel, nproc)", m)

@@ -36,16 +36,18 @@ if [ ${#names[@]} -eq 0 ]; then
 fi
 
 # The servers a test kills or restarts: a backend's own test goes with the
-# fault run of the same store (faults-X with X). test_redis also uses the
-# Redlock nodes, test_zookeeper the ensemble.
+# fault run of the same store (faults-X with X). test_redis and
+# test_redis_modes also use the Redlock nodes, test_zookeeper the ensemble.
 group_of() {
     local n=$1
     # A fault run in a mode (faults-modes: faults-X-shared, faults-X-permit)
     # kills what faults-X kills.
     case $n in faults-*-shared | faults-*-permit) n=${n%-*} ;; esac
     case $n in
-    redis | redlock | faults-redis | faults-redlock) echo redis ;;
-    zookeeper | faults-zookeeper | faults-zookeeper-ensemble) echo zookeeper ;;
+    redis | redis_modes | redlock | faults-redis | faults-redlock) echo redis ;;
+    zookeeper | zookeeper-modes | faults-zookeeper | faults-zookeeper-ensemble) echo zookeeper ;;
+    postgres_modes) echo postgres ;;
+    etcd-modes) echo etcd ;;
     faults-*) echo "${n#faults-}" ;;
     *) echo "$n" ;;
     esac

@@ -860,21 +860,6 @@ static void print_json(struct result *res, int n, const struct options *o)
     printf("]\n");
 }
 
-static int parse_uint(const char *s, unsigned long min, unsigned long max, unsigned long *out)
-{
-    char *end;
-    unsigned long v;
-
-    if (*s < '0' || *s > '9')
-        return -1;
-    errno = 0;
-    v = strtoul(s, &end, 10);
-    if (*end || errno == ERANGE || v < min || v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 static void on_signal(int sig)
 {
     interrupted = sig;
@@ -899,25 +884,25 @@ static int parse_options(int argc, char **argv, struct options *o)
     while ((c = getopt_long(argc, argv, ":p:r:d:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'p':
-            if (parse_uint(optarg, 2, CHECK_SLOTS_MAX, &v) != 0)
+            if (dlock_parse_count(optarg, 2, CHECK_SLOTS_MAX, &v) != 0)
                 return dlock_usage_error("invalid --procs '%.40s': expected 2..%d", optarg,
                                    CHECK_SLOTS_MAX);
             o->procs = (int)v;
             break;
         case 'T':
-            if (parse_uint(optarg, 10, 60000, &v) != 0)
+            if (dlock_parse_count(optarg, 10, 60000, &v) != 0)
                 return dlock_usage_error("invalid --ttl '%.40s': expected milliseconds 10..60000",
                                    optarg);
             o->ttl_ms = (uint32_t)v;
             break;
         case 'P':
-            if (parse_uint(optarg, 1, 300000, &v) != 0)
+            if (dlock_parse_count(optarg, 1, 300000, &v) != 0)
                 return dlock_usage_error("invalid --pause '%.40s': expected milliseconds 1..300000",
                                    optarg);
             o->pause_ms = (unsigned)v;
             break;
         case 'r':
-            if (parse_uint(optarg, 0, ROUNDS_MAX, &v) != 0)
+            if (dlock_parse_count(optarg, 0, ROUNDS_MAX, &v) != 0)
                 return dlock_usage_error("invalid --rounds '%.40s': expected 0..%d", optarg,
                                    ROUNDS_MAX);
             o->rounds = (int)v;

@@ -38,6 +38,7 @@ int dlock_exit_status(int err)
     switch (err) {
     case DLOCK_EBUSY:
     case DLOCK_ETIMEDOUT:
+    case DLOCK_EMODE: /* held in another mode or limit: not acquired, for now */
         return EX_TEMPFAIL;
     case DLOCK_EBADURI:
     case DLOCK_ESCHEME:
@@ -86,6 +87,22 @@ void dlock_json_string(FILE *f, const char *s)
             fputc(*p, f);
     }
     fputc('"', f);
+}
+
+int dlock_parse_count(const char *s, unsigned long min, unsigned long max, unsigned long *out)
+{
+    char *end;
+    unsigned long v;
+
+    /* strtoul() would quietly accept and negate "-1". */
+    if (*s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    v = strtoul(s, &end, 10);
+    if (*end != '\0' || errno == ERANGE || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
 }
 
 int dlock_parse_seconds(const char *s, double *out)
@@ -156,8 +173,8 @@ int dlock_other_option(int c, char **argv)
 void dlock_print_usage(FILE *f)
 {
     fputs("Usage:\n"
-          "  dlock run [-w SECONDS | -n] [--ttl MS] [-G SECONDS]\n"
-          "            [--password-file FILE] [URI] NAME... -- COMMAND [ARGS...]\n"
+          "  dlock run [-w SECONDS | -n] [--shared | --limit N] [--ttl MS]\n"
+          "            [-G SECONDS] [--password-file FILE] [URI] NAME... -- COMMAND [ARGS...]\n"
           "  dlock migrate [-w SECONDS] OLD NEW [NAME...]\n"
           "  dlock inspect [--json] [URI] NAME...\n"
           "  dlock bench [OPTIONS...] URI [URI...]    (see 'dlock bench --help')\n"
@@ -171,6 +188,11 @@ void dlock_print_usage(FILE *f)
           "Options of run:\n"
           "  -w, --wait SECONDS    give up after SECONDS (fractions allowed)\n"
           "  -n, --nonblock        give up at once if the lock is held\n"
+          "      --shared          a shared (read) lock: held together with other\n"
+          "                        shared holders, excluded by an exclusive one\n"
+          "      --limit N         a permit of the semaphore NAME: at most N\n"
+          "                        holders at once (1..65535; every holder of\n"
+          "                        NAME must ask for the same N)\n"
           "      --ttl MS          lease on stores with leases (default 30000),\n"
           "                        renewed every MS/3 while COMMAND runs\n"
           "  -G, --grace SECONDS   if the lock is lost, SIGKILL COMMAND's process\n"
@@ -196,8 +218,10 @@ void dlock_print_usage(FILE *f)
           "Inspect: what the store knows about each NAME, without taking it:\n"
           "held or free, the holder's owner, token and lease left, the waiters\n"
           "(count and order where the store can tell), the last token granted;\n"
-          "what a store cannot tell is said. --json prints one object per NAME\n"
-          "(per store of a list) per line. See docs/backends.md.\n"
+          "what a store cannot tell is said. A NAME held shared or as a\n"
+          "semaphore is followed by one line per holder (mode, token, lease,\n"
+          "owner). --json prints one object per NAME (per store of a list) per\n"
+          "line, its holders in \"holders\". See docs/backends.md.\n"
           "\n"
           "URI defaults to $DLOCK_URI, else file://$XDG_RUNTIME_DIR/dlock,\n"
           "else file:///tmp/dlock-$UID. COMMAND runs in a process group of its\n"
@@ -206,7 +230,8 @@ void dlock_print_usage(FILE *f)
           "Exit status: COMMAND's (128+N if killed by signal N); 64 usage or URI\n"
           "error; 69 store unreachable (migrate: or NEW cannot raise its tokens\n"
           "above OLD's); 70 other error or lock lost; 75 lock not acquired\n"
-          "(migrate: a NAME still held after -w); 126 COMMAND not executable;\n"
+          "(held, or held in another mode or with another limit; migrate: a\n"
+          "NAME still held after -w); 126 COMMAND not executable;\n"
           "127 COMMAND not found.\n",
           f);
 }

@@ -51,6 +51,10 @@ void dlock_print_name(const char *name);
  * characters (and DEL) as \u00XX; other bytes as they are. */
 void dlock_json_string(FILE *f, const char *s);
 
+/* A count of min..max in decimal digits only (no sign, space or suffix)
+ * into *out; -1 if s is none. */
+int dlock_parse_count(const char *s, unsigned long min, unsigned long max, unsigned long *out);
+
 /* Seconds >= 0, fractions allowed, into *out; -1 if s is none. */
 int dlock_parse_seconds(const char *s, double *out);
 

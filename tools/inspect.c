@@ -1,8 +1,10 @@
 /*
  * dlock inspect [--json] [URI] NAME...: what the store knows about each
- * name (dlock_inspect()), without taking or disturbing anything. A list of
- * stores is inspected store by store. Human lines by default; --json prints
- * one object per name (and store) per line.
+ * name (dlock_inspect()) and every holder of it (dlock_inspect_holders()),
+ * without taking or disturbing anything. A list of stores is inspected
+ * store by store. Human lines by default (a name held shared or as a
+ * semaphore followed by one line per holder); --json prints one object per
+ * name (and store) per line.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -17,7 +19,107 @@
 #include "dlock.h"
 #include "dlock_backend.h" /* DLOCK_CAP_LEASE */
 
-static void print_inspect_json(const char *name, int store, int nstores, const dlock_info *i)
+/* Every holder of a name, as dlock_inspect_holders() lists them. */
+struct holders {
+    dlock_holder *h; /* h[0 .. shown) */
+    size_t shown;    /* min(count, room) */
+    size_t count;    /* how many hold */
+    size_t room;
+};
+
+/* The holders of name into hs, the array grown to their count (holders
+ * may come and go between calls: a few tries, then those that fit). */
+static int get_holders(dlock_client *client, const char *name, struct holders *hs)
+{
+    for (int tries = 0;; tries++) {
+        int err = dlock_inspect_holders(client, name, hs->h, hs->room, &hs->count);
+
+        if (err)
+            return err;
+        hs->shown = hs->count < hs->room ? hs->count : hs->room;
+        if (hs->count <= hs->room || tries == 3)
+            return 0;
+        dlock_holder *more = realloc(hs->h, hs->count * sizeof *more);
+        if (!more)
+            return 0; /* those that fit; the count says more hold */
+        hs->h = more;
+        hs->room = hs->count;
+    }
+}
+
+static const char *mode_name(const dlock_holder *h)
+{
+    return h->limit ? "permit" : h->mode == DLOCK_MODE_SHARED ? "shared" : "exclusive";
+}
+
+/* Held otherwise than by one exclusive holder: shared, or a semaphore. */
+static int held_in_mode(const struct holders *hs)
+{
+    for (size_t k = 0; k < hs->shown; k++)
+        if ((hs->h[k].known & DLOCK_KNOWS_MODE) &&
+            (hs->h[k].mode == DLOCK_MODE_SHARED || hs->h[k].limit))
+            return 1;
+    return hs->count > 1;
+}
+
+static void print_holders_json(const struct holders *hs)
+{
+    printf(",\"holder_count\":%zu,\"holders\":[", hs->count);
+    for (size_t k = 0; k < hs->shown; k++) {
+        const dlock_holder *h = &hs->h[k];
+
+        fputs(k ? ",{" : "{", stdout);
+        if (h->known & DLOCK_KNOWS_MODE)
+            printf("\"mode\":\"%s\",\"limit\":%" PRIu32,
+                   h->mode == DLOCK_MODE_SHARED ? "shared" : "exclusive", h->limit);
+        else
+            fputs("\"mode\":null,\"limit\":null", stdout);
+        if (h->known & DLOCK_KNOWS_TOKEN)
+            printf(",\"token\":%" PRIu64, h->token);
+        else
+            fputs(",\"token\":null", stdout);
+        fputs(",\"owner\":", stdout);
+        if (h->known & DLOCK_KNOWS_OWNER)
+            dlock_json_string(stdout, h->owner);
+        else
+            fputs("null", stdout);
+        if (h->known & DLOCK_KNOWS_LEASE)
+            printf(",\"lease_ms\":%" PRIu64 "}", h->lease_ms);
+        else
+            fputs(",\"lease_ms\":null}", stdout);
+    }
+    putchar(']');
+}
+
+/* One line per holder, after the name's line. */
+static void print_holders_text(const struct holders *hs, int leased)
+{
+    for (size_t k = 0; k < hs->shown; k++) {
+        const dlock_holder *h = &hs->h[k];
+
+        printf("  holder %zu of %zu: ", k + 1, hs->count);
+        if (h->known & DLOCK_KNOWS_MODE)
+            fputs(mode_name(h), stdout);
+        else
+            fputs("mode unknown", stdout);
+        if (h->known & DLOCK_KNOWS_TOKEN)
+            printf(", token %" PRIu64, h->token);
+        if (h->known & DLOCK_KNOWS_LEASE)
+            printf(", lease %.1f s left", (double)h->lease_ms / 1000);
+        else
+            fputs(leased ? ", lease left unknown" : ", no lease", stdout);
+        if (h->known & DLOCK_KNOWS_OWNER) {
+            fputs(", owner ", stdout);
+            dlock_print_name(h->owner);
+        }
+        putchar('\n');
+    }
+    if (hs->shown < hs->count)
+        printf("  ... and %zu more holders\n", hs->count - hs->shown);
+}
+
+static void print_inspect_json(const char *name, int store, int nstores, const dlock_info *i,
+                               const struct holders *hs)
 {
     unsigned k = i->known;
 
@@ -56,14 +158,16 @@ static void print_inspect_json(const char *name, int store, int nstores, const d
         fputs("null", stdout);
     }
     if (k & DLOCK_KNOWS_LAST_TOKEN)
-        printf(",\"last_token\":%" PRIu64 "}\n", i->last_token);
+        printf(",\"last_token\":%" PRIu64, i->last_token);
     else
-        fputs(",\"last_token\":null}\n", stdout);
+        fputs(",\"last_token\":null", stdout);
+    print_holders_json(hs);
+    fputs("}\n", stdout);
 }
 
 /* leased: the store's locks have leases (DLOCK_CAP_LEASE). */
 static void print_inspect_text(const char *name, const char *store, const dlock_info *i,
-                               int leased)
+                               const struct holders *hs, int leased)
 {
     unsigned k = i->known;
 
@@ -75,6 +179,20 @@ static void print_inspect_text(const char *name, const char *store, const dlock_
         fputs("free", stdout);
     else {
         fputs("held", stdout);
+        if (held_in_mode(hs)) {
+            /* The line's owner, token and lease are then the newest holder's. */
+            unsigned hk = hs->shown ? hs->h[0].known : 0;
+            uint32_t limit = hs->shown ? hs->h[0].limit : 0;
+
+            if ((hk & DLOCK_KNOWS_MODE) && limit)
+                printf(" as a semaphore of %" PRIu32 " (%zu permit%s taken)", limit, hs->count,
+                       hs->count == 1 ? "" : "s");
+            else
+                printf(" %s (%zu holder%s)", (hk & DLOCK_KNOWS_MODE) ? mode_name(&hs->h[0]) :
+                       "in an unknown mode", hs->count, hs->count == 1 ? "" : "s");
+            if (hs->count > 1)
+                fputs(", the newest", stdout);
+        }
         if (k & DLOCK_KNOWS_OWNER) {
             fputs(" by ", stdout);
             dlock_print_name(i->owner);
@@ -104,6 +222,8 @@ static void print_inspect_text(const char *name, const char *store, const dlock_
     else if (k & DLOCK_KNOWS_LAST_TOKEN)
         fputs(", no token granted yet", stdout);
     putchar('\n');
+    if (i->held && held_in_mode(hs))
+        print_holders_text(hs, leased);
 }
 
 /* argv[0] is "inspect". */
@@ -115,6 +235,7 @@ int dlock_inspect_main(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     char dflt[DLOCK_URI_MAX + 16], *words[16], *wbuf = NULL;
+    struct holders hs = {0};
     const char *uri;
     int c, json = 0, npos, first, status = EX_OK;
 
@@ -182,6 +303,8 @@ int dlock_inspect_main(int argc, char **argv)
             dlock_info info;
 
             err = dlock_inspect(client, argv[a], &info);
+            if (!err)
+                err = get_holders(client, argv[a], &hs);
             if (err) {
                 char shown_name[SHOWN_MAX + 4];
 
@@ -192,14 +315,15 @@ int dlock_inspect_main(int argc, char **argv)
                 continue;
             }
             if (json)
-                print_inspect_json(argv[a], (int)s + 1, (int)nstores, &info);
+                print_inspect_json(argv[a], (int)s + 1, (int)nstores, &info, &hs);
             else
-                print_inspect_text(argv[a], label, &info,
+                print_inspect_text(argv[a], label, &info, &hs,
                                    (dlock_client_caps(client) & DLOCK_CAP_LEASE) != 0);
         }
         dlock_client_close(client);
     }
     store_uri_wipe_free(wbuf);
+    free(hs.h);
     int out = dlock_finish_stdout();
     return status != EX_OK ? status : out;
 }

@@ -74,17 +74,12 @@ static void show_names(char *const *names, int n)
         strcpy(shown_name + (used < SHOWN_MAX ? used : SHOWN_MAX), "...");
 }
 
-static int parse_ttl(const char *s, uint32_t *out)
+/* A count of lo..hi (TTL, limit) into a uint32_t option. */
+static int parse_u32(const char *s, unsigned long lo, unsigned long hi, uint32_t *out)
 {
-    char *end;
-    unsigned long long v;
+    unsigned long v;
 
-    /* strtoull() would quietly accept and negate "-1". */
-    if (*s < '0' || *s > '9')
-        return -1;
-    errno = 0;
-    v = strtoull(s, &end, 10);
-    if (*end != '\0' || errno == ERANGE || v < 1 || v > UINT32_MAX)
+    if (dlock_parse_count(s, lo, hi, &v) != 0)
         return -1;
     *out = (uint32_t)v;
     return 0;
@@ -98,6 +93,8 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
         {"ttl", required_argument, NULL, 'T'},
         {"grace", required_argument, NULL, 'G'},
         {"password-file", required_argument, NULL, 'P'},
+        {"shared", no_argument, NULL, 'S'},
+        {"limit", required_argument, NULL, 'L'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -118,7 +115,7 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
             nonblock = 1;
             break;
         case 'T':
-            if (parse_ttl(optarg, &ra->acq.ttl_ms) != 0)
+            if (parse_u32(optarg, 1, UINT32_MAX, &ra->acq.ttl_ms) != 0)
                 return dlock_usage_error("invalid TTL '%s': expected milliseconds "
                                    "1..%" PRIu32, store_uri_shown_value(optarg), UINT32_MAX);
             break;
@@ -132,12 +129,23 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
                 return dlock_usage_error("--password-file needs a file name");
             ra->password_file = optarg;
             break;
+        case 'S':
+            ra->acq.mode = DLOCK_MODE_SHARED;
+            break;
+        case 'L':
+            if (parse_u32(optarg, 1, DLOCK_LIMIT_MAX, &ra->acq.limit) != 0)
+                return dlock_usage_error("invalid limit '%s': expected a count 1..%u",
+                                   store_uri_shown_value(optarg), DLOCK_LIMIT_MAX);
+            break;
         default:
             return dlock_other_option(c, argv);
         }
     }
     if (have_wait && nonblock)
         return dlock_usage_error("-w and -n cannot be used together");
+    if (ra->acq.mode == DLOCK_MODE_SHARED && ra->acq.limit)
+        return dlock_usage_error("--shared and --limit cannot be used together: a semaphore's "
+                           "permits are taken in exclusive mode");
     if (nonblock)
         ra->acq.wait = DLOCK_WAIT_TRY;
     else if (have_wait)

@@ -12,7 +12,7 @@ export type DlockErrorCode =
   | 'DLOCK_ELOST' | 'DLOCK_ENOTOWNER' | 'DLOCK_ENOTSUP' | 'DLOCK_EPROTO'
   | 'DLOCK_ENOMEM' | 'DLOCK_EIO' | 'DLOCK_EALREADY' | 'DLOCK_EDEADLK'
   | 'DLOCK_EINTR' | 'DLOCK_ESTORE' | 'DLOCK_EVERSION' | 'DLOCK_EEXIST'
-  | 'DLOCK_EEXPIRED' | 'DLOCK_ECANCELED';
+  | 'DLOCK_EEXPIRED' | 'DLOCK_ECANCELED' | 'DLOCK_EMODE';
 
 /** Version of the libdlock loaded, e.g. "0.1.0". */
 export declare const version: string;
@@ -39,6 +39,7 @@ export interface Capabilities {
   readonly holderDeath: boolean;
   readonly raise: boolean;
   readonly cancel: boolean;
+  readonly semaphore: boolean;
 }
 
 export interface AcquireOptions {
@@ -58,6 +59,27 @@ export interface AcquireOptions {
   reentrant?: boolean;
   /** Aborting ends the wait: the promise rejects with signal.reason. */
   signal?: AbortSignal;
+  /** A shared (read) lock: held together with other shared holders,
+   * excluded by an exclusive one (DLOCK_ENOTSUP where the store has none). */
+  shared?: boolean;
+  /** A permit of the counting semaphore name: at most limit holders at once,
+   * an integer from 1 to 65535 (else TypeError); not with shared
+   * (DLOCK_EINVAL). A name held in another mode or with another limit
+   * rejects at once with DLOCK_EMODE. */
+  limit?: number;
+}
+
+/** One holder of a name (Client.inspectHolders()); a field the store
+ * cannot tell is absent. */
+export interface Holder {
+  readonly mode?: 'exclusive' | 'shared';
+  /** The name's limit: 0 for a read-write lock. */
+  readonly limit?: number;
+  readonly token?: bigint;
+  /** The owner id (32 hex digits) where the store keeps it. */
+  readonly owner?: string;
+  /** Lease left, ms. */
+  readonly leaseMs?: number;
 }
 
 export type LostCode = 'DLOCK_ELOST' | 'DLOCK_EEXPIRED';
@@ -67,6 +89,10 @@ export declare class Lock extends EventEmitter {
   /** Fencing token: above every earlier grant of the name on the store. */
   readonly token: bigint;
   readonly name: string;
+  /** As acquired. */
+  readonly mode: 'exclusive' | 'shared';
+  /** The semaphore's limit; 0 for a read-write lock. */
+  readonly limit: number;
   readonly client: Client;
   /** null, or why a kept lock was lost. */
   readonly lost: LostCode | null;
@@ -92,6 +118,8 @@ export declare class Client {
   readonly caps: Capabilities;
   readonly closed: boolean;
   acquire(name: string, opts?: AcquireOptions): Promise<Lock>;
+  /** Every holder of name in grant order, without taking it. */
+  inspectHolders(name: string): Promise<Holder[]>;
   /** Runs fn holding the lock; releases it whatever fn does. */
   withLock<T>(name: string, fn: (lock: Lock) => T | Promise<T>): Promise<T>;
   withLock<T>(name: string, opts: AcquireOptions,

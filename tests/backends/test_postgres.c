@@ -57,6 +57,7 @@
 #include "tests/proxy.h"
 #include "tests/tap.h"
 #include "tests/util.h"
+#include "tests/backends/pg_raw.h"
 #include "tests/backends/silent_pool.h"
 
 #define MS 1000000ull
@@ -66,38 +67,6 @@ int64_t dlock_pg_key(const char *ns, const char *name, size_t len);
 static const char *uri;
 static char prefix[64];
 static PGconn *raw; /* a plain libpq session, to look behind the library */
-
-
-
-static PGconn *raw_connect(void)
-{
-    dlock_uri *u = NULL;
-    char err[256], conninfo[512];
-    dlock_uri_parse(uri, &u, err, sizeof err);
-    snprintf(conninfo, sizeof conninfo, "host=%s port=%u dbname=%s user=%s", dlock_uri_host(u, 0),
-             dlock_uri_port(u, 0), dlock_uri_path(u) + 1, dlock_uri_user(u));
-    dlock_uri_free(u);
-    PGconn *pg = PQconnectdb(conninfo);
-    if (PQstatus(pg) != CONNECTION_OK) {
-        printf("Bail out! raw connection: %s\n", PQerrorMessage(pg));
-        exit(1);
-    }
-    PQclear(PQexec(pg, "SET client_min_messages = warning"));
-    return pg;
-}
-
-/* First column of the first row of sql, as a new string ("" on error). */
-static char *q1(PGconn *pg, const char *sql)
-{
-    PGresult *r = PQexec(pg, sql);
-    char *v = strdup(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0
-                         ? PQgetvalue(r, 0, 0)
-                         : "");
-    if (PQresultStatus(r) != PGRES_TUPLES_OK && PQresultStatus(r) != PGRES_COMMAND_OK)
-        diag("sql failed: %s", PQresultErrorMessage(r));
-    PQclear(r);
-    return v;
-}
 
 static int key_free(int64_t key)
 {
@@ -158,7 +127,7 @@ static void test_grant_timeout_race(void)
     is_int(dlock_acquire(c, name, NULL, &l), 0, "first acquire creates the counter row");
     dlock_release(l);
 
-    PGconn *blocker = raw_connect();
+    PGconn *blocker = pg_raw_connect(uri);
     free(q1(blocker, "BEGIN"));
     snprintf(sql, sizeof sql, "SELECT token FROM dlock_fence WHERE key = %lld FOR UPDATE",
              (long long)key);
@@ -577,7 +546,7 @@ static void test_try_row_locked(void)
     is_int(dlock_acquire(c, name, &o, &l), 0, "row lock: the first acquire creates the counter row");
     uint64_t first = dlock_lock_token(l);
     dlock_release(l);
-    PGconn *blocker = raw_connect();
+    PGconn *blocker = pg_raw_connect(uri);
     free(q1(blocker, "BEGIN"));
     snprintf(sql, sizeof sql, "SELECT token FROM dlock_fence WHERE key = %lld FOR UPDATE",
              (long long)key);
@@ -647,7 +616,7 @@ static void test_try_behind_ddl(void)
 
     /* A reader's open transaction; an ALTER-like lock request queued behind
      * it; every later RowExclusiveLock request queues behind that. */
-    PGconn *reader = raw_connect(), *ddl = raw_connect();
+    PGconn *reader = pg_raw_connect(uri), *ddl = pg_raw_connect(uri);
     free(q1(reader, "BEGIN"));
     free(q1(reader, "SELECT count(*) FROM dlock_fence_ddl"));
     PQsendQuery(ddl, "BEGIN; LOCK TABLE dlock_fence_ddl IN ACCESS EXCLUSIVE MODE");
@@ -1528,7 +1497,7 @@ static void test_server_crash(void)
     }
     diag("server down %.0f ms, restarted in %.0f ms", ms_since(t0), ms_since(t1));
     PQfinish(raw);
-    raw = raw_connect();
+    raw = pg_raw_connect(uri);
     ok(await_lost(4000), "the holder's keeper reports the loss");
     is_int(__atomic_load_n(&lost_err, __ATOMIC_SEQ_CST), DLOCK_ELOST, "as DLOCK_ELOST");
     is_int(dlock_renew(l, 3000), DLOCK_ELOST, "the holder's renew → DLOCK_ELOST");
@@ -1704,7 +1673,7 @@ static void raise_blocked(int seq)
     dlock_lock *l = NULL;
     is_int(dlock_acquire(c, e.name, NULL, &l), 0, "%s: acquire (timeout=300)", m);
     uint64_t t0 = dlock_lock_token(l);
-    PGconn *blocker = raw_connect();
+    PGconn *blocker = pg_raw_connect(uri);
     free(q1(blocker, "BEGIN"));
     if (seq)
         snprintf(sql, sizeof sql, "SELECT nextval('%s_seq')", e.tbl);
@@ -1908,7 +1877,7 @@ static void test_store_floor_blocked(void)
     snprintf(a, sizeof a, "%sfloor-blocked", prefix);
     dlock_client *c = open_ok(u);
     is_int(dlock_client_raise_floor(c, 100), 0, "table: raise the floor to 100");
-    PGconn *blocker = raw_connect();
+    PGconn *blocker = pg_raw_connect(uri);
     free(q1(blocker, "BEGIN"));
     snprintf(sql, sizeof sql, "SELECT token FROM %s WHERE key = -9223372036854775808 FOR UPDATE",
              tbl);
@@ -2238,14 +2207,8 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     snprintf(prefix, sizeof prefix, "pg-test-%d-%llu/", (int)getpid(),
              (unsigned long long)(dlock_monotonic_ns() % 1000000007ull));
-    raw = raw_connect();
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int want = argc < 2;
-        for (int a = 1; a < argc; a++)
-            want |= strcmp(argv[a], cases[i].name) == 0;
-        if (want)
-            cases[i].run();
-    }
+    raw = pg_raw_connect(uri);
+    PG_RUN_CASES(cases, argc, argv);
     PQfinish(raw);
     return done_testing();
 }

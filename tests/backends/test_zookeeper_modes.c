@@ -33,6 +33,7 @@
 #include "tests/tap.h"
 #include "tests/util.h"
 #include "tests/backends/zk_raw.h"
+#include "tests/backends/mode_waiters.h"
 
 /* Test-only (backends/zookeeper.c): the watch events a client received. */
 uint64_t dlock_zk_watch_events(dlock_client *c);
@@ -121,75 +122,15 @@ static void test_rules(void)
 /* ---- against the server -------------------------------------------------- */
 
 /* An acquire on its own thread, with its own client. */
-struct waiter {
-    dlock_client *c;
-    const char *name;
-    dlock_mode mode;
-    uint32_t limit;
-    unsigned wait_ms;
-    dlock_lock *l;
-    int rc;
-    int done; /* atomic */
-    pthread_t t;
-};
-
-static void *waiter_main(void *arg)
-{
-    struct waiter *w = arg;
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, w->wait_ms, 0);
-    o.mode = w->mode;
-    o.limit = w->limit;
-    w->rc = dlock_acquire(w->c, w->name, &o, &w->l);
-    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    return NULL;
-}
-
 /* Starts w and waits until its node is the nodes-th of the name. */
 static void queue(struct waiter *w, zhandle_t *zh, const char *name, dlock_mode mode,
                   uint32_t limit, unsigned wait_ms, int nodes)
 {
     double took;
-    *w = (struct waiter){open_ok(uri), name, mode, limit, wait_ms, NULL, 0, 0, 0};
-    pthread_create(&w->t, NULL, waiter_main, w);
+    waiter_start(w, uri, name, mode, limit, wait_ms);
     if (await_nodes(zh, name, nodes, 5000, &took) != nodes)
         diag("%s: still not %d nodes after %.0f ms", name, nodes, took);
 }
-
-static int held_now(struct waiter *w)
-{
-    return __atomic_load_n(&w->done, __ATOMIC_SEQ_CST) && w->rc == 0;
-}
-
-/* Waits until w returned, at most ms. */
-static int returns_within(struct waiter *w, unsigned ms)
-{
-    for (unsigned i = 0; i < ms / 5 && !__atomic_load_n(&w->done, __ATOMIC_SEQ_CST); i++)
-        sleep_ms(5);
-    return __atomic_load_n(&w->done, __ATOMIC_SEQ_CST);
-}
-
-static void finish(struct waiter *w)
-{
-    pthread_join(w->t, NULL);
-    if (w->l)
-        dlock_release(w->l);
-    dlock_client_close(w->c);
-}
-
-static dlock_lock *take(dlock_client *c, const char *name, dlock_mode mode, uint32_t limit)
-{
-    dlock_lock *l = NULL;
-    dlock_acquire_opts o = wait_opts(DLOCK_WAIT_TRY, 0, 0);
-    o.mode = mode;
-    o.limit = limit;
-    if (dlock_acquire(c, name, &o, &l) != 0)
-        diag("acquire %s: %s", name, dlock_errmsg(c));
-    return l;
-}
-
-/* Events settle: what the clients' threads were doing is done. */
-#define SETTLE_MS 300
-
 /*
  * W1 holds; R1, R2 read behind it; W2 writes behind them; R3, R4 read
  * behind W2. W1's release wakes R1 and R2 (granted together), and nobody

@@ -125,19 +125,29 @@ static const struct kind {
      * PostgreSQL's min(200 ms, timeout) with the default timeout). */
     unsigned deadline_past_ms;
 } kinds[] = {
-    {"file", DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE, NULL, 0, 0, 0,
-     0},
+    {"file", DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
+                 DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+     NULL, 0, 0, 0, 0},
     /* A PX expiry, to the millisecond. */
-    {"redis", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0,
-     200},
-    {"redlock", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0, 200},
-    {"redis-cluster", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL, 0,
-     0, 0, 200},
-    {"redis-sentinel", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE, NULL,
-     0, 0, 0, 200},
+    {"redis",
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED |
+         DLOCK_CAP_SEMAPHORE,
+     NULL, 0, 0, 0, 200},
+    /* Shared locks over a quorum; no semaphore (docs/redlock.md). */
+    {"redlock", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED, NULL, 0, 0,
+     0, 200},
+    {"redis-cluster",
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED |
+         DLOCK_CAP_SEMAPHORE,
+     NULL, 0, 0, 0, 200},
+    {"redis-sentinel",
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED |
+         DLOCK_CAP_SEMAPHORE,
+     NULL, 0, 0, 0, 200},
     /* idle_session_timeout, in milliseconds. */
     {"postgres",
-     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
+         DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
      NULL, 0, 0, 0, 200},
     /* wait_timeout, in whole seconds (docs/mysql.md, Lease / TTL). */
     {"mysql",
@@ -157,7 +167,9 @@ static const struct kind {
     /* Whole seconds, at least the server's minimum (2 s with the test
      * stores' settings); its lessor looks for expired leases every 500 ms
      * (docs/etcd.md, TTL). */
-    {"etcd", LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS, NULL, 1000, 2000, 500, 150},
+    {"etcd",
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+     NULL, 1000, 2000, 500, 150},
 };
 #undef LEASED
 #undef WAITS
@@ -3084,7 +3096,7 @@ int main(int argc, char **argv)
             break_death = breaking("death");
             break_lease = breaking("lease");
             if (!breaking("exclusion") && !breaking("tokens") && !breaking("fifo") &&
-                !break_death && !break_lease)
+                !breaking("shared") && !break_death && !break_lease)
                 nparts = -1, i = argc; /* the usage message */
         }
         else if (strcmp(argv[i], "--drop-cap") == 0 && i + 1 < argc) {

@@ -56,6 +56,15 @@ static void look(const redisReply *r, size_t chan_len, int depth)
     dlock_redis_reply_is_primary(r);
     struct redis_seen seen;
     dlock_redis_reply_inspect(r, &seen);
+    dlock_holder hs[4];
+    size_t count = 0;
+    uint32_t limit = 0;
+    memset(hs, 0, sizeof hs);
+    if (dlock_redis_reply_holders(r, hs, 4, &count, &limit) == 0 && limit > DLOCK_LIMIT_MAX)
+        __builtin_trap();
+    for (size_t i = 0; i < 4; i++)
+        if (memchr(hs[i].owner, '\0', sizeof hs[i].owner) == NULL)
+            __builtin_trap();
     if ((r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS ||
          r->type == REDIS_REPLY_ERROR) && r->str) {
         if (dlock_redis_info_field(r->str, r->len, "maxmemory_policy", field, sizeof field))

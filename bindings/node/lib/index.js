@@ -9,6 +9,7 @@ const native = require('./native');
 const codes = Object.freeze({ ...native.codes });
 const WAIT_TRY = 0, WAIT_DEADLINE = 1, WAIT_FOREVER = 2;
 const TTL_MAX = 0xffffffff;
+const LIMIT_MAX = 65535;
 
 class DlockError extends Error {
   constructor(code, errno, message) {
@@ -45,6 +46,15 @@ function checkTtl(ttl, what) {
   return ttl;
 }
 
+// A semaphore's limit: undefined (a read-write lock) or 1 to LIMIT_MAX.
+function limitOf(opts) {
+  const { limit } = opts;
+  if (limit === undefined) return 0;
+  if (!Number.isInteger(limit) || limit < 1 || limit > LIMIT_MAX)
+    throw new TypeError(`limit must be an integer from 1 to ${LIMIT_MAX}, not ${show(limit)}`);
+  return limit;
+}
+
 // -> [ttl, wait mode, deadline in ms from now]. A deadline too far for
 // libdlock's clock (past 2^63 ns, 292 years) is a wait forever: the addon
 // turns it into one.
@@ -75,18 +85,26 @@ class Lock extends EventEmitter {
   #token;
   #lost = null;
   #released = false;
+  #shared;
+  #limit;
 
-  constructor(client, id, name, token) {
+  constructor(client, id, name, token, shared, limit) {
     super();
     this.#client = client;
     this.#id = id;
     this.#name = name;
     this.#token = token;
+    this.#shared = shared;
+    this.#limit = limit;
   }
 
   /** Fencing token (bigint): above every earlier grant of the name. */
   get token() { return this.#token; }
   get name() { return this.#name; }
+  /** 'exclusive' or 'shared', as acquired. */
+  get mode() { return this.#shared ? 'shared' : 'exclusive'; }
+  /** The semaphore's limit; 0 for a read-write lock. */
+  get limit() { return this.#limit; }
   get client() { return this.#client; }
   /** null, or 'DLOCK_ELOST' / 'DLOCK_EEXPIRED' once a kept lock is lost. */
   get lost() { return this.#lost; }
@@ -128,6 +146,8 @@ class Client {
     if (opts === null || typeof opts !== 'object')
       throw new TypeError('options must be an object');
     const [ttl, mode, rel] = waitOf(opts);
+    const limit = limitOf(opts);
+    const shared = !!opts.shared;
     const signal = opts.signal;
     if (signal !== undefined && !(signal instanceof AbortSignal))
       throw new TypeError('signal must be an AbortSignal');
@@ -145,7 +165,7 @@ class Client {
     let r;
     try {
       r = await this.#native.acquire(name, ttl, mode, rel, !!opts.keep, !!opts.reentrant,
-                                     cancel);
+                                     cancel, shared, limit);
     } catch (e) {
       if (e && e.errno === codes.DLOCK_ECANCELED) {
         if (signal?.aborted) throw signal.reason;
@@ -164,10 +184,23 @@ class Client {
     }
     let lock = this.#locks.get(r.id);
     if (!lock) {
-      lock = new Lock(this, r.id, name, r.token);
+      lock = new Lock(this, r.id, name, r.token, shared, limit);
       this.#locks.set(r.id, lock);
     }
     return lock;
+  }
+
+  /** Every holder of name, in grant order, without taking it: objects
+   * with the fields the store filled (mode, limit, token, owner, leaseMs). */
+  async inspectHolders(name) {
+    if (typeof name !== 'string')
+      throw new TypeError('name must be a string');
+    if (this.#closed) throw invalid('the client is closed');
+    try {
+      return await this.#native.inspectHolders(name);
+    } catch (e) {
+      throw toError(e);
+    }
   }
 
   async withLock(name, opts, fn) {

@@ -71,6 +71,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include <dlock.h>
 
@@ -94,6 +95,7 @@ namespace {
     X(dlock_lock_holds)                                                        \
     X(dlock_lock_lost)                                                         \
     X(dlock_lock_lost_detail)                                                  \
+    X(dlock_inspect_holders)                                                   \
     X(dlock_cancel_new)                                                        \
     X(dlock_cancel_fire)                                                       \
     X(dlock_cancel_free)
@@ -124,7 +126,7 @@ struct Held {
     bool lost_reported;
 };
 
-enum class Kind { Open, Acquire, Release, Renew, Close, Lost };
+enum class Kind { Open, Acquire, Release, Renew, Close, Lost, Holders };
 
 struct Job {
     Kind kind;
@@ -142,6 +144,8 @@ struct Job {
     unsigned int caps = 0;
     uint64_t token = 0;
     unsigned int holds = 0;
+    std::vector<dlock_holder> holders; /* Holders: those that fit */
+    size_t count = 0;                  /* Holders: how many hold */
     /* Main thread only. */
     std::unique_ptr<Napi::Promise::Deferred> deferred;
     struct Core *core = nullptr;
@@ -290,6 +294,21 @@ void run_job(Core *core, Job *job)
         job->holds = holds <= 1 ? 0 : holds - 1;
         break;
     }
+    case Kind::Holders:
+        /* Room for those the last answer counted: holders come and go
+         * between calls, so a few tries, then those that fit. */
+        job->holders.resize(8);
+        for (int tries = 0;; tries++) {
+            job->rc = lib.dlock_inspect_holders(core->client, job->str.c_str(),
+                                                job->holders.data(), job->holders.size(),
+                                                &job->count);
+            if (job->rc != 0 || job->count <= job->holders.size() || tries == 3)
+                break;
+            job->holders.resize(job->count);
+        }
+        if (job->rc == 0 && job->count < job->holders.size())
+            job->holders.resize(job->count);
+        break;
     case Kind::Close:
         lib.dlock_client_close(core->client);
         core->client = nullptr;
@@ -356,11 +375,37 @@ Napi::Object caps_object(Napi::Env env, unsigned int caps)
     /* Bits of DLOCK_CAP_* (dlock_backend.h; numbers are ABI). */
     static const char *const names[] = {"lease",    "renew",       "fencing", "fifo",
                                         "blocking", "shared",      "deadline",
-                                        "holderDeath", "raise",    "cancel"};
+                                        "holderDeath", "raise",    "cancel",
+                                        "semaphore"};
     Napi::Object o = Napi::Object::New(env);
     for (unsigned int i = 0; i < sizeof names / sizeof names[0]; i++)
         o.Set(names[i], Napi::Boolean::New(env, (caps >> i) & 1u));
     return o;
+}
+
+/* The holders as objects with the fields the store filled (the others
+ * absent: unknown, never zero). */
+Napi::Array holders_array(Napi::Env env, const std::vector<dlock_holder> &hs)
+{
+    Napi::Array a = Napi::Array::New(env, hs.size());
+    for (size_t i = 0; i < hs.size(); i++) {
+        const dlock_holder &h = hs[i];
+        Napi::Object o = Napi::Object::New(env);
+        if (h.known & DLOCK_KNOWS_MODE) {
+            o.Set("mode", Napi::String::New(env, h.mode == DLOCK_MODE_SHARED ? "shared"
+                                                                              : "exclusive"));
+            o.Set("limit", Napi::Number::New(env, h.limit));
+        }
+        if (h.known & DLOCK_KNOWS_TOKEN)
+            o.Set("token", Napi::BigInt::New(env, h.token));
+        if (h.known & DLOCK_KNOWS_OWNER)
+            o.Set("owner", Napi::String::New(env, std::string(h.owner, strnlen(h.owner,
+                                                                      sizeof h.owner))));
+        if (h.known & DLOCK_KNOWS_LEASE)
+            o.Set("leaseMs", Napi::Number::New(env, static_cast<double>(h.lease_ms)));
+        a.Set(static_cast<uint32_t>(i), o);
+    }
+    return a;
 }
 
 class CancelWrap : public Napi::ObjectWrap<CancelWrap> {
@@ -409,6 +454,7 @@ public:
                             InstanceMethod<&ClientWrap::Acquire>("acquire"),
                             InstanceMethod<&ClientWrap::Release>("release"),
                             InstanceMethod<&ClientWrap::Renew>("renew"),
+                            InstanceMethod<&ClientWrap::Holders>("inspectHolders"),
                             InstanceMethod<&ClientWrap::Close>("close")});
     }
 
@@ -517,7 +563,7 @@ private:
         return submit(info.Env(), job);
     }
 
-    /* acquire(name, ttl, wait, relMs, keep, reentrant, cancel|null) */
+    /* acquire(name, ttl, wait, relMs, keep, reentrant, cancel|null, shared, limit) */
     Napi::Value Acquire(const Napi::CallbackInfo &info)
     {
         Napi::Env env = info.Env();
@@ -550,7 +596,25 @@ private:
             if (!job->cancel)
                 throw Napi::TypeError::New(env, "the Cancel is closed");
         }
+        job->opts.mode = info.Length() > 7 && info[7].ToBoolean() ? DLOCK_MODE_SHARED
+                                                                  : DLOCK_MODE_EXCLUSIVE;
+        if (info.Length() > 8 && info[8].IsNumber()) {
+            /* lib/index.js checks the range with the option's name; this
+             * keeps a wrong caller from wrapping around 2^32. */
+            double limit = info[8].As<Napi::Number>().DoubleValue();
+            if (!(limit >= 0 && limit <= DLOCK_LIMIT_MAX) || limit != std::floor(limit))
+                throw Napi::TypeError::New(env, "limit must be an integer, 1 to 65535");
+            job->opts.limit = static_cast<uint32_t>(limit);
+        }
         return submit(env, job.release());
+    }
+
+    /* inspectHolders(name): [{mode, limit, token, owner, leaseMs}] */
+    Napi::Value Holders(const Napi::CallbackInfo &info)
+    {
+        Job *job = new Job(Kind::Holders);
+        job->str = info[0].As<Napi::String>().Utf8Value();
+        return submit(info.Env(), job);
     }
 
     Napi::Value Release(const Napi::CallbackInfo &info)
@@ -611,6 +675,8 @@ void on_complete(Napi::Env env, Napi::Function dispatch, Job *job)
         result = o;
     } else if (job->kind == Kind::Release || job->kind == Kind::Renew) {
         result = Napi::Number::New(env, job->holds);
+    } else if (job->kind == Kind::Holders) {
+        result = holders_array(env, job->holders);
     }
     /* A failed open ended the worker: later calls are refused. */
     if (job->kind == Kind::Open && job->rc != 0)

@@ -292,6 +292,81 @@ for (const store of stores()) {
       });
     });
 
+    test('inspectHolders: none when free, the holder when held', async () => {
+      await withClients(uri, 1, async (a) => {
+        const name = lockName('holders');
+        assert.deepEqual(await a.inspectHolders(name), []);
+        const l = await a.acquire(name, { wait: 'try' });
+        assert.equal(l.mode, 'exclusive');
+        assert.equal(l.limit, 0);
+        const hs = await a.inspectHolders(name);
+        assert.equal(hs.length, 1);
+        if ('token' in hs[0]) assert.equal(hs[0].token, l.token);
+        if ('mode' in hs[0]) assert.deepEqual([hs[0].mode, hs[0].limit], ['exclusive', 0]);
+        await l.release();
+        assert.deepEqual(await a.inspectHolders(name), []);
+        await assert.rejects(a.inspectHolders(''), isDlock('DLOCK_EINVAL'));
+      });
+    });
+
+    test('shared: readers together, a writer out, DLOCK_EMODE at once (or DLOCK_ENOTSUP)',
+      async () => {
+        await withClients(uri, 3, async (a, b, w) => {
+          const name = lockName('shared');
+          if (!a.caps.shared) {
+            await assert.rejects(a.acquire(name, { wait: 'try', shared: true }),
+                                 isDlock('DLOCK_ENOTSUP'));
+            return;
+          }
+          const r1 = await a.acquire(name, { wait: 'try', shared: true });
+          const r2 = await b.acquire(name, { wait: 10000, shared: true });
+          assert.deepEqual([r1.mode, r2.mode, r1.limit], ['shared', 'shared', 0]);
+          assert.ok(r2.token > r1.token);
+          await assert.rejects(w.acquire(name, { wait: 'try' }), isDlock('DLOCK_EBUSY'));
+          const t0 = Date.now();
+          // DLOCK_ENOTSUP where the store has no semaphores; at once either way
+          await assert.rejects(w.acquire(name, { wait: 5000, limit: 2 }),
+                               isDlock(a.caps.semaphore ? 'DLOCK_EMODE' : 'DLOCK_ENOTSUP'));
+          assert.ok(Date.now() - t0 < 2500, 'a semaphore on a read-write name is refused at once');
+          const hs = await w.inspectHolders(name);
+          assert.deepEqual(hs.map((h) => h.mode), ['shared', 'shared']);
+          assert.deepEqual(hs.map((h) => h.token), [r1.token, r2.token]);
+          await r1.release();
+          await r2.release();
+          const x = await w.acquire(name, { wait: 'try' });
+          assert.ok(x.token > r2.token, 'an exclusive token is above every earlier shared one');
+          await x.release();
+        });
+      });
+
+    test('limit: at most N permits, DLOCK_EMODE for another kind (or DLOCK_ENOTSUP)',
+      async () => {
+        await withClients(uri, 3, async (a, b, c) => {
+          const name = lockName('semaphore');
+          if (!a.caps.semaphore) {
+            await assert.rejects(a.acquire(name, { wait: 'try', limit: 2 }),
+                                 isDlock('DLOCK_ENOTSUP'));
+            return;
+          }
+          const p1 = await a.acquire(name, { wait: 'try', limit: 2 });
+          const p2 = await b.acquire(name, { wait: 'try', limit: 2 });
+          assert.deepEqual([p1.mode, p1.limit, p2.limit], ['exclusive', 2, 2]);
+          await assert.rejects(c.acquire(name, { wait: 'try', limit: 2 }), isDlock('DLOCK_EBUSY'));
+          for (const other of [{ limit: 3 }, {}, { shared: true }])
+            await assert.rejects(c.acquire(name, { wait: 5000, ...other }), isDlock('DLOCK_EMODE'));
+          const hs = await c.inspectHolders(name);
+          assert.deepEqual(hs.map((h) => h.limit), [2, 2]);
+          assert.deepEqual(hs.map((h) => h.token), [p1.token, p2.token]);
+          const waiting = c.acquire(name, { wait: 10000, limit: 2 });
+          await p1.release();
+          const p3 = await waiting;
+          assert.ok(p3.token > p2.token);
+          assert.equal(p2.released, false);
+          await p3.release();
+          await p2.release();
+        });
+      });
+
     if (store.networked) {
       test('a closed loopback port is DLOCK_ECONNECT', async () => {
         const u = new URL(uri);
@@ -302,6 +377,18 @@ for (const store of stores()) {
     }
   });
 }
+
+test('bad limits are a TypeError, shared with a limit DLOCK_EINVAL; nothing taken', async () => {
+  await withClients(stores()[0].uri, 1, async (a) => {
+    const name = lockName('badlimit');
+    for (const limit of [0, -1, 65536, 2 ** 32, 1.5, '3', null, NaN, Infinity])
+      await assert.rejects(a.acquire(name, { wait: 'try', limit }), TypeError, `limit ${limit}`);
+    await assert.rejects(a.acquire(name, { wait: 'try', shared: true, limit: 3 }),
+                         isDlock('DLOCK_EINVAL'));
+    assert.equal(dlock.codes.DLOCK_EMODE, -23);
+    assert.deepEqual(await a.inspectHolders(name), []);
+  });
+});
 
 test('bad URIs: DLOCK_EBADURI, DLOCK_ESCHEME, and no crash', async () => {
   await assert.rejects(dlock.open('redis://127.0.0.1:notaport/0'), (e) =>

@@ -90,6 +90,40 @@ def _ttl_ms(ttl):
     return ms
 
 
+def _limit(shared, limit):
+    """The request's (mode, limit): a limit is a count, checked here because
+    the C field would silently wrap a larger one."""
+    mode = _lib.MODE_SHARED if shared else _lib.MODE_EXCLUSIVE
+    if limit is None:
+        return mode, 0
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _lib.LIMIT_MAX:
+        raise error(_EINVAL, "limit is a count of 1 to {} (None: a read-write lock), not {!r}"
+                    .format(_lib.LIMIT_MAX, limit))
+    return mode, limit
+
+
+def _known(s, out):
+    """The token, owner and lease of a dlock_info or dlock_holder into out,
+    those the store filled (s.known)."""
+    k = s.known
+    if k & _lib.KNOWS_TOKEN:
+        out["token"] = s.token
+    if k & _lib.KNOWS_OWNER:
+        out["owner"] = s.owner.decode("utf-8", "replace")
+    if k & _lib.KNOWS_LEASE:
+        out["lease"] = s.lease_ms / 1000.0
+    return out
+
+
+def _holder(h):
+    """One dlock_holder as a dict of the keys the store filled."""
+    out = {}
+    if h.known & _lib.KNOWS_MODE:
+        out["mode"] = "shared" if h.mode == _lib.MODE_SHARED else "exclusive"
+        out["limit"] = h.limit
+    return _known(h, out)
+
+
 def _deadline_ns(timeout, deadline):
     """The deadline for opts.deadline_ns, or None for a wait without end (a
     deadline at or past 2^63 ns: a uint64 must not wrap to a near one)."""
@@ -227,6 +261,8 @@ class Lock:
              names, the first in byte order (all are in .names)
     .lost    True once the kept lock is known lost (keep=True only)
     .held    True until released
+    .mode    "exclusive" or "shared"
+    .limit   the semaphore's limit, 0 for a read-write lock
     """
 
     def __init__(self, client, on_lost):
@@ -239,11 +275,16 @@ class Lock:
         self.name = None
         self.names = ()
         self.kept = False
+        self.mode = "exclusive"
+        self.limit = 0
 
-    def _fill(self, h, kept, single):
+    def _fill(self, h, kept, single, opts):
         self._h = h
         self.kept = kept
         self.token = lib.dlock_lock_token(h)
+        # As asked: a grant is always of the mode and limit requested.
+        self.mode = "shared" if opts.mode == _lib.MODE_SHARED else "exclusive"
+        self.limit = opts.limit
         if single is not None:
             # The name asked for: three foreign calls fewer per acquire.
             self.names = (single,)
@@ -475,6 +516,12 @@ class Client:
         self.caps = lib.dlock_client_caps(self._p)
         _open_clients.add(self)
 
+    @staticmethod
+    def _check_init(rc):
+        if rc:
+            raise error(rc, "this libdlock does not know acquire options version {}"
+                        .format(_lib.ACQUIRE_OPTS_VERSION))
+
     def _check(self, rc):
         if rc:
             raise error(rc, lib.dlock_errmsg(self._p).decode("utf-8", "replace") or None)
@@ -523,7 +570,8 @@ class Client:
         _open_clients.discard(self)
 
     def acquire(self, name, *, ttl=None, blocking=True, timeout=None, deadline=None,
-                keep=False, on_lost=None, reentrant=False, cancel=None):
+                keep=False, on_lost=None, reentrant=False, cancel=None, shared=False,
+                limit=None):
         """Takes the lock called name (str or bytes; a list or tuple of names
         takes them all as one lock) and returns a Lock.
 
@@ -538,6 +586,13 @@ class Client:
         reentrant True: taking a name this client holds returns the same Lock
                   with one more hold (else dlock.EALREADY)
         cancel    a dlock.Cancel whose fire() ends the wait (dlock.ECANCELED)
+        shared    True: a shared (read) lock, held together with other shared
+                  holders, excluded by an exclusive one (dlock.ENOTSUP where
+                  the store has none)
+        limit     N (1 to 65535): a permit of the counting semaphore name, at
+                  most N holders at once; not with shared
+        A name held in another mode, or with another limit, raises
+        dlock.EMODE at once.
         """
         multi = isinstance(name, (list, tuple))
         enc = [_encode_name(n) for n in name] if multi else [_encode_name(name)]
@@ -545,9 +600,13 @@ class Client:
             raise ValueError("no names")
         if on_lost is not None and not keep:
             raise ValueError("on_lost needs keep=True (only kept locks are watched)")
+        mode, lim = _limit(shared, limit)
         opts = _lib.AcquireOpts()
-        lib.dlock_acquire_opts_init(ctypes.byref(opts))
+        self._check_init(lib.dlock_acquire_opts_init_version(ctypes.byref(opts),
+                                                             _lib.ACQUIRE_OPTS_VERSION))
         opts.ttl_ms = _ttl_ms(ttl)
+        opts.mode = mode
+        opts.limit = lim
         if not blocking:
             if timeout is not None or deadline is not None:
                 raise ValueError("a non-blocking acquire takes no timeout or deadline")
@@ -635,7 +694,7 @@ class Client:
             return same
         if cb is not None:
             lock._callbacks.append(cb)
-        lock._fill(h, bool(keep), None if multi else _decode(enc[0]))
+        lock._fill(h, bool(keep), None if multi else _decode(enc[0]), opts)
         self._locks[h] = lock
         return lock
 
@@ -670,12 +729,7 @@ class Client:
         out = {}
         if k & _lib.KNOWS_HELD:
             out["held"] = bool(info.held)
-        if k & _lib.KNOWS_TOKEN:
-            out["token"] = info.token
-        if k & _lib.KNOWS_OWNER:
-            out["owner"] = info.owner.decode("utf-8", "replace")
-        if k & _lib.KNOWS_LEASE:
-            out["lease"] = info.lease_ms / 1000.0
+        _known(info, out)
         if k & _lib.KNOWS_WAITERS:
             out["waiters"] = info.waiters
         if k & _lib.KNOWS_ORDER:
@@ -684,6 +738,30 @@ class Client:
         if k & _lib.KNOWS_LAST_TOKEN:
             out["last_token"] = info.last_token
         return out
+
+    def inspect_holders(self, name):
+        """Every holder of a lock, without taking it, in grant order (token
+        ascending): a list of dicts with the keys the store filled (mode
+        "exclusive" or "shared", limit (0: a read-write lock), token,
+        owner, lease); [] when free."""
+        enc = _encode_name(name)
+        room = 8
+        for tries in range(4):
+            arr = (_lib.Holder * room)()
+            count = ctypes.c_size_t()
+            self._enter(None)
+            try:
+                self._live()
+                self._check(lib.dlock_inspect_holders(self._p, enc, arr, room,
+                                                      ctypes.byref(count)))
+            finally:
+                self._mu.release()
+            if count.value <= room or tries == 3:
+                break
+            # More hold than fit: ask again with room for them all (holders
+            # may come and go meanwhile; the last try keeps those that fit).
+            room = count.value
+        return [_holder(arr[i]) for i in range(min(count.value, room))]
 
     def _metrics(self):
         # Readable while another thread is inside a call (libdlock keeps

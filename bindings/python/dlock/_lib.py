@@ -15,14 +15,19 @@ import os
 # major works as long as it has the calls declared below.
 ABI_MAJOR = 0
 
-# dlock_acquire_opts version 3 (.cancel), dlock_info 1, dlock_metrics 1.
-ACQUIRE_OPTS_VERSION = 3
+# dlock_acquire_opts version 4 (.mode, .limit), filled by
+# dlock_acquire_opts_init_version(); dlock_info 1, dlock_metrics 1.
+ACQUIRE_OPTS_VERSION = 4
 INFO_VERSION = 1
 METRICS_VERSION = 1
 
 WAIT_TRY = 0
 WAIT_DEADLINE = 1
 WAIT_FOREVER = 2
+
+MODE_EXCLUSIVE = 0
+MODE_SHARED = 1
+LIMIT_MAX = 65535
 
 NAME_MAX = 4096
 HOLDER_MAX = 64
@@ -64,6 +69,9 @@ class AcquireOpts(ctypes.Structure):
         ("reentrant", ctypes.c_int),
         # version 3
         ("cancel", c_cancel_p),
+        # version 4
+        ("mode", ctypes.c_int),  # enum dlock_mode
+        ("limit", ctypes.c_uint32),
     ]
 
 
@@ -90,6 +98,19 @@ KNOWS_LEASE = 1 << 3
 KNOWS_WAITERS = 1 << 4
 KNOWS_ORDER = 1 << 5
 KNOWS_LAST_TOKEN = 1 << 6
+KNOWS_MODE = 1 << 7
+
+
+class Holder(ctypes.Structure):
+    _fields_ = [
+        ("known", ctypes.c_uint),
+        ("mode", ctypes.c_int),  # enum dlock_mode
+        ("limit", ctypes.c_uint32),
+        ("token", ctypes.c_uint64),
+        ("lease_ms", ctypes.c_uint64),
+        ("owner", ctypes.c_char * HOLDER_MAX),
+        ("reserved", ctypes.c_uint64 * 4),
+    ]
 
 
 class Histogram(ctypes.Structure):
@@ -134,6 +155,8 @@ _PROTOTYPES = {
     "dlock_client_caps": (ctypes.c_uint, [c_client_p]),
     "dlock_client_ping": (ctypes.c_int, [c_client_p]),
     "dlock_inspect": (ctypes.c_int, [c_client_p, ctypes.c_char_p, _P(Info)]),
+    "dlock_inspect_holders": (ctypes.c_int, [c_client_p, ctypes.c_char_p, _P(Holder),
+                                             ctypes.c_size_t, _P(ctypes.c_size_t)]),
     "dlock_client_metrics": (ctypes.c_int, [c_client_p, _P(Metrics)]),
     "dlock_metrics_format": (ctypes.c_int, [_P(Metrics), ctypes.c_char_p, ctypes.c_char_p,
                                             ctypes.c_size_t]),
@@ -141,7 +164,7 @@ _PROTOTYPES = {
     "dlock_cancel_fire": (None, [c_cancel_p]),
     "dlock_cancel_fired": (ctypes.c_int, [c_cancel_p]),
     "dlock_cancel_free": (None, [c_cancel_p]),
-    "dlock_acquire_opts_init": (None, [_P(AcquireOpts)]),
+    "dlock_acquire_opts_init_version": (ctypes.c_int, [_P(AcquireOpts), ctypes.c_uint]),
     "dlock_acquire_n": (ctypes.c_int, [c_client_p, ctypes.c_char_p, ctypes.c_size_t,
                                        _P(AcquireOpts), _P(c_lock_p)]),
     "dlock_acquire_names": (ctypes.c_int, [c_client_p, _P(ctypes.c_char_p), ctypes.c_size_t,
@@ -192,7 +215,7 @@ def load():
     missing = [f for f in _PROTOTYPES if not hasattr(lib, f)]
     if missing:
         raise ImportError("dlock: the libdlock at {} lacks {} (too old for this package: "
-                          "it needs cancellable waits, acquire options version {})"
+                          "it needs shared locks and semaphores, acquire options version {})"
                           .format(getattr(lib, "_name", "?"), ", ".join(missing),
                                   ACQUIRE_OPTS_VERSION))
     for fname, (res, args) in _PROTOTYPES.items():

@@ -45,8 +45,8 @@ async def open(uri):  # noqa: A001 - the name the issue fixes
 
 
 class Lock:
-    """A held lock (asyncio form). .token, .name, .names, .lost, .lost_event
-    as the sync Lock; release() and renew() are coroutines."""
+    """A held lock (asyncio form). .token, .name, .names, .mode, .limit,
+    .lost, .lost_event as the sync Lock; release() and renew() are coroutines."""
 
     def __init__(self, client, sync, on_lost):
         self._client = client
@@ -55,6 +55,8 @@ class Lock:
         self.token = sync.token
         self.name = sync.name
         self.names = sync.names
+        self.mode = sync.mode
+        self.limit = sync.limit
         self.lost_event = asyncio.Event()
         self._fd = None
 
@@ -170,7 +172,7 @@ class Client:
         return self._loop.run_in_executor(self._ex, lambda: fn(*args, **kwargs))
 
     async def acquire(self, name, *, ttl=None, blocking=True, timeout=None, deadline=None,
-                      keep=False, on_lost=None, reentrant=False):
+                      keep=False, on_lost=None, reentrant=False, shared=False, limit=None):
         """As dlock.Client.acquire() (same arguments but cancel: cancel the
         task instead). on_lost(lock, error) runs on the loop's thread."""
         if on_lost is not None and not keep:
@@ -181,7 +183,8 @@ class Client:
         # queued, only it can take the job back.
         cf = self._ex.submit(functools.partial(
             self._sync.acquire, name, ttl=ttl, blocking=blocking, timeout=timeout,
-            deadline=deadline, keep=keep, reentrant=reentrant, cancel=cancel))
+            deadline=deadline, keep=keep, reentrant=reentrant, cancel=cancel, shared=shared,
+            limit=limit))
         fut = asyncio.wrap_future(cf, loop=self._loop)
         try:
             sync = await asyncio.shield(fut)
@@ -231,6 +234,9 @@ class Client:
 
     async def inspect(self, name):
         return await self._call(self._sync.inspect, name)
+
+    async def inspect_holders(self, name):
+        return await self._call(self._sync.inspect_holders, name)
 
     def metrics(self):
         return self._sync.metrics()

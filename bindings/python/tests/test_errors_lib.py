@@ -62,19 +62,39 @@ def test_exception_carries_code_errno_message(tmp_path):
 
 
 def test_acquire_opts_layout():
-    """dlock_acquire_opts_init() fills exactly our AcquireOpts: the fields
-    match DLOCK_ACQUIRE_OPTS_INIT and nothing is written past its end."""
+    """dlock_acquire_opts_init_version(4) fills exactly our AcquireOpts: the
+    fields match DLOCK_ACQUIRE_OPTS_INIT and nothing is written past its end;
+    version 3 writes nothing past .cancel."""
     size = ctypes.sizeof(_lib.AcquireOpts)
     buf = (ctypes.c_ubyte * (size + 64))(*([0xAA] * (size + 64)))
     opts = _lib.AcquireOpts.from_buffer(buf)
-    _lib.lib.dlock_acquire_opts_init(ctypes.byref(opts))
+    assert _lib.lib.dlock_acquire_opts_init_version(ctypes.byref(opts), 4) == 0
     assert (opts.version, opts.ttl_ms, opts.wait, opts.deadline_ns, opts.keep,
-            opts.on_lost_user, opts.reentrant, opts.cancel) == (3, 30000, 2, 0, 0, None, 0, None)
+            opts.on_lost_user, opts.reentrant, opts.cancel, opts.mode, opts.limit) == \
+        (4, 30000, 2, 0, 0, None, 0, None, 0, 0)
     assert not opts.on_lost
     assert bytes(buf[size:]) == b"\xaa" * 64
+    old = (ctypes.c_ubyte * (size + 64))(*([0xAA] * (size + 64)))
+    v3 = _lib.AcquireOpts.from_buffer(old)
+    assert _lib.lib.dlock_acquire_opts_init_version(ctypes.byref(v3), 3) == 0
+    assert v3.version == 3 and v3.cancel is None
+    assert bytes(old[_lib.AcquireOpts.mode.offset:]) == b"\xaa" * (size + 64 - _lib.AcquireOpts.mode.offset)
     if ctypes.sizeof(ctypes.c_void_p) == 8:
-        assert size == 64 and _lib.AcquireOpts.cancel.offset == 56
+        assert _lib.AcquireOpts.cancel.offset == 56
+        assert _lib.AcquireOpts.mode.offset == 64 and _lib.AcquireOpts.limit.offset == 68
+        assert size == 72
         assert ctypes.sizeof(_lib.Info) == 1272 and ctypes.sizeof(_lib.Metrics) == 1032
+        assert ctypes.sizeof(_lib.Holder) == 128 and _lib.Holder.owner.offset == 32
+
+
+def test_emode_is_exposed():
+    """DLOCK_EMODE has its class, as every code of the table."""
+    assert issubclass(dlock.EMODE, dlock.DlockError)
+    assert dlock.error_class("DLOCK_EMODE") is dlock.EMODE
+    assert dlock.error_class("EMODE") is dlock.EMODE
+    e = dlock.error_class(-23)(-23)
+    assert e.code == "DLOCK_EMODE" and isinstance(e, dlock.EMODE)
+    assert "EMODE" in dlock.__all__
 
 
 def _import_in_child(env):

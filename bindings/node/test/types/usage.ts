@@ -18,6 +18,14 @@ async function main(): Promise<bigint> {
   const n: number = await client.withLock('job', async (l) => Number(l.token));
   const s: string = await client.withLock('job', { wait: 'forever' }, () => 'done');
   const busy: number = dlock.codes.DLOCK_EBUSY;
+  const reader = await client.acquire('report', { shared: true, wait: 'try' });
+  const permit = await client.acquire('encoder', { limit: 3 });
+  const mode: 'exclusive' | 'shared' = reader.mode;
+  const limit: number = permit.limit;
+  const holders: dlock.Holder[] = await client.inspectHolders('report');
+  const first: bigint | undefined = holders[0]?.token;
+  const emode: number = dlock.codes.DLOCK_EMODE;
+  console.log(mode, limit, first, holders[0]?.leaseMs, emode, client.caps.semaphore);
   console.log(lost, n, s, busy, dlock.version, dlock.library, client.caps.cancel);
   await client.close();
   return token;
