@@ -771,7 +771,7 @@ static int permit_lock(struct mysql_conn *mc, struct session **sp, const dlock_r
 static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_request *req,
                      struct bound *call)
 {
-    int retried = 0, created = 0, made = 0, err, pooled = 0, probed = 0;
+    int retried = 0, created = 0, made = 0, err, pooled = 0, probed = 0, busy = 0;
     uint64_t down_since = 0, backoff = 100;
     struct session *s = NULL;
     struct shared_kinds kd;
@@ -864,7 +864,15 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
             /* A writer's try: busy, or held as a semaphore? */
             dlock_errsave why;
             dlock_err_save(cl(mc), &why);
-            if ((err = kind_check(mc, req, h->k, call, &kd, 1)) == 0) {
+            if ((err = kind_check(mc, req, h->k, call, &kd, 1)) == 0 &&
+                req->wait == DLOCK_WAIT_TRY && !busy++) {
+                /* Busy for an instant may be an inspect's look at the row (a
+                 * share lock for one statement, over before the look at the
+                 * kinds above has returned): one more try before saying so. */
+                dlock_clearerr(cl(mc));
+                continue;
+            }
+            if (err == 0) {
                 dlock_err_restore(cl(mc), &why);
                 err = DLOCK_EBUSY;
             }

@@ -67,9 +67,13 @@ const char *const mc_create_sql[3] = {
     ") ENGINE=InnoDB COMMENT='dlock: shared holders, uncommitted rows of their transactions'",
 };
 
-/* A <table>_shared made before semaphores gets their column (instant). */
+/* A <table>_shared made before semaphores gets their column (instant, but
+ * the ALTER waits for the transactions using the table, readers holding
+ * included, and holds back new ones meanwhile: 1 s at most, then it fails
+ * and the permit with it). */
 static const char add_lim_sql[] =
-    "ALTER TABLE `@T_shared` ADD COLUMN IF NOT EXISTS lim INT UNSIGNED NOT NULL DEFAULT 0"
+    "SET STATEMENT lock_wait_timeout = 1 FOR"
+    " ALTER TABLE `@T_shared` ADD COLUMN IF NOT EXISTS lim INT UNSIGNED NOT NULL DEFAULT 0"
     " COMMENT 'a permit''s semaphore limit; 0: a reader'";
 
 /*
@@ -259,7 +263,8 @@ int mc_shared_table(struct mysql_conn *mc, struct bound *call)
     if (err == 0 && !(sql = mc_with_table(add_lim_sql, mc->table)))
         err = dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
     else if (err == 0) {
-        err = mc_exec_sql(mc, s, sql, call, "cannot add the permits' column to the shared holders' table");
+        err = mc_exec_sql(mc, s, sql, call, "cannot add the permits' column to the shared holders' table (it waits"
+                            " for the readers holding then: try again once they are gone)");
         free(sql);
     }
     mc_session_close(s);
