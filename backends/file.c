@@ -1066,7 +1066,8 @@ static int file_inspect_holders(dlock_conn *conn, const char *name, size_t len,
     int rc = holders_of((struct file_conn *)conn, name, len, &lk, &hs, &n);
     if (rc)
         return rc;
-    memcpy(holders, hs, (n < capacity ? n : capacity) * sizeof *hs);
+    if (n && capacity) /* holders may be NULL with capacity 0, hs with n 0 */
+        memcpy(holders, hs, (n < capacity ? n : capacity) * sizeof *hs);
     *count = n;
     free(hs);
     return 0;
