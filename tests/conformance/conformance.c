@@ -29,7 +29,8 @@
  *                   up, counting its own grants) and "fifo" (arrival order:
  *                   every other waiter gives its turn away, releasing its
  *                   grant at once and queueing again), "shared" (read-write
- *                   exclusion: writers ask for shared locks). With --case:
+ *                   exclusion: writers ask for shared locks), "limit" (a
+ *                   semaphore's limit: permits ask for one more). With --case:
  *                   "death" (a killed holder's connections live on in a
  *                   child of it, so "holder killed" must fail on a store
  *                   that declares HOLDER_DEATH), "lease" ("leases" renews
@@ -3096,7 +3097,7 @@ int main(int argc, char **argv)
             break_death = breaking("death");
             break_lease = breaking("lease");
             if (!breaking("exclusion") && !breaking("tokens") && !breaking("fifo") &&
-                !breaking("shared") && !break_death && !break_lease)
+                !breaking("shared") && !breaking("limit") && !break_death && !break_lease)
                 nparts = -1, i = argc; /* the usage message */
         }
         else if (strcmp(argv[i], "--drop-cap") == 0 && i + 1 < argc) {
@@ -3167,10 +3168,13 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    if (breaking("exclusion") || breaking("tokens") || breaking("fifo") || breaking("shared")) {
+    if (breaking("exclusion") || breaking("tokens") || breaking("fifo") || breaking("shared") ||
+        breaking("limit")) {
         /* a negative control: its detector's case alone */
         if (breaking("shared"))
             test_modes_break_shared();
+        else if (breaking("limit"))
+            test_modes_break_limit();
         else if (breaking("exclusion"))
             test_mutual_exclusion(4, 40);
         else if (breaking("tokens"))

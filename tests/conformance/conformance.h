@@ -52,5 +52,8 @@ void test_modes_kept(void);
 /* --break shared: the negative control of the read-write exclusion check
  * (writers ask for shared locks), that case alone. */
 void test_modes_break_shared(void);
+/* --break limit: the negative control of the semaphore's limit check
+ * (permits ask for a semaphore one larger), that case alone. */
+void test_modes_break_limit(void);
 
 #endif

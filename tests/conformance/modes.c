@@ -470,8 +470,10 @@ static int contend(struct board *b, const char *name, int nproc, int iters)
                  * where it writes. */
                 dlock_mode mode = b->limit || (writer && !broken) ? DLOCK_MODE_EXCLUSIVE
                                                                    : DLOCK_MODE_SHARED;
-                dlock_acquire_opts o = mode_opts(mode, (uint32_t)b->limit, DLOCK_WAIT_DEADLINE,
-                                                 60000);
+                /* --break limit: the wrong client asks for one permit more
+                 * than the semaphore the board counts has. */
+                uint32_t limit = (uint32_t)b->limit + (b->limit && breaking("limit"));
+                dlock_acquire_opts o = mode_opts(mode, limit, DLOCK_WAIT_DEADLINE, 60000);
                 if (dlock_acquire(c, name, &o, &l) != 0) {
                     fails++;
                     continue;
@@ -655,6 +657,11 @@ void test_modes(void)
 void test_modes_break_shared(void)
 {
     rw_exclusion(6, 12);
+}
+
+void test_modes_break_limit(void)
+{
+    semaphore_exclusion(6, 10);
 }
 
 /*
