@@ -453,7 +453,20 @@ static int create_path(struct zk_conn *zc, const char *path, int flags, uint64_t
  * only ACL checks tell). */
 static int check_root(struct zk_conn *zc, uint64_t until)
 {
-    int rc = zk_get(zc, zc->root, 0, until);
+    int rc;
+    /* A member that stalls past the session's ping bound (a loaded JVM)
+     * fails the call with a connection error while the client moves to
+     * another member: look again on the new connection, within until. */
+    for (;;) {
+        uint64_t seen = zk_events_now(zc);
+        rc = zk_get(zc, zc->root, 0, until);
+        if (!is_connection_error(rc) || dlock_monotonic_ns() >= until)
+            break;
+        retry_pause(zc, seen);
+        int err = session_connect(zc, until);
+        if (err)
+            return err;
+    }
     if (rc == ZNONODE) {
         rc = create_path(zc, zc->root, ZOO_PERSISTENT, until);
         return rc == ZOK ? 0 : zk_error(zc, rc, "cannot create", zc->root);
