@@ -487,3 +487,20 @@ int dlock_uri_param_bool(dlock_client *client, const dlock_uri *u, const char *k
     return dlock_seterr(client, DLOCK_EBADURI,
                         "option '%s' must be true or false (1/0, yes/no, on/off)", key);
 }
+
+int dlock_uri_param_choice(dlock_client *client, const dlock_uri *u, const char *key,
+                           const char *const *choices, int *out)
+{
+    const char *v = dlock_uri_param(u, key);
+    char list[256] = "";
+    size_t n = 0, used = 0;
+    if (!v)
+        return 0;
+    for (; choices[n]; n++)
+        if (strcmp(v, choices[n]) == 0)
+            return *out = (int)n, 0;
+    for (size_t i = 0; i < n && used < sizeof list; i++)
+        used += (size_t)snprintf(list + used, sizeof list - used, "%s%s",
+                                 i == 0 ? "" : i + 1 == n ? " or " : ", ", choices[i]);
+    return dlock_seterr(client, DLOCK_EBADURI, "option %s: %s (not '%.64s')", key, list, v);
+}

@@ -83,6 +83,10 @@ DLOCK_API int dlock_uri_param_uint(dlock_client *client, const dlock_uri *uri,
 /* Accepts 1/0, true/false, yes/no, on/off. */
 DLOCK_API int dlock_uri_param_bool(dlock_client *client, const dlock_uri *uri,
                                    const char *key, int *out);
+/* One of the NULL-terminated choices, exactly: *out = its index. Anything
+ * else is DLOCK_EBADURI listing the choices ("option layout: dlock or plain"). */
+DLOCK_API int dlock_uri_param_choice(dlock_client *client, const dlock_uri *uri,
+                                     const char *key, const char *const *choices, int *out);
 
 /*
  * Records an error on client (printf-style detail) and returns code, so that

@@ -1,9 +1,12 @@
 /* URI parser: valid forms, malformed ones, limits, IPv6, percent-encoding,
  * and that no message ever carries the password. */
 #include <stdlib.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "core/uri.h"
+#include "dlock_backend.h"
 #include "tests/tap.h"
 
 static dlock_uri *parse_ok(const char *s)
@@ -210,6 +213,37 @@ static void test_buffers(void)
     free(s);
 }
 
+/* dlock_uri_param_choice(): exact matches only, absent leaves *out, and
+ * anything else is EBADURI naming the key and listing the choices. */
+static void test_choice(void)
+{
+    static const char *const layouts[] = {"dlock", "plain", "kazoo", NULL};
+    char dir[] = "/tmp/dlock-uri-XXXXXX", uri[64];
+    dlock_client *c = NULL;
+    dlock_uri *u;
+    int out = -1;
+    if (!mkdtemp(dir))
+        abort();
+    snprintf(uri, sizeof uri, "file://%s", dir);
+    if (dlock_client_open(uri, &c) != 0)
+        abort();
+    u = parse_ok("redis://h/0?layout=plain");
+    is_int(dlock_uri_param_choice(c, u, "layout", layouts, &out), 0, "layout=plain is a choice");
+    is_int(out, 1, "its index");
+    out = -1;
+    is_int(dlock_uri_param_choice(c, u, "other", layouts, &out), 0, "an absent key is no error");
+    is_int(out, -1, "and leaves *out");
+    dlock_uri_free(u);
+    u = parse_ok("redis://h/0?layout=Plain");
+    is_int(dlock_uri_param_choice(c, u, "layout", layouts, &out), DLOCK_EBADURI,
+           "layout=Plain (case differs) → DLOCK_EBADURI");
+    ok(strstr(dlock_errmsg(c), "option layout: dlock, plain or kazoo (not 'Plain')") != NULL,
+       "the message lists the choices: %s", dlock_errmsg(c));
+    dlock_uri_free(u);
+    dlock_client_close(c);
+    rmdir(dir);
+}
+
 int main(void)
 {
     test_basic();
@@ -217,5 +251,6 @@ int main(void)
     test_malformed();
     test_limits();
     test_buffers();
+    test_choice();
     return done_testing();
 }
