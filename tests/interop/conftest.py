@@ -260,3 +260,114 @@ def handoff_dlock_to_peer(lock, peer, timeout=10.0):
     lock.release()
     held = peer.expect("held", timeout)
     return grant_after(t0, held)
+
+
+# ---- a rolling migration from a peer library to dlock (docs/migration.md,
+# "From another lock library") ------------------------------------------
+#
+# WORKERS workers take one lock name over and over; each critical section,
+# under the lock, sets an "inside" marker (finding it set is an overlap),
+# reads a shared counter, sleeps 10 ms and writes it back + 1. The workers
+# move through the runbook's phases, the first half first:
+#   1. all peer                       2. half on the list, half peer
+#   3. all on the list "PEER_URI NATIVE_URI" (the peer is gone)
+#   4. half native, half on the list  5. all native
+# where PEER_URI is the peer layout (e.g. redis://h/0?layout=plain) and a
+# peer worker is a process of the peer library (peer_argv: the loop
+# protocol below). A phase ends once every worker ran a section in it.
+# Returns a dict of what was seen; the caller asserts.
+#
+# Loop protocol of a peer worker: reads "acquire" → takes the lock
+# (blocking) and prints "held <t>"; reads "release" → releases it and
+# prints "released <t>"; end of input: exit.
+
+ROLL_PHASES = {1: ("peer", "peer"), 2: ("list", "peer"), 3: ("list", "list"),
+               4: ("native", "list"), 5: ("native", "native")}
+
+
+def rolling_migration(peer_argv, peer_uri, native_uri, name, workers=4, phase_s=1.0,
+                      list_uri=None):
+    import threading
+
+    state = {"inside": False, "counter": 0, "sections": [], "overlaps": 0, "errors": [],
+             "phase": 1, "acked": {}, "stop": False}
+    mu = threading.Lock()
+    if list_uri is None:  # (a negative control gives another)
+        list_uri = peer_uri + " " + native_uri
+
+    def section(worker, kind, token):
+        with mu:
+            if state["inside"]:
+                state["overlaps"] += 1
+            state["inside"] = True
+            c = state["counter"]
+            phase = state["phase"]
+        time.sleep(0.01)
+        with mu:
+            state["counter"] = c + 1
+            state["inside"] = False
+            state["sections"].append((phase, worker, kind, token))
+            state["acked"][worker] = phase
+
+    def run(worker):
+        clients = {}
+        peer = None
+        try:
+            while not state["stop"]:
+                with mu:
+                    phase = state["phase"]
+                first = worker < workers // 2
+                kind = ROLL_PHASES[phase][0 if first else 1]
+                if kind == "peer":
+                    if peer is None:
+                        peer = Peer(peer_argv)
+                    peer.send("acquire")
+                    peer.expect("held", 20)
+                    section(worker, kind, None)
+                    peer.send("release")
+                    peer.expect("released", 20)
+                    continue
+                if peer is not None:  # this worker moved off the peer library
+                    peer.close()
+                    peer = None
+                uri = list_uri if kind == "list" else native_uri
+                if kind not in clients:
+                    clients[kind] = dlock.open(uri)
+                lk = clients[kind].acquire(name, timeout=20)
+                try:
+                    section(worker, kind, lk.token)
+                finally:
+                    lk.release()
+        except BaseException as e:  # the caller reports it
+            with mu:
+                state["errors"].append("worker {}: {!r}".format(worker, e))
+        finally:
+            if peer is not None:
+                peer.close()
+            for c in clients.values():
+                c.close()
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(workers)]
+    for th in threads:
+        th.start()
+    phases_done = []
+    try:
+        for phase in range(1, 6):
+            with mu:
+                state["phase"] = phase
+            time.sleep(phase_s)
+            end = time.monotonic() + 25
+            while time.monotonic() < end and not state["errors"]:
+                with mu:
+                    if all(state["acked"].get(w, 0) >= phase for w in range(workers)):
+                        phases_done.append(phase)
+                        break
+                time.sleep(0.05)
+            if state["errors"]:
+                break
+    finally:
+        state["stop"] = True
+        for th in threads:
+            th.join(60)
+    state["phases_done"] = phases_done
+    return state
