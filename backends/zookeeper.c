@@ -24,6 +24,15 @@
  * another kind ahead is DLOCK_EMODE at once. Tokens stay the czxid: no
  * node is granted before one ahead of it, so they follow grant order.
  *
+ * layout=kazoo (zookeeper_names.h, enum zk_layout): the nodes are kazoo's
+ * Lock / WriteLock / ReadLock nodes, "<owner>__lock__<seq>" for an
+ * exclusive request and "<owner>__rlock__<seq>" for a shared one, the owner
+ * id as their data, under a persistent parent (kazoo's ensure_path()); the
+ * listing counts kazoo's nodes and the dlock layout's alike, one queue by
+ * sequence number, and zk_turn() is unchanged: kazoo's WriteLock waits for
+ * every node ahead, its ReadLock for the writers ahead, as ours do. No
+ * semaphores (the caps of such a connection drop SEMAPHORE).
+ *
  * The session is the lease: a holder's nodes live exactly as long as its
  * session, one per client, whose timeout is the URI's session_timeout (the
  * per-acquire TTL is not used). Fencing tokens are the lock node's czxid.
@@ -132,7 +141,9 @@
 #define PROBE_DIV 4
 
 static const char *const zk_schemes[] = {"zookeeper", NULL};
-static const char *const zk_options[] = {"session_timeout", "connect_timeout", NULL};
+static const char *const zk_options[] = {"session_timeout", "connect_timeout", "layout", NULL};
+/* The layout option's values, in enum zk_layout's order. */
+static const char *const zk_layouts[] = {"dlock", "kazoo", NULL};
 
 enum session_status { SESSION_UP, SESSION_SUSPENDED, SESSION_DEAD };
 
@@ -562,7 +573,10 @@ static int create_and_list(struct zk_acq *a, struct zk_kids *k)
     struct zk_conn *zc = a->zc;
     struct zk_made m;
     uint64_t until = reply_until(a);
-    zk_create_list(zc, a->prefix, a->parent, until, &m);
+    /* kazoo writes its identifier as the node's data (its contenders()
+     * lists them): ours is the owner id. */
+    zk_create_list(zc, a->prefix, zc->layout == ZK_LAYOUT_KAZOO ? a->req->owner_hex : NULL,
+                   a->parent, until, &m);
     int rc = m.rc, lrc = m.lrc;
     if (rc == ZOK) {
         a->node = join3(a->parent, "/", basename_of(m.created));
@@ -582,7 +596,10 @@ static int create_and_list(struct zk_acq *a, struct zk_kids *k)
         return list_kids(a, k);
     }
     if (rc == ZNONODE) { /* no parent yet, or its container was just removed */
-        rc = create_path(zc, a->parent, ZOO_CONTAINER, until);
+        /* kazoo's parents are persistent: a kazoo Lock checks its parent
+         * once, and a container removed under it fails its next create. */
+        rc = create_path(zc, a->parent,
+                         zc->layout == ZK_LAYOUT_KAZOO ? ZOO_PERSISTENT : ZOO_CONTAINER, until);
         return rc == ZOK ? AGAIN : step_error(a, rc, "cannot create", a->parent);
     }
     if (maybe_done(rc)) {
@@ -766,9 +783,9 @@ static int acquire_paths(struct zk_acq *a)
     int err = name_parent(a->zc, a->req->name, a->req->name_len, &a->parent);
     if (err)
         return err;
-    char mark[MARK_MAX], tag[ZK_TAG_MAX];
-    zk_tag(a->req->mode == DLOCK_MODE_SHARED, a->req->limit, tag);
-    snprintf(mark, sizeof mark, "%s%s%s", a->req->owner_hex, tag, ZK_LOCK_MARK);
+    char mark[MARK_MAX], tail[ZK_MARK_MAX];
+    zk_mark(a->zc->layout, a->req->mode == DLOCK_MODE_SHARED, a->req->limit, tail);
+    snprintf(mark, sizeof mark, "%s%s", a->req->owner_hex, tail);
     a->prefix = join3(a->parent, "/", mark);
     return a->prefix ? 0 : oom(a->zc);
 }
@@ -834,6 +851,10 @@ static int zk_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     struct zk_acq a = {.zc = zc, .req = req};
     struct zk_kids k = {NULL, 0};
     int err;
+    if (req->limit && zc->layout == ZK_LAYOUT_KAZOO) /* the core refuses it first (caps) */
+        return dlock_seterr(cl(zc), DLOCK_ENOTSUP,
+                            "zookeeper layout=kazoo has no semaphores (kazoo's Semaphore is "
+                            "another recipe): use layout=dlock");
     if (req->wait == DLOCK_WAIT_TRY)
         a.until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS;
     else
@@ -1283,13 +1304,18 @@ static int parse_uri(struct zk_conn *zc, const dlock_uri *uri)
 {
     uint64_t session_ms = DEFAULT_SESSION_MS, connect_ms = DEFAULT_CONNECT_MS;
     const char *user = dlock_uri_user(uri), *password = dlock_uri_password(uri);
-    int err;
+    int err, layout = ZK_LAYOUT_DLOCK;
     if (dlock_uri_host_count(uri) == 0)
         return dlock_seterr(cl(zc), DLOCK_EBADURI,
                             "a zookeeper:// URI needs hosts, as in zookeeper://127.0.0.1:2181/dlock");
     if ((err = dlock_uri_param_uint(cl(zc), uri, "session_timeout", 1, 3600000, &session_ms)) ||
-        (err = dlock_uri_param_uint(cl(zc), uri, "connect_timeout", 1, 3600000, &connect_ms)))
+        (err = dlock_uri_param_uint(cl(zc), uri, "connect_timeout", 1, 3600000, &connect_ms)) ||
+        (err = dlock_uri_param_choice(cl(zc), uri, "layout", zk_layouts, &layout)))
         return err;
+    zc->layout = (enum zk_layout)layout;
+    /* kazoo's names have no semaphore: the core refuses limits. */
+    if (zc->layout == ZK_LAYOUT_KAZOO)
+        zc->base.caps = dlock_zookeeper_backend.caps & ~DLOCK_CAP_SEMAPHORE;
     zc->session_ms = (int)session_ms;
     zc->connect_ms = (int)connect_ms;
     if ((user && strchr(user, ':')) || (password && (!user || !user[0])))

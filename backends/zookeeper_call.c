@@ -221,8 +221,9 @@ static void on_probed(int rc, const void *data)
 static void on_listed(int rc, const struct String_vector *sv, const void *data)
 {
     struct zk_call *c = (struct zk_call *)data;
-    if (rc == ZOK && zk_kids_parse(sv ? (const char *const *)sv->data : NULL,
-                                   sv && sv->count > 0 ? (size_t)sv->count : 0, &c->kids) != 0)
+    if (rc == ZOK && zk_kids_parse_layout(sv ? (const char *const *)sv->data : NULL,
+                                          sv && sv->count > 0 ? (size_t)sv->count : 0,
+                                          c->zc->layout, &c->kids) != 0)
         rc = NOMEM;
     call_complete(c, rc);
 }
@@ -466,8 +467,8 @@ int zk_sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64
  * A create given up on (no reply by the bound) is cleaned up by its
  * completion: the node deleted if it says it made one, looked for by our
  * owner id if its reply is lost too. */
-void zk_create_list(struct zk_conn *zc, const char *prefix, const char *parent, uint64_t until,
-                    struct zk_made *m)
+void zk_create_list(struct zk_conn *zc, const char *prefix, const char *data,
+                    const char *parent, uint64_t until, struct zk_made *m)
 {
     struct zk_call *cc = call_new(zc, prefix, LEAVES_CREATED);
     struct zk_call *lc = call_new(zc, parent, LEAVES_NOTHING);
@@ -477,8 +478,8 @@ void zk_create_list(struct zk_conn *zc, const char *prefix, const char *parent, 
         m->rc = m->lrc = NOMEM;
         return;
     }
-    int rc = call_sent(cc, zoo_acreate2(zc->zh, prefix, NULL, -1, zc->acl,
-                                        ZOO_EPHEMERAL_SEQUENTIAL, on_created, cc));
+    int rc = call_sent(cc, zoo_acreate2(zc->zh, prefix, data, data ? (int)strlen(data) : -1,
+                                        zc->acl, ZOO_EPHEMERAL_SEQUENTIAL, on_created, cc));
     if (rc == ZOK)
         call_sent(lc, zoo_aget_children(zc->zh, parent, 0, on_listed, lc));
     else
