@@ -1099,16 +1099,20 @@ static int zk_ping(dlock_conn *conn)
 /*
  * The name's lock children, read with a sync ahead (zk_sync_list), how
  * many of its first nodes hold (*nh, zk_holders()), and the stats of want
- * of the holders (an exists each, no watch, pipelined): the newest ones
- * (newest set) or the first. A holder that lets go between the listing
- * and the exists means looking again. No node is created, no watch is
- * left, nothing is written: the parent missing (never taken, or its
+ * of the holders (an exists each, no watch, pipelined; in layout=kazoo a
+ * getData, whose data tells a kazoo client's node: zk_node_foreign()): the
+ * newest ones (newest set) or the first. A holder that lets go between the
+ * listing and the exists means looking again. No node is created, no watch
+ * is left, nothing is written: the parent missing (never taken, or its
  * container reaped) is free. Within connect_timeout, like ping. *st holds
- * min(want, *nh) stats (the caller frees it and k).
+ * min(want, *nh) stats and *foreign as many flags (the caller frees them
+ * and k).
  */
 static int read_queue(struct zk_conn *zc, const char *name, size_t len, size_t want,
-                      int newest, struct zk_kids *k, size_t *nh, struct Stat **st)
+                      int newest, struct zk_kids *k, size_t *nh, struct Stat **st,
+                      unsigned char **foreign)
 {
+    char(*data)[ZK_DATA_MAX] = NULL;
     uint64_t until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS;
     char *parent = NULL, **paths = NULL;
     int err = name_parent(zc, name, len, &parent);
@@ -1126,14 +1130,22 @@ static int read_queue(struct zk_conn *zc, const char *name, size_t len, size_t w
             n = want < *nh ? want : *nh;
             from = newest ? *nh - n : 0;
             *st = calloc(n ? n : 1, sizeof **st);
+            *foreign = calloc(n ? n : 1, 1);
             paths = calloc(n ? n : 1, sizeof *paths);
+            if (zc->layout == ZK_LAYOUT_KAZOO)
+                data = calloc(n ? n : 1, sizeof *data);
             for (size_t j = 0; *st && paths && j < n; j++)
                 if (!(paths[j] = join3(parent, "/", k->v[from + j].name)))
                     break;
-            if (!*st || !paths || (n && !paths[n - 1]))
+            if (!*st || !*foreign || !paths || (n && !paths[n - 1]) ||
+                (zc->layout == ZK_LAYOUT_KAZOO && !data))
                 rc = NOMEM;
             else if (n)
-                rc = zk_exists_all(zc, paths, n, *st, until);
+                rc = zk_exists_all(zc, paths, n, *st, data, until);
+            for (size_t j = 0; rc == ZOK && data && j < n; j++)
+                (*foreign)[j] = (unsigned char)zk_node_foreign(k->v[from + j].name, data[j]);
+            free(data);
+            data = NULL;
             what = "cannot read the holders under";
         }
         for (size_t j = 0; paths && j < n; j++)
@@ -1145,6 +1157,8 @@ static int read_queue(struct zk_conn *zc, const char *name, size_t len, size_t w
         zk_kids_free(k);
         free(*st);
         *st = NULL;
+        free(*foreign);
+        *foreign = NULL;
         /* ZNONODE: a holder let go between the listing and the read. A
          * connection error: session_connect() waits for the connection to
          * return, or starts a new session if this one died. */
@@ -1190,15 +1204,18 @@ static int zk_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
     struct zk_conn *zc = (struct zk_conn *)conn;
     struct zk_kids k = {NULL, 0};
     struct Stat *st = NULL;
+    unsigned char *foreign = NULL;
     size_t nh = 0;
-    int err = read_queue(zc, name, len, 1, 1, &k, &nh, &st);
+    int err = read_queue(zc, name, len, 1, 1, &k, &nh, &st, &foreign);
     if (err)
         return err;
     info->known = DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER;
     info->held = nh > 0;
-    if (info->held) {
+    if (info->held && !foreign[0]) { /* a kazoo client's holder has no token */
         info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_LAST_TOKEN;
         info->token = info->last_token = (uint64_t)st[0].czxid;
+    }
+    if (info->held) {
         zk_node_owner(k.v[nh - 1].name, info->owner, sizeof info->owner);
         if (info->owner[0])
             info->known |= DLOCK_KNOWS_OWNER;
@@ -1208,6 +1225,7 @@ static int zk_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
     }
     zk_kids_free(&k);
     free(st);
+    free(foreign);
     return 0;
 }
 
@@ -1219,14 +1237,15 @@ static int zk_inspect_holders(dlock_conn *conn, const char *name, size_t len,
     struct zk_conn *zc = (struct zk_conn *)conn;
     struct zk_kids k = {NULL, 0};
     struct Stat *st = NULL;
+    unsigned char *foreign = NULL;
     size_t nh = 0;
-    int err = read_queue(zc, name, len, capacity, 0, &k, &nh, &st);
+    int err = read_queue(zc, name, len, capacity, 0, &k, &nh, &st, &foreign);
     if (err)
         return err;
     *count = nh;
     for (size_t i = 0; i < nh && i < capacity; i++) {
         dlock_holder *h = &holders[i];
-        h->known = DLOCK_KNOWS_MODE | DLOCK_KNOWS_TOKEN;
+        h->known = DLOCK_KNOWS_MODE | (foreign[i] ? 0 : DLOCK_KNOWS_TOKEN);
         h->mode = k.v[i].kind == ZK_READER ? DLOCK_MODE_SHARED : DLOCK_MODE_EXCLUSIVE;
         h->limit = k.v[i].limit;
         h->token = (uint64_t)st[i].czxid;
@@ -1236,6 +1255,7 @@ static int zk_inspect_holders(dlock_conn *conn, const char *name, size_t len,
     }
     zk_kids_free(&k);
     free(st);
+    free(foreign);
     return 0;
 }
 

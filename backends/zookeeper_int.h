@@ -175,9 +175,11 @@ int zk_watch_all(struct zk_conn *zc, char *const *paths, size_t n, int *written,
 int zk_set(struct zk_conn *zc, const char *path, uint64_t until);
 /* exists (no watch) of each of paths[0..n), pipelined: ZOK when every
  * node is there (their stats in st[]), ZNONODE when one is gone, else the
- * first other code. */
+ * first other code. With data, a getData (no watch) instead, each node's
+ * first ZK_DATA_MAX - 1 bytes of data in data[], NUL-terminated. */
+#define ZK_DATA_MAX 40
 int zk_exists_all(struct zk_conn *zc, char *const *paths, size_t n, struct Stat *st,
-                  uint64_t until);
+                  char (*data)[ZK_DATA_MAX], uint64_t until);
 /* A node that nobody has to clean up: root, parents, the ping's. */
 int zk_create(struct zk_conn *zc, const char *path, int flags, uint64_t until);
 /* token_top's probe: *zxid is its transaction's, above every czxid before

@@ -203,6 +203,17 @@ void zk_node_owner(const char *name, char *out, size_t outsz)
     out[n] = '\0';
 }
 
+int zk_node_foreign(const char *name, const char *data)
+{
+    char owner[64];
+    long long seq;
+    enum zk_kind kind;
+    if (!kazoo_tail(name, &seq, &kind))
+        return 0;
+    zk_node_owner(name, owner, sizeof owner);
+    return strcmp(owner, data) != 0 || !owner[0];
+}
+
 /* Two nodes that may hold the same name together, or wait in one queue: a
  * read-write lock's, or permits of one limit. */
 static int same_kind(const struct zk_kid *a, const struct zk_kid *b)

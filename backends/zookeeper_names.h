@@ -87,6 +87,11 @@ enum zk_kind zk_node_kind(const char *name, unsigned *limit);
  * "-lock-" (another recipe's prefix, as in Curator's "_c_<uuid>"), or
  * before kazoo's pattern (its uuid in hex), cut to fit out[outsz]. */
 void zk_node_owner(const char *name, char *out, size_t outsz);
+/* 1 when a lock node was made by a kazoo client, not by dlock: a node of
+ * kazoo's pattern whose data (NUL-terminated) is not the owner id of its
+ * name, which dlock's layout=kazoo writes there. Its czxid is no token a
+ * holder uses. 0 for every other node. */
+int zk_node_foreign(const char *name, const char *data);
 
 /*
  * What the node at index i of k (the whole queue, sorted) does now: hold

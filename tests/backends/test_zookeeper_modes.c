@@ -154,6 +154,13 @@ static void test_kazoo_rules(void)
     is_int(zk_node_kind("ab__lock__0000000001", &limit), ZK_WRITER, "kind: a kazoo writer");
     zk_node_owner("0123abcd__rlock__0000000001", owner, sizeof owner);
     is_str(owner, "0123abcd", "a kazoo node's owner is its uuid hex");
+    is_int(zk_node_foreign("0123abcd__lock__0000000001", "0123abcd"), 0,
+           "a kazoo-named node whose data is its owner id is dlock's");
+    is_int(zk_node_foreign("0123abcd__lock__0000000001", "my-host"), 1,
+           "one with other data is a kazoo client's");
+    is_int(zk_node_foreign("0123abcd__lock__0000000001", ""), 1, "and one with none");
+    is_int(zk_node_foreign("__lock__0000000001", ""), 1, "no owner id: a kazoo client's");
+    is_int(zk_node_foreign("0123abcd-lock-0000000001", "x"), 0, "a dlock-layout node never");
 
     ok(zk_kids_parse(mixed, 11, &k) == 0 && k.n == 3, "the dlock layout sees its own 3 only");
     zk_kids_free(&k);

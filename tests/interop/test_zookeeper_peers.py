@@ -95,8 +95,11 @@ def test_kazoo_holds_dlock_tries(zk, peers, name, kind):
         c.acquire(name, blocking=False, shared=True)
     info = c.inspect(name)
     assert info["held"] is True
-    # the kazoo holder's node is "<uuid hex>__lock__<seq>": its uuid
+    # the kazoo holder's node is "<uuid hex>__lock__<seq>": its uuid; a
+    # foreign holder has no token
     assert len(info.get("owner", "")) == 32, info
+    assert "token" not in info, info
+    assert [h.get("token") for h in c.inspect_holders(name)] == [None], c.inspect_holders(name)
     c.close()
     p.send("release")
     p.expect("released")
@@ -270,6 +273,8 @@ def test_tokens_increase_with_kazoo_between(zk, peers, name):
     for i in range(4):
         lk = c.acquire(name, blocking=False)
         tokens.append(lk.token)
+        info = c.inspect(name)
+        assert info.get("token") == lk.token and info.get("owner") == lk.owner, info
         lk.release()
         p = kazoo_holds(peers, zk, name, "write" if i % 2 else "lock")
         p.send("release")
