@@ -210,6 +210,14 @@ def test_kazoo_writer_excludes_dlock_reader(zk, peers, name):
 
 # ---- handoffs --------------------------------------------------------------
 
+def handoffs_seen(what, times):
+    """Logs the handoff times (a benchmark: only a 2 s bound is asserted)."""
+    log("{}, ms: p50 {:.1f}, max {:.1f}, n {}: {}".format(
+        what, statistics.median(times), max(times), len(times),
+        " ".join("%.1f" % t for t in times)))
+    assert max(times) < 2000, "a handoff took {:.0f} ms".format(max(times))
+
+
 class TwoClients:
     """acquire on one client, inspect on another: the Python package runs
     one call at a time per client, so handoff_peer_to_dlock()'s inspect
@@ -240,9 +248,7 @@ def test_handoff_kazoo_to_dlock(zk, peers, name):
         lk.release()
         p.close()
     c.close()
-    log("kazoo release -> dlock grant, ms: p50 {:.1f}, max {:.1f}, n {}: {}".format(
-        statistics.median(times), max(times), len(times), " ".join("%.1f" % t for t in times)))
-    assert max(times) < 2000
+    handoffs_seen("kazoo release -> dlock grant", times)
 
 
 def test_handoff_dlock_to_kazoo(zk, peers, name):
@@ -260,9 +266,7 @@ def test_handoff_dlock_to_kazoo(zk, peers, name):
         p.expect("released")
         p.close()
     c.close()
-    log("dlock release -> kazoo grant, ms: p50 {:.1f}, max {:.1f}, n {}: {}".format(
-        statistics.median(times), max(times), len(times), " ".join("%.1f" % t for t in times)))
-    assert max(times) < 2000
+    handoffs_seen("dlock release -> kazoo grant", times)
 
 
 # ---- tokens ----------------------------------------------------------------
