@@ -24,6 +24,15 @@
  * another kind ahead is DLOCK_EMODE at once. Tokens stay the czxid: no
  * node is granted before one ahead of it, so they follow grant order.
  *
+ * layout=kazoo (zookeeper_names.h, enum zk_layout): the nodes are kazoo's
+ * Lock / WriteLock / ReadLock nodes, "<owner>__lock__<seq>" for an
+ * exclusive request and "<owner>__rlock__<seq>" for a shared one, the owner
+ * id as their data, under a persistent parent (kazoo's ensure_path()); the
+ * listing counts kazoo's nodes and the dlock layout's alike, one queue by
+ * sequence number, and zk_turn() is unchanged: kazoo's WriteLock waits for
+ * every node ahead, its ReadLock for the writers ahead, as ours do. No
+ * semaphores (the caps of such a connection drop SEMAPHORE).
+ *
  * The session is the lease: a holder's nodes live exactly as long as its
  * session, one per client, whose timeout is the URI's session_timeout (the
  * per-acquire TTL is not used). Fencing tokens are the lock node's czxid.
@@ -132,7 +141,9 @@
 #define PROBE_DIV 4
 
 static const char *const zk_schemes[] = {"zookeeper", NULL};
-static const char *const zk_options[] = {"session_timeout", "connect_timeout", NULL};
+static const char *const zk_options[] = {"session_timeout", "connect_timeout", "layout", NULL};
+/* The layout option's values, in enum zk_layout's order. */
+static const char *const zk_layouts[] = {"dlock", "kazoo", NULL};
 
 enum session_status { SESSION_UP, SESSION_SUSPENDED, SESSION_DEAD };
 
@@ -562,7 +573,10 @@ static int create_and_list(struct zk_acq *a, struct zk_kids *k)
     struct zk_conn *zc = a->zc;
     struct zk_made m;
     uint64_t until = reply_until(a);
-    zk_create_list(zc, a->prefix, a->parent, until, &m);
+    /* kazoo writes its identifier as the node's data (its contenders()
+     * lists them): ours is the owner id. */
+    zk_create_list(zc, a->prefix, zc->layout == ZK_LAYOUT_KAZOO ? a->req->owner_hex : NULL,
+                   a->parent, until, &m);
     int rc = m.rc, lrc = m.lrc;
     if (rc == ZOK) {
         a->node = join3(a->parent, "/", basename_of(m.created));
@@ -582,7 +596,10 @@ static int create_and_list(struct zk_acq *a, struct zk_kids *k)
         return list_kids(a, k);
     }
     if (rc == ZNONODE) { /* no parent yet, or its container was just removed */
-        rc = create_path(zc, a->parent, ZOO_CONTAINER, until);
+        /* kazoo's parents are persistent: a kazoo Lock checks its parent
+         * once, and a container removed under it fails its next create. */
+        rc = create_path(zc, a->parent,
+                         zc->layout == ZK_LAYOUT_KAZOO ? ZOO_PERSISTENT : ZOO_CONTAINER, until);
         return rc == ZOK ? AGAIN : step_error(a, rc, "cannot create", a->parent);
     }
     if (maybe_done(rc)) {
@@ -766,9 +783,9 @@ static int acquire_paths(struct zk_acq *a)
     int err = name_parent(a->zc, a->req->name, a->req->name_len, &a->parent);
     if (err)
         return err;
-    char mark[MARK_MAX], tag[ZK_TAG_MAX];
-    zk_tag(a->req->mode == DLOCK_MODE_SHARED, a->req->limit, tag);
-    snprintf(mark, sizeof mark, "%s%s%s", a->req->owner_hex, tag, ZK_LOCK_MARK);
+    char mark[MARK_MAX], tail[ZK_MARK_MAX];
+    zk_mark(a->zc->layout, a->req->mode == DLOCK_MODE_SHARED, a->req->limit, tail);
+    snprintf(mark, sizeof mark, "%s%s", a->req->owner_hex, tail);
     a->prefix = join3(a->parent, "/", mark);
     return a->prefix ? 0 : oom(a->zc);
 }
@@ -834,6 +851,10 @@ static int zk_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     struct zk_acq a = {.zc = zc, .req = req};
     struct zk_kids k = {NULL, 0};
     int err;
+    if (req->limit && zc->layout == ZK_LAYOUT_KAZOO) /* the core refuses it first (caps) */
+        return dlock_seterr(cl(zc), DLOCK_ENOTSUP,
+                            "zookeeper layout=kazoo has no semaphores (kazoo's Semaphore is "
+                            "another recipe): use layout=dlock");
     if (req->wait == DLOCK_WAIT_TRY)
         a.until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS;
     else
@@ -1078,16 +1099,20 @@ static int zk_ping(dlock_conn *conn)
 /*
  * The name's lock children, read with a sync ahead (zk_sync_list), how
  * many of its first nodes hold (*nh, zk_holders()), and the stats of want
- * of the holders (an exists each, no watch, pipelined): the newest ones
- * (newest set) or the first. A holder that lets go between the listing
- * and the exists means looking again. No node is created, no watch is
- * left, nothing is written: the parent missing (never taken, or its
+ * of the holders (an exists each, no watch, pipelined; in layout=kazoo a
+ * getData, whose data tells a kazoo client's node: zk_node_foreign()): the
+ * newest ones (newest set) or the first. A holder that lets go between the
+ * listing and the exists means looking again. No node is created, no watch
+ * is left, nothing is written: the parent missing (never taken, or its
  * container reaped) is free. Within connect_timeout, like ping. *st holds
- * min(want, *nh) stats (the caller frees it and k).
+ * min(want, *nh) stats and *foreign as many flags (the caller frees them
+ * and k).
  */
 static int read_queue(struct zk_conn *zc, const char *name, size_t len, size_t want,
-                      int newest, struct zk_kids *k, size_t *nh, struct Stat **st)
+                      int newest, struct zk_kids *k, size_t *nh, struct Stat **st,
+                      unsigned char **foreign)
 {
+    char(*data)[ZK_DATA_MAX] = NULL;
     uint64_t until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS;
     char *parent = NULL, **paths = NULL;
     int err = name_parent(zc, name, len, &parent);
@@ -1105,14 +1130,22 @@ static int read_queue(struct zk_conn *zc, const char *name, size_t len, size_t w
             n = want < *nh ? want : *nh;
             from = newest ? *nh - n : 0;
             *st = calloc(n ? n : 1, sizeof **st);
+            *foreign = calloc(n ? n : 1, 1);
             paths = calloc(n ? n : 1, sizeof *paths);
+            if (zc->layout == ZK_LAYOUT_KAZOO)
+                data = calloc(n ? n : 1, sizeof *data);
             for (size_t j = 0; *st && paths && j < n; j++)
                 if (!(paths[j] = join3(parent, "/", k->v[from + j].name)))
                     break;
-            if (!*st || !paths || (n && !paths[n - 1]))
+            if (!*st || !*foreign || !paths || (n && !paths[n - 1]) ||
+                (zc->layout == ZK_LAYOUT_KAZOO && !data))
                 rc = NOMEM;
             else if (n)
-                rc = zk_exists_all(zc, paths, n, *st, until);
+                rc = zk_exists_all(zc, paths, n, *st, data, until);
+            for (size_t j = 0; rc == ZOK && data && j < n; j++)
+                (*foreign)[j] = (unsigned char)zk_node_foreign(k->v[from + j].name, data[j]);
+            free(data);
+            data = NULL;
             what = "cannot read the holders under";
         }
         for (size_t j = 0; paths && j < n; j++)
@@ -1124,6 +1157,8 @@ static int read_queue(struct zk_conn *zc, const char *name, size_t len, size_t w
         zk_kids_free(k);
         free(*st);
         *st = NULL;
+        free(*foreign);
+        *foreign = NULL;
         /* ZNONODE: a holder let go between the listing and the read. A
          * connection error: session_connect() waits for the connection to
          * return, or starts a new session if this one died. */
@@ -1169,15 +1204,18 @@ static int zk_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
     struct zk_conn *zc = (struct zk_conn *)conn;
     struct zk_kids k = {NULL, 0};
     struct Stat *st = NULL;
+    unsigned char *foreign = NULL;
     size_t nh = 0;
-    int err = read_queue(zc, name, len, 1, 1, &k, &nh, &st);
+    int err = read_queue(zc, name, len, 1, 1, &k, &nh, &st, &foreign);
     if (err)
         return err;
     info->known = DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER;
     info->held = nh > 0;
-    if (info->held) {
+    if (info->held && !foreign[0]) { /* a kazoo client's holder has no token */
         info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_LAST_TOKEN;
         info->token = info->last_token = (uint64_t)st[0].czxid;
+    }
+    if (info->held) {
         zk_node_owner(k.v[nh - 1].name, info->owner, sizeof info->owner);
         if (info->owner[0])
             info->known |= DLOCK_KNOWS_OWNER;
@@ -1187,6 +1225,7 @@ static int zk_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
     }
     zk_kids_free(&k);
     free(st);
+    free(foreign);
     return 0;
 }
 
@@ -1198,14 +1237,15 @@ static int zk_inspect_holders(dlock_conn *conn, const char *name, size_t len,
     struct zk_conn *zc = (struct zk_conn *)conn;
     struct zk_kids k = {NULL, 0};
     struct Stat *st = NULL;
+    unsigned char *foreign = NULL;
     size_t nh = 0;
-    int err = read_queue(zc, name, len, capacity, 0, &k, &nh, &st);
+    int err = read_queue(zc, name, len, capacity, 0, &k, &nh, &st, &foreign);
     if (err)
         return err;
     *count = nh;
     for (size_t i = 0; i < nh && i < capacity; i++) {
         dlock_holder *h = &holders[i];
-        h->known = DLOCK_KNOWS_MODE | DLOCK_KNOWS_TOKEN;
+        h->known = DLOCK_KNOWS_MODE | (foreign[i] ? 0 : DLOCK_KNOWS_TOKEN);
         h->mode = k.v[i].kind == ZK_READER ? DLOCK_MODE_SHARED : DLOCK_MODE_EXCLUSIVE;
         h->limit = k.v[i].limit;
         h->token = (uint64_t)st[i].czxid;
@@ -1215,6 +1255,7 @@ static int zk_inspect_holders(dlock_conn *conn, const char *name, size_t len,
     }
     zk_kids_free(&k);
     free(st);
+    free(foreign);
     return 0;
 }
 
@@ -1283,13 +1324,18 @@ static int parse_uri(struct zk_conn *zc, const dlock_uri *uri)
 {
     uint64_t session_ms = DEFAULT_SESSION_MS, connect_ms = DEFAULT_CONNECT_MS;
     const char *user = dlock_uri_user(uri), *password = dlock_uri_password(uri);
-    int err;
+    int err, layout = ZK_LAYOUT_DLOCK;
     if (dlock_uri_host_count(uri) == 0)
         return dlock_seterr(cl(zc), DLOCK_EBADURI,
                             "a zookeeper:// URI needs hosts, as in zookeeper://127.0.0.1:2181/dlock");
     if ((err = dlock_uri_param_uint(cl(zc), uri, "session_timeout", 1, 3600000, &session_ms)) ||
-        (err = dlock_uri_param_uint(cl(zc), uri, "connect_timeout", 1, 3600000, &connect_ms)))
+        (err = dlock_uri_param_uint(cl(zc), uri, "connect_timeout", 1, 3600000, &connect_ms)) ||
+        (err = dlock_uri_param_choice(cl(zc), uri, "layout", zk_layouts, &layout)))
         return err;
+    zc->layout = (enum zk_layout)layout;
+    /* kazoo's names have no semaphore: the core refuses limits. */
+    if (zc->layout == ZK_LAYOUT_KAZOO)
+        zc->base.caps = dlock_zookeeper_backend.caps & ~DLOCK_CAP_SEMAPHORE;
     zc->session_ms = (int)session_ms;
     zc->connect_ms = (int)connect_ms;
     if ((user && strchr(user, ':')) || (password && (!user || !user[0])))

@@ -42,6 +42,7 @@ struct zk_call {
     char *created;        /* a create's new node */
     struct zk_kids kids;  /* a listing's lock children */
     struct zk_probe *probe; /* token_top's transaction */
+    char data[ZK_DATA_MAX]; /* a getData's first bytes */
     char path[];
 };
 
@@ -193,7 +194,12 @@ static void on_stat(int rc, const struct Stat *st, const void *data)
 
 static void on_data(int rc, const char *value, int len, const struct Stat *st, const void *data)
 {
-    (void)value, (void)len;
+    struct zk_call *c = (struct zk_call *)data;
+    if (rc == ZOK && value && len > 0) {
+        size_t n = (size_t)len < ZK_DATA_MAX - 1 ? (size_t)len : ZK_DATA_MAX - 1;
+        memcpy(c->data, value, n);
+        c->data[n] = '\0';
+    }
     on_stat(rc, st, data);
 }
 
@@ -221,8 +227,9 @@ static void on_probed(int rc, const void *data)
 static void on_listed(int rc, const struct String_vector *sv, const void *data)
 {
     struct zk_call *c = (struct zk_call *)data;
-    if (rc == ZOK && zk_kids_parse(sv ? (const char *const *)sv->data : NULL,
-                                   sv && sv->count > 0 ? (size_t)sv->count : 0, &c->kids) != 0)
+    if (rc == ZOK && zk_kids_parse_layout(sv ? (const char *const *)sv->data : NULL,
+                                          sv && sv->count > 0 ? (size_t)sv->count : 0,
+                                          c->zc->layout, &c->kids) != 0)
         rc = NOMEM;
     call_complete(c, rc);
 }
@@ -317,11 +324,12 @@ int zk_get(struct zk_conn *zc, const char *path, int watch, uint64_t until)
     return rc;
 }
 
-/* Sends getData (watch set) or exists (none) of each of paths[0..n) and
- * waits for every reply: ZOK, ZNONODE when one is gone, else the first
- * other code; the stats in st[] (if given). */
+/* Sends getData (watch set, or none with data) or exists (none) of each of
+ * paths[0..n) and waits for every reply: ZOK, ZNONODE when one is gone,
+ * else the first other code; the stats in st[] and data in data[] (if
+ * given). */
 static int pipelined(struct zk_conn *zc, char *const *paths, size_t n, int watch,
-                     struct Stat *st, int *written, uint64_t until)
+                     struct Stat *st, char (*data)[ZK_DATA_MAX], int *written, uint64_t until)
 {
     struct zk_call **c = calloc(n ? n : 1, sizeof *c);
     int rc = ZOK;
@@ -330,8 +338,8 @@ static int pipelined(struct zk_conn *zc, char *const *paths, size_t n, int watch
     for (size_t i = 0; i < n && rc == ZOK; i++) {
         if (!(c[i] = call_new(zc, paths[i], LEAVES_NOTHING)))
             rc = NOMEM;
-        else if (watch)
-            call_sent(c[i], zoo_aget(zc->zh, paths[i], 1, on_data, c[i]));
+        else if (watch || data)
+            call_sent(c[i], zoo_aget(zc->zh, paths[i], watch, on_data, c[i]));
         else
             call_sent(c[i], zoo_aexists(zc->zh, paths[i], 0, on_stat, c[i]));
     }
@@ -340,6 +348,8 @@ static int pipelined(struct zk_conn *zc, char *const *paths, size_t n, int watch
         int r = call_wait(c[i], until);
         if (r == ZOK && st)
             st[i] = c[i]->st;
+        if (r == ZOK && data)
+            memcpy(data[i], c[i]->data, ZK_DATA_MAX);
         if (r == ZOK && written && c[i]->st.version > 0)
             *written = 1;
         if (r != ZOK && (rc == ZOK || (rc == ZNONODE && r != ZNONODE)))
@@ -354,13 +364,13 @@ int zk_watch_all(struct zk_conn *zc, char *const *paths, size_t n, int *written,
                  uint64_t until)
 {
     *written = 0;
-    return pipelined(zc, paths, n, 1, NULL, written, until);
+    return pipelined(zc, paths, n, 1, NULL, NULL, written, until);
 }
 
 int zk_exists_all(struct zk_conn *zc, char *const *paths, size_t n, struct Stat *st,
-                  uint64_t until)
+                  char (*data)[ZK_DATA_MAX], uint64_t until)
 {
-    return pipelined(zc, paths, n, 0, st, NULL, until);
+    return pipelined(zc, paths, n, 0, st, data, NULL, until);
 }
 
 int zk_set(struct zk_conn *zc, const char *path, uint64_t until)
@@ -466,8 +476,8 @@ int zk_sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64
  * A create given up on (no reply by the bound) is cleaned up by its
  * completion: the node deleted if it says it made one, looked for by our
  * owner id if its reply is lost too. */
-void zk_create_list(struct zk_conn *zc, const char *prefix, const char *parent, uint64_t until,
-                    struct zk_made *m)
+void zk_create_list(struct zk_conn *zc, const char *prefix, const char *data,
+                    const char *parent, uint64_t until, struct zk_made *m)
 {
     struct zk_call *cc = call_new(zc, prefix, LEAVES_CREATED);
     struct zk_call *lc = call_new(zc, parent, LEAVES_NOTHING);
@@ -477,8 +487,8 @@ void zk_create_list(struct zk_conn *zc, const char *prefix, const char *parent, 
         m->rc = m->lrc = NOMEM;
         return;
     }
-    int rc = call_sent(cc, zoo_acreate2(zc->zh, prefix, NULL, -1, zc->acl,
-                                        ZOO_EPHEMERAL_SEQUENTIAL, on_created, cc));
+    int rc = call_sent(cc, zoo_acreate2(zc->zh, prefix, data, data ? (int)strlen(data) : -1,
+                                        zc->acl, ZOO_EPHEMERAL_SEQUENTIAL, on_created, cc));
     if (rc == ZOK)
         call_sent(lc, zoo_aget_children(zc->zh, parent, 0, on_listed, lc));
     else

@@ -33,8 +33,8 @@
 #define NOMEM 1001   /* no memory for the request */
 #define CANCELLED 1002 /* the acquire's wait was cancelled first */
 
-/* "<owner hex><tag>-lock-" */
-#define MARK_MAX (sizeof ((dlock_request *)0)->owner_hex + ZK_TAG_MAX + sizeof ZK_LOCK_MARK)
+/* "<owner hex><tag>-lock-", or "<owner hex>__lock__" (zk_mark()) */
+#define MARK_MAX (sizeof ((dlock_request *)0)->owner_hex + ZK_MARK_MAX)
 
 /*
  * What a session may have left behind on the servers, and that nobody will
@@ -64,6 +64,7 @@ struct zk_conn {
     char *auth;       /* "user:password" for the digest scheme, or NULL */
     struct ACL_vector *acl;
     int session_ms, connect_ms;
+    enum zk_layout layout; /* the names written and read; set at open */
     /* Both written by the application's thread only, under mu (the
      * keeper reads gen under mu, and never uses zh; the completion thread
      * uses zh only while gen is its session's, see zk_orphans_flush()). */
@@ -174,9 +175,11 @@ int zk_watch_all(struct zk_conn *zc, char *const *paths, size_t n, int *written,
 int zk_set(struct zk_conn *zc, const char *path, uint64_t until);
 /* exists (no watch) of each of paths[0..n), pipelined: ZOK when every
  * node is there (their stats in st[]), ZNONODE when one is gone, else the
- * first other code. */
+ * first other code. With data, a getData (no watch) instead, each node's
+ * first ZK_DATA_MAX - 1 bytes of data in data[], NUL-terminated. */
+#define ZK_DATA_MAX 40
 int zk_exists_all(struct zk_conn *zc, char *const *paths, size_t n, struct Stat *st,
-                  uint64_t until);
+                  char (*data)[ZK_DATA_MAX], uint64_t until);
 /* A node that nobody has to clean up: root, parents, the ping's. */
 int zk_create(struct zk_conn *zc, const char *path, int flags, uint64_t until);
 /* token_top's probe: *zxid is its transaction's, above every czxid before
@@ -187,7 +190,8 @@ int zk_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64_t un
 int zk_sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64_t until);
 
 /* An acquire's pipelined create of an EPHEMERAL_SEQUENTIAL node under
- * prefix and listing of parent: both codes, and what the create made. */
+ * prefix (with data, NUL-terminated; NULL: none) and listing of parent: both
+ * codes, and what the create made. */
 struct zk_made {
     int rc;          /* the create's */
     int lrc;         /* the listing's */
@@ -196,8 +200,8 @@ struct zk_made {
     uint64_t czxid;  /* rc ZOK: its czxid */
     struct zk_kids kids; /* rc and lrc ZOK: the lock children (the caller's) */
 };
-void zk_create_list(struct zk_conn *zc, const char *prefix, const char *parent, uint64_t until,
-                    struct zk_made *m);
+void zk_create_list(struct zk_conn *zc, const char *prefix, const char *data,
+                    const char *parent, uint64_t until, struct zk_made *m);
 
 /*
  * The session's liveness probe: an exists of the root, which the connected

@@ -39,6 +39,45 @@ int zk_lock_seq(const char *name, long long *seq)
     return 0;
 }
 
+/* The length of kazoo's pattern and sequence that end name (0: none),
+ * with the sequence and kind. */
+static size_t kazoo_tail(const char *name, long long *seq, enum zk_kind *kind)
+{
+    static const struct {
+        const char *pattern;
+        enum zk_kind kind;
+    } pats[] = {{ZK_KAZOO_LOCK, ZK_WRITER}, {ZK_KAZOO_RLOCK, ZK_READER}};
+    size_t len = strlen(name);
+    if (len < 10)
+        return 0;
+    long long v = 0;
+    for (size_t i = len - 10; i < len; i++) {
+        if (name[i] < '0' || name[i] > '9')
+            return 0;
+        v = v * 10 + (name[i] - '0');
+    }
+    size_t end = len - 10;
+    int neg = end > 0 && name[end - 1] == '-';
+    for (int tries = neg; tries >= 0; tries--) {
+        /* "-" is kazoo's optional sign, or the pattern's end: try both. */
+        size_t e = end - (size_t)tries;
+        for (size_t p = 0; p < sizeof pats / sizeof pats[0]; p++) {
+            size_t pl = strlen(pats[p].pattern);
+            if (e >= pl && memcmp(name + e - pl, pats[p].pattern, pl) == 0) {
+                *seq = tries ? -v : v;
+                *kind = pats[p].kind;
+                return len - (e - pl);
+            }
+        }
+    }
+    return 0;
+}
+
+int zk_kazoo_seq(const char *name, long long *seq, enum zk_kind *kind)
+{
+    return kazoo_tail(name, seq, kind) ? 0 : -1;
+}
+
 void zk_kids_free(struct zk_kids *k)
 {
     for (size_t i = 0; i < k->n; i++)
@@ -56,7 +95,8 @@ static int kid_cmp(const void *a, const void *b)
     return strcmp(x->name, y->name); /* names are unique in a listing */
 }
 
-int zk_kids_parse(const char *const *names, size_t n, struct zk_kids *k)
+int zk_kids_parse_layout(const char *const *names, size_t n, enum zk_layout layout,
+                         struct zk_kids *k)
 {
     k->n = 0;
     k->v = calloc(n > 0 ? n : 1, sizeof *k->v);
@@ -64,7 +104,9 @@ int zk_kids_parse(const char *const *names, size_t n, struct zk_kids *k)
         return -1;
     for (size_t i = 0; i < n; i++) {
         long long seq;
-        if (!names[i] || zk_lock_seq(names[i], &seq) != 0)
+        enum zk_kind kind;
+        if (!names[i] || (zk_lock_seq(names[i], &seq) != 0 &&
+                          (layout != ZK_LAYOUT_KAZOO || zk_kazoo_seq(names[i], &seq, &kind) != 0)))
             continue;
         if (!(k->v[k->n].name = strdup(names[i]))) {
             zk_kids_free(k);
@@ -77,12 +119,28 @@ int zk_kids_parse(const char *const *names, size_t n, struct zk_kids *k)
     return 0;
 }
 
+int zk_kids_parse(const char *const *names, size_t n, struct zk_kids *k)
+{
+    return zk_kids_parse_layout(names, n, ZK_LAYOUT_DLOCK, k);
+}
+
 void zk_tag(int shared, unsigned limit, char *out)
 {
     if (limit)
         snprintf(out, ZK_TAG_MAX, "%s%u__", ZK_SEM_TAG, limit & 0xffffu);
     else
         snprintf(out, ZK_TAG_MAX, "%s", shared ? ZK_READ_TAG : "");
+}
+
+void zk_mark(enum zk_layout layout, int shared, unsigned limit, char *out)
+{
+    char tag[ZK_TAG_MAX];
+    if (layout == ZK_LAYOUT_KAZOO) {
+        snprintf(out, ZK_MARK_MAX, "%s", shared ? ZK_KAZOO_RLOCK : ZK_KAZOO_LOCK);
+        return;
+    }
+    zk_tag(shared, limit, tag);
+    snprintf(out, ZK_MARK_MAX, "%s%s", tag, ZK_LOCK_MARK);
 }
 
 /* The length of the tag that ends name[0 .. end) (0: none), its kind and
@@ -119,7 +177,10 @@ enum zk_kind zk_node_kind(const char *name, unsigned *limit)
 {
     const char *mark = last_mark(name);
     enum zk_kind kind = ZK_WRITER;
+    long long seq;
     *limit = 0;
+    if (kazoo_tail(name, &seq, &kind))
+        return kind; /* never a dlock node's too: that one ends "-lock-<digits>" */
     if (mark)
         tag_before(name, (size_t)(mark - name), &kind, limit);
     return kind;
@@ -130,12 +191,27 @@ void zk_node_owner(const char *name, char *out, size_t outsz)
     const char *mark = last_mark(name);
     enum zk_kind kind;
     unsigned limit;
-    size_t n = mark ? (size_t)(mark - name) : 0;
-    n -= tag_before(name, n, &kind, &limit);
+    long long seq;
+    size_t n = mark ? (size_t)(mark - name) : 0, kazoo = kazoo_tail(name, &seq, &kind);
+    if (kazoo)
+        n = strlen(name) - kazoo;
+    else
+        n -= tag_before(name, n, &kind, &limit);
     if (n >= outsz)
         n = outsz - 1;
     memcpy(out, name, n);
     out[n] = '\0';
+}
+
+int zk_node_foreign(const char *name, const char *data)
+{
+    char owner[64];
+    long long seq;
+    enum zk_kind kind;
+    if (!kazoo_tail(name, &seq, &kind))
+        return 0;
+    zk_node_owner(name, owner, sizeof owner);
+    return strcmp(owner, data) != 0 || !owner[0];
 }
 
 /* Two nodes that may hold the same name together, or wait in one queue: a

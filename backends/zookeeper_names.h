@@ -25,6 +25,20 @@
 /* A node's mode. */
 enum zk_kind { ZK_WRITER, ZK_READER, ZK_PERMIT };
 
+/*
+ * The names a client writes and reads (the URI's layout option). dlock:
+ * the nodes above; nodes of any other recipe are ignored. kazoo: kazoo's
+ * Lock, WriteLock and ReadLock nodes, "<uuid hex>__lock__<seq>" (a writer)
+ * and "<uuid hex>__rlock__<seq>" (a reader), matched as kazoo matches them
+ * (its pattern followed by exactly 10 digits, or '-' and 10, at the end of
+ * the name), and the dlock layout's nodes as well: every one of them a
+ * contender in one queue ordered by sequence number (the parent's one
+ * counter numbers them all).
+ */
+enum zk_layout { ZK_LAYOUT_DLOCK, ZK_LAYOUT_KAZOO };
+#define ZK_KAZOO_LOCK "__lock__"
+#define ZK_KAZOO_RLOCK "__rlock__"
+
 /* A parent's lock children, sorted by sequence number. */
 struct zk_kid {
     long long seq;
@@ -43,22 +57,41 @@ struct zk_kids {
  * lock node's. */
 int zk_lock_seq(const char *name, long long *seq);
 
-/* Keeps the names of names[0..n) that are lock nodes' (zk_lock_seq()),
- * copied, sorted by sequence (a stable order for equal ones). 0, or -1 when
- * out of memory (k is then empty). Free with zk_kids_free(). */
+/* A kazoo lock node's sequence number and kind (its pattern, as kazoo's
+ * regex "(?:__lock__|__rlock__)(-?\d{10})$" finds it): 0, or -1 when name
+ * is not one. */
+int zk_kazoo_seq(const char *name, long long *seq, enum zk_kind *kind);
+
+/* Keeps the names of names[0..n) that are lock nodes of the layout
+ * (zk_lock_seq(), and zk_kazoo_seq() in the kazoo layout), copied, sorted by
+ * sequence (a stable order for equal ones). 0, or -1 when out of memory (k
+ * is then empty). Free with zk_kids_free(). zk_kids_parse(): the dlock
+ * layout. */
+int zk_kids_parse_layout(const char *const *names, size_t n, enum zk_layout layout,
+                         struct zk_kids *k);
 int zk_kids_parse(const char *const *names, size_t n, struct zk_kids *k);
 void zk_kids_free(struct zk_kids *k);
 
 /* The tag of a request's node (mode 0 exclusive, 1 shared; limit 0: a
  * read-write lock), in out[ZK_TAG_MAX]. */
 void zk_tag(int shared, unsigned limit, char *out);
-/* The mode of a lock node's name (its tag); *limit: a permit's limit. A
- * malformed tag is a writer's. */
+/* What a request's node name is made of after the owner id, up to the
+ * sequence the server appends, in the layout: "<tag>-lock-", or kazoo's
+ * "__lock__" / "__rlock__" (no limit there), in out[ZK_MARK_MAX]. */
+#define ZK_MARK_MAX (ZK_TAG_MAX + sizeof ZK_LOCK_MARK)
+void zk_mark(enum zk_layout layout, int shared, unsigned limit, char *out);
+/* The mode of a lock node's name (its tag, or kazoo's pattern); *limit: a
+ * permit's limit. A malformed tag is a writer's. */
 enum zk_kind zk_node_kind(const char *name, unsigned *limit);
 /* The owner id of a lock node's name: the part before its tag and last
- * "-lock-" (another recipe's prefix, as in Curator's "_c_<uuid>"), cut to
- * fit out[outsz]. */
+ * "-lock-" (another recipe's prefix, as in Curator's "_c_<uuid>"), or
+ * before kazoo's pattern (its uuid in hex), cut to fit out[outsz]. */
 void zk_node_owner(const char *name, char *out, size_t outsz);
+/* 1 when a lock node was made by a kazoo client, not by dlock: a node of
+ * kazoo's pattern whose data (NUL-terminated) is not the owner id of its
+ * name, which dlock's layout=kazoo writes there. Its czxid is no token a
+ * holder uses. 0 for every other node. */
+int zk_node_foreign(const char *name, const char *data);
 
 /*
  * What the node at index i of k (the whole queue, sorted) does now: hold

@@ -119,6 +119,70 @@ static void test_rules(void)
     zk_kids_free(&k);
 }
 
+/* layout=kazoo: kazoo's names, matched as its regex
+ * "(?:__lock__|__rlock__)(-?\d{10})$" does, beside the dlock layout's, in
+ * one queue by sequence number; the dlock layout does not see them. */
+static void test_kazoo_rules(void)
+{
+    static const char *const mixed[] = {
+        "0f9e__rlock__0000000007", "aa-__READ__-lock-0000000002", "x__lock__0000000004",
+        "cc-lock-0000000005", "ab__rlock__0000000003", "_c_0b1e28ba-2fa1-lock-0000000006",
+        "y__lock__000000001",  /* 9 digits: not kazoo's */
+        "z__lock__00000000011", /* 11 digits */
+        "w__lockx0000000001",   /* no pattern */
+        "v__lock__-0000000001", /* kazoo's optional '-' */
+        "u-__READ____rlock__0000000009"};
+    struct zk_kids k;
+    struct zk_turn t;
+    char mark[ZK_MARK_MAX], owner[64];
+    long long seq = 0;
+    enum zk_kind kind = ZK_PERMIT;
+    unsigned limit = 9;
+
+    zk_mark(ZK_LAYOUT_KAZOO, 0, 0, mark);
+    is_str(mark, "__lock__", "kazoo layout: an exclusive node is kazoo's Lock/WriteLock node");
+    zk_mark(ZK_LAYOUT_KAZOO, 1, 0, mark);
+    is_str(mark, "__rlock__", "a shared one is kazoo's ReadLock node");
+    zk_mark(ZK_LAYOUT_DLOCK, 1, 0, mark);
+    is_str(mark, "-__READ__-lock-", "dlock layout: unchanged");
+    ok(zk_kazoo_seq("ab__rlock__0000000042", &seq, &kind) == 0 && seq == 42 &&
+           kind == ZK_READER, "a kazoo reader's node");
+    ok(zk_kazoo_seq("ab__lock__-0000000042", &seq, &kind) == 0 && seq == -42 &&
+           kind == ZK_WRITER, "kazoo's '-' is a sign");
+    ok(zk_kazoo_seq("ab-lock-0000000042", &seq, &kind) != 0, "a dlock node is not kazoo's");
+    is_int(zk_node_kind("ab__rlock__0000000001", &limit), ZK_READER, "kind: a kazoo reader");
+    is_int(zk_node_kind("ab__lock__0000000001", &limit), ZK_WRITER, "kind: a kazoo writer");
+    zk_node_owner("0123abcd__rlock__0000000001", owner, sizeof owner);
+    is_str(owner, "0123abcd", "a kazoo node's owner is its uuid hex");
+    is_int(zk_node_foreign("0123abcd__lock__0000000001", "0123abcd"), 0,
+           "a kazoo-named node whose data is its owner id is dlock's");
+    is_int(zk_node_foreign("0123abcd__lock__0000000001", "my-host"), 1,
+           "one with other data is a kazoo client's");
+    is_int(zk_node_foreign("0123abcd__lock__0000000001", ""), 1, "and one with none");
+    is_int(zk_node_foreign("__lock__0000000001", ""), 1, "no owner id: a kazoo client's");
+    is_int(zk_node_foreign("0123abcd-lock-0000000001", "x"), 0, "a dlock-layout node never");
+
+    ok(zk_kids_parse(mixed, 11, &k) == 0 && k.n == 3, "the dlock layout sees its own 3 only");
+    zk_kids_free(&k);
+    ok(zk_kids_parse_layout(mixed, 11, ZK_LAYOUT_KAZOO, &k) == 0 && k.n == 8,
+       "the kazoo layout sees kazoo's 5 and the dlock layout's 3");
+    if (k.n == 8) {
+        is_str(k.v[0].name, "v__lock__-0000000001", "ordered by sequence number");
+        is_str(k.v[1].name, "aa-__READ__-lock-0000000002", "across both layouts");
+        is_str(k.v[7].name, "u-__READ____rlock__0000000009", "kazoo's pattern wins at the end");
+        is_int(k.v[7].kind, ZK_READER, "as a reader");
+        zk_turn(&k, 2, &t);
+        ok(t.verdict == ZK_WAIT && t.first == 0 && t.count == 1,
+           "a kazoo reader waits for the nearest writer ahead (kazoo's -0000000001)");
+        zk_turn(&k, 3, &t);
+        ok(t.verdict == ZK_WAIT && t.first == 2 && t.count == 1,
+           "a kazoo writer waits for the node just before it");
+        zk_turn(&k, 4, &t);
+        ok(t.verdict == ZK_WAIT && t.first == 3, "a dlock-layout writer queues behind a kazoo one");
+    }
+    zk_kids_free(&k);
+}
+
 /* ---- against the server -------------------------------------------------- */
 
 /* An acquire on its own thread, with its own client. */
@@ -329,6 +393,7 @@ int main(void)
     setvbuf(stdout, NULL, _IOLBF, 0);
     snprintf(prefix, sizeof prefix, "zk-modes-%d-", (int)getpid());
     test_rules();
+    test_kazoo_rules();
     test_rw_no_herd();
     test_sem_no_herd();
     test_sem_waiter_gives_up();

@@ -165,6 +165,9 @@ static const struct kind {
     {"zookeeper",
      DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE, NULL, 0,
      0, 0, 200},
+    /* layout=kazoo: kazoo's read-write lock nodes, no semaphore. */
+    {"zookeeper-kazoo", DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED, NULL, 0, 0,
+     0, 200},
     /* Whole seconds, at least the server's minimum (2 s with the test
      * stores' settings); its lessor looks for expired leases every 500 ms
      * (docs/etcd.md, TTL). */
@@ -184,8 +187,10 @@ static const struct kind *kind_of(const char *one)
     if (dlock_uri_parse(one, &u, err, sizeof err) != 0)
         return NULL;
     const char *s = dlock_uri_scheme(u), *lock = dlock_uri_param(u, "lock"),
-               *token = dlock_uri_param(u, "token");
-    if (strcmp(s, "file") == 0 || strcmp(s, "zookeeper") == 0 || strcmp(s, "etcd") == 0)
+               *token = dlock_uri_param(u, "token"), *layout = dlock_uri_param(u, "layout");
+    if (strcmp(s, "zookeeper") == 0 && layout && strcmp(layout, "kazoo") == 0)
+        k = "zookeeper-kazoo";
+    else if (strcmp(s, "file") == 0 || strcmp(s, "zookeeper") == 0 || strcmp(s, "etcd") == 0)
         k = s;
     else if (strcmp(s, "redis") == 0)
         k = dlock_uri_host_count(u) > 1 ? "redlock" : "redis";

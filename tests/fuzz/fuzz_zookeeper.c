@@ -100,6 +100,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         require(k.n == 0 && k.v == NULL);
     }
 
+    /* layout=kazoo: the dlock layout's nodes and kazoo's, never a name of
+     * both, in sequence order, each of the kind its pattern says. */
+    if (zk_kids_parse_layout((const char *const *)names, n, ZK_LAYOUT_KAZOO, &k) == 0) {
+        size_t want = 0;
+        for (size_t i = 0; i < n; i++) {
+            long long s1, s2;
+            enum zk_kind kind;
+            int d = zk_lock_seq(names[i], &s1) == 0, z = zk_kazoo_seq(names[i], &s2, &kind) == 0;
+            require(!(d && z));
+            want += d || z;
+        }
+        require(k.n == want);
+        for (size_t i = 0; i < k.n; i++) {
+            long long seq;
+            enum zk_kind kind;
+            unsigned limit;
+            if (zk_kazoo_seq(k.v[i].name, &seq, &kind) == 0)
+                require(kind == k.v[i].kind && kind != ZK_PERMIT);
+            else
+                require(zk_lock_seq(k.v[i].name, &seq) == 0);
+            require(seq == k.v[i].seq && (i == 0 || k.v[i - 1].seq <= k.v[i].seq));
+            require(zk_node_kind(k.v[i].name, &limit) == k.v[i].kind);
+        }
+        zk_kids_free(&k);
+    }
+
     size_t len = 0;
     int r = zk_root_check(names[0], &len);
     require(r == ZK_ROOT_OK || r == ZK_ROOT_BAD || r == ZK_ROOT_RESERVED);
