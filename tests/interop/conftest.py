@@ -221,11 +221,13 @@ def wait_until_waiting(client, name, n=1, timeout=5.0):
     time.sleep(0.3)
 
 
-def handoff_peer_to_dlock(peer, client, name, timeout=10.0):
+def handoff_peer_to_dlock(peer, client, name, timeout=10.0, watcher=None):
     """peer holds name (it printed "held"); a dlock acquire of name waits in
     a thread of this process; the peer releases. Milliseconds from the
     peer's release (its "released t") to the dlock grant, and the lock
-    (the caller releases it)."""
+    (the caller releases it). watcher: a second client of the store, whose
+    inspect tells when the wait is queued (a client runs one call at a
+    time: the waiting one cannot be asked); without one, 0.3 s."""
     import threading
 
     got = {}
@@ -240,7 +242,10 @@ def handoff_peer_to_dlock(peer, client, name, timeout=10.0):
 
     th = threading.Thread(target=wait)
     th.start()
-    wait_until_waiting(client, name)
+    if watcher is not None:
+        wait_until_waiting(watcher, name)
+    else:
+        time.sleep(0.3)
     assert "t" not in got, "dlock was granted {} while the peer held it".format(name)
     peer.send("release")
     released = peer.expect("released")
