@@ -287,12 +287,15 @@ static int check_mode(dlock_client *c, dlock_mode mode, uint32_t limit)
     if (mode == DLOCK_MODE_SHARED && limit)
         return dlock_seterr(c, DLOCK_EINVAL, "a shared lock takes no limit: a name with a "
                                              "limit is a semaphore, whose holders are all alike");
+    /* A peer layout (docs/interop.md) has the modes its peer has. */
+    const char *layout = c->uri ? dlock_uri_param(c->uri, "layout") : NULL;
+    int peer = layout && strcmp(layout, "dlock") != 0;
     if (mode == DLOCK_MODE_SHARED && !(caps & DLOCK_CAP_SHARED))
-        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend has no shared locks",
-                            c->backend->name);
+        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend has no shared locks%s%.32s",
+                            c->backend->name, peer ? " in layout=" : "", peer ? layout : "");
     if (limit && !(caps & DLOCK_CAP_SEMAPHORE))
-        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend has no semaphores",
-                            c->backend->name);
+        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend has no semaphores%s%.32s",
+                            c->backend->name, peer ? " in layout=" : "", peer ? layout : "");
     return 0;
 }
 
