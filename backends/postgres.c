@@ -187,8 +187,11 @@
 #define FLOOR_KEY "-9223372036854775808"
 
 static const char *const pg_schemes[] = {"postgresql", "postgres", NULL};
+/* layout=, in enum pg_layout's order. */
+static const char *const layouts[] = {"dlock", "tooz", "int", NULL};
 static const char *const pg_options[] = {
-    "connect_timeout", "timeout", "sslmode", "application_name", "namespace", "table", "token", NULL,
+    "connect_timeout", "timeout", "sslmode", "application_name", "namespace", "table", "token",
+    "layout", NULL,
 };
 
 /* After a failure that may have left key locked on a live session: free
@@ -204,7 +207,7 @@ static void session_scrub(struct pg_conn *pc, struct pg_session *s, int64_t key,
     if (s->base.nheld == 0)
         snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock_all()");
     else
-        dlock_pg_unlock_if_held(sql, sizeof sql, key);
+        dlock_pg_unlock_if_held(pc, sql, sizeof sql, key);
     dlock_err_save(cl(pc), &why); /* report the failure, not this */
     int ok = dlock_pg_run(pc, s, sql, 0, &r, "freeing the session's lock",
                  until_ns ? until_ns : after_timeout(pc)) == 0;
@@ -262,7 +265,7 @@ static int unlock_batch(dlock_conn *conn, struct dlock_sql_session *b,
         return DLOCK_ECONNECT;
     o += (size_t)snprintf(sql + o, sizeof sql - o, "SELECT ");
     for (size_t i = 0; i < n; i++) {
-        dlock_pg_unlock_exprs(DLOCK_SQL_OF(batch[i], struct pg_held, sh), ex, sizeof ex);
+        dlock_pg_unlock_exprs(pc, DLOCK_SQL_OF(batch[i], struct pg_held, sh), ex, sizeof ex);
         o += (size_t)snprintf(sql + o, sizeof sql - o, "%s%s", i ? ", " : "", ex);
     }
     dlock_errsave why;
@@ -367,7 +370,15 @@ static int parse_params(dlock_client *c, const dlock_uri *uri, struct pg_conn *p
         return dlock_seterr(c, DLOCK_EBADURI, "option 'token' must be 'table' or 'sequence'");
     pc->use_sequence = tok && strcmp(tok, "sequence") == 0;
     snprintf(pc->table, sizeof pc->table, "%s", v ? v : DEFAULT_TABLE);
-    if ((v = dlock_uri_param(uri, "namespace")) != NULL && !(pc->namespace = strdup(v)))
+    int layout = PG_LAYOUT_DLOCK;
+    if ((err = dlock_uri_param_choice(c, uri, "layout", layouts, &layout)) != 0)
+        return err;
+    pc->layout = (enum pg_layout)layout;
+    if ((v = dlock_uri_param(uri, "namespace")) != NULL && layout != PG_LAYOUT_DLOCK)
+        return dlock_seterr(c, DLOCK_EBADURI,
+                            "option 'namespace' has no place in layout=%s: the peer's key comes"
+                            " from the name alone", layouts[layout]);
+    if (v && !(pc->namespace = strdup(v)))
         return DLOCK_ENOMEM;
     if ((err = split_hosts(uri, pc)) != 0)
         return err;
@@ -442,6 +453,11 @@ static int pg_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     dlock_sql_pool_init(&pc->pool, &session_ops, &pc->base);
     if ((err = parse_params(c, uri, pc)) != 0)
         goto fail;
+    /* A peer layout has the peer's modes only: tooz's locks are exclusive;
+     * pg_advisory_lock_shared(N) is the integer key's shared mode. */
+    if (pc->layout != PG_LAYOUT_DLOCK)
+        pc->base.caps = dlock_postgres_backend.caps & ~(unsigned)DLOCK_CAP_SEMAPHORE &
+                        ~(unsigned)(pc->layout == PG_LAYOUT_TOOZ ? DLOCK_CAP_SHARED : 0);
     struct pg_session *s = NULL;
     int opened;
     if ((err = session_take(pc, &s, &opened, 0)) != 0 || (err = create_table(pc, s)) != 0)
@@ -477,7 +493,7 @@ static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t ke
 {
     char sql[1400];
     PGresult *r = NULL;
-    dlock_pg_unlock_if_held(sql, sizeof sql, key);
+    dlock_pg_unlock_if_held(pc, sql, sizeof sql, key);
     dlock_errsave why;
     dlock_err_save(cl(pc), &why); /* report the timeout, not this */
     if (!until_ns)
@@ -692,6 +708,20 @@ static int deadline_err(struct pg_conn *pc, const dlock_request *req, int err)
     return dlock_seterr(cl(pc), DLOCK_ETIMEDOUT, "the deadline passed (%s)", was);
 }
 
+/* What a peer layout has not (the core refuses these first, from the
+ * connection's caps; this names the layout). */
+static int layout_check(struct pg_conn *pc, const dlock_request *req)
+{
+    if (pc->layout == PG_LAYOUT_TOOZ && req->mode == DLOCK_MODE_SHARED)
+        return dlock_seterr(cl(pc), DLOCK_ENOTSUP,
+                            "postgresql: layout=tooz has no shared locks (tooz's PostgreSQL locks"
+                            " are exclusive only)");
+    if (pc->layout != PG_LAYOUT_DLOCK && req->limit)
+        return dlock_seterr(cl(pc), DLOCK_ENOTSUP, "postgresql: layout=%s has no semaphores",
+                            layouts[pc->layout]);
+    return 0;
+}
+
 /*
  * A try runs on a holder session (dlock_sql_session_for: shared with other
  * locks of the same lease) and the grant stays there. A wait runs on a
@@ -707,9 +737,10 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     struct pg_held *h;
     uint64_t token = 0, granted = 0;
     uint32_t slot = 0;
-    int64_t key = dlock_pg_key(pc->namespace, req->name, req->name_len);
+    int64_t key = 0;
     int err, opened, refused = 0;
-    if ((err = ttl_check(pc, req->ttl_ms)) != 0)
+    if ((err = ttl_check(pc, req->ttl_ms)) != 0 || (err = layout_check(pc, req)) != 0 ||
+        (err = dlock_pg_layout_key(pc, req->name, req->name_len, &key)) != 0)
         return err;
     /* Before the grant: a grant is never left without its handle. */
     if (!(h = calloc(1, sizeof *h)))
@@ -811,7 +842,7 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
     } else {
         dlock_sql_expire(&pc->pool, &s->base, &h->sh);
         char ex[600];
-        dlock_pg_unlock_exprs(h, ex, sizeof ex);
+        dlock_pg_unlock_exprs(pc, h, ex, sizeof ex);
         /* A semaphore's waiter (of more than 1) may have listened on this
          * session. */
         snprintf(sql, sizeof sql, "SELECT %s%s", ex, h->limit > 1 ? "; UNLISTEN *" : "");
@@ -976,9 +1007,9 @@ static int raise_failed(struct pg_conn *pc, struct pg_held *h, int err, uint64_t
 static int raise_on(struct pg_conn *pc, struct pg_held *h, uint64_t floor)
 {
     dlock_conn *conn = &pc->base;
-    char sql[1400], owned[256], settings[384], tg[128], rs[256];
+    char sql[1400], owned[320], settings[384], tg[128], rs[256], match[160];
     PGresult *r = NULL;
-    uint64_t u = (uint64_t)h->key, start = dlock_monotonic_ns();
+    uint64_t start = dlock_monotonic_ns();
     uint64_t end = start + pc->timeout_ms * MS;
     uint64_t margin = pc->timeout_ms < DEADLINE_MARGIN_MS ? pc->timeout_ms : DEADLINE_MARGIN_MS;
     int err, held_now;
@@ -990,10 +1021,11 @@ static int raise_on(struct pg_conn *pc, struct pg_held *h, uint64_t floor)
                             floor, pc->use_sequence ? "sequence" : "table");
     if (h->sh.gone || !hs(h)->pg)
         return session_lost(pc, h);
+    dlock_pg_key_match(pc, h->key, "", match, sizeof match);
     snprintf(owned, sizeof owned,
              "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
-             " AND classid = %" PRIu64 " AND objid = %" PRIu64 " AND objsubid = 1 AND granted)",
-             u >> 32, u & 0xffffffffu);
+             " AND %s AND granted)",
+             match);
     dlock_pg_tag(tg, sizeof tg, h->owner_hex, hs(h)->base.lease, h->base.token, h->key);
     dlock_pg_tx_settings(rs, sizeof rs, pc->timeout_ms);
     snprintf(settings, sizeof settings, "%s%s", tg, rs);
