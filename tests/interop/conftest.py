@@ -260,3 +260,33 @@ def handoff_dlock_to_peer(lock, peer, timeout=10.0):
     lock.release()
     held = peer.expect("held", timeout)
     return grant_after(t0, held)
+
+
+# --- postgres ---
+def handoff_peer_to_dlock_watched(peer, client, watcher, name, timeout=10.0):
+    """handoff_peer_to_dlock(), with the wait watched through another client
+    (watcher): a dlock client runs one call at a time, so inspecting on the
+    waiting client would queue behind its acquire."""
+    import threading
+
+    got = {}
+
+    def wait():
+        try:
+            lk = client.acquire(name, timeout=timeout)
+            got["t"] = time.monotonic()
+            got["lock"] = lk
+        except Exception as e:  # reported below
+            got["error"] = e
+
+    th = threading.Thread(target=wait)
+    th.start()
+    wait_until_waiting(watcher, name)
+    assert "t" not in got, "dlock was granted {} while the peer held it".format(name)
+    peer.send("release")
+    released = peer.expect("released")
+    th.join(timeout + 5)
+    if "error" in got:
+        pytest.fail("the dlock waiter failed: {!r}".format(got["error"]))
+    assert "t" in got, "the dlock waiter was not granted within {} s".format(timeout)
+    return grant_after(released, got["t"]), got["lock"]
