@@ -15,6 +15,18 @@
  * integer (without a namespace: SHA-256(name)). Other languages can
  * compute the same key.
  *
+ * Layouts (layout=, docs/postgres.md "Peer layouts"): which advisory lock a
+ * name is, so that a peer library's holders and dlock's exclude each other.
+ * dlock: the key above. tooz: tooz's pg_advisory_lock(b0, b1), two int4
+ * arguments, the first two bytes of MD5(name) (pg_locks' objsubid 2);
+ * exclusive only. int: the name is the decimal bigint N, the lock
+ * pg_advisory_lock(N) an application takes, and its shared mode
+ * pg_advisory_lock_shared(N). Only the key and the form of the calls
+ * differ (dlock_pg_layout_key(), dlock_pg_key_args() and
+ * dlock_pg_key_match() in postgres_modes.c); sessions, leases, tokens (the
+ * counter row of the key: TOOZ_KEY for tooz), waits and inspect are the
+ * same. A peer layout's connection declares the peer's modes in its caps.
+ *
  * Sessions: the session is the lease. A session's idle_session_timeout is
  * set to its locks' TTL, so a holder that stops talking to the server
  * (paused, partitioned, dead) loses its session and with it its locks after
