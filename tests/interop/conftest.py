@@ -262,31 +262,18 @@ def handoff_dlock_to_peer(lock, peer, timeout=10.0):
     return grant_after(t0, held)
 
 
+
 # --- postgres ---
-def handoff_peer_to_dlock_watched(peer, client, watcher, name, timeout=10.0):
-    """handoff_peer_to_dlock(), with the wait watched through another client
-    (watcher): a dlock client runs one call at a time, so inspecting on the
-    waiting client would queue behind its acquire."""
-    import threading
+class Watched:
+    """client for handoff_peer_to_dlock(), its wait watched through another
+    client (watcher): a dlock client runs one call at a time, so inspecting
+    on the waiting client would queue behind its acquire."""
 
-    got = {}
+    def __init__(self, client, watcher):
+        self.client, self.watcher = client, watcher
 
-    def wait():
-        try:
-            lk = client.acquire(name, timeout=timeout)
-            got["t"] = time.monotonic()
-            got["lock"] = lk
-        except Exception as e:  # reported below
-            got["error"] = e
+    def acquire(self, *args, **kw):
+        return self.client.acquire(*args, **kw)
 
-    th = threading.Thread(target=wait)
-    th.start()
-    wait_until_waiting(watcher, name)
-    assert "t" not in got, "dlock was granted {} while the peer held it".format(name)
-    peer.send("release")
-    released = peer.expect("released")
-    th.join(timeout + 5)
-    if "error" in got:
-        pytest.fail("the dlock waiter failed: {!r}".format(got["error"]))
-    assert "t" in got, "the dlock waiter was not granted within {} s".format(timeout)
-    return grant_after(released, got["t"]), got["lock"]
+    def inspect(self, name):
+        return self.watcher.inspect(name)

@@ -20,8 +20,9 @@ import statistics
 import pytest
 
 import dlock
-from conftest import (EXIT_BUSY, dlock_client, dlock_try, env_uri, handoff_dlock_to_peer,
-                      handoff_peer_to_dlock_watched, log, peer_module, python_peer, with_params)
+from conftest import (EXIT_BUSY, Watched, dlock_client, dlock_try, env_uri,
+                      handoff_dlock_to_peer, handoff_peer_to_dlock, log, peer_module, python_peer,
+                      with_params)
 
 HANDOFFS = int(os.environ.get("DLOCK_INTEROP_HANDOFFS", "5"))
 
@@ -85,6 +86,14 @@ def peer(peers, kind, uri, name, how="try"):
     return peers(python_peer(PEER) + [kind, uri, name, how])
 
 
+def peer_takes_and_releases(peers, kind, uri, name):
+    """A peer's try holds name (fails otherwise), then it releases."""
+    p = peer(peers, kind, uri, name)
+    p.expect("held")
+    p.send("release")
+    p.expect("released")
+
+
 def int_name():
     """A bigint no other run uses, negative half the time."""
     v = secrets.randbits(62) + 1
@@ -135,20 +144,14 @@ def test_dlock_holds_peer_tries(pg, peers, name, kind, layout, make):
         lk = c.acquire(n, blocking=False)
         peer(peers, kind, pg, n).expect("busy")
         lk.release()
-        p = peer(peers, kind, pg, n)
-        p.expect("held")
-        p.send("release")
-        p.expect("released")
+        peer_takes_and_releases(peers, kind, pg, n)
     finally:
         c.close()
     # The negative control: held with layout=dlock, the peer gets it too.
     c = dlock_client(pg)
     try:
         lk = c.acquire(n, blocking=False)
-        p = peer(peers, kind, pg, n)
-        p.expect("held")
-        p.send("release")
-        p.expect("released")
+        peer_takes_and_releases(peers, kind, pg, n)
         lk.release()
     finally:
         c.close()
@@ -164,7 +167,7 @@ def test_handoffs(pg, peers, name, kind, layout, make):
         for _ in range(HANDOFFS):
             p = peer(peers, kind, pg, n)
             p.expect("held")
-            ms, lk = handoff_peer_to_dlock_watched(p, c, watcher, n)
+            ms, lk = handoff_peer_to_dlock(p, Watched(c, watcher), n)
             to_dlock.append(ms)
             w = peer(peers, kind, pg, n, "block")
             w.expect("waiting")
@@ -191,10 +194,7 @@ def test_tokens_increase_across_peer_grants(pg, peers, name, kind, layout, make)
             lk = c.acquire(n, blocking=False)
             tokens.append(lk.token)
             lk.release()
-            p = peer(peers, kind, pg, n)
-            p.expect("held")
-            p.send("release")
-            p.expect("released")
+            peer_takes_and_releases(peers, kind, pg, n)
     finally:
         c.close()
     assert all(a < b for a, b in zip(tokens, tokens[1:])), tokens

@@ -7,23 +7,20 @@
 #include "core/sha256.h"
 #include "tests/tap.h"
 
-static void sha_is(const char *in, size_t len, const char *want, const char *what)
+/* The digest of in by MD5 (md5 set) or SHA-256, in hex, is want. */
+static void digest_is(int md5, const char *in, size_t len, const char *want, const char *what)
 {
     unsigned char d[DLOCK_SHA256_LEN];
     char hex[2 * DLOCK_SHA256_LEN + 1];
-    dlock_sha256(in, len, d);
-    dlock_hex(d, sizeof d, hex);
-    is_str(hex, want, "sha256 %s", what);
+    if (md5)
+        dlock_md5(in, len, d);
+    else
+        dlock_sha256(in, len, d);
+    dlock_hex(d, md5 ? DLOCK_MD5_LEN : DLOCK_SHA256_LEN, hex);
+    is_str(hex, want, "%s %s", md5 ? "md5" : "sha256", what);
 }
-
-static void md5_is(const char *in, size_t len, const char *want, const char *what)
-{
-    unsigned char d[DLOCK_MD5_LEN];
-    char hex[2 * DLOCK_MD5_LEN + 1];
-    dlock_md5(in, len, d);
-    dlock_hex(d, sizeof d, hex);
-    is_str(hex, want, "md5 %s", what);
-}
+#define sha_is(...) digest_is(0, __VA_ARGS__)
+#define md5_is(...) digest_is(1, __VA_ARGS__)
 
 static void enc_is(const char *name, size_t len, const char *want)
 {
