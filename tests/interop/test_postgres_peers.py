@@ -253,3 +253,33 @@ def test_bad_input(pg, name):
             c.acquire(good, blocking=False).release()
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("kind,layout,make", CASES)
+def test_list_of_both_layouts(pg, peers, name, kind, layout, make):
+    """The migration's middle phase: a list holding the same database in
+    the peer's layout and in dlock's takes both locks, so it excludes the
+    peer and the processes already on layout=dlock."""
+    n = make(name)
+    both = "{} {}".format(with_params(pg, layout=layout), pg)
+    p = peer(peers, kind, pg, n)
+    p.expect("held")
+    assert dlock_try(both, n) == EXIT_BUSY
+    p.send("release")
+    p.expect("released")
+    native = dlock_client(pg)
+    try:
+        lk = native.acquire(n, blocking=False)
+        assert dlock_try(both, n) == EXIT_BUSY
+        lk.release()
+    finally:
+        native.close()
+    c = dlock_client(both)
+    try:
+        lk = c.acquire(n, blocking=False)
+        peer(peers, kind, pg, n).expect("busy")
+        assert dlock_try(pg, n) == EXIT_BUSY
+        lk.release()
+    finally:
+        c.close()
+    peer_takes_and_releases(peers, kind, pg, n)
