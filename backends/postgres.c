@@ -465,7 +465,8 @@ static int pg_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     dlock_sql_pool_init(&pc->pool, &session_ops, &pc->base);
     if ((err = parse_params(c, uri, pc)) != 0)
         goto fail;
-    /* A peer layout has the peer's modes only: tooz's locks are exclusive;
+    /* A peer layout has the peer's modes only (the core refuses the others
+     * with DLOCK_ENOTSUP): tooz's locks are exclusive;
      * pg_advisory_lock_shared(N) is the integer key's shared mode. */
     if (pc->layout != PG_LAYOUT_DLOCK)
         pc->base.caps = dlock_postgres_backend.caps & ~(unsigned)DLOCK_CAP_SEMAPHORE &
@@ -720,20 +721,6 @@ static int deadline_err(struct pg_conn *pc, const dlock_request *req, int err)
     return dlock_seterr(cl(pc), DLOCK_ETIMEDOUT, "the deadline passed (%s)", was);
 }
 
-/* What a peer layout has not (the core refuses these first, from the
- * connection's caps; this names the layout). */
-static int layout_check(struct pg_conn *pc, const dlock_request *req)
-{
-    if (pc->layout == PG_LAYOUT_TOOZ && req->mode == DLOCK_MODE_SHARED)
-        return dlock_seterr(cl(pc), DLOCK_ENOTSUP,
-                            "postgresql: layout=tooz has no shared locks (tooz's PostgreSQL locks"
-                            " are exclusive only)");
-    if (pc->layout != PG_LAYOUT_DLOCK && req->limit)
-        return dlock_seterr(cl(pc), DLOCK_ENOTSUP, "postgresql: layout=%s has no semaphores",
-                            layouts[pc->layout]);
-    return 0;
-}
-
 /*
  * A try runs on a holder session (dlock_sql_session_for: shared with other
  * locks of the same lease) and the grant stays there. A wait runs on a
@@ -751,7 +738,7 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     uint32_t slot = 0;
     int64_t key = 0;
     int err, opened, refused = 0;
-    if ((err = ttl_check(pc, req->ttl_ms)) != 0 || (err = layout_check(pc, req)) != 0 ||
+    if ((err = ttl_check(pc, req->ttl_ms)) != 0 ||
         (err = dlock_pg_layout_key(pc, req->name, req->name_len, &key)) != 0)
         return err;
     /* Before the grant: a grant is never left without its handle. */

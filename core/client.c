@@ -287,12 +287,14 @@ static int check_mode(dlock_client *c, dlock_mode mode, uint32_t limit)
     if (mode == DLOCK_MODE_SHARED && limit)
         return dlock_seterr(c, DLOCK_EINVAL, "a shared lock takes no limit: a name with a "
                                              "limit is a semaphore, whose holders are all alike");
+    /* A peer layout (issue 28) has the peer's modes only: say which. */
+    const char *layout = c->uri ? dlock_uri_param(c->uri, "layout") : NULL;
     if (mode == DLOCK_MODE_SHARED && !(caps & DLOCK_CAP_SHARED))
-        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend has no shared locks",
-                            c->backend->name);
+        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend has no shared locks%s%.32s",
+                            c->backend->name, layout ? " in layout=" : "", layout ? layout : "");
     if (limit && !(caps & DLOCK_CAP_SEMAPHORE))
-        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend has no semaphores",
-                            c->backend->name);
+        return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend has no semaphores%s%.32s",
+                            c->backend->name, layout ? " in layout=" : "", layout ? layout : "");
     return 0;
 }
 

@@ -230,16 +230,17 @@ def test_bad_input(pg, name):
         dlock.open(with_params(pg, layout="tooz", namespace="a"))
     c = dlock_client(with_params(pg, layout="tooz"))
     try:
-        with pytest.raises(dlock.ENOTSUP):
-            c.acquire(name, blocking=False, shared=True)
-        with pytest.raises(dlock.ENOTSUP):
-            c.acquire(name, blocking=False, limit=2)
+        for how in ({"shared": True}, {"limit": 2}):
+            with pytest.raises(dlock.ENOTSUP) as e:
+                c.acquire(name, blocking=False, **how)
+            assert "layout=tooz" in e.value.message, e.value.message
     finally:
         c.close()
     c = dlock_client(with_params(pg, layout="int"))
     try:
-        with pytest.raises(dlock.ENOTSUP):
+        with pytest.raises(dlock.ENOTSUP) as e:
             c.acquire("42", blocking=False, limit=2)
+        assert "layout=int" in e.value.message, e.value.message
         for bad in (name, "12x", "+5", "007", "-0", "", "9223372036854775808",
                     "-9223372036854775809", " 5"):
             if not bad:
