@@ -15,6 +15,18 @@
  * integer (without a namespace: SHA-256(name)). Other languages can
  * compute the same key.
  *
+ * Layouts (layout=, docs/postgres.md "Peer layouts"): which advisory lock a
+ * name is, so that a peer library's holders and dlock's exclude each other.
+ * dlock: the key above. tooz: tooz's pg_advisory_lock(b0, b1), two int4
+ * arguments, the first two bytes of MD5(name) (pg_locks' objsubid 2);
+ * exclusive only. int: the name is the decimal bigint N, the lock
+ * pg_advisory_lock(N) an application takes, and its shared mode
+ * pg_advisory_lock_shared(N). Only the key and the form of the calls
+ * differ (dlock_pg_layout_key(), dlock_pg_key_args() and
+ * dlock_pg_key_match() in postgres_modes.c); sessions, leases, tokens (the
+ * counter row of the key: TOOZ_KEY for tooz), waits and inspect are the
+ * same. A peer layout's connection declares the peer's modes in its caps.
+ *
  * Sessions: the session is the lease. A session's idle_session_timeout is
  * set to its locks' TTL, so a holder that stops talking to the server
  * (paused, partitioned, dead) loses its session and with it its locks after
@@ -187,8 +199,11 @@
 #define FLOOR_KEY "-9223372036854775808"
 
 static const char *const pg_schemes[] = {"postgresql", "postgres", NULL};
+/* layout=, in enum pg_layout's order. */
+static const char *const layouts[] = {"dlock", "tooz", "int", NULL};
 static const char *const pg_options[] = {
-    "connect_timeout", "timeout", "sslmode", "application_name", "namespace", "table", "token", NULL,
+    "connect_timeout", "timeout", "sslmode", "application_name", "namespace", "table", "token",
+    "layout", NULL,
 };
 
 /* After a failure that may have left key locked on a live session: free
@@ -204,7 +219,7 @@ static void session_scrub(struct pg_conn *pc, struct pg_session *s, int64_t key,
     if (s->base.nheld == 0)
         snprintf(sql, sizeof sql, "SELECT pg_advisory_unlock_all()");
     else
-        dlock_pg_unlock_if_held(sql, sizeof sql, key);
+        dlock_pg_unlock_if_held(pc, sql, sizeof sql, key);
     dlock_err_save(cl(pc), &why); /* report the failure, not this */
     int ok = dlock_pg_run(pc, s, sql, 0, &r, "freeing the session's lock",
                  until_ns ? until_ns : after_timeout(pc)) == 0;
@@ -262,7 +277,7 @@ static int unlock_batch(dlock_conn *conn, struct dlock_sql_session *b,
         return DLOCK_ECONNECT;
     o += (size_t)snprintf(sql + o, sizeof sql - o, "SELECT ");
     for (size_t i = 0; i < n; i++) {
-        dlock_pg_unlock_exprs(DLOCK_SQL_OF(batch[i], struct pg_held, sh), ex, sizeof ex);
+        dlock_pg_unlock_exprs(pc, DLOCK_SQL_OF(batch[i], struct pg_held, sh), ex, sizeof ex);
         o += (size_t)snprintf(sql + o, sizeof sql - o, "%s%s", i ? ", " : "", ex);
     }
     dlock_errsave why;
@@ -367,7 +382,15 @@ static int parse_params(dlock_client *c, const dlock_uri *uri, struct pg_conn *p
         return dlock_seterr(c, DLOCK_EBADURI, "option 'token' must be 'table' or 'sequence'");
     pc->use_sequence = tok && strcmp(tok, "sequence") == 0;
     snprintf(pc->table, sizeof pc->table, "%s", v ? v : DEFAULT_TABLE);
-    if ((v = dlock_uri_param(uri, "namespace")) != NULL && !(pc->namespace = strdup(v)))
+    int layout = PG_LAYOUT_DLOCK;
+    if ((err = dlock_uri_param_choice(c, uri, "layout", layouts, &layout)) != 0)
+        return err;
+    pc->layout = (enum pg_layout)layout;
+    if ((v = dlock_uri_param(uri, "namespace")) != NULL && layout != PG_LAYOUT_DLOCK)
+        return dlock_seterr(c, DLOCK_EBADURI,
+                            "option 'namespace' has no place in layout=%s: the peer's key comes"
+                            " from the name alone", layouts[layout]);
+    if (v && !(pc->namespace = strdup(v)))
         return DLOCK_ENOMEM;
     if ((err = split_hosts(uri, pc)) != 0)
         return err;
@@ -442,6 +465,12 @@ static int pg_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     dlock_sql_pool_init(&pc->pool, &session_ops, &pc->base);
     if ((err = parse_params(c, uri, pc)) != 0)
         goto fail;
+    /* A peer layout has the peer's modes only (the core refuses the others
+     * with DLOCK_ENOTSUP): tooz's locks are exclusive;
+     * pg_advisory_lock_shared(N) is the integer key's shared mode. */
+    if (pc->layout != PG_LAYOUT_DLOCK)
+        pc->base.caps = dlock_postgres_backend.caps & ~(unsigned)DLOCK_CAP_SEMAPHORE &
+                        ~(unsigned)(pc->layout == PG_LAYOUT_TOOZ ? DLOCK_CAP_SHARED : 0);
     struct pg_session *s = NULL;
     int opened;
     if ((err = session_take(pc, &s, &opened, 0)) != 0 || (err = create_table(pc, s)) != 0)
@@ -477,7 +506,7 @@ static void undo_late_grant(struct pg_conn *pc, struct pg_session *s, int64_t ke
 {
     char sql[1400];
     PGresult *r = NULL;
-    dlock_pg_unlock_if_held(sql, sizeof sql, key);
+    dlock_pg_unlock_if_held(pc, sql, sizeof sql, key);
     dlock_errsave why;
     dlock_err_save(cl(pc), &why); /* report the timeout, not this */
     if (!until_ns)
@@ -707,9 +736,10 @@ static int pg_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **h
     struct pg_held *h;
     uint64_t token = 0, granted = 0;
     uint32_t slot = 0;
-    int64_t key = dlock_pg_key(pc->namespace, req->name, req->name_len);
+    int64_t key = 0;
     int err, opened, refused = 0;
-    if ((err = ttl_check(pc, req->ttl_ms)) != 0)
+    if ((err = ttl_check(pc, req->ttl_ms)) != 0 ||
+        (err = dlock_pg_layout_key(pc, req->name, req->name_len, &key)) != 0)
         return err;
     /* Before the grant: a grant is never left without its handle. */
     if (!(h = calloc(1, sizeof *h)))
@@ -811,7 +841,7 @@ static int pg_release(dlock_conn *conn, dlock_held *held)
     } else {
         dlock_sql_expire(&pc->pool, &s->base, &h->sh);
         char ex[600];
-        dlock_pg_unlock_exprs(h, ex, sizeof ex);
+        dlock_pg_unlock_exprs(pc, h, ex, sizeof ex);
         /* A semaphore's waiter (of more than 1) may have listened on this
          * session. */
         snprintf(sql, sizeof sql, "SELECT %s%s", ex, h->limit > 1 ? "; UNLISTEN *" : "");
@@ -976,9 +1006,9 @@ static int raise_failed(struct pg_conn *pc, struct pg_held *h, int err, uint64_t
 static int raise_on(struct pg_conn *pc, struct pg_held *h, uint64_t floor)
 {
     dlock_conn *conn = &pc->base;
-    char sql[1400], owned[256], settings[384], tg[128], rs[256];
+    char sql[1400], owned[320], settings[384], tg[128], rs[256], match[160];
     PGresult *r = NULL;
-    uint64_t u = (uint64_t)h->key, start = dlock_monotonic_ns();
+    uint64_t start = dlock_monotonic_ns();
     uint64_t end = start + pc->timeout_ms * MS;
     uint64_t margin = pc->timeout_ms < DEADLINE_MARGIN_MS ? pc->timeout_ms : DEADLINE_MARGIN_MS;
     int err, held_now;
@@ -990,10 +1020,11 @@ static int raise_on(struct pg_conn *pc, struct pg_held *h, uint64_t floor)
                             floor, pc->use_sequence ? "sequence" : "table");
     if (h->sh.gone || !hs(h)->pg)
         return session_lost(pc, h);
+    dlock_pg_key_match(pc, h->key, "", match, sizeof match);
     snprintf(owned, sizeof owned,
              "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
-             " AND classid = %" PRIu64 " AND objid = %" PRIu64 " AND objsubid = 1 AND granted)",
-             u >> 32, u & 0xffffffffu);
+             " AND %s AND granted)",
+             match);
     dlock_pg_tag(tg, sizeof tg, h->owner_hex, hs(h)->base.lease, h->base.token, h->key);
     dlock_pg_tx_settings(rs, sizeof rs, pc->timeout_ms);
     snprintf(settings, sizeof settings, "%s%s", tg, rs);

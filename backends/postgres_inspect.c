@@ -150,12 +150,23 @@ static int newest_holder(struct pg_conn *pc, const char *name, size_t len, dlock
 int dlock_pg_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
-    char sql[1400], settings[256], token_sql[160], state[6];
+    char sql[1400], settings[256], token_sql[160], state[6], match[160], gate[160];
     PGresult *r = NULL;
-    int64_t key = dlock_pg_key(pc->namespace, name, len);
+    int64_t key = 0;
+    int err = dlock_pg_layout_key(pc, name, len, &key);
+    if (err)
+        return err;
     uint64_t u = (uint64_t)key;
-    int err;
     dlock_pg_tx_settings(settings, sizeof settings, pc->timeout_ms);
+    /* The name's lock, and a semaphore's gate (none in tooz's layout, whose
+     * lock is itself a two-int one). */
+    dlock_pg_key_match(pc, key, "l.", match, sizeof match);
+    if (pc->layout == PG_LAYOUT_TOOZ)
+        snprintf(gate, sizeof gate, "false");
+    else
+        snprintf(gate, sizeof gate,
+                 "l.classid = %" PRIu32 " AND l.objid = %" PRIu64 " AND l.objsubid = 2",
+                 (uint32_t)(u >> 32) ^ T_GATE, u & 0xffffffffu);
     /* Without SELECT on the fencing table (a monitoring role), the rest
      * still tells: asked again without the name's row. */
     int row_readable = !pc->use_sequence;
@@ -171,15 +182,12 @@ again:
              "%sSELECT t.token, l.pid, l.granted, a.state, substr(a.query, 1, 120),"
              " host(a.client_addr), a.client_port,"
              " floor(extract(epoch FROM clock_timestamp() - a.state_change) * 1000)::bigint,"
-             " l.mode, l.objsubid "
+             " l.mode, %s "
              "FROM (SELECT %s AS token) t LEFT JOIN (pg_locks l LEFT JOIN pg_stat_activity a"
              " ON a.pid = l.pid) ON l.locktype = 'advisory' AND l.database = (SELECT oid FROM"
-             " pg_database WHERE datname = current_database()) AND ((l.classid = %" PRIu64
-             " AND l.objid = %" PRIu64 " AND l.objsubid = 1) OR (l.classid = %" PRIu32
-             " AND l.objid = %" PRIu64 " AND l.objsubid = 2)) "
+             " pg_database WHERE datname = current_database()) AND ((%s) OR (%s)) "
              "ORDER BY l.granted DESC%s, l.pid",
-             settings, token_sql, u >> 32, u & 0xffffffffu, (uint32_t)(u >> 32) ^ T_GATE,
-             u & 0xffffffffu, ordered ? ", l.waitstart NULLS LAST" : "");
+             settings, gate, token_sql, match, gate, ordered ? ", l.waitstart NULLS LAST" : "");
     if ((err = dlock_pg_run_idle(pc, sql, 4, &r, "inspect", state)) != 0) {
         if (row_readable && strcmp(state, "42501") == 0) {
             row_readable = 0;
@@ -201,8 +209,8 @@ again:
             continue; /* no session holds or awaits the lock */
         /* A semaphore's gate: its holder waits for a slot, the others
          * queue behind it. */
-        int gate = strcmp(PQgetvalue(r, i, 9), "2") == 0;
-        if (!gate && PQgetvalue(r, i, 2)[0] == 't') {
+        int at_gate = PQgetvalue(r, i, 9)[0] == 't';
+        if (!at_gate && PQgetvalue(r, i, 2)[0] == 't') {
             if (holder < 0)
                 holder = i;
             continue;
@@ -275,11 +283,12 @@ static int by_token(const void *a, const void *b)
  */
 static int list_holders(struct pg_conn *pc, int64_t key, struct listed **list, size_t *count)
 {
-    char sql[2400], settings[256], top_sql[200], state[6];
+    char sql[2400], settings[256], top_sql[200], state[6], match[160];
     PGresult *r = NULL;
     struct pg_name n;
     int err;
     dlock_pg_name(key, &n);
+    dlock_pg_key_match(pc, key, "l.", match, sizeof match);
     dlock_pg_tx_settings(settings, sizeof settings, pc->timeout_ms);
     int readable = 1;
 again:
@@ -292,9 +301,9 @@ again:
                  pc->table, key);
     snprintf(sql, sizeof sql,
              "%sWITH p AS MATERIALIZED (SELECT l.pid, l.mode, l.objsubid AS sub,"
-             " l.classid::bigint AS c, l.objid::bigint AS o FROM pg_locks l WHERE " IN_DB
-             " AND l.granted AND ((l.objsubid = 1 AND l.classid = %" PRIu32 " AND l.objid = %"
-             PRIu32 ") OR (l.objsubid = 2 AND l.classid IN (%" PRIu32 ", %" PRIu32 ")))) "
+             " l.classid::bigint AS c, l.objid::bigint AS o, (%s) AS k FROM pg_locks l WHERE "
+             IN_DB " AND l.granted AND ((%s) OR (l.objsubid = 2 AND l.classid IN (%" PRIu32 ", %"
+             PRIu32 ")))) "
              "SELECT p.mode, p.pid, (SELECT min(m.o & 65535) FROM p m WHERE m.sub = 2 AND"
              " m.c = %" PRIu32 " AND m.o >> 16 = %" PRIu32 " AND m.o & 65535 <> 0 AND m.pid = p.pid),"
              " a.state,"
@@ -302,8 +311,8 @@ again:
              " floor(extract(epoch FROM clock_timestamp() - a.state_change) * 1000)::bigint,"
              " (SELECT max(t.o) FROM p t WHERE t.sub = 2 AND t.c = %" PRIu32
              " AND t.pid = p.pid), %s "
-             "FROM p LEFT JOIN pg_stat_activity a ON a.pid = p.pid WHERE p.sub = 1 ORDER BY p.pid",
-             settings, n.hi, n.lo, n.hi ^ T_LIMIT, n.hi ^ T_TOKEN, n.hi ^ T_LIMIT, n.lo >> 16,
+             "FROM p LEFT JOIN pg_stat_activity a ON a.pid = p.pid WHERE p.k ORDER BY p.pid",
+             settings, match, match, n.hi ^ T_LIMIT, n.hi ^ T_TOKEN, n.hi ^ T_LIMIT, n.lo >> 16,
              n.hi ^ T_TOKEN, top_sql);
     if ((err = dlock_pg_run_idle(pc, sql, 4, &r, "inspect", state)) != 0) {
         if (readable && strcmp(state, "42501") == 0) {
@@ -361,8 +370,9 @@ int dlock_pg_inspect_holders(dlock_conn *conn, const char *name, size_t len,
     struct pg_conn *pc = (struct pg_conn *)conn;
     struct listed *v = NULL;
     size_t n = 0;
-    int err = list_holders(pc, dlock_pg_key(pc->namespace, name, len), &v, &n);
-    if (err)
+    int64_t key = 0;
+    int err = dlock_pg_layout_key(pc, name, len, &key);
+    if (err || (err = list_holders(pc, key, &v, &n)) != 0)
         return err;
     for (size_t i = 0; i < n && i < capacity; i++)
         holders[i] = v[i].h;
@@ -377,8 +387,9 @@ static int newest_holder(struct pg_conn *pc, const char *name, size_t len, dlock
 {
     struct listed *v = NULL;
     size_t n = 0;
-    int err = list_holders(pc, dlock_pg_key(pc->namespace, name, len), &v, &n);
-    if (err)
+    int64_t key = 0;
+    int err = dlock_pg_layout_key(pc, name, len, &key);
+    if (err || (err = list_holders(pc, key, &v, &n)) != 0)
         return err;
     size_t last = n;
     for (size_t i = 0; i < n; i++)

@@ -37,6 +37,13 @@ struct pg_session {
     int ended;            /* the server said FATAL or PANIC: it is closing */
 };
 
+/* layout=: how a name becomes its advisory lock (postgres.c, "Layouts"). */
+enum pg_layout {
+    PG_LAYOUT_DLOCK = 0, /* pg_advisory_lock(K), K from SHA-256 of the name */
+    PG_LAYOUT_TOOZ = 1,  /* tooz's pg_advisory_lock(b0, b1): MD5(name)'s first two bytes */
+    PG_LAYOUT_INT = 2    /* pg_advisory_lock(N) for a name that is the integer N */
+};
+
 struct pg_conn {
     dlock_conn base;
     /* libpq's connection keywords; values[0] and [1] (host, port) are
@@ -52,6 +59,7 @@ struct pg_conn {
     char *namespace;
     char table[64];
     int use_sequence; /* token=sequence: one global sequence, not per-name rows */
+    enum pg_layout layout;
     int server_version; /* PQserverVersion() of the latest new session */
     struct dlock_sql_pool pool; /* every session, holding or free */
 };
@@ -168,8 +176,23 @@ int dlock_pg_run_pooled(struct pg_conn *pc, const char *sql, int want, PGresult 
 /* A failed store-wide statement: one that ran out of `timeout` on the
  * server says what it waited for. */
 int dlock_pg_store_failed(struct pg_conn *pc, int err, const char *state, const char *what);
-/* The bigint key of a name (postgres.c's header comment). */
+/* The bigint key of a name in layout=dlock (postgres.c's header comment). */
 int64_t dlock_pg_key(const char *ns, const char *name, size_t len);
+/* The key of a name in pc's layout: dlock_pg_key()'s, tooz's (TOOZ_KEY's
+ * tag and MD5(name)'s first two bytes), or the integer the name spells
+ * (else DLOCK_EINVAL, reported). */
+int dlock_pg_layout_key(struct pg_conn *pc, const char *name, size_t len, int64_t *key);
+/* tooz's key as a bigint: "tooz" in the high half, tooz's two int4
+ * arguments (0 .. 255 each) in the low 16 bits. It names the lock in the
+ * statements' tag and its counter row, never an advisory lock. */
+#define TOOZ_KEY(b0, b1) ((int64_t)(0x746f6f7aull << 32 | (uint64_t)(b0) << 8 | (uint64_t)(b1)))
+/* The arguments of the advisory functions for the name's lock: "K" (a
+ * bigint), or tooz's "b0, b1" (two int4). */
+void dlock_pg_key_args(const struct pg_conn *pc, int64_t key, char *buf, size_t len);
+/* The condition on pg_locks row <a>.* (a: "l." or "") that it is the
+ * name's lock: objsubid 1 and the bigint's halves, or tooz's objsubid 2. */
+void dlock_pg_key_match(const struct pg_conn *pc, int64_t key, const char *a, char *buf,
+                        size_t len);
 /* The backend's inspect() and inspect_holders() (postgres_inspect.c). */
 int dlock_pg_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info);
 int dlock_pg_inspect_holders(dlock_conn *conn, const char *name, size_t len,
@@ -193,10 +216,11 @@ void dlock_pg_lock_sql(const struct pg_conn *pc, const dlock_request *req, int64
 /* "SELECT ..." that unlocks what this session holds of key's locks, in
  * whichever mode: undoes a grant a failed statement may have left, and
  * never touches another name's. */
-void dlock_pg_unlock_if_held(char *sql, size_t len, int64_t key);
+void dlock_pg_unlock_if_held(const struct pg_conn *pc, char *sql, size_t len, int64_t key);
 /* The expressions (comma-separated, for a SELECT) that release h's grant:
  * the first one is true when it was still held. */
-void dlock_pg_unlock_exprs(const struct pg_held *h, char *buf, size_t len);
+void dlock_pg_unlock_exprs(const struct pg_conn *pc, const struct pg_held *h, char *buf,
+                           size_t len);
 /* The detail of DLOCK_EMODE for a name held as `kind` (PG_COL_KIND). */
 int dlock_pg_mode_error(struct pg_conn *pc, const dlock_request *req, long long kind);
 /* A semaphore wait on s (holding the name's gate, no slot free yet, s->mu

@@ -56,6 +56,7 @@
 #include <string.h>
 
 #include "backends/postgres_int.h"
+#include "core/md5.h"
 #include "core/sha256.h"
 
 
@@ -89,6 +90,70 @@ int64_t dlock_pg_key(const char *ns, const char *name, size_t len)
     for (int i = 0; i < 8; i++)
         k = k << 8 | d[i];
     return (int64_t)k;
+}
+
+/* layout=int: the canonical decimal spelling of a bigint ("-" only before
+ * a digit other than 0, no leading zeros, no sign "+" or spaces), so that
+ * one key has one name. 1 and *v when it is one. */
+static int decimal_bigint(const char *name, size_t len, int64_t *v)
+{
+    size_t i = name[0] == '-';
+    uint64_t u = 0, max = i ? 9223372036854775808ull : 9223372036854775807ull;
+    if (len == i || len - i > 19 || (name[i] == '0' && (len - i > 1 || i)))
+        return 0;
+    for (; i < len; i++) {
+        if (name[i] < '0' || name[i] > '9')
+            return 0;
+        unsigned d = (unsigned)(name[i] - '0');
+        if (u > (max - d) / 10)
+            return 0;
+        u = u * 10 + d;
+    }
+    *v = name[0] == '-' ? (int64_t)(0 - u) : (int64_t)u;
+    return 1;
+}
+
+int dlock_pg_layout_key(struct pg_conn *pc, const char *name, size_t len, int64_t *key)
+{
+    unsigned char d[DLOCK_MD5_LEN];
+    switch (pc->layout) {
+    case PG_LAYOUT_TOOZ:
+        dlock_md5(name, len, d);
+        *key = TOOZ_KEY(d[0], d[1]);
+        return 0;
+    case PG_LAYOUT_INT:
+        if (decimal_bigint(name, len, key))
+            return 0;
+        return dlock_seterr(cl(pc), DLOCK_EINVAL,
+                            "postgresql: layout=int takes names that are decimal integers in the"
+                            " bigint range (-9223372036854775808 to 9223372036854775807, no"
+                            " leading zeros or '+'), the key as pg_advisory_lock(42) takes it;"
+                            " not '%.*s'",
+                            (int)(len > 64 ? 64 : len), name);
+    default:
+        *key = dlock_pg_key(pc->namespace, name, len);
+        return 0;
+    }
+}
+
+void dlock_pg_key_args(const struct pg_conn *pc, int64_t key, char *buf, size_t len)
+{
+    if (pc->layout == PG_LAYOUT_TOOZ)
+        snprintf(buf, len, "%u, %u", (unsigned)(key >> 8 & 0xff), (unsigned)(key & 0xff));
+    else
+        snprintf(buf, len, "%" PRId64, key);
+}
+
+void dlock_pg_key_match(const struct pg_conn *pc, int64_t key, const char *a, char *buf,
+                        size_t len)
+{
+    uint64_t u = (uint64_t)key;
+    if (pc->layout == PG_LAYOUT_TOOZ)
+        snprintf(buf, len, "%sobjsubid = 2 AND %sclassid = %u AND %sobjid = %u", a, a,
+                 (unsigned)(u >> 8 & 0xff), a, (unsigned)(u & 0xff));
+    else
+        snprintf(buf, len, "%sobjsubid = 1 AND %sclassid = %" PRIu64 " AND %sobjid = %" PRIu64, a,
+                 a, u >> 32, a, u & 0xffffffffu);
 }
 
 void dlock_pg_name(int64_t key, struct pg_name *n)
@@ -180,20 +245,24 @@ void dlock_pg_lock_sql(const struct pg_conn *pc, const dlock_request *req, int64
     held_as_sem(q, sizeof q, &n);
     if (req->limit == 0 && req->mode == DLOCK_MODE_EXCLUSIVE) {
         /* Today's lock; a failed try, or a wait that would queue, asks
-         * whether a semaphore holds the name. */
+         * whether a semaphore holds the name (tooz's layout has none). */
+        char k[48];
+        dlock_pg_key_args(pc, key, k, sizeof k);
+        if (pc->layout == PG_LAYOUT_TOOZ)
+            snprintf(q, sizeof q, "NULL::bigint");
         token_cte(f, sizeof f, pc, key, "l", "got");
         if (try)
             snprintf(buf, len,
-                     "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock(%" PRId64 ") AS got), %s "
+                     "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock(%s) AS got), %s "
                      "SELECT (SELECT token FROM f), (SELECT CASE WHEN NOT got THEN %s END FROM l)",
-                     key, f, q);
+                     k, f, q);
         else
             snprintf(buf, len,
-                     "WITH l AS MATERIALIZED (SELECT CASE WHEN pg_try_advisory_lock(%" PRId64 ")"
-                     " THEN true WHEN %s IS NOT NULL THEN false ELSE pg_advisory_lock(%" PRId64 ")"
+                     "WITH l AS MATERIALIZED (SELECT CASE WHEN pg_try_advisory_lock(%s)"
+                     " THEN true WHEN %s IS NOT NULL THEN false ELSE pg_advisory_lock(%s)"
                      " IS NOT NULL END AS got), %s "
                      "SELECT (SELECT token FROM f), (SELECT CASE WHEN NOT got THEN %s END FROM l)",
-                     key, q, key, f, q);
+                     k, q, k, f, q);
         return;
     }
     token_lock(tl, sizeof tl, &n);
@@ -291,9 +360,19 @@ void dlock_pg_lock_sql(const struct pg_conn *pc, const dlock_request *req, int64
              keep ? "false" : "true", back);
 }
 
-void dlock_pg_unlock_if_held(char *sql, size_t len, int64_t key)
+void dlock_pg_unlock_if_held(const struct pg_conn *pc, char *sql, size_t len, int64_t key)
 {
     struct pg_name n;
+    if (pc->layout == PG_LAYOUT_TOOZ) { /* one lock, exclusive, two int4 */
+        char k[48], m[160];
+        dlock_pg_key_args(pc, key, k, sizeof k);
+        dlock_pg_key_match(pc, key, "l.", m, sizeof m);
+        snprintf(sql, len,
+                 "SELECT pg_advisory_unlock(%s) FROM pg_locks l WHERE l.locktype = 'advisory' AND"
+                 " l.pid = pg_backend_pid() AND l.granted AND l.mode = 'ExclusiveLock' AND %s",
+                 k, m);
+        return;
+    }
     dlock_pg_name(key, &n);
     snprintf(sql, len,
              "SELECT CASE WHEN l.objsubid = 1 THEN CASE WHEN l.mode = 'ExclusiveLock' THEN"
@@ -314,13 +393,16 @@ void dlock_pg_unlock_if_held(char *sql, size_t len, int64_t key)
              n.lo >> 16, n.hi ^ T_TOKEN, n.hi ^ T_READ, n.lo);
 }
 
-void dlock_pg_unlock_exprs(const struct pg_held *h, char *buf, size_t len)
+void dlock_pg_unlock_exprs(const struct pg_conn *pc, const struct pg_held *h, char *buf,
+                           size_t len)
 {
     struct pg_name n;
     char ch[40];
     dlock_pg_name(h->key, &n);
     if (h->limit == 0 && h->mode == DLOCK_MODE_EXCLUSIVE) {
-        snprintf(buf, len, "pg_advisory_unlock(%" PRId64 ")", h->key);
+        char k[48];
+        dlock_pg_key_args(pc, h->key, k, sizeof k);
+        snprintf(buf, len, "pg_advisory_unlock(%s)", k);
         return;
     }
     int32_t tok = i4((uint32_t)h->base.token);
@@ -371,7 +453,7 @@ static void sem_give_up(struct pg_conn *pc, struct pg_session *s, int64_t key)
     size_t o;
     PGresult *r = NULL;
     dlock_errsave why;
-    dlock_pg_unlock_if_held(sql, sizeof sql, key);
+    dlock_pg_unlock_if_held(pc, sql, sizeof sql, key);
     o = strlen(sql);
     channel(ch, sizeof ch, key);
     snprintf(sql + o, sizeof sql - o, "; UNLISTEN %s", ch);

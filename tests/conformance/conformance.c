@@ -150,6 +150,11 @@ static const struct kind {
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
          DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
      NULL, 0, 0, 0, 200},
+    /* layout=tooz: tooz's exclusive locks only (docs/postgres.md, Peer
+     * layouts). */
+    {"postgres-tooz",
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
+     NULL, 0, 0, 0, 200},
     /* wait_timeout, in whole seconds (docs/mysql.md, Lease / TTL). */
     {"mysql",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
@@ -199,7 +204,7 @@ static const struct kind *kind_of(const char *one)
     else if (strcmp(s, "redis+sentinel") == 0)
         k = "redis-sentinel";
     else if (strcmp(s, "postgresql") == 0 || strcmp(s, "postgres") == 0)
-        k = "postgres";
+        k = layout && strcmp(layout, "tooz") == 0 ? "postgres-tooz" : "postgres";
     else if (strcmp(s, "mysql") == 0 || strcmp(s, "mariadb") == 0)
         k = lock && strcmp(lock, "named") == 0 ? "mysql-named"
             : token && strcmp(token, "sequence") == 0 ? "mysql-sequence"

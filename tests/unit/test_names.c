@@ -3,17 +3,24 @@
 
 #include "backends/file.h"
 #include "dlock.h"
+#include "core/md5.h"
 #include "core/sha256.h"
 #include "tests/tap.h"
 
-static void sha_is(const char *in, size_t len, const char *want, const char *what)
+/* The digest of in by MD5 (md5 set) or SHA-256, in hex, is want. */
+static void digest_is(int md5, const char *in, size_t len, const char *want, const char *what)
 {
     unsigned char d[DLOCK_SHA256_LEN];
     char hex[2 * DLOCK_SHA256_LEN + 1];
-    dlock_sha256(in, len, d);
-    dlock_hex(d, sizeof d, hex);
-    is_str(hex, want, "sha256 %s", what);
+    if (md5)
+        dlock_md5(in, len, d);
+    else
+        dlock_sha256(in, len, d);
+    dlock_hex(d, md5 ? DLOCK_MD5_LEN : DLOCK_SHA256_LEN, hex);
+    is_str(hex, want, "%s %s", md5 ? "md5" : "sha256", what);
 }
+#define sha_is(...) digest_is(0, __VA_ARGS__)
+#define md5_is(...) digest_is(1, __VA_ARGS__)
 
 static void enc_is(const char *name, size_t len, const char *want)
 {
@@ -34,6 +41,16 @@ int main(void)
     memset(million, 'a', sizeof million);
     sha_is(million, sizeof million,
            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0", "a x 1e6");
+
+    /* RFC 1321's suite, and the padding's edges (55, 56 and 64 bytes). */
+    md5_is("", 0, "d41d8cd98f00b204e9800998ecf8427e", "empty");
+    md5_is("abc", 3, "900150983cd24fb0d6963f7d28e17f72", "abc");
+    md5_is("12345678901234567890123456789012345678901234567890123456789012345678901234567890",
+           80, "57edf4a22be3c955ac49da2e2107b67a", "80 digits");
+    md5_is(million, 55, "ef1772b6dff9a122358552954ad0df65", "a x 55");
+    md5_is(million, 56, "3b0c8ac703f828b04c6c197006d17218", "a x 56");
+    md5_is(million, 64, "014842d480b571495a4a0363793f7367", "a x 64");
+    md5_is(million, sizeof million, "7707d6ae4e027c70eea2a935c2296f21", "a x 1e6");
 
     enc_is("job", 3, "job.lock");
     enc_is("a/b", 3, "a%2Fb.lock");
