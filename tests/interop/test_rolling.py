@@ -40,7 +40,71 @@ def redis_case(name):
     return python_peer(REDIS_PY_LOOP) + [plain, name], with_params(uri, layout="plain"), uri
 
 
-CASES = {"redis-py": redis_case}
+KAZOO_LOOP = """
+from kazoo.client import KazooClient
+zk = KazooClient(hosts=PEER_ARGS[0])
+zk.start(timeout=10)
+lk = zk.Lock(PEER_ARGS[1], "rolling-peer")
+while True:
+    cmd = wait_cmd()
+    if cmd == "acquire":
+        if not lk.acquire(timeout=20):
+            say("error", "not acquired within 20 s")
+            continue
+        say("held", now())
+    elif cmd == "release":
+        lk.release()
+        say("released", now())
+    else:
+        break
+zk.stop()
+"""
+
+
+def kazoo_case(name):
+    peer_module("kazoo")
+    uri = env_uri("DLOCK_ZK_URI")
+    hosts, _, root = uri.split("://", 1)[1].split("?", 1)[0].partition("/")
+    path = "/" + (root.rstrip("/") or "dlock") + "/" + name
+    return python_peer(KAZOO_LOOP) + [hosts.rsplit("@", 1)[-1], path], \
+        with_params(uri, layout="kazoo"), uri
+
+
+PG_INT_LOOP = """
+import psycopg2
+conn = psycopg2.connect(PEER_ARGS[0])
+conn.autocommit = True
+cur = conn.cursor()
+n = int(PEER_ARGS[1])
+while True:
+    cmd = wait_cmd()
+    if cmd == "acquire":
+        cur.execute("SELECT pg_advisory_lock(%s)", (n,))
+        say("held", now())
+    elif cmd == "release":
+        cur.execute("SELECT pg_advisory_unlock(%s)", (n,))
+        say("released", now())
+    else:
+        break
+"""
+
+
+def pg_int_case(name):
+    peer_module("psycopg2")
+    uri = env_uri("DLOCK_POSTGRES_URI")
+    # layout=int takes names that are integers: one of this run's own.
+    number = str(int.from_bytes(name.encode()[-6:], "big") % (1 << 40) + (1 << 41))
+    return python_peer(PG_INT_LOOP) + [uri.split("?", 1)[0], number], \
+        with_params(uri, layout="int"), uri, number
+
+
+CASES = {"redis-py": redis_case, "kazoo": kazoo_case, "psycopg2-int": pg_int_case}
+
+
+def case(peer, name):
+    """(peer argv, peer-layout URI, native URI, lock name) of one case."""
+    got = CASES[peer](name)
+    return got if len(got) == 4 else got + (name,)
 
 
 def check(state, control=False):
@@ -67,7 +131,7 @@ def check(state, control=False):
 
 @pytest.mark.parametrize("peer", sorted(CASES))
 def test_rolling_migration(name, peer):
-    argv, peer_uri, native_uri = CASES[peer](name)
+    argv, peer_uri, native_uri, name = case(peer, name)
     check(rolling_migration(argv, peer_uri, native_uri, name))
 
 
@@ -75,7 +139,7 @@ def test_rolling_migration(name, peer):
 def test_rolling_control_without_peer_layout(name, peer):
     """Phase 2 with dlock on the native layout alone: the peer and dlock
     share nothing, and the counter's overlap check must see it."""
-    argv, peer_uri, native_uri = CASES[peer](name)
+    argv, peer_uri, native_uri, name = case(peer, name)
     state = rolling_migration(argv, peer_uri, native_uri, name, list_uri=native_uri)
     check(state, control=True)
     assert state["overlaps"] > 0, "no overlap seen without the peer layout"
