@@ -171,6 +171,8 @@ static const struct kind {
     {"etcd",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
      NULL, 1000, 2000, 500, 150},
+    /* layout=etcd3, python-etcd3's single key: exclusive, no queue. */
+    {"etcd-etcd3", LEASED | DLOCK_CAP_FENCING | WAITS, NULL, 1000, 2000, 500, 150},
 };
 #undef LEASED
 #undef WAITS
@@ -184,8 +186,10 @@ static const struct kind *kind_of(const char *one)
     if (dlock_uri_parse(one, &u, err, sizeof err) != 0)
         return NULL;
     const char *s = dlock_uri_scheme(u), *lock = dlock_uri_param(u, "lock"),
-               *token = dlock_uri_param(u, "token");
-    if (strcmp(s, "file") == 0 || strcmp(s, "zookeeper") == 0 || strcmp(s, "etcd") == 0)
+               *token = dlock_uri_param(u, "token"), *layout = dlock_uri_param(u, "layout");
+    if (strcmp(s, "etcd") == 0 && layout && strcmp(layout, "etcd3") == 0)
+        k = "etcd-etcd3";
+    else if (strcmp(s, "file") == 0 || strcmp(s, "zookeeper") == 0 || strcmp(s, "etcd") == 0)
         k = s;
     else if (strcmp(s, "redis") == 0)
         k = dlock_uri_host_count(u) > 1 ? "redlock" : "redis";
