@@ -123,6 +123,11 @@ int etcd_create_txn(struct etcd_conn *ec, const struct etcd_held *held, json_obj
 int etcd_txn(struct etcd_conn *ec, json_object *req, const char *what, int gone,
              json_object **root);
 
+/* Whether a key's value (len bytes) is a dlock owner id (32 lower-case
+ * hex digits): a dlock holder's, whose key's create revision is its
+ * token; anything else is a foreign holder's (etcdctl's value is empty,
+ * python-etcd3's a uuid of 16 bytes), which has no token. */
+int etcd_owner_id(const void *value, size_t len);
 /* The lease time left of lease (0: unknown; *err set on a failed call). */
 uint64_t etcd_lease_left_ms(struct etcd_conn *ec, int64_t lease, uint64_t until, int *err);
 

@@ -147,6 +147,17 @@ uint64_t etcd_lease_left_ms(struct etcd_conn *ec, int64_t lease, uint64_t until,
     return ttl > 0 ? (uint64_t)ttl * 1000 : 0;
 }
 
+int etcd_owner_id(const void *value, size_t len)
+{
+    const unsigned char *v = value;
+    if (len != 32)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (!((v[i] >= '0' && v[i] <= '9') || (v[i] >= 'a' && v[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
 int etcd_place_lost(struct etcd_conn *ec)
 {
     ec->lost_place = 1;

@@ -316,9 +316,14 @@ int etcd_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *inf
         }
         free(kv.key);
         if (i + 1 == nh) {
-            info->token = (uint64_t)kv.create;
+            /* A foreign holder's key (etcdctl lock's: an empty value) has
+             * no token. */
+            if (etcd_owner_id(kv.value, strlen(kv.value))) {
+                info->token = (uint64_t)kv.create;
+                info->known |= DLOCK_KNOWS_TOKEN;
+            }
             snprintf(info->owner, sizeof info->owner, "%s", kv.value);
-            info->known |= DLOCK_KNOWS_TOKEN | (kv.value[0] ? DLOCK_KNOWS_OWNER : 0);
+            info->known |= kv.value[0] ? DLOCK_KNOWS_OWNER : 0;
             lease = kv.lease;
         } else if (info->listed < DLOCK_INFO_LISTED) {
             snprintf(info->waiter[info->listed++], DLOCK_HOLDER_MAX, "%s", kv.value);
@@ -353,7 +358,8 @@ int etcd_inspect_holders(dlock_conn *conn, const char *name, size_t len, dlock_h
             break;
         }
         free(kv.key);
-        h->known = DLOCK_KNOWS_MODE | DLOCK_KNOWS_TOKEN | (kv.value[0] ? DLOCK_KNOWS_OWNER : 0);
+        h->known = DLOCK_KNOWS_MODE | (kv.value[0] ? DLOCK_KNOWS_OWNER : 0) |
+                   (etcd_owner_id(kv.value, strlen(kv.value)) ? DLOCK_KNOWS_TOKEN : 0);
         h->limit = lim;
         h->mode = kind_at(kvs, i, dlen, &lim) == ETCD_READER ? DLOCK_MODE_SHARED
                                                             : DLOCK_MODE_EXCLUSIVE;

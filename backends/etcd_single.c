@@ -133,10 +133,7 @@ static int read_single(struct etcd_conn *ec, const char *name, size_t len, uint6
 static unsigned describe(const struct etcd_kv *kv, const unsigned char *value, size_t vlen,
                          char *owner, size_t size, uint64_t *token)
 {
-    int ours = vlen == 32;
-    for (size_t i = 0; ours && i < vlen; i++)
-        ours = (value[i] >= '0' && value[i] <= '9') || (value[i] >= 'a' && value[i] <= 'f');
-    if (ours) {
+    if (etcd_owner_id(value, vlen)) {
         snprintf(owner, size, "%.32s", (const char *)value);
         *token = (uint64_t)kv->create;
         return DLOCK_KNOWS_OWNER | DLOCK_KNOWS_TOKEN;

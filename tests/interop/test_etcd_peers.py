@@ -147,6 +147,10 @@ def test_etcdctl_holds_dlock_busy(peers, name):
         c.acquire(name, blocking=False)
     info = c.inspect(name)
     assert info["held"] is True
+    assert "token" not in info and "owner" not in info  # a foreign holder: no token
+    assert 0 < info["lease"] <= 60  # etcdctl's session lease
+    holders = c.inspect_holders(name)
+    assert len(holders) == 1 and "token" not in holders[0]
     c.close()
 
 
