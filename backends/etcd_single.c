@@ -146,45 +146,53 @@ static unsigned describe(const struct etcd_kv *kv, const unsigned char *value, s
     return DLOCK_KNOWS_OWNER;
 }
 
-int etcd_single_inspect(struct etcd_conn *ec, const char *name, size_t len, dlock_info *info)
+/* The name's holder: 0 with *found and, when found, *known (DLOCK_KNOWS_*
+ * of owner, token, lease) with what they are; or an error. */
+static int single_holder(struct etcd_conn *ec, const char *name, size_t len, int *found,
+                         unsigned *known, char *owner, size_t size, uint64_t *token,
+                         uint64_t *lease_ms)
 {
     struct etcd_kv kv;
     unsigned char value[DLOCK_HOLDER_MAX];
     size_t vlen = sizeof value;
     uint64_t until = call_until(ec);
-    int found, err = read_single(ec, name, len, until, &kv, value, &vlen, &found);
+    int err = read_single(ec, name, len, until, &kv, value, &vlen, found);
+    *known = 0;
+    if (err || !*found)
+        return err;
+    *known = describe(&kv, value, vlen, owner, size, token);
+    if (kv.lease && (*lease_ms = etcd_lease_left_ms(ec, kv.lease, until, &err)) != 0)
+        *known |= DLOCK_KNOWS_LEASE;
+    return err;
+}
+
+int etcd_single_inspect(struct etcd_conn *ec, const char *name, size_t len, dlock_info *info)
+{
+    unsigned known;
+    int found, err = single_holder(ec, name, len, &found, &known, info->owner,
+                                   sizeof info->owner, &info->token, &info->lease_ms);
     if (err)
         return err;
     /* No queue: waiters write nothing, so they are not known. */
-    info->known |= DLOCK_KNOWS_HELD;
+    info->known |= DLOCK_KNOWS_HELD | known;
     info->held = found;
-    if (!found)
-        return 0;
-    info->known |= describe(&kv, value, vlen, info->owner, sizeof info->owner, &info->token);
-    if (kv.lease && (info->lease_ms = etcd_lease_left_ms(ec, kv.lease, until, &err)) != 0)
-        info->known |= DLOCK_KNOWS_LEASE;
-    return err;
+    return 0;
 }
 
 int etcd_single_inspect_holders(struct etcd_conn *ec, const char *name, size_t len,
                                 dlock_holder *holders, size_t capacity, size_t *count)
 {
-    struct etcd_kv kv;
-    unsigned char value[DLOCK_HOLDER_MAX];
-    size_t vlen = sizeof value;
-    uint64_t until = call_until(ec);
-    int found, err = read_single(ec, name, len, until, &kv, value, &vlen, &found);
+    dlock_holder one = {0};
+    unsigned known;
+    int found, err = single_holder(ec, name, len, &found, &known, one.owner, sizeof one.owner,
+                                   &one.token, &one.lease_ms);
     if (err)
         return err;
     *count = (size_t)found;
-    if (!found || capacity == 0)
-        return 0;
-    dlock_holder *h = &holders[0];
-    h->known = DLOCK_KNOWS_MODE |
-               describe(&kv, value, vlen, h->owner, sizeof h->owner, &h->token);
-    h->mode = DLOCK_MODE_EXCLUSIVE;
-    h->limit = 0;
-    if (kv.lease && (h->lease_ms = etcd_lease_left_ms(ec, kv.lease, until, &err)) != 0)
-        h->known |= DLOCK_KNOWS_LEASE;
-    return err;
+    if (found && capacity) {
+        one.known = DLOCK_KNOWS_MODE | known;
+        one.mode = DLOCK_MODE_EXCLUSIVE;
+        holders[0] = one;
+    }
+    return 0;
 }
