@@ -1074,10 +1074,12 @@ static int etcd_token_top(dlock_conn *conn, uint64_t *top)
 
 /* One write, to move the revision up by one (or more, with other
  * writers): a put of "<prefix>/!revision", a key of the prefix's own (a
- * name's keys are "<prefix>/<name>/<lease id>"). *rev is the put's. */
+ * name's keys are "<prefix>/<name>/<lease id>"); with layout=etcd3, where
+ * "<prefix>/<name>" is a name's key, "<prefix>/" (no name is empty). *rev
+ * is the put's. */
 static int step_revision(struct etcd_conn *ec, uint64_t until, int64_t *rev)
 {
-    char *key = prefix_key(ec, "/!revision");
+    char *key = prefix_key(ec, ec->layout == ETCD_LAYOUT_ETCD3 ? "/" : "/!revision");
     if (!key)
         return oom(ec);
     json_object *req = json_object_new_object();
