@@ -81,8 +81,8 @@ def escaped(name):
 
 ETCDCTL_PEER = r"""
 import os, select, signal, subprocess
-hosts, user, pw, lockname, mode, bound = PEER_ARGS
-argv = ["etcdctl", "--endpoints=" + hosts, "lock", lockname]
+hosts, user, pw, lockname, mode, bound, ttl = PEER_ARGS
+argv = ["etcdctl", "--endpoints=" + hosts, "lock", "--ttl=" + ttl, lockname]
 if user:
     argv[2:2] = ["--user=" + user + ":" + pw]
 env = dict(os.environ, ETCDCTL_API="3")
@@ -105,6 +105,12 @@ if not line:
 say("held", now())
 cmd = wait_cmd()
 t = now()
+if cmd == "kill":  # dies holding: its key goes when its session's lease ends
+    p.kill()
+    p.wait()
+    say("killed", t)
+    wait_cmd()
+    sys.exit(0)
 p.send_signal(signal.SIGTERM)
 rc = p.wait()
 if rc != 0:
@@ -122,13 +128,14 @@ def have_etcdctl():
         missing("etcdctl (Debian's etcd-client) is not installed")
 
 
-def etcdctl_peer(peers, uri, lockname, mode="hold", bound=10.0):
-    """etcdctl lock lockname in a peer; mode "hold" (it expects to hold
-    within bound s) or "wait" (prints "waiting" first; "busy" if it did
-    not hold within bound s)."""
+def etcdctl_peer(peers, uri, lockname, mode="hold", bound=10.0, ttl=10):
+    """etcdctl lock --ttl=ttl lockname in a peer; mode "hold" (it expects
+    to hold within bound s) or "wait" (prints "waiting" first; "busy" if it
+    did not hold within bound s). Sent "kill", it is killed holding."""
     have_etcdctl()
     hosts, user, pw, _ = parts(uri)
-    return peers(python_peer(ETCDCTL_PEER) + [hosts, user, pw, lockname, mode, str(bound)])
+    return peers(python_peer(ETCDCTL_PEER) + [hosts, user, pw, lockname, mode, str(bound),
+                                              str(ttl)])
 
 
 def etcdctl_name(uri, name):
@@ -148,7 +155,7 @@ def test_etcdctl_holds_dlock_busy(peers, name):
     info = c.inspect(name)
     assert info["held"] is True
     assert "token" not in info and "owner" not in info  # a foreign holder: no token
-    assert 0 < info["lease"] <= 60  # etcdctl's session lease
+    assert 0 < info["lease"] <= 10  # etcdctl's session lease (--ttl, 10 s)
     holders = c.inspect_holders(name)
     assert len(holders) == 1 and "token" not in holders[0]
     c.close()
@@ -182,6 +189,30 @@ def test_dlock_holds_etcdctl_waits(peers, name):
     assert p.expect("busy", timeout=10) is None  # not held while dlock holds
     lk.release()
     c.close()
+
+
+def granted_at_expiry(uri, name, dead_at, ttl):
+    """A dlock waiter on name (the holder died at dead_at, its lease of
+    ttl s left to run out) is granted once the store deletes the key:
+    within ttl + 1.5 s (etcd's lessor: every 500 ms)."""
+    c = dlock_client(uri)
+    lk = c.acquire(name, timeout=ttl + 10)
+    after = time.monotonic() - dead_at
+    log("granted {:.2f} s after the holder died (lease {} s)".format(after, ttl))
+    assert after < ttl + 1.5
+    lk.release()
+    c.close()
+
+
+def test_etcdctl_killed_holder(peers, name):
+    """etcdctl dies holding (never unlocks): dlock's waiter is granted when
+    its session's lease runs out, told by its watch."""
+    uri = etcd_uri()
+    p = etcdctl_peer(peers, uri, etcdctl_name(uri, name), ttl=2)
+    p.expect("held")
+    assert dlock_try(uri, name) == EXIT_BUSY
+    p.send("kill")
+    granted_at_expiry(uri, name, p.expect("killed"), 2)
 
 
 def test_etcdctl_negative_control(peers, name):
@@ -235,7 +266,7 @@ def test_etcdctl_handoffs(peers, name):
 ETCD3_PEER = r"""
 import etcd3
 from etcd3 import exceptions
-hosts, user, pw, name, mode, bound = PEER_ARGS
+hosts, user, pw, name, mode, bound, ttl = PEER_ARGS
 host, _, port = hosts.split(",")[0].rpartition(":")
 c = etcd3.client(host=host, port=int(port), user=user or None, password=pw or None)
 if user:
@@ -243,7 +274,7 @@ if user:
     # metadata python-etcd3 also sets.
     c.call_credentials = None
     c.watcher._credentials = None
-lock = c.lock(name, ttl=30)
+lock = c.lock(name, ttl=int(ttl))
 if mode == "wait":
     say("waiting")
 end = time.monotonic() + float(bound)
@@ -272,13 +303,13 @@ if cmd == "release":
 """
 
 
-def etcd3_peer(peers, uri, name, mode="hold", bound=0.0):
-    """python-etcd3's client.lock(name) in a peer: mode "hold" (one try:
-    "held" or "busy") or "wait" ("waiting", then "held", or "busy" after
-    bound s)."""
+def etcd3_peer(peers, uri, name, mode="hold", bound=0.0, ttl=30):
+    """python-etcd3's client.lock(name, ttl=ttl) in a peer: mode "hold"
+    (one try: "held" or "busy") or "wait" ("waiting", then "held", or
+    "busy" after bound s)."""
     peer_module("etcd3")
     hosts, user, pw, _ = parts(uri)
-    return peers(python_peer(ETCD3_PEER) + [hosts, user, pw, name, mode, str(bound)])
+    return peers(python_peer(ETCD3_PEER) + [hosts, user, pw, name, mode, str(bound), str(ttl)])
 
 
 def etcd3_uri():
@@ -320,6 +351,16 @@ def test_dlock_holds_etcd3_busy(peers, name):
     p2 = etcd3_peer(peers, uri, name)
     p2.expect("held")
     c.close()
+
+
+def test_etcd3_lease_runs_out(peers, name):
+    """python-etcd3 never refreshes its lease by itself: its key goes when
+    the lease ends, with no release; dlock's waiter is granted then."""
+    uri = etcd3_uri()
+    p = etcd3_peer(peers, uri, name, ttl=2)
+    held = p.expect("held")
+    assert dlock_try(uri, name) == EXIT_BUSY
+    granted_at_expiry(uri, name, held, 2)
 
 
 def test_etcd3_negative_control(peers, name):
