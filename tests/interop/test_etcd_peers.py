@@ -89,9 +89,12 @@ env = dict(os.environ, ETCDCTL_API="3")
 p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 # etcdctl lock NAME (no command) prints the key it holds, then holds until
 # SIGINT or SIGTERM, on which it unlocks (deletes its key) and exits.
-if mode == "wait":
+if mode != "hold":
     say("waiting")
 ready, _, _ = select.select([p.stdout], [], [], float(bound))
+if not ready and mode == "probe":  # not held within bound: say so, wait on
+    say("notyet")
+    ready, _, _ = select.select([p.stdout], [], [], 30.0)
 if not ready:
     say("busy")
     p.send_signal(signal.SIGTERM)
@@ -131,7 +134,8 @@ def have_etcdctl():
 def etcdctl_peer(peers, uri, lockname, mode="hold", bound=10.0, ttl=10):
     """etcdctl lock --ttl=ttl lockname in a peer; mode "hold" (it expects
     to hold within bound s) or "wait" (prints "waiting" first; "busy" if it
-    did not hold within bound s). Sent "kill", it is killed holding."""
+    did not hold within bound s) or "probe" (as "wait", but "notyet" after
+    bound s, and it waits on). Sent "kill", it is killed holding."""
     have_etcdctl()
     hosts, user, pw, _ = parts(uri)
     return peers(python_peer(ETCDCTL_PEER) + [hosts, user, pw, lockname, mode, str(bound),
@@ -184,10 +188,11 @@ def test_dlock_holds_etcdctl_waits(peers, name):
     uri = etcd_uri()
     c = dlock_client(uri)
     lk = c.acquire(name, ttl=30)
-    p = etcdctl_peer(peers, uri, etcdctl_name(uri, name), mode="wait", bound=1.5)
+    p = etcdctl_peer(peers, uri, etcdctl_name(uri, name), mode="probe", bound=1.5)
     p.expect("waiting")
-    assert p.expect("busy", timeout=10) is None  # not held while dlock holds
+    assert p.expect("notyet", timeout=10) is None  # not held while dlock holds
     lk.release()
+    p.expect("held")  # and this waiter holds once dlock released
     c.close()
 
 
@@ -275,11 +280,16 @@ if user:
     c.call_credentials = None
     c.watcher._credentials = None
 lock = c.lock(name, ttl=int(ttl))
-if mode == "wait":
+if mode != "hold":
     say("waiting")
 end = time.monotonic() + float(bound)
 held = lock.acquire(timeout=0)
-while not held and mode == "wait" and time.monotonic() < end:
+while not held and mode != "hold":
+    if time.monotonic() >= end:
+        if mode != "probe":
+            break
+        say("notyet")  # not held within bound: say so, wait on
+        mode, end = "wait", time.monotonic() + 30.0
     # locks.py's wait (its acquire cannot wait on Debian's tenacity): a
     # watch on the key, then a try again.
     try:
@@ -306,7 +316,8 @@ if cmd == "release":
 def etcd3_peer(peers, uri, name, mode="hold", bound=0.0, ttl=30):
     """python-etcd3's client.lock(name, ttl=ttl) in a peer: mode "hold"
     (one try: "held" or "busy") or "wait" ("waiting", then "held", or
-    "busy" after bound s)."""
+    "busy" after bound s) or "probe" (as "wait", but "notyet" after bound
+    s, and it waits on)."""
     peer_module("etcd3")
     hosts, user, pw, _ = parts(uri)
     return peers(python_peer(ETCD3_PEER) + [hosts, user, pw, name, mode, str(bound), str(ttl)])
@@ -344,12 +355,11 @@ def test_dlock_holds_etcd3_busy(peers, name):
     assert info["held"] is True and info["token"] == lk.token and info["owner"] == lk.owner
     p = etcd3_peer(peers, uri, name)
     assert p.expect("busy") is None
-    w = etcd3_peer(peers, uri, name, mode="wait", bound=1.5)
+    w = etcd3_peer(peers, uri, name, mode="probe", bound=1.5)
     w.expect("waiting")
-    assert w.expect("busy", timeout=10) is None  # not held while dlock holds
+    assert w.expect("notyet", timeout=10) is None  # not held while dlock holds
     lk.release()
-    p2 = etcd3_peer(peers, uri, name)
-    p2.expect("held")
+    w.expect("held")  # and this waiter holds once dlock released
     c.close()
 
 
