@@ -82,6 +82,11 @@
  * token is the create revision in every mode. A name's oldest key sets
  * its kind: a request of another is DLOCK_EMODE at once.
  *
+ * layout=etcd3 (etcd_single.c): python-etcd3's single key per name,
+ * created only when absent; a waiter watches it for its deletion and tries
+ * again (no queue, no FIFO); exclusive locks only. The same leases,
+ * watch, release, renew and tokens (the key's create revision).
+ *
  * See docs/etcd.md for what this guarantees and where it is weaker.
  */
 #include <inttypes.h>
@@ -95,6 +100,7 @@
 
 #define DEFAULT_PORT 2379
 #define DEFAULT_PREFIX "/dlock"
+#define ETCD3_PREFIX "/locks" /* python-etcd3's Lock.lock_prefix, without its '/' */
 #define DEFAULT_CONNECT_MS 2000
 #define DEFAULT_TIMEOUT_MS 5000
 /* The waiters' lease: a waiter's key lives on a short lease of its
@@ -111,7 +117,8 @@
 
 static const char *const etcd_schemes[] = {"etcd", NULL};
 static const char *const etcd_options[] = {"connect_timeout", "timeout", "tls", "cacert",
-                                           "cert", "key", NULL};
+                                           "cert", "key", "layout", NULL};
+static const char *const etcd_layouts[] = {"dlock", "etcd3", NULL};
 
 /* until, or the core's earlier bound for this call (dlock_call_deadline():
  * a keep's lease end, a lost lock's release). */
@@ -669,8 +676,12 @@ static void give_up(struct etcd_conn *ec, struct etcd_held *held)
 static int transient(struct etcd_conn *ec, const struct wait *wt, int err)
 {
     uint64_t now = dlock_monotonic_ns();
+    /* layout=etcd3: no key while waiting; the lock's lease must live. */
+    int single = ec->layout == ETCD_LAYOUT_ETCD3;
+    uint64_t kept = single ? wt->lease_from : ec->wait_kept;
+    uint64_t ttl_ms = single ? wt->held->ttl_ms : WAIT_TTL_S * 1000;
     if (err != DLOCK_ECONNECT || ec->lost_place || (wt->until && now >= wt->until) ||
-        now - ec->wait_kept >= WAIT_TTL_S * 1000 * MS)
+        now - kept >= ttl_ms * MS)
         return 0;
     wait_pause(wt, 100);
     dlock_err_clear(cl(ec));
@@ -688,7 +699,12 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         return oom(ec);
     held->ttl_ms = req->ttl_ms;
     held->ttl_s = ttl_seconds(req->ttl_ms);
-    if (!(held->key = etcd_name_dir(ec, req->name, req->name_len, &held->dir))) {
+    int single = ec->layout == ETCD_LAYOUT_ETCD3;
+    if (single)
+        held->key = etcd_single_key(ec, req->name, req->name_len, &held->klen);
+    else
+        held->key = etcd_name_dir(ec, req->name, req->name_len, &held->dir);
+    if (!held->key) {
         free(held);
         return oom(ec);
     }
@@ -718,11 +734,22 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         snprintf(tag, sizeof tag, "r");
     else if (held->kind == ETCD_PERMIT)
         snprintf(tag, sizeof tag, "s%u-", (unsigned)req->limit);
-    held->klen = held->dir + (size_t)sprintf(held->key + held->dir, "%s%016" PRIx64, tag,
-                                             (uint64_t)held->lease);
+    if (!single)
+        held->klen = held->dir + (size_t)sprintf(held->key + held->dir, "%s%016" PRIx64, tag,
+                                                 (uint64_t)held->lease);
     int try = req->wait == DLOCK_WAIT_TRY;
-    held->queued = !try;
-    for (int tries = 0;; tries++) {
+    held->queued = !try && !single;
+    /* layout=etcd3: 1 is a key gone between compare and read: again. */
+    for (int i = 0; single && (err = etcd_single_claim(ec, held, req, &pred)) == 1; i++)
+        if (i == 50) {
+            err = dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: the key would not settle",
+                               ec->where);
+            break;
+        }
+    if (single && err == 2)
+        err = dlock_seterr(cl(ec), DLOCK_ELOST, "etcd %s: the lock's lease expired before its"
+                           " key was created", ec->where);
+    for (int tries = 0; !single; tries++) {
         if (!try && (err = wait_lease_for_wait(ec)) != 0)
             goto fail;
         if ((err = create_key(ec, held, req, try, &pred, &rev)) != 1)
@@ -735,14 +762,15 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     if (err)
         goto fail;
     if (pred.key && try) {
-        if (held->kind != ETCD_WRITER || (err = etcd_kind_check(ec, held, req, &pred)) == 0)
+        if (single || held->kind != ETCD_WRITER ||
+            (err = etcd_kind_check(ec, held, req, &pred)) == 0)
             err = dlock_seterr(cl(ec), DLOCK_EBUSY, "the lock is held by another owner");
         goto fail;
     }
     /* The first keep-alives: the lock's lease a third of its TTL after
      * its grant, the waiters' a third of its TTL after it was last kept. */
     wt.next_keep = wt.lease_from + keep_every_ms(held) * MS;
-    if (ec->wait_kept + WAIT_TTL_S * 1000 / 3 * MS < wt.next_keep)
+    if (!single && ec->wait_kept + WAIT_TTL_S * 1000 / 3 * MS < wt.next_keep)
         wt.next_keep = ec->wait_kept + WAIT_TTL_S * 1000 / 3 * MS;
     /* A reader or permit admitted with its key still on the waiters'
      * lease, or told by its WATCH_AHEAD watch: moved (grant_mode). */
@@ -775,7 +803,9 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
             if (quick > 2)
                 wait_pause(&wt, 100);
         }
-        if (held->kind == ETCD_WRITER) {
+        if (single) {
+            err = etcd_single_claim(ec, held, req, &pred);
+        } else if (held->kind == ETCD_WRITER) {
             err = claim(ec, held, &pred, &rev);
         } else {
             if (!admitted)
@@ -1044,10 +1074,12 @@ static int etcd_token_top(dlock_conn *conn, uint64_t *top)
 
 /* One write, to move the revision up by one (or more, with other
  * writers): a put of "<prefix>/!revision", a key of the prefix's own (a
- * name's keys are "<prefix>/<name>/<lease id>"). *rev is the put's. */
+ * name's keys are "<prefix>/<name>/<lease id>"); with layout=etcd3, where
+ * "<prefix>/<name>" is a name's key, "<prefix>/" (no name is empty). *rev
+ * is the put's. */
 static int step_revision(struct etcd_conn *ec, uint64_t until, int64_t *rev)
 {
-    char *key = prefix_key(ec, "/!revision");
+    char *key = prefix_key(ec, ec->layout == ETCD_LAYOUT_ETCD3 ? "/" : "/!revision");
     if (!key)
         return oom(ec);
     json_object *req = json_object_new_object();
@@ -1098,6 +1130,25 @@ static int etcd_raise_token(dlock_conn *conn, dlock_held *h, uint64_t floor)
     return err ? err : check_floor(ec, floor, "the token");
 }
 
+/* ---- inspect ------------------------------------------------------------- */
+
+static int inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+{
+    struct etcd_conn *ec = (struct etcd_conn *)conn;
+    if (ec->layout == ETCD_LAYOUT_ETCD3)
+        return etcd_single_inspect(ec, name, len, info);
+    return etcd_inspect(conn, name, len, info);
+}
+
+static int inspect_holders(dlock_conn *conn, const char *name, size_t len,
+                           dlock_holder *holders, size_t capacity, size_t *count)
+{
+    struct etcd_conn *ec = (struct etcd_conn *)conn;
+    if (ec->layout == ETCD_LAYOUT_ETCD3)
+        return etcd_single_inspect_holders(ec, name, len, holders, capacity, count);
+    return etcd_inspect_holders(conn, name, len, holders, capacity, count);
+}
+
 /* ---- open and close ------------------------------------------------------ */
 
 static void etcd_close(dlock_conn *conn)
@@ -1141,8 +1192,9 @@ static int parse_uri(struct etcd_conn *ec, const dlock_uri *uri)
 {
     uint64_t connect_ms = DEFAULT_CONNECT_MS, timeout_ms = DEFAULT_TIMEOUT_MS;
     const char *path = dlock_uri_path(uri);
-    int err, tls = 0;
-    if ((err = dlock_uri_param_uint(cl(ec), uri, "connect_timeout", 1, 3600000, &connect_ms)) ||
+    int err, tls = 0, layout = ETCD_LAYOUT_DLOCK;
+    if ((err = dlock_uri_param_choice(cl(ec), uri, "layout", etcd_layouts, &layout)) ||
+        (err = dlock_uri_param_uint(cl(ec), uri, "connect_timeout", 1, 3600000, &connect_ms)) ||
         (err = dlock_uri_param_uint(cl(ec), uri, "timeout", 1, 3600000, &timeout_ms)) ||
         (err = dlock_uri_param_bool(cl(ec), uri, "tls", &tls)) ||
         (err = dup_param(ec, uri, "cacert", &ec->site.cacert)) ||
@@ -1152,6 +1204,10 @@ static int parse_uri(struct etcd_conn *ec, const dlock_uri *uri)
     if (!!ec->site.cert != !!ec->site.key)
         return dlock_seterr(cl(ec), DLOCK_EBADURI, "etcd: cert= and key= go together (a client"
                             " certificate and its private key)");
+    ec->layout = (enum etcd_layout)layout;
+    if (ec->layout == ETCD_LAYOUT_ETCD3) /* exclusive, no queue (etcd_single.c) */
+        ec->base.caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING |
+                        DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_CANCEL;
     ec->site.tls = tls || ec->site.cacert || ec->site.cert;
     ec->site.connect_ms = connect_ms;
     ec->site.timeout_ms = timeout_ms;
@@ -1179,12 +1235,13 @@ static int parse_uri(struct etcd_conn *ec, const dlock_uri *uri)
             w = sizeof ec->where - 1;
     }
     ec->site.where = ec->where;
-    /* The prefix: the path without a trailing '/', "/dlock" when none. */
+    /* The prefix: the path without a trailing '/', "/dlock" when none
+     * ("/locks", python-etcd3's, with layout=etcd3). */
     size_t plen = strlen(path);
     while (plen > 1 && path[plen - 1] == '/')
         plen--;
     if (plen <= 1)
-        ec->prefix = strdup(DEFAULT_PREFIX);
+        ec->prefix = strdup(ec->layout == ETCD_LAYOUT_ETCD3 ? ETCD3_PREFIX : DEFAULT_PREFIX);
     else
         ec->prefix = strndup(path, plen);
     if (!ec->prefix)
@@ -1251,6 +1308,6 @@ const dlock_backend dlock_etcd_backend = {
     .raise_token = etcd_raise_token,
     .token_top = etcd_token_top,
     .raise_floor = etcd_raise_floor,
-    .inspect = etcd_inspect,
-    .inspect_holders = etcd_inspect_holders,
+    .inspect = inspect,
+    .inspect_holders = inspect_holders,
 };

@@ -7,6 +7,8 @@
  *                    release, renew, tokens, open
  *     etcd_queue.c   the name's queue by kind of key: what a reader or a
  *                    permit waits for, its key and grant; inspect
+ *     etcd_single.c  layout=etcd3: one key per name (python-etcd3's Lock),
+ *                    its create-if-absent and inspect
  *       etcd_ops.c   keys, requests and calls both use
  *         etcd_http.c, etcd_reply.c, etcd_json.c   the gateway, replies, JSON
  */
@@ -21,6 +23,11 @@
 #include "core/internal.h"
 
 #define MS UINT64_C(1000000)
+
+/* The layout option: dlock's own queue of keys under <prefix>/<name>/
+ * (etcd's concurrency.Mutex, etcdctl lock), or python-etcd3's single key
+ * <prefix>/<name>. */
+enum etcd_layout { ETCD_LAYOUT_DLOCK, ETCD_LAYOUT_ETCD3 };
 #define RANGE_DESCEND "DESCEND"
 
 struct etcd_conn {
@@ -37,6 +44,7 @@ struct etcd_conn {
     uint64_t cap;            /* during a deadline wait: no call past this (0: none) */
     uint64_t watch_events;   /* watches ended by an event (atomic; tests read it) */
     char *prefix;
+    enum etcd_layout layout;
     char where[512];
 };
 
@@ -114,6 +122,29 @@ int etcd_create_txn(struct etcd_conn *ec, const struct etcd_held *held, json_obj
  * failed); else an error. */
 int etcd_txn(struct etcd_conn *ec, json_object *req, const char *what, int gone,
              json_object **root);
+
+/* Whether a key's value (len bytes) is a dlock owner id (32 lower-case
+ * hex digits): a dlock holder's, whose key's create revision is its
+ * token; anything else is a foreign holder's (etcdctl's value is empty,
+ * python-etcd3's a uuid of 16 bytes), which has no token. */
+int etcd_owner_id(const void *value, size_t len);
+/* The lease time left of lease (0: unknown; *err set on a failed call). */
+uint64_t etcd_lease_left_ms(struct etcd_conn *ec, int64_t lease, uint64_t until, int *err);
+
+/* etcd_single.c (layout=etcd3) */
+/* The name's key: <prefix>/<name>, the name as it is (python-etcd3's
+ * "/locks/" + name); malloc'd, NULL when out of memory. */
+char *etcd_single_key(struct etcd_conn *ec, const char *name, size_t len, size_t *klen);
+/* One transaction: our key on the lock's lease if the key is absent
+ * (held: 0, *holder zeroed, the token set), else the holder's kv in
+ * *holder (to watch; the caller frees its key). 1 when the key went
+ * between compare and read (again), 2 when the lock's lease is gone, else
+ * an error. */
+int etcd_single_claim(struct etcd_conn *ec, struct etcd_held *held, const dlock_request *req,
+                      struct etcd_kv *holder);
+int etcd_single_inspect(struct etcd_conn *ec, const char *name, size_t len, dlock_info *info);
+int etcd_single_inspect_holders(struct etcd_conn *ec, const char *name, size_t len,
+                                dlock_holder *holders, size_t capacity, size_t *count);
 
 /* etcd_queue.c */
 /* DLOCK_EMODE when the name's oldest key (its kv; a range reply's first)

@@ -134,6 +134,30 @@ json_object *etcd_put_lease(const char *key, size_t klen, int64_t lease)
     return etcd_wrap("request_put", put);
 }
 
+uint64_t etcd_lease_left_ms(struct etcd_conn *ec, int64_t lease, uint64_t until, int *err)
+{
+    json_object *req = json_object_new_object(), *root;
+    if (req)
+        json_object_object_add(req, "ID", etcd_new_int(lease));
+    if ((*err = etcd_call_ok(ec, &ec->app, "/v3/lease/timetolive", req, until, DLOCK_ECONNECT,
+                             "inspect: lease time to live", &root)) != 0)
+        return 0;
+    int64_t ttl = etcd_int(root, "TTL");
+    json_object_put(root);
+    return ttl > 0 ? (uint64_t)ttl * 1000 : 0;
+}
+
+int etcd_owner_id(const void *value, size_t len)
+{
+    const unsigned char *v = value;
+    if (len != 32)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (!((v[i] >= '0' && v[i] <= '9') || (v[i] >= 'a' && v[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
 int etcd_place_lost(struct etcd_conn *ec)
 {
     ec->lost_place = 1;

@@ -270,20 +270,6 @@ static size_t holders_of(json_object *kvs, size_t dlen, uint32_t *limit, int *cu
     return h;
 }
 
-/* The lease time left of lease (0: unknown). */
-static uint64_t lease_left_ms(struct etcd_conn *ec, int64_t lease, uint64_t until, int *err)
-{
-    json_object *req = json_object_new_object(), *root;
-    if (req)
-        json_object_object_add(req, "ID", etcd_new_int(lease));
-    if ((*err = etcd_call_ok(ec, &ec->app, "/v3/lease/timetolive", req, until, DLOCK_ECONNECT,
-                             "inspect: lease time to live", &root)) != 0)
-        return 0;
-    int64_t ttl = etcd_int(root, "TTL");
-    json_object_put(root);
-    return ttl > 0 ? (uint64_t)ttl * 1000 : 0;
-}
-
 /* A name's keys, read again in full when its holders may go on past the
  * first read's (a semaphore's or readers' run). */
 static int read_holders(struct etcd_conn *ec, const char *name, size_t len, int64_t limit,
@@ -330,16 +316,21 @@ int etcd_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *inf
         }
         free(kv.key);
         if (i + 1 == nh) {
-            info->token = (uint64_t)kv.create;
+            /* A foreign holder's key (etcdctl lock's: an empty value) has
+             * no token. */
+            if (etcd_owner_id(kv.value, strlen(kv.value))) {
+                info->token = (uint64_t)kv.create;
+                info->known |= DLOCK_KNOWS_TOKEN;
+            }
             snprintf(info->owner, sizeof info->owner, "%s", kv.value);
-            info->known |= DLOCK_KNOWS_TOKEN | (kv.value[0] ? DLOCK_KNOWS_OWNER : 0);
+            info->known |= kv.value[0] ? DLOCK_KNOWS_OWNER : 0;
             lease = kv.lease;
         } else if (info->listed < DLOCK_INFO_LISTED) {
             snprintf(info->waiter[info->listed++], DLOCK_HOLDER_MAX, "%s", kv.value);
         }
     }
     json_object_put(root);
-    if (lease && (info->lease_ms = lease_left_ms(ec, lease, until, &err)) != 0)
+    if (lease && (info->lease_ms = etcd_lease_left_ms(ec, lease, until, &err)) != 0)
         info->known |= DLOCK_KNOWS_LEASE;
     return err;
 }
@@ -367,13 +358,14 @@ int etcd_inspect_holders(dlock_conn *conn, const char *name, size_t len, dlock_h
             break;
         }
         free(kv.key);
-        h->known = DLOCK_KNOWS_MODE | DLOCK_KNOWS_TOKEN | (kv.value[0] ? DLOCK_KNOWS_OWNER : 0);
+        h->known = DLOCK_KNOWS_MODE | (kv.value[0] ? DLOCK_KNOWS_OWNER : 0) |
+                   (etcd_owner_id(kv.value, strlen(kv.value)) ? DLOCK_KNOWS_TOKEN : 0);
         h->limit = lim;
         h->mode = kind_at(kvs, i, dlen, &lim) == ETCD_READER ? DLOCK_MODE_SHARED
                                                             : DLOCK_MODE_EXCLUSIVE;
         h->token = (uint64_t)kv.create;
         snprintf(h->owner, sizeof h->owner, "%s", kv.value);
-        if (kv.lease && (h->lease_ms = lease_left_ms(ec, kv.lease, until, &err)) != 0)
+        if (kv.lease && (h->lease_ms = etcd_lease_left_ms(ec, kv.lease, until, &err)) != 0)
             h->known |= DLOCK_KNOWS_LEASE;
     }
     json_object_put(root);

@@ -113,7 +113,11 @@ struct file_held {
 };
 
 static const char *const file_schemes[] = {"file", NULL};
-static const char *const file_options[] = {"fsync", NULL};
+static const char *const file_options[] = {"fsync", "layout", NULL};
+/* Lock files have one layout, dlock's own: the option is there so that a
+ * URI naming it (as lists of stores across backends do) is accepted, and
+ * any other value refused. */
+static const char *const file_layouts[] = {"dlock", NULL};
 
 static int keep_byte(unsigned char c, size_t pos)
 {
@@ -199,7 +203,7 @@ static int file_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
 {
     const char *path = dlock_uri_path(uri);
     struct file_conn *fc;
-    int fsync_tokens = 0, rc;
+    int fsync_tokens = 0, layout = 0, rc;
 
     if (dlock_uri_user(uri))
         return dlock_seterr(c, DLOCK_EBADURI, "file:// URIs take no user or password");
@@ -211,7 +215,8 @@ static int file_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     if (path[0] != '/' || path[1] == '\0')
         return dlock_seterr(c, DLOCK_EBADURI,
                             "file:// URI needs an absolute directory, as in file:///run/myapp/locks");
-    if ((rc = dlock_uri_param_bool(c, uri, "fsync", &fsync_tokens)) != 0)
+    if ((rc = dlock_uri_param_bool(c, uri, "fsync", &fsync_tokens)) != 0 ||
+        (rc = dlock_uri_param_choice(c, uri, "layout", file_layouts, &layout)) != 0)
         return rc;
     if ((rc = make_dirs(c, path)) != 0)
         return rc;

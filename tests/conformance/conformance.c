@@ -179,6 +179,8 @@ static const struct kind {
     {"etcd",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
      NULL, 1000, 2000, 500, 150},
+    /* layout=etcd3, python-etcd3's single key: exclusive, no queue. */
+    {"etcd-etcd3", LEASED | DLOCK_CAP_FENCING | WAITS, NULL, 1000, 2000, 500, 150},
 };
 #undef LEASED
 #undef WAITS
@@ -195,6 +197,8 @@ static const struct kind *kind_of(const char *one)
                *token = dlock_uri_param(u, "token"), *layout = dlock_uri_param(u, "layout");
     if (strcmp(s, "zookeeper") == 0 && layout && strcmp(layout, "kazoo") == 0)
         k = "zookeeper-kazoo";
+    else if (strcmp(s, "etcd") == 0 && layout && strcmp(layout, "etcd3") == 0)
+        k = "etcd-etcd3";
     else if (strcmp(s, "file") == 0 || strcmp(s, "zookeeper") == 0 || strcmp(s, "etcd") == 0)
         k = s;
     else if (strcmp(s, "redis") == 0)

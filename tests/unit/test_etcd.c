@@ -101,6 +101,14 @@ static void test_uris(void)
            "an empty cacert=: %s", msg);
     is_int(open_rc("etcd://127.0.0.1:1/x?lease=5", msg, sizeof msg), DLOCK_EBADURI,
            "an unknown option: %s", msg);
+    is_int(open_rc("etcd://127.0.0.1:1/x?layout=nonsense", msg, sizeof msg), DLOCK_EBADURI,
+           "layout=nonsense: %s", msg);
+    ok(strstr(msg, "dlock") && strstr(msg, "etcd3"), "the message lists the layouts");
+    is_int(open_rc("etcd://127.0.0.1:1/x?layout=ETCD3", msg, sizeof msg), DLOCK_EBADURI,
+           "layout=ETCD3 (a case that differs): %s", msg);
+    /* A good layout passes the parse: the closed port is what fails. */
+    is_int(open_rc("etcd://127.0.0.1:1/x?layout=etcd3&connect_timeout=200", msg, sizeof msg),
+           DLOCK_ECONNECT, "layout=etcd3 is accepted: %s", msg);
 
     /* A closed port on every endpoint: DLOCK_ECONNECT at once, naming them. */
     int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -46,6 +46,9 @@ static void test_uris(void)
     bad_uri("file://user:pa55word@/tmp/x", DLOCK_EBADURI, "no user");
     bad_uri("file:///tmp/x?fsync=maybe", DLOCK_EBADURI, "fsync");
     bad_uri("file:///tmp/x?ttl=5", DLOCK_EBADURI, "'ttl'");
+    bad_uri("file:///tmp/x?layout=plain", DLOCK_EBADURI, "dlock");
+    bad_uri("file:///tmp/x?layout=", DLOCK_EBADURI, "layout");
+    bad_uri("file:///tmp/x?layout=DLOCK", DLOCK_EBADURI, "layout");
     bad_uri("file:///proc/self/status/x", DLOCK_EIO, "cannot create");
     snprintf(u, sizeof u, "file://%s/plainfile", dir);
     close(open(u + 7, O_CREAT | O_WRONLY, 0600));
@@ -54,6 +57,9 @@ static void test_uris(void)
     dlock_client_open("file://u:hunter2hunter2@/tmp/x", &c);
     ok(strstr(dlock_errmsg(c), "hunter2hunter2") == NULL, "no password in the message");
     dlock_client_close(c);
+
+    snprintf(u, sizeof u, "file://%s/layout?layout=dlock", dir);
+    dlock_client_close(open_ok(u));
 
     snprintf(u, sizeof u, "file://localhost%s/a/b/c?fsync=1", dir);
     c = open_ok(u);
