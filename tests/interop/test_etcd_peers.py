@@ -52,27 +52,6 @@ def with_path(uri, path):
     return urllib.parse.urlunsplit((u.scheme, u.netloc, path, u.query, ""))
 
 
-class Waiter:
-    """What handoff_peer_to_dlock() takes as its client: acquires on one
-    client and inspects on another (the Python package runs one call at a
-    time per client: an inspect on the waiting client would queue behind
-    its acquire)."""
-
-    def __init__(self, uri):
-        self.waiter = dlock_client(uri)
-        self.observer = dlock_client(uri)
-
-    def acquire(self, name, **kw):
-        return self.waiter.acquire(name, **kw)
-
-    def inspect(self, name):
-        return self.observer.inspect(name)
-
-    def close(self):
-        self.waiter.close()
-        self.observer.close()
-
-
 def escaped(name):
     return name.replace("%", "%25").replace("/", "%2F")
 
@@ -238,12 +217,12 @@ def handoffs(uri, name, peer, who):
     granted at its release; a peer waiter is granted at dlock's release.
     Asserts the handoffs happened, dlock's tokens strictly increase (peer
     grants between), and logs the times."""
-    c = Waiter(uri)
+    c, watcher = dlock_client(uri), dlock_client(uri)
     to_dlock, to_peer, tokens = [], [], []
     for _ in range(HANDOFFS):
         p = peer("hold", 10)
         p.expect("held")
-        ms, lk = handoff_peer_to_dlock(p, c, name)
+        ms, lk = handoff_peer_to_dlock(p, c, name, watcher=watcher)
         to_dlock.append(ms)
         tokens.append(lk.token)
         w = peer("wait", 15)
@@ -252,6 +231,7 @@ def handoffs(uri, name, peer, who):
         w.send("release")
         w.expect("released")
     c.close()
+    watcher.close()
     assert all(a < b for a, b in zip(tokens, tokens[1:])), tokens
     for what, ms in (("{} -> dlock".format(who), to_dlock), ("dlock -> {}".format(who), to_peer)):
         ms = sorted(ms)

@@ -218,36 +218,17 @@ def handoffs_seen(what, times):
     assert max(times) < 2000, "a handoff took {:.0f} ms".format(max(times))
 
 
-class TwoClients:
-    """acquire on one client, inspect on another: the Python package runs
-    one call at a time per client, so handoff_peer_to_dlock()'s inspect
-    (is the waiter queued?) would wait behind the waiting acquire."""
-
-    def __init__(self, uri):
-        self.waiter = dlock_client(uri)
-        self.looker = dlock_client(uri)
-
-    def acquire(self, name, **kw):
-        return self.waiter.acquire(name, **kw)
-
-    def inspect(self, name):
-        return self.looker.inspect(name)
-
-    def close(self):
-        self.waiter.close()
-        self.looker.close()
-
-
 def test_handoff_kazoo_to_dlock(zk, peers, name):
-    c = TwoClients(kz(zk))
+    c, watcher = dlock_client(kz(zk)), dlock_client(kz(zk))
     times = []
     for i in range(HANDOFFS):
         p = kazoo_holds(peers, zk, name)
-        ms, lk = handoff_peer_to_dlock(p, c, name)
+        ms, lk = handoff_peer_to_dlock(p, c, name, watcher=watcher)
         times.append(ms)
         lk.release()
         p.close()
     c.close()
+    watcher.close()
     handoffs_seen("kazoo release -> dlock grant", times)
 
 
