@@ -210,7 +210,7 @@ def wait_until_waiting(client, name, n=1, timeout=5.0):
     while time.monotonic() < end:
         try:
             info = client.inspect(name)
-        except dlock.Error:
+        except dlock.DlockError:
             break
         waiters = info.get("waiters")  # (absent where the store cannot count them)
         if waiters is None:

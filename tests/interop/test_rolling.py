@@ -98,7 +98,39 @@ def pg_int_case(name):
         with_params(uri, layout="int"), uri, number
 
 
-CASES = {"redis-py": redis_case, "kazoo": kazoo_case, "psycopg2-int": pg_int_case}
+GET_LOCK_LOOP = """
+import urllib.parse
+import pymysql
+u = urllib.parse.urlsplit(PEER_ARGS[0])
+conn = pymysql.connect(host=u.hostname, port=u.port or 3306, user=u.username,
+                       password=urllib.parse.unquote(u.password or ""), database=u.path[1:],
+                       autocommit=True)
+cur = conn.cursor()
+while True:
+    cmd = wait_cmd()
+    if cmd == "acquire":
+        cur.execute("SELECT GET_LOCK(%s, 20)", (PEER_ARGS[1],))
+        if cur.fetchone()[0] != 1:
+            say("error", "not acquired within 20 s")
+            continue
+        say("held", now())
+    elif cmd == "release":
+        cur.execute("SELECT RELEASE_LOCK(%s)", (PEER_ARGS[1],))
+        say("released", now())
+    else:
+        break
+"""
+
+
+def get_lock_case(name):
+    peer_module("pymysql")
+    uri = env_uri("DLOCK_MYSQL_URI")
+    return python_peer(GET_LOCK_LOOP) + [uri.split("?", 1)[0], name], \
+        with_params(uri, layout="plain"), uri
+
+
+CASES = {"redis-py": redis_case, "kazoo": kazoo_case, "psycopg2-int": pg_int_case,
+         "GET_LOCK": get_lock_case}
 
 
 def case(peer, name):
