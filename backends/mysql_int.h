@@ -108,6 +108,7 @@ struct mysql_conn {
     int ctl_dropped; /* the control session broke: its next open is a reconnect */
     int token_opt;   /* option token: 0 absent (table), 1 table, 2 sequence */
     int lock_named;  /* option lock=named (mysql.c picks the mode from these two) */
+    int layout_plain; /* option layout=plain: lock=named on the plain name (GET_LOCK(name)) */
     const struct mysql_mode *mode; /* picked at open: every method goes through it */
     const char *ctl_isolation; /* the control session's, when not READ COMMITTED */
     const char *row_isolation; /* lock sessions', when not READ COMMITTED */
