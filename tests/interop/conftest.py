@@ -260,3 +260,58 @@ def handoff_dlock_to_peer(lock, peer, timeout=10.0):
     lock.release()
     held = peer.expect("held", timeout)
     return grant_after(t0, held)
+
+
+# ---- mysql ------------------------------------------------------------------
+# handoff_peer_to_dlock() above inspects through the waiting client itself,
+# whose calls the Python package serialises (its mutex): the inspect waits
+# for the acquire to end, so the peer is told to release only after the
+# waiter timed out. And it reads inspect's dict with getattr(), which never
+# finds "waiters" (and catches dlock.Error, which the package does not
+# define: dlock.DlockError). These take a second client (watcher) for the inspect.
+
+
+def wait_until_waiting_on(watcher, name, n=1, timeout=5.0):
+    """Waits until watcher's inspect counts n waiters on name where the
+    store tells (dict key "waiters"), else gives a waiter 0.3 s to queue."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            waiters = watcher.inspect(name).get("waiters")
+        except dlock.DlockError:
+            waiters = None
+        if waiters is None:
+            break
+        if waiters >= n:
+            return
+        time.sleep(0.005)
+    time.sleep(0.3)
+
+
+def handoff_peer_to_dlock_watched(peer, client, watcher, name, timeout=10.0):
+    """handoff_peer_to_dlock() with a second client, watcher, telling when
+    client's acquire waits. Milliseconds from the peer's release to the
+    grant, and the lock (the caller releases it)."""
+    import threading
+
+    got = {}
+
+    def wait():
+        try:
+            lk = client.acquire(name, timeout=timeout)
+            got["t"] = time.monotonic()
+            got["lock"] = lk
+        except Exception as e:  # reported below
+            got["error"] = e
+
+    th = threading.Thread(target=wait)
+    th.start()
+    wait_until_waiting_on(watcher, name)
+    assert "t" not in got, "dlock was granted {} while the peer held it".format(name)
+    peer.send("release")
+    released = peer.expect("released")
+    th.join(timeout + 5)
+    if "error" in got:
+        pytest.fail("the dlock waiter failed: {!r}".format(got["error"]))
+    assert "t" in got, "the dlock waiter was not granted within {} s".format(timeout)
+    return grant_after(released, got["t"]), got["lock"]
