@@ -227,7 +227,9 @@ def test_handoff_dlock_to_peer(peers, name, kind):
             lk = c.acquire(name, blocking=False)
             p.send("wait")
             p.expect("waiting")
-            ms.append(handoff_dlock_to_peer(lk, p))
+            took = handoff_dlock_to_peer(lk, p)
+            assert took > 0, "the peer held {} {:.1f} ms before dlock's release".format(name, -took)
+            ms.append(took)
             peer_release(p)
     finally:
         c.close()
@@ -242,6 +244,7 @@ def test_tokens_increase(peers, name, kind):
         for _ in range(4):
             with c.acquire(name, blocking=False) as lk:
                 tokens.append(lk.token)
+                assert not peer_try(p), "the peer took {} while dlock held it".format(name)
             assert peer_try(p), "the peer could not take {} after dlock's release".format(name)
             peer_release(p)
     log("mysql plain tokens with {} grants between: {}".format(kind, tokens))
