@@ -10,7 +10,8 @@
  *                  per-source table chosen with the mode)
  *   mysql_inspect.c  inspect of row locks (its own per-source table)
  *   mysql_named.c  the lock=named (GET_LOCK) recipe, its sessions on the
- *                  SQL backends' shared layer (sql_session.c)
+ *                  SQL backends' shared layer (sql_session.c); layout=plain
+ *                  is that recipe on the plain name (peers' GET_LOCK(name))
  *   mysql_seq.c    the store's tables and its sequence (token=sequence,
  *                  lock=named): setup, the durable mark, floor and top
  *   mysql_conn.c   sessions, the non-blocking driver steps, the bounds,
