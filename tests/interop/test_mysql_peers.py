@@ -275,3 +275,25 @@ def test_bad_input(name):
             c.acquire(name, blocking=False, limit=3)
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("kind", PEERS)
+def test_list_plain_and_native(peers, name, kind):
+    """A migration's middle phase: a list of the same server in the plain
+    layout and in dlock's own excludes the peer and a native-only holder,
+    and is excluded by each."""
+    native = with_params(uri(), layout="dlock")
+    both = "{} {}".format(plain_uri(), native)
+    p = peer_of(peers, kind, name)
+    with dlock_client(both) as c:
+        with c.acquire(name, blocking=False):
+            assert not peer_try(p), "the peer took {} while the list held it".format(name)
+            assert dlock_try(native, name) == EXIT_BUSY
+        assert peer_try(p)
+        with pytest.raises(dlock.EBUSY):
+            c.acquire(name, blocking=False)
+        peer_release(p)
+        with dlock_client(native) as n:
+            with n.acquire(name, blocking=False):
+                with pytest.raises(dlock.EBUSY):
+                    c.acquire(name, blocking=False)
