@@ -9,6 +9,8 @@
  *   lock=row, token=table (default)  mc_row_table_mode   mysql_row.c
  *   lock=row, token=sequence         mc_row_seq_mode     mysql_row.c
  *   lock=named (token=sequence)      mc_named_mode       mysql_named.c
+ *   layout=plain (lock=named on the plain name, as tooz and GET_LOCK
+ *                 callers take it)  mc_named_mode       mysql_named.c
  *
  * Every method goes through that table; no recipe asks which mode it is
  * in. Every client of a store must use the same lock and token options.
@@ -26,7 +28,7 @@
 static const char *const mysql_schemes[] = {"mysql", "mariadb", NULL};
 static const char *const mysql_options_list[] = {
     "connect_timeout", "timeout", "table", "socket", "tls", "tls_ca", "tls_cert", "tls_key", "token",
-    "lock", NULL,
+    "lock", "layout", NULL,
 };
 
 /* ---- open, close -------------------------------------------------------- */
@@ -110,6 +112,21 @@ static int parse_uri(dlock_client *c, const dlock_uri *uri, struct mysql_conn *m
     if (lk && strcmp(lk, "row") != 0 && strcmp(lk, "named") != 0)
         return dlock_seterr(c, DLOCK_EBADURI, "option lock: row or named");
     mc->lock_named = lk && strcmp(lk, "named") == 0;
+    int layout = 0;
+    if ((err = dlock_uri_param_choice(c, uri, "layout", (const char *[]){"dlock", "plain", NULL},
+                                      &layout)) != 0)
+        return err;
+    mc->layout_plain = layout == 1;
+    if (mc->layout_plain && lk && !mc->lock_named)
+        return dlock_seterr(c, DLOCK_EBADURI, "option layout=plain takes user locks (GET_LOCK) on"
+                                              " the plain name: it implies lock=named, not"
+                                              " lock=row");
+    if (mc->layout_plain && mc->token_opt == 1)
+        return dlock_seterr(c, DLOCK_EBADURI, "option layout=plain takes its tokens from a"
+                                              " sequence, as lock=named does: it needs"
+                                              " token=sequence (its default), not token=table");
+    if (mc->layout_plain)
+        mc->lock_named = 1;
     if (mc->lock_named && mc->token_opt == 1)
         return dlock_seterr(c, DLOCK_EBADURI, "option lock=named takes its tokens from a"
                                               " sequence: it needs token=sequence (the default"

@@ -10,7 +10,8 @@
  *                  per-source table chosen with the mode)
  *   mysql_inspect.c  inspect of row locks (its own per-source table)
  *   mysql_named.c  the lock=named (GET_LOCK) recipe, its sessions on the
- *                  SQL backends' shared layer (sql_session.c)
+ *                  SQL backends' shared layer (sql_session.c); layout=plain
+ *                  is that recipe on the plain name (peers' GET_LOCK(name))
  *   mysql_seq.c    the store's tables and its sequence (token=sequence,
  *                  lock=named): setup, the durable mark, floor and top
  *   mysql_conn.c   sessions, the non-blocking driver steps, the bounds,
@@ -108,6 +109,7 @@ struct mysql_conn {
     int ctl_dropped; /* the control session broke: its next open is a reconnect */
     int token_opt;   /* option token: 0 absent (table), 1 table, 2 sequence */
     int lock_named;  /* option lock=named (mysql.c picks the mode from these two) */
+    int layout_plain; /* option layout=plain: lock=named on the plain name (GET_LOCK(name)) */
     const struct mysql_mode *mode; /* picked at open: every method goes through it */
     const char *ctl_isolation; /* the control session's, when not READ COMMITTED */
     const char *row_isolation; /* lock sessions', when not READ COMMITTED */

@@ -29,17 +29,54 @@
 #include "config.h"
 #include "backends/mysql_int.h"
 
-/* The user lock of key k: MariaDB's names are server-wide (every database
- * shares them), so the database and the table are in the hash. */
-static void named_lock_name(const struct mysql_conn *mc, const unsigned char *k, char *out)
+/* layout=plain: the longest name, in characters (MySQL's documented limit
+ * for user locks) and in bytes (MariaDB's: NAME_LEN, 64 characters of its
+ * 3-byte system character set; it counts bytes). */
+#define PLAIN_CHARS_MAX 64
+#define PLAIN_BYTES_MAX 192
+/* The user lock's name as an SQL literal: 'dlock:' + 58 hex digits, or
+ * layout=plain's X'<hex of the name's bytes>'; with its NUL. */
+#define LIT_MAX (3 + 2 * PLAIN_BYTES_MAX + 1)
+
+/*
+ * The user lock of a name, as an SQL literal that goes into statements as
+ * it is (out: LIT_MAX bytes). layout=dlock: 'dlock:' + 58 hex digits of
+ * SHA-256(salt || SHA-256(name)), since MariaDB's user locks are
+ * server-wide (every database shares them): the database and the table
+ * are in the hash. layout=plain: the name itself, as its bytes in hex
+ * (X'6a6f6273' is the lock GET_LOCK('jobs') takes: MariaDB compares the
+ * bytes, so no quoting and no character set conversion touch it), at most
+ * PLAIN_CHARS_MAX characters (UTF-8: bytes that do not continue a
+ * character) and PLAIN_BYTES_MAX bytes, else DLOCK_EINVAL (the core
+ * already refused an empty name and a NUL byte, which MariaDB would take
+ * as the end of the name).
+ */
+static int named_literal(struct mysql_conn *mc, const char *name, size_t len, char *out)
 {
-    unsigned char in[2 * DLOCK_SHA256_LEN], d[DLOCK_SHA256_LEN];
+    unsigned char k[DLOCK_SHA256_LEN], in[2 * DLOCK_SHA256_LEN], d[DLOCK_SHA256_LEN];
     char hex[2 * DLOCK_SHA256_LEN + 1];
+    if (mc->layout_plain) {
+        size_t chars = 0;
+        for (size_t i = 0; i < len; i++)
+            chars += ((unsigned char)name[i] & 0xC0) != 0x80;
+        if (chars > PLAIN_CHARS_MAX || len > PLAIN_BYTES_MAX)
+            return dlock_seterr(cl(mc), DLOCK_EINVAL,
+                                "layout=plain: the name is the server's user lock name, at most"
+                                " %d characters and %d bytes (this one: %zu characters, %zu"
+                                " bytes)", PLAIN_CHARS_MAX, PLAIN_BYTES_MAX, chars, len);
+        out[0] = 'X';
+        out[1] = '\'';
+        dlock_hex((const unsigned char *)name, len, out + 2);
+        memcpy(out + 2 + 2 * len, "'", 2);
+        return 0;
+    }
+    dlock_sha256(name, len, k);
     memcpy(in, mc->salt, DLOCK_SHA256_LEN);
     memcpy(in + DLOCK_SHA256_LEN, k, DLOCK_SHA256_LEN);
     dlock_sha256(in, sizeof in, d);
     dlock_hex(d, sizeof d, hex);
-    snprintf(out, 7 + 58, "dlock:%.58s", hex);
+    snprintf(out, LIT_MAX, "'dlock:%.58s'", hex);
+    return 0;
 }
 
 /* A lock=named session: the shared layer's part (held locks, mutex, lease
@@ -54,7 +91,7 @@ struct named_held {
     dlock_held base;
     struct dlock_sql_held sh; /* its session, lease (s), client-side lease end */
     uint32_t ttl_ms;
-    char lname[7 + 58];       /* "dlock:" + 58 hex digits */
+    char lname[];             /* the user lock, an SQL literal (named_literal) */
 };
 
 static struct named_session *ns_of(struct dlock_sql_session *b)
@@ -129,13 +166,17 @@ static int unlock_batch(dlock_conn *conn, struct dlock_sql_session *b,
 {
     struct mysql_conn *mc = mc_of(conn);
     struct named_session *s = ns_of(b);
-    char sql[16 + DLOCK_SQL_EXPIRE_BATCH * 90];
-    size_t o = 0;
+    size_t o = 0, size = 16;
     if (!s->c.db)
         return -1;
-    o += (size_t)snprintf(sql, sizeof sql, "SELECT ");
     for (size_t i = 0; i < n; i++)
-        o += (size_t)snprintf(sql + o, sizeof sql - o, "%sRELEASE_LOCK('%s')", i ? ", " : "",
+        size += 16 + strlen(DLOCK_SQL_OF(batch[i], struct named_held, sh)->lname);
+    char *sql = malloc(size);
+    if (!sql)
+        return -1;
+    o += (size_t)snprintf(sql, size, "SELECT ");
+    for (size_t i = 0; i < n; i++)
+        o += (size_t)snprintf(sql + o, size - o, "%sRELEASE_LOCK(%s)", i ? ", " : "",
                               DLOCK_SQL_OF(batch[i], struct named_held, sh)->lname);
     dlock_errsave why;
     MYSQL_RES *res = NULL;
@@ -143,6 +184,7 @@ static int unlock_batch(dlock_conn *conn, struct dlock_sql_session *b,
     dlock_err_save(cl(mc), &why); /* not what the caller reports */
     int err = mc_query_result(mc, &s->c, sql, &bd, "releasing locks whose lease ended", &res);
     dlock_err_restore(cl(mc), &why);
+    free(sql);
     if (err) {
         if (s->c.dead) /* a session gone takes them all */
             named_disconnect(s);
@@ -196,14 +238,14 @@ static int named_failed(struct named_session *s, int err)
  * be made durable); closes the session if even that fails. */
 static void named_undo(struct mysql_conn *mc, struct named_session *s, const char *lname)
 {
-    char sql[128];
+    char sql[32 + LIT_MAX];
     MYSQL_RES *res = NULL;
     dlock_errsave why;
     struct bound b = mc_stmt_bound(NULL, mc->timeout_ms);
     if (!s->c.db)
         return;
     dlock_err_save(cl(mc), &why);
-    snprintf(sql, sizeof sql, "SELECT RELEASE_LOCK('%s')", lname);
+    snprintf(sql, sizeof sql, "SELECT RELEASE_LOCK(%s)", lname);
     if (mc_query_result(mc, &s->c, sql, &b, "undoing a grant", &res) == 0) {
         mysql_free_result(res);
     } else {
@@ -244,7 +286,7 @@ static int named_unget(struct mysql_conn *mc, struct named_session *s, const cha
 static int named_get(struct mysql_conn *mc, struct named_session *s, const dlock_request *req,
                      const char *lname, uint64_t until, uint64_t *token)
 {
-    char sql[256], t[48];
+    char sql[192 + LIT_MAX], t[48];
     uint64_t start = dlock_monotonic_ns();
     if (req->wait == DLOCK_WAIT_TRY) {
         snprintf(t, sizeof t, "0");
@@ -254,7 +296,7 @@ static int named_get(struct mysql_conn *mc, struct named_session *s, const dlock
     } else {
         snprintf(t, sizeof t, "%u", MDL_WAIT_MAX_S);
     }
-    snprintf(sql, sizeof sql, "SELECT IF(GET_LOCK('%s', %s) = 1, NEXTVAL(`%s_seq`), 0)", lname, t,
+    snprintf(sql, sizeof sql, "SELECT IF(GET_LOCK(%s, %s) = 1, NEXTVAL(`%s_seq`), 0)", lname, t,
              mc->table);
     struct nb c = {.op = NB_QUERY, .db = s->c.db, .sql = sql};
     mc_nb_step(&c, -1);
@@ -443,16 +485,17 @@ static int named_restarted(struct mysql_conn *mc, const dlock_request *req, uint
  */
 static int named_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_held **heldp)
 {
-    struct named_held *h = calloc(1, sizeof *h);
+    struct named_held *h;
     struct named_session *s = NULL;
     uint64_t start = dlock_monotonic_ns(), token = 0, replied = 0;
     unsigned lease = mc_ceil_s(req->ttl_ms);
-    unsigned char k[DLOCK_SHA256_LEN];
-    int err = 0;
-    if (!h)
+    char lit[LIT_MAX];
+    int err = named_literal(mc, req->name, req->name_len, lit);
+    if (err)
+        return err;
+    if (!(h = calloc(1, sizeof *h + strlen(lit) + 1)))
         return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
-    dlock_sha256(req->name, req->name_len, k);
-    named_lock_name(mc, k, h->lname);
+    memcpy(h->lname, lit, strlen(lit) + 1);
     struct bound call = {0, DLOCK_ECONNECT, 0};
     if (req->wait == DLOCK_WAIT_DEADLINE)
         call = (struct bound){req->deadline_ns, DLOCK_ETIMEDOUT, 0};
@@ -546,7 +589,7 @@ static int named_release(struct mysql_conn *mc, dlock_held *held)
 {
     struct named_held *h = (struct named_held *)held;
     struct named_session *s = session_of(h);
-    char sql[192];
+    char sql[96 + LIT_MAX];
     int err = 0;
     pthread_mutex_lock(&s->base.mu);
     if (h->sh.gone || !s->c.db) {
@@ -560,7 +603,7 @@ static int named_release(struct mysql_conn *mc, dlock_held *held)
         if (!dlock_sql_mates(&s->base, &h->sh) && dlock_call_deadline() < b.until)
             b.until = dlock_call_deadline();
         snprintf(sql, sizeof sql,
-                 "SET @dlock_released = IF(RELEASE_LOCK('%s') = 1, 1, " NOT_OURS ")", h->lname);
+                 "SET @dlock_released = IF(RELEASE_LOCK(%s) = 1, 1, " NOT_OURS ")", h->lname);
         if (!s->c.db) {
             err = dlock_seterr(cl(mc), DLOCK_ELOST, "mysql %s: release: the lock was lost: %s",
                                mc->where, named_lost_why(mc, h));
@@ -613,7 +656,7 @@ static int named_release(struct mysql_conn *mc, dlock_held *held)
 static int named_renew_on(struct mysql_conn *mc, struct named_held *h, uint32_t ttl_ms, int keep)
 {
     struct named_session *s = session_of(h);
-    char sql[192];
+    char sql[128 + LIT_MAX];
     int err;
     if (h->sh.gone || !s->c.db)
         return dlock_seterr(cl(mc), DLOCK_ELOST, "mysql %s: the lock was lost: %s", mc->where,
@@ -628,7 +671,7 @@ static int named_renew_on(struct mysql_conn *mc, struct named_held *h, uint32_t 
     struct bound b = {sent + mc->timeout_ms * MS, DLOCK_ECONNECT, 0};
     if (keep && !shared && h->sh.lease_end_ns < b.until)
         b.until = h->sh.lease_end_ns;
-    snprintf(sql, sizeof sql, "SET SESSION wait_timeout = IF(IS_USED_LOCK('%s') = CONNECTION_ID(),"
+    snprintf(sql, sizeof sql, "SET SESSION wait_timeout = IF(IS_USED_LOCK(%s) = CONNECTION_ID(),"
              " %u, " NOT_OURS ")", h->lname, lease);
     if ((err = mc_run(mc, &s->c, NB_QUERY, NULL, sql, &b, "renew")) != 0) {
         if (s->c.dead || s->c.last_errno != ER_SUBQUERY_NO_1_ROW)
@@ -755,20 +798,28 @@ static int named_raise(struct mysql_conn *mc, dlock_held *held, uint64_t floor)
 static int named_inspect(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info)
 {
     static const char what[] = "inspect";
-    unsigned char k[DLOCK_SHA256_LEN];
-    char lname[7 + 58], sql[768];
+    char lname[LIT_MAX], quoted[2 * LIT_MAX], sql[384 + 4 * LIT_MAX];
     struct session *ctl;
     MYSQL_RES *res = NULL;
-    int err = 0;
-    dlock_sha256(name, len, k);
-    named_lock_name(mc, k, lname);
+    int err = named_literal(mc, name, len, lname);
+    if (err)
+        return err;
+    /* The literal inside the LIKE pattern's string: its quotes doubled
+     * (hex digits and the prefix hold no wildcard). */
+    size_t q = 0;
+    for (const char *p = lname; *p; p++) {
+        if (*p == '\'')
+            quoted[q++] = '\'';
+        quoted[q++] = *p;
+    }
+    quoted[q] = '\0';
     snprintf(sql, sizeof sql,
-             "SELECT 'g' AS x, IS_USED_LOCK('%s') AS a, 0 AS t UNION ALL"
+             "SELECT 'g' AS x, IS_USED_LOCK(%s) AS a, 0 AS t UNION ALL"
              " SELECT 'w', ID, TIME_MS FROM information_schema.PROCESSLIST"
-             " WHERE INFO LIKE 'SELECT IF(GET_LOCK(''%s'',%%' AND COMMAND = 'Query'"
-             " AND ID <> CONNECTION_ID() AND ID <> COALESCE(IS_USED_LOCK('%s'), 0)"
+             " WHERE INFO LIKE 'SELECT IF(GET_LOCK(%s,%%' AND COMMAND = 'Query'"
+             " AND ID <> CONNECTION_ID() AND ID <> COALESCE(IS_USED_LOCK(%s), 0)"
              " ORDER BY x, t DESC, a",
-             lname, lname, lname);
+             lname, quoted, lname);
     struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
     for (int tries = 0; tries < 2; tries++) {
         if ((err = mc_ctl_session(mc, &call, &ctl)) == 0 &&
@@ -812,7 +863,11 @@ static int named_open(struct mysql_conn *mc)
         free(ns);
         return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
     }
-    err = mc_seq_open(mc, ROLE_NAMED, "lock=named (its tokens come from a sequence)", &ns->c);
+    err = mc_seq_open(mc, ROLE_NAMED,
+                      mc->layout_plain ? "layout=plain (lock=named: its tokens come from a"
+                                         " sequence)"
+                                       : "lock=named (its tokens come from a sequence)",
+                      &ns->c);
     if (err) {
         session_destroy(&ns->base);
         return err;

@@ -125,6 +125,9 @@ static const struct kind {
      * docs/keeper.md states it ("Bound of every call": acquire, deadline;
      * PostgreSQL's min(200 ms, timeout) with the default timeout). */
     unsigned deadline_past_ms;
+    /* Names the store takes as they are, with a limit of its own: the
+     * longest, in characters (0: DLOCK_NAME_MAX bytes, as the API). */
+    unsigned name_chars_max;
 } kinds[] = {
     {"file", DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
                  DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
@@ -167,6 +170,11 @@ static const struct kind {
     {"mysql-named",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
      "session", 1000, 0, 0, 200},
+    /* lock=named on the plain name: MySQL's user lock names, 64 characters
+     * (docs/mysql.md, "Peer layout: plain"). */
+    {"mysql-plain",
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
+     "session", 1000, 0, 0, 200, 64},
     {"zookeeper",
      DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE, NULL, 0,
      0, 0, 200},
@@ -210,7 +218,8 @@ static const struct kind *kind_of(const char *one)
     else if (strcmp(s, "postgresql") == 0 || strcmp(s, "postgres") == 0)
         k = layout && strcmp(layout, "tooz") == 0 ? "postgres-tooz" : "postgres";
     else if (strcmp(s, "mysql") == 0 || strcmp(s, "mariadb") == 0)
-        k = lock && strcmp(lock, "named") == 0 ? "mysql-named"
+        k = layout && strcmp(layout, "plain") == 0 ? "mysql-plain"
+            : lock && strcmp(lock, "named") == 0 ? "mysql-named"
             : token && strcmp(token, "sequence") == 0 ? "mysql-sequence"
                                                        : "mysql";
     const struct kind *found = NULL;
@@ -252,6 +261,9 @@ static unsigned int cap_bit(const char *name)
 /* Where inspect may name a holder by its session instead of its owner id
  * (see struct kind): the first store's, on a list. */
 static const char *session_word;
+/* The shortest name limit of the run's stores, in characters (struct kind;
+ * 0: none but DLOCK_NAME_MAX). */
+static unsigned name_chars_max;
 
 /*
  * The check of the table: the client's capabilities (less the bits of
@@ -276,6 +288,8 @@ static unsigned int check_caps(char us[][DLOCK_URI_MAX], int n, unsigned int got
         want &= k->caps;
         if (i == 0)
             session_word = k->session_word;
+        if (k->name_chars_max && (!name_chars_max || k->name_chars_max < name_chars_max))
+            name_chars_max = k->name_chars_max;
     }
     ok(got == want, "the store declares the capabilities the table expects: %s (missing: %s; extra: %s)",
        cap_names(want, w, sizeof w), cap_names(want & ~got, miss, sizeof miss),
@@ -1448,8 +1462,33 @@ static void test_names(void)
         if (held[i])
             dlock_release(held[i]);
 
-    /* 1 KiB names, and two long names that differ only in the last byte. */
     dlock_lock *l1 = NULL, *l2 = NULL;
+    if (name_chars_max) {
+        /* The store's own limit: names of that many characters, two that
+         * differ only in the last one, one more refused at acquire. */
+        size_t m = name_chars_max;
+        memset(name, 'k', m);
+        memcpy(name, prefix, strlen(prefix));
+        name[m] = '\0';
+        is_int(dlock_acquire(a, name, &o, &l1), 0, "a name of the store's longest (%zu) acquires",
+               m);
+        name[m - 1] = 'j';
+        is_int(dlock_acquire(b, name, &o, &l2), 0, "one differing in the last character is another lock");
+        if (l1)
+            dlock_release(l1);
+        if (l2)
+            dlock_release(l2);
+        name[m] = 'k';
+        name[m + 1] = '\0';
+        l1 = NULL;
+        is_int(dlock_acquire(a, name, &o, &l1), DLOCK_EINVAL, "one character longer → DLOCK_EINVAL");
+        if (l1)
+            dlock_release(l1);
+        dlock_client_close(a);
+        dlock_client_close(b);
+        return;
+    }
+    /* 1 KiB names, and two long names that differ only in the last byte. */
     memset(name, 'k', 1024);
     memcpy(name, prefix, strlen(prefix));
     name[1024] = '\0';
