@@ -370,32 +370,10 @@ static void count_ints(struct redis_conn *rc, redisReply **replies, size_t *ones
     }
 }
 
-static const char *keys_channel(const struct redis_keys *keys, size_t *len, char **buf)
-{
-    /* "<prefix><name>:released", next to the lock key "<prefix><name>:lock" */
-    size_t base = keys->len[0] - strlen(":lock");
-    *buf = malloc(base + sizeof ":released");
-    if (!*buf)
-        return NULL;
-    memcpy(*buf, keys->k[0], base);
-    memcpy(*buf + base, ":released", sizeof ":released");
-    *len = base + sizeof ":released" - 1;
-    return *buf;
-}
-
 static const char *release_channel(struct redis_conn *rc, struct redis_held *h, size_t *len,
                                    char **buf)
 {
-    /* keys_channel()'s, from the name: "<prefix><name>:released" */
-    size_t plen = strlen(rc->prefix);
-    *buf = malloc(plen + h->name_len + sizeof ":released");
-    if (!*buf)
-        return NULL;
-    memcpy(*buf, rc->prefix, plen);
-    memcpy(*buf + plen, h->name, h->name_len);
-    memcpy(*buf + plen + h->name_len, ":released", sizeof ":released");
-    *len = plen + h->name_len + sizeof ":released" - 1;
-    return *buf;
+    return *buf = dlock_redis_release_channel(rc, h->name, h->name_len, len);
 }
 
 /* Releases on every node and wakes waiters, waiting up to bound_ns for the
@@ -557,7 +535,7 @@ static int all_subscribed(struct redis_conn *rc)
     return 1;
 }
 
-/* Waits for a "released" message on any node, or until until_ns: 0;
+/* Waits for a "released" message on any node (1), or until until_ns (0);
  * DLOCK_ECANCELED (no detail set) once cancel_fd (-1: none) is readable,
  * DLOCK_EINTR on a signal. Replies that are only (un)subscribe
  * confirmations are consumed on the way. */
@@ -577,7 +555,7 @@ static int wait_release(struct redis_conn *rc, const char *chan, size_t len, uin
                 freeReplyObject(r);
                 r = NULL;
                 if (msg)
-                    return 0;
+                    return 1;
             }
             pfd[np] = (struct pollfd){.fd = n->sub->fd, .events = POLLIN};
             idx[np++] = i;
@@ -611,7 +589,7 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
     size_t chan_len = 0;
     int64_t wait_ms = -1;
     unsigned losses = 0;
-    int subscribed = 0, err;
+    int subscribed = 0, notified = 0, err;
     uint64_t saved = rc->deadline_ns, lost_at = 0;
 
     if (rc->nnodes > MAX_NODES)
@@ -695,7 +673,14 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
             break;
         }
         if (!subscribed) { /* subscribe, then retry at once: no release unseen */
-            if (!release_channel(rc, h, &chan_len, &chan)) {
+            /* layout=plain: the key's keyspace notifications when the
+             * servers have them on, else dlock's release channel and a
+             * poll (redis_plain.c). */
+            if (rc->plain)
+                chan = dlock_redis_plain_channel(rc, h->name, h->name_len, &chan_len, &notified);
+            else
+                release_channel(rc, h, &chan_len, &chan);
+            if (!chan) {
                 err = dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
                 break;
             }
@@ -713,6 +698,8 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
         uint64_t bound = (uint64_t)(wait_ms > 0 ? wait_ms : 1) * 1000000u;
         if (bound > WAIT_SLICE_NS)
             bound = WAIT_SLICE_NS;
+        if (rc->plain && !notified && bound > DLOCK_REDIS_PLAIN_POLL_NS)
+            bound = DLOCK_REDIS_PLAIN_POLL_NS; /* a peer's release is not told */
         uint64_t until = now + bound;
         if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until)
             until = req->deadline_ns;
@@ -725,6 +712,9 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
             err = dlock_cancelled(cl(rc));
             break;
         }
+        /* layout=plain: a poll that found nothing steps back no further. */
+        if (rc->plain && we == 0)
+            continue;
         uint32_t rnd = 0;
         dlock_random_bytes(&rnd, sizeof rnd);
         uint64_t spread_ns = 1000000ull << (losses < 6 ? losses : 6);
@@ -1009,7 +999,17 @@ static int desc(const void *a, const void *b)
  *  - last token: the holder's token while held; unknown while free (failed
  *    attempts draw tokens on some nodes, which were never grants).
  */
-static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dlock_info *info)
+/* Two nodes' lock keys name the same holder: dlock's owner id, or the
+ * same printable value of a peer (node-redlock writes one on every node). */
+static int same_holder(const struct redis_seen *a, const struct redis_seen *b)
+{
+    if (a->has_owner || b->has_owner)
+        return a->has_owner && b->has_owner && memcmp(a->owner, b->owner, 32) == 0;
+    return a->value[0] && strcmp(a->value, b->value) == 0;
+}
+
+static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, const char *name,
+                        size_t len, dlock_info *info)
 {
     redisReply *replies[MAX_NODES];
     struct redis_seen *seen;
@@ -1022,7 +1022,8 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dl
 
     if (n > MAX_NODES)
         return dlock_seterr(cl(rc), DLOCK_EBADURI, "Redlock takes at most %d hosts", MAX_NODES);
-    if (!(seen = calloc(n, sizeof *seen)) || !keys_channel(keys, &chan_len, &chan)) {
+    if (!(seen = calloc(n, sizeof *seen)) ||
+        !(chan = dlock_redis_release_channel(rc, name, len, &chan_len))) {
         free(seen);
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
     }
@@ -1043,6 +1044,8 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dl
                          rc->nodes[i].host, rc->nodes[i].port);
             round_fail(rc, &st);
         } else {
+            if (!rc->plain) /* layout=dlock: a foreign value names no one */
+                seen[i].value[0] = '\0';
             ok[i] = 1;
             answered++;
         }
@@ -1060,9 +1063,7 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dl
         if (!ok[i] || !seen[i].held)
             continue;
         for (size_t j = 0; j < n; j++)
-            count += ok[j] && seen[j].held &&
-                     (j == i || (seen[i].has_owner && seen[j].has_owner &&
-                                 memcmp(seen[i].owner, seen[j].owner, 32) == 0));
+            count += ok[j] && seen[j].held && (j == i || same_holder(&seen[i], &seen[j]));
         if (count > most)
             most = count, best = i;
     }
@@ -1093,7 +1094,23 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dl
             info->lease_ms = (uint64_t)pttl[q - 1];
         }
     } else if (most >= q) {
-        info->held = 1; /* by a value dlock did not write: no owner, no token */
+        /* By a value dlock did not write (a peer's, layout=plain): that
+         * value as the owner when printable, the lease a quorum still
+         * has; no token. */
+        size_t np = 0;
+        info->held = 1;
+        if (seen[best].value[0]) {
+            info->known |= DLOCK_KNOWS_OWNER;
+            snprintf(info->owner, sizeof info->owner, "%s", seen[best].value);
+        }
+        for (size_t j = 0; j < n; j++)
+            if (ok[j] && seen[j].held && same_holder(&seen[best], &seen[j]) && seen[j].pttl >= 0)
+                pttl[np++] = seen[j].pttl;
+        if (np >= q && seen[best].value[0]) {
+            qsort(pttl, np, sizeof pttl[0], desc);
+            info->known |= DLOCK_KNOWS_LEASE;
+            info->lease_ms = (uint64_t)pttl[q - 1];
+        }
     } else if (most + (n - answered) >= q) {
         err = dlock_seterr(cl(rc), DLOCK_ECONNECT,
                            "inspect: one owner holds %zu of %zu Redlock nodes and %zu did not "
@@ -1111,7 +1128,8 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dl
             agree = 0;
         subs = seen[i].numsub;
     }
-    if (agree && subs >= 0) {
+    /* layout=plain: waiters may listen to keyspace notifications instead. */
+    if (agree && subs >= 0 && !rc->plain) {
         info->known |= DLOCK_KNOWS_WAITERS;
         info->waiters = (uint64_t)subs;
     }
@@ -1237,7 +1255,7 @@ static int redlock_inspect(struct redis_conn *rc, const char *name, size_t len, 
     int err;
     if (dlock_redis_keys(rc, name, len, &keys) != 0)
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
-    err = inspect_keys(rc, &keys, info);
+    err = inspect_keys(rc, &keys, name, len, info);
     dlock_redis_keys_free(&keys);
     if ((err && err != DLOCK_ECONNECT) || (!err && info->held))
         return err;
