@@ -36,10 +36,10 @@
 #define DEFAULT_NODE_TIMEOUT_MS 100
 #define tv_ns dlock_redis_tv_ns
 /* layout=plain: exclusive locks, not FIFO (the peers barge), no shared
- * mode or semaphore (the peers have none), no raise_token/token_top/
- * raise_floor (they would scan and raise counters under "dlock:"). */
+ * mode or semaphore (the peers have none); raise_token, token_top and
+ * raise_floor on dlock's counters and floor under "dlock:". */
 #define PLAIN_CAPS (DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_BLOCKING | \
-                    DLOCK_CAP_DEADLINE | DLOCK_CAP_CANCEL)
+                    DLOCK_CAP_DEADLINE | DLOCK_CAP_CANCEL | DLOCK_CAP_RAISE)
 
 static const char *const redis_schemes[] = {"redis", "redis+cluster", "redis+sentinel", NULL};
 static const char *const redis_options[] = {
@@ -102,6 +102,7 @@ static struct redis_conn *keeper_conn_new(struct redis_conn *rc)
         return NULL;
     }
     kc->base = rc->base;
+    kc->cancel_fd = -1;
     kc->parent = rc;
     kc->user = rc->user;
     kc->password = rc->password;
@@ -251,6 +252,7 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     }
     rc->base.client = c;
+    rc->cancel_fd = -1;
     set_mode(rc, mode);
     rc->user = dup_or_null(dlock_uri_user(uri));
     rc->password = dup_or_null(dlock_uri_password(uri));

@@ -136,6 +136,10 @@ struct redis_conn {
      * DLOCK_REDIS_PLAIN_SIDE; run by the Redlock recipe over the node(s)
      * (one Redis, a Sentinel's primary, or Redlock's instances). */
     int plain;
+    /* layout=plain: the acquire's cancel_fd while it runs (-1: none), which
+     * also ends a round of grab calls (one Redis answers within `timeout`,
+     * not node_timeout: a cancel must not wait for it). */
+    int cancel_fd;
     int retried;        /* the last call was sent again after a lost reply */
     /* The keeper's own connection(s), made on the keeper's thread at its
      * first keep() and freed by close: same nodes, credentials and prefix,

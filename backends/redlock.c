@@ -142,7 +142,10 @@ struct round {
     dlock_errsave first; /* the first node's failure, for the message */
 };
 
-enum { ROUND_QUORUM_FIRST = 1 }; /* send nothing unless a quorum is connected */
+enum {
+    ROUND_QUORUM_FIRST = 1, /* send nothing unless a quorum is connected */
+    ROUND_CANCEL = 2,       /* layout=plain: rc->cancel_fd ends the round too */
+};
 
 static void round_fail(struct redis_conn *rc, struct round *st)
 {
@@ -256,7 +259,10 @@ static void all_nodes_argv(struct redis_conn *rc, size_t argc, const char **argv
                 break;
             /* Past the clock, still one look at what already arrived; a
              * signal does not end the round; a failed poll is no answer. */
-            int pr = dlock_poll_until(pfd, np, -1, until, 0);
+            int pr = dlock_poll_until(pfd, np, (flags & ROUND_CANCEL) ? rc->cancel_fd : -1,
+                                      until, 0);
+            if (pr > 0 && !(pr & DLOCK_POLL_READY))
+                pr = 0; /* cancelled: as if no answer came in time */
             if (pr <= 0) {
                 for (size_t k = 0; k < np; k++) { /* no answer in time */
                     struct redis_node *n = &rc->nodes[idx[k]];
@@ -381,7 +387,7 @@ static const char *release_channel(struct redis_conn *rc, struct redis_held *h, 
  * that said it was not (the rest did not answer in time: they keep our key
  * until its lease runs out). */
 static void drop_all(struct redis_conn *rc, struct redis_held *h, size_t *ours, size_t *not_ours,
-                     uint64_t bound_ns)
+                     uint64_t bound_ns, int flags)
 {
     redisReply *replies[MAX_NODES];
     char *chan = NULL;
@@ -393,7 +399,7 @@ static void drop_all(struct redis_conn *rc, struct redis_held *h, size_t *ours, 
     dlock_err_save(cl(rc), &saved);
     const char *args[3] = {DLOCK_REDIS_OP(h, "drop"), h->owner, chan};
     const size_t lens[3] = {strlen(args[0]), 32, chan_len};
-    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), bound_ns, 0, NULL);
+    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), bound_ns, flags, NULL);
     count_ints(rc, replies, ours, not_ours);
     free_replies(rc, replies);
     free(chan);
@@ -423,7 +429,10 @@ static uint64_t lease_end(uint64_t start_ns, uint32_t ttl_ms)
 static void undo(struct redis_conn *rc, struct redis_held *h)
 {
     size_t ours, not_ours;
-    drop_all(rc, h, &ours, &not_ours, node_timeout_ns(rc));
+    /* layout=plain: a cancelled wait sends the undo and does not wait for
+     * one Redis's `timeout` (nodes that do not answer keep our key until
+     * its lease runs out, as at a deadline). */
+    drop_all(rc, h, &ours, &not_ours, node_timeout_ns(rc), rc->plain ? ROUND_CANCEL : 0);
 }
 
 /* One attempt: 1 won, 0 refused (*wait_ms: shortest PTTL seen), <0 error. */
@@ -440,8 +449,8 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
     snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
     const char *args[3] = {DLOCK_REDIS_OP(h, "grab"), h->owner, ttl};
     const size_t lens[3] = {strlen(args[0]), 32, strlen(ttl)};
-    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc), ROUND_QUORUM_FIRST,
-              &st);
+    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc),
+              ROUND_QUORUM_FIRST | (rc->plain ? ROUND_CANCEL : 0), &st);
     for (size_t i = 0; i < rc->nnodes; i++) {
         long long a, b;
         if (dlock_redis_reply_pair(replies[i], &a, &b) != 0)
@@ -589,7 +598,7 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
     size_t chan_len = 0;
     int64_t wait_ms = -1;
     unsigned losses = 0;
-    int subscribed = 0, notified = 0, err;
+    int subscribed = 0, notified = 0, slow = 0, err;
     uint64_t saved = rc->deadline_ns, lost_at = 0;
 
     if (rc->nnodes > MAX_NODES)
@@ -607,7 +616,13 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
         }
         if (subscribed && !all_subscribed(rc))
             subscribe_missing(rc, chan, chan_len);
+        rc->cancel_fd = req->cancel_fd;
         err = attempt(rc, h, &wait_ms);
+        rc->cancel_fd = -1;
+        if (err != 1 && rc->plain && dlock_fd_cancelled(req->cancel_fd)) {
+            err = dlock_cancelled(cl(rc));
+            break;
+        }
         /* Too few nodes reachable (restarting, connections reset): a wait
          * tries again every RECOVER_PAUSE_NS, every node at once, for up
          * to connect_timeout (and never past its deadline) before it
@@ -655,6 +670,9 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
             }
             wait_ms = (int64_t)(node_timeout_ns(rc) / 1000000u);
             err = 0;
+            slow = 1;
+        } else {
+            slow = 0;
         }
         if (err != 0)
             break;
@@ -698,7 +716,8 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
         uint64_t bound = (uint64_t)(wait_ms > 0 ? wait_ms : 1) * 1000000u;
         if (bound > WAIT_SLICE_NS)
             bound = WAIT_SLICE_NS;
-        if (rc->plain && !notified && bound > DLOCK_REDIS_PLAIN_POLL_NS)
+        /* (Not after nodes were slow to answer: they get node_timeout.) */
+        if (rc->plain && !notified && !slow && bound > DLOCK_REDIS_PLAIN_POLL_NS)
             bound = DLOCK_REDIS_PLAIN_POLL_NS; /* a peer's release is not told */
         uint64_t until = now + bound;
         if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until)
@@ -743,7 +762,7 @@ static int redlock_release(struct redis_conn *rc, struct redis_held *h)
     size_t ours, not_ours;
     uint64_t bound = dlock_redis_tv_ns(&rc->connect_tv);
     uint64_t saved = dlock_redis_limit(rc, dlock_monotonic_ns() + bound);
-    drop_all(rc, h, &ours, &not_ours, bound);
+    drop_all(rc, h, &ours, &not_ours, bound, 0);
     dlock_redis_unlimit(rc, saved);
     if (ours >= quorum(rc)) {
         dlock_clearerr(cl(rc));
@@ -782,7 +801,7 @@ static int redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t t
         return 0;
     }
     size_t dropped, refused;
-    drop_all(rc, h, &dropped, &refused, node_timeout_ns(rc)); /* a minority is no lock */
+    drop_all(rc, h, &dropped, &refused, node_timeout_ns(rc), 0); /* a minority is no lock */
     return dlock_seterr(cl(rc), DLOCK_ELOST,
                         "renewed on only %zu of %zu Redlock nodes, %zu needed (%zu said it was "
                         "no longer ours, the others did not answer in time); released",

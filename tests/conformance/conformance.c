@@ -137,6 +137,10 @@ static const struct kind {
     /* Shared locks over a quorum; no semaphore (docs/redlock.md). */
     {"redlock", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED, NULL, 0, 0,
      0, 200},
+    /* layout=plain (one Redis, Redlock): exclusive locks on the peers'
+     * plain key, not FIFO (the peers barge). */
+    {"redis-plain", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0, 200},
+    {"redlock-plain", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0, 200},
     {"redis-cluster",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED |
          DLOCK_CAP_SEMAPHORE,
@@ -184,9 +188,11 @@ static const struct kind *kind_of(const char *one)
     if (dlock_uri_parse(one, &u, err, sizeof err) != 0)
         return NULL;
     const char *s = dlock_uri_scheme(u), *lock = dlock_uri_param(u, "lock"),
-               *token = dlock_uri_param(u, "token");
+               *token = dlock_uri_param(u, "token"), *layout = dlock_uri_param(u, "layout");
     if (strcmp(s, "file") == 0 || strcmp(s, "zookeeper") == 0 || strcmp(s, "etcd") == 0)
         k = s;
+    else if (strcmp(s, "redis") == 0 && layout && strcmp(layout, "plain") == 0)
+        k = dlock_uri_host_count(u) > 1 ? "redlock-plain" : "redis-plain";
     else if (strcmp(s, "redis") == 0)
         k = dlock_uri_host_count(u) > 1 ? "redlock" : "redis";
     else if (strcmp(s, "redis+cluster") == 0)
