@@ -13,6 +13,7 @@ handoffs each way per case and logs their median (the benchmark: 30).
 """
 
 import os
+import random
 import shutil
 import socket
 import statistics
@@ -22,13 +23,16 @@ from urllib.parse import urlsplit
 import pytest
 
 import dlock
-from conftest import (EXIT_BUSY, dlock_client, dlock_try, env_uri, grant_after,
-                      handoff_dlock_to_peer, log, missing, peer_module, python_peer, with_params)
+from conftest import (EXIT_BUSY, dlock_client, dlock_try, env_uri, handoff_dlock_to_peer,
+                      handoff_peer_to_dlock, log, missing, peer_module, python_peer,
+                      with_params)
 
 ROUNDS = int(os.environ.get("DLOCK_INTEROP_ROUNDS", "3"))
 # The peers' retry interval while they wait (ms): their own poll, which
 # bounds a dlock → peer handoff whatever dlock does.
 PEER_RETRY_MS = 5
+# dlock's poll without keyspace notifications (docs/redis.md).
+PLAIN_POLL_MS = 25
 
 
 def hosts_of(uri):
@@ -230,50 +234,50 @@ def test_layout_dlock_both_hold(which, peers, name):
 
 # ---- 3. handoffs both ways, notifications on and off ------------------------
 
-def peer_to_dlock(peer, client, name, timeout=10.0):
-    """conftest's handoff_peer_to_dlock() without its inspect, which would
-    queue behind the waiting acquire on the client's mutex (the plain layout
-    cannot count waiters anyway): the waiter is given 0.3 s to wait."""
-    import threading
+class _Split:
+    """conftest's handoff_peer_to_dlock() with the waiting acquire on one
+    client and its inspect on another (an inspect on the waiting client
+    would queue behind the acquire on the client's mutex), and the moment
+    the peer was asked to release kept (asked)."""
 
-    got = {}
+    def __init__(self, waiter, looker, peer):
+        self.acquire, self.inspect = waiter.acquire, looker.inspect
+        self.peer, self.asked, self.released = peer, None, None
 
-    def wait():
-        try:
-            lk = client.acquire(name, timeout=timeout)
-            got["t"] = time.monotonic()
-            got["lock"] = lk
-        except Exception as e:  # reported below
-            got["error"] = e
+    def send(self, text):
+        # A random phase: conftest waits a fixed 0.3 s, which would keep a
+        # polling waiter's attempts in step with the release.
+        time.sleep(random.uniform(0, 2.5 * PLAIN_POLL_MS / 1000.0))
+        self.asked = time.monotonic()
+        self.peer.send(text)
 
-    th = threading.Thread(target=wait)
-    th.start()
-    time.sleep(0.3)
-    assert "t" not in got, "dlock was granted {} while the peer held it".format(name)
-    asked = time.monotonic()
-    peer.send("release")
-    released = peer.expect("released")
-    th.join(timeout + 5)
-    if "error" in got:
-        pytest.fail("the dlock waiter failed: {!r}".format(got["error"]))
-    assert "t" in got, "the dlock waiter was not granted within {} s".format(timeout)
-    # From the peer's "released" (taken after its release call returned:
-    # a polling waiter may be granted before it, so this can be negative)
-    # and from the moment the peer was asked (an upper bound: it adds the
-    # peer's wake-up and its release's round trip).
-    return (grant_after(released, got["t"]), grant_after(asked, got["t"])), got["lock"]
+    def expect(self, word, timeout=10.0):
+        v = self.peer.expect(word, timeout)
+        if word == "released":
+            self.released = v
+        return v
+
+
+def peer_to_dlock(peer, client, looker, name):
+    """(ms from the peer's "released", taken after its release call
+    returned: a polling waiter may be granted before it, so this can be
+    negative; ms from asking the peer to release, an upper bound adding the
+    peer's wake-up and its release's round trip), and the lock."""
+    sp = _Split(client, looker, peer)
+    ms, lk = handoff_peer_to_dlock(sp, sp, name)
+    return (ms, ms + (sp.released - sp.asked) * 1000.0), lk
 
 
 def handoffs(which, peers, name, notify):
     puri, _, start, _ = peer_case(which, peers)
     p2d, p2d_up, d2p = [], [], []
     with notifications(puri, notify):
-        with dlock_client(puri) as c:
+        with dlock_client(puri) as c, dlock_client(puri) as looker:
             for i in range(ROUNDS):
                 n = "{}-{}".format(name, i)
                 p = start(n, "hold")
                 p.expect("held")
-                (ms, up), lk = peer_to_dlock(p, c, n)
+                (ms, up), lk = peer_to_dlock(p, c, looker, n)
                 p2d.append(ms)
                 p2d_up.append(up)
                 q = start(n, "wait")
