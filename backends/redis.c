@@ -8,6 +8,10 @@
  * single-instance recipe (backends/redis_lock.c) on the node they pick;
  * wait_replicas=N makes each grant wait for N replicas (its
  * confirm_grant()).
+ * layout=plain (docs/redis.md, "Peer layout: plain"): the peers' plain key
+ * "<prefix><name>" (redis-py, node-redlock, redis-semaphore), run by
+ * Redlock's recipe over one Redis, a Sentinel's primary or Redlock's
+ * instances; refused on a Cluster.
  *
  * This file is the front: the method table, and open and close, which
  * read the URI, pick the topology (its hooks into the connection layer,
@@ -18,6 +22,7 @@
  *   redis.c            the front
  *   redis_lock.c       single-instance recipe   redlock.c  Redlock recipe
  *   redis_floor.c      store-wide token_top, raise_floor (one Redis, Cluster)
+ *   redis_plain.c      layout=plain's wake-up channel (for redlock.c)
  *   redis_cluster.c    slot map, redirects      redis_sentinel.c  the primary
  *   redis_conn.c       connections, send/receive, bounds, subscriptions
  *   redis_keys.c       key and channel names, slots     redis_reply.c  replies

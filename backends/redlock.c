@@ -42,6 +42,14 @@
  * FIFO), and no last token while free. When the nodes that answered cannot
  * settle held or free: DLOCK_ECONNECT, never a guess.
  *
+ * layout=plain (redis.c picks this recipe for it, over one node too): the
+ * lock key is the peers' "<prefix><name>" (redis_keys.c); a waiter listens
+ * to the key's keyspace notifications when every node has them on, else
+ * to the release channel with an attempt every DLOCK_REDIS_PLAIN_POLL_NS
+ * (redis_plain.c), and steps back only after a message; the grab round and
+ * its undo also end at a cancel (one Redis answers within `timeout`, not
+ * node_timeout); inspect names a peer's printable value.
+ *
  * Bounds: a round (connects, then replies) never runs past the call's
  * bound; a deadline wait's last round may end DLOCK_REDIS_FLOOR_NS past the
  * deadline and its undo DLOCK_REDIS_CLEANUP_NS later still (nodes that did
