@@ -8,7 +8,8 @@ Python binding's EBUSY), dlock holds and the peer is refused; the same with
 layout=dlock, where both hold (the negative control); handoffs both ways
 with the server's keyspace notifications on and off (CONFIG SET, the
 original value restored after); dlock's tokens strictly increasing with
-peer grants between; bad input. DLOCK_INTEROP_ROUNDS=N (default 3) runs N
+peer grants between; bad input; and redis-py through a Sentinel when
+DLOCK_REDIS_SENTINEL_URI is set (skipped otherwise). DLOCK_INTEROP_ROUNDS=N (default 3) runs N
 handoffs each way per case and logs their median (the benchmark: 30).
 """
 
@@ -388,3 +389,52 @@ def test_bad_input(name):
     assert "layout=plain" in str(e.value)
     with pytest.raises(dlock.EBADURI):
         dlock.open(plain(uri, wait_replicas=1))
+
+
+# ---- Sentinel: the same code on the primary the sentinels name --------------
+
+SENTINEL_PY = """
+import redis
+from redis.sentinel import Sentinel
+host, port, service, password, key, mode = PEER_ARGS
+s = Sentinel([(host, int(port))], sentinel_kwargs={'password': password or None},
+             password=password or None)
+lk = s.master_for(service).lock(key, timeout=30)
+if not lk.acquire(blocking=mode != 'try', blocking_timeout=20):
+    say('busy')
+    sys.exit(0)
+say('held', now())
+while wait_cmd() not in ('release', ''):
+    pass
+lk.release()
+say('released', now())
+"""
+
+
+def test_sentinel_redis_py(peers, name):
+    """redis+sentinel://...?layout=plain against redis-py's Sentinel
+    master_for().lock(), both ways (skipped without a Sentinel store)."""
+    uri = os.environ.get("DLOCK_REDIS_SENTINEL_URI")
+    if not uri:
+        pytest.skip("DLOCK_REDIS_SENTINEL_URI is not set")
+    peer_module("redis")
+    u = urlsplit(uri)
+    password = u.password or ""
+    h, _, p = u.netloc.rsplit("@", 1)[-1].split(",")[0].rpartition(":")
+    service = u.path.strip("/").split("/")[0]
+    start = lambda mode: peers(python_peer(SENTINEL_PY) + [h, p, service, password, name, mode])
+    puri = plain(uri)
+    q = start("hold")
+    q.expect("held")
+    assert dlock_try(puri, name) == EXIT_BUSY
+    assert dlock_try(uri, name) == 0  # layout=dlock: both hold
+    q.send("release")
+    q.expect("released")
+    with dlock_client(puri) as c:
+        lk = c.acquire(name, ttl=30)
+        start("try").expect("busy")
+        lk.release()
+    q = start("try")
+    q.expect("held")
+    q.send("release")
+    q.expect("released")
