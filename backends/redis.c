@@ -8,6 +8,10 @@
  * single-instance recipe (backends/redis_lock.c) on the node they pick;
  * wait_replicas=N makes each grant wait for N replicas (its
  * confirm_grant()).
+ * layout=plain (docs/redis.md, "Peer layout: plain"): the peers' plain key
+ * "<prefix><name>" (redis-py, node-redlock, redis-semaphore), run by
+ * Redlock's recipe over one Redis, a Sentinel's primary or Redlock's
+ * instances; refused on a Cluster.
  *
  * This file is the front: the method table, and open and close, which
  * read the URI, pick the topology (its hooks into the connection layer,
@@ -18,6 +22,7 @@
  *   redis.c            the front
  *   redis_lock.c       single-instance recipe   redlock.c  Redlock recipe
  *   redis_floor.c      store-wide token_top, raise_floor (one Redis, Cluster)
+ *   redis_plain.c      layout=plain's wake-up channel (for redlock.c)
  *   redis_cluster.c    slot map, redirects      redis_sentinel.c  the primary
  *   redis_conn.c       connections, send/receive, bounds, subscriptions
  *   redis_keys.c       key and channel names, slots     redis_reply.c  replies
@@ -35,11 +40,16 @@
 #define DEFAULT_TIMEOUT_MS 5000
 #define DEFAULT_NODE_TIMEOUT_MS 100
 #define tv_ns dlock_redis_tv_ns
+/* layout=plain: exclusive locks, not FIFO (the peers barge), no shared
+ * mode or semaphore (the peers have none); raise_token, token_top and
+ * raise_floor on dlock's counters and floor under "dlock:". */
+#define PLAIN_CAPS (DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_BLOCKING | \
+                    DLOCK_CAP_DEADLINE | DLOCK_CAP_CANCEL | DLOCK_CAP_RAISE)
 
 static const char *const redis_schemes[] = {"redis", "redis+cluster", "redis+sentinel", NULL};
 static const char *const redis_options[] = {
     "connect_timeout", "timeout", "prefix", "node_timeout", "allow_eviction", "wait_replicas",
-    "sentinel_user", "sentinel_password", NULL,
+    "sentinel_user", "sentinel_password", "layout", NULL,
 };
 
 static void ms_to_tv(uint64_t ms, struct timeval *tv)
@@ -69,7 +79,10 @@ static void set_mode(struct redis_conn *rc, enum redis_mode mode)
     rc->lua = mode == REDIS_CLUSTER ? dlock_redis_lua_sharded : dlock_redis_lua;
     rc->lua_len = mode == REDIS_CLUSTER ? sizeof dlock_redis_lua_sharded - 1
                                         : sizeof dlock_redis_lua - 1;
-    rc->recipe = mode == REDIS_REDLOCK ? &dlock_redlock_recipe : &dlock_redis_single_recipe;
+    /* layout=plain: no queue to hand over, as under Redlock (the peers
+     * barge): Redlock's recipe, over one node or several. */
+    rc->recipe = mode == REDIS_REDLOCK || rc->plain ? &dlock_redlock_recipe
+                                                     : &dlock_redis_single_recipe;
 }
 
 /* Room for the nodes of a connection: a cluster's grows as nodes are
@@ -94,6 +107,7 @@ static struct redis_conn *keeper_conn_new(struct redis_conn *rc)
         return NULL;
     }
     kc->base = rc->base;
+    kc->cancel_fd = -1;
     kc->parent = rc;
     kc->user = rc->user;
     kc->password = rc->password;
@@ -103,6 +117,7 @@ static struct redis_conn *keeper_conn_new(struct redis_conn *rc)
     kc->connect_tv = rc->connect_tv;
     kc->cmd_tv = rc->cmd_tv;
     kc->wait_replicas = rc->wait_replicas;
+    kc->plain = rc->plain;
     kc->sentinel = rc->sentinel;
     kc->topo = rc->topo; /* a cluster's: set again by its own map below */
     set_mode(kc, rc->mode);
@@ -158,8 +173,10 @@ static int parse_options(dlock_client *c, const dlock_uri *uri, struct redis_con
     uint64_t connect_ms = DEFAULT_CONNECT_MS, timeout_ms = DEFAULT_TIMEOUT_MS;
     uint64_t node_ms = DEFAULT_NODE_TIMEOUT_MS, replicas = 0;
     const char *path = dlock_uri_path(uri), *prefix = dlock_uri_param(uri, "prefix");
-    int err;
-    if ((err = dlock_uri_param_uint(c, uri, "connect_timeout", 1, 3600000, &connect_ms)) ||
+    int err, layout = 0;
+    if ((err = dlock_uri_param_choice(c, uri, "layout", (const char *[]){"dlock", "plain", NULL},
+                                      &layout)) ||
+        (err = dlock_uri_param_uint(c, uri, "connect_timeout", 1, 3600000, &connect_ms)) ||
         (err = dlock_uri_param_uint(c, uri, "timeout", 1, 3600000, &timeout_ms)) ||
         (err = dlock_uri_param_uint(c, uri, "node_timeout", 1, 60000, &node_ms)) ||
         (err = dlock_uri_param_uint(c, uri, "wait_replicas", 0, 1000, &replicas)) ||
@@ -175,6 +192,16 @@ static int parse_options(dlock_client *c, const dlock_uri *uri, struct redis_con
                             "wait_replicas is not an option of Redlock (several hosts in a "
                             "redis:// URI): its instances are independent, not replicated");
     rc->wait_replicas = (unsigned)replicas;
+    if (layout == 1 && rc->mode == REDIS_CLUSTER)
+        return dlock_seterr(c, DLOCK_ENOTSUP,
+                            "layout=plain is not available on redis+cluster:// (dlock's keys "
+                            "beside a peer's key need not share its slot); use redis:// on "
+                            "one node, redis+sentinel://, or Redlock");
+    if (layout == 1 && replicas)
+        return dlock_seterr(c, DLOCK_EBADURI,
+                            "wait_replicas is not an option of layout=plain");
+    rc->plain = layout == 1;
+    set_mode(rc, rc->mode); /* the recipe follows the layout */
     if (rc->mode != REDIS_SENTINEL && path[0] && strcmp(path, "/") != 0) {
         char *end;
         long db = strtol(path + 1, &end, 10);
@@ -195,7 +222,10 @@ static int parse_options(dlock_client *c, const dlock_uri *uri, struct redis_con
     ms_to_tv(timeout_ms, &rc->cmd_tv);
     if (rc->mode == REDIS_REDLOCK) /* Redlock: short per-node timeouts */
         ms_to_tv(node_ms, &rc->cmd_tv);
-    rc->prefix = strdup(prefix ? prefix : "dlock:");
+    /* layout=plain: the peers' own key, "<prefix><name>" ("jobs", as
+     * redis-py's r.lock("jobs") takes it; prefix=mutex: for
+     * redis-semaphore's Mutex). */
+    rc->prefix = strdup(prefix ? prefix : rc->plain ? "" : "dlock:");
     return rc->prefix ? 0 : DLOCK_ENOMEM;
 }
 
@@ -227,6 +257,7 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     }
     rc->base.client = c;
+    rc->cancel_fd = -1;
     set_mode(rc, mode);
     rc->user = dup_or_null(dlock_uri_user(uri));
     rc->password = dup_or_null(dlock_uri_password(uri));
@@ -236,7 +267,7 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         rc->nnodes = rc->nseeds = 1;
         if ((err = dlock_redis_sentinel_open(rc, uri)) != 0)
             goto fail;
-        rc->base.caps = 0; /* the backend's caps */
+        rc->base.caps = rc->plain ? PLAIN_CAPS : 0; /* 0: the backend's caps */
         if ((err = dlock_redis_node_connect(rc, &rc->nodes[0], tv_ns(&rc->connect_tv))) != 0)
             goto fail;
         *connp = &rc->base;
@@ -271,7 +302,7 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         }
         rc->base.caps = 0;
     } else if (n == 1) {
-        rc->base.caps = 0; /* the backend's caps */
+        rc->base.caps = rc->plain ? PLAIN_CAPS : 0; /* 0: the backend's caps */
         /* connect_timeout bounds the connect and the handshake together. */
         if ((err = dlock_redis_node_connect(rc, &rc->nodes[0], tv_ns(&rc->connect_tv))) != 0)
             goto fail;
@@ -285,6 +316,8 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         rc->base.caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING |
                         DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_RAISE |
                         DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED;
+        if (rc->plain)
+            rc->base.caps = PLAIN_CAPS;
         for (size_t i = 0; i < n; i++) {
             err = dlock_redis_node_connect(rc, &rc->nodes[i], tv_ns(&rc->connect_tv));
             if (err == DLOCK_EAUTH || err == DLOCK_ESTORE)

@@ -6,6 +6,8 @@
  *   redis_lock.c (single instance), redlock.c (Redlock): the recipes,
  *     struct redis_recipe, one picked at open
  *   redis_floor.c: store-wide token_top and raise_floor
+ *   redis_plain.c: layout=plain's wake-up channel (keyspace notifications
+ *     or dlock's release channel), for redlock.c
  *   redis_cluster.c, redis_sentinel.c: the topologies, which plug into the
  *     connection layer through struct redis_topology (set at open)
  *   redis_conn.c: connections, send/receive, bounds, subscriptions
@@ -129,6 +131,15 @@ struct redis_conn {
     size_t lua_len;
     char sha[41];       /* SHA1 of the script, as SCRIPT LOAD returned it */
     int allow_eviction; /* URI option: accept a maxmemory-policy that evicts */
+    /* layout=plain: the lock is the peers' plain key "<prefix><name>"
+     * (SET NX PX, compare-and-delete), dlock's own keys beside it under
+     * DLOCK_REDIS_PLAIN_SIDE; run by the Redlock recipe over the node(s)
+     * (one Redis, a Sentinel's primary, or Redlock's instances). */
+    int plain;
+    /* layout=plain: the acquire's cancel_fd while it runs (-1: none), which
+     * also ends a round of grab calls (one Redis answers within `timeout`,
+     * not node_timeout: a cancel must not wait for it). */
+    int cancel_fd;
     int retried;        /* the last call was sent again after a lost reply */
     /* The keeper's own connection(s), made on the keeper's thread at its
      * first keep() and freed by close: same nodes, credentials and prefix,
@@ -159,6 +170,15 @@ struct redis_keys {
                          (and a release cannot fail for want of memory);
                          never copy a struct redis_keys */
 };
+
+/* layout=plain: what dlock keeps beside the peers' key "<prefix><name>":
+ * the keys layout=dlock would use with prefix "dlock:<prefix>" (the
+ * counter "dlock:<prefix><name>:fence", the floor "dlock:<prefix>floor",
+ * the release channel "dlock:<prefix><name>:released"). */
+#define DLOCK_REDIS_PLAIN_SIDE "dlock:"
+/* layout=plain without keyspace notifications: a waiter behind a peer's
+ * holder tries again this often (dlock's own releases wake it at once). */
+#define DLOCK_REDIS_PLAIN_POLL_NS 25000000ull
 
 /* Small on purpose (a client may hold 100 000): 80 bytes. */
 struct redis_held {
@@ -197,6 +217,11 @@ const char *dlock_redis_slot_tag(unsigned slot);
 int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
                      struct redis_keys *keys);
 void dlock_redis_keys_free(struct redis_keys *keys);
+/* The channel a release of name publishes on (the script's "drop"):
+ * "<prefix><name>:released" (layout=plain: DLOCK_REDIS_PLAIN_SIDE before
+ * it), malloc'ed, *len its length; NULL: out of memory. */
+char *dlock_redis_release_channel(struct redis_conn *rc, const char *name, size_t len,
+                                  size_t *chan_len);
 /* h's keys, malloc'ed (free with dlock_redis_keys_free); DLOCK_ENOMEM with
  * detail when out of memory. */
 int dlock_redis_held_keys(struct redis_conn *rc, const struct redis_held *h,
@@ -315,6 +340,18 @@ int dlock_redis_cluster_primaries(struct redis_conn *rc, struct redis_node **out
 /* Sentinel: the sentinels and the service from the URI; sets rc->topo. */
 int dlock_redis_sentinel_open(struct redis_conn *rc, const dlock_uri *uri);
 void dlock_redis_sentinel_free(struct redis_sentinel *s);
+
+/* ---- redis_plain.c: layout=plain's wake-up -------------------------------- */
+
+/* The channel a layout=plain waiter on name listens to, malloc'ed (*len):
+ * "__keyspace@<db>__:<prefix><name>" when every node has keyspace
+ * notifications on for generic commands and expiries (CONFIG GET
+ * notify-keyspace-events: K and A, or K, g and x), *notified set; else
+ * dlock's release channel (dlock_redis_release_channel()), *notified 0
+ * (the waiter then polls every DLOCK_REDIS_PLAIN_POLL_NS). A node that
+ * refuses CONFIG (managed Redis) counts as off. NULL: out of memory. */
+char *dlock_redis_plain_channel(struct redis_conn *rc, const char *name, size_t len,
+                                size_t *chan_len, int *notified);
 
 /* ---- redis_floor.c: store-wide tokens ------------------------------------ */
 

@@ -52,13 +52,16 @@ int dlock_redis_floor_ok(struct redis_conn *rc, uint64_t floor)
 
 char *dlock_redis_floor_key(struct redis_conn *rc, size_t *len)
 {
-    size_t plen = strlen(rc->prefix);
-    char *k = malloc(plen + sizeof "floor");
+    /* layout=plain: beside the peers' keys, "dlock:<prefix>floor". */
+    const char *side = rc->plain ? DLOCK_REDIS_PLAIN_SIDE : "";
+    size_t slen = strlen(side), plen = strlen(rc->prefix);
+    char *k = malloc(slen + plen + sizeof "floor");
     if (!k)
         return NULL;
-    memcpy(k, rc->prefix, plen);
-    memcpy(k + plen, "floor", sizeof "floor");
-    *len = plen + sizeof "floor" - 1;
+    memcpy(k, side, slen);
+    memcpy(k + slen, rc->prefix, plen);
+    memcpy(k + slen + plen, "floor", sizeof "floor");
+    *len = slen + plen + sizeof "floor" - 1;
     return k;
 }
 
@@ -102,10 +105,13 @@ static void top_of(const redisReply *r, uint64_t *top)
 /* "<prefix>*:fence" with the prefix's glob characters escaped. */
 static char *fence_pattern(struct redis_conn *rc, size_t *len)
 {
-    size_t plen = strlen(rc->prefix), o = 0;
-    char *p = malloc(2 * plen + sizeof "{*}floor"); /* room for either */
+    /* layout=plain: "dlock:<prefix>*:fence" (no glob character in it). */
+    const char *side = rc->plain ? DLOCK_REDIS_PLAIN_SIDE : "";
+    size_t plen = strlen(rc->prefix), o = strlen(side);
+    char *p = malloc(o + 2 * plen + sizeof "{*}floor"); /* room for either */
     if (!p)
         return NULL;
+    memcpy(p, side, o);
     for (size_t i = 0; i < plen; i++) {
         if (strchr("*?[]\\", rc->prefix[i]))
             p[o++] = '\\';

@@ -1,7 +1,9 @@
 /*
  * What the Redis backend calls its keys, and where they live: the keys of
  * a lock name ("<prefix><name>:lock", ":fence", ":queue", the floor
- * "<prefix>floor", ":raised", ":holders", ":modes"), a Cluster's hash slot of a name and the
+ * "<prefix>floor", ":raised", ":holders", ":modes"; layout=plain: the
+ * peers' "<prefix><name>" and the rest under "dlock:"), the release
+ * channel, a Cluster's hash slot of a name and the
  * hash tag "{T}" that puts all of a name's keys and channels in that slot,
  * a script call's argv, and the detail of a request refused because the
  * name is held as another kind (DLOCK_EMODE). Pure: it calls nothing of the backend's (only
@@ -77,9 +79,12 @@ int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
     static const char *const suffix[REDIS_NKEYS_ALL] = {":lock",   ":fence",   ":queue", "floor",
                                                         ":raised", ":holders", ":modes"};
     /* Cluster: "{T}" after the prefix, T the tag of the name's slot (so
-     * the floor key too is in it). */
+     * the floor key too is in it). layout=plain: the lock key is the
+     * peers' "<prefix><name>", the others have DLOCK_REDIS_PLAIN_SIDE
+     * before the prefix. */
     char tag[8] = "";
-    size_t plen = strlen(rc->prefix), tlen = 0, total = 0;
+    const char *side = rc->plain ? DLOCK_REDIS_PLAIN_SIDE : "";
+    size_t plen = strlen(rc->prefix), slen0 = strlen(side), tlen = 0, total = 0;
     char *p;
     keys->slot = 0;
     if (rc->mode == REDIS_CLUSTER) {
@@ -87,21 +92,40 @@ int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
         tlen = (size_t)snprintf(tag, sizeof tag, "{%s}", dlock_redis_slot_tag(keys->slot));
     }
     for (int i = 0; i < REDIS_NKEYS_ALL; i++)
-        total += plen + tlen + len + strlen(suffix[i]) + 1;
+        total += slen0 + plen + tlen + len + strlen(suffix[i]) + 1;
     p = keys->buf = total <= sizeof keys->small ? keys->small : malloc(total);
     if (!p)
         return DLOCK_ENOMEM;
     for (int i = 0; i < REDIS_NKEYS_ALL; i++) {
-        size_t slen = strlen(suffix[i]), nlen = i == 3 ? 0 : len;
+        int bare = rc->plain && i == 0; /* the peers' key */
+        const char *sfx = bare ? "" : suffix[i];
+        size_t slen = strlen(sfx), nlen = i == 3 ? 0 : len, s0 = bare ? 0 : slen0;
         keys->k[i] = p;
-        memcpy(p, rc->prefix, plen);
-        memcpy(p + plen, tag, tlen);
-        memcpy(p + plen + tlen, name, nlen);
-        memcpy(p + plen + tlen + nlen, suffix[i], slen + 1);
-        keys->len[i] = plen + tlen + nlen + slen;
+        memcpy(p, side, s0);
+        memcpy(p + s0, rc->prefix, plen);
+        memcpy(p + s0 + plen, tag, tlen);
+        memcpy(p + s0 + plen + tlen, name, nlen);
+        memcpy(p + s0 + plen + tlen + nlen, sfx, slen + 1);
+        keys->len[i] = s0 + plen + tlen + nlen + slen;
         p += keys->len[i] + 1;
     }
     return 0;
+}
+
+char *dlock_redis_release_channel(struct redis_conn *rc, const char *name, size_t len,
+                                  size_t *chan_len)
+{
+    const char *side = rc->plain ? DLOCK_REDIS_PLAIN_SIDE : "";
+    size_t slen = strlen(side), plen = strlen(rc->prefix);
+    char *buf = malloc(slen + plen + len + sizeof ":released");
+    if (!buf)
+        return NULL;
+    memcpy(buf, side, slen);
+    memcpy(buf + slen, rc->prefix, plen);
+    memcpy(buf + slen + plen, name, len);
+    memcpy(buf + slen + plen + len, ":released", sizeof ":released");
+    *chan_len = slen + plen + len + sizeof ":released" - 1;
+    return buf;
 }
 
 void dlock_redis_keys_free(struct redis_keys *keys)

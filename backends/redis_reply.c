@@ -352,6 +352,12 @@ int dlock_redis_reply_inspect(const redisReply *r, struct redis_seen *s)
         (s->token = dec(e[0]->str + 33, e[0]->len - 33)) != 0) {
         s->has_owner = 1;
         memcpy(s->owner, e[0]->str, 32);
+    } else if (s->held && e[0]->len < sizeof s->value) {
+        int printable = 1;
+        for (size_t i = 0; i < e[0]->len && printable; i++)
+            printable = e[0]->str[i] >= 0x20 && e[0]->str[i] < 0x7f;
+        if (printable)
+            memcpy(s->value, e[0]->str, e[0]->len);
     }
     s->pttl = e[1]->integer;
     s->counter = e[2]->len ? dec(e[2]->str, e[2]->len) : 0;

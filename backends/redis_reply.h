@@ -115,6 +115,9 @@ struct redis_seen {
     int held;            /* the lock key exists */
     int has_owner;       /* its value is dlock's "<owner>:<token>" */
     char owner[33];
+    /* A value dlock did not write (a peer's, layout=plain), when it is
+     * printable and fits: "" otherwise. */
+    char value[DLOCK_HOLDER_MAX];
     uint64_t token;
     long long pttl;      /* PTTL: -1 no expiry */
     uint64_t last;       /* the last token granted (0: none) */

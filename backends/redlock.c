@@ -42,6 +42,14 @@
  * FIFO), and no last token while free. When the nodes that answered cannot
  * settle held or free: DLOCK_ECONNECT, never a guess.
  *
+ * layout=plain (redis.c picks this recipe for it, over one node too): the
+ * lock key is the peers' "<prefix><name>" (redis_keys.c); a waiter listens
+ * to the key's keyspace notifications when every node has them on, else
+ * to the release channel with an attempt every DLOCK_REDIS_PLAIN_POLL_NS
+ * (redis_plain.c), and steps back only after a message; the grab round and
+ * its undo also end at a cancel (one Redis answers within `timeout`, not
+ * node_timeout); inspect names a peer's printable value.
+ *
  * Bounds: a round (connects, then replies) never runs past the call's
  * bound; a deadline wait's last round may end DLOCK_REDIS_FLOOR_NS past the
  * deadline and its undo DLOCK_REDIS_CLEANUP_NS later still (nodes that did
@@ -142,7 +150,10 @@ struct round {
     dlock_errsave first; /* the first node's failure, for the message */
 };
 
-enum { ROUND_QUORUM_FIRST = 1 }; /* send nothing unless a quorum is connected */
+enum {
+    ROUND_QUORUM_FIRST = 1, /* send nothing unless a quorum is connected */
+    ROUND_CANCEL = 2,       /* layout=plain: rc->cancel_fd ends the round too */
+};
 
 static void round_fail(struct redis_conn *rc, struct round *st)
 {
@@ -256,7 +267,10 @@ static void all_nodes_argv(struct redis_conn *rc, size_t argc, const char **argv
                 break;
             /* Past the clock, still one look at what already arrived; a
              * signal does not end the round; a failed poll is no answer. */
-            int pr = dlock_poll_until(pfd, np, -1, until, 0);
+            int pr = dlock_poll_until(pfd, np, (flags & ROUND_CANCEL) ? rc->cancel_fd : -1,
+                                      until, 0);
+            if (pr > 0 && !(pr & DLOCK_POLL_READY))
+                pr = 0; /* cancelled: as if no answer came in time */
             if (pr <= 0) {
                 for (size_t k = 0; k < np; k++) { /* no answer in time */
                     struct redis_node *n = &rc->nodes[idx[k]];
@@ -370,32 +384,10 @@ static void count_ints(struct redis_conn *rc, redisReply **replies, size_t *ones
     }
 }
 
-static const char *keys_channel(const struct redis_keys *keys, size_t *len, char **buf)
-{
-    /* "<prefix><name>:released", next to the lock key "<prefix><name>:lock" */
-    size_t base = keys->len[0] - strlen(":lock");
-    *buf = malloc(base + sizeof ":released");
-    if (!*buf)
-        return NULL;
-    memcpy(*buf, keys->k[0], base);
-    memcpy(*buf + base, ":released", sizeof ":released");
-    *len = base + sizeof ":released" - 1;
-    return *buf;
-}
-
 static const char *release_channel(struct redis_conn *rc, struct redis_held *h, size_t *len,
                                    char **buf)
 {
-    /* keys_channel()'s, from the name: "<prefix><name>:released" */
-    size_t plen = strlen(rc->prefix);
-    *buf = malloc(plen + h->name_len + sizeof ":released");
-    if (!*buf)
-        return NULL;
-    memcpy(*buf, rc->prefix, plen);
-    memcpy(*buf + plen, h->name, h->name_len);
-    memcpy(*buf + plen + h->name_len, ":released", sizeof ":released");
-    *len = plen + h->name_len + sizeof ":released" - 1;
-    return *buf;
+    return *buf = dlock_redis_release_channel(rc, h->name, h->name_len, len);
 }
 
 /* Releases on every node and wakes waiters, waiting up to bound_ns for the
@@ -403,7 +395,7 @@ static const char *release_channel(struct redis_conn *rc, struct redis_held *h, 
  * that said it was not (the rest did not answer in time: they keep our key
  * until its lease runs out). */
 static void drop_all(struct redis_conn *rc, struct redis_held *h, size_t *ours, size_t *not_ours,
-                     uint64_t bound_ns)
+                     uint64_t bound_ns, int flags)
 {
     redisReply *replies[MAX_NODES];
     char *chan = NULL;
@@ -415,7 +407,7 @@ static void drop_all(struct redis_conn *rc, struct redis_held *h, size_t *ours, 
     dlock_err_save(cl(rc), &saved);
     const char *args[3] = {DLOCK_REDIS_OP(h, "drop"), h->owner, chan};
     const size_t lens[3] = {strlen(args[0]), 32, chan_len};
-    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), bound_ns, 0, NULL);
+    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), bound_ns, flags, NULL);
     count_ints(rc, replies, ours, not_ours);
     free_replies(rc, replies);
     free(chan);
@@ -445,7 +437,10 @@ static uint64_t lease_end(uint64_t start_ns, uint32_t ttl_ms)
 static void undo(struct redis_conn *rc, struct redis_held *h)
 {
     size_t ours, not_ours;
-    drop_all(rc, h, &ours, &not_ours, node_timeout_ns(rc));
+    /* layout=plain: a cancelled wait sends the undo and does not wait for
+     * one Redis's `timeout` (nodes that do not answer keep our key until
+     * its lease runs out, as at a deadline). */
+    drop_all(rc, h, &ours, &not_ours, node_timeout_ns(rc), rc->plain ? ROUND_CANCEL : 0);
 }
 
 /* One attempt: 1 won, 0 refused (*wait_ms: shortest PTTL seen), <0 error. */
@@ -462,8 +457,8 @@ static int attempt(struct redis_conn *rc, struct redis_held *h, int64_t *wait_ms
     snprintf(ttl, sizeof ttl, "%" PRIu32, h->ttl_ms);
     const char *args[3] = {DLOCK_REDIS_OP(h, "grab"), h->owner, ttl};
     const size_t lens[3] = {strlen(args[0]), 32, strlen(ttl)};
-    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc), ROUND_QUORUM_FIRST,
-              &st);
+    all_nodes(rc, h, args, lens, 3, replies, quorum(rc), node_timeout_ns(rc),
+              ROUND_QUORUM_FIRST | (rc->plain ? ROUND_CANCEL : 0), &st);
     for (size_t i = 0; i < rc->nnodes; i++) {
         long long a, b;
         if (dlock_redis_reply_pair(replies[i], &a, &b) != 0)
@@ -557,7 +552,7 @@ static int all_subscribed(struct redis_conn *rc)
     return 1;
 }
 
-/* Waits for a "released" message on any node, or until until_ns: 0;
+/* Waits for a "released" message on any node (1), or until until_ns (0);
  * DLOCK_ECANCELED (no detail set) once cancel_fd (-1: none) is readable,
  * DLOCK_EINTR on a signal. Replies that are only (un)subscribe
  * confirmations are consumed on the way. */
@@ -577,7 +572,7 @@ static int wait_release(struct redis_conn *rc, const char *chan, size_t len, uin
                 freeReplyObject(r);
                 r = NULL;
                 if (msg)
-                    return 0;
+                    return 1;
             }
             pfd[np] = (struct pollfd){.fd = n->sub->fd, .events = POLLIN};
             idx[np++] = i;
@@ -611,7 +606,7 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
     size_t chan_len = 0;
     int64_t wait_ms = -1;
     unsigned losses = 0;
-    int subscribed = 0, err;
+    int subscribed = 0, notified = 0, slow = 0, err;
     uint64_t saved = rc->deadline_ns, lost_at = 0;
 
     if (rc->nnodes > MAX_NODES)
@@ -629,7 +624,13 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
         }
         if (subscribed && !all_subscribed(rc))
             subscribe_missing(rc, chan, chan_len);
+        rc->cancel_fd = req->cancel_fd;
         err = attempt(rc, h, &wait_ms);
+        rc->cancel_fd = -1;
+        if (err != 1 && rc->plain && dlock_fd_cancelled(req->cancel_fd)) {
+            err = dlock_cancelled(cl(rc));
+            break;
+        }
         /* Too few nodes reachable (restarting, connections reset): a wait
          * tries again every RECOVER_PAUSE_NS, every node at once, for up
          * to connect_timeout (and never past its deadline) before it
@@ -677,6 +678,9 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
             }
             wait_ms = (int64_t)(node_timeout_ns(rc) / 1000000u);
             err = 0;
+            slow = 1;
+        } else {
+            slow = 0;
         }
         if (err != 0)
             break;
@@ -695,7 +699,14 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
             break;
         }
         if (!subscribed) { /* subscribe, then retry at once: no release unseen */
-            if (!release_channel(rc, h, &chan_len, &chan)) {
+            /* layout=plain: the key's keyspace notifications when the
+             * servers have them on, else dlock's release channel and a
+             * poll (redis_plain.c). */
+            if (rc->plain)
+                chan = dlock_redis_plain_channel(rc, h->name, h->name_len, &chan_len, &notified);
+            else
+                release_channel(rc, h, &chan_len, &chan);
+            if (!chan) {
                 err = dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
                 break;
             }
@@ -713,6 +724,9 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
         uint64_t bound = (uint64_t)(wait_ms > 0 ? wait_ms : 1) * 1000000u;
         if (bound > WAIT_SLICE_NS)
             bound = WAIT_SLICE_NS;
+        /* (Not after nodes were slow to answer: they get node_timeout.) */
+        if (rc->plain && !notified && !slow && bound > DLOCK_REDIS_PLAIN_POLL_NS)
+            bound = DLOCK_REDIS_PLAIN_POLL_NS; /* a peer's release is not told */
         uint64_t until = now + bound;
         if (req->wait == DLOCK_WAIT_DEADLINE && req->deadline_ns < until)
             until = req->deadline_ns;
@@ -725,6 +739,9 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
             err = dlock_cancelled(cl(rc));
             break;
         }
+        /* layout=plain: a poll that found nothing steps back no further. */
+        if (rc->plain && we == 0)
+            continue;
         uint32_t rnd = 0;
         dlock_random_bytes(&rnd, sizeof rnd);
         uint64_t spread_ns = 1000000ull << (losses < 6 ? losses : 6);
@@ -753,7 +770,7 @@ static int redlock_release(struct redis_conn *rc, struct redis_held *h)
     size_t ours, not_ours;
     uint64_t bound = dlock_redis_tv_ns(&rc->connect_tv);
     uint64_t saved = dlock_redis_limit(rc, dlock_monotonic_ns() + bound);
-    drop_all(rc, h, &ours, &not_ours, bound);
+    drop_all(rc, h, &ours, &not_ours, bound, 0);
     dlock_redis_unlimit(rc, saved);
     if (ours >= quorum(rc)) {
         dlock_clearerr(cl(rc));
@@ -792,7 +809,7 @@ static int redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t t
         return 0;
     }
     size_t dropped, refused;
-    drop_all(rc, h, &dropped, &refused, node_timeout_ns(rc)); /* a minority is no lock */
+    drop_all(rc, h, &dropped, &refused, node_timeout_ns(rc), 0); /* a minority is no lock */
     return dlock_seterr(cl(rc), DLOCK_ELOST,
                         "renewed on only %zu of %zu Redlock nodes, %zu needed (%zu said it was "
                         "no longer ours, the others did not answer in time); released",
@@ -1009,7 +1026,17 @@ static int desc(const void *a, const void *b)
  *  - last token: the holder's token while held; unknown while free (failed
  *    attempts draw tokens on some nodes, which were never grants).
  */
-static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dlock_info *info)
+/* Two nodes' lock keys name the same holder: dlock's owner id, or the
+ * same printable value of a peer (node-redlock writes one on every node). */
+static int same_holder(const struct redis_seen *a, const struct redis_seen *b)
+{
+    if (a->has_owner || b->has_owner)
+        return a->has_owner && b->has_owner && memcmp(a->owner, b->owner, 32) == 0;
+    return a->value[0] && strcmp(a->value, b->value) == 0;
+}
+
+static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, const char *name,
+                        size_t len, dlock_info *info)
 {
     redisReply *replies[MAX_NODES];
     struct redis_seen *seen;
@@ -1022,7 +1049,8 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dl
 
     if (n > MAX_NODES)
         return dlock_seterr(cl(rc), DLOCK_EBADURI, "Redlock takes at most %d hosts", MAX_NODES);
-    if (!(seen = calloc(n, sizeof *seen)) || !keys_channel(keys, &chan_len, &chan)) {
+    if (!(seen = calloc(n, sizeof *seen)) ||
+        !(chan = dlock_redis_release_channel(rc, name, len, &chan_len))) {
         free(seen);
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
     }
@@ -1043,6 +1071,8 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dl
                          rc->nodes[i].host, rc->nodes[i].port);
             round_fail(rc, &st);
         } else {
+            if (!rc->plain) /* layout=dlock: a foreign value names no one */
+                seen[i].value[0] = '\0';
             ok[i] = 1;
             answered++;
         }
@@ -1060,9 +1090,7 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dl
         if (!ok[i] || !seen[i].held)
             continue;
         for (size_t j = 0; j < n; j++)
-            count += ok[j] && seen[j].held &&
-                     (j == i || (seen[i].has_owner && seen[j].has_owner &&
-                                 memcmp(seen[i].owner, seen[j].owner, 32) == 0));
+            count += ok[j] && seen[j].held && (j == i || same_holder(&seen[i], &seen[j]));
         if (count > most)
             most = count, best = i;
     }
@@ -1093,7 +1121,23 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dl
             info->lease_ms = (uint64_t)pttl[q - 1];
         }
     } else if (most >= q) {
-        info->held = 1; /* by a value dlock did not write: no owner, no token */
+        /* By a value dlock did not write (a peer's, layout=plain): that
+         * value as the owner when printable, the lease a quorum still
+         * has; no token. */
+        size_t np = 0;
+        info->held = 1;
+        if (seen[best].value[0]) {
+            info->known |= DLOCK_KNOWS_OWNER;
+            snprintf(info->owner, sizeof info->owner, "%s", seen[best].value);
+        }
+        for (size_t j = 0; j < n; j++)
+            if (ok[j] && seen[j].held && same_holder(&seen[best], &seen[j]) && seen[j].pttl >= 0)
+                pttl[np++] = seen[j].pttl;
+        if (np >= q && seen[best].value[0]) {
+            qsort(pttl, np, sizeof pttl[0], desc);
+            info->known |= DLOCK_KNOWS_LEASE;
+            info->lease_ms = (uint64_t)pttl[q - 1];
+        }
     } else if (most + (n - answered) >= q) {
         err = dlock_seterr(cl(rc), DLOCK_ECONNECT,
                            "inspect: one owner holds %zu of %zu Redlock nodes and %zu did not "
@@ -1111,7 +1155,8 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, dl
             agree = 0;
         subs = seen[i].numsub;
     }
-    if (agree && subs >= 0) {
+    /* layout=plain: waiters may listen to keyspace notifications instead. */
+    if (agree && subs >= 0 && !rc->plain) {
         info->known |= DLOCK_KNOWS_WAITERS;
         info->waiters = (uint64_t)subs;
     }
@@ -1237,7 +1282,7 @@ static int redlock_inspect(struct redis_conn *rc, const char *name, size_t len, 
     int err;
     if (dlock_redis_keys(rc, name, len, &keys) != 0)
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
-    err = inspect_keys(rc, &keys, info);
+    err = inspect_keys(rc, &keys, name, len, info);
     dlock_redis_keys_free(&keys);
     if ((err && err != DLOCK_ECONNECT) || (!err && info->held))
         return err;

@@ -140,6 +140,10 @@ static const struct kind {
     /* Shared locks over a quorum; no semaphore (docs/redlock.md). */
     {"redlock", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED, NULL, 0, 0,
      0, 200},
+    /* layout=plain (one Redis, Redlock): exclusive locks on the peers'
+     * plain key, not FIFO (the peers barge). */
+    {"redis-plain", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0, 200},
+    {"redlock-plain", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0, 200},
     {"redis-cluster",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED |
          DLOCK_CAP_SEMAPHORE,
@@ -209,6 +213,8 @@ static const struct kind *kind_of(const char *one)
         k = "etcd-etcd3";
     else if (strcmp(s, "file") == 0 || strcmp(s, "zookeeper") == 0 || strcmp(s, "etcd") == 0)
         k = s;
+    else if (strcmp(s, "redis") == 0 && layout && strcmp(layout, "plain") == 0)
+        k = dlock_uri_host_count(u) > 1 ? "redlock-plain" : "redis-plain";
     else if (strcmp(s, "redis") == 0)
         k = dlock_uri_host_count(u) > 1 ? "redlock" : "redis";
     else if (strcmp(s, "redis+cluster") == 0)
