@@ -172,7 +172,9 @@ def peers():
 
 def python_peer(script):
     """argv running script (the protocol's body) on Debian's python3. The
-    script gets PEER_ARGS = sys.argv[1:] and the helpers say(), wait_cmd()."""
+    script gets PEER_ARGS = sys.argv[1:] and the helpers say(), now(),
+    wait_cmd(), hold(took, give) (held until "release") and serve(take,
+    give) (the loop protocol)."""
     prelude = (
         "import sys, time\n"
         "PEER_ARGS = sys.argv[1:]\n"
@@ -182,6 +184,28 @@ def python_peer(script):
         "    return '{:.6f}'.format(time.monotonic())\n"
         "def wait_cmd():\n"
         "    return sys.stdin.readline().strip()\n"
+        "def hold(took, give):\n"  # a try or a wait's result, then the protocol
+        "    if not took:\n"
+        "        say('busy')\n"
+        "        sys.exit(0)\n"
+        "    say('held', now())\n"
+        "    while wait_cmd() not in ('release', ''):\n"
+        "        pass\n"
+        "    give()\n"
+        "    say('released', now())\n"
+        "def serve(take, give):\n"  # the loop protocol (rolling_migration)
+        "    while True:\n"
+        "        cmd = wait_cmd()\n"
+        "        if cmd == 'acquire':\n"
+        "            if not take():\n"
+        "                say('error', 'not acquired within 20 s')\n"
+        "                continue\n"
+        "            say('held', now())\n"
+        "        elif cmd == 'release':\n"
+        "            give()\n"
+        "            say('released', now())\n"
+        "        else:\n"
+        "            break\n"
     )
     return [PYTHON, "-c", prelude + script]
 
@@ -271,7 +295,7 @@ def handoff_dlock_to_peer(lock, peer, timeout=10.0):
 # "From another lock library") ------------------------------------------
 #
 # WORKERS workers take one lock name over and over; each critical section,
-# under the lock, sets an "inside" marker (finding it set is an overlap),
+# under the lock, counts itself in (finding another inside is an overlap),
 # reads a shared counter, sleeps 10 ms and writes it back + 1. The workers
 # move through the runbook's phases, the first half first:
 #   1. all peer                       2. half on the list, half peer
@@ -294,23 +318,24 @@ def rolling_migration(peer_argv, peer_uri, native_uri, name, workers=4, phase_s=
                       list_uri=None):
     import threading
 
-    state = {"inside": False, "counter": 0, "sections": [], "overlaps": 0, "errors": [],
+    state = {"inside": 0, "counter": 0, "sections": [], "overlaps": 0, "errors": [],
              "phase": 1, "acked": {}, "stop": False}
     mu = threading.Lock()
     if list_uri is None:  # (a negative control gives another)
         list_uri = peer_uri + " " + native_uri
 
-    def section(worker, kind, token):
+    def section(worker, phase, kind, token):
+        # phase: the one the worker chose its kind in (a section that
+        # started before the phase moved on does not count for the next).
         with mu:
             if state["inside"]:
                 state["overlaps"] += 1
-            state["inside"] = True
+            state["inside"] += 1  # how many are inside (one, unless they overlap)
             c = state["counter"]
-            phase = state["phase"]
         time.sleep(0.01)
         with mu:
             state["counter"] = c + 1
-            state["inside"] = False
+            state["inside"] -= 1
             state["sections"].append((phase, worker, kind, token))
             state["acked"][worker] = phase
 
@@ -328,7 +353,7 @@ def rolling_migration(peer_argv, peer_uri, native_uri, name, workers=4, phase_s=
                         peer = Peer(peer_argv)
                     peer.send("acquire")
                     peer.expect("held", 20)
-                    section(worker, kind, None)
+                    section(worker, phase, kind, None)
                     peer.send("release")
                     peer.expect("released", 20)
                     continue
@@ -340,7 +365,7 @@ def rolling_migration(peer_argv, peer_uri, native_uri, name, workers=4, phase_s=
                     clients[kind] = dlock.open(uri)
                 lk = clients[kind].acquire(name, timeout=20)
                 try:
-                    section(worker, kind, lk.token)
+                    section(worker, phase, kind, lk.token)
                 finally:
                     lk.release()
         except BaseException as e:  # the caller reports it

@@ -10,6 +10,8 @@ the native layout alone (no peer layout in their list) and must see an
 overlap: the check can fail.
 """
 
+import contextlib
+
 import pytest
 
 from conftest import (env_uri, log, peer_module, python_peer, rolling_migration, with_params)
@@ -17,27 +19,40 @@ from conftest import (env_uri, log, peer_module, python_peer, rolling_migration,
 REDIS_PY_LOOP = """
 import redis
 r = redis.Redis.from_url(PEER_ARGS[0])
-lk = r.lock(PEER_ARGS[1], timeout=30, blocking_timeout=20, sleep=0.005)
-while True:
-    cmd = wait_cmd()
-    if cmd == "acquire":
-        if not lk.acquire():
-            say("error", "not acquired within 20 s")
-            continue
-        say("held", now())
-    elif cmd == "release":
-        lk.release()
-        say("released", now())
-    else:
-        break
+# Retrying every 10 ms (redis-py's default is 0.1 s), to keep the phases
+# short; with keyspace notifications on (redis_case) dlock's waiters are
+# woken by the DEL and do not depend on when they look.
+lk = r.lock(PEER_ARGS[1], timeout=30, blocking_timeout=20, sleep=0.01)
+serve(lk.acquire, lk.release)
 """
+
+
+@contextlib.contextmanager
+def keyspace_notifications(plain_url):
+    """notify-keyspace-events Kgx on the server for the block, as the
+    runbook asks for the migration (docs/migration.md): dlock's waiters in
+    layout=plain are then woken by the peer's DEL, where its 25 ms look
+    could keep missing a peer that takes the key again at once."""
+    import redis
+    r = redis.Redis.from_url(plain_url)
+    was = r.config_get("notify-keyspace-events")["notify-keyspace-events"]
+    r.config_set("notify-keyspace-events", "Kgx")
+    try:
+        yield
+    finally:
+        r.config_set("notify-keyspace-events", was)
+        r.close()
 
 
 def redis_case(name):
     peer_module("redis")
-    uri = env_uri("DLOCK_REDIS_URI")
+    # The password-protected server: no other suite changes its
+    # notify-keyspace-events while this runs (interop-redis turns them on
+    # and off on the other one).
+    uri = env_uri("DLOCK_REDIS_AUTH_URI")
     plain = uri.split("?", 1)[0]
-    return python_peer(REDIS_PY_LOOP) + [plain, name], with_params(uri, layout="plain"), uri
+    return (python_peer(REDIS_PY_LOOP) + [plain, name], with_params(uri, layout="plain"), uri,
+            name, keyspace_notifications(plain))
 
 
 KAZOO_LOOP = """
@@ -45,18 +60,7 @@ from kazoo.client import KazooClient
 zk = KazooClient(hosts=PEER_ARGS[0])
 zk.start(timeout=10)
 lk = zk.Lock(PEER_ARGS[1], "rolling-peer")
-while True:
-    cmd = wait_cmd()
-    if cmd == "acquire":
-        if not lk.acquire(timeout=20):
-            say("error", "not acquired within 20 s")
-            continue
-        say("held", now())
-    elif cmd == "release":
-        lk.release()
-        say("released", now())
-    else:
-        break
+serve(lambda: lk.acquire(timeout=20), lk.release)
 zk.stop()
 """
 
@@ -76,16 +80,12 @@ conn = psycopg2.connect(PEER_ARGS[0])
 conn.autocommit = True
 cur = conn.cursor()
 n = int(PEER_ARGS[1])
-while True:
-    cmd = wait_cmd()
-    if cmd == "acquire":
-        cur.execute("SELECT pg_advisory_lock(%s)", (n,))
-        say("held", now())
-    elif cmd == "release":
-        cur.execute("SELECT pg_advisory_unlock(%s)", (n,))
-        say("released", now())
-    else:
-        break
+def take():
+    cur.execute("SELECT pg_advisory_lock(%s)", (n,))
+    return True
+def give():
+    cur.execute("SELECT pg_advisory_unlock(%s)", (n,))
+serve(take, give)
 """
 
 
@@ -106,19 +106,12 @@ conn = pymysql.connect(host=u.hostname, port=u.port or 3306, user=u.username,
                        password=urllib.parse.unquote(u.password or ""), database=u.path[1:],
                        autocommit=True)
 cur = conn.cursor()
-while True:
-    cmd = wait_cmd()
-    if cmd == "acquire":
-        cur.execute("SELECT GET_LOCK(%s, 20)", (PEER_ARGS[1],))
-        if cur.fetchone()[0] != 1:
-            say("error", "not acquired within 20 s")
-            continue
-        say("held", now())
-    elif cmd == "release":
-        cur.execute("SELECT RELEASE_LOCK(%s)", (PEER_ARGS[1],))
-        say("released", now())
-    else:
-        break
+def take():
+    cur.execute("SELECT GET_LOCK(%s, 20)", (PEER_ARGS[1],))
+    return cur.fetchone()[0] == 1
+def give():
+    cur.execute("SELECT RELEASE_LOCK(%s)", (PEER_ARGS[1],))
+serve(take, give)
 """
 
 
@@ -134,9 +127,12 @@ CASES = {"redis-py": redis_case, "kazoo": kazoo_case, "psycopg2-int": pg_int_cas
 
 
 def case(peer, name):
-    """(peer argv, peer-layout URI, native URI, lock name) of one case."""
+    """(peer argv, peer-layout URI, native URI, lock name, the context to
+    run in) of one case."""
     got = CASES[peer](name)
-    return got if len(got) == 4 else got + (name,)
+    if len(got) == 3:
+        got += (name,)
+    return got if len(got) == 5 else got + (contextlib.nullcontext(),)
 
 
 def check(state, control=False):
@@ -163,15 +159,17 @@ def check(state, control=False):
 
 @pytest.mark.parametrize("peer", sorted(CASES))
 def test_rolling_migration(name, peer):
-    argv, peer_uri, native_uri, name = case(peer, name)
-    check(rolling_migration(argv, peer_uri, native_uri, name))
+    argv, peer_uri, native_uri, name, setting = case(peer, name)
+    with setting:
+        check(rolling_migration(argv, peer_uri, native_uri, name, phase_s=0.5))
 
 
 @pytest.mark.parametrize("peer", sorted(CASES))
 def test_rolling_control_without_peer_layout(name, peer):
     """Phase 2 with dlock on the native layout alone: the peer and dlock
     share nothing, and the counter's overlap check must see it."""
-    argv, peer_uri, native_uri, name = case(peer, name)
-    state = rolling_migration(argv, peer_uri, native_uri, name, list_uri=native_uri)
+    argv, peer_uri, native_uri, name, setting = case(peer, name)
+    with setting:
+        state = rolling_migration(argv, peer_uri, native_uri, name, list_uri=native_uri)
     check(state, control=True)
     assert state["overlaps"] > 0, "no overlap seen without the peer layout"
