@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "backends/etcd_int.h"
+#include "core/sha256.h"
 
 char *etcd_single_key(struct etcd_conn *ec, const char *name, size_t len, size_t *klen)
 {
@@ -141,8 +142,8 @@ static unsigned describe(const struct etcd_kv *kv, const unsigned char *value, s
     if (!vlen)
         return 0;
     size_t w = (size_t)snprintf(owner, size, "value ");
-    for (size_t i = 0; i < vlen && w + 3 <= size; i++)
-        w += (size_t)snprintf(owner + w, size - w, "%02x", value[i]);
+    if (w < size) /* as many bytes as fit, in hex */
+        dlock_hex(value, vlen < (size - w - 1) / 2 ? vlen : (size - w - 1) / 2, owner + w);
     return DLOCK_KNOWS_OWNER;
 }
 
