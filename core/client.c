@@ -25,7 +25,7 @@ static const char *const known_schemes[] = {
 };
 
 /* Backends may return a code without detail; never leave the text empty. */
-static int finish(dlock_client *c, int rc)
+int dlock_finish(dlock_client *c, int rc)
 {
     if (rc && c->errmsg[0] == '\0')
         dlock_seterr(c, rc, "%s", dlock_strerror(rc));
@@ -73,7 +73,7 @@ static int composite_connect(dlock_client *c, const char *list, size_t n)
     rc = dlock_composite_open(c, uris, n, &conn);
     free(buf);
     if (rc)
-        return finish(c, rc);
+        return dlock_finish(c, rc);
     conn->client = c;
     c->backend = &dlock_composite_backend;
     c->conn = conn;
@@ -112,7 +112,7 @@ static int client_connect(dlock_client *c, const char *uri)
         return rc;
     rc = b->open(c, c->uri, &conn);
     if (rc)
-        return finish(c, rc);
+        return dlock_finish(c, rc);
     conn->backend = b;
     conn->client = c;
     c->backend = b;
@@ -133,6 +133,9 @@ int dlock_client_open(const char *uri, dlock_client **clientp)
     if (dlock_names_init(&c->held) != 0)
         return dlock_seterr(c, DLOCK_EIO, "cannot read random bytes for the client's name table");
     rc = client_connect(c, uri);
+    /* The observer of an election opens the client's URI again. */
+    if (rc == 0 && !(c->uri_text = strdup(uri)))
+        rc = dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     return rc;
 }
 
@@ -148,6 +151,8 @@ static int release_in_store(dlock_client *c, dlock_lock *lock, uint64_t since_ns
     if (dlock_abi_has(c->backend, lease_end_ns))
         lock->held->lease_end_ns = 0;
     int rc = dlock_lock_ops(lock)->release(c->conn, lock->held);
+    if (lock->elected)
+        dlock_election_wake(lock);
     dlock_call_deadline_set(was);
     return rc;
 }
@@ -176,6 +181,7 @@ void dlock_client_close(dlock_client *c)
     if (c->conn)
         c->backend->close(c->conn);
     dlock_uri_free(c->uri);
+    free(c->uri_text);
     free(c);
 }
 
@@ -192,7 +198,7 @@ unsigned int dlock_client_caps(const dlock_client *c)
 }
 
 /* A client whose open failed carries its error and nothing else. */
-static int check_usable(dlock_client *c)
+int dlock_check_usable(dlock_client *c)
 {
     if (!c->conn)
         return dlock_seterr(c, DLOCK_EINVAL, "the client is not connected (its open failed)");
@@ -201,7 +207,7 @@ static int check_usable(dlock_client *c)
 }
 
 /* Calls that wait for the keeper would deadlock on its own threads. */
-static int not_on_keeper(void)
+int dlock_not_on_keeper(void)
 {
     /* No detail either: the client's belongs to the application's thread. */
     return dlock_keeper_on_thread() ? DLOCK_EINVAL : 0;
@@ -210,14 +216,14 @@ static int not_on_keeper(void)
 int dlock_client_ping(dlock_client *c)
 {
     int rc;
-    if (!c || not_on_keeper())
+    if (!c || dlock_not_on_keeper())
         return DLOCK_EINVAL;
-    if ((rc = check_usable(c)) != 0)
+    if ((rc = dlock_check_usable(c)) != 0)
         return rc;
     if (!c->backend->ping)
         return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend has no store to ping",
                             c->backend->name);
-    return finish(c, c->backend->ping(c->conn));
+    return dlock_finish(c, c->backend->ping(c->conn));
 }
 
 int dlock_acquire_opts_init_version(dlock_acquire_opts *opts, unsigned int version)
@@ -245,7 +251,6 @@ void dlock_acquire_opts_init(dlock_acquire_opts *opts)
     dlock_acquire_opts_init_version(opts, 3);
 }
 
-static int report_lost(dlock_client *c, const char *detail);
 
 /* The held lock with one of names, or NULL; *same: it has exactly them.
  * O(n) expected, whatever the client holds (core/held.c). */
@@ -264,7 +269,7 @@ static dlock_lock *find_held(dlock_client *c, const dlock_name *names, size_t n,
     return NULL;
 }
 
-static int check_name(dlock_client *c, const char *name, size_t len)
+int dlock_check_name(dlock_client *c, const char *name, size_t len)
 {
     if (!name || len == 0)
         return dlock_seterr(c, DLOCK_EINVAL, "lock name is empty");
@@ -377,7 +382,7 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
                                 "this client holds a lock with some of these names but not "
                                 "exactly these: a reentrant acquire needs the same names");
         if (atomic_load(&lock->lost))
-            return report_lost(c, dlock_keeper_lost_detail(lock));
+            return dlock_report_lost(c, dlock_keeper_lost_detail(lock));
         if (opts->version >= 4 && (opts->mode != lock->mode || opts->limit != lock->limit))
             return dlock_seterr(c, DLOCK_EMODE,
                                 "this client holds the lock %s%.0u: a reentrant acquire needs "
@@ -460,7 +465,7 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
     dlock_metrics_acquire(c, rc, lock->granted_ns - sent);
     if (rc) {
         free(lock);
-        return finish(c, rc);
+        return dlock_finish(c, rc);
     }
     lock->held = held;
     atomic_store(&lock->expires_ns, dlock_lease_end(c, held, sent, req.ttl_ms));
@@ -472,7 +477,7 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
         dlock_lock_ops(lock)->release(c->conn, held);
         free(lock);
         dlock_err_restore(c, &why);
-        return finish(c, rc);
+        return dlock_finish(c, rc);
     }
     /* The add can only fail for the table's first buckets, before the
      * grant is used: give the grant back rather than hold it untracked. */
@@ -490,12 +495,12 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
 /* The checks every acquire starts with. */
 static int acquire_start(dlock_client *c, dlock_lock **lockp)
 {
-    if (!c || !lockp || not_on_keeper())
+    if (!c || !lockp || dlock_not_on_keeper())
         return c && lockp && !dlock_keeper_on_thread()
                    ? dlock_seterr(c, DLOCK_EINVAL, "no place to store the lock")
                    : DLOCK_EINVAL;
     *lockp = NULL;
-    return check_usable(c);
+    return dlock_check_usable(c);
 }
 
 int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
@@ -503,7 +508,7 @@ int dlock_acquire_n(dlock_client *c, const char *name, size_t len,
 {
     static const dlock_acquire_opts defaults = DLOCK_ACQUIRE_OPTS_INIT;
     int rc = acquire_start(c, lockp);
-    if (rc || (rc = check_name(c, name, len)) != 0)
+    if (rc || (rc = dlock_check_name(c, name, len)) != 0)
         return rc;
     dlock_name one = {name, len};
     return acquire_names(c, &one, 1, opts ? opts : &defaults, lockp);
@@ -532,7 +537,7 @@ int dlock_acquire_names(dlock_client *c, const char *const *names, size_t count,
                             DLOCK_NAMES_MAX);
     for (size_t i = 0; i < count; i++) {
         size_t len = names[i] ? strnlen(names[i], DLOCK_NAME_MAX + 1) : 0;
-        if ((rc = check_name(c, names[i], len)) != 0)
+        if ((rc = dlock_check_name(c, names[i], len)) != 0)
             return dlock_seterr(c, rc, "name %zu of %zu: %s", i + 1, count, dlock_errmsg(c));
         sorted[i] = (dlock_name){names[i], len};
     }
@@ -545,7 +550,7 @@ int dlock_acquire_names(dlock_client *c, const char *const *names, size_t count,
 }
 
 /* The loss the keeper reported, as the client's error. */
-static int report_lost(dlock_client *c, const char *detail)
+int dlock_report_lost(dlock_client *c, const char *detail)
 {
     return dlock_seterr(c, DLOCK_ELOST, "the lock was lost: %s", detail);
 }
@@ -555,14 +560,14 @@ int dlock_release(dlock_lock *lock)
     dlock_client *c;
     char lost_detail[DLOCK_ERRMSG_MAX];
     int rc, lost;
-    if (!lock || not_on_keeper())
+    if (!lock || dlock_not_on_keeper())
         return DLOCK_EINVAL;
     uint64_t called = dlock_monotonic_ns();
     c = lock->client;
     dlock_clearerr(c);
     if (lock->holds > 1) {
         lock->holds--;
-        return atomic_load(&lock->lost) ? report_lost(c, dlock_keeper_lost_detail(lock)) : 0;
+        return atomic_load(&lock->lost) ? dlock_report_lost(c, dlock_keeper_lost_detail(lock)) : 0;
     }
     dlock_keeper_remove(lock); /* no keeper call on it from here on */
     lost = atomic_load(&lock->lost);
@@ -574,16 +579,16 @@ int dlock_release(dlock_lock *lock)
      * store down): the keeper did know. A grant reported lost is never
      * revived, and its release says so whatever the store answered. */
     if (lost)
-        rc = report_lost(c, lost_detail);
+        rc = dlock_report_lost(c, lost_detail);
     lock_free(lock);
-    return finish(c, rc);
+    return dlock_finish(c, rc);
 }
 
 int dlock_renew(dlock_lock *lock, uint32_t ttl_ms)
 {
     dlock_client *c;
     int rc;
-    if (!lock || not_on_keeper())
+    if (!lock || dlock_not_on_keeper())
         return DLOCK_EINVAL;
     c = lock->client;
     dlock_clearerr(c);
@@ -592,7 +597,7 @@ int dlock_renew(dlock_lock *lock, uint32_t ttl_ms)
     if (!c->backend->renew)
         return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot renew", c->backend->name);
     if (atomic_load(&lock->lost)) /* never revive a grant reported lost */
-        return report_lost(c, dlock_keeper_lost_detail(lock));
+        return dlock_report_lost(c, dlock_keeper_lost_detail(lock));
     dlock_keeper_hold(lock);
     uint64_t sent = dlock_monotonic_ns();
     if (dlock_abi_has(c->backend, lease_end_ns))
@@ -605,7 +610,7 @@ int dlock_renew(dlock_lock *lock, uint32_t ttl_ms)
         lock->ttl_ms = ttl_ms;
         end = dlock_lease_end(c, lock->held, sent, ttl_ms);
     }
-    rc = finish(c, rc);
+    rc = dlock_finish(c, rc);
     dlock_keeper_unhold(lock, rc, end);
     return rc;
 }
@@ -614,7 +619,7 @@ int dlock_lock_raise_token(dlock_lock *lock, uint64_t floor)
 {
     dlock_client *c;
     int rc;
-    if (!lock || not_on_keeper())
+    if (!lock || dlock_not_on_keeper())
         return DLOCK_EINVAL;
     c = lock->client;
     dlock_clearerr(c);
@@ -624,9 +629,9 @@ int dlock_lock_raise_token(dlock_lock *lock, uint64_t floor)
         return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot raise its tokens",
                             c->backend->name);
     if (atomic_load(&lock->lost)) /* never act on a grant reported lost */
-        return report_lost(c, dlock_keeper_lost_detail(lock));
+        return dlock_report_lost(c, dlock_keeper_lost_detail(lock));
     dlock_keeper_hold(lock);
-    rc = finish(c, dlock_lock_ops(lock)->raise_token(c->conn, lock->held, floor));
+    rc = dlock_finish(c, dlock_lock_ops(lock)->raise_token(c->conn, lock->held, floor));
     dlock_keeper_unhold_call(lock, rc);
     return rc;
 }
@@ -634,9 +639,9 @@ int dlock_lock_raise_token(dlock_lock *lock, uint64_t floor)
 int dlock_client_token_top(dlock_client *c, uint64_t *top)
 {
     int rc;
-    if (!c || not_on_keeper())
+    if (!c || dlock_not_on_keeper())
         return DLOCK_EINVAL;
-    if ((rc = check_usable(c)) != 0)
+    if ((rc = dlock_check_usable(c)) != 0)
         return rc;
     if (!top)
         return dlock_seterr(c, DLOCK_EINVAL, "no place to store the top token");
@@ -644,35 +649,35 @@ int dlock_client_token_top(dlock_client *c, uint64_t *top)
     if (!dlock_method(c->backend, token_top))
         return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot tell its highest token",
                             c->backend->name);
-    return finish(c, c->backend->token_top(c->conn, top));
+    return dlock_finish(c, c->backend->token_top(c->conn, top));
 }
 
 int dlock_client_raise_floor(dlock_client *c, uint64_t floor)
 {
     int rc;
-    if (!c || not_on_keeper())
+    if (!c || dlock_not_on_keeper())
         return DLOCK_EINVAL;
-    if ((rc = check_usable(c)) != 0)
+    if ((rc = dlock_check_usable(c)) != 0)
         return rc;
     if (floor >= (1ull << 63))
         return dlock_seterr(c, DLOCK_EINVAL, "a token floor must be below 2^63");
     if (!dlock_method(c->backend, raise_floor))
         return dlock_seterr(c, DLOCK_ENOTSUP, "the %s backend cannot raise its tokens",
                             c->backend->name);
-    return finish(c, c->backend->raise_floor(c->conn, floor));
+    return dlock_finish(c, c->backend->raise_floor(c->conn, floor));
 }
 
 int dlock_inspect(dlock_client *c, const char *name, dlock_info *info)
 {
     int rc;
-    if (!c || not_on_keeper())
+    if (!c || dlock_not_on_keeper())
         return DLOCK_EINVAL;
-    if ((rc = check_usable(c)) != 0)
+    if ((rc = dlock_check_usable(c)) != 0)
         return rc;
     if (!info)
         return dlock_seterr(c, DLOCK_EINVAL, "no place to store what the store knows");
     size_t len = name ? strnlen(name, DLOCK_NAME_MAX + 1) : 0;
-    if ((rc = check_name(c, name, len)) != 0)
+    if ((rc = dlock_check_name(c, name, len)) != 0)
         return rc;
     memset(info, 0, sizeof *info);
     info->version = DLOCK_INFO_VERSION;
@@ -684,7 +689,7 @@ int dlock_inspect(dlock_client *c, const char *name, dlock_info *info)
         memset(info, 0, sizeof *info);
         info->version = DLOCK_INFO_VERSION;
     }
-    return finish(c, rc);
+    return dlock_finish(c, rc);
 }
 
 /* One exclusive holder from what inspect() tells, for a backend that
@@ -726,15 +731,15 @@ int dlock_inspect_holders(dlock_client *c, const char *name, dlock_holder *holde
                           size_t capacity, size_t *count)
 {
     int rc;
-    if (!c || not_on_keeper())
+    if (!c || dlock_not_on_keeper())
         return DLOCK_EINVAL;
-    if ((rc = check_usable(c)) != 0)
+    if ((rc = dlock_check_usable(c)) != 0)
         return rc;
     if (!count || (capacity && !holders))
         return dlock_seterr(c, DLOCK_EINVAL, "no place to store the holders");
     *count = 0;
     size_t len = name ? strnlen(name, DLOCK_NAME_MAX + 1) : 0;
-    if ((rc = check_name(c, name, len)) != 0)
+    if ((rc = dlock_check_name(c, name, len)) != 0)
         return rc;
     if (capacity)
         memset(holders, 0, capacity * sizeof *holders);
@@ -744,7 +749,7 @@ int dlock_inspect_holders(dlock_client *c, const char *name, dlock_holder *holde
         if (capacity)
             memset(holders, 0, capacity * sizeof *holders);
     }
-    return finish(c, rc);
+    return dlock_finish(c, rc);
 }
 
 const char *dlock_lock_owner(const dlock_lock *lock)

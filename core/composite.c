@@ -140,7 +140,11 @@ static unsigned int comp_caps(const struct comp_conn *cc)
     unsigned int all = ~0u;
     for (size_t i = 0; i < cc->n; i++)
         all &= dlock_client_caps(cc->part[i]);
-    return all;
+    /* An election is read and watched on the first store alone. */
+    all &= ~(unsigned)DLOCK_CAP_WATCH;
+    return all | (dlock_client_caps(cc->part[0]) & DLOCK_CAP_ELECTION & all
+                      ? dlock_client_caps(cc->part[0]) & DLOCK_CAP_WATCH
+                      : 0);
 }
 
 static void comp_close(dlock_conn *conn)
@@ -515,6 +519,68 @@ static int comp_raise_floor(dlock_conn *conn, uint64_t floor)
     return 0;
 }
 
+/* Elections: the value is published in every store the leadership is
+ * held in; read and watched on the first store, as inspect is. */
+static int comp_publish(dlock_conn *conn, dlock_held *held, const void *value, size_t len)
+{
+    struct comp_held *h = (struct comp_held *)held;
+    for (size_t k = 0; k < h->n; k++) {
+        struct store s = store_at(conn, h->part[k].store);
+        dlock_err_clear(s.c);
+        int rc = s.b->publish(s.conn, h->part[k].h, value, len);
+        if (rc)
+            return part_error(conn, h, k, rc);
+    }
+    return 0;
+}
+
+static int comp_leader(dlock_conn *conn, const char *name, size_t len, dlock_info *info,
+                       char *value, size_t *value_len)
+{
+    struct comp_conn *cc = (struct comp_conn *)conn;
+    dlock_err_clear(cc->part[0]);
+    int rc = cc->part[0]->backend->leader(cc->part[0]->conn, name, len, info, value, value_len);
+    return rc ? store_error(cc, 0, rc) : 0;
+}
+
+static int comp_wake(dlock_conn *conn, const char *name, size_t len)
+{
+    struct comp_conn *cc = (struct comp_conn *)conn;
+    int rc = 0;
+    for (size_t i = 0; i < cc->n; i++) {
+        int (*wake)(dlock_conn *, const char *, size_t) =
+            dlock_method(cc->part[i]->backend, wake);
+        int r = wake ? wake(cc->part[i]->conn, name, len) : 0;
+        if (r && !rc)
+            rc = store_error(cc, i, r);
+    }
+    return rc;
+}
+
+/* The first store's watch, whose methods its own backend serves. */
+static int comp_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_watch **watchp)
+{
+    struct comp_conn *cc = (struct comp_conn *)conn;
+    dlock_err_clear(cc->part[0]);
+    int rc = cc->part[0]->backend->watch_open(cc->part[0]->conn, name, len, watchp);
+    return rc ? store_error(cc, 0, rc) : 0;
+}
+
+static int comp_watch_fd(dlock_watch *w)
+{
+    return w->conn->backend->watch_fd(w);
+}
+
+static int comp_watch_read(dlock_watch *w)
+{
+    return w->conn->backend->watch_read(w);
+}
+
+static void comp_watch_close(dlock_watch *w)
+{
+    w->conn->backend->watch_close(w);
+}
+
 const dlock_backend dlock_composite_backend = {
     DLOCK_BACKEND_INIT,
     .name = "composite",
@@ -533,6 +599,13 @@ const dlock_backend dlock_composite_backend = {
     .raise_floor = comp_raise_floor,
     .inspect = comp_inspect,
     .inspect_holders = comp_inspect_holders,
+    .publish = comp_publish,
+    .leader = comp_leader,
+    .wake = comp_wake,
+    .watch_open = comp_watch_open,
+    .watch_fd = comp_watch_fd,
+    .watch_read = comp_watch_read,
+    .watch_close = comp_watch_close,
 };
 
 /* Splits s at runs of whitespace: the count of words, and with out (room for

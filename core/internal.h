@@ -32,6 +32,7 @@ struct dlock_client {
     const dlock_backend *backend;
     dlock_conn *conn;       /* NULL when open failed */
     dlock_uri *uri;         /* NULL when the URI did not parse */
+    char *uri_text;         /* the URI (or list) it was opened with */
     struct dlock_held_names held; /* for close and for EALREADY */
     struct dlock_keeper *keeper; /* NULL until the first kept lock */
     struct dlock_counters metrics;
@@ -58,6 +59,7 @@ struct dlock_lock {
     uint32_t names;          /* 1 unless acquired with several names */
     uint16_t limit;          /* 0: a read-write lock; else a semaphore's limit */
     uint8_t mode;            /* dlock_mode */
+    uint8_t elected;         /* an election's leadership (dlock_campaign()) */
     unsigned char owner[16]; /* the grant's owner id */
     /* Its hex digits, made at the first dlock_lock_owner(): 33 bytes a
      * lock does not need otherwise. */
@@ -103,6 +105,21 @@ int dlock_owner_new(unsigned char owner[16], char hex[33]);
  * inspect() tells them (core/client.c; the composite asks its first store). */
 int dlock_store_holders(dlock_client *c, const char *name, size_t len, dlock_holder *holders,
                         size_t capacity, size_t *count);
+/* The checks and endings every call of the users' API shares
+ * (core/client.c): detail for a code a backend left without one; a client
+ * whose open failed; not on a keeper thread (0, or DLOCK_EINVAL with no
+ * detail); a name's length and bytes; a grant the keeper reported lost. */
+int dlock_finish(dlock_client *c, int rc);
+int dlock_check_usable(dlock_client *c);
+int dlock_not_on_keeper(void);
+int dlock_check_name(dlock_client *c, const char *name, size_t len);
+int dlock_report_lost(dlock_client *c, const char *detail);
+/* Elections (core/election.c): wakes the observers of an election lock's
+ * name after its release, keeping the error detail of the release. */
+void dlock_election_wake(dlock_lock *lock);
+/* One read of the election name (checked) into *out (core/election.c). */
+int dlock_leader_read(dlock_client *c, const char *name, size_t len, dlock_leader_info *out);
+
 /* The eventfd of a cancel flag, -1 for NULL (core/cancel.c). */
 int dlock_cancel_fd(const dlock_cancel *cancel);
 #define dlock_clearerr dlock_err_clear
@@ -119,6 +136,13 @@ enum {
     DLOCK_ABI_lease_ms = 6,
     DLOCK_ABI_mode = 7, /* request->mode and ->limit, and the caps that ask for them */
     DLOCK_ABI_inspect_holders = 8,
+    DLOCK_ABI_publish = 9, /* and leader, wake, watch_* */
+    DLOCK_ABI_leader = 9,
+    DLOCK_ABI_wake = 9,
+    DLOCK_ABI_watch_open = 9,
+    DLOCK_ABI_watch_fd = 9,
+    DLOCK_ABI_watch_read = 9,
+    DLOCK_ABI_watch_close = 9,
 };
 /* 1 when b was built against an ABI with m (a method or held field). */
 #define dlock_abi_has(b, m) ((b)->version >= DLOCK_ABI_##m)

@@ -686,6 +686,111 @@ DLOCK_API const char *dlock_lock_lost_detail(const dlock_lock *lock);
 /* How many times this client holds the lock (1 unless .reentrant). */
 DLOCK_API unsigned int dlock_lock_holds(const dlock_lock *lock);
 
+
+/*
+ * Leader election. An election is a name: its leader is the holder of the
+ * exclusive lock of that name, kept by the client's keeper like any lock
+ * acquired with .keep, and the leader's term is that grant's fencing
+ * token, so terms strictly increase from leader to leader and a resource
+ * that remembers the highest term it has seen refuses a deposed leader's
+ * late writes. A leader publishes a value (its address or id, at most
+ * DLOCK_VALUE_MAX bytes) that anyone may read without joining the race
+ * (dlock_leader()) or be told of at each change (dlock_observe()).
+ *
+ * Losing leadership is losing the lock: on_lost is called, and
+ * dlock_lock_lost_fd() turns readable, the loss margin before the lease
+ * end (see "Keeping leases"), so a leader that cannot renew stops before
+ * another can start. A plain dlock_acquire() of the same name holds it too
+ * (a leader with no value). Backends without elections (no
+ * DLOCK_CAP_ELECTION) refuse them with DLOCK_ENOTSUP. docs/election.md.
+ */
+#define DLOCK_VALUE_MAX 1024
+
+/*
+ * Campaigns for the election name: waits (as opts say: deadline, cancel,
+ * try; opts may be NULL for the defaults) until this client leads, then
+ * publishes value (len bytes, 0 to DLOCK_VALUE_MAX, any bytes) before
+ * returning the leadership as a lock (*lockp): its token is the term. The
+ * lock is always kept (opts->keep is taken as 1; on_lost as given). Other
+ * fields must be their defaults (exclusive, no limit, not reentrant):
+ * DLOCK_EINVAL otherwise. Errors as dlock_acquire(); a publish the store
+ * refused releases the leadership and fails the call.
+ */
+DLOCK_API int dlock_campaign(dlock_client *client, const char *name, const void *value,
+                             size_t len, const dlock_acquire_opts *opts, dlock_lock **lockp);
+
+/* Replaces the value the leader publishes, while it still leads
+ * (DLOCK_ELOST otherwise, nothing changed). Observers are told. */
+DLOCK_API int dlock_proclaim(dlock_lock *lock, const void *value, size_t len);
+
+/* Gives up leadership: releases the lock (as dlock_release(), whose result
+ * it returns; the handle is freed) and tells observers, so the next
+ * candidate leads at once. */
+DLOCK_API int dlock_resign(dlock_lock *lock);
+
+/* Who leads an election, as dlock_leader() reads it or an observer is told. */
+#define DLOCK_LEADER_VERSION 1
+typedef struct dlock_leader_info {
+    unsigned int version; /* DLOCK_LEADER_VERSION, set by the library */
+    unsigned int known;   /* DLOCK_KNOWS_* of dlock_info: what the store told */
+    int held;             /* 1: a leader exists; 0: none */
+    /* An observer that cannot read the store: the error (its detail in
+     * .value), and the other fields are as last known. 0 otherwise. */
+    int err;
+    uint64_t term;        /* the leader's term (its grant's fencing token) */
+    uint64_t lease_ms;    /* the leader's lease time left when read, ms */
+    char owner[DLOCK_HOLDER_MAX]; /* as dlock_info's .owner */
+    size_t value_len;     /* the published value's length (0: none) */
+    char value[DLOCK_VALUE_MAX + 1]; /* the value, NUL-terminated */
+    uint64_t reserved[8];
+} dlock_leader_info;
+
+/* Reads who leads the election name, without campaigning or disturbing it:
+ * one read of the store (on a list of stores, of the first). A leader that
+ * has not published yet (between its grant and its publish, or a plain
+ * holder of the name) has an empty value. Errors as dlock_inspect(). */
+DLOCK_API int dlock_leader(dlock_client *client, const char *name, dlock_leader_info *info);
+
+/*
+ * Observers: told each change of an election's leader (a new term, a new
+ * value, or no leader), woken by the store (docs/election.md says how on
+ * each store, and where it cannot notify, the bounded poll it does). An
+ * observer has a thread and a connection of its own (the client's URI
+ * opened again); it first reports the current state, then every change
+ * it reads, in order. Changes that follow each other faster than one read
+ * of the store may be seen as one (the latest). A leader that dies without
+ * a word is reported gone when the store lets it go: at the next leader's
+ * grant, at its session's end, or at the end of its lease at the latest.
+ *
+ * callback (may be NULL) is called from the observer's thread with each
+ * change; it must return quickly and must not close the observer. Every
+ * change is also queued (the last DLOCK_OBSERVE_QUEUE of them) for
+ * dlock_observer_next(), and dlock_observer_fd() is readable while the
+ * queue is not empty: an event loop polls it instead of taking callbacks.
+ */
+#define DLOCK_OBSERVE_QUEUE 64
+typedef struct dlock_observer dlock_observer;
+typedef void (*dlock_observe_fn)(dlock_observer *observer, const dlock_leader_info *leader,
+                                 void *user);
+/* Starts observing the election name. The client is only read (its URI);
+ * the observer may outlive it. DLOCK_EINVAL for a bad name;
+ * DLOCK_ENOTSUP without elections; errors of opening a client. */
+DLOCK_API int dlock_observe(dlock_client *client, const char *name, dlock_observe_fn callback,
+                            void *user, dlock_observer **observerp);
+/* Readable (POLLIN) while changes are queued. Owned by the observer. */
+DLOCK_API int dlock_observer_fd(dlock_observer *observer);
+/* Takes the oldest queued change into *info: 0, or DLOCK_EBUSY when none
+ * is queued (with wait_ms > 0: after waiting that long for one;
+ * DLOCK_WAIT_FOREVER_MS: until one comes). */
+#define DLOCK_WAIT_FOREVER_MS UINT32_MAX
+DLOCK_API int dlock_observer_next(dlock_observer *observer, dlock_leader_info *info,
+                                  uint32_t wait_ms);
+/* How many times the observer read the store (its first read included):
+ * what an idle observer costs the store. */
+DLOCK_API uint64_t dlock_observer_reads(const dlock_observer *observer);
+/* Stops the observer's thread and frees it. NULL is ignored. */
+DLOCK_API void dlock_observer_close(dlock_observer *observer);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define DLOCK_BACKEND_VERSION 8
+#define DLOCK_BACKEND_VERSION 9
 
 /* Capability bits: what a backend guarantees. */
 enum {
@@ -39,6 +39,9 @@ enum {
                                      above any value (raise_token) */
     DLOCK_CAP_CANCEL = 1u << 9,   /* waits end when request.cancel_fd fires */
     DLOCK_CAP_SEMAPHORE = 1u << 10, /* counting semaphores (request.limit) */
+    DLOCK_CAP_ELECTION = 1u << 11, /* elections: publish() and leader() */
+    DLOCK_CAP_WATCH = 1u << 12,   /* the store wakes an election's observers
+                                     (watch_open()): no polling */
 };
 
 /* How far a backend whose tokens it cannot set, but whose counter moves
@@ -221,6 +224,12 @@ DLOCK_API uint64_t dlock_call_deadline(void);
  */
 #define DLOCK_BACKEND_INIT .version = DLOCK_BACKEND_VERSION
 
+/* An election observer's watch (watch_open()): embed as the first member of
+ * the backend's own struct. */
+typedef struct dlock_watch {
+    dlock_conn *conn; /* set by the backend */
+} dlock_watch;
+
 struct dlock_backend {
     unsigned int version; /* DLOCK_BACKEND_VERSION the backend was built for */
     const char *name;     /* short name, e.g. "redis" */
@@ -339,7 +348,54 @@ struct dlock_backend {
      * token, owner and lease. */
     int (*inspect_holders)(dlock_conn *conn, const char *name, size_t len,
                            dlock_holder *holders, size_t capacity, size_t *count);
+
+    /* Version 9: leader election (dlock.h "Leader election"). A backend
+     * that declares DLOCK_CAP_ELECTION implements publish(), leader() and
+     * wake(); one that declares DLOCK_CAP_WATCH also the watch_*() methods.
+     * Without a watch the core's observer reads leader() every
+     * DLOCK_OBSERVE_POLL_MS. Values are at most DLOCK_VALUE_MAX bytes, any
+     * bytes. */
+
+    /* Stores value as the published value of held's grant (replacing what
+     * it published before), only while held is still ours, atomically with
+     * that check (DLOCK_ELOST otherwise, nothing written), and wakes the
+     * name's watches. Called on the application's thread right after an
+     * election's grant, and for each proclaim. One value per name is kept
+     * (the last leader's); leader() tells it only while the grant that
+     * published it holds, so a dead leader's value is never read as
+     * another's, and a store may keep it until the next publish. */
+    int (*publish)(dlock_conn *conn, dlock_held *held, const void *value, size_t len);
+    /* As inspect() (held, token, owner, lease; the same checks and bounds),
+     * plus the value the current holder published: copies it to value
+     * (DLOCK_VALUE_MAX + 1 bytes of room) and sets *value_len, 0 when the
+     * holder has published none (or the name is free). The value must be
+     * the holder's own: read together with the holder, or checked against
+     * it (its owner or token). */
+    int (*leader)(dlock_conn *conn, const char *name, size_t len, dlock_info *info, char *value,
+                  size_t *value_len);
+    /* Wakes the name's watches without changing anything: called after an
+     * election's release (dlock_resign()). A store whose watches see a
+     * release by themselves may do nothing. */
+    int (*wake)(dlock_conn *conn, const char *name, size_t len);
+    /* Opens a watch on the name on conn (a connection of the observer's
+     * own client, used from its thread only): from the moment it returns,
+     * a grant, release, publish or wake of the name, and where the store
+     * tells it the end of the holder (lease expiry, session end, death),
+     * make watch_fd() readable. Spurious wake-ups are allowed (the core
+     * reads leader() after each); a missed change is not. */
+    int (*watch_open)(dlock_conn *conn, const char *name, size_t len, dlock_watch **watchp);
+    /* The descriptor the core polls for POLLIN. */
+    int (*watch_fd)(dlock_watch *watch);
+    /* Consumes what made the descriptor readable, without blocking: 0 (the
+     * core then reads leader()), or an error when the watch is broken (the
+     * connection dropped): the core closes it, opens another, and reads. */
+    int (*watch_read)(dlock_watch *watch);
+    void (*watch_close)(dlock_watch *watch);
 };
+
+/* How often the core's observer reads an election on a backend without
+ * DLOCK_CAP_WATCH, ms. */
+#define DLOCK_OBSERVE_POLL_MS 100u
 
 /*
  * Saving and restoring the detail around a cleanup whose own failure must
