@@ -30,7 +30,9 @@
  *                   every other waiter gives its turn away, releasing its
  *                   grant at once and queueing again), "shared" (read-write
  *                   exclusion: writers ask for shared locks), "limit" (a
- *                   semaphore's limit: permits ask for one more). With --case:
+ *                   semaphore's limit: permits ask for one more), "election"
+ *                   (one leader at a time: candidates lead on a busy try).
+ *                   With --case:
  *                   "death" (a killed holder's connections live on in a
  *                   child of it, so "holder killed" must fail on a store
  *                   that declares HOLDER_DEATH), "lease" ("leases" renews
@@ -3156,7 +3158,8 @@ int main(int argc, char **argv)
             break_death = breaking("death");
             break_lease = breaking("lease");
             if (!breaking("exclusion") && !breaking("tokens") && !breaking("fifo") &&
-                !breaking("shared") && !breaking("limit") && !break_death && !break_lease)
+                !breaking("shared") && !breaking("limit") && !breaking("election") &&
+                !break_death && !break_lease)
                 nparts = -1, i = argc; /* the usage message */
         }
         else if (strcmp(argv[i], "--drop-cap") == 0 && i + 1 < argc) {
@@ -3228,9 +3231,11 @@ int main(int argc, char **argv)
     }
 
     if (breaking("exclusion") || breaking("tokens") || breaking("fifo") || breaking("shared") ||
-        breaking("limit")) {
+        breaking("limit") || breaking("election")) {
         /* a negative control: its detector's case alone */
-        if (breaking("shared"))
+        if (breaking("election"))
+            test_election_break();
+        else if (breaking("shared"))
             test_modes_break_shared();
         else if (breaking("limit"))
             test_modes_break_limit();
@@ -3281,6 +3286,9 @@ side_by_side:;
         {"many held locks", test_many_held, 0, NULL, 0},
         {"killed permit holder", test_modes_holder_killed, 0, NULL, 0},
         {"kept reader and permit", test_modes_kept, 0, NULL, 0},
+        {"election", test_election, 0, NULL, 0},
+        {"election: idle observer", test_election_idle, 0, NULL, 0},
+        {"election: leader killed", test_election_killed, 0, NULL, 0},
     };
     int ncases = (int)(sizeof cases / sizeof cases[0]);
     if (only) {
