@@ -243,7 +243,7 @@ static const char *cap_names(unsigned int bits, char *buf, size_t len)
 {
     static const char *const names[] = {"LEASE",    "RENEW",    "FENCING",      "FIFO",  "BLOCKING",
                                         "SHARED",   "DEADLINE", "HOLDER_DEATH", "RAISE", "CANCEL",
-                                        "SEMAPHORE"};
+                                        "SEMAPHORE", "ELECTION", "WATCH"};
     size_t o = 0;
     buf[0] = '\0';
     for (unsigned int b = 0; b < 32 && o < len; b++)
