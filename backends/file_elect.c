@@ -2,8 +2,8 @@
  * Elections on the file store (docs/file.md "Elections"). The leader is the
  * holder of the name's lock file; its value lives in the value file
  * ".<lock file>.leader" (a leading '.': token_top skips it), replaced whole
- * (a temporary file exchanged with it, then removed) so that a reader sees
- * one value or the next, never a torn one. Its first line names the grant that wrote it:
+ * (the next value, written in ".<lock file>.leader.new", is exchanged with
+ * it) so that a reader sees one value or the next, never a torn one. Its first line names the grant that wrote it:
  *     owner=<32 hex> grant=<20 digits> pid=<pid> len=<bytes>\n<value>
  * and leader() counts the value only while the lock file's holder is that
  * grant (same owner id and token): a dead or resigned leader's value is
@@ -61,7 +61,8 @@ static int value_name(dlock_client *c, const char *name, size_t len, char *fname
     return rc ? dlock_seterr(c, rc, "cannot encode the lock name") : 0;
 }
 
-/* Puts the new value file tname at vname, leaving the old one at tname.
+/* Puts the new value file tname at vname, leaving the old one at tname
+ * (none when there was none, or with fsync=1).
  * An exchange, where it can: ext4 writes a file renamed over another out
  * at once (its auto_da_alloc), which costs a rename ten times as much. */
 static int replace(struct file_conn *fc, const char *tname, const char *vname)
@@ -76,52 +77,85 @@ static int replace(struct file_conn *fc, const char *tname, const char *vname)
                         "'%.150s': %s", fc->dir, strerror(errno));
 }
 
+/* The next value, ".<lock file>.leader.new": one per name, kept (each
+ * exchange leaves the old value there, to be written over next time:
+ * creating a file costs a publish more than all the rest). A writer takes
+ * its write lock, without waiting, and checks that it is still the file
+ * at the name (an exchange moves the locked one away). Busy (another
+ * thread's proclaim, or a deposed leader's): -1, and the caller writes a
+ * file of its own. */
+static int open_next(struct file_conn *fc, const char *tname)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    for (int tries = 0; tries < 3; tries++) {
+        int fd = openat(fc->dirfd, tname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0)
+            return -1;
+        if (fcntl(fd, F_OFD_SETLK, &fl) == 0 && dlock_file_still_linked(fc->dirfd, tname, fd))
+            return fd;
+        close(fd);
+    }
+    return -1;
+}
+
+static int write_value(dlock_client *c, int fd, const char *buf, size_t total, int sync)
+{
+    size_t done = 0;
+    while (done < total) {
+        ssize_t w = pwrite(fd, buf + done, total - done, (off_t)done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return dlock_seterr(c, DLOCK_EIO, "cannot write the leader's value file: %s",
+                                w < 0 ? strerror(errno) : "short write");
+        done += (size_t)w;
+    }
+    /* Never truncated to 0 first: ext4 writes such a file out at its close. */
+    if (ftruncate(fd, (off_t)total) < 0)
+        return dlock_seterr(c, DLOCK_EIO, "cannot write the leader's value file: %s",
+                            strerror(errno));
+    if (sync && fdatasync(fd) < 0)
+        return dlock_seterr(c, DLOCK_EIO, "cannot sync the leader's value file: %s",
+                            strerror(errno));
+    return 0;
+}
+
 int dlock_file_publish(dlock_conn *conn, dlock_held *held, const void *value, size_t len)
 {
     struct file_conn *fc = (struct file_conn *)conn;
     struct file_held *h = (struct file_held *)held;
     dlock_client *c = conn->client;
     char fname[DLOCK_FILE_ENCODED_MAX + 80], vname[VALUE_NAME_MAX], tname[VALUE_NAME_MAX + 40];
-    char owner[33], *buf;
-    int rc, fd;
+    char owner[33], buf[HEADER_MAX + DLOCK_VALUE_MAX];
+    int rc, own = 0;
 
+    if (len > DLOCK_VALUE_MAX)
+        return dlock_seterr(c, DLOCK_EINVAL, "a leader's value is at most %d bytes",
+                            DLOCK_VALUE_MAX);
     if ((rc = dlock_file_check_held(conn, h)) != 0)
         return rc;
     if ((rc = value_name(c, h->name, h->name_len, fname, sizeof fname, vname, sizeof vname)) != 0)
         return rc;
     dlock_hex(h->owner, sizeof h->owner, owner);
-    /* Unique per grant and thread: a grant's proclaims may overlap. */
-    snprintf(tname, sizeof tname, "%s.%.16s.%ld.new", vname, owner, (long)gettid());
-    if (!(buf = malloc(HEADER_MAX + len)))
-        return dlock_seterr(c, DLOCK_ENOMEM, "out of memory");
     int n = snprintf(buf, HEADER_MAX, "owner=%s grant=%020" PRIu64 " pid=%ld len=%zu\n", owner,
                      h->base.token, (long)getpid(), len);
     if (len)
         memcpy(buf + n, value, len);
-    fd = openat(fc->dirfd, tname, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    snprintf(tname, sizeof tname, "%s.new", vname);
+    int fd = open_next(fc, tname);
     if (fd < 0) {
-        rc = dlock_seterr(c, DLOCK_EIO, "cannot create the leader's value file in '%.150s': %s",
-                          fc->dir, strerror(errno));
-        free(buf);
-        return rc;
+        /* Unique to this grant and thread, removed after. */
+        snprintf(tname, sizeof tname, "%s.%.16s.%ld.new", vname, owner, (long)gettid());
+        own = 1;
+        fd = openat(fc->dirfd, tname, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0)
+            return dlock_seterr(c, DLOCK_EIO, "cannot create the leader's value file in "
+                                "'%.150s': %s", fc->dir, strerror(errno));
     }
-    size_t total = (size_t)n + len, done = 0;
-    while (done < total) {
-        ssize_t w = write(fd, buf + done, total - done);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            rc = dlock_seterr(c, DLOCK_EIO, "cannot write the leader's value file: %s",
-                              w < 0 ? strerror(errno) : "short write");
-            break;
-        }
-        done += (size_t)w;
-    }
-    free(buf);
-    if (rc == 0 && fc->fsync && fdatasync(fd) < 0)
-        rc = dlock_seterr(c, DLOCK_EIO, "cannot sync the leader's value file: %s",
-                          strerror(errno));
-    close(fd);
+    rc = write_value(c, fd, buf, (size_t)n + len, fc->fsync);
     /* Still ours: nobody else publishes for this name while we hold it. A
      * replacement of the lock file in between (the only way to lose it)
      * leaves a value whose owner the new holder's record does not match. */
@@ -129,7 +163,9 @@ int dlock_file_publish(dlock_conn *conn, dlock_held *held, const void *value, si
         rc = dlock_file_check_held(conn, h);
     if (rc == 0)
         rc = replace(fc, tname, vname);
-    unlinkat(fc->dirfd, tname, 0); /* the old value, or ours after a failure */
+    close(fd); /* after the exchange: the next writer finds the old value */
+    if (own)
+        unlinkat(fc->dirfd, tname, 0);
     if (rc)
         return rc;
     if (fc->fsync && fsync(fc->dirfd) < 0)
