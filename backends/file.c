@@ -71,6 +71,11 @@
  * every 50 ms. An exclusive request that finds the lock file free takes it
  * alone, as before. All of it is the holder's open file descriptions: a
  * dead holder's locks go at once.
+ *
+ * Names' files and what a lock file tells without locking it (inspect):
+ * backends/file_look.c. Elections (the leader's value file beside the lock
+ * file, the observers' watch: inotify, the holder's pidfd): backends/
+ * file_elect.c, and docs/file.md "Elections".
  */
 #include <errno.h>
 #include <fcntl.h>
