@@ -185,11 +185,15 @@ static int parse_header(const char *buf, size_t n, char *owner, uint64_t *grant,
     unsigned long long g;
     long pid;
     size_t l;
-    char o[33];
+    char o[33], line[HEADER_MAX + 1];
     int used = 0;
-    if (!nl || sscanf(buf, "owner=%32[0-9a-f] grant=%20llu pid=%ld len=%zu%n", o, &g, &pid, &l,
-                      &used) != 4 ||
-        buf + used != nl || strlen(o) != 32 || l > DLOCK_VALUE_MAX)
+    if (!nl)
+        return 1;
+    memcpy(line, buf, (size_t)(nl - buf));
+    line[nl - buf] = '\0';
+    if (sscanf(line, "owner=%32[0-9a-f] grant=%20llu pid=%ld len=%zu%n", o, &g, &pid, &l,
+               &used) != 4 ||
+        line + used != line + (nl - buf) || strlen(o) != 32 || l > DLOCK_VALUE_MAX)
         return 1;
     memcpy(owner, o, sizeof o);
     *grant = g;
