@@ -193,7 +193,7 @@ static int parse_header(const char *buf, size_t n, char *owner, uint64_t *grant,
     line[nl - buf] = '\0';
     if (sscanf(line, "owner=%32[0-9a-f] grant=%20llu pid=%ld len=%zu%n", o, &g, &pid, &l,
                &used) != 4 ||
-        line + used != line + (nl - buf) || strlen(o) != 32 || l > DLOCK_VALUE_MAX)
+        used != nl - buf || strlen(o) != 32 || l > DLOCK_VALUE_MAX)
         return 1;
     memcpy(owner, o, sizeof o);
     *grant = g;

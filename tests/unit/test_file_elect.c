@@ -250,6 +250,59 @@ static void test_killed(void)
     env_close(&e);
 }
 
+/* A leader whose process forked: the child shares its lock file's
+ * description, so the lock outlives the leader's death (no pidfd follows
+ * the child), and goes at the child's: the close, then the look after it,
+ * tell the observer. */
+static void test_shared_descriptor(void)
+{
+    int ready[2];
+    dlock_client *c = NULL;
+    if (pipe(ready) != 0 || dlock_client_open(uri, &c) != 0) {
+        ok(0, "cannot start");
+        return;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        dlock_client *cc = NULL;
+        dlock_lock *ll = NULL;
+        if (dlock_client_open(uri, &cc) != 0 || dlock_campaign(cc, "forked", "f", 1, NULL, &ll))
+            _exit(1);
+        pid_t child = fork();
+        if (child == 0) {
+            pause();
+            _exit(0);
+        }
+        if (write(ready[1], &child, sizeof child) != sizeof child)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    pid_t child = 0;
+    ok(read(ready[0], &child, sizeof child) == sizeof child && child > 0,
+       "a leader that forked a child");
+    dlock_observer *o = NULL;
+    dlock_leader_info li;
+    is_int(dlock_observe(c, "forked", NULL, NULL, &o), 0, "observe");
+    is_int(dlock_observer_next(o, &li, 2000), 0, "the first state");
+    ok(li.held, "the leader leads");
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    int gone = 0;
+    while (!gone && dlock_observer_next(o, &li, 300) == 0)
+        gone = !li.held;
+    ok(!gone, "the leader's death leaves the lock to the child that shares it");
+    uint64_t t0 = now_ms();
+    kill(child, SIGKILL);
+    while (!gone && now_ms() - t0 < 2000 && dlock_observer_next(o, &li, 2000) == 0)
+        gone = !li.held;
+    ok(gone, "the child's death is reported %" PRIu64 " ms after its SIGKILL", now_ms() - t0);
+    dlock_observer_close(o);
+    close(ready[0]);
+    close(ready[1]);
+    dlock_client_close(c);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/dlock-test-elect-%d", (int)getpid());
@@ -259,6 +312,7 @@ int main(void)
     test_replaced();
     test_watch();
     test_killed();
+    test_shared_descriptor();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
