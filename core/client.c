@@ -420,7 +420,6 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
     lock->kept = NULL;
     lock->lost_detail = NULL;
     lock->holds = 1;
-    lock->elected = 0; /* dlock_campaign() sets it after the grant */
     lock->ttl_ms = opts->ttl_ms;
     lock->mode = opts->version >= 4 ? (uint8_t)opts->mode : DLOCK_MODE_EXCLUSIVE;
     lock->limit = opts->version >= 4 ? (uint16_t)opts->limit : 0;
