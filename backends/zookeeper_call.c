@@ -43,6 +43,10 @@ struct zk_call {
     struct zk_kids kids;  /* a listing's lock children */
     struct zk_probe *probe; /* token_top's transaction */
     char data[ZK_DATA_MAX]; /* a getData's first bytes */
+    char *value;          /* a whole getData's (zk_get_value()), or NULL */
+    int value_len;
+    zoo_op_t *ops;        /* a publish's transaction (zk_publish_set()) */
+    zoo_op_result_t *results;
     char path[];
 };
 
@@ -75,6 +79,9 @@ static void call_free(struct zk_call *c)
     free(c->created);
     zk_kids_free(&c->kids);
     free(c->probe);
+    free(c->value);
+    free(c->ops);
+    free(c->results);
     free(c);
 }
 
@@ -200,6 +207,13 @@ static void on_data(int rc, const char *value, int len, const struct Stat *st, c
         memcpy(c->data, value, n);
         c->data[n] = '\0';
     }
+    if (rc == ZOK && c->value) {
+        c->value_len = value && len > 0 ? len : 0;
+        if (c->value_len > DLOCK_VALUE_MAX + 1)
+            c->value_len = DLOCK_VALUE_MAX + 1;
+        if (c->value_len)
+            memcpy(c->value, value, (size_t)c->value_len);
+    }
     on_stat(rc, st, data);
 }
 
@@ -324,6 +338,29 @@ int zk_get(struct zk_conn *zc, const char *path, int watch, uint64_t until)
     return rc;
 }
 
+/* getData of path, no watch: its first DLOCK_VALUE_MAX + 1 bytes of data
+ * in value (that much room), *len, and its stat. */
+int zk_get_value(struct zk_conn *zc, const char *path, char *value, size_t *len,
+                 struct Stat *st, uint64_t until)
+{
+    struct zk_call *c = call_new(zc, path, LEAVES_NOTHING);
+    if (c && !(c->value = malloc(DLOCK_VALUE_MAX + 1))) {
+        free(c);
+        c = NULL;
+    }
+    if (!c)
+        return NOMEM;
+    call_sent(c, zoo_aget(zc->zh, path, 0, on_data, c));
+    int rc = call_wait(c, until);
+    if (rc == ZOK) {
+        memcpy(value, c->value, (size_t)c->value_len);
+        *len = (size_t)c->value_len;
+        *st = c->st;
+    }
+    call_put(c);
+    return rc;
+}
+
 /* Sends getData (watch set, or none with data) or exists (none) of each of
  * paths[0..n) and waits for every reply: ZOK, ZNONODE when one is gone,
  * else the first other code; the stats in st[] and data in data[] (if
@@ -418,6 +455,50 @@ int zk_probe(struct zk_conn *zc, const char *path, uint64_t *zxid, uint64_t unti
     int rc = call_wait(c, until);
     if (rc == ZOK)
         *zxid = (uint64_t)c->st.mzxid;
+    call_put(c);
+    return rc;
+}
+
+static void on_published(int rc, const void *data)
+{
+    struct zk_call *c = (struct zk_call *)data;
+    if (rc == ZOK)
+        c->st = c->probe->st;
+    call_complete(c, rc);
+}
+
+/* One transaction: setData of node to value if its version is still
+ * version, and an empty setData of parent (whose data watch wakes the
+ * name's observers). Nothing is written unless both are. ZOK and the
+ * node's new stat in *st, or the code of the failed step (ZNONODE,
+ * ZBADVERSION for the node's). */
+int zk_publish_set(struct zk_conn *zc, const char *node, int version, const char *parent,
+                   const void *value, size_t len, struct Stat *st, uint64_t until)
+{
+    struct zk_call *c = call_new(zc, node, LEAVES_NOTHING);
+    if (c) {
+        c->probe = calloc(1, sizeof *c->probe);
+        c->value = malloc(len ? len : 1);
+        c->ops = calloc(2, sizeof *c->ops);
+        c->results = calloc(2, sizeof *c->results);
+        if (!c->probe || !c->value || !c->ops || !c->results) {
+            call_free(c);
+            c = NULL;
+        }
+    }
+    if (!c)
+        return NOMEM;
+    /* The client marshals the ops at the send: the buffers need not live on. */
+    memcpy(c->value, value, len);
+    zoo_set_op_init(&c->ops[0], node, c->value, (int)len, version, &c->probe->st);
+    zoo_set_op_init(&c->ops[1], parent, "", 0, -1, NULL);
+    call_sent(c, zoo_amulti(zc->zh, 2, c->ops, c->results, on_published, c));
+    int rc = call_wait(c, until);
+    if (rc == ZOK)
+        *st = c->st;
+    else if (rc != NOREPLY && rc != NOMEM && c->results[0].err != ZOK &&
+             c->results[0].err != ZRUNTIMEINCONSISTENCY)
+        rc = c->results[0].err; /* the node's step failed: its own code */
     call_put(c);
     return rc;
 }
