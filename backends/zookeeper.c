@@ -1300,16 +1300,16 @@ static int zk_leader(dlock_conn *conn, const char *name, size_t len, dlock_info 
 {
     struct zk_conn *zc = (struct zk_conn *)conn;
     struct zk_kids k = {NULL, 0};
-    struct Stat st;
+    uint64_t czxid = 0;
     size_t nh = 0;
     char *parent = NULL;
     uint64_t until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS;
     int err = name_parent(zc, name, len, &parent);
     while (err == 0 && (err = session_connect(zc, until)) == 0) {
         uint64_t seen = zk_events_now(zc);
-        int rc = zk_elect_read(zc, parent, &k, &nh, &st, value, value_len, until);
+        int rc = zk_elect_read(zc, parent, &k, &nh, &czxid, value, value_len, until);
         if (rc == ZOK) {
-            fill_info(info, &k, nh, nh ? (uint64_t)st.czxid : 0, 0);
+            fill_info(info, &k, nh, czxid, 0);
             break;
         }
         /* ZNONODE: the holder let go between the listing and the read. */

@@ -209,8 +209,8 @@ static void on_data(int rc, const char *value, int len, const struct Stat *st, c
     }
     if (rc == ZOK && c->value) {
         c->value_len = value && len > 0 ? len : 0;
-        if (c->value_len > DLOCK_VALUE_MAX + 1)
-            c->value_len = DLOCK_VALUE_MAX + 1;
+        if (c->value_len > ZK_ELECTION_DATA_MAX)
+            c->value_len = ZK_ELECTION_DATA_MAX;
         if (c->value_len)
             memcpy(c->value, value, (size_t)c->value_len);
     }
@@ -338,29 +338,6 @@ int zk_get(struct zk_conn *zc, const char *path, int watch, uint64_t until)
     return rc;
 }
 
-/* getData of path, no watch: its first DLOCK_VALUE_MAX + 1 bytes of data
- * in value (that much room), *len, and its stat. */
-int zk_get_value(struct zk_conn *zc, const char *path, char *value, size_t *len,
-                 struct Stat *st, uint64_t until)
-{
-    struct zk_call *c = call_new(zc, path, LEAVES_NOTHING);
-    if (c && !(c->value = malloc(DLOCK_VALUE_MAX + 1))) {
-        free(c);
-        c = NULL;
-    }
-    if (!c)
-        return NOMEM;
-    call_sent(c, zoo_aget(zc->zh, path, 0, on_data, c));
-    int rc = call_wait(c, until);
-    if (rc == ZOK) {
-        memcpy(value, c->value, (size_t)c->value_len);
-        *len = (size_t)c->value_len;
-        *st = c->st;
-    }
-    call_put(c);
-    return rc;
-}
-
 /* Sends getData (watch set, or none with data) or exists (none) of each of
  * paths[0..n) and waits for every reply: ZOK, ZNONODE when one is gone,
  * else the first other code; the stats in st[] and data in data[] (if
@@ -468,17 +445,17 @@ static void on_published(int rc, const void *data)
 }
 
 /* One transaction: setData of node to value if its version is still
- * version, and an empty setData of parent (whose data watch wakes the
- * name's observers). Nothing is written unless both are. ZOK and the
- * node's new stat in *st, or the code of the failed step (ZNONODE,
- * ZBADVERSION for the node's). */
-int zk_publish_set(struct zk_conn *zc, const char *node, int version, const char *parent,
-                   const void *value, size_t len, struct Stat *st, uint64_t until)
+ * version, and setData of parent to pdata (plen bytes). Nothing is written
+ * unless both are. ZOK and the node's new stat in *st, or the code of the
+ * failed step (ZNONODE, ZBADVERSION for the node's). */
+int zk_publish_set(struct zk_conn *zc, const char *node, int version, const void *value,
+                   size_t len, const char *parent, const char *pdata, size_t plen,
+                   struct Stat *st, uint64_t until)
 {
     struct zk_call *c = call_new(zc, node, LEAVES_NOTHING);
     if (c) {
         c->probe = calloc(1, sizeof *c->probe);
-        c->value = malloc(len ? len : 1);
+        c->value = malloc(len + plen + 1);
         c->ops = calloc(2, sizeof *c->ops);
         c->results = calloc(2, sizeof *c->results);
         if (!c->probe || !c->value || !c->ops || !c->results) {
@@ -490,8 +467,9 @@ int zk_publish_set(struct zk_conn *zc, const char *node, int version, const char
         return NOMEM;
     /* The client marshals the ops at the send: the buffers need not live on. */
     memcpy(c->value, value, len);
+    memcpy(c->value + len, pdata, plen);
     zoo_set_op_init(&c->ops[0], node, c->value, (int)len, version, &c->probe->st);
-    zoo_set_op_init(&c->ops[1], parent, "", 0, -1, NULL);
+    zoo_set_op_init(&c->ops[1], parent, c->value + len, (int)plen, -1, NULL);
     call_sent(c, zoo_amulti(zc->zh, 2, c->ops, c->results, on_published, c));
     int rc = call_wait(c, until);
     if (rc == ZOK)
@@ -529,12 +507,16 @@ static void on_synced(int rc, const char *value, const void *data)
  * server we talk to has caught up with the leader as of the sync: what any
  * other session's write committed before it is in the list, even on a
  * follower that was behind. The reply's code, NOREPLY or NOMEM. */
-int zk_sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64_t until)
+static int sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, char *data,
+                     size_t *len, uint64_t until)
 {
     struct zk_call *sc = call_new(zc, zc->root, LEAVES_NOTHING);
     struct zk_call *lc = call_new(zc, path, LEAVES_NOTHING);
-    if (!sc || !lc) {
-        free(sc), free(lc);
+    struct zk_call *dc = data ? call_new(zc, path, LEAVES_NOTHING) : NULL;
+    if (dc && !(dc->value = malloc(ZK_ELECTION_DATA_MAX)))
+        call_free(dc), dc = NULL;
+    if (!sc || !lc || (data && !dc)) {
+        free(sc), free(lc), free(dc);
         return NOMEM;
     }
     int rc = call_sent(sc, zoo_async(zc->zh, zc->root, on_synced, sc));
@@ -542,15 +524,35 @@ int zk_sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64
         call_sent(lc, zoo_aget_children(zc->zh, path, 0, on_listed, lc));
     else
         call_sent(lc, ZINVALIDSTATE); /* not sent */
-    int lrc = call_wait(lc, until); /* replies come in order: the sync's first */
+    if (dc)
+        call_sent(dc, rc == ZOK ? zoo_aget(zc->zh, path, 0, on_data, dc) : ZINVALIDSTATE);
+    /* Replies come in order: the sync's first. */
+    int drc = dc ? call_wait(dc, until) : ZOK;
+    int lrc = call_wait(lc, until);
     rc = call_wait(sc, until);
     if (rc == ZOK && lrc == ZOK) {
         *k = lc->kids;
         lc->kids = (struct zk_kids){NULL, 0};
     }
+    if (dc && rc == ZOK && lrc == ZOK && drc == ZOK) {
+        memcpy(data, dc->value, (size_t)dc->value_len);
+        *len = (size_t)dc->value_len;
+    }
     call_put(sc);
     call_put(lc);
-    return rc != ZOK ? rc : lrc;
+    call_put(dc);
+    return rc != ZOK ? rc : lrc != ZOK ? lrc : drc;
+}
+
+int zk_sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64_t until)
+{
+    return sync_list(zc, path, k, NULL, NULL, until);
+}
+
+int zk_sync_list_data(struct zk_conn *zc, const char *path, struct zk_kids *k, char *data,
+                      size_t *len, uint64_t until)
+{
+    return sync_list(zc, path, k, data, len, until);
 }
 
 /* The acquire's pipelined create + list (zookeeper.c's create_and_list()).

@@ -3,20 +3,24 @@
  * name's lock (zookeeper.c's recipe), and its value lives on the holder's
  * own EPHEMERAL_SEQUENTIAL node.
  *
- * publish: one transaction that sets the data of our lock node, if its data
- * version is still the one we know, and sets the (empty) data of the name's
- * node, the parent. The node exists only while our session holds the lock,
- * so the set is the ownership check: a node gone (ZNONODE) or rewritten by
- * someone else (ZBADVERSION, checked against the node's session and czxid:
- * a lost reply of our own set also moves the version) is DLOCK_ELOST, and
- * the transaction writes nothing. The parent's set is what wakes the
- * observers (its data watch), so they need no watch on the holder's node.
+ * publish: one transaction that sets the data of our lock node to the
+ * value, if its data version is still the one we know, and the data of the
+ * name's node (the parent) to our grant (our node's czxid and name) and the
+ * value. Our node exists only while our session holds the lock, so its set
+ * is the ownership check: a node gone (ZNONODE) or rewritten by someone
+ * else (ZBADVERSION, checked against the node's session and czxid: a lost
+ * reply of our own set also moves the version) is DLOCK_ELOST, and the
+ * transaction writes nothing. The parent's set also wakes the observers
+ * (its data watch): they need no watch on the holder's node.
  *
- * leader: a sync pipelined with the listing of the parent (one round trip,
- * as inspect), then a getData of the newest holder's node (one more): its
- * czxid is the token, its data the value, which the holder published only
- * if the node's data was ever set (version > 0; a plain lock's holder never
- * sets it). The value is read with the holder's node, so it is that grant's.
+ * leader: a sync, the listing of the parent and its data, pipelined (one
+ * round trip): the value is the holder's only if the data names the
+ * holder's node (the first nodes hold, zk_holders()), whose czxid it also
+ * carries (the term). A value left by an earlier leader names another node
+ * (a node name is never reused while the parent exists; the container goes
+ * with its data). A holder that has not published (a plain lock, a leader
+ * between grant and publish): no value, and an exists of its node for the
+ * czxid, one more round trip.
  *
  * The watch (observers, on their own connection): a child watch on the
  * parent (zoo_awget_children: grants come with a delete of the node ahead,
@@ -37,6 +41,8 @@
 #include "backends/zookeeper_int.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -56,13 +62,23 @@ struct zk_ewatch {
 
 /* ---- publish and read ------------------------------------------------- */
 
+/* The name node's data: "<czxid, 16 hex digits><holder's node name>\n"
+ * then the value. */
+#define GRANT_HEX 16
+
 int zk_elect_publish(struct zk_conn *zc, const char *node, uint64_t token, int *version,
                      const void *value, size_t len, uint64_t until)
 {
     const char *slash = strrchr(node, '/');
+    size_t base = strlen(slash + 1);
     char *parent = strndup(node, (size_t)(slash - node));
+    char *pdata = malloc(GRANT_HEX + base + 2 + len);
     struct Stat st;
-    int rc = parent ? ZBADVERSION : NOMEM;
+    int rc = parent && pdata ? ZBADVERSION : NOMEM;
+    if (pdata) {
+        snprintf(pdata, GRANT_HEX + base + 2, "%016" PRIx64 "%s\n", token, slash + 1);
+        memcpy(pdata + GRANT_HEX + base + 1, value, len);
+    }
     for (int tries = 0; rc == ZBADVERSION && tries < 2; tries++) {
         if (*version < 0) {
             /* Ours only if created by this session with this czxid (the
@@ -77,36 +93,67 @@ int zk_elect_publish(struct zk_conn *zc, const char *node, uint64_t token, int *
             }
             *version = st.version;
         }
-        rc = zk_publish_set(zc, node, *version, parent, value, len, &st, until);
+        rc = zk_publish_set(zc, node, *version, value, len, parent, pdata,
+                            GRANT_HEX + base + 1 + len, &st, until);
         if (rc == ZOK)
             *version = st.version;
         else
             *version = -1; /* a lost reply may have moved it: look it up */
     }
+    free(pdata);
     free(parent);
     return rc;
 }
 
-int zk_elect_read(struct zk_conn *zc, const char *parent, struct zk_kids *k, size_t *nh,
-                  struct Stat *st, char *value, size_t *value_len, uint64_t until)
+/* The value in the name node's data d (n bytes), if published by the grant
+ * of the node called head: 1, *czxid and the value copied; else 0. */
+static int published_by(const char *d, size_t n, const char *head, uint64_t *czxid,
+                        char *value, size_t *value_len)
 {
+    size_t hl = strlen(head);
+    char hex[GRANT_HEX + 1];
+    if (n < GRANT_HEX + hl + 1 || memcmp(d + GRANT_HEX, head, hl) != 0 ||
+        d[GRANT_HEX + hl] != '\n')
+        return 0;
+    memcpy(hex, d, GRANT_HEX);
+    hex[GRANT_HEX] = '\0';
+    char *end;
+    *czxid = strtoull(hex, &end, 16);
+    if (*end)
+        return 0;
+    *value_len = n - (GRANT_HEX + hl + 1);
+    if (*value_len > DLOCK_VALUE_MAX)
+        return 0;
+    memcpy(value, d + GRANT_HEX + hl + 1, *value_len);
+    return 1;
+}
+
+int zk_elect_read(struct zk_conn *zc, const char *parent, struct zk_kids *k, size_t *nh,
+                  uint64_t *czxid, char *value, size_t *value_len, uint64_t until)
+{
+    char *d = malloc(ZK_ELECTION_DATA_MAX);
+    size_t n = 0;
     *nh = 0;
     *value_len = 0;
-    int rc = zk_sync_list(zc, parent, k, until);
+    int rc = d ? zk_sync_list_data(zc, parent, k, d, &n, until) : NOMEM;
     if (rc == ZNONODE)
-        return ZOK; /* never taken, or its container reaped: free */
-    if (rc != ZOK)
-        return rc;
-    *nh = zk_holders(k);
-    if (!*nh)
-        return ZOK;
-    char *path = join3(parent, "/", k->v[*nh - 1].name);
-    rc = path ? zk_get_value(zc, path, value, value_len, st, until) : NOMEM;
-    free(path);
-    if (rc == ZOK && st->version == 0)
-        *value_len = 0; /* never set: nothing published by this holder */
+        rc = ZOK; /* never taken, or its container reaped: free */
+    if (rc == ZOK)
+        *nh = zk_holders(k);
+    /* A holder that has not published (a plain lock, or a leader between
+     * its grant and its publish): its czxid from its node, one more
+     * round trip. */
+    if (rc == ZOK && *nh && !published_by(d, n, k->v[*nh - 1].name, czxid, value, value_len)) {
+        char *path = join3(parent, "/", k->v[*nh - 1].name);
+        struct Stat st;
+        rc = path ? zk_exists(zc, path, &st, until) : NOMEM;
+        if (rc == ZOK)
+            *czxid = (uint64_t)st.czxid;
+        free(path);
+    }
     if (rc != ZOK)
         zk_kids_free(k);
+    free(d);
     return rc;
 }
 

@@ -224,16 +224,19 @@ uint64_t dlock_zk_probes_sent(dlock_client *c);
  * release wakes only the waiters it admits). */
 uint64_t dlock_zk_watch_events(dlock_client *c);
 
-/* getData of path (no watch): its first DLOCK_VALUE_MAX + 1 bytes in value,
- * *len, and its stat. */
-int zk_get_value(struct zk_conn *zc, const char *path, char *value, size_t *len,
-                 struct Stat *st, uint64_t until);
+/* zk_sync_list() with a getData of path pipelined too (one round trip): its
+ * first ZK_ELECTION_DATA_MAX bytes of data in data (that much room), *len.
+ * The listing's code first, then the getData's. */
+#define ZK_ELECTION_DATA_MAX (DLOCK_VALUE_MAX + 256)
+int zk_sync_list_data(struct zk_conn *zc, const char *path, struct zk_kids *k, char *data,
+                      size_t *len, uint64_t until);
 /* An election's publish: one transaction setting node's data to value if
- * its version is still version (-1: any) and parent's to nothing (its data
- * watch wakes the observers). ZOK and node's new stat, else the failed
- * step's code (ZNONODE, ZBADVERSION: the node's). */
-int zk_publish_set(struct zk_conn *zc, const char *node, int version, const char *parent,
-                   const void *value, size_t len, struct Stat *st, uint64_t until);
+ * its version is still version (-1: any) and parent's to pdata (plen
+ * bytes). ZOK and node's new stat, else the failed step's code (ZNONODE,
+ * ZBADVERSION: the node's). */
+int zk_publish_set(struct zk_conn *zc, const char *node, int version, const void *value,
+                   size_t len, const char *parent, const char *pdata, size_t plen,
+                   struct Stat *st, uint64_t until);
 
 /* Wakes every waiter of zc, mu held (the client's threads). */
 void zk_wake(struct zk_conn *zc);
@@ -255,11 +258,11 @@ int zk_watch_cancel(struct zk_conn *zc, const dlock_request *req);
 int zk_elect_publish(struct zk_conn *zc, const char *node, uint64_t token, int *version,
                      const void *value, size_t len, uint64_t until);
 /* The election of parent, read: its lock children in *k (the caller frees
- * them), *nh holders (zk_holders()), the newest holder's stat in *st and,
- * if that holder published one (its node's data was set), its value.
- * ZNONODE: the holder let go in between, look again. */
+ * them), *nh holders (zk_holders()), the newest holder's czxid in *czxid
+ * and, if that holder published one, its value (DLOCK_VALUE_MAX + 1 bytes
+ * of room). ZNONODE: the holder let go in between, look again. */
 int zk_elect_read(struct zk_conn *zc, const char *parent, struct zk_kids *k, size_t *nh,
-                  struct Stat *st, char *value, size_t *value_len, uint64_t until);
+                  uint64_t *czxid, char *value, size_t *value_len, uint64_t until);
 /* The observers' watch on parent: child and data watches of its own,
  * re-armed after each event; zc's session is up. 0 or an error recorded. */
 int zk_elect_watch_open(struct zk_conn *zc, const char *parent, dlock_watch **watchp);
