@@ -285,6 +285,7 @@ static void session_end(struct zk_conn *zc)
     zc->zh = NULL;
     zc->gen++;
     pthread_mutex_unlock(&zc->mu);
+    zk_elect_session_ended(zc);
     if (zh)
         zookeeper_close(zh);
     pthread_mutex_lock(&zc->mu);

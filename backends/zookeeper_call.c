@@ -507,19 +507,19 @@ static void on_synced(int rc, const char *value, const void *data)
  * server we talk to has caught up with the leader as of the sync: what any
  * other session's write committed before it is in the list, even on a
  * follower that was behind. The reply's code, NOREPLY or NOMEM. */
-static int sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, char *data,
-                     size_t *len, uint64_t until)
+static int sync_list(struct zk_conn *zc, const char *path, int sync, struct zk_kids *k,
+                     char *data, size_t *len, uint64_t until)
 {
-    struct zk_call *sc = call_new(zc, zc->root, LEAVES_NOTHING);
+    struct zk_call *sc = sync ? call_new(zc, zc->root, LEAVES_NOTHING) : NULL;
     struct zk_call *lc = call_new(zc, path, LEAVES_NOTHING);
     struct zk_call *dc = data ? call_new(zc, path, LEAVES_NOTHING) : NULL;
     if (dc && !(dc->value = malloc(ZK_ELECTION_DATA_MAX)))
         call_free(dc), dc = NULL;
-    if (!sc || !lc || (data && !dc)) {
+    if ((sync && !sc) || !lc || (data && !dc)) {
         free(sc), free(lc), free(dc);
         return NOMEM;
     }
-    int rc = call_sent(sc, zoo_async(zc->zh, zc->root, on_synced, sc));
+    int rc = sc ? call_sent(sc, zoo_async(zc->zh, zc->root, on_synced, sc)) : ZOK;
     if (rc == ZOK)
         call_sent(lc, zoo_aget_children(zc->zh, path, 0, on_listed, lc));
     else
@@ -529,7 +529,7 @@ static int sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, ch
     /* Replies come in order: the sync's first. */
     int drc = dc ? call_wait(dc, until) : ZOK;
     int lrc = call_wait(lc, until);
-    rc = call_wait(sc, until);
+    rc = sc ? call_wait(sc, until) : ZOK;
     if (rc == ZOK && lrc == ZOK) {
         *k = lc->kids;
         lc->kids = (struct zk_kids){NULL, 0};
@@ -546,13 +546,13 @@ static int sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, ch
 
 int zk_sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64_t until)
 {
-    return sync_list(zc, path, k, NULL, NULL, until);
+    return sync_list(zc, path, 1, k, NULL, NULL, until);
 }
 
-int zk_sync_list_data(struct zk_conn *zc, const char *path, struct zk_kids *k, char *data,
-                      size_t *len, uint64_t until)
+int zk_list_data(struct zk_conn *zc, const char *path, int sync, struct zk_kids *k, char *data,
+                 size_t *len, uint64_t until)
 {
-    return sync_list(zc, path, k, data, len, until);
+    return sync_list(zc, path, sync, k, data, len, until);
 }
 
 /* The acquire's pipelined create + list (zookeeper.c's create_and_list()).

@@ -14,7 +14,8 @@
  * (its data watch): they need no watch on the holder's node.
  *
  * leader: a sync, the listing of the parent and its data, pipelined (one
- * round trip): the value is the holder's only if the data names the
+ * round trip; no sync for an observer's read: its watch, set first on the
+ * same server, tells of any change the read misses): the value is the holder's only if the data names the
  * holder's node (the first nodes hold, zk_holders()), whose czxid it also
  * carries (the term). A value left by an earlier leader names another node
  * (a node name is never reused while the parent exists; the container goes
@@ -33,8 +34,9 @@
  * it and sends both requests again without waiting for their replies: the
  * servers run a session's requests in order, so the watches are set before
  * the leader() read that follows. An idle watch sends nothing. A session
- * that expires (its watches gone), a session replaced, or a re-arm that
- * failed make watch_read fail: the core opens the watch again. wake() has
+ * that expires (its watches gone), a session ended by the connection (a
+ * call found it dead: zk_elect_session_ended()), or a re-arm that failed
+ * make watch_read fail: the core opens the watch again. wake() has
  * nothing to do: a release deletes the holder's node, which the child watch
  * sees.
  */
@@ -128,6 +130,18 @@ static int published_by(const char *d, size_t n, const char *head, uint64_t *czx
     return 1;
 }
 
+/* An unbroken watch of this session on parent is open on zc (an
+ * observer's read). */
+static int watched(struct zk_conn *zc, const char *parent)
+{
+    int yes = 0;
+    pthread_mutex_lock(&zc->mu);
+    for (struct zk_ewatch *w = zc->ewatches; w && !yes; w = w->next)
+        yes = !w->broken && w->gen == zc->gen && strcmp(w->parent, parent) == 0;
+    pthread_mutex_unlock(&zc->mu);
+    return yes;
+}
+
 int zk_elect_read(struct zk_conn *zc, const char *parent, struct zk_kids *k, size_t *nh,
                   uint64_t *czxid, char *value, size_t *value_len, uint64_t until)
 {
@@ -135,7 +149,9 @@ int zk_elect_read(struct zk_conn *zc, const char *parent, struct zk_kids *k, siz
     size_t n = 0;
     *nh = 0;
     *value_len = 0;
-    int rc = d ? zk_sync_list_data(zc, parent, k, d, &n, until) : NOMEM;
+    /* An observer's read needs no sync: its watches were set before it on
+     * the same server, which tells of every later change it applies. */
+    int rc = d ? zk_list_data(zc, parent, !watched(zc, parent), k, d, &n, until) : NOMEM;
     if (rc == ZNONODE)
         rc = ZOK; /* never taken, or its container reaped: free */
     if (rc == ZOK)
@@ -186,15 +202,19 @@ static void on_change(zhandle_t *zh, int type, int state, const char *path, void
     pthread_mutex_unlock(&zc->mu);
 }
 
+void zk_elect_session_ended(struct zk_conn *zc)
+{
+    pthread_mutex_lock(&zc->mu);
+    wake_all(zc, 1);
+    pthread_mutex_unlock(&zc->mu);
+}
+
 /* A re-arm's reply: a watch that could not be set breaks the watches. */
 static void armed(int rc, void *ctx)
 {
     struct zk_conn *zc = ctx;
-    if (rc == ZOK || rc == ZNONODE) /* an exists of no node sets its watch */
-        return;
-    pthread_mutex_lock(&zc->mu);
-    wake_all(zc, 1);
-    pthread_mutex_unlock(&zc->mu);
+    if (rc != ZOK && rc != ZNONODE) /* an exists of no node sets its watch */
+        zk_elect_session_ended(zc);
 }
 
 static void on_armed_kids(int rc, const struct String_vector *sv, const void *data)

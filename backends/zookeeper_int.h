@@ -224,12 +224,13 @@ uint64_t dlock_zk_probes_sent(dlock_client *c);
  * release wakes only the waiters it admits). */
 uint64_t dlock_zk_watch_events(dlock_client *c);
 
-/* zk_sync_list() with a getData of path pipelined too (one round trip): its
- * first ZK_ELECTION_DATA_MAX bytes of data in data (that much room), *len.
- * The listing's code first, then the getData's. */
+/* A listing of path with a getData of it pipelined (one round trip), a sync
+ * ahead if asked (as zk_sync_list()): its first ZK_ELECTION_DATA_MAX bytes
+ * of data in data (that much room), *len. The listing's code first, then
+ * the getData's. */
 #define ZK_ELECTION_DATA_MAX (DLOCK_VALUE_MAX + 256)
-int zk_sync_list_data(struct zk_conn *zc, const char *path, struct zk_kids *k, char *data,
-                      size_t *len, uint64_t until);
+int zk_list_data(struct zk_conn *zc, const char *path, int sync, struct zk_kids *k, char *data,
+                 size_t *len, uint64_t until);
 /* An election's publish: one transaction setting node's data to value if
  * its version is still version (-1: any) and parent's to pdata (plen
  * bytes). ZOK and node's new stat, else the failed step's code (ZNONODE,
@@ -269,5 +270,8 @@ int zk_elect_watch_open(struct zk_conn *zc, const char *parent, dlock_watch **wa
 int zk_elect_watch_fd(dlock_watch *watch);
 int zk_elect_watch_read(dlock_watch *watch);
 void zk_elect_watch_close(dlock_watch *watch);
+/* The session ended (its watches with it): the election watches of zc
+ * break, woken; the core opens them again. */
+void zk_elect_session_ended(struct zk_conn *zc);
 
 #endif
