@@ -503,10 +503,15 @@ static int redis_leader(dlock_conn *conn, const char *name, size_t len, dlock_in
     return rc->recipe->leader(rc, name, len, info, value, value_len);
 }
 
+/* After a release, within the core's bound of it (a lost lock's release:
+ * the store may be silent). */
 static int redis_wake(dlock_conn *conn, const char *name, size_t len)
 {
     struct redis_conn *rc = (struct redis_conn *)conn;
-    return rc->recipe->wake(rc, name, len);
+    uint64_t saved = core_limit(rc);
+    int err = rc->recipe->wake(rc, name, len);
+    dlock_redis_unlimit(rc, saved);
+    return err;
 }
 
 static int redis_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_watch **watchp)
