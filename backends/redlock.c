@@ -765,6 +765,26 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
 
 /* Bounded by connect_timeout in all (reconnections included): a release is
  * not latency-bound like a grant. */
+/* A write on every node where the lock is ours (release, publish): done
+ * on a quorum; lost only when the nodes that answered prove no quorum was
+ * ours; else not known (what: "" or "publish: ", done: what the ones
+ * said, "release confirmed"). */
+static int quorum_write(struct redis_conn *rc, size_t ours, size_t not_ours, const char *what,
+                        const char *done)
+{
+    if (ours >= quorum(rc)) {
+        dlock_clearerr(cl(rc));
+        return 0;
+    }
+    if (rc->nnodes - not_ours < quorum(rc))
+        return dlock_seterr(cl(rc), DLOCK_ELOST,
+                            "%sthe lock was no longer ours on %zu of %zu Redlock nodes (quorum %zu)",
+                            what, not_ours, rc->nnodes, quorum(rc));
+    return dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                        "%s on %zu of %zu Redlock nodes, %zu refused, the others did not answer",
+                        done, ours, rc->nnodes, not_ours);
+}
+
 static int redlock_release(struct redis_conn *rc, struct redis_held *h)
 {
     size_t ours, not_ours;
@@ -772,19 +792,7 @@ static int redlock_release(struct redis_conn *rc, struct redis_held *h)
     uint64_t saved = dlock_redis_limit(rc, dlock_monotonic_ns() + bound);
     drop_all(rc, h, &ours, &not_ours, bound, 0);
     dlock_redis_unlimit(rc, saved);
-    if (ours >= quorum(rc)) {
-        dlock_clearerr(cl(rc));
-        return 0;
-    }
-    /* Lost only when the nodes that answered prove no quorum was ours. */
-    if (rc->nnodes - not_ours < quorum(rc))
-        return dlock_seterr(cl(rc), DLOCK_ELOST,
-                            "the lock was no longer ours on %zu of %zu Redlock nodes (quorum %zu)",
-                            not_ours, rc->nnodes, quorum(rc));
-    return dlock_seterr(cl(rc), DLOCK_ECONNECT,
-                        "release confirmed on %zu of %zu Redlock nodes, %zu refused, the others "
-                        "did not answer",
-                        ours, rc->nnodes, not_ours);
+    return quorum_write(rc, ours, not_ours, "", "release confirmed");
 }
 
 static int redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t ttl_ms)
@@ -1345,19 +1353,7 @@ static int redlock_publish(struct redis_conn *rc, struct redis_held *h, const vo
     held_nodes(rc, h, REDIS_NKEYS_ELECT, args, lens, 4, replies, 0, node_timeout_ns(rc), 0, NULL);
     count_ints(rc, replies, &ours, &not_ours);
     free_replies(rc, replies);
-    if (ours >= quorum(rc)) {
-        dlock_clearerr(cl(rc));
-        return 0;
-    }
-    if (rc->nnodes - not_ours < quorum(rc))
-        return dlock_seterr(cl(rc), DLOCK_ELOST,
-                            "publish: the lock was no longer ours on %zu of %zu Redlock nodes "
-                            "(quorum %zu)",
-                            not_ours, rc->nnodes, quorum(rc));
-    return dlock_seterr(cl(rc), DLOCK_ECONNECT,
-                        "publish: taken on %zu of %zu Redlock nodes, %zu refused, the others did "
-                        "not answer",
-                        ours, rc->nnodes, not_ours);
+    return quorum_write(rc, ours, not_ours, "publish: ", "publish: taken");
 }
 
 static int redlock_wake(struct redis_conn *rc, const char *name, size_t len)
