@@ -7,7 +7,8 @@
  * with one instance's value key lost, and layout=plain refusing elections.
  *
  * Environment (scripts/stores/start.sh prints it): DLOCK_REDIS_URI,
- * DLOCK_REDLOCK_URI. A missing variable fails the run.
+ * DLOCK_REDLOCK_URI (a missing one fails the run); DLOCK_REDIS_CLUSTER_URI
+ * and DLOCK_REDIS_SENTINEL_URI add their cases when set.
  */
 #include <hiredis/hiredis.h>
 #include <pthread.h>
@@ -151,6 +152,8 @@ static void test_watch_cut(const char *what, const char *uri, size_t nodes)
     uint64_t t0 = dlock_monotonic_ns();
     is_int(dlock_proclaim(l, "two", 3), 0, "%s: proclaim", what);
     ok(told(&s, 1000), "%s: told of the proclaim in %.1f ms", what, since_ms(t0));
+    if (!nodes) /* no cut (Sentinel: the URI names the sentinels) */
+        goto next;
     long long killed = 0;
     for (size_t i = 0; i < nodes; i++) {
         redisContext *ctx = raw(uri, i);
@@ -166,6 +169,7 @@ static void test_watch_cut(const char *what, const char *uri, size_t nodes)
     t0 = dlock_monotonic_ns();
     is_int(dlock_proclaim(l, "three", 5), 0, "%s: proclaim after the cut", what);
     ok(told(&s, 1000), "%s: told after the cut in %.1f ms", what, since_ms(t0));
+next:
     expect(&s, "four");
     dlock_lock *l2 = NULL;
     is_int(dlock_resign(l), 0, "%s: resign", what);
@@ -226,5 +230,17 @@ int main(void)
     test_watch_cut("redlock", redlock, 5);
     test_redlock_value(redlock);
     test_plain_refuses(single);
+    /* Cluster (SSUBSCRIBE on the slot's owner, the seeds' subscribers
+     * killed) and Sentinel (the primary), when their stores run. */
+    const char *cluster = getenv("DLOCK_REDIS_CLUSTER_URI");
+    const char *sentinel = getenv("DLOCK_REDIS_SENTINEL_URI");
+    if (cluster && *cluster) {
+        test_values("cluster", cluster);
+        test_watch_cut("cluster", cluster, 3);
+    }
+    if (sentinel && *sentinel) {
+        test_values("sentinel", sentinel);
+        test_watch_cut("sentinel", sentinel, 0);
+    }
     return done_testing();
 }
