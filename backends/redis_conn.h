@@ -177,7 +177,9 @@ struct redis_keys {
     const char *k[REDIS_NKEYS_ELECT];
     size_t len[REDIS_NKEYS_ELECT];
     char *buf;        /* small, or malloc'ed for long names */
-    char small[768];  /* so that a call on a short name needs no malloc
+    char small[896];  /* so that a call on a short name needs no malloc
+                         (names up to about 100 bytes, as with 7 keys
+                         before the election value key)
                          (and a release cannot fail for want of memory);
                          never copy a struct redis_keys */
 };
