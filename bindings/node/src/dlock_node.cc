@@ -445,7 +445,7 @@ Napi::Object caps_object(Napi::Env env, unsigned int caps)
     static const char *const names[] = {"lease",    "renew",       "fencing", "fifo",
                                         "blocking", "shared",      "deadline",
                                         "holderDeath", "raise",    "cancel",
-                                        "semaphore"};
+                                        "semaphore", "election",   "watch"};
     Napi::Object o = Napi::Object::New(env);
     for (unsigned int i = 0; i < sizeof names / sizeof names[0]; i++)
         o.Set(names[i], Napi::Boolean::New(env, (caps >> i) & 1u));
