@@ -181,37 +181,73 @@ class Leadership extends Lock {
   async release() { return this.resign(); }
 }
 
+// Observers polled now, kept from GC: their native callbacks find them
+// through a WeakRef, so that one nobody polls or holds can be collected
+// (and its libdlock observer closed).
+const polled = new Set();
+
 /**
  * An election's observer: each change of leader (the current state first)
  * as a 'change' event and through async iteration, in order. A change is
  * {name, held, value, term, leaseMs, owner}; one with .error (a
  * DlockError) says the observer could not read the store (the other
- * fields as last known) and keeps trying. close() ends it; so does leaving
- * a for-await loop. An open observer keeps the process alive (unref()).
+ * fields as last known) and keeps trying. Changes are read from libdlock
+ * while a 'change' listener or an iteration wants them; until then they
+ * wait in its queue (the last 64). close() ends it; so does leaving a
+ * for-await loop. A polled observer keeps the process alive (unref()).
  */
 class Observer extends EventEmitter {
   #native;
   #name;
   #closed = false;
+  #polling = false;
+  #waiting = 0; // iterations waiting for a change
+  #iterators = new Set(); // each iteration's push function
 
   constructor(box, name) {
     super();
     this.#name = name;
-    this.#native = new native.Observer(box, (change) => this.emit('change', toLeader(change)));
+    const weak = new WeakRef(this);
+    this.#native = new native.Observer(box, (change) => weak.deref()?._deliver(change));
+    this.on('newListener', (event) => { if (event === 'change') this.#want(true); });
+    this.on('removeListener', (event) => { if (event === 'change') this.#want(false); });
   }
 
   get name() { return this.#name; }
   get closed() { return this.#closed; }
 
+  // Polls while changes are wanted (a listener is being added: adding).
+  #want(adding) {
+    if (this.#closed) return;
+    const want = adding || this.listenerCount('change') > 0 || this.#waiting > 0;
+    if (want && !this.#polling) {
+      this.#polling = true;
+      polled.add(this);
+      this.#native.resume();
+    } else if (!want && this.#polling) {
+      this.#polling = false;
+      polled.delete(this);
+      this.#native.pause();
+    }
+  }
+
+  _deliver(change) {
+    toLeader(change);
+    for (const push of this.#iterators) push(change);
+    this.emit('change', change);
+  }
+
   /** Stops observing; pending iterations end. Closing again does nothing. */
   close() {
     if (this.#closed) return;
     this.#closed = true;
+    this.#polling = false;
+    polled.delete(this);
     this.#native.close();
     this.emit('close');
   }
 
-  /** Whether the open observer keeps the event loop (the process) alive. */
+  /** Whether the polled observer keeps the event loop (the process) alive. */
   ref() { this.#native.ref(true); return this; }
   unref() { this.#native.ref(false); return this; }
 
@@ -219,35 +255,38 @@ class Observer extends EventEmitter {
     const queue = [];
     let waiting = null;
     let done = this.#closed;
+    const settle = (r) => {
+      const w = waiting;
+      waiting = null;
+      this.#waiting--;
+      w(r);
+      this.#want(false);
+    };
+    const push = (change) => {
+      if (waiting) settle({ value: change, done: false });
+      else queue.push(change);
+    };
     const finish = () => {
       if (done) return;
       done = true;
-      this.off('change', onChange);
+      this.#iterators.delete(push);
       this.off('close', finish);
-      if (waiting) {
-        const w = waiting;
-        waiting = null;
-        w({ value: undefined, done: true });
-      }
-    };
-    const onChange = (change) => {
-      if (waiting) {
-        const w = waiting;
-        waiting = null;
-        w({ value: change, done: false });
-      } else {
-        queue.push(change);
-      }
+      if (waiting) settle({ value: undefined, done: true });
     };
     if (!done) {
-      this.on('change', onChange);
+      this.#iterators.add(push);
       this.once('close', finish);
     }
     const it = {
       next: () => {
         if (queue.length) return Promise.resolve({ value: queue.shift(), done: false });
         if (done) return Promise.resolve({ value: undefined, done: true });
-        return new Promise((resolve) => { waiting = resolve; });
+        if (waiting) return Promise.reject(new Error('next() called again before the last settled'));
+        return new Promise((resolve) => {
+          waiting = resolve;
+          this.#waiting++;
+          this.#want(false);
+        });
       },
       // Leaving a for-await loop (break, return, throw) closes the observer.
       return: () => {

@@ -516,11 +516,13 @@ struct ObserverBox {
  * An election's observer on the event loop: a uv_poll on
  * dlock_observer_fd() (readable while changes are queued) drains the queue
  * with dlock_observer_next() without waiting, and hands each change to the
- * JS function given at construction. The poll holds a reference to the
- * object, so an open observer is never collected (and keeps the loop alive
- * unless unref()ed); close() stops the poll, then closes the observer
- * (which joins its thread) on a thread of its own, never blocking the loop
- * for the observer's read in flight.
+ * JS function given at construction. JS polls only while someone wants
+ * changes (resume(), pause()): meanwhile they wait in libdlock's queue (the
+ * last DLOCK_OBSERVE_QUEUE). A polled observer holds a reference to its
+ * object (its callbacks need it) and keeps the loop alive unless unref()ed;
+ * a paused one that JS drops is closed when collected. close() stops the
+ * poll, then closes the observer (which joins its thread) on a thread of
+ * its own, never blocking the loop for the observer's read in flight.
  */
 class ObserverWrap : public Napi::ObjectWrap<ObserverWrap> {
 public:
@@ -528,6 +530,8 @@ public:
     {
         return DefineClass(env, "Observer",
                            {InstanceMethod<&ObserverWrap::Close>("close"),
+                            InstanceMethod<&ObserverWrap::Resume>("resume"),
+                            InstanceMethod<&ObserverWrap::Pause>("pause"),
                             InstanceMethod<&ObserverWrap::SetRef>("ref")});
     }
 
@@ -545,11 +549,8 @@ public:
             throw Napi::Error::New(env, "no event loop");
         poll = new uv_poll_t;
         int rc = uv_poll_init(loop, poll, lib.dlock_observer_fd(box->observer));
-        if (rc == 0)
-            rc = uv_poll_start(poll, UV_READABLE, on_readable);
         if (rc != 0) {
-            uv_close(reinterpret_cast<uv_handle_t *>(poll),
-                     [](uv_handle_t *h) { delete reinterpret_cast<uv_poll_t *>(h); });
+            delete poll;
             poll = nullptr;
             throw Napi::Error::New(env, std::string("cannot poll an observer: ") + uv_strerror(rc));
         }
@@ -558,12 +559,11 @@ public:
         name = box->name;
         poll->data = this;
         on_change = Napi::Persistent(info[1].As<Napi::Function>());
-        Ref(); /* alive while polled */
     }
 
     ~ObserverWrap() override
     {
-        /* Only the environment's teardown collects an open one. */
+        /* Open: dropped by JS while paused, or the environment's teardown. */
         stop();
         lib.dlock_observer_close(observer);
     }
@@ -578,7 +578,7 @@ private:
         /* Errors of the poll itself: the queue is read anyway. */
         (void)status;
         dlock_leader_info l;
-        while (self->observer && lib.dlock_observer_next(self->observer, &l, 0) == 0) {
+        while (self->polling && lib.dlock_observer_next(self->observer, &l, 0) == 0) {
             Napi::Object change = leader_object(env, self->name, l);
             /* Within a callback scope, so that promise reactions (an async
              * iterator's) run at once; an exception is the process's
@@ -596,15 +596,44 @@ private:
         }
     }
 
-    /* Stops polling; the descriptor stays open (the observer owns it). */
+    /* Stops polling for good; the descriptor stays open (the observer
+     * owns it). */
     void stop()
     {
         if (!poll)
             return;
-        uv_poll_stop(poll);
+        pause();
         uv_close(reinterpret_cast<uv_handle_t *>(poll),
                  [](uv_handle_t *h) { delete reinterpret_cast<uv_poll_t *>(h); });
         poll = nullptr;
+    }
+
+    void pause()
+    {
+        if (!polling)
+            return;
+        uv_poll_stop(poll);
+        polling = false;
+        Unref();
+    }
+
+    Napi::Value Resume(const Napi::CallbackInfo &info)
+    {
+        if (poll && !polling) {
+            int rc = uv_poll_start(poll, UV_READABLE, on_readable);
+            if (rc != 0)
+                throw Napi::Error::New(info.Env(),
+                                       std::string("cannot poll an observer: ") + uv_strerror(rc));
+            polling = true;
+            Ref();
+        }
+        return info.Env().Undefined();
+    }
+
+    Napi::Value Pause(const Napi::CallbackInfo &info)
+    {
+        pause();
+        return info.Env().Undefined();
     }
 
     Napi::Value Close(const Napi::CallbackInfo &info)
@@ -614,13 +643,11 @@ private:
             dlock_observer *o = observer;
             observer = nullptr;
             std::thread([o] { lib.dlock_observer_close(o); }).detach();
-            on_change.Reset();
-            Unref();
         }
         return info.Env().Undefined();
     }
 
-    /* ref(true|false): whether the open observer keeps the loop alive. */
+    /* ref(true|false): whether the polled observer keeps the loop alive. */
     Napi::Value SetRef(const Napi::CallbackInfo &info)
     {
         if (poll) {
@@ -634,6 +661,7 @@ private:
 
     dlock_observer *observer = nullptr;
     uv_poll_t *poll = nullptr;
+    bool polling = false;
     std::string name;
     Napi::FunctionReference on_change;
 };
