@@ -222,6 +222,8 @@ class Observer:
     async def get(self, timeout=None):
         """The next change, waiting at most timeout seconds (None: until
         one comes); None when none came in time. dlock.EINVAL once closed."""
+        if self._closed:
+            raise error(_core._EINVAL, "the observer is closed")
         try:
             return await asyncio.wait_for(self.__anext__(), timeout)
         except asyncio.TimeoutError:
@@ -315,7 +317,7 @@ class Client:
         task instead). on_lost(lock, error) runs on the loop's thread."""
         if on_lost is not None and not keep:
             raise ValueError("on_lost needs keep=True (only kept locks are watched)")
-        sync = await self._wait(self._sync.acquire, blocking, name, ttl=ttl, blocking=blocking,
+        sync = await self._wait(self._sync.acquire, name, ttl=ttl, blocking=blocking,
                                 timeout=timeout, deadline=deadline, keep=keep,
                                 reentrant=reentrant, shared=shared, limit=limit)
         lock = self._locks.get(sync)
@@ -331,7 +333,7 @@ class Client:
                        deadline=None, on_lost=None):
         """As dlock.Client.campaign() (cancel the task instead of cancel=):
         a Leadership, whose loss is watched from the loop."""
-        sync = await self._wait(self._sync.campaign, blocking, name, value, ttl=ttl,
+        sync = await self._wait(self._sync.campaign, name, value, ttl=ttl,
                                 blocking=blocking, timeout=timeout, deadline=deadline)
         lock = Leadership(self, sync, on_lost)
         lock._watch(self._loop)
@@ -347,11 +349,11 @@ class Client:
         client.observe(name)`; started on first use."""
         return Observer(self, name)
 
-    async def _wait(self, fn, blocking, *args, **kwargs):
+    async def _wait(self, fn, *args, **kwargs):
         """fn(*args, cancel=..., **kwargs), a sync acquire or campaign, on
         the worker; cancelling the task cancels it, and a grant that won the
         race is released."""
-        can_cancel = blocking and bool(self.caps & _lib.CAP_CANCEL)
+        can_cancel = kwargs["blocking"] and bool(self.caps & _lib.CAP_CANCEL)
         cancel = _core.Cancel() if can_cancel else None
         # The concurrent future, not only the loop's: while the job is still
         # queued, only it can take the job back.
