@@ -10,17 +10,7 @@ const test = (name, ...rest) => {
 };
 const assert = require('node:assert/strict');
 const dlock = require('..');
-const { stores, lockName, sleep } = require('./helpers');
-
-function isDlock(code) {
-  return (e) => {
-    assert.ok(e instanceof dlock.DlockError, `a DlockError, not ${e}`);
-    assert.equal(e.code, code);
-    assert.equal(e.errno, dlock.codes[code]);
-    assert.ok(e.message.length > 0, 'the message says something');
-    return true;
-  };
-}
+const { stores, lockName, sleep, isDlock } = require('./helpers');
 
 // Opens n clients, runs fn(...clients), closes them whatever happens; the
 // case is skipped where the store has no elections (file:// must).
