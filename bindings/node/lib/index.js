@@ -186,6 +186,12 @@ class Leadership extends Lock {
 // (and its libdlock observer closed).
 const polled = new Set();
 
+// Made outside the Observer's constructor, whose scope (closed over by its
+// listeners) holds the observer itself.
+function deliverTo(weak) {
+  return (change) => weak.deref()?._deliver(change);
+}
+
 /**
  * An election's observer: each change of leader (the current state first)
  * as a 'change' event and through async iteration, in order. A change is
@@ -207,8 +213,7 @@ class Observer extends EventEmitter {
   constructor(box, name) {
     super();
     this.#name = name;
-    const weak = new WeakRef(this);
-    this.#native = new native.Observer(box, (change) => weak.deref()?._deliver(change));
+    this.#native = new native.Observer(box, deliverTo(new WeakRef(this)));
     this.on('newListener', (event) => { if (event === 'change') this.#want(true); });
     this.on('removeListener', (event) => { if (event === 'change') this.#want(false); });
   }

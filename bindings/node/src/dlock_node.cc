@@ -563,7 +563,10 @@ public:
 
     ~ObserverWrap() override
     {
-        /* Open: dropped by JS while paused, or the environment's teardown. */
+        /* Open: dropped by JS while paused, or the environment's teardown
+         * (polled maybe: uv_close() stops the poll, and the object's own
+         * reference is going anyway). */
+        polling = false;
         stop();
         lib.dlock_observer_close(observer);
     }

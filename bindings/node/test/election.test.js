@@ -271,6 +271,28 @@ for (const store of stores()) {
       });
     });
 
+    test('an observer dropped without close() is collected and closed', async (t) => {
+      await withClients(t, store, 1, async (a) => {
+        const v8 = require('node:v8');
+        const vm = require('node:vm');
+        v8.setFlagsFromString('--expose-gc');
+        const gc = vm.runInNewContext('gc');
+        const threads = () => Number(require('node:fs').readFileSync('/proc/self/status', 'utf8')
+          .match(/Threads:\s+(\d+)/)[1]);
+        let collected = 0;
+        const reg = new FinalizationRegistry(() => collected++);
+        const before = threads();
+        for (let i = 0; i < 10; i++) reg.register(await a.observe(lockName('dropped')), i);
+        assert.ok(threads() >= before + 10, 'each observer has a thread');
+        for (let i = 0; i < 50 && (collected < 10 || threads() > before); i++) {
+          gc();
+          await sleep(50);
+        }
+        assert.equal(collected, 10, 'the dropped observers were collected');
+        assert.ok(threads() <= before, `their threads ended: ${before} before, ${threads()} now`);
+      });
+    });
+
     test('bad input: a value over 1024 bytes, bad names and types', async (t) => {
       await withClients(t, store, 1, async (a) => {
         const name = lockName('elect-bad');
