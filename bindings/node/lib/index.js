@@ -257,18 +257,16 @@ class Observer extends EventEmitter {
   unref() { this.#native.ref(false); return this; }
 
   [Symbol.asyncIterator]() {
-    const queue = [];
-    let waiting = null;
+    const queue = []; // changes not asked for yet
+    const waiting = []; // next() calls waiting for a change
     let done = this.#closed;
     const settle = (r) => {
-      const w = waiting;
-      waiting = null;
       this.#waiting--;
-      w(r);
+      waiting.shift()(r);
       this.#want(false);
     };
     const push = (change) => {
-      if (waiting) settle({ value: change, done: false });
+      if (waiting.length) settle({ value: change, done: false });
       else queue.push(change);
     };
     const finish = () => {
@@ -276,7 +274,7 @@ class Observer extends EventEmitter {
       done = true;
       this.#iterators.delete(push);
       this.off('close', finish);
-      if (waiting) settle({ value: undefined, done: true });
+      while (waiting.length) settle({ value: undefined, done: true });
     };
     if (!done) {
       this.#iterators.add(push);
@@ -286,9 +284,8 @@ class Observer extends EventEmitter {
       next: () => {
         if (queue.length) return Promise.resolve({ value: queue.shift(), done: false });
         if (done) return Promise.resolve({ value: undefined, done: true });
-        if (waiting) return Promise.reject(new Error('next() called again before the last settled'));
         return new Promise((resolve) => {
-          waiting = resolve;
+          waiting.push(resolve);
           this.#waiting++;
           this.#want(false);
         });

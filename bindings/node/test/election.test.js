@@ -304,7 +304,8 @@ for (const store of stores()) {
         const l = await a.campaign(name, { value: Buffer.alloc(1024, 0x61) });
         assert.equal((await a.leader(name)).value.length, 1024);
         await assert.rejects(l.proclaim(Buffer.alloc(1025)), isDlock('DLOCK_EINVAL'));
-        assert.equal((await a.leader(name)).value.length, 1024, 'a refused proclaim changes nothing');
+        assert.equal((await a.leader(name)).value.length, 1024,
+                     'a refused proclaim changes nothing');
         await l.resign();
         for (const bad of ['', 'a\0b']) {
           await assert.rejects(a.campaign(bad, { value: 'x' }), isDlock('DLOCK_EINVAL'));

@@ -3,6 +3,7 @@ asyncio forms, on every store (a networked store whose backend has no
 elections skips them; file:// must have them)."""
 
 import asyncio
+import gc
 import threading
 import time
 
@@ -206,6 +207,25 @@ def test_observer_close(elect, name, store_uri):
     assert _next(obs2, "the leader").term == lead.term
     obs2.close()
     lead.resign()
+
+
+def _threads():
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("Threads:")).split()[1])
+
+
+def test_observer_dropped_is_closed(elect, name):
+    a = elect(1)
+    before = _threads()
+    observers = [a.observe(name) for _ in range(5)]
+    assert _threads() >= before + 5, "each observer has a thread"
+    del observers
+    gc.collect()
+    for _ in range(50):
+        if _threads() <= before:
+            break
+        time.sleep(0.05)
+    assert _threads() <= before, "the dropped observers' threads ended"
 
 
 def test_bad_input(elect, name):
