@@ -9,6 +9,8 @@ const test = (name, ...rest) => {
   return nodeTest(name, { timeout: 60000, ...rest[0] }, fn);
 };
 const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const path = require('node:path');
 const dlock = require('..');
 const { stores, lockName, sleep, isDlock } = require('./helpers');
 
@@ -268,6 +270,32 @@ for (const store of stores()) {
         assert.equal((await nextChange(it)).term, l2.term);
         obs3.close();
         await l2.resign();
+      });
+    });
+
+    test('a leadership lost reports it (event, .lost) and refuses proclaim', async (t) => {
+      if (store.networked) {
+        t.skip('the lock file is removed on the file store only');
+        return;
+      }
+      await withClients(t, store, 2, async (a, b) => {
+        const name = lockName('elect-lost');
+        const l = await a.campaign(name, { value: 'v', ttl: 1000 });
+        const lost = new Promise((resolve) => l.once('lost', resolve));
+        const file = path.join(new URL(store.uri).pathname, `${name}.lock`);
+        assert.ok(fs.existsSync(file), `${file} is the leader's lock file`);
+        fs.rmSync(file); // the lock is no longer ours
+        const err = await Promise.race([lost, sleep(10000).then(() => null)]);
+        assert.ok(err, "no 'lost' event within 10 s");
+        assert.ok(err instanceof dlock.DlockError);
+        assert.equal(err.code, 'DLOCK_ELOST');
+        assert.equal(l.lost, 'DLOCK_ELOST');
+        await assert.rejects(l.proclaim('late'), isDlock('DLOCK_ELOST'));
+        // The next candidate leads, with a higher term.
+        const next = await b.campaign(name, { value: 'w', wait: 5000 });
+        assert.ok(next.term > l.term);
+        await assert.rejects(l.resign(), isDlock('DLOCK_ELOST'));
+        await next.resign();
       });
     });
 

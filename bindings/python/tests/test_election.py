@@ -4,6 +4,7 @@ elections skips them; file:// must have them)."""
 
 import asyncio
 import gc
+import os
 import threading
 import time
 
@@ -207,6 +208,48 @@ def test_observer_close(elect, name, store_uri):
     assert _next(obs2, "the leader").term == lead.term
     obs2.close()
     lead.resign()
+
+
+def test_leadership_lost(elect, name, store_uri):
+    if not store_uri.startswith("file://"):
+        pytest.skip("the lock file is removed on the file store only")
+    a, b = elect(2)
+    told = threading.Event()
+    got = []
+
+    def on_lost(lead, err):
+        got.append((lead, err))
+        told.set()
+    lead = a.campaign(name, "v", ttl=1, on_lost=on_lost)
+    path = os.path.join(store_uri[len("file://"):], name + ".lock")
+    assert os.path.exists(path), path
+    os.remove(path)  # the lock is no longer ours
+    assert told.wait(10), "on_lost was not called within 10 s"
+    assert got[0][0] is lead
+    assert isinstance(got[0][1], dlock.ELOST)
+    assert lead.lost
+    assert isinstance(lead.lost_error, dlock.ELOST)
+    with pytest.raises(dlock.ELOST):
+        lead.proclaim("late")
+    nxt = b.campaign(name, "w", timeout=5)
+    assert nxt.term > lead.term
+    with pytest.raises(dlock.ELOST):
+        lead.resign()
+    nxt.resign()
+
+    async def main():
+        c = await dlock.aio.open(store_uri)
+        try:
+            lead = await c.campaign(name, "x", ttl=1)
+            os.remove(path)
+            err = await asyncio.wait_for(lead.wait_lost(), 10)
+            assert isinstance(err, dlock.ELOST)
+            assert lead.lost_event.is_set()
+            with pytest.raises(dlock.ELOST):
+                await lead.proclaim("late")
+        finally:
+            await c.close()
+    run(main())
 
 
 def _threads():
