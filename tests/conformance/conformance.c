@@ -132,7 +132,7 @@ static const struct kind {
     unsigned name_chars_max;
 } kinds[] = {
     {"file", DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
-                 DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+                 DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION | DLOCK_CAP_WATCH,
      NULL, 0, 0, 0, 0},
     /* A PX expiry, to the millisecond. */
     {"redis",
