@@ -359,8 +359,9 @@ def test_aio_campaign_and_observe(elect, name, store_uri):
                 ch = await wait_for(5, "the second leader")
             assert (ch.held, ch.term, ch.value) == (True, lb.term, b"v3")
             assert (await b.leader(name)).value == b"v3"
+            seen = len(changes)
             await lb.resign()
-            ch = await wait_for(len(changes) + 1, "no leader")
+            ch = await wait_for(seen + 1, "no leader")
             assert not ch.held
 
             # Cancelling the task cancels the campaign; nothing is left behind.
