@@ -170,7 +170,7 @@ export declare class Observer extends EventEmitter implements AsyncIterable<Lead
   readonly closed: boolean;
   /** Stops observing; iterations end. Idempotent. */
   close(): void;
-  /** Keep the process alive while open (the default), or not. */
+  /** Keep the process alive while read (the default), or not. */
   ref(): this;
   unref(): this;
   /** Leaving the loop (break, return, throw) closes the observer. */
