@@ -25,6 +25,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -208,23 +209,24 @@ static int consume(struct redis_watch *w, struct redis_node *n)
 int dlock_redis_watch_read(dlock_watch *watch)
 {
     struct redis_watch *w = (struct redis_watch *)watch;
-    struct epoll_event ev[16];
-    for (;;) {
-        /* A zero timeout: only the sockets ready now (never blocks). */
-        int k = epoll_wait(w->epfd, ev, (int)(sizeof ev / sizeof ev[0]), 0);
-        if (k <= 0)
-            return 0;
-        for (int i = 0; i < k; i++) {
-            struct redis_node *n = ev[i].data.ptr;
-            if (!n->sub)
-                return broken(w, n, "not connected");
-            if (redisBufferRead(n->sub) != REDIS_OK)
-                return broken(w, n, n->sub->errstr[0] ? n->sub->errstr : "connection lost");
-            int err = consume(w, n);
-            if (err)
-                return err;
-        }
-        if (k < (int)(sizeof ev / sizeof ev[0]))
-            return 0;
+    struct pollfd fds[DLOCK_POLL_FDS_MAX];
+    size_t n = w->n < DLOCK_POLL_FDS_MAX ? w->n : DLOCK_POLL_FDS_MAX;
+    for (size_t i = 0; i < n; i++)
+        fds[i] = (struct pollfd){w->node[i]->sub ? w->node[i]->sub->fd : -1, POLLIN, 0};
+    /* A deadline already past: the core's wait looks once (never blocks). */
+    if (dlock_poll_until(fds, n, -1, 0, 0) <= 0)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        struct redis_node *nd = w->node[i];
+        if (!fds[i].revents)
+            continue;
+        if (!nd->sub)
+            return broken(w, nd, "not connected");
+        if (redisBufferRead(nd->sub) != REDIS_OK)
+            return broken(w, nd, nd->sub->errstr[0] ? nd->sub->errstr : "connection lost");
+        int err = consume(w, nd);
+        if (err)
+            return err;
     }
+    return 0;
 }

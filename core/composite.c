@@ -534,13 +534,44 @@ static int comp_publish(dlock_conn *conn, dlock_held *held, const void *value, s
     return 0;
 }
 
+/* The first store's leader and value; the term is the list's token, the
+ * largest of the stores' (the others were raised to it only for later
+ * grants), so every store is read: a leader is one that holds in all of
+ * them (a list's grant and release go store by store). */
 static int comp_leader(dlock_conn *conn, const char *name, size_t len, dlock_info *info,
                        char *value, size_t *value_len)
 {
     struct comp_conn *cc = (struct comp_conn *)conn;
+    char scratch[DLOCK_VALUE_MAX + 1];
     dlock_err_clear(cc->part[0]);
     int rc = cc->part[0]->backend->leader(cc->part[0]->conn, name, len, info, value, value_len);
-    return rc ? store_error(cc, 0, rc) : 0;
+    if (rc)
+        return store_error(cc, 0, rc);
+    for (size_t i = 1; i < cc->n && info->held && (info->known & DLOCK_KNOWS_TOKEN); i++) {
+        dlock_info o;
+        size_t vlen = 0;
+        memset(&o, 0, sizeof o);
+        o.version = DLOCK_INFO_VERSION;
+        dlock_err_clear(cc->part[i]);
+        rc = cc->part[i]->backend->leader(cc->part[i]->conn, name, len, &o, scratch, &vlen);
+        if (rc)
+            return store_error(cc, i, rc);
+        int same = (o.known & DLOCK_KNOWS_OWNER) && (info->known & DLOCK_KNOWS_OWNER)
+                       ? strcmp(o.owner, info->owner) == 0
+                       : 1;
+        if (!o.held || !same) {
+            /* Taken or given back part by part: the list's leadership is
+             * not whole, so no one leads it (yet, or any more). */
+            memset(info, 0, sizeof *info);
+            info->version = DLOCK_INFO_VERSION;
+            info->known = DLOCK_KNOWS_HELD;
+            *value_len = 0;
+            return 0;
+        }
+        if ((o.known & DLOCK_KNOWS_TOKEN) && o.token > info->token)
+            info->token = o.token;
+    }
+    return 0;
 }
 
 static int comp_wake(dlock_conn *conn, const char *name, size_t len)
