@@ -195,8 +195,24 @@ void dlock_pg_key_match(const struct pg_conn *pc, int64_t key, const char *a, ch
                         size_t len);
 /* The backend's inspect() and inspect_holders() (postgres_inspect.c). */
 int dlock_pg_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info);
+/* leader(): inspect()'s statement, with the holder's published value. */
+int dlock_pg_leader(dlock_conn *conn, const char *name, size_t len, dlock_info *info,
+                    char *value, size_t *value_len);
 int dlock_pg_inspect_holders(dlock_conn *conn, const char *name, size_t len,
                              dlock_holder *holders, size_t capacity, size_t *count);
+
+/* Elections (postgres_elect.c): the table of leaders' values is the
+ * fencing table's name and this (59 + 4 bytes: an identifier), one row per
+ * name's key: the value, and the grant and session that published it. */
+#define PG_VALUES_SUFFIX "_ldr"
+#define PG_VALUES_COLUMNS "(key bigint PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL," \
+                          " pid int NOT NULL, since timestamptz, value bytea NOT NULL)"
+int dlock_pg_publish(dlock_conn *conn, dlock_held *held, const void *value, size_t len);
+int dlock_pg_wake(dlock_conn *conn, const char *name, size_t len);
+int dlock_pg_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_watch **watchp);
+int dlock_pg_watch_fd(dlock_watch *watch);
+int dlock_pg_watch_read(dlock_watch *watch);
+void dlock_pg_watch_close(dlock_watch *watch);
 
 /* The tag that starts every statement on a holder session (tag()). */
 #define TAG_HEAD "/*dlock owner="

@@ -1,0 +1,232 @@
+/*
+ * PostgreSQL's elections (dlock.h "Leader election"): an election is the
+ * name's advisory lock, its leader the holder; this file writes the
+ * leader's value and wakes observers. leader() is inspect's statement with
+ * the value read beside the holder (postgres_inspect.c). It calls only the
+ * statement layer (postgres_io.c) and the session layer below it.
+ *
+ * Values: the table <table>_ldr (PG_VALUES_SUFFIX, created with the
+ * fencing table), one row per name's key: the value (bytea, any bytes),
+ * the owner id and token of the grant that published it, and the session
+ * that holds it (pg_backend_pid() and its backend_start). publish() writes
+ * it on the lock's own session, where the statement also checks in
+ * pg_locks that the session holds the name's lock: a session lock cannot
+ * be lost while its session runs a statement, so the check and the write
+ * are atomic (DLOCK_ELOST, nothing written, otherwise). leader() shows the
+ * value only while the session that wrote it holds the lock (same pid and
+ * start), and where it knows them, with the holder's token and owner id:
+ * a dead leader's value is never shown as its successor's, nor as a plain
+ * holder's. The row stays until the next publish of the name.
+ *
+ * Wake-ups: NOTIFY on the channel dlock_elect_<key in hex> (an identifier
+ * of 28 bytes, whatever the name's length; names whose keys collide share
+ * a channel: a spurious wake-up). publish() notifies in its transaction
+ * (delivered at its commit: an observer woken reads the new value); wake()
+ * after an election's release sends one NOTIFY of its own. A watch is a
+ * connection of its own that LISTENs on the channel; idle, it sends
+ * nothing (TCP keepalives only); its socket turns readable with each
+ * notification, and watch_read() consumes them without blocking. A watch
+ * whose connection ends returns an error, and the core opens another.
+ *
+ * What PostgreSQL does not tell: a session's end (killed, its
+ * idle_session_timeout, a cut network) frees its advisory locks without a
+ * notification, and no trigger runs at a session's end. Observers learn it
+ * when the next candidate, granted at once from the lock's queue, publishes
+ * (one round trip after the grant), or else at the lease end leader()
+ * read (the core's lease timer: at most the TTL after the last renewal).
+ * A plain lock's grant and release on the name notify nothing either: the
+ * lease timer again, or the core's publish grace for a holder without a
+ * value.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/postgres_int.h"
+#include "core/sha256.h"
+
+/* "dlock_elect_" and the key's 16 hex digits. */
+#define CHANNEL_MAX 32
+
+static void channel(int64_t key, char buf[CHANNEL_MAX])
+{
+    snprintf(buf, CHANNEL_MAX, "dlock_elect_%016" PRIx64, (uint64_t)key);
+}
+
+/* A failed publish on h's session, as renew reports it. */
+static int publish_failed(struct pg_conn *pc, struct pg_held *h, int err)
+{
+    struct pg_session *s = hs(h);
+    if (s->base.silent_ms)
+        return dlock_seterr(cl(pc), DLOCK_ECONNECT,
+                            "postgresql: publish: no reply from the server within %" PRIu64
+                            " ms; the session was closed, and the lock is lost with it",
+                            s->base.silent_ms);
+    if (!s->pg || PQstatus(s->pg) != CONNECTION_OK) {
+        err = dlock_seterr(cl(pc), DLOCK_ELOST, "%s", dlock_sql_lost_why(&pc->pool, &h->sh));
+        dlock_pg_session_close(s);
+    }
+    return err;
+}
+
+/* The write, on h's session (s->mu held): tagged as the lock's other
+ * statements, in a transaction with the acquire's settings (`timeout` on
+ * the server; synchronous_commit on: the value is on disk before anyone is
+ * told), bounded by `timeout` and the margin on the client. */
+static int publish_on(struct pg_conn *pc, struct pg_held *h, const void *value, size_t len)
+{
+    struct pg_session *s = hs(h);
+    char tg[128], settings[256], match[160], chan[CHANNEL_MAX];
+    char *sql = NULL, *hex = NULL;
+    PGresult *r = NULL;
+    if (h->sh.gone || !s->pg) {
+        int err = dlock_seterr(cl(pc), DLOCK_ELOST, "%s", dlock_sql_lost_why(&pc->pool, &h->sh));
+        if (!h->sh.gone)
+            dlock_pg_session_close(s);
+        return err;
+    }
+    dlock_sql_expire(&pc->pool, &s->base, &h->sh);
+    size_t room = 1600 + 2 * len;
+    if (!(sql = malloc(room)) || !(hex = malloc(2 * len + 1))) {
+        free(sql);
+        return dlock_seterr(cl(pc), DLOCK_ENOMEM, "out of memory");
+    }
+    dlock_hex(value, len, hex);
+    hex[2 * len] = '\0';
+    dlock_pg_tag(tg, sizeof tg, h->owner_hex, s->base.lease, h->base.token, h->key);
+    dlock_pg_tx_settings(settings, sizeof settings, pc->timeout_ms);
+    dlock_pg_key_match(pc, h->key, "", match, sizeof match);
+    channel(h->key, chan);
+    snprintf(sql, room,
+             "%s%sWITH l AS MATERIALIZED (SELECT count(*) AS n FROM pg_locks WHERE"
+             " locktype = 'advisory' AND pid = pg_backend_pid() AND %s AND granted AND"
+             " mode = 'ExclusiveLock'), "
+             "w AS (INSERT INTO %s" PG_VALUES_SUFFIX " (key, owner, token, pid, since, value)"
+             " SELECT %" PRId64 ", '%s', %" PRIu64 ", pg_backend_pid(), (SELECT backend_start"
+             " FROM pg_stat_get_activity(pg_backend_pid())), '\\x%s'::bytea FROM l WHERE n = 1"
+             " ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, token = EXCLUDED.token,"
+             " pid = EXCLUDED.pid, since = EXCLUDED.since, value = EXCLUDED.value RETURNING 1) "
+             "SELECT (SELECT count(*) FROM w), pg_notify('%s', '')",
+             tg, settings, match, pc->table, h->key, h->owner_hex, h->base.token, hex, chan);
+    free(hex);
+    uint64_t margin = pc->timeout_ms < DEADLINE_MARGIN_MS ? pc->timeout_ms : DEADLINE_MARGIN_MS;
+    int err = dlock_pg_run(pc, s, sql, 4, &r, "publish",
+                           dlock_monotonic_ns() + (pc->timeout_ms + margin) * MS);
+    free(sql);
+    if (err)
+        return publish_failed(pc, h, err);
+    int written = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "1") == 0;
+    PQclear(r);
+    if (!written)
+        return dlock_seterr(cl(pc), DLOCK_ELOST,
+                            "the session no longer holds the lock; nothing was published");
+    return 0;
+}
+
+int dlock_pg_publish(dlock_conn *conn, dlock_held *held, const void *value, size_t len)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    struct pg_held *h = (struct pg_held *)held;
+    pthread_mutex_lock(&hs(h)->base.mu);
+    int err = publish_on(pc, h, value, len);
+    pthread_mutex_unlock(&hs(h)->base.mu);
+    return err;
+}
+
+/* One NOTIFY on an idle pooled session, bounded by `timeout`. */
+int dlock_pg_wake(dlock_conn *conn, const char *name, size_t len)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    char sql[96], chan[CHANNEL_MAX], state[6];
+    PGresult *r = NULL;
+    int64_t key = 0;
+    int err = dlock_pg_layout_key(pc, name, len, &key);
+    if (err)
+        return err;
+    channel(key, chan);
+    snprintf(sql, sizeof sql, "SELECT pg_notify('%s', '')", chan);
+    if ((err = dlock_pg_run_idle(pc, sql, 0, &r, "waking the election's observers", state)) != 0)
+        return err;
+    PQclear(r);
+    return 0;
+}
+
+struct pg_watch {
+    dlock_watch base;
+    struct pg_conn *pc;
+    struct pg_session s; /* the LISTEN connection, outside the pool */
+};
+
+/* A connection of its own (connect_timeout per host), with no idle timer
+ * (a server's default would end an idle watch), listening on the name's
+ * channel from the moment LISTEN commits: before the core's first read. */
+int dlock_pg_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_watch **watchp)
+{
+    struct pg_conn *pc = (struct pg_conn *)conn;
+    char sql[96], chan[CHANNEL_MAX];
+    PGresult *r = NULL;
+    int64_t key = 0;
+    int err = dlock_pg_layout_key(pc, name, len, &key);
+    if (err)
+        return err;
+    struct pg_watch *w = calloc(1, sizeof *w);
+    if (!w || dlock_sql_session_init(&w->s.base) != 0) {
+        free(w);
+        return dlock_seterr(cl(pc), DLOCK_ENOMEM, "out of memory");
+    }
+    w->base.conn = conn;
+    w->pc = pc;
+    channel(key, chan);
+    snprintf(sql, sizeof sql, "SET idle_session_timeout = 0; LISTEN %s", chan);
+    if ((err = dlock_pg_session_open(pc, &w->s, 0)) != 0 ||
+        (err = dlock_pg_run(pc, &w->s, sql, 1, &r, "listening for the election",
+                            after_timeout(pc))) != 0) {
+        dlock_pg_watch_close(&w->base);
+        return err;
+    }
+    PQclear(r);
+    *watchp = &w->base;
+    return 0;
+}
+
+int dlock_pg_watch_fd(dlock_watch *watch)
+{
+    struct pg_watch *w = (struct pg_watch *)watch;
+    return w->s.pg ? PQsocket(w->s.pg) : -1;
+}
+
+/* Reads what the socket has (the connection is non-blocking) and drops
+ * the notifications: the core reads the election next. */
+int dlock_pg_watch_read(dlock_watch *watch)
+{
+    struct pg_watch *w = (struct pg_watch *)watch;
+    PGconn *pg = w->s.pg;
+    if (!pg)
+        return dlock_seterr(cl(w->pc), DLOCK_ECONNECT,
+                            "postgresql: the election's watch connection was closed");
+    int ok = PQconsumeInput(pg);
+    for (PGnotify *n; (n = PQnotifies(pg)) != NULL;)
+        PQfreemem(n);
+    if (!ok || w->s.ended || PQstatus(pg) != CONNECTION_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", PQerrorMessage(pg));
+        why[strcspn(why, "\n")] = '\0';
+        dlock_pg_session_close(&w->s);
+        return dlock_seterr(cl(w->pc), DLOCK_ECONNECT,
+                            "postgresql: the election's watch connection ended%s%s",
+                            why[0] ? ": " : "", why);
+    }
+    return 0;
+}
+
+void dlock_pg_watch_close(dlock_watch *watch)
+{
+    struct pg_watch *w = (struct pg_watch *)watch;
+    if (!w)
+        return;
+    dlock_pg_session_close(&w->s);
+    dlock_sql_session_fini(&w->s.base);
+    free(w);
+}
