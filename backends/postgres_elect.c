@@ -9,10 +9,15 @@
  * fencing table), one row per name's key: the value (bytea, any bytes),
  * the owner id and token of the grant that published it, and the session
  * that holds it (pg_backend_pid() and its backend_start). publish() writes
- * it on the lock's own session, where the statement also checks in
- * pg_locks that the session holds the name's lock: a session lock cannot
- * be lost while its session runs a statement, so the check and the write
- * are atomic (DLOCK_ELOST, nothing written, otherwise). leader() shows the
+ * it on the lock's own session, under the session's mutex, as renew()
+ * proves ownership: the handle is not gone and the statement runs on its
+ * session, which holds the lock until this client unlocks it (its release
+ * or dlock_sql_expire(), which mark the handle gone, never while this
+ * runs) or the session ends, and a session that ends aborts the write. So
+ * a write that commits was made while the lock was ours (DLOCK_ELOST,
+ * nothing written, otherwise). (A pg_locks check in the statement would
+ * cost a scan of the server's lock table, as much as the rest of the
+ * write, and prove nothing more.) leader() shows the
  * value only while the session that wrote it holds the lock (same pid and
  * start), and where it knows them, with the holder's token and owner id:
  * a dead leader's value is never shown as its successor's, nor as a plain
@@ -72,13 +77,15 @@ static int publish_failed(struct pg_conn *pc, struct pg_held *h, int err)
 }
 
 /* The write, on h's session (s->mu held): tagged as the lock's other
- * statements, in a transaction with the acquire's settings (`timeout` on
- * the server; synchronous_commit on: the value is on disk before anyone is
- * told), bounded by `timeout` and the margin on the client. */
+ * statements, in a transaction bounded by `timeout` on the server (as the
+ * acquire's) and that and the margin on the client. synchronous_commit
+ * off: a value lost with a server crash belonged to a session that ended
+ * with it (advisory locks do not outlive the server), which leader() never
+ * shows; the NOTIFY still goes out only at the commit. */
 static int publish_on(struct pg_conn *pc, struct pg_held *h, const void *value, size_t len)
 {
     struct pg_session *s = hs(h);
-    char tg[128], settings[256], match[160], chan[CHANNEL_MAX];
+    char tg[128], settings[256], chan[CHANNEL_MAX];
     char *sql = NULL, *hex = NULL;
     PGresult *r = NULL;
     if (h->sh.gone || !s->pg) {
@@ -96,20 +103,19 @@ static int publish_on(struct pg_conn *pc, struct pg_held *h, const void *value, 
     dlock_hex(value, len, hex);
     hex[2 * len] = '\0';
     dlock_pg_tag(tg, sizeof tg, h->owner_hex, s->base.lease, h->base.token, h->key);
-    dlock_pg_tx_settings(settings, sizeof settings, pc->timeout_ms);
-    dlock_pg_key_match(pc, h->key, "", match, sizeof match);
+    snprintf(settings, sizeof settings,
+             "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = off;"
+             " SET LOCAL lock_timeout = %" PRIu64 "; SET LOCAL statement_timeout = %" PRIu64 "; ",
+             pc->timeout_ms, pc->timeout_ms);
     channel(h->key, chan);
     snprintf(sql, room,
-             "%s%sWITH l AS MATERIALIZED (SELECT count(*) AS n FROM pg_locks WHERE"
-             " locktype = 'advisory' AND pid = pg_backend_pid() AND %s AND granted AND"
-             " mode = 'ExclusiveLock'), "
-             "w AS (INSERT INTO %s" PG_VALUES_SUFFIX " (key, owner, token, pid, since, value)"
-             " SELECT %" PRId64 ", '%s', %" PRIu64 ", pg_backend_pid(), (SELECT backend_start"
-             " FROM pg_stat_get_activity(pg_backend_pid())), '\\x%s'::bytea FROM l WHERE n = 1"
+             "%s%sWITH w AS (INSERT INTO %s" PG_VALUES_SUFFIX " (key, owner, token, pid, since,"
+             " value) SELECT %" PRId64 ", '%s', %" PRIu64 ", pg_backend_pid(), backend_start,"
+             " '\\x%s'::bytea FROM pg_stat_get_activity(pg_backend_pid())"
              " ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, token = EXCLUDED.token,"
              " pid = EXCLUDED.pid, since = EXCLUDED.since, value = EXCLUDED.value RETURNING 1) "
              "SELECT (SELECT count(*) FROM w), pg_notify('%s', '')",
-             tg, settings, match, pc->table, h->key, h->owner_hex, h->base.token, hex, chan);
+             tg, settings, pc->table, h->key, h->owner_hex, h->base.token, hex, chan);
     free(hex);
     uint64_t margin = pc->timeout_ms < DEADLINE_MARGIN_MS ? pc->timeout_ms : DEADLINE_MARGIN_MS;
     int err = dlock_pg_run(pc, s, sql, 4, &r, "publish",
@@ -119,9 +125,8 @@ static int publish_on(struct pg_conn *pc, struct pg_held *h, const void *value, 
         return publish_failed(pc, h, err);
     int written = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "1") == 0;
     PQclear(r);
-    if (!written)
-        return dlock_seterr(cl(pc), DLOCK_ELOST,
-                            "the session no longer holds the lock; nothing was published");
+    if (!written) /* its own row in pg_stat_get_activity: always there */
+        return dlock_seterr(cl(pc), DLOCK_EPROTO, "postgresql: publish: nothing was written");
     return 0;
 }
 
