@@ -43,11 +43,14 @@
  * lease timer again, or the core's publish grace for a holder without a
  * value.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 
 #include "backends/postgres_int.h"
 #include "core/sha256.h"
@@ -95,7 +98,7 @@ static int publish_on(struct pg_conn *pc, struct pg_held *h, const void *value, 
         return err;
     }
     dlock_sql_expire(&pc->pool, &s->base, &h->sh);
-    size_t room = 1600 + 2 * len;
+    size_t room = 1700 + 2 * len;
     if (!(sql = malloc(room)) || !(hex = malloc(2 * len + 1))) {
         free(sql);
         return dlock_seterr(cl(pc), DLOCK_ENOMEM, "out of memory");
@@ -108,17 +111,29 @@ static int publish_on(struct pg_conn *pc, struct pg_held *h, const void *value, 
              " SET LOCAL lock_timeout = %" PRIu64 "; SET LOCAL statement_timeout = %" PRIu64 "; ",
              pc->timeout_ms, pc->timeout_ms);
     channel(h->key, chan);
+    /* The leader lock, once per grant (advisory locks count): it may wait
+     * a moment for watches that hold it shared in the instant they wake. A
+     * session lock outlives a failed transaction, so it counts as taken
+     * from here on (unlocking one not held only warns). */
+    char la[40], lead[80] = "";
+    int stmt = 4;
+    if (!h->leading) {
+        dlock_pg_leader_args(h->key, la, sizeof la);
+        snprintf(lead, sizeof lead, "SELECT pg_advisory_lock(%s); ", la);
+        h->leading = 1;
+        stmt++;
+    }
     snprintf(sql, room,
-             "%s%sWITH w AS (INSERT INTO %s" PG_VALUES_SUFFIX " (key, owner, token, pid, since,"
+             "%s%s%sWITH w AS (INSERT INTO %s" PG_VALUES_SUFFIX " (key, owner, token, pid, since,"
              " value) SELECT %" PRId64 ", '%s', %" PRIu64 ", pg_backend_pid(), backend_start,"
              " '\\x%s'::bytea FROM pg_stat_get_activity(pg_backend_pid())"
              " ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, token = EXCLUDED.token,"
              " pid = EXCLUDED.pid, since = EXCLUDED.since, value = EXCLUDED.value RETURNING 1) "
              "SELECT (SELECT count(*) FROM w), pg_notify('%s', '')",
-             tg, settings, pc->table, h->key, h->owner_hex, h->base.token, hex, chan);
+             tg, settings, lead, pc->table, h->key, h->owner_hex, h->base.token, hex, chan);
     free(hex);
     uint64_t margin = pc->timeout_ms < DEADLINE_MARGIN_MS ? pc->timeout_ms : DEADLINE_MARGIN_MS;
-    int err = dlock_pg_run(pc, s, sql, 4, &r, "publish",
+    int err = dlock_pg_run(pc, s, sql, stmt, &r, "publish",
                            dlock_monotonic_ns() + (pc->timeout_ms + margin) * MS);
     free(sql);
     if (err)
@@ -140,20 +155,39 @@ int dlock_pg_publish(dlock_conn *conn, dlock_held *held, const void *value, size
     return err;
 }
 
-/* One NOTIFY on an idle pooled session, bounded by `timeout`. */
+/* One NOTIFY on an idle pooled session, bounded by `timeout` (and the
+ * margin), and by the core's bound on the call: after the release of a
+ * lock reported lost the store may be silent, and the observers learn at
+ * the lease end anyway. A session found dead is closed; no retry. */
 int dlock_pg_wake(dlock_conn *conn, const char *name, size_t len)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
-    char sql[96], chan[CHANNEL_MAX], state[6];
+    char sql[96], chan[CHANNEL_MAX];
     PGresult *r = NULL;
     int64_t key = 0;
-    int err = dlock_pg_layout_key(pc, name, len, &key);
+    int opened = 0, err = dlock_pg_layout_key(pc, name, len, &key);
     if (err)
         return err;
+    uint64_t now = dlock_monotonic_ns();
+    uint64_t margin = pc->timeout_ms < DEADLINE_MARGIN_MS ? pc->timeout_ms : DEADLINE_MARGIN_MS;
+    uint64_t until = now + (pc->timeout_ms + margin) * MS;
+    if (dlock_call_deadline() < until)
+        until = dlock_call_deadline();
+    if (until <= now)
+        return dlock_seterr(cl(pc), DLOCK_ETIMEDOUT,
+                            "postgresql: no time left to wake the election's observers");
     channel(key, chan);
     snprintf(sql, sizeof sql, "SELECT pg_notify('%s', '')", chan);
-    if ((err = dlock_pg_run_idle(pc, sql, 0, &r, "waking the election's observers", state)) != 0)
+    struct dlock_sql_session *b = NULL;
+    uint64_t open_until = until;
+    if ((err = dlock_sql_take(&pc->pool, &open_until, &b, &opened)) != 0)
         return err;
+    struct pg_session *s = (struct pg_session *)b;
+    if ((err = dlock_pg_run(pc, s, sql, 0, &r, "waking the election's observers", until)) != 0) {
+        if (!s->pg || PQstatus(s->pg) != CONNECTION_OK)
+            dlock_pg_session_close(s);
+        return err;
+    }
     PQclear(r);
     return 0;
 }
@@ -161,16 +195,50 @@ int dlock_pg_wake(dlock_conn *conn, const char *name, size_t len)
 struct pg_watch {
     dlock_watch base;
     struct pg_conn *pc;
-    struct pg_session s; /* the LISTEN connection, outside the pool */
+    struct pg_session s; /* LISTENs on the channel; outside the pool */
+    struct pg_session d; /* waits for the leader lock; outside the pool */
+    int ep;              /* epoll of both sockets: the fd the core polls */
+    int armed;           /* d runs its wait */
+    char wait_sql[400];
 };
 
-/* A connection of its own (connect_timeout per host), with no idle timer
- * (a server's default would end an idle watch), listening on the name's
- * channel from the moment LISTEN commits: before the core's first read. */
+/* d's wait for the leader's session to let go of its leader lock (its
+ * release, or its end): at once "f" when no one holds it (no leader, or
+ * one that has not published yet: its publish notifies), else waiting in
+ * the lock's queue, holding nothing, until it is let go ("t"). Sent
+ * without waiting for the answer. */
+static int arm(struct pg_watch *w)
+{
+    if (!PQsendQuery(w->d.pg, w->wait_sql))
+        return -1;
+    for (int i = 0; PQflush(w->d.pg) == 1; i++)
+        if (i > 1000)
+            return -1; /* a few hundred bytes into an empty socket buffer */
+    w->armed = 1;
+    return 0;
+}
+
+static int watch_failed(struct pg_watch *w, struct pg_session *s, const char *which)
+{
+    char why[256];
+    snprintf(why, sizeof why, "%s", s->pg ? PQerrorMessage(s->pg) : "");
+    why[strcspn(why, "\n")] = '\0';
+    dlock_pg_session_close(&w->s);
+    dlock_pg_session_close(&w->d);
+    return dlock_seterr(cl(w->pc), DLOCK_ECONNECT,
+                        "postgresql: the election's watch (%s) ended%s%s", which,
+                        why[0] ? ": " : "", why);
+}
+
+/* Two connections of its own (connect_timeout per host each), with no idle
+ * timer (a server's default would end an idle watch) and no lock or
+ * statement timeout: one LISTENs on the name's channel from the moment
+ * LISTEN commits, before the core's first read; the other waits for the
+ * leader lock. */
 int dlock_pg_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_watch **watchp)
 {
     struct pg_conn *pc = (struct pg_conn *)conn;
-    char sql[96], chan[CHANNEL_MAX];
+    char sql[160], chan[CHANNEL_MAX], la[40];
     PGresult *r = NULL;
     int64_t key = 0;
     int err = dlock_pg_layout_key(pc, name, len, &key);
@@ -181,48 +249,91 @@ int dlock_pg_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_wa
         free(w);
         return dlock_seterr(cl(pc), DLOCK_ENOMEM, "out of memory");
     }
+    if (dlock_sql_session_init(&w->d.base) != 0) {
+        dlock_sql_session_fini(&w->s.base);
+        free(w);
+        return dlock_seterr(cl(pc), DLOCK_ENOMEM, "out of memory");
+    }
     w->base.conn = conn;
     w->pc = pc;
+    w->ep = -1;
     channel(key, chan);
+    dlock_pg_leader_args(key, la, sizeof la);
+    snprintf(w->wait_sql, sizeof w->wait_sql,
+             "SELECT CASE WHEN pg_try_advisory_lock_shared(%s) THEN NOT"
+             " pg_advisory_unlock_shared(%s) ELSE (SELECT true FROM pg_advisory_lock_shared(%s))"
+             " AND pg_advisory_unlock_shared(%s) END",
+             la, la, la, la);
     snprintf(sql, sizeof sql, "SET idle_session_timeout = 0; LISTEN %s", chan);
+    static const char quiet[] = "SET idle_session_timeout = 0; SET lock_timeout = 0;"
+                                " SET statement_timeout = 0";
     if ((err = dlock_pg_session_open(pc, &w->s, 0)) != 0 ||
         (err = dlock_pg_run(pc, &w->s, sql, 1, &r, "listening for the election",
-                            after_timeout(pc))) != 0) {
-        dlock_pg_watch_close(&w->base);
-        return err;
-    }
+                            after_timeout(pc))) != 0)
+        goto fail;
     PQclear(r);
+    r = NULL;
+    if ((err = dlock_pg_session_open(pc, &w->d, 0)) != 0 ||
+        (err = dlock_pg_run(pc, &w->d, quiet, 2, &r, "watching the election's leader",
+                            after_timeout(pc))) != 0)
+        goto fail;
+    PQclear(r);
+    struct epoll_event ev = {.events = EPOLLIN};
+    if ((w->ep = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
+        epoll_ctl(w->ep, EPOLL_CTL_ADD, PQsocket(w->s.pg), &ev) != 0 ||
+        epoll_ctl(w->ep, EPOLL_CTL_ADD, PQsocket(w->d.pg), &ev) != 0) {
+        err = dlock_seterr(cl(pc), DLOCK_EIO, "cannot make an election watch's descriptor: %s",
+                           strerror(errno));
+        goto fail;
+    }
+    if (arm(w) != 0) {
+        err = watch_failed(w, &w->d, "leader lock");
+        goto fail;
+    }
     *watchp = &w->base;
     return 0;
+fail:
+    dlock_pg_watch_close(&w->base);
+    return err;
 }
 
 int dlock_pg_watch_fd(dlock_watch *watch)
 {
-    struct pg_watch *w = (struct pg_watch *)watch;
-    return w->s.pg ? PQsocket(w->s.pg) : -1;
+    return ((struct pg_watch *)watch)->ep;
 }
 
-/* Reads what the socket has (the connection is non-blocking) and drops
- * the notifications: the core reads the election next. */
+/*
+ * Reads what both sockets have (non-blocking connections): the wait's
+ * answer (the leader lock let go, or none held) disarms it; a notification
+ * (a publish, a wake) arms it again if it is not waiting, so that it waits
+ * for the leader that published. The core reads the election next.
+ */
 int dlock_pg_watch_read(dlock_watch *watch)
 {
     struct pg_watch *w = (struct pg_watch *)watch;
-    PGconn *pg = w->s.pg;
-    if (!pg)
-        return dlock_seterr(cl(w->pc), DLOCK_ECONNECT,
-                            "postgresql: the election's watch connection was closed");
-    int ok = PQconsumeInput(pg);
-    for (PGnotify *n; (n = PQnotifies(pg)) != NULL;)
-        PQfreemem(n);
-    if (!ok || w->s.ended || PQstatus(pg) != CONNECTION_OK) {
-        char why[256];
-        snprintf(why, sizeof why, "%s", PQerrorMessage(pg));
-        why[strcspn(why, "\n")] = '\0';
-        dlock_pg_session_close(&w->s);
-        return dlock_seterr(cl(w->pc), DLOCK_ECONNECT,
-                            "postgresql: the election's watch connection ended%s%s",
-                            why[0] ? ": " : "", why);
+    if (!w->s.pg || !w->d.pg)
+        return watch_failed(w, &w->s, "closed");
+    if (!PQconsumeInput(w->d.pg) || w->d.ended || PQstatus(w->d.pg) != CONNECTION_OK)
+        return watch_failed(w, &w->d, "leader lock");
+    while (w->armed && !PQisBusy(w->d.pg)) {
+        PGresult *r = PQgetResult(w->d.pg);
+        if (!r) {
+            w->armed = 0;
+            break;
+        }
+        int bad = PQresultStatus(r) != PGRES_TUPLES_OK;
+        PQclear(r);
+        if (bad)
+            return watch_failed(w, &w->d, "leader lock");
     }
+    int told = 0;
+    int ok = PQconsumeInput(w->s.pg);
+    for (PGnotify *n; (n = PQnotifies(w->s.pg)) != NULL; told = 1)
+        PQfreemem(n);
+    if (!ok || w->s.ended || PQstatus(w->s.pg) != CONNECTION_OK)
+        return watch_failed(w, &w->s, "LISTEN");
+    if (told && !w->armed && arm(w) != 0)
+        return watch_failed(w, &w->d, "leader lock");
     return 0;
 }
 
@@ -231,7 +342,11 @@ void dlock_pg_watch_close(dlock_watch *watch)
     struct pg_watch *w = (struct pg_watch *)watch;
     if (!w)
         return;
+    if (w->ep >= 0)
+        close(w->ep);
     dlock_pg_session_close(&w->s);
+    dlock_pg_session_close(&w->d);
     dlock_sql_session_fini(&w->s.base);
+    dlock_sql_session_fini(&w->d.base);
     free(w);
 }
