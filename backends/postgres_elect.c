@@ -27,21 +27,28 @@
  * of 28 bytes, whatever the name's length; names whose keys collide share
  * a channel: a spurious wake-up). publish() notifies in its transaction
  * (delivered at its commit: an observer woken reads the new value); wake()
- * after an election's release sends one NOTIFY of its own. A watch is a
- * connection of its own that LISTENs on the channel; idle, it sends
- * nothing (TCP keepalives only); its socket turns readable with each
- * notification, and watch_read() consumes them without blocking. A watch
- * whose connection ends returns an error, and the core opens another.
+ * after an election's release sends one NOTIFY of its own.
  *
- * What PostgreSQL does not tell: a session's end (killed, its
- * idle_session_timeout, a cut network) frees its advisory locks without a
- * notification, and no trigger runs at a session's end. Observers learn it
- * when the next candidate, granted at once from the lock's queue, publishes
- * (one round trip after the grant), or else at the lease end leader()
- * read (the core's lease timer: at most the TTL after the last renewal).
- * A plain lock's grant and release on the name notify nothing either: the
- * lease timer again, or the core's publish grace for a holder without a
- * value.
+ * A leader's end. A session's end (killed, its idle_session_timeout, a cut
+ * network) frees its advisory locks without a notification, and no trigger
+ * runs then. So the leader's session also holds the name's leader lock
+ * (dlock_pg_leader_args(): a two-int lock, taken by its first publish,
+ * unlocked with the name's lock by its release, or gone with the session),
+ * and a watch waits for it: a watch is two connections of its own, one
+ * that LISTENs on the channel (a session inside a statement gets no
+ * notifications until it ends), one that waits for the leader lock in
+ * shared mode, in the lock's queue, holding nothing, and lets go in the
+ * same statement when granted; the core polls an epoll descriptor of both
+ * sockets. The wait ends when the leader resigns or its session ends (at
+ * once: no poll), or at once when no leader holds the lock; a notification
+ * (the next leader's publish) arms it again. An idle watch sends nothing
+ * (TCP keepalives only). A new leader's publish may wait a moment for
+ * watches holding the lock shared in the instant they are granted. A
+ * plain lock's grant and release on the name notify nothing, and a plain
+ * holder has no leader lock: observers learn of those at the lease end
+ * leader() read (the core's lease timer), or by the core's publish grace.
+ * A watch whose connections end returns an error, and the core opens
+ * another.
  */
 #include <errno.h>
 #include <inttypes.h>

@@ -330,7 +330,7 @@ static void test_timing(void)
     name_of(name, sizeof name, "timing");
     name_of(lname, sizeof lname, "timing-lock");
     dlock_client *a = open_ok(uri), *b = open_ok(uri);
-    uint64_t el[ROUNDS], lk[ROUNDS], ob[ROUNDS], nt[ROUNDS];
+    uint64_t el[ROUNDS], lk[ROUNDS], ob[ROUNDS], nt[ROUNDS], pr[ROUNDS], rd[ROUNDS];
     int good = 1;
     for (int i = 0; i < ROUNDS; i++) {
         lk[i] = handoff(a, b, lname, 0);
@@ -353,10 +353,15 @@ static void test_timing(void)
         expect(&s, v);
         uint64_t start = dlock_monotonic_ns();
         good &= dlock_proclaim(l, v, strlen(v)) == 0;
+        pr[i] = dlock_monotonic_ns() - start;
         uint64_t at = seen_at(&s, 2000);
         ob[i] = at > start ? at - start : 0;
         good &= ob[i] && nt[i];
         sleep_ms(5);
+        dlock_leader_info li;
+        start = dlock_monotonic_ns();
+        good &= dlock_leader(a, name, &li) == 0;
+        rd[i] = dlock_monotonic_ns() - start;
     }
     ok(good, "%d proclaims seen by the observer", ROUNDS);
     dlock_observer_close(obs);
@@ -368,6 +373,8 @@ static void test_timing(void)
              " (%.2fx)", ROUNDS, pe, pl, pe / pl);
         diag("p50 over %d rounds: proclaim -> observer's callback %.3f ms; bare NOTIFY -> "
              "LISTEN %.3f ms (%.2fx)", ROUNDS, po, pn, po / pn);
+        diag("p50 over %d rounds: a proclaim's call %.3f ms; a dlock_leader() %.3f ms", ROUNDS,
+             p50(pr, ROUNDS), p50(rd, ROUNDS));
         ok(pe < 3 * pl + 1, "a new leader within 3x the lock handoff (target 1.5x)");
         ok(po < 4 * pn + 2, "an observer within 4x a NOTIFY (target 2x)");
     }
