@@ -141,7 +141,7 @@ struct pg_value {
     size_t *len; /* 0: none (the holder published none) */
 };
 
-/* The value's columns (10 ..) of inspect's statement, for the holder row
+/* The value's columns (11 ..) of inspect's statement, for the holder row
  * r: the value in hex when the session that published it is the holder's
  * (its pid and its start; a start hidden by privileges is not compared),
  * and the token and owner id of the grant that published it. It is the
@@ -152,14 +152,14 @@ static void holder_value(const PGresult *r, int row, const dlock_info *info,
                          const struct holder_row *hr, struct pg_value *v)
 {
     *v->len = 0;
-    if (PQgetisnull(r, row, 10) || PQgetisnull(r, row, 11))
+    if (PQgetisnull(r, row, 11) || PQgetisnull(r, row, 12))
         return;
-    uint64_t token = strtoull(PQgetvalue(r, row, 11), NULL, 10);
+    uint64_t token = strtoull(PQgetvalue(r, row, 12), NULL, 10);
     if ((info->known & DLOCK_KNOWS_TOKEN) && token != info->token)
         return;
-    if (hr->owner_tagged && strcmp(hr->owner, PQgetvalue(r, row, 12)) != 0)
+    if (hr->owner_tagged && strcmp(hr->owner, PQgetvalue(r, row, 13)) != 0)
         return;
-    const char *hex = PQgetvalue(r, row, 10);
+    const char *hex = PQgetvalue(r, row, 11);
     size_t n = strlen(hex) / 2;
     if (n > DLOCK_VALUE_MAX)
         return;
@@ -233,7 +233,7 @@ again:
              "%sSELECT t.token, l.pid, l.granted, a.state, substr(a.query, 1, 120),"
              " host(a.client_addr), a.client_port,"
              " floor(extract(epoch FROM clock_timestamp() - a.state_change) * 1000)::bigint,"
-             " l.mode, %s%s "
+             " l.mode, %s, a.state_change < statement_timestamp()%s "
              "FROM (SELECT %s AS token) t%s LEFT JOIN (pg_locks l LEFT JOIN pg_stat_activity a"
              " ON a.pid = l.pid) ON l.locktype = 'advisory' AND l.database = (SELECT oid FROM"
              " pg_database WHERE datname = current_database()) AND ((%s) OR (%s)) "
@@ -290,8 +290,14 @@ again:
         PQclear(r);
         return newest_holder(pc, name, len, info);
     }
+    /* The name's row is read in the statement's snapshot, pg_locks and
+     * pg_stat_activity as they are: a holder granted since (its grant's
+     * bump committed after the snapshot) would be shown the previous
+     * holder's token. Its row counts only when it went idle before the
+     * statement began. */
+    int settled = !PQgetisnull(r, holder, 10) && PQgetvalue(r, holder, 10)[0] == 't';
     struct holder_row hr;
-    holder_row(r, holder, key, have_row, row_token, &hr);
+    holder_row(r, holder, key, have_row && settled, row_token, &hr);
     info->known |= DLOCK_KNOWS_OWNER;
     snprintf(info->owner, sizeof info->owner, "%s", hr.owner);
     if (hr.has_lease) {
