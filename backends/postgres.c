@@ -172,7 +172,9 @@
  * another of its locks); the lease (the tag's TTL minus the time the
  * session has been idle, state_change; the whole TTL while it runs a
  * statement); the token (the tag's, after a renew or raise of this lock;
- * else, token=table, the name's row once the acquire committed); the waiters and
+ * else, token=table, the name's row once the acquire committed, and went
+ * idle before inspect's statement began: the row is read in its snapshot,
+ * pg_locks as it is); the waiters and
  * their order (owner ids from their acquire's tag). Cannot know: a
  * waiter whose client died while queued (the server notices only when it
  * is granted: it is counted and listed); the lease and token of a holder
