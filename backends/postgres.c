@@ -6,7 +6,8 @@
  * postgres_modes.c builds each mode's statements (exclusive, shared, a
  * semaphore's permit: see its top for the locks of a name) and runs a
  * semaphore's wait for a slot, postgres_inspect.c reads pg_locks for
- * inspect and inspect_holders, postgres_io.c connects and runs statements
+ * inspect, inspect_holders and an election's leader, postgres_elect.c
+ * publishes a leader's value and wakes and watches observers, postgres_io.c connects and runs statements
  * with a client-side bound and cancels them, and sql_session.c decides
  * which session a lock goes on; postgres_int.h holds the types they share.
  *
@@ -171,7 +172,9 @@
  * another of its locks); the lease (the tag's TTL minus the time the
  * session has been idle, state_change; the whole TTL while it runs a
  * statement); the token (the tag's, after a renew or raise of this lock;
- * else, token=table, the name's row once the acquire committed); the waiters and
+ * else, token=table, the name's row once the acquire committed, and went
+ * idle before inspect's statement began: the row is read in its snapshot,
+ * pg_locks as it is); the waiters and
  * their order (owner ids from their acquire's tag). Cannot know: a
  * waiter whose client died while queued (the server notices only when it
  * is granted: it is counted and listed); the lease and token of a holder
@@ -436,16 +439,22 @@ static void pg_close(dlock_conn *conn)
     free(pc);
 }
 
+/* The fencing table or sequence, and in layout=dlock the table of
+ * leaders' values beside it (postgres_elect.c), in one round trip. */
 static int create_table(struct pg_conn *pc, struct pg_session *s)
 {
-    char sql[256];
+    char sql[512], values[256] = "";
     PGresult *r = NULL;
+    if (pc->layout == PG_LAYOUT_DLOCK)
+        snprintf(values, sizeof values,
+                 "; CREATE TABLE IF NOT EXISTS %s" PG_VALUES_SUFFIX " " PG_VALUES_COLUMNS,
+                 pc->table);
     if (pc->use_sequence)
-        snprintf(sql, sizeof sql, "CREATE SEQUENCE IF NOT EXISTS %s_seq", pc->table);
+        snprintf(sql, sizeof sql, "CREATE SEQUENCE IF NOT EXISTS %s_seq%s", pc->table, values);
     else
         snprintf(sql, sizeof sql,
-                 "CREATE TABLE IF NOT EXISTS %s (key bigint PRIMARY KEY, token bigint NOT NULL)",
-                 pc->table);
+                 "CREATE TABLE IF NOT EXISTS %s (key bigint PRIMARY KEY, token bigint NOT NULL)%s",
+                 pc->table, values);
     int err = dlock_pg_run(pc, s, sql, 0, &r, "creating the fencing table", after_timeout(pc));
     if (err == DLOCK_ESTORE) { /* two clients creating it at once: one wins */
         dlock_clearerr(cl(pc));
@@ -467,10 +476,12 @@ static int pg_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         goto fail;
     /* A peer layout has the peer's modes only (the core refuses the others
      * with DLOCK_ENOTSUP): tooz's locks are exclusive;
-     * pg_advisory_lock_shared(N) is the integer key's shared mode. */
+     * pg_advisory_lock_shared(N) is the integer key's shared mode. The
+     * peers have no elections: the core refuses them naming the layout. */
     if (pc->layout != PG_LAYOUT_DLOCK)
         pc->base.caps = dlock_postgres_backend.caps & ~(unsigned)DLOCK_CAP_SEMAPHORE &
-                        ~(unsigned)(pc->layout == PG_LAYOUT_TOOZ ? DLOCK_CAP_SHARED : 0);
+                        ~(unsigned)(pc->layout == PG_LAYOUT_TOOZ ? DLOCK_CAP_SHARED : 0) &
+                        ~(unsigned)(DLOCK_CAP_ELECTION | DLOCK_CAP_WATCH);
     struct pg_session *s = NULL;
     int opened;
     if ((err = session_take(pc, &s, &opened, 0)) != 0 || (err = create_table(pc, s)) != 0)
@@ -1269,7 +1280,8 @@ const dlock_backend dlock_postgres_backend = {
     .schemes = pg_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
             DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
-            DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+            DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION |
+            DLOCK_CAP_WATCH,
     .options = pg_options,
     .open = pg_open,
     .close = pg_close,
@@ -1283,4 +1295,11 @@ const dlock_backend dlock_postgres_backend = {
     .raise_floor = pg_raise_floor,
     .inspect = dlock_pg_inspect,
     .inspect_holders = dlock_pg_inspect_holders,
+    .publish = dlock_pg_publish,
+    .leader = dlock_pg_leader,
+    .wake = dlock_pg_wake,
+    .watch_open = dlock_pg_watch_open,
+    .watch_fd = dlock_pg_watch_fd,
+    .watch_read = dlock_pg_watch_read,
+    .watch_close = dlock_pg_watch_close,
 };

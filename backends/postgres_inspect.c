@@ -135,6 +135,46 @@ static void holder_row(const PGresult *r, int row, int64_t key, int have_row, ui
 
 static int newest_holder(struct pg_conn *pc, const char *name, size_t len, dlock_info *info);
 
+/* leader(): where the value goes, and how much room it has. */
+struct pg_value {
+    char *buf;   /* DLOCK_VALUE_MAX + 1 bytes */
+    size_t *len; /* 0: none (the holder published none) */
+};
+
+/* The value's columns (11 ..) of inspect's statement, for the holder row
+ * r: the value in hex when the session that published it is the holder's
+ * (its pid and its start; a start hidden by privileges is not compared),
+ * and the token and owner id of the grant that published it. It is the
+ * holder's when those match what the holder is known by: its token and
+ * its owner id where inspect tells them (a pooled session may hold the
+ * name again for another grant of the same client). */
+static void holder_value(const PGresult *r, int row, const dlock_info *info,
+                         const struct holder_row *hr, struct pg_value *v)
+{
+    *v->len = 0;
+    if (PQgetisnull(r, row, 11) || PQgetisnull(r, row, 12))
+        return;
+    uint64_t token = strtoull(PQgetvalue(r, row, 12), NULL, 10);
+    if ((info->known & DLOCK_KNOWS_TOKEN) && token != info->token)
+        return;
+    if (hr->owner_tagged && strcmp(hr->owner, PQgetvalue(r, row, 13)) != 0)
+        return;
+    const char *hex = PQgetvalue(r, row, 11);
+    size_t n = strlen(hex) / 2;
+    if (n > DLOCK_VALUE_MAX)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        unsigned b = 0;
+        for (int k = 0; k < 2; k++) {
+            char ch = hex[2 * i + (size_t)k];
+            b = b << 4 | (unsigned)(ch <= '9' ? ch - '0' : ch - 'a' + 10);
+        }
+        v->buf[i] = (char)b;
+    }
+    v->buf[n] = '\0';
+    *v->len = n;
+}
+
 /*
  * inspect: one read-only statement on an idle pooled session, bounded by
  * `timeout` on the server (lock_timeout, statement_timeout) and a little
@@ -145,12 +185,15 @@ static int newest_holder(struct pg_conn *pc, const char *name, size_t len, dlock
  * pg_stat_activity row (state, state_change, the start of its query:
  * the tag, the client address), and with token=table the name's row of
  * the fencing table (a plain read: no row lock, no wait for a holder's
- * bump). It takes no advisory or row lock.
+ * bump). It takes no advisory or row lock. leader() (v set) reads the
+ * name's row of the values table (postgres_elect.c) in the same statement.
  */
-int dlock_pg_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+static int inspect_key(struct pg_conn *pc, const char *name, size_t len, dlock_info *info,
+                       struct pg_value *v)
 {
-    struct pg_conn *pc = (struct pg_conn *)conn;
-    char sql[1400], settings[256], token_sql[160], state[6], match[160], gate[160];
+    dlock_conn *conn = &pc->base;
+    char sql[2000], settings[256], token_sql[160], state[6], match[160], gate[160];
+    char vjoin[160], vcols[200];
     PGresult *r = NULL;
     int64_t key = 0;
     int err = dlock_pg_layout_key(pc, name, len, &key);
@@ -167,6 +210,14 @@ int dlock_pg_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info 
         snprintf(gate, sizeof gate,
                  "l.classid = %" PRIu32 " AND l.objid = %" PRIu64 " AND l.objsubid = 2",
                  (uint32_t)(u >> 32) ^ T_GATE, u & 0xffffffffu);
+    vjoin[0] = vcols[0] = '\0';
+    if (v) {
+        snprintf(vjoin, sizeof vjoin, " LEFT JOIN %s" PG_VALUES_SUFFIX " v ON v.key = %" PRId64,
+                 pc->table, key);
+        snprintf(vcols, sizeof vcols,
+                 ", CASE WHEN v.pid = l.pid AND (a.backend_start IS NULL OR"
+                 " v.since = a.backend_start) THEN encode(v.value, 'hex') END, v.token, v.owner");
+    }
     /* Without SELECT on the fencing table (a monitoring role), the rest
      * still tells: asked again without the name's row. */
     int row_readable = !pc->use_sequence;
@@ -182,24 +233,26 @@ again:
              "%sSELECT t.token, l.pid, l.granted, a.state, substr(a.query, 1, 120),"
              " host(a.client_addr), a.client_port,"
              " floor(extract(epoch FROM clock_timestamp() - a.state_change) * 1000)::bigint,"
-             " l.mode, %s "
-             "FROM (SELECT %s AS token) t LEFT JOIN (pg_locks l LEFT JOIN pg_stat_activity a"
+             " l.mode, %s, a.state_change < statement_timestamp()%s "
+             "FROM (SELECT %s AS token) t%s LEFT JOIN (pg_locks l LEFT JOIN pg_stat_activity a"
              " ON a.pid = l.pid) ON l.locktype = 'advisory' AND l.database = (SELECT oid FROM"
              " pg_database WHERE datname = current_database()) AND ((%s) OR (%s)) "
              "ORDER BY l.granted DESC%s, l.pid",
-             settings, gate, token_sql, match, gate, ordered ? ", l.waitstart NULLS LAST" : "");
-    if ((err = dlock_pg_run_idle(pc, sql, 4, &r, "inspect", state)) != 0) {
+             settings, gate, vcols, token_sql, vjoin, match, gate,
+             ordered ? ", l.waitstart NULLS LAST" : "");
+    const char *what = v ? "reading the leader" : "inspect";
+    if ((err = dlock_pg_run_idle(pc, sql, 4, &r, what, state)) != 0) {
         if (row_readable && strcmp(state, "42501") == 0) {
             row_readable = 0;
             dlock_clearerr(conn->client);
             goto again;
         }
-        return dlock_pg_store_failed(pc, err, state, "inspect");
+        return dlock_pg_store_failed(pc, err, state, what);
     }
     int rows = PQntuples(r), holder = -1;
     if (rows < 1) {
         PQclear(r);
-        return dlock_seterr(conn->client, DLOCK_EPROTO, "postgresql: inspect: no row returned");
+        return dlock_seterr(conn->client, DLOCK_EPROTO, "postgresql: %s: no row returned", what);
     }
     info->known |= DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS;
     if (ordered)
@@ -237,8 +290,14 @@ again:
         PQclear(r);
         return newest_holder(pc, name, len, info);
     }
+    /* The name's row is read in the statement's snapshot, pg_locks and
+     * pg_stat_activity as they are: a holder granted since (its grant's
+     * bump committed after the snapshot) would be shown the previous
+     * holder's token. Its row counts only when it went idle before the
+     * statement began. */
+    int settled = !PQgetisnull(r, holder, 10) && PQgetvalue(r, holder, 10)[0] == 't';
     struct holder_row hr;
-    holder_row(r, holder, key, have_row, row_token, &hr);
+    holder_row(r, holder, key, have_row && settled, row_token, &hr);
     info->known |= DLOCK_KNOWS_OWNER;
     snprintf(info->owner, sizeof info->owner, "%s", hr.owner);
     if (hr.has_lease) {
@@ -249,8 +308,26 @@ again:
         info->token = info->last_token = hr.token;
         info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_LAST_TOKEN;
     }
+    if (v)
+        holder_value(r, holder, info, &hr, v);
     PQclear(r);
     return 0;
+}
+
+int dlock_pg_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+{
+    return inspect_key((struct pg_conn *)conn, name, len, info, NULL);
+}
+
+/* leader(): inspect's statement, with the value of the name's row of the
+ * values table when the holder published it (one round trip). A name held
+ * shared has no leader's value. */
+int dlock_pg_leader(dlock_conn *conn, const char *name, size_t len, dlock_info *info,
+                    char *value, size_t *value_len)
+{
+    struct pg_value v = {value, value_len};
+    *value_len = 0;
+    return inspect_key((struct pg_conn *)conn, name, len, info, &v);
 }
 
 

@@ -7,9 +7,11 @@
 #ifndef DLOCK_BACKENDS_POSTGRES_INT_H
 #define DLOCK_BACKENDS_POSTGRES_INT_H
 
+#include <inttypes.h>
 #include <libpq-fe.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "backends/sql_session.h"
 #include "core/internal.h"
@@ -72,6 +74,7 @@ struct pg_held {
     dlock_mode mode;    /* exclusive or shared: how key is held */
     uint32_t limit;     /* a semaphore's limit (key held shared, and a slot); 0: none */
     uint32_t slot;      /* the semaphore's slot held, 0 .. limit - 1 */
+    int leading;        /* holds the name's leader lock (postgres_elect.c) */
 };
 
 /* The tags of a name's two-int locks' first half (hi ^ tag): see
@@ -82,6 +85,18 @@ struct pg_held {
 #define T_LIMIT 0x6c696d74u /* "limt" */
 #define T_TOKEN 0x746f6b6eu /* "tokn" */
 #define T_READ 0x72656164u  /* "read" */
+#define T_LEADER 0x6c656164u /* "lead" */
+
+/* The arguments ("a, b") of a name's leader lock, the two-int lock
+ * (hi ^ T_LEADER, lo): held exclusive by the elected leader's session from
+ * its first publish to its release, so that observers' watches, waiting
+ * for it in shared mode, learn of the session's end (postgres_elect.c). */
+static inline void dlock_pg_leader_args(int64_t key, char *buf, size_t len)
+{
+    uint64_t u = (uint64_t)key;
+    snprintf(buf, len, "%" PRId32 ", %" PRId32, (int32_t)(uint32_t)((u >> 32) ^ T_LEADER),
+             (int32_t)(uint32_t)u);
+}
 
 /* This database's advisory locks in pg_locks (as l). */
 #define IN_DB "l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database" \
@@ -195,8 +210,24 @@ void dlock_pg_key_match(const struct pg_conn *pc, int64_t key, const char *a, ch
                         size_t len);
 /* The backend's inspect() and inspect_holders() (postgres_inspect.c). */
 int dlock_pg_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info);
+/* leader(): inspect()'s statement, with the holder's published value. */
+int dlock_pg_leader(dlock_conn *conn, const char *name, size_t len, dlock_info *info,
+                    char *value, size_t *value_len);
 int dlock_pg_inspect_holders(dlock_conn *conn, const char *name, size_t len,
                              dlock_holder *holders, size_t capacity, size_t *count);
+
+/* Elections (postgres_elect.c): the table of leaders' values is the
+ * fencing table's name and this (59 + 4 bytes: an identifier), one row per
+ * name's key: the value, and the grant and session that published it. */
+#define PG_VALUES_SUFFIX "_ldr"
+#define PG_VALUES_COLUMNS "(key bigint PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL," \
+                          " pid int NOT NULL, since timestamptz, value bytea NOT NULL)"
+int dlock_pg_publish(dlock_conn *conn, dlock_held *held, const void *value, size_t len);
+int dlock_pg_wake(dlock_conn *conn, const char *name, size_t len);
+int dlock_pg_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_watch **watchp);
+int dlock_pg_watch_fd(dlock_watch *watch);
+int dlock_pg_watch_read(dlock_watch *watch);
+void dlock_pg_watch_close(dlock_watch *watch);
 
 /* The tag that starts every statement on a holder session (tag()). */
 #define TAG_HEAD "/*dlock owner="

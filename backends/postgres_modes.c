@@ -400,9 +400,13 @@ void dlock_pg_unlock_exprs(const struct pg_conn *pc, const struct pg_held *h, ch
     char ch[40];
     dlock_pg_name(h->key, &n);
     if (h->limit == 0 && h->mode == DLOCK_MODE_EXCLUSIVE) {
-        char k[48];
+        char k[48], la[40], lead[72] = "";
         dlock_pg_key_args(pc, h->key, k, sizeof k);
-        snprintf(buf, len, "pg_advisory_unlock(%s)", k);
+        if (h->leading) { /* an election's leader lock goes with it */
+            dlock_pg_leader_args(h->key, la, sizeof la);
+            snprintf(lead, sizeof lead, ", pg_advisory_unlock(%s)", la);
+        }
+        snprintf(buf, len, "pg_advisory_unlock(%s)%s", k, lead);
         return;
     }
     int32_t tok = i4((uint32_t)h->base.token);

@@ -159,7 +159,7 @@ static const struct kind {
     /* idle_session_timeout, in milliseconds. */
     {"postgres",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
-         DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+         DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION | DLOCK_CAP_WATCH,
      NULL, 0, 0, 0, 200},
     /* layout=tooz: tooz's exclusive locks only (docs/postgres.md, Peer
      * layouts). */
