@@ -1296,7 +1296,7 @@ const dlock_backend dlock_etcd_backend = {
     /* No HOLDER_DEATH: a dead holder's lock goes when its lease runs out. */
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
             DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED |
-            DLOCK_CAP_SEMAPHORE,
+            DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION | DLOCK_CAP_WATCH,
     .options = etcd_options,
     .open = etcd_open,
     .close = etcd_close,
@@ -1310,4 +1310,11 @@ const dlock_backend dlock_etcd_backend = {
     .raise_floor = etcd_raise_floor,
     .inspect = inspect,
     .inspect_holders = inspect_holders,
+    .publish = etcd_publish,
+    .leader = etcd_leader,
+    .wake = etcd_wake,
+    .watch_open = etcd_watch_open,
+    .watch_fd = etcd_watch_fd,
+    .watch_read = etcd_watch_read,
+    .watch_close = etcd_watch_close,
 };
