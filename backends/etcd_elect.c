@@ -35,6 +35,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "backends/etcd_int.h"
 
@@ -49,6 +51,7 @@ struct etcd_watch {
     struct etcd_stream s;
     uint64_t events;
     int fd;
+    curl_socket_t socks[4]; /* the sockets libcurl opened and has not closed */
 };
 
 static int refuse(struct etcd_conn *ec)
@@ -218,6 +221,30 @@ void etcd_watch_close(dlock_watch *dw)
     free(w);
 }
 
+/* The stream's socket: libcurl opens and closes it through these (it may
+ * try more than one address), so the one left open is the stream's. */
+static curl_socket_t open_socket(void *user, curlsocktype purpose, struct curl_sockaddr *a)
+{
+    struct etcd_watch *w = user;
+    (void)purpose;
+    curl_socket_t s = socket(a->family, a->socktype, a->protocol);
+    for (size_t i = 0; s != CURL_SOCKET_BAD && i < sizeof w->socks / sizeof w->socks[0]; i++)
+        if (w->socks[i] == CURL_SOCKET_BAD) {
+            w->socks[i] = s;
+            break;
+        }
+    return s;
+}
+
+static int close_socket(void *user, curl_socket_t s)
+{
+    struct etcd_watch *w = user;
+    for (size_t i = 0; i < sizeof w->socks / sizeof w->socks[0]; i++)
+        if (w->socks[i] == s)
+            w->socks[i] = CURL_SOCKET_BAD;
+    return close(s);
+}
+
 /* Drives the stream without blocking: 0 while it runs, else an error. */
 static int pump(struct etcd_watch *w)
 {
@@ -255,6 +282,8 @@ int etcd_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_watch 
     w->base.conn = conn;
     w->fd = -1;
     w->s.any = 1;
+    for (size_t i = 0; i < sizeof w->socks / sizeof w->socks[0]; i++)
+        w->socks[i] = CURL_SOCKET_BAD;
     char *k = etcd_name_dir(ec, name, len, &klen), *end = k ? malloc(klen + 1) : NULL;
     json_object *cr = json_object_new_object();
     w->req = etcd_wrap("create_request", cr);
@@ -297,6 +326,10 @@ int etcd_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_watch 
     curl_easy_setopt(w->h, CURLOPT_WRITEFUNCTION, on_event);
     curl_easy_setopt(w->h, CURLOPT_WRITEDATA, w);
     curl_easy_setopt(w->h, CURLOPT_CONNECTTIMEOUT_MS, (long)ec->site.connect_ms);
+    curl_easy_setopt(w->h, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+    curl_easy_setopt(w->h, CURLOPT_OPENSOCKETDATA, w);
+    curl_easy_setopt(w->h, CURLOPT_CLOSESOCKETFUNCTION, close_socket);
+    curl_easy_setopt(w->h, CURLOPT_CLOSESOCKETDATA, w);
     curl_multi_add_handle(w->multi, w->h);
     /* Until the member confirms the watch: every later change is told. */
     uint64_t until = call_until(ec);
@@ -318,7 +351,9 @@ int etcd_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_watch 
         curl_multi_poll(w->multi, NULL, 0, ms > 0 ? ms : 1, NULL);
     }
     curl_socket_t fd = CURL_SOCKET_BAD;
-    if (curl_easy_getinfo(w->h, CURLINFO_ACTIVESOCKET, &fd) != CURLE_OK || fd == CURL_SOCKET_BAD) {
+    for (size_t i = 0; fd == CURL_SOCKET_BAD && i < sizeof w->socks / sizeof w->socks[0]; i++)
+        fd = w->socks[i];
+    if (fd == CURL_SOCKET_BAD) {
         etcd_watch_close(&w->base);
         return dlock_seterr(cl(ec), DLOCK_ECONNECT, "etcd %s: the election's watch has no"
                             " socket", ec->where);
