@@ -933,6 +933,8 @@ static int move_lease(struct etcd_conn *ec, struct etcd_http *h, struct etcd_hel
     json_object_object_add(put, "ignore_value", json_object_new_boolean(1));
     json_object_object_add(put, "lease", etcd_new_int(id));
     json_object_array_add(ok, etcd_wrap("request_put", put));
+    if (ec->layout == ETCD_LAYOUT_DLOCK && held->kind == ETCD_WRITER)
+        json_object_array_add(ok, etcd_value_move(held, id)); /* an election's value */
     json_object_object_add(txn, "compare", cmps);
     json_object_object_add(txn, "success", ok);
     dlock_errsave save;

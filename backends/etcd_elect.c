@@ -103,6 +103,30 @@ int etcd_publish(dlock_conn *conn, dlock_held *h, const void *value, size_t len)
     return 0;
 }
 
+json_object *etcd_value_move(const struct etcd_held *held, int64_t lease)
+{
+    json_object *txn = json_object_new_object(), *cmps = json_object_new_array();
+    json_object *cmp = json_object_new_object(), *ok = json_object_new_array();
+    char *vkey = malloc(held->dir);
+    if (!txn || !cmps || !cmp || !ok || !vkey) {
+        json_object_put(txn), json_object_put(cmps), json_object_put(cmp), json_object_put(ok);
+        free(vkey);
+        return NULL; /* a null: the request is refused as out of memory */
+    }
+    memcpy(vkey, held->key, held->dir);
+    vkey[held->dir - 1] = '0';
+    json_object_object_add(cmp, "key", etcd_new_bytes(vkey, held->dir));
+    json_object_object_add(cmp, "target", json_object_new_string("VERSION"));
+    json_object_object_add(cmp, "result", json_object_new_string("GREATER"));
+    json_object_object_add(cmp, "version", etcd_new_int(0));
+    json_object_array_add(cmps, cmp);
+    json_object_array_add(ok, etcd_put_lease(vkey, held->dir, lease));
+    free(vkey);
+    json_object_object_add(txn, "compare", cmps);
+    json_object_object_add(txn, "success", ok);
+    return etcd_wrap("request_txn", txn);
+}
+
 /* The i-th response of a transaction's reply, a range's. */
 static json_object *range_of(json_object *root, size_t i)
 {

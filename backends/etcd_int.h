@@ -152,6 +152,9 @@ int etcd_single_inspect_holders(struct etcd_conn *ec, const char *name, size_t l
 int etcd_publish(dlock_conn *conn, dlock_held *h, const void *value, size_t len);
 int etcd_leader(dlock_conn *conn, const char *name, size_t len, dlock_info *info, char *value,
                 size_t *value_len);
+/* The op of a transaction that moves the name's election value (if any)
+ * to lease, with the holder's key (renew with another TTL). */
+json_object *etcd_value_move(const struct etcd_held *held, int64_t lease);
 int etcd_wake(dlock_conn *conn, const char *name, size_t len);
 int etcd_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_watch **watchp);
 int etcd_watch_fd(dlock_watch *w);

@@ -3,6 +3,7 @@
  * (docs/etcd.md, "Elections"):
  *
  * - a value with NUL bytes comes back whole, and a proclaim replaces it;
+ * - a renew with another TTL (a new lease) keeps the value;
  * - a plain holder of the name (no value) leads with none, and an earlier
  *   leader's value is not read as the next one's;
  * - the value key sits beside the queue: a waiter still counts as one
@@ -49,6 +50,14 @@ static void test_value(void)
     is_int(dlock_proclaim(l, "", 0), 0, "proclaim an empty value");
     is_int(dlock_leader(b, name, &li), 0, "leader again");
     ok(li.held && li.value_len == 0, "an empty value");
+    /* A renew with another TTL moves the key to a new lease: the value
+     * goes with it (the old lease is revoked). */
+    is_int(dlock_proclaim(l, "kept", 4), 0, "proclaim");
+    is_int(dlock_renew(l, 7000), 0, "renew with another TTL (a new lease)");
+    is_int(dlock_leader(b, name, &li), 0, "leader after the renew");
+    ok(li.held && li.value_len == 4 && memcmp(li.value, "kept", 4) == 0,
+       "the value moved with the key (%zu bytes)", li.value_len);
+    ok(li.lease_ms > 5000, "on the new lease (%llu ms left)", (unsigned long long)li.lease_ms);
     is_int(dlock_resign(l), 0, "resign");
     is_int(dlock_leader(b, name, &li), 0, "leader after resign");
     ok(!li.held && li.value_len == 0, "nobody leads, no value");
