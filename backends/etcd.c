@@ -87,6 +87,10 @@
  * again (no queue, no FIFO); exclusive locks only. The same leases,
  * watch, release, renew and tokens (the key's create revision).
  *
+ * Elections (etcd_elect.c): the leader's value in a key beside the
+ * queue, on the leader's lease (a renew that moves the key to another
+ * lease moves it too); observers watch the queue and that key.
+ *
  * See docs/etcd.md for what this guarantees and where it is weaker.
  */
 #include <inttypes.h>
