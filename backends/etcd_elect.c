@@ -138,29 +138,23 @@ static json_object *range_of(json_object *root, size_t i)
 
 /* Copies the value of the value key's kv (vkv) to value when its token is
  * the holder's (info). */
-static int take_value(struct etcd_conn *ec, json_object *vkv, const dlock_info *info,
-                      char *value, size_t *value_len)
+static void take_value(json_object *vkv, const dlock_info *info, char *value,
+                       size_t *value_len)
 {
-    unsigned char buf[TOKEN_HEX + DLOCK_VALUE_MAX + 1];
+    unsigned char buf[TOKEN_HEX + DLOCK_VALUE_MAX];
     size_t n = sizeof buf;
-    json_object *v = etcd_get(vkv, "value");
-    *value_len = 0;
-    if (!vkv || !(info->known & DLOCK_KNOWS_TOKEN))
-        return 0;
-    if (!v) /* an empty value: not one of ours */
-        return 0;
-    if (etcd_bytes(v, buf, &n) != 0)
-        return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: the leader's value key holds more"
-                            " than %d bytes", ec->where, TOKEN_HEX + DLOCK_VALUE_MAX);
     char hex[TOKEN_HEX + 1];
-    if (n < TOKEN_HEX)
-        return 0;
+    json_object *v = etcd_get(vkv, "value"); /* absent: an empty value */
+    *value_len = 0;
+    /* Longer than dlock writes, or not base64: not a leader's. */
+    if (!v || !(info->known & DLOCK_KNOWS_TOKEN) || etcd_bytes(v, buf, &n) != 0 ||
+        n < TOKEN_HEX)
+        return;
     snprintf(hex, sizeof hex, "%016" PRIx64, info->token);
     if (memcmp(buf, hex, TOKEN_HEX) != 0)
-        return 0; /* an earlier leader's */
+        return; /* an earlier leader's */
     *value_len = n - TOKEN_HEX;
     memcpy(value, buf + TOKEN_HEX, *value_len);
-    return 0;
 }
 
 int etcd_leader(dlock_conn *conn, const char *name, size_t len, dlock_info *info, char *value,
@@ -196,9 +190,9 @@ int etcd_leader(dlock_conn *conn, const char *name, size_t len, dlock_info *info
     int64_t lease = 0;
     err = etcd_inspect_range(ec, queue, dlen, info, &lease);
     if (err == 0)
-        err = take_value(ec, vals && json_object_array_length(vals)
-                                 ? json_object_array_get_idx(vals, 0) : NULL,
-                         info, value, value_len);
+        take_value(vals && json_object_array_length(vals) ? json_object_array_get_idx(vals, 0)
+                                                          : NULL,
+                   info, value, value_len);
     json_object_put(root);
     if (err == 0 && lease && (info->lease_ms = etcd_lease_left_ms(ec, lease, until, &err)) != 0)
         info->known |= DLOCK_KNOWS_LEASE;

@@ -47,6 +47,13 @@ static void test_value(void)
     is_int(dlock_proclaim(l, v2, 1), 0, "proclaim");
     is_int(dlock_leader(b, name, &li), 0, "leader again");
     ok(li.value_len == 1 && li.value[0] == '\0', "the new value (one NUL byte)");
+    char big[DLOCK_VALUE_MAX];
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = (char)(255 - i % 256);
+    is_int(dlock_proclaim(l, big, sizeof big), 0, "proclaim the largest value");
+    is_int(dlock_leader(b, name, &li), 0, "leader again");
+    ok(li.value_len == sizeof big && memcmp(li.value, big, sizeof big) == 0,
+       "%d bytes come back whole", DLOCK_VALUE_MAX);
     is_int(dlock_proclaim(l, "", 0), 0, "proclaim an empty value");
     is_int(dlock_leader(b, name, &li), 0, "leader again");
     ok(li.held && li.value_len == 0, "an empty value");
