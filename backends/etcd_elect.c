@@ -49,10 +49,21 @@ struct etcd_watch {
     struct curl_slist *hdr;
     json_object *req; /* the body's JSON (libcurl reads the body from it) */
     struct etcd_stream s;
-    uint64_t events;
     int fd;
     curl_socket_t socks[4]; /* the sockets libcurl opened and has not closed */
 };
+
+/* held's name's value key (held->dir bytes, malloc'd; NULL: no memory):
+ * its key prefix with the last '/' made a '0'. */
+static char *value_key_of(const struct etcd_held *held)
+{
+    char *k = malloc(held->dir);
+    if (k) {
+        memcpy(k, held->key, held->dir);
+        k[held->dir - 1] = '0';
+    }
+    return k;
+}
 
 static int refuse(struct etcd_conn *ec)
 {
@@ -66,8 +77,7 @@ int etcd_publish(dlock_conn *conn, dlock_held *h, const void *value, size_t len)
     struct etcd_held *held = (struct etcd_held *)h;
     if (ec->layout != ETCD_LAYOUT_DLOCK)
         return refuse(ec);
-    char *data = malloc(TOKEN_HEX + 1 + len);
-    char *vkey = malloc(held->dir);
+    char *data = malloc(TOKEN_HEX + 1 + len), *vkey = value_key_of(held);
     json_object *txn = json_object_new_object(), *cmps = json_object_new_array();
     json_object *ok = json_object_new_array(), *put = json_object_new_object(), *root;
     if (!data || !vkey || !txn || !cmps || !ok || !put) {
@@ -75,8 +85,6 @@ int etcd_publish(dlock_conn *conn, dlock_held *h, const void *value, size_t len)
         json_object_put(txn), json_object_put(cmps), json_object_put(ok), json_object_put(put);
         return oom(ec);
     }
-    memcpy(vkey, held->key, held->dir);
-    vkey[held->dir - 1] = '0';
     snprintf(data, TOKEN_HEX + 1, "%016" PRIx64, held->base.token);
     if (len)
         memcpy(data + TOKEN_HEX, value, len);
@@ -107,14 +115,12 @@ json_object *etcd_value_move(const struct etcd_held *held, int64_t lease)
 {
     json_object *txn = json_object_new_object(), *cmps = json_object_new_array();
     json_object *cmp = json_object_new_object(), *ok = json_object_new_array();
-    char *vkey = malloc(held->dir);
+    char *vkey = value_key_of(held);
     if (!txn || !cmps || !cmp || !ok || !vkey) {
         json_object_put(txn), json_object_put(cmps), json_object_put(cmp), json_object_put(ok);
         free(vkey);
         return NULL; /* a null: the request is refused as out of memory */
     }
-    memcpy(vkey, held->key, held->dir);
-    vkey[held->dir - 1] = '0';
     json_object_object_add(cmp, "key", etcd_new_bytes(vkey, held->dir));
     json_object_object_add(cmp, "target", json_object_new_string("VERSION"));
     json_object_object_add(cmp, "result", json_object_new_string("GREATER"));
@@ -214,8 +220,7 @@ static size_t on_event(char *data, size_t size, size_t n, void *user)
     size_t len = size * n;
     if (etcd_stream_feed(&w->s, data, len) != len)
         return 0;
-    while (w->s.done == 1) { /* an event: count it, read on */
-        w->events++;
+    while (w->s.done == 1) { /* an event (the descriptor told it): read on */
         w->s.done = 0;
         etcd_stream_feed(&w->s, "", 0);
     }
