@@ -40,6 +40,10 @@ export interface Capabilities {
   readonly raise: boolean;
   readonly cancel: boolean;
   readonly semaphore: boolean;
+  /** Elections: campaign(), leader(), observe(). */
+  readonly election: boolean;
+  /** The store wakes observers (else they read it every 100 ms). */
+  readonly watch: boolean;
 }
 
 export interface AcquireOptions {
@@ -85,7 +89,7 @@ export interface Holder {
 export type LostCode = 'DLOCK_ELOST' | 'DLOCK_EEXPIRED';
 
 export declare class Lock extends EventEmitter {
-  private constructor();
+  protected constructor();
   /** Fencing token: above every earlier grant of the name on the store. */
   readonly token: bigint;
   readonly name: string;
@@ -111,6 +115,76 @@ export declare class Lock extends EventEmitter {
   emit(event: 'lost', err: DlockError): boolean;
 }
 
+/** A leader's value: bytes, or a string sent as UTF-8 (at most 1024 bytes). */
+export type LeaderValue = Buffer | Uint8Array | string;
+
+export interface CampaignOptions {
+  /** Published while leading (default: empty). Over 1024 bytes: DLOCK_EINVAL. */
+  value?: LeaderValue;
+  /** Lease in ms, as AcquireOptions.ttl (leadership is always kept). */
+  ttl?: number;
+  /** As AcquireOptions.wait: 'try' (DLOCK_EBUSY while another leads),
+   * 'forever' (default), or ms (then DLOCK_ETIMEDOUT). */
+  wait?: 'try' | 'forever' | number;
+  /** As AcquireOptions.deadline. */
+  deadline?: Date | number;
+  /** Aborting ends the campaign: the promise rejects with signal.reason. */
+  signal?: AbortSignal;
+}
+
+/** Who leads an election (Client.leader(), an Observer's changes). */
+export interface LeaderState {
+  readonly name: string;
+  /** Whether a leader exists. */
+  readonly held: boolean;
+  /** The leader's published value (empty: none, or not published yet). */
+  readonly value: Buffer;
+  /** The leader's term (its grant's fencing token); 0n without a leader. */
+  readonly term: bigint;
+  /** The leader's lease left when read, ms; null where unknown. */
+  readonly leaseMs: number | null;
+  /** The leader's owner id where the store keeps it; else null. */
+  readonly owner: string | null;
+  /** Observers only: the store could not be read (the other fields are as
+   * last known); the observer keeps trying. */
+  readonly error?: DlockError;
+}
+
+/** A won election: a kept Lock whose token is the term. */
+export declare class Leadership extends Lock {
+  private constructor();
+  /** The term: the grant's fencing token, above every earlier leader's. */
+  readonly term: bigint;
+  /** The value published. */
+  readonly value: Buffer;
+  /** Publishes a new value while still leading (DLOCK_ELOST otherwise). */
+  proclaim(value: LeaderValue): Promise<void>;
+  /** Gives up leadership (release() does the same). */
+  resign(): Promise<void>;
+}
+
+/** Each change of an election's leader, the current state first. */
+export declare class Observer extends EventEmitter implements AsyncIterable<LeaderState> {
+  private constructor();
+  readonly name: string;
+  readonly closed: boolean;
+  /** Stops observing; iterations end. Idempotent. */
+  close(): void;
+  /** Keep the process alive while read (the default), or not. */
+  ref(): this;
+  unref(): this;
+  /** Leaving the loop (break, return, throw) closes the observer. */
+  [Symbol.asyncIterator](): AsyncIterator<LeaderState>;
+  [Symbol.asyncDispose](): Promise<void>;
+
+  on(event: 'change', listener: (change: LeaderState) => void): this;
+  on(event: 'close', listener: () => void): this;
+  once(event: 'change', listener: (change: LeaderState) => void): this;
+  once(event: 'close', listener: () => void): this;
+  off(event: 'change', listener: (change: LeaderState) => void): this;
+  off(event: 'close', listener: () => void): this;
+}
+
 export declare class Client {
   private constructor();
   /** The backend's name, e.g. 'redis'. */
@@ -124,6 +198,12 @@ export declare class Client {
   withLock<T>(name: string, fn: (lock: Lock) => T | Promise<T>): Promise<T>;
   withLock<T>(name: string, opts: AcquireOptions,
               fn: (lock: Lock) => T | Promise<T>): Promise<T>;
+  /** Campaigns for the election name until this client leads. */
+  campaign(name: string, opts?: CampaignOptions): Promise<Leadership>;
+  /** Who leads the election name, without campaigning. */
+  leader(name: string): Promise<LeaderState>;
+  /** Observes the election name (a thread and a connection of its own). */
+  observe(name: string): Promise<Observer>;
   /** Releases every lock still held and ends the client's thread. */
   close(): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;

@@ -10,6 +10,7 @@ const codes = Object.freeze({ ...native.codes });
 const WAIT_TRY = 0, WAIT_DEADLINE = 1, WAIT_FOREVER = 2;
 const TTL_MAX = 0xffffffff;
 const LIMIT_MAX = 65535;
+const VALUE_MAX = 1024; // DLOCK_VALUE_MAX: a leader's value, bytes
 
 class DlockError extends Error {
   constructor(code, errno, message) {
@@ -78,6 +79,29 @@ function waitOf(opts) {
                       `not ${show(wait)}`);
 }
 
+// A leader's value: a Buffer (or any Uint8Array) as is, a string as UTF-8.
+// The length is libdlock's to check (DLOCK_EINVAL over VALUE_MAX bytes).
+function valueOf(value) {
+  if (value === undefined) return Buffer.alloc(0);
+  if (typeof value === 'string') return Buffer.from(value, 'utf8');
+  if (value instanceof Uint8Array) return value;
+  throw new TypeError(`value must be a Buffer, a Uint8Array or a string, not ${show(value)}`);
+}
+
+// An election's name reaches libdlock as a C string.
+function checkElectionName(name) {
+  if (typeof name !== 'string')
+    throw new TypeError('name must be a string');
+  if (name.includes('\0'))
+    throw invalid('an election name cannot contain a NUL character');
+}
+
+// A leader as the addon reads it: an observer's read error as a DlockError.
+function toLeader(r) {
+  if (r.error) r.error = toError(r.error);
+  return r;
+}
+
 class Lock extends EventEmitter {
   #client;
   #id;
@@ -119,10 +143,162 @@ class Lock extends EventEmitter {
 
   _setReleased() { this.#released = true; }
 
+  _id() { return this.#id; }
+
   _setLost(code, err) {
     if (this.#lost !== null) return;
     this.#lost = code;
     this.emit('lost', err);
+  }
+}
+
+/** A won election: a kept lock (a 'lost' event, .lost) whose token is the
+ * term, publishing a value until it resigns. */
+class Leadership extends Lock {
+  #value;
+
+  constructor(client, id, name, token, value) {
+    super(client, id, name, token, false, 0);
+    this.#value = Buffer.from(value);
+  }
+
+  /** The term (bigint): the grant's fencing token, above every earlier
+   * leader's. */
+  get term() { return this.token; }
+  /** The value published (a Buffer). */
+  get value() { return this.#value; }
+
+  /** Publishes a new value while still leading (DLOCK_ELOST otherwise). */
+  async proclaim(value) {
+    const v = valueOf(value);
+    await this.client._proclaim(this, this._id(), v);
+    this.#value = Buffer.from(v);
+  }
+
+  /** Gives up leadership: the next candidate leads at once. */
+  async resign() { return this.client._release(this, this._id(), true); }
+
+  async release() { return this.resign(); }
+}
+
+// Observers polled now, kept from GC: their native callbacks find them
+// through a WeakRef, so that one nobody polls or holds can be collected
+// (and its libdlock observer closed).
+const polled = new Set();
+
+// Made outside the Observer's constructor, whose scope (closed over by its
+// listeners) holds the observer itself.
+function deliverTo(weak) {
+  return (change) => weak.deref()?._deliver(change);
+}
+
+/**
+ * An election's observer: each change of leader (the current state first)
+ * as a 'change' event and through async iteration, in order. A change is
+ * {name, held, value, term, leaseMs, owner}; one with .error (a
+ * DlockError) says the observer could not read the store (the other
+ * fields as last known) and keeps trying. Changes are read from libdlock
+ * while a 'change' listener or an iteration wants them; until then they
+ * wait in its queue (the last 64). close() ends it; so does leaving a
+ * for-await loop. A polled observer keeps the process alive (unref()).
+ */
+class Observer extends EventEmitter {
+  #native;
+  #name;
+  #closed = false;
+  #polling = false;
+  #waiting = 0; // iterations waiting for a change
+  #iterators = new Set(); // each iteration's push function
+
+  constructor(box, name) {
+    super();
+    this.#name = name;
+    this.#native = new native.Observer(box, deliverTo(new WeakRef(this)));
+    this.on('newListener', (event) => { if (event === 'change') this.#want(true); });
+    this.on('removeListener', (event) => { if (event === 'change') this.#want(false); });
+  }
+
+  get name() { return this.#name; }
+  get closed() { return this.#closed; }
+
+  // Polls while changes are wanted (a listener is being added: adding).
+  #want(adding) {
+    if (this.#closed) return;
+    const want = adding || this.listenerCount('change') > 0 || this.#waiting > 0;
+    if (want && !this.#polling) {
+      this.#polling = true;
+      polled.add(this);
+      this.#native.resume();
+    } else if (!want && this.#polling) {
+      this.#polling = false;
+      polled.delete(this);
+      this.#native.pause();
+    }
+  }
+
+  _deliver(change) {
+    toLeader(change);
+    for (const push of this.#iterators) push(change);
+    this.emit('change', change);
+  }
+
+  /** Stops observing; pending iterations end. Closing again does nothing. */
+  close() {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#polling = false;
+    polled.delete(this);
+    this.#native.close();
+    this.emit('close');
+  }
+
+  /** Whether the polled observer keeps the event loop (the process) alive. */
+  ref() { this.#native.ref(true); return this; }
+  unref() { this.#native.ref(false); return this; }
+
+  [Symbol.asyncIterator]() {
+    const queue = []; // changes not asked for yet
+    const waiting = []; // next() calls waiting for a change
+    let done = this.#closed;
+    const settle = (r) => {
+      this.#waiting--;
+      waiting.shift()(r);
+      this.#want(false);
+    };
+    const push = (change) => {
+      if (waiting.length) settle({ value: change, done: false });
+      else queue.push(change);
+    };
+    const finish = () => {
+      if (done) return;
+      done = true;
+      this.#iterators.delete(push);
+      this.off('close', finish);
+      while (waiting.length) settle({ value: undefined, done: true });
+    };
+    if (!done) {
+      this.#iterators.add(push);
+      this.once('close', finish);
+    }
+    const it = {
+      next: () => {
+        if (queue.length) return Promise.resolve({ value: queue.shift(), done: false });
+        if (done) return Promise.resolve({ value: undefined, done: true });
+        return new Promise((resolve) => {
+          waiting.push(resolve);
+          this.#waiting++;
+          this.#want(false);
+        });
+      },
+      // Leaving a for-await loop (break, return, throw) closes the observer.
+      return: () => {
+        finish();
+        this.close();
+        return Promise.resolve({ value: undefined, done: true });
+      },
+      [Symbol.asyncIterator]() { return it; },
+    };
+    return it;
   }
 }
 
@@ -149,6 +325,19 @@ class Client {
     const limit = limitOf(opts);
     const shared = !!opts.shared;
     const signal = opts.signal;
+    const r = await this.#wait(signal, mode, (cancel) =>
+      this.#native.acquire(name, ttl, mode, rel, !!opts.keep, !!opts.reentrant, cancel, shared,
+                           limit));
+    let lock = this.#locks.get(r.id);
+    if (!lock) {
+      lock = new Lock(this, r.id, name, r.token, shared, limit);
+      this.#locks.set(r.id, lock);
+    }
+    return lock;
+  }
+
+  /** Waits for call(cancel) to grant: signal aborts it, close() ends it. */
+  async #wait(signal, mode, call) {
     if (signal !== undefined && !(signal instanceof AbortSignal))
       throw new TypeError('signal must be an AbortSignal');
     if (signal?.aborted) throw signal.reason;
@@ -162,10 +351,8 @@ class Client {
       this.#waits.add(cancel);
       signal?.addEventListener('abort', onAbort, { once: true });
     }
-    let r;
     try {
-      r = await this.#native.acquire(name, ttl, mode, rel, !!opts.keep, !!opts.reentrant,
-                                     cancel, shared, limit);
+      return await call(cancel);
     } catch (e) {
       if (e && e.errno === codes.DLOCK_ECANCELED) {
         if (signal?.aborted) throw signal.reason;
@@ -182,12 +369,60 @@ class Client {
         cancel.close();
       }
     }
-    let lock = this.#locks.get(r.id);
-    if (!lock) {
-      lock = new Lock(this, r.id, name, r.token, shared, limit);
-      this.#locks.set(r.id, lock);
+  }
+
+  /** Campaigns for the election name until this client leads (as acquire
+   * waits: wait, deadline, signal; ttl), publishing value (Buffer or
+   * string, at most 1024 bytes): a Leadership, kept until it resigns. */
+  async campaign(name, opts = {}) {
+    checkElectionName(name);
+    if (opts === null || typeof opts !== 'object')
+      throw new TypeError('options must be an object');
+    const [ttl, mode, rel] = waitOf(opts);
+    const value = valueOf(opts.value);
+    const r = await this.#wait(opts.signal, mode, (cancel) =>
+      this.#native.campaign(name, value, ttl, mode, rel, cancel));
+    const leadership = new Leadership(this, r.id, name, r.token, value);
+    this.#locks.set(r.id, leadership);
+    return leadership;
+  }
+
+  /** Who leads the election name, without campaigning: {name, held,
+   * value (Buffer), term (bigint; 0n: none), leaseMs, owner}. */
+  async leader(name) {
+    checkElectionName(name);
+    if (this.#closed) throw invalid('the client is closed');
+    try {
+      return toLeader(await this.#native.leader(name));
+    } catch (e) {
+      throw toError(e);
     }
-    return lock;
+  }
+
+  /** Starts observing the election name: an Observer (events and async
+   * iteration), with a thread and a connection of its own; it may
+   * outlive this client. */
+  async observe(name) {
+    checkElectionName(name);
+    if (this.#closed) throw invalid('the client is closed');
+    let box;
+    try {
+      box = await this.#native.observe(name);
+    } catch (e) {
+      throw toError(e);
+    }
+    return new Observer(box, name);
+  }
+
+  async _proclaim(lock, id, value) {
+    if (lock.released) throw invalid('the leadership was resigned');
+    try {
+      await this.#native.proclaim(id, value);
+    } catch (e) {
+      const err = toError(e);
+      if (err.errno === codes.DLOCK_ELOST) lock._setLost('DLOCK_ELOST', err);
+      throw err;
+    }
   }
 
   /** Every holder of name, in grant order, without taking it: objects
@@ -220,11 +455,11 @@ class Client {
     return result;
   }
 
-  async _release(lock, id) {
+  async _release(lock, id, resign = false) {
     if (lock.released) throw invalid('the lock was already released');
     let holds;
     try {
-      holds = await this.#native.release(id);
+      holds = await this.#native.release(id, resign);
     } catch (e) {
       if (e && e.holds === 0) this.#forget(id, lock);
       const err = toError(e);
@@ -278,6 +513,10 @@ if (typeof Symbol.asyncDispose === 'symbol') {
     async value() { if (!this.released) await this.release(); },
     writable: true, configurable: true,
   });
+  Object.defineProperty(Observer.prototype, Symbol.asyncDispose, {
+    async value() { this.close(); },
+    writable: true, configurable: true,
+  });
   Object.defineProperty(Client.prototype, Symbol.asyncDispose, {
     async value() { await this.close(); },
     writable: true, configurable: true,
@@ -307,6 +546,8 @@ module.exports = {
   open,
   Client,
   Lock,
+  Leadership,
+  Observer,
   DlockError,
   codes,
   version: native.version(),

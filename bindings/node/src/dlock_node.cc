@@ -74,6 +74,7 @@
 #include <vector>
 
 #include <dlock.h>
+#include <uv.h>
 
 namespace {
 
@@ -100,11 +101,25 @@ namespace {
     X(dlock_cancel_fire)                                                       \
     X(dlock_cancel_free)
 
+/* Elections: a libdlock without them still loads, and their calls reject
+ * with DLOCK_ENOTSUP (has_elections). */
+#define DLOCK_NODE_ELECTION_FUNCS(X)                                           \
+    X(dlock_campaign)                                                          \
+    X(dlock_proclaim)                                                          \
+    X(dlock_resign)                                                            \
+    X(dlock_leader)                                                            \
+    X(dlock_observe)                                                           \
+    X(dlock_observer_fd)                                                       \
+    X(dlock_observer_next)                                                     \
+    X(dlock_observer_close)
+
 struct Lib {
     void *handle = nullptr;
     std::string path;
+    bool has_elections = false;
 #define DLOCK_NODE_PTR_(f) decltype(&::f) f = nullptr;
     DLOCK_NODE_FUNCS(DLOCK_NODE_PTR_)
+    DLOCK_NODE_ELECTION_FUNCS(DLOCK_NODE_PTR_)
 #undef DLOCK_NODE_PTR_
 };
 
@@ -126,12 +141,16 @@ struct Held {
     bool lost_reported;
 };
 
-enum class Kind { Open, Acquire, Release, Renew, Close, Lost, Holders };
+enum class Kind {
+    Open, Acquire, Release, Renew, Close, Lost, Holders,
+    Campaign, Proclaim, Resign, Leader, Observe
+};
 
 struct Job {
     Kind kind;
     /* Inputs. */
     std::string str; /* URI or lock name */
+    std::string value; /* Campaign, Proclaim: the leader's value (bytes) */
     dlock_acquire_opts opts = DLOCK_ACQUIRE_OPTS_INIT;
     uint32_t ttl = 0;
     uint64_t id = 0;
@@ -146,10 +165,14 @@ struct Job {
     unsigned int holds = 0;
     std::vector<dlock_holder> holders; /* Holders: those that fit */
     size_t count = 0;                  /* Holders: how many hold */
+    std::unique_ptr<dlock_leader_info> leader; /* Leader */
+    dlock_observer *observer = nullptr;        /* Observe: until JS takes it */
     /* Main thread only. */
     std::unique_ptr<Napi::Promise::Deferred> deferred;
     struct Core *core = nullptr;
     explicit Job(Kind k) : kind(k) {}
+    /* An observer nobody took (its reply never reached JS). */
+    ~Job() { if (observer) lib.dlock_observer_close(observer); }
 };
 
 class ClientWrap;
@@ -232,8 +255,37 @@ Job *file_lock(Core *core, Job *job)
     return report;
 }
 
+/* The lock filed under job->id, or nullptr (with the job's error) once it
+ * is released. */
+dlock_lock *find_lock(Core *core, Job *job)
+{
+    {
+        std::lock_guard<std::mutex> g(core->mu);
+        auto it = core->locks.find(job->id);
+        if (it != core->locks.end())
+            return it->second;
+    }
+    job->rc = DLOCK_EINVAL;
+    job->detail = "the lock was already released";
+    return nullptr;
+}
+
+/* A call of the election API on a libdlock that has none. */
+bool no_elections(Job *job)
+{
+    if (lib.has_elections)
+        return false;
+    job->rc = DLOCK_ENOTSUP;
+    job->detail = "the libdlock at " + lib.path + " has no elections (too old for them)";
+    return true;
+}
+
 void run_job(Core *core, Job *job)
 {
+    if ((job->kind == Kind::Campaign || job->kind == Kind::Proclaim ||
+         job->kind == Kind::Leader || job->kind == Kind::Observe) &&
+        no_elections(job))
+        return;
     switch (job->kind) {
     case Kind::Open:
         job->rc = lib.dlock_client_open(job->str.c_str(), &core->client);
@@ -242,7 +294,10 @@ void run_job(Core *core, Job *job)
             job->caps = lib.dlock_client_caps(core->client);
         }
         break;
-    case Kind::Acquire: {
+    case Kind::Acquire:
+    case Kind::Campaign: {
+        if (job->kind == Kind::Campaign)
+            job->opts.keep = 1; /* as dlock_campaign() takes it */
         job->opts.on_lost = job->opts.keep ? on_lost : nullptr;
         job->opts.on_lost_user = core;
         job->opts.cancel = job->cancel ? job->cancel->flag : nullptr;
@@ -250,8 +305,12 @@ void run_job(Core *core, Job *job)
             std::lock_guard<std::mutex> g(core->mu);
             core->running_cancel = job->cancel;
         }
-        job->rc = lib.dlock_acquire_n(core->client, job->str.data(), job->str.size(), &job->opts,
-                                      &job->lock);
+        if (job->kind == Kind::Campaign)
+            job->rc = lib.dlock_campaign(core->client, job->str.c_str(), job->value.data(),
+                                         job->value.size(), &job->opts, &job->lock);
+        else
+            job->rc = lib.dlock_acquire_n(core->client, job->str.data(), job->str.size(),
+                                          &job->opts, &job->lock);
         {
             std::lock_guard<std::mutex> g(core->mu);
             core->running_cancel.reset();
@@ -263,19 +322,11 @@ void run_job(Core *core, Job *job)
         break;
     }
     case Kind::Release:
+    case Kind::Resign:
     case Kind::Renew: {
-        dlock_lock *lock = nullptr;
-        {
-            std::lock_guard<std::mutex> g(core->mu);
-            auto it = core->locks.find(job->id);
-            if (it != core->locks.end())
-                lock = it->second;
-        }
-        if (!lock) {
-            job->rc = DLOCK_EINVAL;
-            job->detail = "the lock was already released";
+        dlock_lock *lock = find_lock(core, job);
+        if (!lock)
             return;
-        }
         if (job->kind == Kind::Renew) {
             job->rc = lib.dlock_renew(lock, job->ttl);
             job->holds = lib.dlock_lock_holds(lock);
@@ -290,10 +341,27 @@ void run_job(Core *core, Job *job)
             core->locks.erase(job->id);
             core->held.erase(lock);
         }
-        job->rc = lib.dlock_release(lock);
+        /* A leadership is never held twice: resign is its release. */
+        job->rc = job->kind == Kind::Resign && lib.has_elections ? lib.dlock_resign(lock)
+                                                                 : lib.dlock_release(lock);
         job->holds = holds <= 1 ? 0 : holds - 1;
         break;
     }
+    case Kind::Proclaim: {
+        dlock_lock *lock = find_lock(core, job);
+        if (!lock)
+            return;
+        job->rc = lib.dlock_proclaim(lock, job->value.data(), job->value.size());
+        break;
+    }
+    case Kind::Leader:
+        job->leader = std::make_unique<dlock_leader_info>();
+        job->rc = lib.dlock_leader(core->client, job->str.c_str(), job->leader.get());
+        break;
+    case Kind::Observe:
+        job->rc = lib.dlock_observe(core->client, job->str.c_str(), nullptr, nullptr,
+                                    &job->observer);
+        break;
     case Kind::Holders:
         /* Room for those the last answer counted: holders come and go
          * between calls, so a few tries, then those that fit. */
@@ -346,8 +414,9 @@ void worker_main(std::shared_ptr<Core> core)
             core->client = nullptr;
         }
         std::lock_guard<std::mutex> g(core->mu);
-        Job *lost = job->kind == Kind::Acquire && job->rc == 0 ? file_lock(core.get(), job)
-                                                               : nullptr;
+        Job *lost = (job->kind == Kind::Acquire || job->kind == Kind::Campaign) && job->rc == 0
+                        ? file_lock(core.get(), job)
+                        : nullptr;
         if (!reply(core.get(), job))
             delete job;
         if (lost && !reply(core.get(), lost))
@@ -376,7 +445,7 @@ Napi::Object caps_object(Napi::Env env, unsigned int caps)
     static const char *const names[] = {"lease",    "renew",       "fencing", "fifo",
                                         "blocking", "shared",      "deadline",
                                         "holderDeath", "raise",    "cancel",
-                                        "semaphore"};
+                                        "semaphore", "election",   "watch"};
     Napi::Object o = Napi::Object::New(env);
     for (unsigned int i = 0; i < sizeof names / sizeof names[0]; i++)
         o.Set(names[i], Napi::Boolean::New(env, (caps >> i) & 1u));
@@ -407,6 +476,198 @@ Napi::Array holders_array(Napi::Env env, const std::vector<dlock_holder> &hs)
     }
     return a;
 }
+
+/* A dlock_leader_info as {name, held, value (Buffer), term (bigint),
+ * leaseMs, owner (null: unknown)}, and for an observer that could not read
+ * the store, error: {errno, code, detail} (the rest as last known). */
+Napi::Object leader_object(Napi::Env env, const std::string &name, const dlock_leader_info &l)
+{
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("name", Napi::String::New(env, name));
+    o.Set("held", Napi::Boolean::New(env, l.held != 0));
+    size_t vlen = l.value_len <= DLOCK_VALUE_MAX ? l.value_len : 0;
+    o.Set("value", Napi::Buffer<char>::Copy(env, l.err ? "" : l.value, l.err ? 0 : vlen));
+    o.Set("term", Napi::BigInt::New(env, static_cast<uint64_t>(l.term)));
+    o.Set("leaseMs", l.held && (l.known & DLOCK_KNOWS_LEASE)
+                         ? Napi::Value(Napi::Number::New(env, static_cast<double>(l.lease_ms)))
+                         : env.Null());
+    o.Set("owner", l.held && (l.known & DLOCK_KNOWS_OWNER)
+                       ? Napi::Value(Napi::String::New(
+                             env, std::string(l.owner, strnlen(l.owner, sizeof l.owner))))
+                       : env.Null());
+    if (l.err) {
+        Napi::Object e = Napi::Object::New(env);
+        e.Set("errno", Napi::Number::New(env, l.err));
+        e.Set("code", Napi::String::New(env, lib.dlock_err_name(l.err)));
+        e.Set("detail", Napi::String::New(env, std::string(l.value, vlen)));
+        o.Set("error", e);
+    }
+    return o;
+}
+
+/* An observer handed from the worker to JS: closed at GC unless an
+ * ObserverWrap took it. */
+struct ObserverBox {
+    dlock_observer *observer;
+    std::string name;
+};
+
+/*
+ * An election's observer on the event loop: a uv_poll on
+ * dlock_observer_fd() (readable while changes are queued) drains the queue
+ * with dlock_observer_next() without waiting, and hands each change to the
+ * JS function given at construction. JS polls only while someone wants
+ * changes (resume(), pause()): meanwhile they wait in libdlock's queue (the
+ * last DLOCK_OBSERVE_QUEUE). A polled observer holds a reference to its
+ * object (its callbacks need it) and keeps the loop alive unless unref()ed;
+ * a paused one that JS drops is closed when collected. close() stops the
+ * poll, then closes the observer (which joins its thread) on a thread of
+ * its own, never blocking the loop for the observer's read in flight.
+ */
+class ObserverWrap : public Napi::ObjectWrap<ObserverWrap> {
+public:
+    static Napi::Function Init(Napi::Env env)
+    {
+        return DefineClass(env, "Observer",
+                           {InstanceMethod<&ObserverWrap::Close>("close"),
+                            InstanceMethod<&ObserverWrap::Resume>("resume"),
+                            InstanceMethod<&ObserverWrap::Pause>("pause"),
+                            InstanceMethod<&ObserverWrap::SetRef>("ref")});
+    }
+
+    /* new Observer(box, onChange) */
+    explicit ObserverWrap(const Napi::CallbackInfo &info) : Napi::ObjectWrap<ObserverWrap>(info)
+    {
+        Napi::Env env = info.Env();
+        if (info.Length() < 2 || !info[0].IsExternal() || !info[1].IsFunction())
+            throw Napi::TypeError::New(env, "Observer(box, onChange) expected");
+        ObserverBox *box = info[0].As<Napi::External<ObserverBox>>().Data();
+        if (!box->observer)
+            throw Napi::TypeError::New(env, "the observer was taken already");
+        uv_loop_t *loop = nullptr;
+        if (napi_get_uv_event_loop(env, &loop) != napi_ok || !loop)
+            throw Napi::Error::New(env, "no event loop");
+        poll = new uv_poll_t;
+        int rc = uv_poll_init(loop, poll, lib.dlock_observer_fd(box->observer));
+        if (rc != 0) {
+            delete poll;
+            poll = nullptr;
+            throw Napi::Error::New(env, std::string("cannot poll an observer: ") + uv_strerror(rc));
+        }
+        observer = box->observer;
+        box->observer = nullptr;
+        name = box->name;
+        poll->data = this;
+        on_change = Napi::Persistent(info[1].As<Napi::Function>());
+    }
+
+    ~ObserverWrap() override
+    {
+        /* Open: dropped by JS while paused, or the environment's teardown
+         * (polled maybe: uv_close() stops the poll, and the object's own
+         * reference is going anyway). */
+        polling = false;
+        stop();
+        lib.dlock_observer_close(observer);
+    }
+
+private:
+    static void on_readable(uv_poll_t *h, int status, int)
+    {
+        ObserverWrap *self = static_cast<ObserverWrap *>(h->data);
+        Napi::Env env = self->Env();
+        Napi::HandleScope scope(env);
+        Napi::Object keep = self->Value(); /* alive through a close() below */
+        /* Errors of the poll itself: the queue is read anyway. */
+        (void)status;
+        dlock_leader_info l;
+        while (self->polling && lib.dlock_observer_next(self->observer, &l, 0) == 0) {
+            Napi::Object change = leader_object(env, self->name, l);
+            /* Within a callback scope, so that promise reactions (an async
+             * iterator's) run at once; an exception is the process's
+             * uncaught one, as from any event listener. */
+            napi_async_context ctx = nullptr;
+            napi_async_init(env, keep, Napi::String::New(env, "dlock.Observer"), &ctx);
+            try {
+                self->on_change.MakeCallback(keep, {change}, ctx);
+            } catch (const Napi::Error &e) {
+                napi_async_destroy(env, ctx);
+                napi_fatal_exception(env, e.Value());
+                return;
+            }
+            napi_async_destroy(env, ctx);
+        }
+    }
+
+    /* Stops polling for good; the descriptor stays open (the observer
+     * owns it). */
+    void stop()
+    {
+        if (!poll)
+            return;
+        pause();
+        uv_close(reinterpret_cast<uv_handle_t *>(poll),
+                 [](uv_handle_t *h) { delete reinterpret_cast<uv_poll_t *>(h); });
+        poll = nullptr;
+    }
+
+    void pause()
+    {
+        if (!polling)
+            return;
+        uv_poll_stop(poll);
+        polling = false;
+        Unref();
+    }
+
+    Napi::Value Resume(const Napi::CallbackInfo &info)
+    {
+        if (poll && !polling) {
+            int rc = uv_poll_start(poll, UV_READABLE, on_readable);
+            if (rc != 0)
+                throw Napi::Error::New(info.Env(),
+                                       std::string("cannot poll an observer: ") + uv_strerror(rc));
+            polling = true;
+            Ref();
+        }
+        return info.Env().Undefined();
+    }
+
+    Napi::Value Pause(const Napi::CallbackInfo &info)
+    {
+        pause();
+        return info.Env().Undefined();
+    }
+
+    Napi::Value Close(const Napi::CallbackInfo &info)
+    {
+        if (poll) {
+            stop();
+            dlock_observer *o = observer;
+            observer = nullptr;
+            std::thread([o] { lib.dlock_observer_close(o); }).detach();
+        }
+        return info.Env().Undefined();
+    }
+
+    /* ref(true|false): whether the polled observer keeps the loop alive. */
+    Napi::Value SetRef(const Napi::CallbackInfo &info)
+    {
+        if (poll) {
+            if (info.Length() > 0 && info[0].ToBoolean())
+                uv_ref(reinterpret_cast<uv_handle_t *>(poll));
+            else
+                uv_unref(reinterpret_cast<uv_handle_t *>(poll));
+        }
+        return info.Env().Undefined();
+    }
+
+    dlock_observer *observer = nullptr;
+    uv_poll_t *poll = nullptr;
+    bool polling = false;
+    std::string name;
+    Napi::FunctionReference on_change;
+};
 
 class CancelWrap : public Napi::ObjectWrap<CancelWrap> {
 public:
@@ -455,6 +716,10 @@ public:
                             InstanceMethod<&ClientWrap::Release>("release"),
                             InstanceMethod<&ClientWrap::Renew>("renew"),
                             InstanceMethod<&ClientWrap::Holders>("inspectHolders"),
+                            InstanceMethod<&ClientWrap::Campaign>("campaign"),
+                            InstanceMethod<&ClientWrap::Proclaim>("proclaim"),
+                            InstanceMethod<&ClientWrap::Leader>("leader"),
+                            InstanceMethod<&ClientWrap::Observe>("observe"),
                             InstanceMethod<&ClientWrap::Close>("close")});
     }
 
@@ -563,18 +828,26 @@ private:
         return submit(info.Env(), job);
     }
 
-    /* acquire(name, ttl, wait, relMs, keep, reentrant, cancel|null, shared, limit) */
-    Napi::Value Acquire(const Napi::CallbackInfo &info)
+    /* The bytes of a Buffer (or any Uint8Array). */
+    static std::string bytes_arg(const Napi::Value &v)
+    {
+        if (!v.IsTypedArray())
+            throw Napi::TypeError::New(v.Env(), "a Buffer expected");
+        Napi::Uint8Array a = v.As<Napi::Uint8Array>();
+        return std::string(reinterpret_cast<const char *>(a.Data()), a.ByteLength());
+    }
+
+    /* ttl, wait, relMs and cancel|null at info[at..at+3] into job->opts. */
+    static void wait_args(const Napi::CallbackInfo &info, size_t at, Job *job,
+                          size_t cancel_at)
     {
         Napi::Env env = info.Env();
-        auto job = std::make_unique<Job>(Kind::Acquire);
-        job->str = info[0].As<Napi::String>().Utf8Value();
-        job->opts.ttl_ms = ttl_arg(info[1]);
-        job->opts.wait = static_cast<dlock_wait>(info[2].As<Napi::Number>().Int32Value());
+        job->opts.ttl_ms = ttl_arg(info[at]);
+        job->opts.wait = static_cast<dlock_wait>(info[at + 1].As<Napi::Number>().Int32Value());
         if (job->opts.wait == DLOCK_WAIT_DEADLINE) {
             /* The deadline counts from the call, not from when the worker
              * gets to it behind this client's other calls. */
-            double ns = info[3].As<Napi::Number>().DoubleValue() * 1e6;
+            double ns = info[at + 2].As<Napi::Number>().DoubleValue() * 1e6;
             if (std::isnan(ns))
                 throw Napi::TypeError::New(env, "the wait must be a number of milliseconds");
             uint64_t now = lib.dlock_monotonic_ns();
@@ -585,10 +858,8 @@ private:
             else
                 job->opts.deadline_ns = ns <= 0 ? now : now + static_cast<uint64_t>(ns);
         }
-        job->opts.keep = info[4].ToBoolean() ? 1 : 0;
-        job->opts.reentrant = info[5].ToBoolean() ? 1 : 0;
-        if (info.Length() > 6 && info[6].IsObject()) {
-            Napi::Object o = info[6].As<Napi::Object>();
+        if (info.Length() > cancel_at && info[cancel_at].IsObject()) {
+            Napi::Object o = info[cancel_at].As<Napi::Object>();
             Addon *addon = env.GetInstanceData<Addon>();
             if (!o.InstanceOf(addon->cancel_ctor.Value()))
                 throw Napi::TypeError::New(env, "Cancel expected");
@@ -596,6 +867,52 @@ private:
             if (!job->cancel)
                 throw Napi::TypeError::New(env, "the Cancel is closed");
         }
+    }
+
+    /* campaign(name, value: Buffer, ttl, wait, relMs, cancel|null) */
+    Napi::Value Campaign(const Napi::CallbackInfo &info)
+    {
+        auto job = std::make_unique<Job>(Kind::Campaign);
+        job->str = info[0].As<Napi::String>().Utf8Value();
+        job->value = bytes_arg(info[1]);
+        wait_args(info, 2, job.get(), 5);
+        return submit(info.Env(), job.release());
+    }
+
+    /* proclaim(id, value: Buffer) */
+    Napi::Value Proclaim(const Napi::CallbackInfo &info)
+    {
+        auto job = std::make_unique<Job>(Kind::Proclaim);
+        job->id = static_cast<uint64_t>(info[0].As<Napi::Number>().Int64Value());
+        job->value = bytes_arg(info[1]);
+        return submit(info.Env(), job.release());
+    }
+
+    /* leader(name): {name, held, value, term, leaseMs, owner} */
+    Napi::Value Leader(const Napi::CallbackInfo &info)
+    {
+        Job *job = new Job(Kind::Leader);
+        job->str = info[0].As<Napi::String>().Utf8Value();
+        return submit(info.Env(), job);
+    }
+
+    /* observe(name): an External for new Observer() */
+    Napi::Value Observe(const Napi::CallbackInfo &info)
+    {
+        Job *job = new Job(Kind::Observe);
+        job->str = info[0].As<Napi::String>().Utf8Value();
+        return submit(info.Env(), job);
+    }
+
+    /* acquire(name, ttl, wait, relMs, keep, reentrant, cancel|null, shared, limit) */
+    Napi::Value Acquire(const Napi::CallbackInfo &info)
+    {
+        Napi::Env env = info.Env();
+        auto job = std::make_unique<Job>(Kind::Acquire);
+        job->str = info[0].As<Napi::String>().Utf8Value();
+        wait_args(info, 1, job.get(), 6);
+        job->opts.keep = info[4].ToBoolean() ? 1 : 0;
+        job->opts.reentrant = info[5].ToBoolean() ? 1 : 0;
         job->opts.mode = info.Length() > 7 && info[7].ToBoolean() ? DLOCK_MODE_SHARED
                                                                   : DLOCK_MODE_EXCLUSIVE;
         if (info.Length() > 8 && info[8].IsNumber()) {
@@ -617,9 +934,11 @@ private:
         return submit(info.Env(), job);
     }
 
+    /* release(id, resign) */
     Napi::Value Release(const Napi::CallbackInfo &info)
     {
-        Job *job = new Job(Kind::Release);
+        Job *job = new Job(info.Length() > 1 && info[1].ToBoolean() ? Kind::Resign
+                                                                    : Kind::Release);
         job->id = static_cast<uint64_t>(info[0].As<Napi::Number>().Int64Value());
         return submit(info.Env(), job);
     }
@@ -667,16 +986,26 @@ void on_complete(Napi::Env env, Napi::Function dispatch, Job *job)
         o.Set("backend", Napi::String::New(env, job->backend));
         o.Set("caps", caps_object(env, job->caps));
         result = o;
-    } else if (job->kind == Kind::Acquire) {
+    } else if (job->kind == Kind::Acquire || job->kind == Kind::Campaign) {
         Napi::Object o = Napi::Object::New(env);
         o.Set("id", Napi::Number::New(env, static_cast<double>(job->id)));
         o.Set("token", Napi::BigInt::New(env, job->token));
         o.Set("holds", Napi::Number::New(env, job->holds));
         result = o;
-    } else if (job->kind == Kind::Release || job->kind == Kind::Renew) {
+    } else if (job->kind == Kind::Release || job->kind == Kind::Resign ||
+               job->kind == Kind::Renew) {
         result = Napi::Number::New(env, job->holds);
     } else if (job->kind == Kind::Holders) {
         result = holders_array(env, job->holders);
+    } else if (job->kind == Kind::Leader) {
+        result = leader_object(env, job->str, *job->leader);
+    } else if (job->kind == Kind::Observe) {
+        result = Napi::External<ObserverBox>::New(
+            env, new ObserverBox{job->observer, job->str}, [](Napi::Env, ObserverBox *box) {
+                lib.dlock_observer_close(box->observer);
+                delete box;
+            });
+        job->observer = nullptr;
     }
     /* A failed open ended the worker: later calls are refused. */
     if (job->kind == Kind::Open && job->rc != 0)
@@ -714,6 +1043,12 @@ Napi::Value Load(const Napi::CallbackInfo &info)
     }
     DLOCK_NODE_FUNCS(DLOCK_NODE_SYM_)
 #undef DLOCK_NODE_SYM_
+    l.has_elections = true;
+#define DLOCK_NODE_OPT_(f)                                                              \
+    l.f = reinterpret_cast<decltype(&::f)>(dlsym(h, #f));                               \
+    l.has_elections = l.has_elections && l.f;
+    DLOCK_NODE_ELECTION_FUNCS(DLOCK_NODE_OPT_)
+#undef DLOCK_NODE_OPT_
     char real[4096];
     /* The file actually mapped, for dlock.library. */
     Dl_info di;
@@ -745,6 +1080,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports)
     env.SetInstanceData(addon);
     exports.Set("Cancel", cancel);
     exports.Set("Client", ClientWrap::Init(env));
+    exports.Set("Observer", ObserverWrap::Init(env));
     exports.Set("load", Napi::Function::New(env, Load));
     exports.Set("version", Napi::Function::New(env, Version));
     exports.Set("strerror", Napi::Function::New(env, Strerror));

@@ -60,4 +60,20 @@ function closedPort() {
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-module.exports = { stores, fileUri, lockName, closedPort, sleep, required };
+// A predicate for assert.rejects: a DlockError of code, with its errno and a
+// message.
+function isDlock(code) {
+  const dlock = require('..');
+  const assert = require('node:assert/strict');
+  return (e) => {
+    assert.ok(e instanceof dlock.DlockError, `a DlockError, not ${e}`);
+    assert.ok(e instanceof Error);
+    assert.equal(e.code, code);
+    assert.equal(e.errno, dlock.codes[code]);
+    assert.equal(typeof e.message, 'string');
+    assert.ok(e.message.length > 0, 'the message says something');
+    return true;
+  };
+}
+
+module.exports = { stores, fileUri, lockName, closedPort, sleep, required, isDlock };

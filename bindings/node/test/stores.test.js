@@ -11,19 +11,7 @@ const test = (name, ...rest) => {
 };
 const assert = require('node:assert/strict');
 const dlock = require('..');
-const { stores, lockName, closedPort, sleep } = require('./helpers');
-
-function isDlock(code) {
-  return (e) => {
-    assert.ok(e instanceof dlock.DlockError, `a DlockError, not ${e}`);
-    assert.ok(e instanceof Error);
-    assert.equal(e.code, code);
-    assert.equal(e.errno, dlock.codes[code]);
-    assert.equal(typeof e.message, 'string');
-    assert.ok(e.message.length > 0, 'the message says something');
-    return true;
-  };
-}
+const { stores, lockName, closedPort, sleep, isDlock } = require('./helpers');
 
 // Opens n clients, runs fn(...clients), closes them whatever happens.
 async function withClients(uri, n, fn) {

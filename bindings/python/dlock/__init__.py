@@ -8,15 +8,16 @@ and local files, from libdlock (loaded with ctypes).
 
 Every exception is a dlock.DlockError with .code ('DLOCK_EBUSY'), .errno
 (-7) and .message; each code has its class (dlock.EBUSY, dlock.ETIMEDOUT,
-...). The asyncio form is dlock.aio. See README.md beside this package.
+...). Leader election: client.campaign(), client.leader(), client.observe().
+The asyncio form is dlock.aio. See README.md beside this package.
 """
 
 from . import _errors
-from ._core import Cancel, Client, Lock, monotonic, open  # noqa: A004
+from ._core import Cancel, Client, Leader, Leadership, Lock, Observer, monotonic, open  # noqa: A004
 from ._errors import DlockError
-from ._lib import (CAP_BLOCKING, CAP_CANCEL, CAP_DEADLINE, CAP_FENCING, CAP_FIFO,
-                   CAP_HOLDER_DEATH, CAP_LEASE, CAP_RAISE, CAP_RENEW, CAP_SEMAPHORE,
-                   CAP_SHARED)
+from ._lib import (CAP_BLOCKING, CAP_CANCEL, CAP_DEADLINE, CAP_ELECTION, CAP_FENCING,
+                   CAP_FIFO, CAP_HOLDER_DEATH, CAP_LEASE, CAP_RAISE, CAP_RENEW, CAP_SEMAPHORE,
+                   CAP_SHARED, CAP_WATCH)
 from ._lib import version as library_version
 
 __version__ = "0.1.0"
@@ -37,7 +38,8 @@ def error_class(code):
     return _errors.by_name[code]
 
 
-__all__ = ["open", "Client", "Lock", "Cancel", "DlockError", "monotonic", "error_class",
-           "errors", "library_version", "CAP_BLOCKING", "CAP_CANCEL", "CAP_DEADLINE",
-           "CAP_FENCING", "CAP_FIFO", "CAP_HOLDER_DEATH", "CAP_LEASE", "CAP_RAISE",
-           "CAP_RENEW", "CAP_SEMAPHORE", "CAP_SHARED"] + sorted(_errors.by_name)
+__all__ = ["open", "Client", "Lock", "Leadership", "Leader", "Observer", "Cancel",
+           "DlockError", "monotonic", "error_class", "errors", "library_version",
+           "CAP_BLOCKING", "CAP_CANCEL", "CAP_DEADLINE", "CAP_ELECTION", "CAP_FENCING",
+           "CAP_FIFO", "CAP_HOLDER_DEATH", "CAP_LEASE", "CAP_RAISE", "CAP_RENEW",
+           "CAP_SEMAPHORE", "CAP_SHARED", "CAP_WATCH"] + sorted(_errors.by_name)

@@ -16,6 +16,7 @@ parent's locks.
 """
 
 import atexit
+import collections
 import ctypes
 import math
 import os
@@ -33,6 +34,8 @@ _DEFAULT_TTL = 30.0
 _errno = {cls.__name__: code for code, cls in _errors.by_errno.items()}
 _EINVAL = _errno["EINVAL"]
 _ECANCELED = _errno["ECANCELED"]
+_EBUSY = _errno["EBUSY"]
+_ENOTSUP = _errno["ENOTSUP"]
 
 # Deadlines are nanoseconds on CLOCK_MONOTONIC in a uint64; libdlock's
 # arithmetic on them is signed in places, so anything from 2^63 on means
@@ -47,6 +50,10 @@ _QUEUED_POLL_S = 0.05
 
 # At exit, how long the hook waits for the calls it cancelled to return.
 _EXIT_GRACE_S = 5.0
+
+# An observer's wait for a change is cut in slices this long, so that
+# close() from another thread and Ctrl-C are seen between them.
+_OBSERVE_SLICE_MS = 100
 
 
 def monotonic():
@@ -71,6 +78,57 @@ def _decode(b):
         return b.decode("utf-8")
     except UnicodeDecodeError:
         return b
+
+
+def _encode_value(value):
+    """A leader's value as bytes: str as UTF-8. Its length is libdlock's to
+    check (dlock.EINVAL over 1024 bytes)."""
+    if value is None:
+        return b""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError("a leader's value is bytes or str, not {}".format(type(value).__name__))
+
+
+def _check_elections():
+    if not _lib.ELECTION:
+        raise error(_ENOTSUP, "the libdlock at {} has no elections (too old for them)"
+                    .format(getattr(lib, "_name", "?")))
+
+
+Leader = collections.namedtuple("Leader", "name held value term lease owner error")
+Leader.__doc__ = """Who leads an election (Client.leader(), an Observer's changes).
+
+name    the election's name (str, or bytes if it is not UTF-8)
+held    True while a leader exists
+value   the leader's published value (bytes; b"" for none, or not yet published)
+term    the leader's term (its grant's fencing token); 0 without a leader
+lease   the leader's lease left when read, seconds; None where unknown
+owner   the leader's owner id (32 hex digits) where the store keeps it, or None
+error   observers only: a dlock.DlockError when the store could not be read
+        (held, term, lease and owner are then as last known); None otherwise
+"""
+
+_VALUE_OFFSET = _lib.LeaderInfo.value.offset
+
+
+def _leader(name, info):
+    n = min(info.value_len, _lib.VALUE_MAX)
+    # The bytes themselves: .value would stop at a NUL.
+    raw = ctypes.string_at(ctypes.addressof(info) + _VALUE_OFFSET, n)
+    err = None
+    if info.err:
+        err = error(info.err, raw.decode("utf-8", "replace") or None)
+        raw = b""
+    held = bool(info.held)
+    return Leader(name=name, held=held, value=raw, term=info.term if held else 0,
+                  lease=info.lease_ms / 1000.0 if held and info.known & _lib.KNOWS_LEASE
+                  else None,
+                  owner=info.owner.decode("utf-8", "replace")
+                  if held and info.known & _lib.KNOWS_OWNER else None,
+                  error=err)
 
 
 def _ttl_ms(ttl):
@@ -384,6 +442,9 @@ class Lock:
         """Releases the lock (one hold of a reentrant lock). Raises
         dlock.ELOST if it was no longer ours: the store was not changed then.
         Releasing a lock that is already released does nothing."""
+        self._release(lib.dlock_release)
+
+    def _release(self, fn):
         c = self._client
         if c._forked:
             # Before the mutex: a thread of the parent may have held it.
@@ -396,7 +457,7 @@ class Lock:
             if last:
                 with self._guard:
                     self._h = None
-            rc = lib.dlock_release(h)
+            rc = fn(h)
             if last:
                 c._forget(h)
             if rc:
@@ -439,6 +500,152 @@ class Lock:
     def __repr__(self):
         state = "held" if self._h else "released"
         return "<dlock.Lock {!r} token={} {}>".format(self.name, self.token, state)
+
+
+class Leadership(Lock):
+    """A won election (Client.campaign()): a kept Lock that publishes a value.
+    Resigned by resign() (or release()), by leaving its `with` block, or by
+    closing its client.
+
+    .term    the term (int): the grant's fencing token, above every earlier
+             leader's; pass it to the resource you protect
+    .value   the value published (bytes)
+    .lost, .lost_error, .lost_fd(), on_lost: as a kept Lock's
+    """
+
+    def __init__(self, client, on_lost, value):
+        super().__init__(client, on_lost)
+        self.value = value
+
+    @property
+    def term(self):
+        return self.token
+
+    def proclaim(self, value):
+        """Publishes a new value (bytes, or str as UTF-8) while still
+        leading; dlock.ELOST if no longer the leader (nothing changed)."""
+        v = _encode_value(value)
+        c = self._client
+        if c._forked:
+            raise _forked_error()
+        with c._mu:
+            if not self._h:
+                raise error(_EINVAL, "the leadership was resigned")
+            c._check(lib.dlock_proclaim(self._h, v, len(v)))
+        self.value = v
+
+    def resign(self):
+        """Gives up leadership: the next candidate leads at once. Raises
+        dlock.ELOST if it was lost already; resigning twice does nothing."""
+        self._release(lib.dlock_resign)
+
+    release = resign
+
+    def __repr__(self):
+        state = "leading" if self._h else "resigned"
+        return "<dlock.Leadership {!r} term={} {}>".format(self.name, self.token, state)
+
+
+_observers = weakref.WeakSet()  # every open Observer, for the fork hook
+
+
+class Observer:
+    """Each change of an election's leader (Client.observe()), the current
+    state first, as dlock.Leader tuples, in order. Iterating waits for each
+    change until close(); get(timeout) waits at most timeout seconds.
+    fileno() is readable while changes are queued (select/poll/asyncio).
+    It has a thread and a connection of its own and may outlive its client.
+    """
+
+    def __init__(self, p, name):
+        self._p = p
+        self.name = name
+        self._mu = threading.Lock()  # the handle vs. close() from another thread
+        _observers.add(self)
+
+    def _next(self, wait_ms):
+        """(change or None, closed): one dlock_observer_next()."""
+        info = _lib.LeaderInfo()
+        with self._mu:
+            if not self._p:
+                return None, True
+            rc = lib.dlock_observer_next(self._p, ctypes.byref(info), wait_ms)
+        if rc == 0:
+            return _leader(self.name, info), False
+        if rc != _EBUSY:
+            raise error(rc)
+        return None, False
+
+    def get(self, timeout=None):
+        """The next change, waiting at most timeout seconds (None: until one
+        comes); None when none came in time. dlock.EINVAL once closed."""
+        end = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
+        while True:
+            left = _OBSERVE_SLICE_MS if end is None else \
+                min(_OBSERVE_SLICE_MS, max(0, round((end - time.monotonic()) * 1000)))
+            change, closed = self._next(left)
+            if closed:
+                raise error(_EINVAL, "the observer is closed")
+            if change is not None:
+                return change
+            if end is not None and time.monotonic() >= end:
+                return None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while True:
+            change, closed = self._next(_OBSERVE_SLICE_MS)
+            if closed:
+                raise StopIteration
+            if change is not None:
+                return change
+
+    def fileno(self):
+        """Readable while changes are queued; owned by the observer."""
+        with self._mu:
+            if not self._p:
+                raise error(_EINVAL, "the observer is closed")
+            return lib.dlock_observer_fd(self._p)
+
+    @property
+    def reads(self):
+        """How many times the observer read the store."""
+        with self._mu:
+            return lib.dlock_observer_reads(self._p) if self._p else 0
+
+    @property
+    def closed(self):
+        return self._p is None
+
+    def close(self):
+        """Stops the observer (its thread and connection); an iteration in
+        progress on another thread ends. Closing again does nothing."""
+        with self._mu:
+            p, self._p = self._p, None
+        if p:
+            lib.dlock_observer_close(p)
+        _observers.discard(self)
+
+    def _disown(self):
+        # In a child of fork(): the observer's thread is the parent's.
+        self._mu = threading.Lock()
+        self._p = None
+        _observers.discard(self)
+
+    def __del__(self):
+        if getattr(self, "_p", None):
+            self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "<dlock.Observer {!r} {}>".format(self.name, "closed" if self.closed else "open")
 
 
 class _LockContext:
@@ -484,6 +691,8 @@ def _after_fork_in_child():
         c._disown()
     for k in list(_cancels):
         k._after_fork()
+    for o in list(_observers):
+        o._disown()
 
 
 if hasattr(os, "register_at_fork"):
@@ -601,12 +810,86 @@ class Client:
         if on_lost is not None and not keep:
             raise ValueError("on_lost needs keep=True (only kept locks are watched)")
         mode, lim = _limit(shared, limit)
+        opts = self._wait_opts(ttl, blocking, timeout, deadline)
+        opts.mode = mode
+        opts.limit = lim
+        opts.keep = 1 if keep else 0
+        opts.reentrant = 1 if reentrant else 0
+        lock = Lock(self, on_lost)
+        if multi:
+            def call(out):
+                arr = (ctypes.c_char_p * len(enc))(*enc)
+                return lib.dlock_acquire_names(self._p, arr, len(enc), ctypes.byref(opts),
+                                               ctypes.byref(out))
+        else:
+            def call(out):
+                return lib.dlock_acquire_n(self._p, enc[0], len(enc[0]), ctypes.byref(opts),
+                                           ctypes.byref(out))
+        return self._take(call, opts, lock, keep, cancel, blocking,
+                          None if multi else _decode(enc[0]))
+
+    def campaign(self, name, value=b"", *, ttl=None, blocking=True, timeout=None,
+                 deadline=None, on_lost=None, cancel=None):
+        """Campaigns for the election name until this client leads, then
+        publishes value (bytes, or str as UTF-8; at most 1024 bytes, else
+        dlock.EINVAL) and returns the Leadership, a kept lock whose token is
+        the term. Waits as acquire() does (ttl, blocking, timeout, deadline,
+        cancel); on_lost(leadership, error) as a kept lock's.
+
+            with client.campaign("scheduler", "host-a:8080", timeout=30) as lead:
+                run_scheduler(fence=lead.term)
+        """
+        enc = _encode_name(name)
+        v = _encode_value(value)
+        _check_elections()
+        opts = self._wait_opts(ttl, blocking, timeout, deadline)
+        opts.keep = 1
+        lock = Leadership(self, on_lost, v)
+
+        def call(out):
+            return lib.dlock_campaign(self._p, enc, v, len(v), ctypes.byref(opts),
+                                      ctypes.byref(out))
+        return self._take(call, opts, lock, True, cancel, blocking, _decode(enc))
+
+    def leader(self, name):
+        """Who leads the election name, without campaigning: a dlock.Leader
+        (name, held, value, term, lease, owner, error)."""
+        enc = _encode_name(name)
+        _check_elections()
+        info = _lib.LeaderInfo()
+        self._enter(None)
+        try:
+            self._live()
+            self._check(lib.dlock_leader(self._p, enc, ctypes.byref(info)))
+        finally:
+            self._mu.release()
+        return _leader(_decode(enc), info)
+
+    def observe(self, name):
+        """Starts observing the election name: an Observer, iterated for
+        each change (the current state first) until closed.
+
+            with client.observe("scheduler") as changes:
+                for change in changes:
+                    print(change.held, change.term, change.value)
+        """
+        enc = _encode_name(name)
+        _check_elections()
+        p = ctypes.c_void_p()
+        self._enter(None)
+        try:
+            self._live()
+            self._check(lib.dlock_observe(self._p, enc, None, None, ctypes.byref(p)))
+        finally:
+            self._mu.release()
+        return Observer(p.value, _decode(enc))
+
+    def _wait_opts(self, ttl, blocking, timeout, deadline):
+        """Acquire options with the lease and the wait asked for."""
         opts = _lib.AcquireOpts()
         self._check_init(lib.dlock_acquire_opts_init_version(ctypes.byref(opts),
                                                              _lib.ACQUIRE_OPTS_VERSION))
         opts.ttl_ms = _ttl_ms(ttl)
-        opts.mode = mode
-        opts.limit = lim
         if not blocking:
             if timeout is not None or deadline is not None:
                 raise ValueError("a non-blocking acquire takes no timeout or deadline")
@@ -622,9 +905,11 @@ class Client:
                 opts.deadline_ns = dl
         else:
             opts.wait = _lib.WAIT_FOREVER
-        opts.keep = 1 if keep else 0
-        opts.reentrant = 1 if reentrant else 0
-        lock = Lock(self, on_lost)
+        return opts
+
+    def _take(self, call, opts, lock, keep, cancel, blocking, single):
+        """call(out) (an acquire or a campaign with opts) for lock, waiting
+        as asked: single is the one name asked for, None for several."""
         cb = None
         if keep:
             cb = _lib.LOST_FN(lock._lost_cb)
@@ -634,14 +919,15 @@ class Client:
         try:
             self._enter(cancel)
             try:
-                return self._acquire(multi, enc, opts, out, lock, cb, keep, cancel, cp, blocking)
+                return self._acquire(call, opts, out, lock, cb, keep, cancel, cp, blocking,
+                                     single)
             finally:
                 self._mu.release()
         finally:
             if cancel is not None:
                 cancel._done()
 
-    def _acquire(self, multi, enc, opts, out, lock, cb, keep, cancel, cp, blocking):
+    def _acquire(self, call, opts, out, lock, cb, keep, cancel, cp, blocking, single):
         # Under _mu.
         self._live()
         k = None
@@ -665,13 +951,7 @@ class Client:
             # A backend that cannot cancel refuses a cancel (DLOCK_ENOTSUP).
             opts.cancel = cp
         try:
-            if multi:
-                arr = (ctypes.c_char_p * len(enc))(*enc)
-                rc = lib.dlock_acquire_names(self._p, arr, len(enc), ctypes.byref(opts),
-                                             ctypes.byref(out))
-            else:
-                rc = lib.dlock_acquire_n(self._p, enc[0], len(enc[0]), ctypes.byref(opts),
-                                         ctypes.byref(out))
+            rc = call(out)
         finally:
             if k is not None:
                 with self._pmu:
@@ -694,7 +974,7 @@ class Client:
             return same
         if cb is not None:
             lock._callbacks.append(cb)
-        lock._fill(h, bool(keep), None if multi else _decode(enc[0]), opts)
+        lock._fill(h, bool(keep), single, opts)
         self._locks[h] = lock
         return lock
 

@@ -20,6 +20,7 @@ ABI_MAJOR = 0
 ACQUIRE_OPTS_VERSION = 4
 INFO_VERSION = 1
 METRICS_VERSION = 1
+LEADER_VERSION = 1
 
 WAIT_TRY = 0
 WAIT_DEADLINE = 1
@@ -34,6 +35,8 @@ HOLDER_MAX = 64
 INFO_LISTED = 16
 METRICS_BUCKETS = 25
 METRICS_ERRORS = 32
+VALUE_MAX = 1024  # a leader's value, bytes
+WAIT_FOREVER_MS = 2**32 - 1  # dlock_observer_next(): wait until a change comes
 
 # Capability bits (include/dlock_backend.h): part of the ABI.
 CAP_LEASE = 1 << 0
@@ -47,10 +50,13 @@ CAP_HOLDER_DEATH = 1 << 7
 CAP_RAISE = 1 << 8
 CAP_CANCEL = 1 << 9
 CAP_SEMAPHORE = 1 << 10
+CAP_ELECTION = 1 << 11
+CAP_WATCH = 1 << 12
 
 c_client_p = ctypes.c_void_p
 c_lock_p = ctypes.c_void_p
 c_cancel_p = ctypes.c_void_p
+c_observer_p = ctypes.c_void_p
 
 # void (*dlock_lost_fn)(dlock_lock *lock, int err, void *user)
 LOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
@@ -99,6 +105,21 @@ KNOWS_WAITERS = 1 << 4
 KNOWS_ORDER = 1 << 5
 KNOWS_LAST_TOKEN = 1 << 6
 KNOWS_MODE = 1 << 7
+
+
+class LeaderInfo(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("known", ctypes.c_uint),
+        ("held", ctypes.c_int),
+        ("err", ctypes.c_int),
+        ("term", ctypes.c_uint64),
+        ("lease_ms", ctypes.c_uint64),
+        ("owner", ctypes.c_char * HOLDER_MAX),
+        ("value_len", ctypes.c_size_t),
+        ("value", ctypes.c_char * (VALUE_MAX + 1)),
+        ("reserved", ctypes.c_uint64 * 8),
+    ]
 
 
 class Holder(ctypes.Structure):
@@ -184,6 +205,22 @@ _PROTOTYPES = {
     "dlock_lock_holds": (ctypes.c_uint, [c_lock_p]),
 }
 
+# Elections: declared when the library has them (ELECTION is True); a
+# libdlock without them still loads, and their calls raise dlock.ENOTSUP.
+_ELECTION_PROTOTYPES = {
+    "dlock_campaign": (ctypes.c_int, [c_client_p, ctypes.c_char_p, ctypes.c_char_p,
+                                      ctypes.c_size_t, _P(AcquireOpts), _P(c_lock_p)]),
+    "dlock_proclaim": (ctypes.c_int, [c_lock_p, ctypes.c_char_p, ctypes.c_size_t]),
+    "dlock_resign": (ctypes.c_int, [c_lock_p]),
+    "dlock_leader": (ctypes.c_int, [c_client_p, ctypes.c_char_p, _P(LeaderInfo)]),
+    "dlock_observe": (ctypes.c_int, [c_client_p, ctypes.c_char_p, ctypes.c_void_p,
+                                     ctypes.c_void_p, _P(c_observer_p)]),
+    "dlock_observer_fd": (ctypes.c_int, [c_observer_p]),
+    "dlock_observer_next": (ctypes.c_int, [c_observer_p, _P(LeaderInfo), ctypes.c_uint32]),
+    "dlock_observer_reads": (ctypes.c_uint64, [c_observer_p]),
+    "dlock_observer_close": (None, [c_observer_p]),
+}
+
 
 def _candidates():
     override = os.environ.get("DLOCK_LIBRARY")
@@ -218,7 +255,10 @@ def load():
                           "it needs shared locks and semaphores, acquire options version {})"
                           .format(getattr(lib, "_name", "?"), ", ".join(missing),
                                   ACQUIRE_OPTS_VERSION))
-    for fname, (res, args) in _PROTOTYPES.items():
+    global ELECTION
+    ELECTION = all(hasattr(lib, f) for f in _ELECTION_PROTOTYPES)
+    for fname, (res, args) in list(_PROTOTYPES.items()) + (
+            list(_ELECTION_PROTOTYPES.items()) if ELECTION else []):
         f = getattr(lib, fname)
         f.restype = res
         f.argtypes = args
@@ -233,4 +273,5 @@ def load():
     return lib, version
 
 
+ELECTION = False
 lib, version = load()

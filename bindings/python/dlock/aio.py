@@ -22,6 +22,11 @@ to finish on the worker, which releases whatever it is granted.
 Loss of a kept lock is watched from the loop (loop.add_reader on
 dlock_lock_lost_fd()): lock.lost_event is set and on_lost(lock, error) is
 called on the loop's thread, not on a keeper thread.
+
+Elections: `await client.campaign(name, value)` waits (and is cancelled) as
+acquire does and returns a Leadership (`async with` resigns on leaving);
+`async for change in client.observe(name)` waits for each change with
+loop.add_reader on the observer's descriptor, never on a thread.
 """
 
 import asyncio
@@ -136,6 +141,141 @@ class Lock:
             self.name, self.token, "held" if self.held else "released")
 
 
+class Leadership(Lock):
+    """A won election (asyncio form): .term, .value, and the kept Lock's
+    .lost, .lost_event, on_lost; proclaim() and resign() are coroutines."""
+
+    @property
+    def term(self):
+        return self._sync.term
+
+    @property
+    def value(self):
+        return self._sync.value
+
+    async def proclaim(self, value):
+        """Publishes a new value while still leading (dlock.ELOST if not)."""
+        await self._client._call(self._sync.proclaim, value)
+
+    async def resign(self):
+        """Gives up leadership; the next candidate leads at once."""
+        await self.release()
+
+    def __repr__(self):
+        return "<dlock.aio.Leadership {!r} term={} {}>".format(
+            self.name, self.term, "leading" if self.held else "resigned")
+
+
+class Observer:
+    """An election's observer (asyncio form), from client.observe(name):
+    `async for change in observer` (dlock.Leader tuples, the current state
+    first), `async with`, or `await` it to have it started. The wait for a
+    change is loop.add_reader on the observer's descriptor. close() stops
+    it and ends an iteration in progress."""
+
+    def __init__(self, client, name):
+        self._client = client
+        self.name = name
+        self._sync = None
+        self._opening = None
+        self._closed = False
+        self._waiter = None
+        self._fd = None
+
+    async def _open(self):
+        if self._sync is None:
+            if self._opening is None:
+                self._opening = asyncio.ensure_future(
+                    self._client._call(self._client._sync.observe, self.name))
+            sync = await asyncio.shield(self._opening)
+            if self._closed:  # closed while it was opening
+                sync.close()
+            elif self._sync is None:
+                self._sync = sync
+                self._fd = sync.fileno()
+        return self
+
+    def __await__(self):
+        return self._open().__await__()
+
+    async def __aenter__(self):
+        return await self._open()
+
+    async def __aexit__(self, *exc):
+        self.close()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self._closed:
+            await self._open()
+        while not self._closed:
+            change, closed = self._sync._next(0)
+            if closed:
+                break
+            if change is not None:
+                return change
+            await self._readable()
+        raise StopAsyncIteration
+
+    async def get(self, timeout=None):
+        """The next change, waiting at most timeout seconds (None: until
+        one comes); None when none came in time. dlock.EINVAL once closed."""
+        if self._closed:
+            raise error(_core._EINVAL, "the observer is closed")
+        try:
+            return await asyncio.wait_for(self.__anext__(), timeout)
+        except asyncio.TimeoutError:
+            return None
+        except StopAsyncIteration:
+            raise error(_core._EINVAL, "the observer is closed") from None
+
+    async def _readable(self):
+        loop = self._client._loop
+        fut = loop.create_future()
+        self._waiter = fut
+
+        def ready():
+            if not fut.done():
+                fut.set_result(None)
+        loop.add_reader(self._fd, ready)
+        try:
+            await fut
+        finally:
+            self._waiter = None
+            if not self._closed:
+                loop.remove_reader(self._fd)
+
+    @property
+    def closed(self):
+        return self._closed
+
+    @property
+    def reads(self):
+        return self._sync.reads if self._sync is not None else 0
+
+    def close(self):
+        """Stops the observer (joining its thread: at most one read of the
+        store in flight); an iteration in progress ends."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._fd is not None:
+            self._client._loop.remove_reader(self._fd)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        if self._sync is not None:
+            self._sync.close()
+
+    async def aclose(self):
+        self.close()
+
+    def __repr__(self):
+        return "<dlock.aio.Observer {!r} {}>".format(self.name,
+                                                     "closed" if self._closed else "open")
+
+
 class _LockContext:
     def __init__(self, client, name, kwargs):
         self._client = client
@@ -177,17 +317,50 @@ class Client:
         task instead). on_lost(lock, error) runs on the loop's thread."""
         if on_lost is not None and not keep:
             raise ValueError("on_lost needs keep=True (only kept locks are watched)")
-        can_cancel = blocking and bool(self.caps & _lib.CAP_CANCEL)
+        sync = await self._wait(self._sync.acquire, name, ttl=ttl, blocking=blocking,
+                                timeout=timeout, deadline=deadline, keep=keep,
+                                reentrant=reentrant, shared=shared, limit=limit)
+        lock = self._locks.get(sync)
+        if lock is not None:
+            return lock  # reentrant: the same grant once more
+        lock = Lock(self, sync, on_lost)
+        if keep:
+            lock._watch(self._loop)
+        self._locks[sync] = lock
+        return lock
+
+    async def campaign(self, name, value=b"", *, ttl=None, blocking=True, timeout=None,
+                       deadline=None, on_lost=None):
+        """As dlock.Client.campaign() (cancel the task instead of cancel=):
+        a Leadership, whose loss is watched from the loop."""
+        sync = await self._wait(self._sync.campaign, name, value, ttl=ttl,
+                                blocking=blocking, timeout=timeout, deadline=deadline)
+        lock = Leadership(self, sync, on_lost)
+        lock._watch(self._loop)
+        self._locks[sync] = lock
+        return lock
+
+    async def leader(self, name):
+        """Who leads the election name: a dlock.Leader."""
+        return await self._call(self._sync.leader, name)
+
+    def observe(self, name):
+        """An Observer of the election name: `async for change in
+        client.observe(name)`; started on first use."""
+        return Observer(self, name)
+
+    async def _wait(self, fn, *args, **kwargs):
+        """fn(*args, cancel=..., **kwargs), a sync acquire or campaign, on
+        the worker; cancelling the task cancels it, and a grant that won the
+        race is released."""
+        can_cancel = kwargs["blocking"] and bool(self.caps & _lib.CAP_CANCEL)
         cancel = _core.Cancel() if can_cancel else None
         # The concurrent future, not only the loop's: while the job is still
         # queued, only it can take the job back.
-        cf = self._ex.submit(functools.partial(
-            self._sync.acquire, name, ttl=ttl, blocking=blocking, timeout=timeout,
-            deadline=deadline, keep=keep, reentrant=reentrant, cancel=cancel, shared=shared,
-            limit=limit))
+        cf = self._ex.submit(functools.partial(fn, *args, cancel=cancel, **kwargs))
         fut = asyncio.wrap_future(cf, loop=self._loop)
         try:
-            sync = await asyncio.shield(fut)
+            return await asyncio.shield(fut)
         except asyncio.CancelledError:
             if cf.cancel():
                 # It never started (queued behind another call): firing the
@@ -215,14 +388,6 @@ class Client:
         finally:
             if cancel is not None and cf.done():
                 cancel.close()
-        lock = self._locks.get(sync)
-        if lock is not None:
-            return lock  # reentrant: the same grant once more
-        lock = Lock(self, sync, on_lost)
-        if keep:
-            lock._watch(self._loop)
-        self._locks[sync] = lock
-        return lock
 
     def lock(self, name, **kwargs):
         """`async with client.lock(name, ...) as lock:` acquires on entering

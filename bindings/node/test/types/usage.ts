@@ -27,6 +27,23 @@ async function main(): Promise<bigint> {
   const emode: number = dlock.codes.DLOCK_EMODE;
   console.log(mode, limit, first, holders[0]?.leaseMs, emode, client.caps.semaphore);
   console.log(lost, n, s, busy, dlock.version, dlock.library, client.caps.cancel);
+  const leading: dlock.Leadership = await client.campaign('scheduler', {
+    value: 'host-a:8080', ttl: 10_000, wait: 5000, signal: ac.signal,
+  });
+  const term: bigint = leading.term;
+  const published: Buffer = leading.value;
+  leading.on('lost', (err: dlock.DlockError) => console.log(err.code));
+  await leading.proclaim(Buffer.from('host-a:8081'));
+  const now: dlock.LeaderState = await client.leader('scheduler');
+  const leaseMs: number | null = now.leaseMs;
+  const observer: dlock.Observer = await client.observe('scheduler');
+  observer.on('change', (c: dlock.LeaderState) => console.log(c.held, c.term, c.error?.code));
+  for await (const change of observer) {
+    if (!change.held) break;
+  }
+  observer.unref().close();
+  await leading.resign();
+  console.log(term, published, now.value.toString(), now.owner, leaseMs, observer.closed);
   await client.close();
   return token;
 }
