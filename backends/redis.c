@@ -21,6 +21,7 @@
  * below it:
  *   redis.c            the front
  *   redis_lock.c       single-instance recipe   redlock.c  Redlock recipe
+ *   redis_elect.c      an election's watch (subscriber connections)
  *   redis_floor.c      store-wide token_top, raise_floor (one Redis, Cluster)
  *   redis_plain.c      layout=plain's wake-up channel (for redlock.c)
  *   redis_cluster.c    slot map, redirects      redis_sentinel.c  the primary
@@ -315,7 +316,8 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
          * each find room on a quorum (docs/redis.md). */
         rc->base.caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING |
                         DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_RAISE |
-                        DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED;
+                        DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED | DLOCK_CAP_ELECTION |
+                        DLOCK_CAP_WATCH;
         if (rc->plain)
             rc->base.caps = PLAIN_CAPS;
         for (size_t i = 0; i < n; i++) {
@@ -486,13 +488,44 @@ static int redis_inspect_holders(dlock_conn *conn, const char *name, size_t len,
     return rc->recipe->holders(rc, name, len, holders, capacity, count);
 }
 
+/* Elections: the recipe's publish, leader and wake, and the watch
+ * (redis_elect.c). layout=plain has none (its caps leave them out). */
+static int redis_publish(dlock_conn *conn, dlock_held *held, const void *value, size_t len)
+{
+    struct redis_conn *rc = (struct redis_conn *)conn;
+    return rc->recipe->publish(rc, (struct redis_held *)held, value, len);
+}
+
+static int redis_leader(dlock_conn *conn, const char *name, size_t len, dlock_info *info,
+                        char *value, size_t *value_len)
+{
+    struct redis_conn *rc = (struct redis_conn *)conn;
+    return rc->recipe->leader(rc, name, len, info, value, value_len);
+}
+
+/* After a release, within the core's bound of it (a lost lock's release:
+ * the store may be silent). */
+static int redis_wake(dlock_conn *conn, const char *name, size_t len)
+{
+    struct redis_conn *rc = (struct redis_conn *)conn;
+    uint64_t saved = core_limit(rc);
+    int err = rc->recipe->wake(rc, name, len);
+    dlock_redis_unlimit(rc, saved);
+    return err;
+}
+
+static int redis_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_watch **watchp)
+{
+    return dlock_redis_watch_open((struct redis_conn *)conn, name, len, watchp);
+}
+
 const dlock_backend dlock_redis_backend = {
     DLOCK_BACKEND_INIT,
     .name = "redis",
     .schemes = redis_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
             DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_RAISE | DLOCK_CAP_CANCEL |
-            DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+            DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION | DLOCK_CAP_WATCH,
     .options = redis_options,
     .open = redis_open,
     .close = redis_close,
@@ -506,4 +539,11 @@ const dlock_backend dlock_redis_backend = {
     .raise_floor = redis_raise_floor,
     .inspect = redis_inspect,
     .inspect_holders = redis_inspect_holders,
+    .publish = redis_publish,
+    .leader = redis_leader,
+    .wake = redis_wake,
+    .watch_open = redis_watch_open,
+    .watch_fd = dlock_redis_watch_fd,
+    .watch_read = dlock_redis_watch_read,
+    .watch_close = dlock_redis_watch_close,
 };

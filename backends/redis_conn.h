@@ -5,6 +5,7 @@
  *   redis.c (front: the method table, open and close)
  *   redis_lock.c (single instance), redlock.c (Redlock): the recipes,
  *     struct redis_recipe, one picked at open
+ *   redis_elect.c: an election's watch (subscriber connections)
  *   redis_floor.c: store-wide token_top and raise_floor
  *   redis_plain.c: layout=plain's wake-up channel (keyspace notifications
  *     or dlock's release channel), for redlock.c
@@ -91,6 +92,13 @@ struct redis_recipe {
     int (*inspect)(struct redis_conn *rc, const char *name, size_t len, dlock_info *info);
     int (*holders)(struct redis_conn *rc, const char *name, size_t len, dlock_holder *out,
                    size_t capacity, size_t *count);
+    /* Elections (dlock_backend.h's publish, leader, wake), on the value
+     * key ":leader" beside the lock's keys, which is also the channel the
+     * watch subscribes to (backends/redis_elect.c). */
+    int (*publish)(struct redis_conn *rc, struct redis_held *h, const void *value, size_t len);
+    int (*leader)(struct redis_conn *rc, const char *name, size_t len, dlock_info *info,
+                  char *value, size_t *value_len);
+    int (*wake)(struct redis_conn *rc, const char *name, size_t len);
 };
 
 /* A deadline wait's calls may run this far past the deadline (so that a
@@ -156,17 +164,22 @@ struct redis_conn {
 /* Keys of one lock name: "<prefix><name>:lock", ":fence", ":queue", the
  * store-wide floor "<prefix>floor" (no name's key: theirs all end in one
  * of the suffixes), ":raised" (the mark of raise_token), ":holders" and
- * ":modes" (shared holders and permits, see redis_script.h). The floor
- * script call gets the floor key alone; the lock operations get all
- * REDIS_NKEYS_ALL (the first REDIS_NKEYS are what the script of the
- * previous release took). */
-enum { REDIS_NKEYS = 4, REDIS_KEY_RAISED = 4, REDIS_NKEYS_ALL = 7 };
+ * ":modes" (shared holders and permits, see redis_script.h), and
+ * ":leader", an election's published value (also the name of its
+ * channel). The floor script call gets the floor key alone; the lock
+ * operations get REDIS_NKEYS_ALL (the first REDIS_NKEYS are what the
+ * script of the previous release took), the election ones all
+ * REDIS_NKEYS_ELECT. */
+enum { REDIS_NKEYS = 4, REDIS_KEY_RAISED = 4, REDIS_NKEYS_ALL = 7, REDIS_KEY_LEADER = 7,
+       REDIS_NKEYS_ELECT = 8 };
 struct redis_keys {
     unsigned slot; /* Cluster: the hash slot of every key (and channel) */
-    const char *k[REDIS_NKEYS_ALL];
-    size_t len[REDIS_NKEYS_ALL];
+    const char *k[REDIS_NKEYS_ELECT];
+    size_t len[REDIS_NKEYS_ELECT];
     char *buf;        /* small, or malloc'ed for long names */
-    char small[768];  /* so that a call on a short name needs no malloc
+    char small[896];  /* so that a call on a short name needs no malloc
+                         (names up to about 100 bytes, as with 7 keys
+                         before the election value key)
                          (and a release cannot fail for want of memory);
                          never copy a struct redis_keys */
 };
@@ -222,6 +235,9 @@ void dlock_redis_keys_free(struct redis_keys *keys);
  * it), malloc'ed, *len its length; NULL: out of memory. */
 char *dlock_redis_release_channel(struct redis_conn *rc, const char *name, size_t len,
                                   size_t *chan_len);
+/* An election publish's sequence number: 16 hex digits and a NUL (the
+ * publisher's CLOCK_MONOTONIC ns: one holder's publishes in order). */
+void dlock_redis_pub_seq(char seq[17]);
 /* h's keys, malloc'ed (free with dlock_redis_keys_free); DLOCK_ENOMEM with
  * detail when out of memory. */
 int dlock_redis_held_keys(struct redis_conn *rc, const struct redis_held *h,
@@ -340,6 +356,17 @@ int dlock_redis_cluster_primaries(struct redis_conn *rc, struct redis_node **out
 /* Sentinel: the sentinels and the service from the URI; sets rc->topo. */
 int dlock_redis_sentinel_open(struct redis_conn *rc, const dlock_uri *uri);
 void dlock_redis_sentinel_free(struct redis_sentinel *s);
+
+/* ---- redis_elect.c: an election's watch ----------------------------------- */
+
+/* dlock_backend.h's watch_open() ... watch_close() on rc (the observer's
+ * client): subscribed to the election channel (the value key's name) on
+ * the node(s) that hear its publishes. */
+int dlock_redis_watch_open(struct redis_conn *rc, const char *name, size_t len,
+                           dlock_watch **watchp);
+int dlock_redis_watch_fd(dlock_watch *watch);
+int dlock_redis_watch_read(dlock_watch *watch);
+void dlock_redis_watch_close(dlock_watch *watch);
 
 /* ---- redis_plain.c: layout=plain's wake-up -------------------------------- */
 

@@ -1,7 +1,7 @@
 /*
  * What the Redis backend calls its keys, and where they live: the keys of
  * a lock name ("<prefix><name>:lock", ":fence", ":queue", the floor
- * "<prefix>floor", ":raised", ":holders", ":modes"; layout=plain: the
+ * "<prefix>floor", ":raised", ":holders", ":modes", ":leader"; layout=plain: the
  * peers' "<prefix><name>" and the rest under "dlock:"), the release
  * channel, a Cluster's hash slot of a name and the
  * hash tag "{T}" that puts all of a name's keys and channels in that slot,
@@ -76,8 +76,8 @@ int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
                      struct redis_keys *keys)
 {
     /* The floor key has no name in it: "<prefix>floor". */
-    static const char *const suffix[REDIS_NKEYS_ALL] = {":lock",   ":fence",   ":queue", "floor",
-                                                        ":raised", ":holders", ":modes"};
+    static const char *const suffix[REDIS_NKEYS_ELECT] = {
+        ":lock", ":fence", ":queue", "floor", ":raised", ":holders", ":modes", ":leader"};
     /* Cluster: "{T}" after the prefix, T the tag of the name's slot (so
      * the floor key too is in it). layout=plain: the lock key is the
      * peers' "<prefix><name>", the others have DLOCK_REDIS_PLAIN_SIDE
@@ -91,12 +91,12 @@ int dlock_redis_keys(struct redis_conn *rc, const char *name, size_t len,
         keys->slot = dlock_redis_slot(name, len);
         tlen = (size_t)snprintf(tag, sizeof tag, "{%s}", dlock_redis_slot_tag(keys->slot));
     }
-    for (int i = 0; i < REDIS_NKEYS_ALL; i++)
+    for (int i = 0; i < REDIS_NKEYS_ELECT; i++)
         total += slen0 + plen + tlen + len + strlen(suffix[i]) + 1;
     p = keys->buf = total <= sizeof keys->small ? keys->small : malloc(total);
     if (!p)
         return DLOCK_ENOMEM;
-    for (int i = 0; i < REDIS_NKEYS_ALL; i++) {
+    for (int i = 0; i < REDIS_NKEYS_ELECT; i++) {
         int bare = rc->plain && i == 0; /* the peers' key */
         const char *sfx = bare ? "" : suffix[i];
         size_t slen = strlen(sfx), nlen = i == 3 ? 0 : len, s0 = bare ? 0 : slen0;
@@ -126,6 +126,11 @@ char *dlock_redis_release_channel(struct redis_conn *rc, const char *name, size_
     memcpy(buf + slen + plen + len, ":released", sizeof ":released");
     *chan_len = slen + plen + len + sizeof ":released" - 1;
     return buf;
+}
+
+void dlock_redis_pub_seq(char seq[17])
+{
+    snprintf(seq, 17, "%016" PRIx64, dlock_monotonic_ns());
 }
 
 void dlock_redis_keys_free(struct redis_keys *keys)
@@ -167,8 +172,11 @@ size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *k
     size_t i = 0;
     argv[i] = "EVALSHA", argvlen[i++] = 7;
     argv[i] = rc->sha, argvlen[i++] = 40;
-    argv[i] = nkeys == REDIS_NKEYS_ALL ? "7" : "4", argvlen[i++] = 1;
-    for (size_t k = 0; k < (nkeys == REDIS_NKEYS_ALL ? nkeys : REDIS_NKEYS); k++)
+    if (nkeys != REDIS_NKEYS_ALL && nkeys != REDIS_NKEYS_ELECT)
+        nkeys = REDIS_NKEYS;
+    argv[i] = nkeys == REDIS_NKEYS_ELECT ? "8" : nkeys == REDIS_NKEYS_ALL ? "7" : "4";
+    argvlen[i++] = 1;
+    for (size_t k = 0; k < nkeys; k++)
         argv[i] = keys->k[k], argvlen[i++] = keys->len[k];
     for (size_t k = 0; k < n; k++)
         argv[i] = extra[k], argvlen[i++] = extra_len[k];

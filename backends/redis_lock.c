@@ -658,8 +658,8 @@ _Static_assert(DLOCK_REDIS_LISTED == DLOCK_INFO_LISTED, "waiters listed");
  */
 /* One call of a script operation that only reads name's keys (inspect,
  * holders): op and its one argument, bounded like every call. */
-static int read_op(struct redis_conn *rc, const char *name, size_t len, const char *op,
-                   const char *arg, redisReply **r)
+static int read_op(struct redis_conn *rc, const char *name, size_t len, size_t nkeys,
+                   const char *op, const char *arg, redisReply **r)
 {
     struct redis_keys keys;
     int err;
@@ -667,7 +667,7 @@ static int read_op(struct redis_conn *rc, const char *name, size_t len, const ch
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
     const char *args[2] = {op, arg};
     const size_t lens[2] = {strlen(op), strlen(arg)};
-    err = call_keys(rc, &keys, REDIS_NKEYS_ALL, args, lens, 2, dlock_redis_call_until(rc), r);
+    err = call_keys(rc, &keys, nkeys, args, lens, 2, dlock_redis_call_until(rc), r);
     dlock_redis_keys_free(&keys);
     return err;
 }
@@ -680,16 +680,27 @@ static int bad_read(struct redis_conn *rc, const char *op, const char *name, siz
                         op, (int)(len > 64 ? 64 : len), name);
 }
 
-static int single_inspect(struct redis_conn *rc, const char *name, size_t len, dlock_info *info)
+/* inspect, and with value (an election's leader()) the value key too:
+ * the holder's published value when the holder published it. */
+static int inspect_read(struct redis_conn *rc, const char *name, size_t len, dlock_info *info,
+                        char *value, size_t *value_len)
 {
     struct redis_seen seen;
     redisReply *r = NULL;
     char listed[8];
     int err;
     snprintf(listed, sizeof listed, "%d", DLOCK_REDIS_LISTED);
-    if ((err = read_op(rc, name, len, "inspect", listed, &r)) != 0)
+    if ((err = read_op(rc, name, len, value ? REDIS_NKEYS_ELECT : REDIS_NKEYS_ALL, "inspect",
+                       listed, &r)) != 0)
         return err;
     err = dlock_redis_reply_inspect(r, &seen);
+    if (!err && value) {
+        *value_len = 0;
+        if (seen.has_owner && seen.has_pub && memcmp(seen.pub, seen.owner, 32) == 0) {
+            memcpy(value, seen.pub + DLOCK_REDIS_PUB_HEAD, seen.pub_len);
+            *value_len = seen.pub_len;
+        }
+    }
     freeReplyObject(r);
     if (err)
         return bad_read(rc, "inspect", name, len);
@@ -714,6 +725,61 @@ static int single_inspect(struct redis_conn *rc, const char *name, size_t len, d
     return 0;
 }
 
+static int single_inspect(struct redis_conn *rc, const char *name, size_t len, dlock_info *info)
+{
+    return inspect_read(rc, name, len, info, NULL, NULL);
+}
+
+/*
+ * Elections: publish (the script's "publish": the value key written and
+ * its channel told while the lock is ours, one call), leader (inspect
+ * with the value key, one call), wake (a PUBLISH on that channel from the
+ * script, which runs on the lock's node: a Cluster's slot owner, whose
+ * SPUBLISH stays on its shard).
+ */
+static int single_publish(struct redis_conn *rc, struct redis_held *h, const void *value,
+                          size_t len)
+{
+    struct redis_keys keys;
+    redisReply *r = NULL;
+    char seq[17];
+    long long v = 0;
+    int err;
+    if ((err = dlock_redis_held_keys(rc, h, &keys)) != 0)
+        return err;
+    dlock_redis_pub_seq(seq);
+    const char *args[4] = {"publish", h->owner, seq, len ? value : ""};
+    const size_t lens[4] = {7, 32, 16, len};
+    err = call_keys(rc, &keys, REDIS_NKEYS_ELECT, args, lens, 4, dlock_redis_call_until(rc), &r);
+    dlock_redis_keys_free(&keys);
+    if (err)
+        return err;
+    err = dlock_redis_reply_int(r, &v);
+    freeReplyObject(r);
+    if (err)
+        return bad_read(rc, "publish", h->name, h->name_len);
+    if (v != 1)
+        return dlock_seterr(cl(rc), DLOCK_ELOST,
+                            "publish: \"%.*s\" is no longer held by this client: nothing written",
+                            (int)(h->name_len > 64 ? 64 : h->name_len), h->name);
+    return 0;
+}
+
+static int single_leader(struct redis_conn *rc, const char *name, size_t len, dlock_info *info,
+                         char *value, size_t *value_len)
+{
+    return inspect_read(rc, name, len, info, value, value_len);
+}
+
+static int single_wake(struct redis_conn *rc, const char *name, size_t len)
+{
+    redisReply *r = NULL;
+    int err = read_op(rc, name, len, REDIS_NKEYS_ELECT, "wake", "", &r);
+    if (r)
+        freeReplyObject(r);
+    return err;
+}
+
 /*
  * inspect_holders: the script's "holders", reads only, one call like
  * inspect: the live holders (lease not ended) in token order, or the
@@ -730,7 +796,7 @@ static int single_holders(struct redis_conn *rc, const char *name, size_t len, d
     /* A semaphore has no more holders than this; more readers are counted
      * and listed in part. */
     snprintf(cap, sizeof cap, "%zu", capacity > DLOCK_LIMIT_MAX ? (size_t)DLOCK_LIMIT_MAX : capacity);
-    if ((err = read_op(rc, name, len, "holders", cap, &r)) != 0)
+    if ((err = read_op(rc, name, len, REDIS_NKEYS_ALL, "holders", cap, &r)) != 0)
         return err;
     err = dlock_redis_reply_holders(r, out, capacity, count, &limit);
     freeReplyObject(r);
@@ -747,4 +813,7 @@ const struct redis_recipe dlock_redis_single_recipe = {
     .raise_floor = dlock_redis_floor_raise,
     .inspect = single_inspect,
     .holders = single_holders,
+    .publish = single_publish,
+    .leader = single_leader,
+    .wake = single_wake,
 };

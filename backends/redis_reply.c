@@ -339,7 +339,7 @@ static int is_str(const redisReply *r)
 int dlock_redis_reply_inspect(const redisReply *r, struct redis_seen *s)
 {
     memset(s, 0, sizeof *s);
-    if (!array_of(r, 7))
+    if (!array_of(r, 7) && !array_of(r, 8))
         return -1;
     redisReply *const *e = r->element;
     if (!is_str(e[0]) || e[1]->type != REDIS_REPLY_INTEGER || !is_str(e[2]) || !is_str(e[3]) ||
@@ -386,6 +386,27 @@ int dlock_redis_reply_inspect(const redisReply *r, struct redis_seen *s)
     if (s->listed > s->live)
         return -1;
     s->numsub = e[6]->integer;
+    if (r->elements == 8) {
+        const redisReply *p = e[7];
+        if (!is_str(p))
+            return -1;
+        if (p->len >= DLOCK_REDIS_PUB_HEAD && p->len <= DLOCK_REDIS_PUB_HEAD + DLOCK_VALUE_MAX &&
+            hex32(p->str, 32)) {
+            uint64_t seq = 0;
+            int ok = 1;
+            for (size_t i = 32; i < DLOCK_REDIS_PUB_HEAD && ok; i++) {
+                const char *d = strchr("0123456789abcdef", p->str[i]);
+                ok = d && p->str[i];
+                seq = seq << 4 | (uint64_t)(ok ? d - "0123456789abcdef" : 0);
+            }
+            if (ok) {
+                s->has_pub = 1;
+                s->pub = p->str;
+                s->pub_len = p->len - DLOCK_REDIS_PUB_HEAD;
+                s->pub_seq = seq;
+            }
+        }
+    }
     return 0;
 }
 

@@ -127,7 +127,19 @@ struct redis_seen {
     size_t listed;           /* the first of them, in queue order */
     char waiter[DLOCK_REDIS_LISTED][33];
     long long numsub;        /* subscribers of the channel asked about; -1 */
+    /* Elections (the "inspect" with the value key): the value key held
+     * "<owner><seq><value>" (redis_script.h's "publish"); pub points into
+     * the reply (valid while it lives): the owner's 32 hex digits, the
+     * value at pub + DLOCK_REDIS_PUB_HEAD, pub_len bytes long. */
+    int has_pub;
+    const char *pub;
+    size_t pub_len;
+    uint64_t pub_seq;
 };
+/* The value key's head: the owner id, then the publisher's sequence
+ * number (16 hex digits: its CLOCK_MONOTONIC ns, so that Redlock's reader
+ * can tell the newest of one holder's publishes). */
+#define DLOCK_REDIS_PUB_HEAD 48
 /* 0 with *s filled, or -1 when the reply is not what the script returns. */
 int dlock_redis_reply_inspect(const redisReply *r, struct redis_seen *s);
 

@@ -48,7 +48,13 @@
  *                                     {lock value or "", PTTL lock, counter
  *                                     or "", raised mark or "", live waiters,
  *                                     {their first `listed` owners, in queue
- *                                     order}, PUBSUB NUMSUB channel or -1}
+ *                                     order}, PUBSUB NUMSUB channel or -1,
+ *                                     and with KEYS[8] its value or ""}
+ *   publish owner seq value         → elections, with KEYS[8] ":leader":
+ *                                     while the lock is ours, KEYS[8] =
+ *                                     owner .. seq (16 hex digits) .. value,
+ *                                     PUBLISH KEYS[8]; 1, or 0 not ours
+ *   wake                            → PUBLISH KEYS[8] (after a release)
  *
  * KEYS[5] raised ("<prefix><name>:raised", only for fence with mark and
  * inspect): "<floor>:<previous>" when raise_token last moved the counter,
@@ -417,7 +423,20 @@
     "    if best then v, pttl = best .. ':' .. str(bt), left\n" \
     "    elseif redis.call('HEXISTS', modes, string.sub(v, 1, 32)) == 1 then v, pttl = '', -2 end\n" \
     "  end\n" \
-    "  return {v, pttl, redis.call('GET', fence) or '', raised, live, first, waiting}\n" \
+    "  local pub = nil\n" \
+    "  if KEYS[8] then pub = redis.call('GET', KEYS[8]) or '' end\n" \
+    "  return {v, pttl, redis.call('GET', fence) or '', raised, live, first, waiting, pub}\n" \
+    /* Elections (KEYS[8] the value key, also the channel): the holder \
+     * stores "<owner><seq><value>" while the lock is its own, and wakes \
+     * the observers; a wake alone after an election's release. */ \
+    "elseif op == 'publish' then\n" \
+    "  if not ours() then return 0 end\n" \
+    "  redis.call('SET', KEYS[8], owner .. ARGV[3] .. ARGV[4])\n" \
+    "  redis.call('" PUB "', KEYS[8], 'published')\n" \
+    "  return 1\n" \
+    "elseif op == 'wake' then\n" \
+    "  redis.call('" PUB "', KEYS[8], 'woken')\n" \
+    "  return 1\n" \
     "elseif op == 'drop' then\n" \
     "  if not ours() then return 0 end\n" \
     "  redis.call('DEL', lock)\n" \

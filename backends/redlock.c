@@ -765,6 +765,26 @@ static int redlock_acquire(struct redis_conn *rc, const dlock_request *req, stru
 
 /* Bounded by connect_timeout in all (reconnections included): a release is
  * not latency-bound like a grant. */
+/* A write on every node where the lock is ours (release, publish): done
+ * on a quorum; lost only when the nodes that answered prove no quorum was
+ * ours; else not known (what: "" or "publish: ", done: what the ones
+ * said, "release confirmed"). */
+static int quorum_write(struct redis_conn *rc, size_t ours, size_t not_ours, const char *what,
+                        const char *done)
+{
+    if (ours >= quorum(rc)) {
+        dlock_clearerr(cl(rc));
+        return 0;
+    }
+    if (rc->nnodes - not_ours < quorum(rc))
+        return dlock_seterr(cl(rc), DLOCK_ELOST,
+                            "%sthe lock was no longer ours on %zu of %zu Redlock nodes (quorum %zu)",
+                            what, not_ours, rc->nnodes, quorum(rc));
+    return dlock_seterr(cl(rc), DLOCK_ECONNECT,
+                        "%s on %zu of %zu Redlock nodes, %zu refused, the others did not answer",
+                        done, ours, rc->nnodes, not_ours);
+}
+
 static int redlock_release(struct redis_conn *rc, struct redis_held *h)
 {
     size_t ours, not_ours;
@@ -772,19 +792,7 @@ static int redlock_release(struct redis_conn *rc, struct redis_held *h)
     uint64_t saved = dlock_redis_limit(rc, dlock_monotonic_ns() + bound);
     drop_all(rc, h, &ours, &not_ours, bound, 0);
     dlock_redis_unlimit(rc, saved);
-    if (ours >= quorum(rc)) {
-        dlock_clearerr(cl(rc));
-        return 0;
-    }
-    /* Lost only when the nodes that answered prove no quorum was ours. */
-    if (rc->nnodes - not_ours < quorum(rc))
-        return dlock_seterr(cl(rc), DLOCK_ELOST,
-                            "the lock was no longer ours on %zu of %zu Redlock nodes (quorum %zu)",
-                            not_ours, rc->nnodes, quorum(rc));
-    return dlock_seterr(cl(rc), DLOCK_ECONNECT,
-                        "release confirmed on %zu of %zu Redlock nodes, %zu refused, the others "
-                        "did not answer",
-                        ours, rc->nnodes, not_ours);
+    return quorum_write(rc, ours, not_ours, "", "release confirmed");
 }
 
 static int redlock_renew(struct redis_conn *rc, struct redis_held *h, uint32_t ttl_ms)
@@ -1035,8 +1043,11 @@ static int same_holder(const struct redis_seen *a, const struct redis_seen *b)
     return a->value[0] && strcmp(a->value, b->value) == 0;
 }
 
+/* With value (an election's leader()), the value keys too: of the holder's
+ * nodes whose value its owner published, the newest publish (the highest
+ * sequence number) is told. */
 static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, const char *name,
-                        size_t len, dlock_info *info)
+                        size_t len, dlock_info *info, char *value, size_t *value_len)
 {
     redisReply *replies[MAX_NODES];
     struct redis_seen *seen;
@@ -1057,8 +1068,10 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, co
     snprintf(listed, sizeof listed, "%d", DLOCK_REDIS_LISTED);
     const char *args[3] = {"inspect", listed, chan};
     const size_t lens[3] = {7, strlen(listed), chan_len};
-    all_nodes_keys(rc, keys, REDIS_NKEYS_ALL, args, lens, 3, replies, 0, node_timeout_ns(rc), 0,
-                   &st);
+    all_nodes_keys(rc, keys, value ? REDIS_NKEYS_ELECT : REDIS_NKEYS_ALL, args, lens, 3, replies,
+                   0, node_timeout_ns(rc), 0, &st);
+    if (value_len)
+        *value_len = 0;
     for (size_t i = 0; i < n; i++) {
         if (!replies[i])
             continue;
@@ -1077,7 +1090,6 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, co
             answered++;
         }
     }
-    free_replies(rc, replies);
     if (answered < q) {
         err = too_few(rc, answered, &st);
         goto out;
@@ -1119,6 +1131,15 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, co
             qsort(pttl, np, sizeof pttl[0], desc);
             info->known |= DLOCK_KNOWS_LEASE;
             info->lease_ms = (uint64_t)pttl[q - 1];
+        }
+        const struct redis_seen *pub = NULL;
+        for (size_t j = 0; value && j < n; j++)
+            if (ok[j] && seen[j].has_pub && memcmp(seen[j].pub, seen[best].owner, 32) == 0 &&
+                (!pub || seen[j].pub_seq > pub->pub_seq))
+                pub = &seen[j];
+        if (pub) {
+            memcpy(value, pub->pub + DLOCK_REDIS_PUB_HEAD, pub->pub_len);
+            *value_len = pub->pub_len;
         }
     } else if (most >= q) {
         /* By a value dlock did not write (a peer's, layout=plain): that
@@ -1162,6 +1183,7 @@ static int inspect_keys(struct redis_conn *rc, const struct redis_keys *keys, co
     }
     dlock_clearerr(cl(rc));
 out:
+    free_replies(rc, replies);
     free(seen);
     free(chan);
     return err;
@@ -1224,7 +1246,6 @@ static int redlock_holders(struct redis_conn *rc, const char *name, size_t len, 
         listed[i] = c < REDLOCK_HOLDERS_MAX ? c : REDLOCK_HOLDERS_MAX;
         answered++;
     }
-    free_replies(rc, replies);
     if (answered < q) {
         err = too_few(rc, answered, &st);
         goto out;
@@ -1274,7 +1295,8 @@ out:
  * finds the name free or cannot tell, the holders are asked (as
  * inspect_holders), and the one with the highest token is told.
  */
-static int redlock_inspect(struct redis_conn *rc, const char *name, size_t len, dlock_info *info)
+static int inspect_read(struct redis_conn *rc, const char *name, size_t len, dlock_info *info,
+                        char *value, size_t *value_len)
 {
     struct redis_keys keys;
     dlock_holder *hs;
@@ -1282,7 +1304,7 @@ static int redlock_inspect(struct redis_conn *rc, const char *name, size_t len, 
     int err;
     if (dlock_redis_keys(rc, name, len, &keys) != 0)
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
-    err = inspect_keys(rc, &keys, name, len, info);
+    err = inspect_keys(rc, &keys, name, len, info, value, value_len);
     dlock_redis_keys_free(&keys);
     if ((err && err != DLOCK_ECONNECT) || (!err && info->held))
         return err;
@@ -1307,6 +1329,53 @@ static int redlock_inspect(struct redis_conn *rc, const char *name, size_t len, 
     return err;
 }
 
+static int redlock_inspect(struct redis_conn *rc, const char *name, size_t len, dlock_info *info)
+{
+    return inspect_read(rc, name, len, info, NULL, NULL);
+}
+
+/*
+ * Elections. publish: the script's "publish" on every node, each writing
+ * the value key and telling its channel only where the lock is still ours;
+ * done when a quorum took it; lost when the nodes that refused leave no
+ * quorum (as release). leader: inspect with the value keys (above). wake:
+ * the script's "wake" on every node (a watch hears any one of them).
+ */
+static int redlock_publish(struct redis_conn *rc, struct redis_held *h, const void *value,
+                           size_t len)
+{
+    redisReply *replies[MAX_NODES];
+    size_t ours = 0, not_ours = 0;
+    char seq[17];
+    dlock_redis_pub_seq(seq);
+    const char *args[4] = {"publish", h->owner, seq, len ? value : ""};
+    const size_t lens[4] = {7, 32, 16, len};
+    held_nodes(rc, h, REDIS_NKEYS_ELECT, args, lens, 4, replies, 0, node_timeout_ns(rc), 0, NULL);
+    count_ints(rc, replies, &ours, &not_ours);
+    free_replies(rc, replies);
+    return quorum_write(rc, ours, not_ours, "publish: ", "publish: taken");
+}
+
+static int redlock_wake(struct redis_conn *rc, const char *name, size_t len)
+{
+    redisReply *replies[MAX_NODES];
+    struct redis_keys keys;
+    size_t ones = 0;
+    if (dlock_redis_keys(rc, name, len, &keys) != 0)
+        return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
+    const char *args[1] = {"wake"};
+    const size_t lens[1] = {4};
+    all_nodes_keys(rc, &keys, REDIS_NKEYS_ELECT, args, lens, 1, replies, 0, node_timeout_ns(rc), 0,
+                   NULL);
+    dlock_redis_keys_free(&keys);
+    count_ints(rc, replies, &ones, NULL);
+    free_replies(rc, replies);
+    if (ones == 0)
+        return dlock_seterr(cl(rc), DLOCK_ECONNECT, "wake: no Redlock node answered");
+    dlock_clearerr(cl(rc));
+    return 0;
+}
+
 const struct redis_recipe dlock_redlock_recipe = {
     .acquire = redlock_acquire,
     .release = redlock_release,
@@ -1317,4 +1386,7 @@ const struct redis_recipe dlock_redlock_recipe = {
     .raise_floor = redlock_raise_floor,
     .inspect = redlock_inspect,
     .holders = redlock_holders,
+    .publish = redlock_publish,
+    .leader = inspect_read,
+    .wake = redlock_wake,
 };

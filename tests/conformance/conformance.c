@@ -137,22 +137,24 @@ static const struct kind {
     /* A PX expiry, to the millisecond. */
     {"redis",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED |
-         DLOCK_CAP_SEMAPHORE,
+         DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION | DLOCK_CAP_WATCH,
      NULL, 0, 0, 0, 200},
     /* Shared locks over a quorum; no semaphore (docs/redlock.md). */
-    {"redlock", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED, NULL, 0, 0,
-     0, 200},
+    {"redlock",
+     LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED | DLOCK_CAP_ELECTION |
+         DLOCK_CAP_WATCH,
+     NULL, 0, 0, 0, 200},
     /* layout=plain (one Redis, Redlock): exclusive locks on the peers'
      * plain key, not FIFO (the peers barge). */
     {"redis-plain", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0, 200},
     {"redlock-plain", LEASED | DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_RAISE, NULL, 0, 0, 0, 200},
     {"redis-cluster",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED |
-         DLOCK_CAP_SEMAPHORE,
+         DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION | DLOCK_CAP_WATCH,
      NULL, 0, 0, 0, 200},
     {"redis-sentinel",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_RAISE | DLOCK_CAP_SHARED |
-         DLOCK_CAP_SEMAPHORE,
+         DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION | DLOCK_CAP_WATCH,
      NULL, 0, 0, 0, 200},
     /* idle_session_timeout, in milliseconds. */
     {"postgres",
