@@ -87,6 +87,10 @@
  * again (no queue, no FIFO); exclusive locks only. The same leases,
  * watch, release, renew and tokens (the key's create revision).
  *
+ * Elections (etcd_elect.c): the leader's value in a key beside the
+ * queue, on the leader's lease (a renew that moves the key to another
+ * lease moves it too); observers watch the queue and that key.
+ *
  * See docs/etcd.md for what this guarantees and where it is weaker.
  */
 #include <inttypes.h>
@@ -933,6 +937,8 @@ static int move_lease(struct etcd_conn *ec, struct etcd_http *h, struct etcd_hel
     json_object_object_add(put, "ignore_value", json_object_new_boolean(1));
     json_object_object_add(put, "lease", etcd_new_int(id));
     json_object_array_add(ok, etcd_wrap("request_put", put));
+    if (ec->layout == ETCD_LAYOUT_DLOCK && held->kind == ETCD_WRITER)
+        json_object_array_add(ok, etcd_value_move(held, id)); /* an election's value */
     json_object_object_add(txn, "compare", cmps);
     json_object_object_add(txn, "success", ok);
     dlock_errsave save;
@@ -1296,7 +1302,7 @@ const dlock_backend dlock_etcd_backend = {
     /* No HOLDER_DEATH: a dead holder's lock goes when its lease runs out. */
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
             DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED |
-            DLOCK_CAP_SEMAPHORE,
+            DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION | DLOCK_CAP_WATCH,
     .options = etcd_options,
     .open = etcd_open,
     .close = etcd_close,
@@ -1310,4 +1316,11 @@ const dlock_backend dlock_etcd_backend = {
     .raise_floor = etcd_raise_floor,
     .inspect = inspect,
     .inspect_holders = inspect_holders,
+    .publish = etcd_publish,
+    .leader = etcd_leader,
+    .wake = etcd_wake,
+    .watch_open = etcd_watch_open,
+    .watch_fd = etcd_watch_fd,
+    .watch_read = etcd_watch_read,
+    .watch_close = etcd_watch_close,
 };

@@ -5,6 +5,8 @@
  *
  *   etcd.c           the recipe: leases, acquire and its wait (the watch),
  *                    release, renew, tokens, open
+ *     etcd_elect.c   elections: the leader's value, leader(), the
+ *                    observers' watch
  *     etcd_queue.c   the name's queue by kind of key: what a reader or a
  *                    permit waits for, its key and grant; inspect
  *     etcd_single.c  layout=etcd3: one key per name (python-etcd3's Lock),
@@ -146,6 +148,19 @@ int etcd_single_inspect(struct etcd_conn *ec, const char *name, size_t len, dloc
 int etcd_single_inspect_holders(struct etcd_conn *ec, const char *name, size_t len,
                                 dlock_holder *holders, size_t capacity, size_t *count);
 
+/* etcd_elect.c: the backend's election methods (dlock_backend.h) */
+int etcd_publish(dlock_conn *conn, dlock_held *h, const void *value, size_t len);
+int etcd_leader(dlock_conn *conn, const char *name, size_t len, dlock_info *info, char *value,
+                size_t *value_len);
+/* The op of a transaction that moves the name's election value (if any)
+ * to lease, with the holder's key (renew with another TTL). */
+json_object *etcd_value_move(const struct etcd_held *held, int64_t lease);
+int etcd_wake(dlock_conn *conn, const char *name, size_t len);
+int etcd_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_watch **watchp);
+int etcd_watch_fd(dlock_watch *w);
+int etcd_watch_read(dlock_watch *w);
+void etcd_watch_close(dlock_watch *w);
+
 /* etcd_queue.c */
 /* DLOCK_EMODE when the name's oldest key (its kv; a range reply's first)
  * is of another kind than held's (a semaphore of another limit, or of a
@@ -159,6 +174,11 @@ int etcd_claim_mode(struct etcd_conn *ec, struct etcd_held *held, struct etcd_kv
 int etcd_grant_mode(struct etcd_conn *ec, struct etcd_held *held);
 int etcd_create_mode_key(struct etcd_conn *ec, struct etcd_held *held, const dlock_request *req,
                          int try, struct etcd_kv *pred);
+/* Fills info (as inspect) from a range reply of the name's keys in create
+ * order (dlen: the name's key prefix's length); *lease: the holder's (0:
+ * none). 0, or DLOCK_EPROTO recorded. */
+int etcd_inspect_range(struct etcd_conn *ec, json_object *range, size_t dlen, dlock_info *info,
+                       int64_t *lease);
 int etcd_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info);
 int etcd_inspect_holders(dlock_conn *conn, const char *name, size_t len, dlock_holder *holders,
                          size_t capacity, size_t *count);

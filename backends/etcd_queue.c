@@ -291,29 +291,23 @@ static int read_holders(struct etcd_conn *ec, const char *name, size_t len, int6
     return 0;
 }
 
-int etcd_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+int etcd_inspect_range(struct etcd_conn *ec, json_object *range, size_t dlen, dlock_info *info,
+                       int64_t *lease)
 {
-    struct etcd_conn *ec = (struct etcd_conn *)conn;
-    json_object *root = NULL, *kvs;
-    uint64_t until = call_until(ec);
-    size_t nh;
+    json_object *kvs = etcd_kvs_of(range);
     uint32_t lim;
-    size_t dlen;
-    int err = read_holders(ec, name, len, DLOCK_INFO_LISTED + 1, until, &root, &kvs, &nh, &lim,
-                           &dlen);
-    if (err)
-        return err;
-    int64_t count = etcd_int(root, "count"), lease = 0;
+    int cut;
+    size_t nh = holders_of(kvs, dlen, &lim, &cut);
+    int64_t count = etcd_int(range, "count");
+    *lease = 0;
     info->known |= DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER;
     info->held = count > 0;
     info->waiters = count > (int64_t)nh ? (uint64_t)(count - (int64_t)nh) : 0;
     /* The newest holder's token, owner and lease; the waiters after. */
     for (size_t i = nh ? nh - 1 : 0; kvs && i < json_object_array_length(kvs); i++) {
         struct etcd_kv kv;
-        if (etcd_kv_read(json_object_array_get_idx(kvs, i), &kv) != 0) {
-            json_object_put(root);
+        if (etcd_kv_read(json_object_array_get_idx(kvs, i), &kv) != 0)
             return dlock_seterr(cl(ec), DLOCK_EPROTO, "etcd %s: inspect: a bad key", ec->where);
-        }
         free(kv.key);
         if (i + 1 == nh) {
             /* A foreign holder's key (etcdctl lock's: an empty value) has
@@ -324,13 +318,30 @@ int etcd_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *inf
             }
             snprintf(info->owner, sizeof info->owner, "%s", kv.value);
             info->known |= kv.value[0] ? DLOCK_KNOWS_OWNER : 0;
-            lease = kv.lease;
+            *lease = kv.lease;
         } else if (info->listed < DLOCK_INFO_LISTED) {
             snprintf(info->waiter[info->listed++], DLOCK_HOLDER_MAX, "%s", kv.value);
         }
     }
+    return 0;
+}
+
+int etcd_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
+{
+    struct etcd_conn *ec = (struct etcd_conn *)conn;
+    json_object *root = NULL, *kvs;
+    uint64_t until = call_until(ec);
+    size_t nh;
+    uint32_t lim;
+    size_t dlen;
+    int64_t lease = 0;
+    int err = read_holders(ec, name, len, DLOCK_INFO_LISTED + 1, until, &root, &kvs, &nh, &lim,
+                           &dlen);
+    if (err)
+        return err;
+    err = etcd_inspect_range(ec, root, dlen, info, &lease);
     json_object_put(root);
-    if (lease && (info->lease_ms = etcd_lease_left_ms(ec, lease, until, &err)) != 0)
+    if (err == 0 && lease && (info->lease_ms = etcd_lease_left_ms(ec, lease, until, &err)) != 0)
         info->known |= DLOCK_KNOWS_LEASE;
     return err;
 }

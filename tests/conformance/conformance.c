@@ -194,7 +194,8 @@ static const struct kind {
      * stores' settings); its lessor looks for expired leases every 500 ms
      * (docs/etcd.md, TTL). */
     {"etcd",
-     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE |
+         DLOCK_CAP_ELECTION | DLOCK_CAP_WATCH,
      NULL, 1000, 2000, 500, 150},
     /* layout=etcd3, python-etcd3's single key: exclusive, no queue. */
     {"etcd-etcd3", LEASED | DLOCK_CAP_FENCING | WAITS, NULL, 1000, 2000, 500, 150},
