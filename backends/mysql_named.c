@@ -852,6 +852,142 @@ static int named_inspect(struct mysql_conn *mc, const char *name, size_t len, dl
     return 0;
 }
 
+/* ---- elections (mysql_elect.c) ------------------------------------------ */
+
+/* The leaders' table's key of a user lock: SHA-256 of its literal. */
+static void leader_key(const char *lname, char kx[2 * DLOCK_SHA256_LEN + 1])
+{
+    unsigned char k[DLOCK_SHA256_LEN];
+    dlock_sha256(lname, strlen(lname), k);
+    dlock_hex(k, DLOCK_SHA256_LEN, kx);
+}
+
+/*
+ * publish: one statement on the lock's session that writes (commits) the
+ * value's row only while IS_USED_LOCK names that session, else fails as
+ * renew's does (NOT_OURS): the proof and the write cannot be told apart.
+ * The leaders' table, when missing, is made with s->base.mu unlocked (a
+ * connect), then the statement is tried once more.
+ */
+static int named_publish(struct mysql_conn *mc, dlock_held *held, const void *value, size_t len)
+{
+    struct named_held *h = (struct named_held *)held;
+    struct named_session *s = session_of(h);
+    unsigned char k[DLOCK_SHA256_LEN];
+    char guard[64 + LIT_MAX];
+    int err = 0, no_table = 0;
+    dlock_sha256(h->lname, strlen(h->lname), k);
+    snprintf(guard, sizeof guard, " WHERE IF(IS_USED_LOCK(%s) = CONNECTION_ID(), 1, " NOT_OURS ")",
+             h->lname);
+    for (int tries = 0; tries < 2 && !err; tries++) {
+        pthread_mutex_lock(&s->base.mu);
+        if (h->sh.gone || !s->c.db) {
+            err = dlock_seterr(cl(mc), DLOCK_ELOST, "mysql %s: publish: the lock was lost: %s",
+                               mc->where, named_lost_why(mc, h));
+        } else if (dlock_monotonic_ns() >= h->sh.lease_end_ns) {
+            named_undo(mc, s, h->lname);
+            h->sh.gone = 1;
+            err = mc_lease_over(mc, h->ttl_ms, "publish");
+        } else {
+            struct bound b = mc_stmt_bound(NULL, mc->timeout_ms);
+            err = mc_elect_publish(mc, &s->c, k, h->base.token, value, len, guard, &b, &no_table);
+            if (err && !s->c.dead && s->c.last_errno == ER_SUBQUERY_NO_1_ROW) {
+                h->sh.gone = 1;
+                err = dlock_seterr(cl(mc), DLOCK_ELOST,
+                                   "mysql %s: publish: the session no longer holds the lock",
+                                   mc->where);
+            } else if (err && s->c.dead && !s->c.silent_ms) {
+                err = named_failed(s, dlock_seterr(cl(mc), DLOCK_ELOST,
+                                                   "mysql %s: publish: the server dropped the"
+                                                   " session holding the lock (%s): the lock is"
+                                                   " lost", mc->where, mysql_error(s->c.db)));
+            } else if (err) {
+                err = named_failed(s, err);
+            }
+        }
+        pthread_mutex_unlock(&s->base.mu);
+        if (err || !no_table)
+            return err;
+        err = mc_elect_table(mc);
+    }
+    return err;
+}
+
+/*
+ * leader: one statement on the control session: the holder's session
+ * (IS_USED_LOCK) and the value row that session published, the row's token
+ * the term. A holder that published nothing (a plain acquire, a campaign
+ * between its grant and its publish) is held with no token, as inspect
+ * tells it. No waiters: an observer reads this ten times a second.
+ */
+static int named_leader(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info,
+                        char *value, size_t *value_len)
+{
+    char lname[LIT_MAX], kx[2 * DLOCK_SHA256_LEN + 1], sql[256 + 2 * LIT_MAX];
+    struct session *ctl = NULL;
+    MYSQL_RES *res = NULL;
+    int err = named_literal(mc, name, len, lname);
+    *value_len = 0;
+    if (err)
+        return err;
+    leader_key(lname, kx);
+    snprintf(sql, sizeof sql,
+             "SELECT h.s, v.token, v.value FROM (SELECT IS_USED_LOCK(%s) AS s) h LEFT JOIN"
+             " `%s_leaders` v ON v.k = X'%s' AND v.session_id = h.s",
+             lname, mc->table, kx);
+    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
+    if ((err = mc_elect_read(mc, sql, &call, &ctl, &res)) != 0) {
+        if (!ctl || ctl->dead || ctl->last_errno != ER_NO_SUCH_TABLE)
+            return err;
+        dlock_clearerr(cl(mc)); /* nothing was ever published in this store */
+        return named_inspect(mc, name, len, info);
+    }
+    MYSQL_ROW row = mysql_fetch_row(res);
+    info->held = row && row[0];
+    info->known |= DLOCK_KNOWS_HELD;
+    if (info->held) {
+        snprintf(info->owner, sizeof info->owner, "session %s", row[0]);
+        info->known |= DLOCK_KNOWS_OWNER;
+        if (row[1]) {
+            info->token = strtoull(row[1], NULL, 10);
+            info->known |= DLOCK_KNOWS_TOKEN;
+            mc_elect_value(res, row, 2, value, value_len);
+        }
+    }
+    mysql_free_result(res);
+    return 0;
+}
+
+/*
+ * wake, after an election's release: the released grant's committed row
+ * goes, unless its session holds the user lock again (a newer grant's row
+ * is its own): else a session that took the name again would show the old
+ * value and term until it published. Observers poll: nothing to wake.
+ */
+static int named_wake(struct mysql_conn *mc, const char *name, size_t len)
+{
+    char lname[LIT_MAX], kx[2 * DLOCK_SHA256_LEN + 1], sql[192 + LIT_MAX];
+    struct session *ctl;
+    int err = named_literal(mc, name, len, lname);
+    if (err)
+        return err;
+    leader_key(lname, kx);
+    snprintf(sql, sizeof sql,
+             "DELETE FROM `%s_leaders` WHERE k = X'%s' AND session_id <> COALESCE(IS_USED_LOCK(%s),"
+             " 0)", mc->table, kx, lname);
+    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
+    for (int tries = 0; tries < 2; tries++) {
+        if ((err = mc_ctl_session(mc, &call, &ctl)) == 0 &&
+            (err = mc_exec_sql(mc, ctl, sql, &call, "wake")) == 0)
+            return 0;
+        if (err && ctl && !ctl->dead && ctl->last_errno == ER_NO_SUCH_TABLE)
+            return 0;
+        if (!mc_ctl_dropped(mc))
+            return err;
+    }
+    return err;
+}
+
 /* The first session sets up the store (mysql_seq.c), then holds nothing
  * among the client's sessions until the first acquire. */
 static int named_open(struct mysql_conn *mc)
@@ -898,6 +1034,9 @@ const struct mysql_mode mc_named_mode = {
     .token_top = mc_seq_token_top,
     .raise_floor = mc_seq_raise_floor,
     .inspect = named_inspect,
+    .publish = named_publish,
+    .leader = named_leader,
+    .wake = named_wake,
     /* GET_LOCK has no shared mode, nor a count: the core refuses both
      * with DLOCK_ENOTSUP (docs/mysql.md, "Shared locks and semaphores"). */
     .caps_off = DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,

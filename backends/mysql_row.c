@@ -67,7 +67,6 @@ static const struct row_source *src(const struct mysql_conn *mc)
     return mc->mode->row;
 }
 
-
 /* "@T" stands for the lock table's name. */
 /* token=table's prepared statements. */
 static const char *const stmt_sql[N_STMTS] = {
@@ -1141,6 +1140,23 @@ static int lock_alive(struct mysql_conn *mc, struct mysql_held *h, uint64_t unti
     return 0;
 }
 
+/* publish: the value's row in the lock's own transaction (mysql_elect.c),
+ * the statement proving the row lock as lock_alive's does. */
+static int row_publish(struct mysql_conn *mc, dlock_held *held, const void *value, size_t len)
+{
+    struct mysql_held *h = (struct mysql_held *)held;
+    int err, no_table = 0;
+    if (!h->s)
+        return dlock_seterr(cl(mc), DLOCK_ELOST, "the lock was lost earlier");
+    if (dlock_monotonic_ns() >= h->expires_ns)
+        return lock_alive(mc, h, 0, "publish"); /* its lease-over error */
+    struct bound b = mc_stmt_bound(NULL, mc->timeout_ms);
+    err = mc_elect_publish(mc, h->s, h->k, h->base.token, value, len, "", &b, &no_table);
+    if (err == 0 && no_table && (err = mc_elect_table(mc)) == 0)
+        err = mc_elect_publish(mc, h->s, h->k, h->base.token, value, len, "", &b, &no_table);
+    return err ? hold_lost(mc, h, "publish", err) : 0;
+}
+
 /* A floor the token column can take: the next grant adds 1. */
 static int table_floor_check(struct mysql_conn *mc, uint64_t floor)
 {
@@ -1383,7 +1399,6 @@ static int prepare_tables(struct mysql_conn *mc)
     return mc_prepare(mc, mc->ctl, ST_CREATE_ROW, &b, &st);
 }
 
-
 /* token=table: the control session, as ever, which prepares its
  * statements (and creates the tables the first time). */
 static int table_open(struct mysql_conn *mc)
@@ -1457,6 +1472,8 @@ const struct mysql_mode mc_row_table_mode = {
     .raise_floor = table_raise_floor,
     .inspect = mc_row_inspect,
     .inspect_holders = mc_row_inspect_holders,
+    .publish = row_publish,
+    .leader = mc_elect_row_leader,
     .row = &table_source,
     .view = &mc_table_view,
 };
@@ -1473,6 +1490,8 @@ const struct mysql_mode mc_row_seq_mode = {
     .raise_floor = mc_seq_raise_floor,
     .inspect = mc_row_inspect,
     .inspect_holders = mc_row_inspect_holders,
+    .publish = row_publish,
+    .leader = mc_elect_row_leader,
     .row = &seq_source,
     .view = &mc_seq_view,
 };
