@@ -334,8 +334,18 @@ static int run_uri(const char *uri, dlock_client *c, const char *prefix,
         return rc;
     phase(wd, r, "ping-pong handoff", 0, ctx);
     snprintf(name, sizeof name, "%s-pingpong", prefix);
-    if ((rc = bench_run_pingpong(uri, name, 0, o, &r->handoff, r, ctx)) != 0)
+    if ((rc = bench_run_pingpong(uri, name, 0, 0, o, &r->handoff, r, ctx)) != 0)
         return rc;
+    if (r->caps & DLOCK_CAP_ELECTION) {
+        phase(wd, r, "election handoff", 0, ctx);
+        snprintf(name, sizeof name, "%s-elect", prefix);
+        if ((rc = bench_run_pingpong(uri, name, 0, 1, o, &r->elect_handoff, r, ctx)) != 0)
+            return rc;
+        phase(wd, r, "observer notice", 0, ctx);
+        snprintf(name, sizeof name, "%s-observe", prefix);
+        if ((rc = bench_run_observe(uri, name, o, &r->observe_notice, ctx)) != 0)
+            return rc;
+    }
     if (r->caps & DLOCK_CAP_SHARED) {
         phase(wd, r, "shared acquire+release, uncontended", 0, ctx);
         snprintf(name, sizeof name, "%s-shared", prefix);
@@ -346,7 +356,7 @@ static int run_uri(const char *uri, dlock_client *c, const char *prefix,
     if (r->caps & DLOCK_CAP_SEMAPHORE) {
         phase(wd, r, "semaphore handoff", 0, ctx);
         snprintf(name, sizeof name, "%s-semaphore", prefix);
-        if ((rc = bench_run_pingpong(uri, name, BENCH_SEM_LIMIT, o, &r->sem_handoff, r,
+        if ((rc = bench_run_pingpong(uri, name, BENCH_SEM_LIMIT, 0, o, &r->sem_handoff, r,
                                      ctx)) != 0)
             return rc;
     }

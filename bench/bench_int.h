@@ -128,6 +128,9 @@ typedef struct bench_result {
     /* Shared locks and semaphores, where the backend has them (caps). */
     bench_stats shared_uncontended;  /* try-mode shared acquire+release */
     bench_stats sem_handoff;         /* ping-pong of a semaphore's last permit */
+    /* Elections, where the backend has them (DLOCK_CAP_ELECTION). */
+    bench_stats elect_handoff;       /* resign -> the next leader's campaign returns */
+    bench_stats observe_notice;      /* proclaim -> an observer's callback */
     bench_tput tput_one;  /* all contenders on one name */
     bench_tput tput_own;  /* each contender on its own name */
     bench_waiter_result waiters[BENCH_MAX_WAITER_SETS];
@@ -177,9 +180,13 @@ int bench_run_ping(dlock_client *c, const bench_opts *o, bench_result *r,
                    bench_ctx *ctx);
 int bench_run_uncontended(dlock_client *c, const char *name, dlock_mode mode,
                           const bench_opts *o, bench_stats *out, bench_ctx *ctx);
-int bench_run_pingpong(const char *uri, const char *name, uint32_t limit,
+int bench_run_pingpong(const char *uri, const char *name, uint32_t limit, int elect,
                        const bench_opts *o, bench_stats *out, bench_result *r,
                        bench_ctx *ctx);
+/* bench_elect.c: a leader's proclaim to an observer's callback, one
+ * proclaim at a time. */
+int bench_run_observe(const char *uri, const char *name, const bench_opts *o, bench_stats *out,
+                      bench_ctx *ctx);
 
 /* bench_crowd.c: many clients at once. */
 int bench_run_throughput(const char *uri, const char *prefix, int own_names,

@@ -20,7 +20,8 @@ static const struct {
     { DLOCK_CAP_BLOCKING, "blocking" }, { DLOCK_CAP_SHARED, "shared" },
     { DLOCK_CAP_DEADLINE, "deadline" }, { DLOCK_CAP_HOLDER_DEATH, "holder-death" },
     { DLOCK_CAP_RAISE, "raise" },       { DLOCK_CAP_CANCEL, "cancel" },
-    { DLOCK_CAP_SEMAPHORE, "semaphore" },
+    { DLOCK_CAP_SEMAPHORE, "semaphore" }, { DLOCK_CAP_ELECTION, "election" },
+    { DLOCK_CAP_WATCH, "watch" },
 };
 #define N_CAPS (sizeof cap_names / sizeof cap_names[0])
 
@@ -220,6 +221,19 @@ void bench_print_table(const bench_opts *o, const bench_result *r)
              &r->uncontended, "the backend has no shared locks");
     mode_row("semaphore handoff, ping-pong", r->caps & DLOCK_CAP_SEMAPHORE, &r->sem_handoff,
              &r->handoff, "the backend has no semaphores");
+    mode_row("election handoff, ping-pong", r->caps & DLOCK_CAP_ELECTION, &r->elect_handoff,
+             &r->handoff, "the backend has no elections");
+    if (!(r->caps & DLOCK_CAP_ELECTION)) {
+        printf("  %-32s %7s  (the backend has no elections)\n", "observer notice of a proclaim",
+               "n/a");
+    } else {
+        note[0] = '\0';
+        if (r->ping_supported && r->ping.p50 > 0)
+            snprintf(note, sizeof note, "  (p50 %.2fx the round trip%s)",
+                     r->observe_notice.p50 / r->ping.p50,
+                     r->caps & DLOCK_CAP_WATCH ? "" : "; polled every 100 ms");
+        row("observer notice of a proclaim", &r->observe_notice, note);
+    }
     for (size_t i = 0; i < r->n_waiters; i++) {
         const bench_waiter_result *w = &r->waiters[i];
 
@@ -322,6 +336,14 @@ static void json_result(FILE *f, const bench_opts *o, const bench_result *r)
         json_stats(f, "semaphore_handoff_pingpong_us", &r->sem_handoff);
     else
         fprintf(f, "\"semaphore_handoff_pingpong_us\":null");
+    fprintf(f, ",");
+    if (r->caps & DLOCK_CAP_ELECTION) {
+        json_stats(f, "election_handoff_pingpong_us", &r->elect_handoff);
+        fprintf(f, ",");
+        json_stats(f, "observer_notice_us", &r->observe_notice);
+    } else {
+        fprintf(f, "\"election_handoff_pingpong_us\":null,\"observer_notice_us\":null");
+    }
     fprintf(f, ",\"handoff_waiters\":[");
     for (size_t i = 0; i < r->n_waiters; i++) {
         const bench_waiter_result *w = &r->waiters[i];

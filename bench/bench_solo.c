@@ -115,6 +115,7 @@ typedef struct pingpong {
     const char *name;
     dlock_wait wait;
     uint32_t limit;  /* 0: a lock; else the semaphore's */
+    int elect;       /* leadership: campaign, and a release that resigns */
     size_t rounds;
     uint64_t cap_ns;
     atomic_size_t holding;   /* k + 1: the holder of round k holds the lock */
@@ -150,6 +151,18 @@ static int pingpong_hand_over(pingpong_thread *t, size_t k, dlock_lock **lockp)
     return rc;
 }
 
+/* A lock, a permit, or leadership (published value "bench"). */
+static int pingpong_acquire(const pingpong *pp, dlock_client *c, dlock_lock **lockp)
+{
+    if (!pp->elect)
+        return bench_acquire(c, pp->name, pp->wait, 0 + pp->limit, lockp);
+    dlock_acquire_opts opts = DLOCK_ACQUIRE_OPTS_INIT;
+
+    opts.wait = pp->wait;
+    opts.deadline_ns = bench_now() + BENCH_WAIT_NS;
+    return dlock_campaign(c, pp->name, "bench", 5, &opts, lockp);
+}
+
 /* Waiter of round k: blocks until the holder hands over, stamps the handoff. */
 static int pingpong_take(pingpong_thread *t, size_t k, dlock_lock **lockp)
 {
@@ -163,7 +176,7 @@ static int pingpong_take(pingpong_thread *t, size_t k, dlock_lock **lockp)
                          "ping-pong: the holder thread did not take the lock"))
         return 1;
     atomic_store(&pp->announced, k + 1);
-    rc = bench_acquire(t->client, pp->name, pp->wait, pp->limit, lockp);
+    rc = pingpong_acquire(pp, t->client, lockp);
     t1 = bench_now();
     if (rc != 0) {
         bench_ctx_fail(pp->ctx, rc, t->client, "ping-pong acquire");
@@ -185,7 +198,7 @@ static void *pingpong_main(void *arg)
     dlock_lock *lock = NULL;
 
     if (t->id == 0) {
-        int rc = bench_acquire(t->client, pp->name, pp->wait, pp->limit, &lock);
+        int rc = pingpong_acquire(pp, t->client, &lock);
 
         if (rc != 0) {
             bench_ctx_fail(pp->ctx, rc, t->client, "ping-pong first acquire");
@@ -237,12 +250,12 @@ static int hold_other_permits(const char *uri, const char *name, uint32_t limit,
     return 0;
 }
 
-int bench_run_pingpong(const char *uri, const char *name, uint32_t limit,
+int bench_run_pingpong(const char *uri, const char *name, uint32_t limit, int elect,
                        const bench_opts *o, bench_stats *out, bench_result *r,
                        bench_ctx *ctx)
 {
     pingpong pp = { .ctx = ctx, .name = name, .wait = o->wait, .limit = limit,
-                    .rounds = o->handoffs };
+                    .elect = elect, .rounds = o->handoffs };
     pingpong_thread th[2];
     dlock_client *clients[2] = { NULL, NULL };
     dlock_client *others[BENCH_SEM_LIMIT] = { NULL };

@@ -423,6 +423,7 @@ static int acquire_names(dlock_client *c, const dlock_name *names, size_t n,
     lock->ttl_ms = opts->ttl_ms;
     lock->mode = opts->version >= 4 ? (uint8_t)opts->mode : DLOCK_MODE_EXCLUSIVE;
     lock->limit = opts->version >= 4 ? (uint16_t)opts->limit : 0;
+    lock->elected = 0; /* dlock_campaign() sets it after the grant */
     atomic_init(&lock->lost, 0);
     atomic_init(&lock->expires_ns, 0);
 

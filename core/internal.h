@@ -24,6 +24,7 @@ struct dlock_counters {
 
 struct dlock_test_hooks {
     int unbounded_loss;
+    int observe_poll;
     int margin_set;
     int64_t margin_ns;
 };
@@ -92,7 +93,9 @@ uint64_t dlock_call_deadline_set(uint64_t deadline_ns);
  * as before it existed), so a test can show its check of the bound fails
  * without it; DLOCK_TEST_LOSS_MARGIN_MS=N: the keeper's loss margin is N
  * ms instead of its own (negative: a keeper that reports after the lease
- * end), so a test can show its check of the margin fails. */
+ * end), so a test can show its check of the margin fails;
+ * DLOCK_TEST_OBSERVE_POLL=1: an observer leaves the store's watch aside and
+ * reads every DLOCK_OBSERVE_POLL_MS, so the idle observer's check fails. */
 void dlock_test_hooks_read(struct dlock_test_hooks *h);
 /* core/thread.c: a thread that takes no signal (every one blocked), joinable
  * or detached (th may be NULL then); 0 or pthread_create()'s error. A

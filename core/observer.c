@@ -56,7 +56,8 @@ struct dlock_observer {
 
 static int has_watch(const dlock_observer *o)
 {
-    return (dlock_client_caps(o->c) & DLOCK_CAP_WATCH) && dlock_method(o->c->backend, watch_open);
+    return (dlock_client_caps(o->c) & DLOCK_CAP_WATCH) && dlock_method(o->c->backend, watch_open) &&
+           !o->c->hooks.observe_poll;
 }
 
 static void watch_drop(dlock_observer *o)

@@ -42,4 +42,6 @@ void dlock_test_hooks_read(struct dlock_test_hooks *h)
     v = getenv("DLOCK_TEST_LOSS_MARGIN_MS");
     h->margin_set = v && *v;
     h->margin_ns = h->margin_set ? strtoll(v, NULL, 10) * 1000000ll : 0;
+    v = getenv("DLOCK_TEST_OBSERVE_POLL");
+    h->observe_poll = v && strcmp(v, "1") == 0;
 }

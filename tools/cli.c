@@ -77,8 +77,14 @@ void dlock_print_name(const char *name)
 
 void dlock_json_string(FILE *f, const char *s)
 {
+    dlock_json_bytes(f, s, strlen(s));
+}
+
+void dlock_json_bytes(FILE *f, const char *s, size_t len)
+{
     fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    for (const unsigned char *p = (const unsigned char *)s; p < (const unsigned char *)s + len;
+         p++) {
         if (*p == '"' || *p == '\\')
             fprintf(f, "\\%c", *p);
         else if (*p < 0x20 || *p == 0x7f)
@@ -177,6 +183,9 @@ void dlock_print_usage(FILE *f)
           "            [-G SECONDS] [--password-file FILE] [URI] NAME... -- COMMAND [ARGS...]\n"
           "  dlock migrate [-w SECONDS] OLD NEW [NAME...]\n"
           "  dlock inspect [--json] [URI] NAME...\n"
+          "  dlock elect [-w SECONDS | -n] [--ttl MS] [-G SECONDS] [--password-file FILE]\n"
+          "              [--value V] [URI] NAME -- COMMAND [ARGS...]\n"
+          "  dlock leader [--json] [--watch] [URI] NAME\n"
           "  dlock bench [OPTIONS...] URI [URI...]    (see 'dlock bench --help')\n"
           "  dlock check [OPTIONS...] URI [URI...]    (see 'dlock check --help')\n"
           "  dlock help | --help | --version\n"
@@ -222,6 +231,16 @@ void dlock_print_usage(FILE *f)
           "semaphore is followed by one line per holder (mode, token, lease,\n"
           "owner). --json prints one object per NAME (per store of a list) per\n"
           "line, its holders in \"holders\". See docs/backends.md.\n"
+          "\n"
+          "Elect: run COMMAND while this process leads the election NAME,\n"
+          "publishing V (--value, at most 1024 bytes) for observers; COMMAND\n"
+          "gets DLOCK_VALUE and the term as DLOCK_TOKEN, its group is stopped\n"
+          "when leadership is lost, and its end resigns. Options as run's.\n"
+          "\n"
+          "Leader: who leads the election NAME (owner, term, lease left, value),\n"
+          "without campaigning; --json prints an object per line (name, held,\n"
+          "value, term, lease_ms, owner); --watch prints a line per change,\n"
+          "woken by the store, until SIGINT or SIGTERM. See docs/election.md.\n"
           "\n"
           "URI defaults to $DLOCK_URI, else file://$XDG_RUNTIME_DIR/dlock,\n"
           "else file:///tmp/dlock-$UID. COMMAND runs in a process group of its\n"

@@ -50,6 +50,8 @@ void dlock_print_name(const char *name);
 /* s as a JSON string, quotes included: '"' and '\' escaped, control
  * characters (and DEL) as \u00XX; other bytes as they are. */
 void dlock_json_string(FILE *f, const char *s);
+/* The same, for len bytes that may hold NUL (as \u0000). */
+void dlock_json_bytes(FILE *f, const char *s, size_t len);
 
 /* A count of min..max in decimal digits only (no sign, space or suffix)
  * into *out; -1 if s is none. */

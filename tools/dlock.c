@@ -41,7 +41,7 @@ int main(int argc, char **argv)
         dlock_print_usage(stderr);
         return EX_USAGE;
     }
-    if (strcmp(cmd, "run") == 0)
+    if (strcmp(cmd, "run") == 0 || strcmp(cmd, "elect") == 0)
         return dlock_run_main(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0)
         return cmd_bench(argc - 1, argv + 1);
@@ -56,6 +56,8 @@ int main(int argc, char **argv)
         return dlock_migrate_main(argc - 1, argv + 1);
     if (strcmp(cmd, "inspect") == 0)
         return dlock_inspect_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "leader") == 0)
+        return dlock_leader_main(argc - 1, argv + 1);
     if (strcmp(cmd, "check") == 0)
         return dlock_check_main(argc - 1, argv + 1);
     if (strcmp(cmd, "--version") == 0) {

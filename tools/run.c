@@ -12,6 +12,11 @@
  * conventions for the command's (its status, 128+N on signal N, 126/127 when
  * it cannot be run), so that scripts can tell "lock busy" (75) from "the job
  * failed".
+ *
+ * dlock elect is the same with leadership for the lock: the command runs
+ * while this process leads the election NAME (dlock_campaign(), which
+ * publishes --value), with DLOCK_VALUE beside DLOCK_TOKEN (the term); the
+ * command's end resigns (docs/election.md).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -44,6 +49,8 @@ struct run_args {
     double grace_s;   /* the -G value, for messages */
     uint64_t grace_ns; /* UINT64_MAX: never SIGKILL */
     const char *password_file;
+    int elect;         /* dlock elect: campaign for the one NAME */
+    const char *value; /* --value: what the leader publishes */
 };
 
 /* The command under the lock: what the supervisor runs, and what is built
@@ -51,7 +58,8 @@ struct run_args {
 struct job {
     struct supervised sv;
     int wake[2];        /* on_lost writes to wake[1]: the supervisor wakes */
-    char *own_env[3];   /* the command's DLOCK_TOKEN, DLOCK_NAME and DLOCK_URI entries */
+    char *own_env[4];   /* the command's DLOCK_TOKEN, DLOCK_NAME, DLOCK_URI (and
+                           DLOCK_VALUE) entries */
 };
 
 /* Printable copies, so that every message stays on one line. */
@@ -95,6 +103,7 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
         {"password-file", required_argument, NULL, 'P'},
         {"shared", no_argument, NULL, 'S'},
         {"limit", required_argument, NULL, 'L'},
+        {"value", required_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -137,10 +146,21 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
                 return dlock_usage_error("invalid limit '%s': expected a count 1..%u",
                                    store_uri_shown_value(optarg), DLOCK_LIMIT_MAX);
             break;
+        case 'V':
+            if (!ra->elect)
+                return dlock_usage_error("--value is an option of dlock elect");
+            if (strlen(optarg) > DLOCK_VALUE_MAX)
+                return dlock_usage_error("--value is %zu bytes: at most %d", strlen(optarg),
+                                         DLOCK_VALUE_MAX);
+            ra->value = optarg;
+            break;
         default:
             return dlock_other_option(c, argv);
         }
     }
+    if (ra->elect && (ra->acq.mode == DLOCK_MODE_SHARED || ra->acq.limit))
+        return dlock_usage_error("an election has one leader: --shared and --limit are "
+                                 "options of dlock run");
     if (have_wait && nonblock)
         return dlock_usage_error("-w and -n cannot be used together");
     if (ra->acq.mode == DLOCK_MODE_SHARED && ra->acq.limit)
@@ -154,12 +174,14 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
     return PROCEED;
 }
 
-/* argv[0] is "run". */
+/* argv[0] is "run" or "elect". */
 static int parse_run_args(int argc, char **argv, struct run_args *ra)
 {
     int status, sep, npos;
 
     memset(ra, 0, sizeof *ra);
+    ra->elect = strcmp(argv[0], "elect") == 0;
+    dlock_usage_cmd = ra->elect ? "elect" : "run";
     dlock_acquire_opts_init_version(&ra->acq, DLOCK_ACQUIRE_OPTS_VERSION);
     ra->grace_s = GRACE_DEFAULT_S;
     status = parse_run_options(argc, argv, ra);
@@ -172,6 +194,8 @@ static int parse_run_args(int argc, char **argv, struct run_args *ra)
     npos = sep - optind;
     if (npos == 0)
         return dlock_usage_error("missing lock NAME before '--'");
+    if (ra->elect && npos > 2)
+        return dlock_usage_error("too many arguments before '--': dlock elect takes [URI] NAME");
     if (npos - 1 > DLOCK_NAMES_MAX)
         return dlock_usage_error("too many arguments before '--': at most %d NAMEs",
                            DLOCK_NAMES_MAX);
@@ -290,8 +314,10 @@ static int acquire(const struct run_args *ra, dlock_client *client, struct job *
      * and continue, or a cancelling signal's handler) is exact; a raised
      * flag then ends the retry at once. */
     do
-        err = dlock_acquire_names(client, (const char *const *)ra->names, (size_t)ra->nnames,
-                                  &acq, &job->sv.lock);
+        err = ra->elect ? dlock_campaign(client, ra->names[0], ra->value,
+                                         ra->value ? strlen(ra->value) : 0, &acq, &job->sv.lock)
+                        : dlock_acquire_names(client, (const char *const *)ra->names,
+                                              (size_t)ra->nnames, &acq, &job->sv.lock);
     while (err == DLOCK_EINTR);
     if (acq.wait != DLOCK_WAIT_TRY)
         uncancel_on_signals(saved);
@@ -309,11 +335,16 @@ static int acquire(const struct run_args *ra, dlock_client *client, struct job *
     }
     if (err == 0)
         return PROCEED;
-    if (err == DLOCK_EBUSY)
+    if (err == DLOCK_EBUSY && ra->elect)
+        dlock_say("election '%s' is led elsewhere", shown_name);
+    else if (err == DLOCK_EBUSY)
         dlock_say("lock '%s' is held elsewhere", shown_name);
     else if (err == DLOCK_ETIMEDOUT)
-        dlock_say("timed out after %.3g s waiting for lock '%s': %s",
-            (double)(dlock_monotonic_ns() - t0) / 1e9, shown_name, dlock_detail(client, err));
+        dlock_say("timed out after %.3g s waiting for %s '%s': %s",
+            (double)(dlock_monotonic_ns() - t0) / 1e9, ra->elect ? "leadership of" : "lock",
+            shown_name, dlock_detail(client, err));
+    else if (ra->elect)
+        dlock_say("cannot campaign in election '%s': %s", shown_name, dlock_detail(client, err));
     else
         dlock_say("cannot acquire lock '%s': %s", shown_name, dlock_detail(client, err));
     return dlock_exit_status(err);
@@ -351,23 +382,26 @@ static char *names_var(const dlock_lock *lock, const char *prefix)
 /*
  * The command's environment: dlock's, without DLOCK_PASSWORD, with
  * DLOCK_TOKEN, DLOCK_NAME (the lock's names in byte order, one per line)
- * and DLOCK_URI (the store's URI, its password removed). Built rather than
- * set with setenv(): the keeper's threads run.
+ * and DLOCK_URI (the store's URI, its password removed); for an election,
+ * DLOCK_VALUE (the published value) too. Built rather than set with
+ * setenv(): the keeper's threads run.
  */
-static int make_environment(struct job *job, const char *uri)
+static int make_environment(struct job *job, const char *uri, const struct run_args *ra)
 {
     static const char *const replaced[] = {"DLOCK_TOKEN", "DLOCK_NAME", "DLOCK_URI",
-                                           "DLOCK_PASSWORD"};
+                                           "DLOCK_PASSWORD", "DLOCK_VALUE"};
     char *clean = store_uri_without_password(uri);
-    size_t n = 0, k = 0;
+    size_t n = 0, k = 0, own = ra->elect ? 4 : 3;
 
     while (environ[n])
         n++;
-    job->sv.envp = calloc(n + 4, sizeof *job->sv.envp);
+    job->sv.envp = calloc(n + 5, sizeof *job->sv.envp);
     if (!clean || !job->sv.envp ||
         asprintf(&job->own_env[0], "DLOCK_TOKEN=%" PRIu64, dlock_lock_token(job->sv.lock)) < 0 ||
         !(job->own_env[1] = names_var(job->sv.lock, "DLOCK_NAME=")) ||
-        asprintf(&job->own_env[2], "DLOCK_URI=%s", clean) < 0) {
+        asprintf(&job->own_env[2], "DLOCK_URI=%s", clean) < 0 ||
+        (ra->elect &&
+         asprintf(&job->own_env[3], "DLOCK_VALUE=%s", ra->value ? ra->value : "") < 0)) {
         free(clean);
         dlock_say("cannot build the command's environment: out of memory");
         return EX_SOFTWARE;
@@ -376,12 +410,13 @@ static int make_environment(struct job *job, const char *uri)
     for (size_t i = 0; i < n; i++) {
         int drop = 0;
 
-        for (size_t j = 0; j < sizeof replaced / sizeof replaced[0]; j++)
+        /* DLOCK_VALUE is passed down to a plain run's command. */
+        for (size_t j = 0; j < sizeof replaced / sizeof replaced[0] - !ra->elect; j++)
             drop |= is_var(environ[i], replaced[j]);
         if (!drop)
             job->sv.envp[k++] = environ[i];
     }
-    for (size_t j = 0; j < 3; j++)
+    for (size_t j = 0; j < own; j++)
         job->sv.envp[k++] = job->own_env[j];
     job->sv.envp[k] = NULL;
     return PROCEED;
@@ -389,7 +424,7 @@ static int make_environment(struct job *job, const char *uri)
 
 static void free_environment(struct job *job)
 {
-    for (size_t j = 0; j < 3; j++) {
+    for (size_t j = 0; j < 4; j++) {
         free(job->own_env[j]);
         job->own_env[j] = NULL;
     }
@@ -404,7 +439,7 @@ static int release(struct job *job, int status)
     int lost = dlock_lock_lost(job->sv.lock), err;
 
     if (lost && !job->sv.lost) {
-        dlock_say("lock '%s' was lost while '%s' ran: %s", shown_name, shown_cmd,
+        dlock_say("%s '%s' was lost while '%s' ran: %s", job->sv.what, shown_name, shown_cmd,
             *dlock_lock_lost_detail(job->sv.lock) ? dlock_lock_lost_detail(job->sv.lock)
                                                 : dlock_strerror(lost));
         job->sv.lost = 1;
@@ -412,7 +447,7 @@ static int release(struct job *job, int status)
     err = dlock_release(job->sv.lock);
     job->sv.lock = NULL;
     if (err == DLOCK_ELOST && !job->sv.lost) {
-        dlock_say("lock '%s' was lost while '%s' ran: %s", shown_name, shown_cmd,
+        dlock_say("%s '%s' was lost while '%s' ran: %s", job->sv.what, shown_name, shown_cmd,
             dlock_detail(client, err));
         job->sv.lost = 1;
     } else if (err != 0 && err != DLOCK_ELOST) {
@@ -444,6 +479,7 @@ int dlock_run_main(int argc, char **argv)
     status = parse_run_args(argc, argv, &ra);
     if (status != PROCEED)
         return status;
+    job.sv.what = ra.elect ? "leadership of" : "lock";
     uri = ra.uri ? ra.uri : store_uri_default(uribuf, sizeof uribuf);
     if (!uri)
         return dlock_usage_error("default lock directory path too long; set DLOCK_URI");
@@ -460,7 +496,7 @@ int dlock_run_main(int argc, char **argv)
     if (status == PROCEED)
         status = acquire(&ra, client, &job);
     if (status == PROCEED) {
-        status = make_environment(&job, uri);
+        status = make_environment(&job, uri, &ra);
         if (status == PROCEED) {
             job.sv.argv = ra.command;
             job.sv.wake_fd = job.wake[0];

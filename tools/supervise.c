@@ -230,14 +230,15 @@ static void stop_group(struct supervised *job, pid_t pg)
     if (!*why)
         why = dlock_strerror(dlock_lock_lost(job->lock));
     if (job->grace_ns == 0) {
-        dlock_say("lock '%s' was lost while '%s' ran: %s; killing its process group",
-            job->name, job->cmd, why);
+        dlock_say("%s '%s' was lost while '%s' ran: %s; killing its process group",
+            job->what ? job->what : "lock", job->name, job->cmd, why);
         kill(-pg, SIGKILL);
         job->give_up_at = dlock_after_ns(REAP_AFTER_KILL_NS);
         return;
     }
-    dlock_say("lock '%s' was lost while '%s' ran: %s; stopping its process group "
-        "(SIGTERM, SIGKILL after %g s)", job->name, job->cmd, why, job->grace_s);
+    dlock_say("%s '%s' was lost while '%s' ran: %s; stopping its process group "
+        "(SIGTERM, SIGKILL after %g s)", job->what ? job->what : "lock", job->name, job->cmd, why,
+        job->grace_s);
     kill(-pg, SIGTERM);
     kill(-pg, SIGCONT);
     job->kill_at = dlock_after_ns(job->grace_ns);

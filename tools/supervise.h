@@ -21,6 +21,7 @@ struct supervised {
                            (0: SIGKILL at once; UINT64_MAX: never) */
     double grace_s;     /* the same, for messages */
     const char *name;   /* the lock's names, printable, for messages */
+    const char *what;   /* "lock" (NULL too) or "leadership of", for messages */
     const char *cmd;    /* the command's name, printable, for messages */
     int lost;           /* the loss was reported and the group told to stop */
     /* The supervisor's own. */

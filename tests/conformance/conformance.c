@@ -30,7 +30,9 @@
  *                   every other waiter gives its turn away, releasing its
  *                   grant at once and queueing again), "shared" (read-write
  *                   exclusion: writers ask for shared locks), "limit" (a
- *                   semaphore's limit: permits ask for one more). With --case:
+ *                   semaphore's limit: permits ask for one more), "election"
+ *                   (one leader at a time: candidates lead on a busy try).
+ *                   With --case:
  *                   "death" (a killed holder's connections live on in a
  *                   child of it, so "holder killed" must fail on a store
  *                   that declares HOLDER_DEATH), "lease" ("leases" renews
@@ -242,7 +244,7 @@ static const char *cap_names(unsigned int bits, char *buf, size_t len)
 {
     static const char *const names[] = {"LEASE",    "RENEW",    "FENCING",      "FIFO",  "BLOCKING",
                                         "SHARED",   "DEADLINE", "HOLDER_DEATH", "RAISE", "CANCEL",
-                                        "SEMAPHORE"};
+                                        "SEMAPHORE", "ELECTION", "WATCH"};
     size_t o = 0;
     buf[0] = '\0';
     for (unsigned int b = 0; b < 32 && o < len; b++)
@@ -1938,6 +1940,7 @@ static void lost_to_parent(dlock_lock *l, int err, void *user)
  */
 #define KEPT_RELEASE 1
 #define KEPT_UNBOUNDED 2
+#define KEPT_ELECT 4 /* leadership of the name (dlock_campaign()), not the lock */
 static pid_t spawn_kept(const char *curi, const char *name, uint32_t ttl, int flags, int *rfd)
 {
     int p[2];
@@ -1958,7 +1961,8 @@ static pid_t spawn_kept(const char *curi, const char *name, uint32_t ttl, int fl
             o.keep = 1;
             o.on_lost = lost_to_parent;
             o.on_lost_user = &ctx;
-            rc = dlock_acquire(c, name, &o, &l);
+            rc = (flags & KEPT_ELECT) ? dlock_campaign(c, name, "kept", 4, &o, &l)
+                                      : dlock_acquire(c, name, &o, &l);
         }
         msg_send(p[1], 'A', rc, 0, 0, dlock_monotonic_ns(), rc ? 0 : dlock_lock_token(l),
                  rc ? dlock_errmsg(c) : "");
@@ -2240,7 +2244,7 @@ static void check_lost_release(int rfd, int unbounded)
  * and another client then acquires. Redis, Redlock and etcd: a second
  * holder with the bound off (the negative control) takes longer, its
  * release waiting for the store's `timeout`. */
-static void test_cut_connection(void)
+static void cut_case(int elect)
 {
     static const char *const what = "a holder whose network goes silent is told in time";
     if (proxy_case_skipped(what, "the file backend has no network to cut"))
@@ -2257,13 +2261,13 @@ static void test_cut_connection(void)
         proxy_stop(&px);
         return;
     }
-    name_of(name, sizeof name, "cut");
+    name_of(name, sizeof name, elect ? "cut-leader" : "cut");
     /* PostgreSQL and MySQL give up a renewal at the lease end on their own
      * and close its session: their release has nothing left to wait for. */
-    int control = is("redis") || is("redlock") || is("etcd"), cfd = -1;
+    int control = !elect && (is("redis") || is("redlock") || is("etcd")), cfd = -1;
     uint64_t ctoken = 0;
-    pid_t pid = spawn_kept(puri, name, ttl, KEPT_RELEASE, &rfd), cpid = 0;
-    if (kept_acquired(rfd, "through a proxy", &token) != 0)
+    pid_t pid = spawn_kept(puri, name, ttl, KEPT_RELEASE | elect, &rfd), cpid = 0;
+    if (kept_acquired(rfd, elect ? "leadership through a proxy" : "through a proxy", &token) != 0)
         goto out;
     if (control) {
         char cname[160];
@@ -2325,6 +2329,22 @@ out:
     if (cfd >= 0)
         close(cfd);
     proxy_stop(&px);
+}
+
+static void test_cut_connection(void)
+{
+    cut_case(0);
+}
+
+/* The same for an election's leader: leadership is a kept lock, so the
+ * leader cut off is told before the next leader can start. */
+static void test_election_cut(void)
+{
+    if (caps & DLOCK_CAP_ELECTION)
+        cut_case(KEPT_ELECT);
+    else
+        skip("the store has no elections (the election case checks the refusal)",
+             "a leader cut off is told before the next one starts");
 }
 
 /* d + g. A holder frozen (SIGSTOP of its process group) past its lease is
@@ -3157,7 +3177,8 @@ int main(int argc, char **argv)
             break_death = breaking("death");
             break_lease = breaking("lease");
             if (!breaking("exclusion") && !breaking("tokens") && !breaking("fifo") &&
-                !breaking("shared") && !breaking("limit") && !break_death && !break_lease)
+                !breaking("shared") && !breaking("limit") && !breaking("election") &&
+                !break_death && !break_lease)
                 nparts = -1, i = argc; /* the usage message */
         }
         else if (strcmp(argv[i], "--drop-cap") == 0 && i + 1 < argc) {
@@ -3229,9 +3250,11 @@ int main(int argc, char **argv)
     }
 
     if (breaking("exclusion") || breaking("tokens") || breaking("fifo") || breaking("shared") ||
-        breaking("limit")) {
+        breaking("limit") || breaking("election")) {
         /* a negative control: its detector's case alone */
-        if (breaking("shared"))
+        if (breaking("election"))
+            test_election_break();
+        else if (breaking("shared"))
             test_modes_break_shared();
         else if (breaking("limit"))
             test_modes_break_limit();
@@ -3282,6 +3305,10 @@ side_by_side:;
         {"many held locks", test_many_held, 0, NULL, 0},
         {"killed permit holder", test_modes_holder_killed, 0, NULL, 0},
         {"kept reader and permit", test_modes_kept, 0, NULL, 0},
+        {"election", test_election, 0, NULL, 0},
+        {"election: idle observer", test_election_idle, 0, NULL, 0},
+        {"election: leader killed", test_election_killed, 0, NULL, 0},
+        {"election: leader cut off", test_election_cut, 0, NULL, 0},
     };
     int ncases = (int)(sizeof cases / sizeof cases[0]);
     if (only) {

@@ -56,4 +56,11 @@ void test_modes_break_shared(void);
  * (permits ask for a semaphore one larger), that case alone. */
 void test_modes_break_limit(void);
 
+/* election.c: the cases of leader election (side by side), and --break
+ * election: the race alone, with candidates that lead on a busy try. */
+void test_election(void);
+void test_election_idle(void);
+void test_election_killed(void);
+void test_election_break(void);
+
 #endif
