@@ -34,6 +34,10 @@ static const char create_sql[] =
     " user lock)',"
     " token BIGINT UNSIGNED NOT NULL COMMENT 'the publishing grant''s token: its term',"
     " session_id BIGINT UNSIGNED NOT NULL COMMENT 'CONNECTION_ID() of the holding session',"
+    " owner CHAR(32) CHARACTER SET ascii NOT NULL COMMENT 'lock=named: the owner id (lock=row:"
+    " in the grant)',"
+    " ttl_ms INT UNSIGNED NOT NULL COMMENT 'the lease: wait_timeout from the session''s last"
+    " statement',"
     " value VARBINARY(1024) NOT NULL COMMENT 'the published value'"
     ") ENGINE=InnoDB COMMENT='dlock: leaders'' values (lock=row: uncommitted rows of the"
     " holders'' transactions)'";
@@ -58,26 +62,26 @@ int mc_elect_table(struct mysql_conn *mc)
     return err;
 }
 
-int mc_elect_publish(struct mysql_conn *mc, struct session *s, const unsigned char *k,
-                     uint64_t token, const void *value, size_t len, const char *guard,
+int mc_elect_publish(struct mysql_conn *mc, struct session *s, const struct elect_pub *p,
                      const struct bound *b, int *no_table)
 {
     char kx[2 * DLOCK_SHA256_LEN + 1];
-    size_t size = 320 + strlen(mc->table) + strlen(guard) + 2 * len;
-    char *sql = malloc(size), *vx = malloc(2 * len + 1);
+    size_t size = 384 + strlen(mc->table) + strlen(p->guard) + 2 * p->len;
+    char *sql = malloc(size), *vx = malloc(2 * p->len + 1);
     int err;
     if (!sql || !vx) {
         free(sql);
         free(vx);
         return dlock_seterr(cl(mc), DLOCK_ENOMEM, "out of memory");
     }
-    dlock_hex(k, DLOCK_SHA256_LEN, kx);
-    dlock_hex(value, len, vx);
+    dlock_hex(p->k, DLOCK_SHA256_LEN, kx);
+    dlock_hex(p->value, p->len, vx);
     snprintf(sql, size,
-             "INSERT INTO `%s_leaders` (k, token, session_id, value) SELECT X'%s', %" PRIu64
-             ", CONNECTION_ID(), X'%s' FROM DUAL%s ON DUPLICATE KEY UPDATE token ="
-             " VALUES(token), session_id = VALUES(session_id), value = VALUES(value)",
-             mc->table, kx, token, vx, guard);
+             "INSERT INTO `%s_leaders` (k, token, session_id, owner, ttl_ms, value) SELECT X'%s',"
+             " %" PRIu64 ", CONNECTION_ID(), '%.32s', %" PRIu32 ", X'%s' FROM DUAL%s ON DUPLICATE"
+             " KEY UPDATE token = VALUES(token), session_id = VALUES(session_id), owner ="
+             " VALUES(owner), ttl_ms = VALUES(ttl_ms), value = VALUES(value)",
+             mc->table, kx, p->token, p->owner, p->ttl_ms, vx, p->guard);
     err = mc_run(mc, s, NB_QUERY, NULL, sql, b, "publish");
     free(sql);
     free(vx);
@@ -87,6 +91,21 @@ int mc_elect_publish(struct mysql_conn *mc, struct session *s, const unsigned ch
         return 0;
     }
     return err;
+}
+
+const char *mc_elect_idle_ms(const struct mysql_conn *mc)
+{
+    /* MySQL's PROCESSLIST counts whole seconds */
+    return mc->mariadb ? "p.TIME_MS" : "p.TIME * 1000";
+}
+
+void mc_elect_lease(const char *left, dlock_info *info)
+{
+    if (!left)
+        return;
+    double ms = strtod(left, NULL);
+    info->lease_ms = ms > 0 ? (uint64_t)ms : 0;
+    info->known |= DLOCK_KNOWS_LEASE;
 }
 
 int mc_elect_read(struct mysql_conn *mc, const char *sql, struct bound *call,
@@ -145,7 +164,9 @@ void mc_elect_value(MYSQL_RES *res, MYSQL_ROW row, int col, char *value, size_t 
  * asks the row whether it is locked (the view's held, as inspect does);
  * token=sequence's grant is the lock row's own uncommitted one. No
  * waiters (inspect's views cost a scan of every transaction): an observer
- * reads this ten times a second.
+ * reads this ten times a second. The lease: the TTL published less the
+ * holder session's idle time (PROCESSLIST: the server ends the session,
+ * and the lock, wait_timeout after its last statement).
  */
 int mc_elect_row_leader(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info,
                         char *value, size_t *value_len)
@@ -161,9 +182,10 @@ int mc_elect_row_leader(struct mysql_conn *mc, const char *name, size_t len, dlo
     dlock_sha256(name, len, k);
     dlock_hex(k, DLOCK_SHA256_LEN, kx);
     snprintf(sql, sizeof sql,
-             "SELECT g.token, g.owner, v.token, v.value FROM `%s%s` g LEFT JOIN `%s_leaders` v"
-             " ON v.k = g.k AND v.token = g.token WHERE g.k = X'%s'%s",
-             mc->table, v->grant_table, mc->table, kx, v->grant_live);
+             "SELECT g.token, g.owner, v.token, v.value, v.ttl_ms - %s FROM `%s%s` g LEFT JOIN"
+             " `%s_leaders` v ON v.k = g.k AND v.token = g.token LEFT JOIN"
+             " information_schema.PROCESSLIST p ON p.ID = v.session_id WHERE g.k = X'%s'%s",
+             mc_elect_idle_ms(mc), mc->table, v->grant_table, mc->table, kx, v->grant_live);
     struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
     int err = mc_elect_read(mc, sql, &call, &ctl, &res);
     if (err && ctl && !ctl->dead && ctl->last_errno == ER_NO_SUCH_TABLE) {
@@ -177,8 +199,10 @@ int mc_elect_row_leader(struct mysql_conn *mc, const char *name, size_t len, dlo
         granted = 1;
         token = strtoull(row[0], NULL, 10);
         snprintf(owner, sizeof owner, "%s", row[1]);
-        if ((published = row[2] != NULL) != 0)
+        if ((published = row[2] != NULL) != 0) {
             mc_elect_value(res, row, 3, value, value_len);
+            mc_elect_lease(row[4], info);
+        }
     }
     mysql_free_result(res);
     held = granted;
@@ -199,6 +223,8 @@ int mc_elect_row_leader(struct mysql_conn *mc, const char *name, size_t len, dlo
         }
     } else {
         *value_len = 0;
+        info->known &= ~(unsigned)DLOCK_KNOWS_LEASE;
+        info->lease_ms = 0;
     }
     return 0;
 }

@@ -277,14 +277,29 @@ int mc_row_inspect_holders(struct mysql_conn *mc, const char *name, size_t len,
 /* Creates <table>_leaders (CREATE TABLE IF NOT EXISTS) on the control
  * session: the first publish in a store made before elections. */
 int mc_elect_table(struct mysql_conn *mc);
-/* Publishes value as the leader's of key k with token, on the holder's
- * session s, by b; guard: SQL after "FROM DUAL" that makes the statement
- * fail (or write nothing) when s no longer holds the lock. *no_table: the
- * table is missing (0 returned): mc_elect_table, then publish again (with
- * *no_table still set: a missing table is then an error). */
-int mc_elect_publish(struct mysql_conn *mc, struct session *s, const unsigned char *k,
-                     uint64_t token, const void *value, size_t len, const char *guard,
+/* What publish writes: the value of the election whose key is k (lock=row:
+ * SHA-256 of the name; lock=named: of its user lock), with its grant's
+ * token, owner id ("" where the grant keeps it) and TTL; guard: SQL after
+ * "FROM DUAL" that fails the statement (or writes nothing) when the
+ * writing session no longer holds the lock. */
+struct elect_pub {
+    const unsigned char *k;
+    uint64_t token;
+    const char *owner;
+    uint32_t ttl_ms;
+    const void *value;
+    size_t len;
+    const char *guard;
+};
+/* Publishes p on the holder's session s, by b. *no_table: the table is
+ * missing (0 returned): mc_elect_table, then publish again (with *no_table
+ * still set: a missing table is then an error). */
+int mc_elect_publish(struct mysql_conn *mc, struct session *s, const struct elect_pub *p,
                      const struct bound *b, int *no_table);
+/* A session's idle time in ms, as SQL on information_schema.PROCESSLIST p. */
+const char *mc_elect_idle_ms(const struct mysql_conn *mc);
+/* left: the lease left, ms, as the server's text (NULL: not known). */
+void mc_elect_lease(const char *left, dlock_info *info);
 /* sql's result on the control session at READ UNCOMMITTED (*ctlp: the
  * session it ran on, for its last_errno; ER_NO_SUCH_TABLE: no leaders'
  * table yet). */

@@ -91,6 +91,7 @@ struct named_held {
     dlock_held base;
     struct dlock_sql_held sh; /* its session, lease (s), client-side lease end */
     uint32_t ttl_ms;
+    char owner[33];           /* the grant's owner id (publish writes it) */
     char lname[];             /* the user lock, an SQL literal (named_literal) */
 };
 
@@ -573,6 +574,7 @@ static int named_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_
 granted:
     h->base.token = token;
     h->ttl_ms = req->ttl_ms;
+    memcpy(h->owner, req->owner_hex, sizeof h->owner);
     h->sh.lease = lease;
     /* From the last reply on s, where the server's idle timer started: not
      * after a checkpoint on the control session. */
@@ -890,7 +892,8 @@ static int named_publish(struct mysql_conn *mc, dlock_held *held, const void *va
             err = mc_lease_over(mc, h->ttl_ms, "publish");
         } else {
             struct bound b = mc_stmt_bound(NULL, mc->timeout_ms);
-            err = mc_elect_publish(mc, &s->c, k, h->base.token, value, len, guard, &b, &no_table);
+            struct elect_pub p = {k, h->base.token, h->owner, h->ttl_ms, value, len, guard};
+            err = mc_elect_publish(mc, &s->c, &p, &b, &no_table);
             if (err && !s->c.dead && s->c.last_errno == ER_SUBQUERY_NO_1_ROW) {
                 h->sh.gone = 1;
                 err = dlock_seterr(cl(mc), DLOCK_ELOST,
@@ -916,9 +919,11 @@ static int named_publish(struct mysql_conn *mc, dlock_held *held, const void *va
 /*
  * leader: one statement on the control session: the holder's session
  * (IS_USED_LOCK) and the value row that session published, the row's token
- * the term. A holder that published nothing (a plain acquire, a campaign
- * between its grant and its publish) is held with no token, as inspect
- * tells it. No waiters: an observer reads this ten times a second.
+ * the term, its owner id and TTL (less the session's idle time: the lease
+ * left). A holder that published nothing (a plain acquire, a campaign
+ * between its grant and its publish) is held with no token, named by its
+ * session as inspect does. No waiters: an observer reads this ten times a
+ * second.
  */
 static int named_leader(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info,
                         char *value, size_t *value_len)
@@ -932,9 +937,10 @@ static int named_leader(struct mysql_conn *mc, const char *name, size_t len, dlo
         return err;
     leader_key(lname, kx);
     snprintf(sql, sizeof sql,
-             "SELECT h.s, v.token, v.value FROM (SELECT IS_USED_LOCK(%s) AS s) h LEFT JOIN"
-             " `%s_leaders` v ON v.k = X'%s' AND v.session_id = h.s",
-             lname, mc->table, kx);
+             "SELECT h.s, v.token, v.value, v.owner, v.ttl_ms - %s FROM (SELECT IS_USED_LOCK(%s)"
+             " AS s) h LEFT JOIN `%s_leaders` v ON v.k = X'%s' AND v.session_id = h.s LEFT JOIN"
+             " information_schema.PROCESSLIST p ON p.ID = v.session_id",
+             mc_elect_idle_ms(mc), lname, mc->table, kx);
     struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
     if ((err = mc_elect_read(mc, sql, &call, &ctl, &res)) != 0) {
         if (!ctl || ctl->dead || ctl->last_errno != ER_NO_SUCH_TABLE)
@@ -952,6 +958,9 @@ static int named_leader(struct mysql_conn *mc, const char *name, size_t len, dlo
             info->token = strtoull(row[1], NULL, 10);
             info->known |= DLOCK_KNOWS_TOKEN;
             mc_elect_value(res, row, 2, value, value_len);
+            if (row[3] && strlen(row[3]) == 32)
+                snprintf(info->owner, sizeof info->owner, "%s", row[3]);
+            mc_elect_lease(row[4], info);
         }
     }
     mysql_free_result(res);
@@ -975,7 +984,10 @@ static int named_wake(struct mysql_conn *mc, const char *name, size_t len)
     snprintf(sql, sizeof sql,
              "DELETE FROM `%s_leaders` WHERE k = X'%s' AND session_id <> COALESCE(IS_USED_LOCK(%s),"
              " 0)", mc->table, kx, lname);
-    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
+    /* Within a lost lock's release, the core's bound (dlock_call_deadline()). */
+    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 0};
+    if (dlock_call_deadline() < call.until)
+        call.until = dlock_call_deadline();
     for (int tries = 0; tries < 2; tries++) {
         if ((err = mc_ctl_session(mc, &call, &ctl)) == 0 &&
             (err = mc_exec_sql(mc, ctl, sql, &call, "wake")) == 0)

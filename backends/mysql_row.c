@@ -1151,9 +1151,10 @@ static int row_publish(struct mysql_conn *mc, dlock_held *held, const void *valu
     if (dlock_monotonic_ns() >= h->expires_ns)
         return lock_alive(mc, h, 0, "publish"); /* its lease-over error */
     struct bound b = mc_stmt_bound(NULL, mc->timeout_ms);
-    err = mc_elect_publish(mc, h->s, h->k, h->base.token, value, len, "", &b, &no_table);
-    if (err == 0 && no_table && (err = mc_elect_table(mc)) == 0)
-        err = mc_elect_publish(mc, h->s, h->k, h->base.token, value, len, "", &b, &no_table);
+    struct elect_pub p = {h->k, h->base.token, "", h->ttl_ms, value, len, ""};
+    if ((err = mc_elect_publish(mc, h->s, &p, &b, &no_table)) == 0 && no_table &&
+        (err = mc_elect_table(mc)) == 0)
+        err = mc_elect_publish(mc, h->s, &p, &b, &no_table);
     return err ? hold_lost(mc, h, "publish", err) : 0;
 }
 
