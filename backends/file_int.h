@@ -1,6 +1,8 @@
 /* The file backend's files share this: backends/file.c (lock files,
  * tokens, inspect) calls backends/file_side.c (the side file of shared
- * locks and semaphores), never the other way. */
+ * locks and semaphores) and backends/file_look.c (names, and what a lock
+ * file tells without locking it); backends/file_elect.c (elections) calls
+ * file_look.c; never the other way. */
 #ifndef DLOCK_BACKENDS_FILE_INT_H
 #define DLOCK_BACKENDS_FILE_INT_H
 
@@ -59,5 +61,59 @@ int dlock_file_clear_record(dlock_client *c, int side, off_t slot);
  * slot is held, in token order: *outp (malloc'd, free it), *np. */
 int dlock_file_read_records(struct file_conn *fc, const char *fname, dlock_holder **outp,
                             size_t *np);
+
+/* A held lock (file.c grants it; file_look.c checks it; file_elect.c
+ * publishes for it). */
+struct file_held {
+    dlock_held base;
+    int fd;
+    /* The request's name, kept by the core until the release (see
+     * dlock_request): the file name is encoded again when needed, not
+     * kept (a client may hold 100 000 locks). */
+    const char *name;
+    size_t name_len;
+    /* A reader or a permit: the side file (its mark and its slot), the
+     * slot; else -1. */
+    int side;
+    off_t slot;
+    /* The grant's owner id (the lock file's owner=), as raw bytes. */
+    unsigned char owner[16];
+};
+
+/* Whether the file we locked (fd) is still the one at fname in dirfd. */
+int dlock_file_still_linked(int dirfd, const char *fname, int fd);
+/* DLOCK_ELOST (recorded) when h's lock file, or its side file, was
+ * removed or replaced while held: ours no longer excludes anyone. */
+int dlock_file_check_held(dlock_conn *conn, struct file_held *h);
+
+/* What the lock file fname tells, read without locking it: state F_UNLCK
+ * (free, or never taken), F_WRLCK (an exclusive holder), F_RDLCK (readers
+ * or permits); the last grant's token, owner (hex, "" when none) and pid
+ * (0 when none) when parsed. */
+struct dlock_file_look {
+    int state, parsed;
+    uint64_t token;
+    long pid;
+    char owner[DLOCK_HOLDER_MAX];
+};
+int dlock_file_look(struct file_conn *fc, const char *fname, struct dlock_file_look *lk);
+/* The holders of name: an exclusive one from the lock file, readers or
+ * permits from the side file's records, in token order (*hsp malloc'd, *np
+ * of them); *lk what the lock file says. */
+int dlock_file_holders(struct file_conn *fc, const char *name, size_t len,
+                       struct dlock_file_look *lk, dlock_holder **hsp, size_t *np);
+/* inspect(): info from the holders; *lk what the lock file says. */
+int dlock_file_info(struct file_conn *fc, const char *name, size_t len, dlock_info *info,
+                    struct dlock_file_look *lk);
+
+/* Elections (backends/file_elect.c, docs/file.md "Elections"). */
+int dlock_file_publish(dlock_conn *conn, dlock_held *held, const void *value, size_t len);
+int dlock_file_leader(dlock_conn *conn, const char *name, size_t len, dlock_info *info,
+                      char *value, size_t *value_len);
+int dlock_file_wake(dlock_conn *conn, const char *name, size_t len);
+int dlock_file_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_watch **watchp);
+int dlock_file_watch_fd(dlock_watch *watch);
+int dlock_file_watch_read(dlock_watch *watch);
+void dlock_file_watch_close(dlock_watch *watch);
 
 #endif

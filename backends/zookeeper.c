@@ -152,6 +152,7 @@ struct zk_held {
     unsigned gen;
     struct zk_held *next; /* on zc->watched, under mu */
     int deleted;          /* our node was deleted (not by us), under mu */
+    int version;          /* our node's data version as known (-1: look it up) */
     char path[];          /* our lock node */
 };
 
@@ -284,6 +285,7 @@ static void session_end(struct zk_conn *zc)
     zc->zh = NULL;
     zc->gen++;
     pthread_mutex_unlock(&zc->mu);
+    zk_elect_session_ended(zc);
     if (zh)
         zookeeper_close(zh);
     pthread_mutex_lock(&zc->mu);
@@ -1199,6 +1201,25 @@ static int read_queue(struct zk_conn *zc, const char *name, size_t len, size_t w
  * counted until its delete lands or its session expires, and so is a try
  * acquire's node in the instant before it deletes it.
  */
+static void fill_info(dlock_info *info, const struct zk_kids *k, size_t nh, uint64_t czxid,
+                      int foreign)
+{
+    info->known = DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER;
+    info->held = nh > 0;
+    if (info->held && !foreign) { /* a kazoo client's holder has no token */
+        info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_LAST_TOKEN;
+        info->token = info->last_token = czxid;
+    }
+    if (info->held) {
+        zk_node_owner(k->v[nh - 1].name, info->owner, sizeof info->owner);
+        if (info->owner[0])
+            info->known |= DLOCK_KNOWS_OWNER;
+        info->waiters = k->n - nh;
+        for (size_t i = nh; i < k->n && info->listed < DLOCK_INFO_LISTED; i++)
+            zk_node_owner(k->v[i].name, info->waiter[info->listed++], DLOCK_HOLDER_MAX);
+    }
+}
+
 static int zk_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
 {
     struct zk_conn *zc = (struct zk_conn *)conn;
@@ -1209,20 +1230,7 @@ static int zk_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info
     int err = read_queue(zc, name, len, 1, 1, &k, &nh, &st, &foreign);
     if (err)
         return err;
-    info->known = DLOCK_KNOWS_HELD | DLOCK_KNOWS_WAITERS | DLOCK_KNOWS_ORDER;
-    info->held = nh > 0;
-    if (info->held && !foreign[0]) { /* a kazoo client's holder has no token */
-        info->known |= DLOCK_KNOWS_TOKEN | DLOCK_KNOWS_LAST_TOKEN;
-        info->token = info->last_token = (uint64_t)st[0].czxid;
-    }
-    if (info->held) {
-        zk_node_owner(k.v[nh - 1].name, info->owner, sizeof info->owner);
-        if (info->owner[0])
-            info->known |= DLOCK_KNOWS_OWNER;
-        info->waiters = k.n - nh;
-        for (size_t i = nh; i < k.n && info->listed < DLOCK_INFO_LISTED; i++)
-            zk_node_owner(k.v[i].name, info->waiter[info->listed++], DLOCK_HOLDER_MAX);
-    }
+    fill_info(info, &k, nh, nh ? (uint64_t)st[0].czxid : 0, nh && foreign[0]);
     zk_kids_free(&k);
     free(st);
     free(foreign);
@@ -1257,6 +1265,86 @@ static int zk_inspect_holders(dlock_conn *conn, const char *name, size_t len,
     free(st);
     free(foreign);
     return 0;
+}
+
+/* ---- elections (zookeeper_elect.c; none in layout=kazoo: the caps) ---- */
+
+/* Our election lock's node gets the value, while the session holds it. */
+static int zk_publish(dlock_conn *conn, dlock_held *held, const void *value, size_t len)
+{
+    struct zk_conn *zc = (struct zk_conn *)conn;
+    struct zk_held *h = (struct zk_held *)held;
+    if (h->gen != zc->gen)
+        return lost(zc, "the session that held the lock has ended: nothing published");
+    pthread_mutex_lock(&zc->mu);
+    int deleted = h->deleted;
+    pthread_mutex_unlock(&zc->mu);
+    enum session_status s = session_status(zc);
+    if (s == SESSION_DEAD)
+        session_end(zc);
+    if (deleted || s == SESSION_DEAD)
+        return lost(zc, "the lock node is gone (session expired or node deleted): nothing "
+                        "published");
+    if (s == SESSION_SUSPENDED)
+        return dlock_seterr(cl(zc), DLOCK_ECONNECT, "zookeeper %s: disconnected: nothing "
+                            "published", zc->hosts);
+    uint64_t until = dlock_monotonic_ns() + (uint64_t)timeout_ms(zc) * 2 / 3 * MS;
+    int rc = zk_elect_publish(zc, h->path, h->base.token, &h->version, value, len, until);
+    if (rc == ZNONODE || rc == ZBADVERSION)
+        return lost(zc, "the lock node is gone or not ours: nothing published");
+    return rc == ZOK ? 0 : zk_error(zc, rc, "cannot publish on", h->path);
+}
+
+/* inspect() plus the holder's value, read from its own node. */
+static int zk_leader(dlock_conn *conn, const char *name, size_t len, dlock_info *info,
+                     char *value, size_t *value_len)
+{
+    struct zk_conn *zc = (struct zk_conn *)conn;
+    struct zk_kids k = {NULL, 0};
+    uint64_t czxid = 0;
+    size_t nh = 0;
+    char *parent = NULL;
+    uint64_t until = dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS;
+    int err = name_parent(zc, name, len, &parent);
+    while (err == 0 && (err = session_connect(zc, until)) == 0) {
+        uint64_t seen = zk_events_now(zc);
+        int rc = zk_elect_read(zc, parent, &k, &nh, &czxid, value, value_len, until);
+        if (rc == ZOK) {
+            fill_info(info, &k, nh, czxid, 0);
+            break;
+        }
+        /* ZNONODE: the holder let go between the listing and the read. */
+        if ((rc != ZNONODE && !is_connection_error(rc)) || dlock_monotonic_ns() >= until) {
+            err = zk_error(zc, rc, "cannot read the election under", parent);
+            break;
+        }
+        if (rc != ZNONODE)
+            retry_pause(zc, seen);
+    }
+    zk_kids_free(&k);
+    free(parent);
+    return err;
+}
+
+/* Nothing to do: a release deletes the holder's node, which the observers'
+ * child watch sees. */
+static int zk_wake_observers(dlock_conn *conn, const char *name, size_t len)
+{
+    (void)conn, (void)name, (void)len;
+    return 0;
+}
+
+static int zk_watch_open(dlock_conn *conn, const char *name, size_t len, dlock_watch **watchp)
+{
+    struct zk_conn *zc = (struct zk_conn *)conn;
+    char *parent = NULL;
+    int err = name_parent(zc, name, len, &parent);
+    if (!err)
+        err = session_connect(zc, dlock_monotonic_ns() + (uint64_t)zc->connect_ms * MS);
+    if (!err)
+        err = zk_elect_watch_open(zc, parent, watchp);
+    free(parent);
+    return err;
 }
 
 /* ---- open and close -------------------------------------------------- */
@@ -1333,9 +1421,11 @@ static int parse_uri(struct zk_conn *zc, const dlock_uri *uri)
         (err = dlock_uri_param_choice(cl(zc), uri, "layout", zk_layouts, &layout)))
         return err;
     zc->layout = (enum zk_layout)layout;
-    /* kazoo's names have no semaphore: the core refuses limits. */
+    /* kazoo's names have no semaphore, nor election (kazoo's Election recipe
+     * names its nodes otherwise): the core refuses them. */
     if (zc->layout == ZK_LAYOUT_KAZOO)
-        zc->base.caps = dlock_zookeeper_backend.caps & ~DLOCK_CAP_SEMAPHORE;
+        zc->base.caps = dlock_zookeeper_backend.caps &
+                        ~(DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION | DLOCK_CAP_WATCH);
     zc->session_ms = (int)session_ms;
     zc->connect_ms = (int)connect_ms;
     if ((user && strchr(user, ':')) || (password && (!user || !user[0])))
@@ -1477,7 +1567,8 @@ const dlock_backend dlock_zookeeper_backend = {
      * keeps alive by itself; the TTL is not used. No HOLDER_DEATH: a dead
      * holder's lock is freed when its session times out, not at once. */
     .caps = DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE |
-            DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+            DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION |
+            DLOCK_CAP_WATCH,
     .options = zk_options,
     .open = zk_open,
     .close = zk_close,
@@ -1491,4 +1582,11 @@ const dlock_backend dlock_zookeeper_backend = {
     .raise_floor = zk_raise_floor,
     .inspect = zk_inspect,
     .inspect_holders = zk_inspect_holders,
+    .publish = zk_publish,
+    .leader = zk_leader,
+    .wake = zk_wake_observers,
+    .watch_open = zk_watch_open,
+    .watch_fd = zk_elect_watch_fd,
+    .watch_read = zk_elect_watch_read,
+    .watch_close = zk_elect_watch_close,
 };

@@ -43,6 +43,10 @@ struct zk_call {
     struct zk_kids kids;  /* a listing's lock children */
     struct zk_probe *probe; /* token_top's transaction */
     char data[ZK_DATA_MAX]; /* a getData's first bytes */
+    char *value;          /* a whole getData's (zk_get_value()), or NULL */
+    int value_len;
+    zoo_op_t *ops;        /* a publish's transaction (zk_publish_set()) */
+    zoo_op_result_t *results;
     char path[];
 };
 
@@ -75,6 +79,9 @@ static void call_free(struct zk_call *c)
     free(c->created);
     zk_kids_free(&c->kids);
     free(c->probe);
+    free(c->value);
+    free(c->ops);
+    free(c->results);
     free(c);
 }
 
@@ -199,6 +206,13 @@ static void on_data(int rc, const char *value, int len, const struct Stat *st, c
         size_t n = (size_t)len < ZK_DATA_MAX - 1 ? (size_t)len : ZK_DATA_MAX - 1;
         memcpy(c->data, value, n);
         c->data[n] = '\0';
+    }
+    if (rc == ZOK && c->value) {
+        c->value_len = value && len > 0 ? len : 0;
+        if (c->value_len > ZK_ELECTION_DATA_MAX)
+            c->value_len = ZK_ELECTION_DATA_MAX;
+        if (c->value_len)
+            memcpy(c->value, value, (size_t)c->value_len);
     }
     on_stat(rc, st, data);
 }
@@ -422,6 +436,51 @@ int zk_probe(struct zk_conn *zc, const char *path, uint64_t *zxid, uint64_t unti
     return rc;
 }
 
+static void on_published(int rc, const void *data)
+{
+    struct zk_call *c = (struct zk_call *)data;
+    if (rc == ZOK)
+        c->st = c->probe->st;
+    call_complete(c, rc);
+}
+
+/* One transaction: setData of node to value if its version is still
+ * version, and setData of parent to pdata (plen bytes). Nothing is written
+ * unless both are. ZOK and the node's new stat in *st, or the code of the
+ * failed step (ZNONODE, ZBADVERSION for the node's). */
+int zk_publish_set(struct zk_conn *zc, const char *node, int version, const void *value,
+                   size_t len, const char *parent, const char *pdata, size_t plen,
+                   struct Stat *st, uint64_t until)
+{
+    struct zk_call *c = call_new(zc, node, LEAVES_NOTHING);
+    if (c) {
+        c->probe = calloc(1, sizeof *c->probe);
+        c->value = malloc(len + plen + 1);
+        c->ops = calloc(2, sizeof *c->ops);
+        c->results = calloc(2, sizeof *c->results);
+        if (!c->probe || !c->value || !c->ops || !c->results) {
+            call_free(c);
+            c = NULL;
+        }
+    }
+    if (!c)
+        return NOMEM;
+    /* The client marshals the ops at the send: the buffers need not live on. */
+    memcpy(c->value, value, len);
+    memcpy(c->value + len, pdata, plen);
+    zoo_set_op_init(&c->ops[0], node, c->value, (int)len, version, &c->probe->st);
+    zoo_set_op_init(&c->ops[1], parent, c->value + len, (int)plen, -1, NULL);
+    call_sent(c, zoo_amulti(zc->zh, 2, c->ops, c->results, on_published, c));
+    int rc = call_wait(c, until);
+    if (rc == ZOK)
+        *st = c->st;
+    else if (rc != NOREPLY && rc != NOMEM && c->results[0].err != ZOK &&
+             c->results[0].err != ZRUNTIMEINCONSISTENCY)
+        rc = c->results[0].err; /* the node's step failed: its own code */
+    call_put(c);
+    return rc;
+}
+
 int zk_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64_t until)
 {
     struct zk_call *c = call_new(zc, path, LEAVES_NOTHING);
@@ -448,28 +507,52 @@ static void on_synced(int rc, const char *value, const void *data)
  * server we talk to has caught up with the leader as of the sync: what any
  * other session's write committed before it is in the list, even on a
  * follower that was behind. The reply's code, NOREPLY or NOMEM. */
-int zk_sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64_t until)
+static int sync_list(struct zk_conn *zc, const char *path, int sync, struct zk_kids *k,
+                     char *data, size_t *len, uint64_t until)
 {
-    struct zk_call *sc = call_new(zc, zc->root, LEAVES_NOTHING);
+    struct zk_call *sc = sync ? call_new(zc, zc->root, LEAVES_NOTHING) : NULL;
     struct zk_call *lc = call_new(zc, path, LEAVES_NOTHING);
-    if (!sc || !lc) {
-        free(sc), free(lc);
+    struct zk_call *dc = data ? call_new(zc, path, LEAVES_NOTHING) : NULL;
+    if (dc && !(dc->value = malloc(ZK_ELECTION_DATA_MAX)))
+        call_free(dc), dc = NULL;
+    if ((sync && !sc) || !lc || (data && !dc)) {
+        free(sc), free(lc), free(dc);
         return NOMEM;
     }
-    int rc = call_sent(sc, zoo_async(zc->zh, zc->root, on_synced, sc));
+    int rc = sc ? call_sent(sc, zoo_async(zc->zh, zc->root, on_synced, sc)) : ZOK;
     if (rc == ZOK)
         call_sent(lc, zoo_aget_children(zc->zh, path, 0, on_listed, lc));
     else
         call_sent(lc, ZINVALIDSTATE); /* not sent */
-    int lrc = call_wait(lc, until); /* replies come in order: the sync's first */
-    rc = call_wait(sc, until);
+    if (dc)
+        call_sent(dc, rc == ZOK ? zoo_aget(zc->zh, path, 0, on_data, dc) : ZINVALIDSTATE);
+    /* Replies come in order: the sync's first. */
+    int drc = dc ? call_wait(dc, until) : ZOK;
+    int lrc = call_wait(lc, until);
+    rc = sc ? call_wait(sc, until) : ZOK;
     if (rc == ZOK && lrc == ZOK) {
         *k = lc->kids;
         lc->kids = (struct zk_kids){NULL, 0};
     }
+    if (dc && rc == ZOK && lrc == ZOK && drc == ZOK) {
+        memcpy(data, dc->value, (size_t)dc->value_len);
+        *len = (size_t)dc->value_len;
+    }
     call_put(sc);
     call_put(lc);
-    return rc != ZOK ? rc : lrc;
+    call_put(dc);
+    return rc != ZOK ? rc : lrc != ZOK ? lrc : drc;
+}
+
+int zk_sync_list(struct zk_conn *zc, const char *path, struct zk_kids *k, uint64_t until)
+{
+    return sync_list(zc, path, 1, k, NULL, NULL, until);
+}
+
+int zk_list_data(struct zk_conn *zc, const char *path, int sync, struct zk_kids *k, char *data,
+                 size_t *len, uint64_t until)
+{
+    return sync_list(zc, path, sync, k, data, len, until);
 }
 
 /* The acquire's pipelined create + list (zookeeper.c's create_and_list()).

@@ -5,6 +5,8 @@
  * both ways:
  *
  *   zookeeper.c          the recipe: sessions, acquire, release, inspect
+ *     zookeeper_elect.c  elections: the value on the holder's node, the
+ *                        read of the leader, the observers' watch
  *     zookeeper_call.c   requests bounded by a deadline and a cancel, and
  *                        the session's liveness probe
  *       zookeeper_orphans.c  cleanup of what given-up requests left
@@ -56,6 +58,7 @@ struct zk_orphan {
 };
 
 struct zk_held;
+struct zk_ewatch;
 
 struct zk_conn {
     dlock_conn base;
@@ -90,6 +93,7 @@ struct zk_conn {
     int negotiated_ms;        /* the timeout the server granted */
     struct zk_held *watched;  /* held locks whose node is watched, under mu */
     struct zk_orphan *orphans; /* cleanups waiting for a connection, under mu */
+    struct zk_ewatch *ewatches; /* the elections' watches open (zookeeper_elect.c), under mu */
     /* Written by the completion thread, under mu: the highest zxid seen in
      * any reply's stat, so committed: every later czxid is above it. */
     uint64_t seen_zxid;
@@ -220,6 +224,21 @@ uint64_t dlock_zk_probes_sent(dlock_client *c);
  * release wakes only the waiters it admits). */
 uint64_t dlock_zk_watch_events(dlock_client *c);
 
+/* A listing of path with a getData of it pipelined (one round trip), a sync
+ * ahead if asked (as zk_sync_list()): its first ZK_ELECTION_DATA_MAX bytes
+ * of data in data (that much room), *len. The listing's code first, then
+ * the getData's. */
+#define ZK_ELECTION_DATA_MAX (DLOCK_VALUE_MAX + 256)
+int zk_list_data(struct zk_conn *zc, const char *path, int sync, struct zk_kids *k, char *data,
+                 size_t *len, uint64_t until);
+/* An election's publish: one transaction setting node's data to value if
+ * its version is still version (-1: any) and parent's to pdata (plen
+ * bytes). ZOK and node's new stat, else the failed step's code (ZNONODE,
+ * ZBADVERSION: the node's). */
+int zk_publish_set(struct zk_conn *zc, const char *node, int version, const void *value,
+                   size_t len, const char *parent, const char *pdata, size_t plen,
+                   struct Stat *st, uint64_t until);
+
 /* Wakes every waiter of zc, mu held (the client's threads). */
 void zk_wake(struct zk_conn *zc);
 /* The watch and session events counted so far. */
@@ -230,5 +249,29 @@ int zk_wait_event(struct zk_conn *zc, uint64_t seen, uint64_t until);
 /* The acquire's waits watch req's cancel fd (if any), through wake_fd,
  * made at the first such acquire: 0 or an error recorded. */
 int zk_watch_cancel(struct zk_conn *zc, const dlock_request *req);
+
+/* ---- zookeeper_elect.c: elections (called by zookeeper.c) ------------ */
+
+/* Publishes value on node, the election lock's own node (of session gen,
+ * whose token is token): *version is the node's data version as last known
+ * (-1: unknown, looked up). ZOK, ZNONODE or ZBADVERSION (the node is not
+ * ours any more: nothing written), or another code. */
+int zk_elect_publish(struct zk_conn *zc, const char *node, uint64_t token, int *version,
+                     const void *value, size_t len, uint64_t until);
+/* The election of parent, read: its lock children in *k (the caller frees
+ * them), *nh holders (zk_holders()), the newest holder's czxid in *czxid
+ * and, if that holder published one, its value (DLOCK_VALUE_MAX + 1 bytes
+ * of room). ZNONODE: the holder let go in between, look again. */
+int zk_elect_read(struct zk_conn *zc, const char *parent, struct zk_kids *k, size_t *nh,
+                  uint64_t *czxid, char *value, size_t *value_len, uint64_t until);
+/* The observers' watch on parent: child and data watches of its own,
+ * re-armed after each event; zc's session is up. 0 or an error recorded. */
+int zk_elect_watch_open(struct zk_conn *zc, const char *parent, dlock_watch **watchp);
+int zk_elect_watch_fd(dlock_watch *watch);
+int zk_elect_watch_read(dlock_watch *watch);
+void zk_elect_watch_close(dlock_watch *watch);
+/* The session ended (its watches with it): the election watches of zc
+ * break, woken; the core opens them again. */
+void zk_elect_session_ended(struct zk_conn *zc);
 
 #endif

@@ -139,6 +139,20 @@ int dlock_client_open(const char *uri, dlock_client **clientp)
     return rc;
 }
 
+/* After an election's release: wakes its observers, keeping the release's
+ * detail. Not told, observers still learn at the lease's end
+ * (docs/election.md). */
+static void wake_observers(dlock_client *c, dlock_lock *lock)
+{
+    int (*wake)(dlock_conn *, const char *, size_t) = dlock_method(dlock_lock_ops(lock), wake);
+    if (!wake)
+        return;
+    dlock_errsave e;
+    dlock_err_save(c, &e);
+    (void)wake(c->conn, dlock_lock_names(lock), lock->ent[0].len);
+    dlock_err_restore(c, &e);
+}
+
 /* The backend's release of lock, out of the client's table already. A lock
  * the keeper reported lost is released within DLOCK_LOST_RELEASE_MS of
  * since_ns: its store may be silent or down (dlock_call_deadline()). */
@@ -152,7 +166,7 @@ static int release_in_store(dlock_client *c, dlock_lock *lock, uint64_t since_ns
         lock->held->lease_end_ns = 0;
     int rc = dlock_lock_ops(lock)->release(c->conn, lock->held);
     if (lock->elected)
-        dlock_election_wake(lock);
+        wake_observers(c, lock);
     dlock_call_deadline_set(was);
     return rc;
 }

@@ -118,21 +118,8 @@ int dlock_proclaim(dlock_lock *lock, const void *value, size_t len)
 
 int dlock_resign(dlock_lock *lock)
 {
-    /* The release wakes the election's observers (dlock_election_wake()). */
+    /* The release wakes the election's observers (core/client.c). */
     return dlock_release(lock);
-}
-
-void dlock_election_wake(dlock_lock *lock)
-{
-    dlock_client *c = lock->client;
-    int (*wake)(dlock_conn *, const char *, size_t) = dlock_method(dlock_lock_ops(lock), wake);
-    if (!wake)
-        return;
-    dlock_errsave e;
-    dlock_err_save(c, &e);
-    /* Not told, observers still learn at the lease's end (docs/election.md). */
-    (void)wake(c->conn, dlock_lock_names(lock), lock->ent[0].len);
-    dlock_err_restore(c, &e);
 }
 
 int dlock_leader_read(dlock_client *c, const char *name, size_t len, dlock_leader_info *out)

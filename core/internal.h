@@ -117,9 +117,6 @@ int dlock_check_usable(dlock_client *c);
 int dlock_not_on_keeper(void);
 int dlock_check_name(dlock_client *c, const char *name, size_t len);
 int dlock_report_lost(dlock_client *c, const char *detail);
-/* Elections (core/election.c): wakes the observers of an election lock's
- * name after its release, keeping the error detail of the release. */
-void dlock_election_wake(dlock_lock *lock);
 /* One read of the election name (checked) into *out (core/election.c). */
 int dlock_leader_read(dlock_client *c, const char *name, size_t len, dlock_leader_info *out);
 

@@ -93,6 +93,48 @@ static int parse_u32(const char *s, unsigned long lo, unsigned long hi, uint32_t
     return 0;
 }
 
+/* --value V of dlock elect. */
+static int take_value(struct run_args *ra, const char *v)
+{
+    if (!ra->elect)
+        return dlock_usage_error("--value is an option of dlock elect");
+    if (strlen(v) > DLOCK_VALUE_MAX)
+        return dlock_usage_error("--value is %zu bytes: at most %d", strlen(v), DLOCK_VALUE_MAX);
+    ra->value = v;
+    return PROCEED;
+}
+
+/* dlock elect [options] [URI] NAME [--value V] -- COMMAND: a --value after
+ * NAME is taken out of argv[from .. *sep), the rest moved down. */
+static int value_after_name(int *argc, char **argv, int from, int *sep, struct run_args *ra)
+{
+    int w = from, status;
+
+    for (int r = from; r < *sep; r++) {
+        const char *v = NULL;
+
+        if (strcmp(argv[r], "--value") == 0) {
+            if (r + 1 >= *sep)
+                return dlock_usage_error("option '--value' needs an argument");
+            v = argv[++r];
+        } else if (strncmp(argv[r], "--value=", 8) == 0) {
+            v = argv[r] + 8;
+        }
+        if (!v) {
+            argv[w++] = argv[r];
+            continue;
+        }
+        if ((status = take_value(ra, v)) != PROCEED)
+            return status;
+    }
+    if (w < *sep) {
+        memmove(argv + w, argv + *sep, (size_t)(*argc - *sep) * sizeof *argv);
+        *argc -= *sep - w;
+        *sep = w;
+    }
+    return PROCEED;
+}
+
 static int parse_run_options(int argc, char **argv, struct run_args *ra)
 {
     static const struct option longopts[] = {
@@ -147,12 +189,8 @@ static int parse_run_options(int argc, char **argv, struct run_args *ra)
                                    store_uri_shown_value(optarg), DLOCK_LIMIT_MAX);
             break;
         case 'V':
-            if (!ra->elect)
-                return dlock_usage_error("--value is an option of dlock elect");
-            if (strlen(optarg) > DLOCK_VALUE_MAX)
-                return dlock_usage_error("--value is %zu bytes: at most %d", strlen(optarg),
-                                         DLOCK_VALUE_MAX);
-            ra->value = optarg;
+            if (take_value(ra, optarg) != PROCEED)
+                return EX_USAGE;
             break;
         default:
             return dlock_other_option(c, argv);
@@ -191,6 +229,8 @@ static int parse_run_args(int argc, char **argv, struct run_args *ra)
         continue;
     if (sep == argc)
         return dlock_usage_error("missing '--' before COMMAND");
+    if (ra->elect && (status = value_after_name(&argc, argv, optind, &sep, ra)) != PROCEED)
+        return status;
     npos = sep - optind;
     if (npos == 0)
         return dlock_usage_error("missing lock NAME before '--'");

@@ -132,7 +132,7 @@ static const struct kind {
     unsigned name_chars_max;
 } kinds[] = {
     {"file", DLOCK_CAP_FENCING | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
-                 DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+                 DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION | DLOCK_CAP_WATCH,
      NULL, 0, 0, 0, 0},
     /* A PX expiry, to the millisecond. */
     {"redis",
@@ -183,8 +183,9 @@ static const struct kind {
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
      "session", 1000, 0, 0, 200, 64},
     {"zookeeper",
-     DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE, NULL, 0,
-     0, 0, 200},
+     DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE |
+         DLOCK_CAP_ELECTION | DLOCK_CAP_WATCH,
+     NULL, 0, 0, 0, 200},
     /* layout=kazoo: kazoo's read-write lock nodes, no semaphore. */
     {"zookeeper-kazoo", DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED, NULL, 0, 0,
      0, 200},
