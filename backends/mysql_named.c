@@ -856,12 +856,18 @@ static int named_inspect(struct mysql_conn *mc, const char *name, size_t len, dl
 
 /* ---- elections (mysql_elect.c) ------------------------------------------ */
 
-/* The leaders' table's key of a user lock: SHA-256 of its literal. */
-static void leader_key(const char *lname, char kx[2 * DLOCK_SHA256_LEN + 1])
+/* The user lock of a name (lname, LIT_MAX bytes) and its key in the
+ * leaders' table, in hex: SHA-256 of the literal (publish's key). */
+static int leader_key(struct mysql_conn *mc, const char *name, size_t len, char *lname,
+                      char kx[2 * DLOCK_SHA256_LEN + 1])
 {
     unsigned char k[DLOCK_SHA256_LEN];
-    dlock_sha256(lname, strlen(lname), k);
-    dlock_hex(k, DLOCK_SHA256_LEN, kx);
+    int err = named_literal(mc, name, len, lname);
+    if (err == 0) {
+        dlock_sha256(lname, strlen(lname), k);
+        dlock_hex(k, DLOCK_SHA256_LEN, kx);
+    }
+    return err;
 }
 
 /*
@@ -931,11 +937,10 @@ static int named_leader(struct mysql_conn *mc, const char *name, size_t len, dlo
     char lname[LIT_MAX], kx[2 * DLOCK_SHA256_LEN + 1], sql[256 + 2 * LIT_MAX];
     struct session *ctl = NULL;
     MYSQL_RES *res = NULL;
-    int err = named_literal(mc, name, len, lname);
+    int err = leader_key(mc, name, len, lname, kx);
     *value_len = 0;
     if (err)
         return err;
-    leader_key(lname, kx);
     snprintf(sql, sizeof sql,
              "SELECT h.s, v.token, v.value, v.owner, v.ttl_ms - %s FROM (SELECT IS_USED_LOCK(%s)"
              " AS s) h LEFT JOIN `%s_leaders` v ON v.k = X'%s' AND v.session_id = h.s LEFT JOIN"
@@ -975,12 +980,11 @@ static int named_leader(struct mysql_conn *mc, const char *name, size_t len, dlo
  */
 static int named_wake(struct mysql_conn *mc, const char *name, size_t len)
 {
-    char lname[LIT_MAX], kx[2 * DLOCK_SHA256_LEN + 1], sql[192 + LIT_MAX];
+    char lname[LIT_MAX], kx[2 * DLOCK_SHA256_LEN + 1], sql[256 + LIT_MAX];
     struct session *ctl;
-    int err = named_literal(mc, name, len, lname);
+    int err = leader_key(mc, name, len, lname, kx);
     if (err)
         return err;
-    leader_key(lname, kx);
     snprintf(sql, sizeof sql,
              "DELETE FROM `%s_leaders` WHERE k = X'%s' AND session_id <> COALESCE(IS_USED_LOCK(%s),"
              " 0)", mc->table, kx, lname);

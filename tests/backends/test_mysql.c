@@ -2191,6 +2191,25 @@ static void test_named_options(void)
     dlock_client_close(c);
 }
 
+/* A campaigns for n; its session (found by session()) killed, B reads no
+ * leader and no value, and A's proclaim fails with DLOCK_ELOST. */
+static void leader_killed(dlock_client *a, dlock_client *b, const char *n,
+                          long long (*session)(const char *))
+{
+    dlock_lock *l = NULL;
+    dlock_leader_info li;
+    char sql[64];
+    is_int(dlock_campaign(a, n, "x", 1, NULL, &l), 0, "A campaigns again");
+    snprintf(sql, sizeof sql, "KILL %lld", session(n));
+    ok(mysql_query(raw, sql) == 0, "the leader's session is killed: %s", mysql_error(raw));
+    sleep_ms(50);
+    is_int(dlock_leader(b, n, &li), 0, "B reads");
+    ok(!li.held && li.value_len == 0, "no leader, the value gone with the lock");
+    is_int(dlock_proclaim(l, "y", 1), DLOCK_ELOST, "A's proclaim → DLOCK_ELOST");
+    diag("%s", dlock_errmsg(a));
+    dlock_release(l);
+}
+
 /*
  * Elections on row locks (issue 29): the value (any bytes) is the holder's
  * uncommitted row of <table>_leaders, read by leader() with its grant; a
@@ -2232,16 +2251,7 @@ static void test_elect(void)
        "a plain holder: held, its token, no value (%zu)", li.value_len);
     if (p)
         dlock_release(p);
-    l = NULL;
-    is_int(dlock_campaign(a, n, "x", 1, NULL, &l), 0, "A campaigns again");
-    snprintf(sql, sizeof sql, "KILL %lld", holder_session(n));
-    ok(mysql_query(raw, sql) == 0, "the leader's session is killed: %s", mysql_error(raw));
-    sleep_ms(50);
-    is_int(dlock_leader(b, n, &li), 0, "B reads");
-    ok(!li.held && li.value_len == 0, "no leader, the value gone with the lock");
-    is_int(dlock_proclaim(l, "y", 1), DLOCK_ELOST, "A's proclaim → DLOCK_ELOST");
-    diag("%s", dlock_errmsg(a));
-    dlock_release(l);
+    leader_killed(a, b, n, holder_session);
     dlock_client_close(a);
     dlock_client_close(b);
 }
@@ -2257,7 +2267,7 @@ static void test_elect(void)
 static void test_named_elect(void)
 {
     static const char v[] = "n\0v";
-    char n[128], sql[256], plain[1200];
+    char n[128], plain[1200];
     dlock_client *a = open_ok(uri_named), *b = open_ok(uri_named), *c = NULL;
     dlock_lock *l = NULL, *p = NULL;
     dlock_leader_info li;
@@ -2282,16 +2292,7 @@ static void test_named_elect(void)
     ok(li.held && li.value_len == 0, "a plain holder: held, no value");
     if (p)
         dlock_release(p);
-    l = NULL;
-    is_int(dlock_campaign(a, n, "x", 1, NULL, &l), 0, "A campaigns again");
-    snprintf(sql, sizeof sql, "KILL %lld", named_holder_session(n));
-    ok(mysql_query(raw, sql) == 0, "the leader's session is killed: %s", mysql_error(raw));
-    sleep_ms(50);
-    is_int(dlock_leader(b, n, &li), 0, "B reads");
-    ok(!li.held && li.value_len == 0, "no leader");
-    is_int(dlock_proclaim(l, "y", 1), DLOCK_ELOST, "A's proclaim → DLOCK_ELOST");
-    diag("%s", dlock_errmsg(a));
-    dlock_release(l);
+    leader_killed(a, b, n, named_holder_session);
     snprintf(plain, sizeof plain, "%s%slayout=plain", uri_env, strchr(uri_env, '?') ? "&" : "?");
     c = open_ok(plain);
     ok(!(dlock_client_caps(c) & DLOCK_CAP_ELECTION), "layout=plain declares no elections");
