@@ -93,18 +93,11 @@ int mc_elect_publish(struct mysql_conn *mc, struct session *s, const struct elec
     return err;
 }
 
-const char *mc_elect_idle_ms(const struct mysql_conn *mc)
+void mc_elect_lease(const char *ttl_ms, dlock_info *info)
 {
-    /* MySQL's PROCESSLIST counts whole seconds */
-    return mc->mariadb ? "p.TIME_MS" : "p.TIME * 1000";
-}
-
-void mc_elect_lease(const char *left, dlock_info *info)
-{
-    if (!left)
+    if (!ttl_ms)
         return;
-    double ms = strtod(left, NULL);
-    info->lease_ms = ms > 0 ? (uint64_t)ms : 0;
+    info->lease_ms = strtoull(ttl_ms, NULL, 10);
     info->known |= DLOCK_KNOWS_LEASE;
 }
 
@@ -164,9 +157,10 @@ void mc_elect_value(MYSQL_RES *res, MYSQL_ROW row, int col, char *value, size_t 
  * asks the row whether it is locked (the view's held, as inspect does);
  * token=sequence's grant is the lock row's own uncommitted one. No
  * waiters (inspect's views cost a scan of every transaction): an observer
- * reads this ten times a second. The lease: the TTL published less the
- * holder session's idle time (PROCESSLIST: the server ends the session,
- * and the lock, wait_timeout after its last statement).
+ * reads this ten times a second. The lease: the TTL published, the most
+ * the holder can have left (the server ends its session wait_timeout after
+ * its last statement; the session's idle time is in PROCESSLIST, whose
+ * read would triple the cost).
  */
 int mc_elect_row_leader(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info,
                         char *value, size_t *value_len)
@@ -182,10 +176,9 @@ int mc_elect_row_leader(struct mysql_conn *mc, const char *name, size_t len, dlo
     dlock_sha256(name, len, k);
     dlock_hex(k, DLOCK_SHA256_LEN, kx);
     snprintf(sql, sizeof sql,
-             "SELECT g.token, g.owner, v.token, v.value, v.ttl_ms - %s FROM `%s%s` g LEFT JOIN"
-             " `%s_leaders` v ON v.k = g.k AND v.token = g.token LEFT JOIN"
-             " information_schema.PROCESSLIST p ON p.ID = v.session_id WHERE g.k = X'%s'%s",
-             mc_elect_idle_ms(mc), mc->table, v->grant_table, mc->table, kx, v->grant_live);
+             "SELECT g.token, g.owner, v.token, v.value, v.ttl_ms FROM `%s%s` g LEFT JOIN"
+             " `%s_leaders` v ON v.k = g.k AND v.token = g.token WHERE g.k = X'%s'%s",
+             mc->table, v->grant_table, mc->table, kx, v->grant_live);
     struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
     int err = mc_elect_read(mc, sql, &call, &ctl, &res);
     if (err && ctl && !ctl->dead && ctl->last_errno == ER_NO_SUCH_TABLE) {

@@ -296,10 +296,9 @@ struct elect_pub {
  * still set: a missing table is then an error). */
 int mc_elect_publish(struct mysql_conn *mc, struct session *s, const struct elect_pub *p,
                      const struct bound *b, int *no_table);
-/* A session's idle time in ms, as SQL on information_schema.PROCESSLIST p. */
-const char *mc_elect_idle_ms(const struct mysql_conn *mc);
-/* left: the lease left, ms, as the server's text (NULL: not known). */
-void mc_elect_lease(const char *left, dlock_info *info);
+/* The lease of a leader's value row: its ttl_ms column, the server's text
+ * (NULL: no row). */
+void mc_elect_lease(const char *ttl_ms, dlock_info *info);
 /* sql's result on the control session at READ UNCOMMITTED (*ctlp: the
  * session it ran on, for its last_errno; ER_NO_SUCH_TABLE: no leaders'
  * table yet). */

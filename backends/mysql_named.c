@@ -924,9 +924,9 @@ static int named_publish(struct mysql_conn *mc, dlock_held *held, const void *va
 
 /*
  * leader: one statement on the control session: the holder's session
- * (IS_USED_LOCK) and the value row that session published, the row's token
- * the term, its owner id and TTL (less the session's idle time: the lease
- * left). A holder that published nothing (a plain acquire, a campaign
+ * (IS_USED_LOCK) and the value row, shown if that session published it:
+ * the row's token the term, its owner id, its TTL the lease (the most it
+ * can have left). A holder that published nothing (a plain acquire, a campaign
  * between its grant and its publish) is held with no token, named by its
  * session as inspect does. No waiters: an observer reads this ten times a
  * second.
@@ -934,18 +934,18 @@ static int named_publish(struct mysql_conn *mc, dlock_held *held, const void *va
 static int named_leader(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info,
                         char *value, size_t *value_len)
 {
-    char lname[LIT_MAX], kx[2 * DLOCK_SHA256_LEN + 1], sql[256 + 2 * LIT_MAX];
+    char lname[LIT_MAX], kx[2 * DLOCK_SHA256_LEN + 1], sql[384 + 2 * LIT_MAX];
     struct session *ctl = NULL;
     MYSQL_RES *res = NULL;
     int err = leader_key(mc, name, len, lname, kx);
     *value_len = 0;
     if (err)
         return err;
+    /* The value row first, if any; the UNION's row makes one always. */
     snprintf(sql, sizeof sql,
-             "SELECT h.s, v.token, v.value, v.owner, v.ttl_ms - %s FROM (SELECT IS_USED_LOCK(%s)"
-             " AS s) h LEFT JOIN `%s_leaders` v ON v.k = X'%s' AND v.session_id = h.s LEFT JOIN"
-             " information_schema.PROCESSLIST p ON p.ID = v.session_id",
-             mc_elect_idle_ms(mc), lname, mc->table, kx);
+             "SELECT IS_USED_LOCK(%s), v.token, v.value, v.owner, v.ttl_ms, v.session_id FROM"
+             " `%s_leaders` v WHERE v.k = X'%s' UNION ALL SELECT IS_USED_LOCK(%s), NULL, NULL,"
+             " NULL, NULL, NULL", lname, mc->table, kx, lname);
     struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
     if ((err = mc_elect_read(mc, sql, &call, &ctl, &res)) != 0) {
         if (!ctl || ctl->dead || ctl->last_errno != ER_NO_SUCH_TABLE)
@@ -959,7 +959,7 @@ static int named_leader(struct mysql_conn *mc, const char *name, size_t len, dlo
     if (info->held) {
         snprintf(info->owner, sizeof info->owner, "session %s", row[0]);
         info->known |= DLOCK_KNOWS_OWNER;
-        if (row[1]) {
+        if (row[1] && row[5] && strcmp(row[5], row[0]) == 0) {
             info->token = strtoull(row[1], NULL, 10);
             info->known |= DLOCK_KNOWS_TOKEN;
             mc_elect_value(res, row, 2, value, value_len);
