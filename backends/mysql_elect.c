@@ -101,6 +101,15 @@ void mc_elect_lease(const char *ttl_ms, dlock_info *info)
     info->known |= DLOCK_KNOWS_LEASE;
 }
 
+int mc_elect_publish_on(struct mysql_conn *mc, struct session *s, const struct elect_pub *p,
+                        const struct bound *b)
+{
+    int no_table = 0, err = mc_elect_publish(mc, s, p, b, &no_table);
+    if (err == 0 && no_table && (err = mc_elect_table(mc)) == 0)
+        err = mc_elect_publish(mc, s, p, b, &no_table);
+    return err;
+}
+
 int mc_elect_read(struct mysql_conn *mc, const char *sql, struct bound *call,
                   struct session **ctlp, MYSQL_RES **res)
 {
@@ -152,8 +161,9 @@ void mc_elect_value(MYSQL_RES *res, MYSQL_ROW row, int col, char *value, size_t 
 /*
  * lock=row's leader(): one statement (token=table: two, its control
  * session reading committed rows otherwise) reads the grant and, at READ
- * UNCOMMITTED, the value row of the same token: a value row means its
- * transaction is open, i.e. the row lock held. Without one, token=table
+ * UNCOMMITTED, the value row of the grant's session: a value row means its
+ * transaction is open, i.e. the row lock held; its token is the term (the
+ * grant's, or the floor a list of stores raised it to). Without one, token=table
  * asks the row whether it is locked (the view's held, as inspect does);
  * token=sequence's grant is the lock row's own uncommitted one. No
  * waiters (inspect's views cost a scan of every transaction): an observer
@@ -177,7 +187,7 @@ int mc_elect_row_leader(struct mysql_conn *mc, const char *name, size_t len, dlo
     dlock_hex(k, DLOCK_SHA256_LEN, kx);
     snprintf(sql, sizeof sql,
              "SELECT g.token, g.owner, v.token, v.value, v.ttl_ms FROM `%s%s` g LEFT JOIN"
-             " `%s_leaders` v ON v.k = g.k AND v.token = g.token WHERE g.k = X'%s'%s",
+             " `%s_leaders` v ON v.k = g.k AND v.session_id = g.session_id WHERE g.k = X'%s'%s",
              mc->table, v->grant_table, mc->table, kx, v->grant_live);
     struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
     int err = mc_elect_read(mc, sql, &call, &ctl, &res);
@@ -193,6 +203,8 @@ int mc_elect_row_leader(struct mysql_conn *mc, const char *name, size_t len, dlo
         token = strtoull(row[0], NULL, 10);
         snprintf(owner, sizeof owner, "%s", row[1]);
         if ((published = row[2] != NULL) != 0) {
+            /* its term: a list's (a token raised after the grant) */
+            token = strtoull(row[2], NULL, 10) > token ? strtoull(row[2], NULL, 10) : token;
             mc_elect_value(res, row, 3, value, value_len);
             mc_elect_lease(row[4], info);
         }

@@ -296,6 +296,10 @@ struct elect_pub {
  * still set: a missing table is then an error). */
 int mc_elect_publish(struct mysql_conn *mc, struct session *s, const struct elect_pub *p,
                      const struct bound *b, int *no_table);
+/* mc_elect_publish, making the table first when it is missing: for a
+ * session that may wait for a connect of the control session. */
+int mc_elect_publish_on(struct mysql_conn *mc, struct session *s, const struct elect_pub *p,
+                        const struct bound *b);
 /* The lease of a leader's value row: its ttl_ms column, the server's text
  * (NULL: no row). */
 void mc_elect_lease(const char *ttl_ms, dlock_info *info);

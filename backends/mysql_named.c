@@ -92,6 +92,7 @@ struct named_held {
     struct dlock_sql_held sh; /* its session, lease (s), client-side lease end */
     uint32_t ttl_ms;
     char owner[33];           /* the grant's owner id (publish writes it) */
+    uint64_t raised;          /* the highest floor raised to: a list's term (publish) */
     char lname[];             /* the user lock, an SQL literal (named_literal) */
 };
 
@@ -772,10 +773,12 @@ static int named_raise(struct mysql_conn *mc, dlock_held *held, uint64_t floor)
         h->sh.lease = mc_ceil_s(ttl);
         struct bound b = mc_stmt_bound(NULL, mc->timeout_ms);
         snprintf(sql, sizeof sql, "SELECT SETVAL(`%s_seq`, %" PRIu64 ")", mc->table, floor);
-        if ((err = mc_query_result(mc, &s->c, sql, &b, what, &res)) != 0)
+        if ((err = mc_query_result(mc, &s->c, sql, &b, what, &res)) != 0) {
             err = named_failed(s, err);
-        else
+        } else {
             mysql_free_result(res);
+            h->raised = floor > h->raised ? floor : h->raised;
+        }
     }
     pthread_mutex_unlock(&s->base.mu);
     if (err)
@@ -898,7 +901,8 @@ static int named_publish(struct mysql_conn *mc, dlock_held *held, const void *va
             err = mc_lease_over(mc, h->ttl_ms, "publish");
         } else {
             struct bound b = mc_stmt_bound(NULL, mc->timeout_ms);
-            struct elect_pub p = {k, h->base.token, h->owner, h->ttl_ms, value, len, guard};
+            uint64_t term = h->raised > h->base.token ? h->raised : h->base.token;
+            struct elect_pub p = {k, term, h->owner, h->ttl_ms, value, len, guard};
             err = mc_elect_publish(mc, &s->c, &p, &b, &no_table);
             if (err && !s->c.dead && s->c.last_errno == ER_SUBQUERY_NO_1_ROW) {
                 h->sh.gone = 1;

@@ -40,6 +40,7 @@ struct mysql_held {
     uint64_t expires_ns;    /* end of the lease as the client sees it */
     int shared;             /* a shared holder (LOCK IN SHARE MODE; a <table>_shared row) */
     uint32_t limit;         /* a permit of a semaphore of this limit (the same, with lim) */
+    uint64_t raised;        /* the highest floor raised to: a list's term (publish) */
 };
 
 /* What the two token sources do differently. */
@@ -1145,16 +1146,14 @@ static int lock_alive(struct mysql_conn *mc, struct mysql_held *h, uint64_t unti
 static int row_publish(struct mysql_conn *mc, dlock_held *held, const void *value, size_t len)
 {
     struct mysql_held *h = (struct mysql_held *)held;
-    int err, no_table = 0;
     if (!h->s)
         return dlock_seterr(cl(mc), DLOCK_ELOST, "the lock was lost earlier");
     if (dlock_monotonic_ns() >= h->expires_ns)
         return lock_alive(mc, h, 0, "publish"); /* its lease-over error */
     struct bound b = mc_stmt_bound(NULL, mc->timeout_ms);
-    struct elect_pub p = {h->k, h->base.token, "", h->ttl_ms, value, len, ""};
-    if ((err = mc_elect_publish(mc, h->s, &p, &b, &no_table)) == 0 && no_table &&
-        (err = mc_elect_table(mc)) == 0)
-        err = mc_elect_publish(mc, h->s, &p, &b, &no_table);
+    uint64_t term = h->raised > h->base.token ? h->raised : h->base.token;
+    struct elect_pub p = {h->k, term, "", h->ttl_ms, value, len, ""};
+    int err = mc_elect_publish_on(mc, h->s, &p, &b);
     return err ? hold_lost(mc, h, "publish", err) : 0;
 }
 
@@ -1203,9 +1202,10 @@ static int row_raise_token(struct mysql_conn *mc, dlock_held *held, uint64_t flo
     if (!h->s)
         return dlock_seterr(cl(mc), DLOCK_ELOST, "the lock was lost earlier");
     struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
-    if ((err = lock_alive(mc, h, call.until, what)) != 0)
-        return err;
-    return src(mc)->raise(mc, h, floor, &call);
+    if ((err = lock_alive(mc, h, call.until, what)) == 0 &&
+        (err = src(mc)->raise(mc, h, floor, &call)) == 0 && floor > h->raised)
+        h->raised = floor;
+    return err;
 }
 
 static int seq_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t floor,
