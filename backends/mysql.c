@@ -197,6 +197,10 @@ static int be_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     /* MySQL 8 schedules row-lock waiters by contention (CATS), not by
      * arrival: only MariaDB's queue is first-come first-served. */
     mc->base.caps = dlock_mysql_backend.caps & ~mc->mode->caps_off;
+    /* layout=plain: peers' GET_LOCK(name) holders publish nothing, and
+     * their terms are not known (docs/mysql.md, "Elections"). */
+    if (mc->layout_plain)
+        mc->base.caps &= ~(unsigned)DLOCK_CAP_ELECTION;
     if (!mc->mariadb) /* permits need SET STATEMENT too */
         mc->base.caps &= ~(unsigned)(DLOCK_CAP_FIFO | DLOCK_CAP_SEMAPHORE);
     *connp = &mc->base;
@@ -273,13 +277,34 @@ static int be_inspect_holders(dlock_conn *conn, const char *name, size_t len,
     return err ? err : mc_one_holder(&info, holders, capacity, count);
 }
 
+static int be_publish(dlock_conn *conn, dlock_held *held, const void *value, size_t len)
+{
+    struct mysql_conn *mc = (struct mysql_conn *)conn;
+    return mc->mode->publish(mc, held, value, len);
+}
+
+static int be_leader(dlock_conn *conn, const char *name, size_t len, dlock_info *info,
+                     char *value, size_t *value_len)
+{
+    struct mysql_conn *mc = (struct mysql_conn *)conn;
+    return mc->mode->leader(mc, name, len, info, value, value_len);
+}
+
+/* No watch: observers poll leader(). lock=row has nothing to do (the
+ * release rolled the value back); lock=named drops the released value. */
+static int be_wake(dlock_conn *conn, const char *name, size_t len)
+{
+    struct mysql_conn *mc = (struct mysql_conn *)conn;
+    return mc->mode->wake ? mc->mode->wake(mc, name, len) : 0;
+}
+
 const dlock_backend dlock_mysql_backend = {
     DLOCK_BACKEND_INIT,
     .name = "mysql",
     .schemes = mysql_schemes,
     .caps = DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO |
             DLOCK_CAP_BLOCKING | DLOCK_CAP_DEADLINE | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
-            DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+            DLOCK_CAP_CANCEL | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION,
     .options = mysql_options_list,
     .open = be_open,
     .close = be_close,
@@ -293,4 +318,7 @@ const dlock_backend dlock_mysql_backend = {
     .raise_floor = be_raise_floor,
     .inspect = be_inspect,
     .inspect_holders = be_inspect_holders,
+    .publish = be_publish,
+    .leader = be_leader,
+    .wake = be_wake,
 };

@@ -304,8 +304,12 @@ const struct row_view mc_table_view = {
     .inspect_sql = inspect_table_sql,
     .held = row_locked,
     .known = DLOCK_KNOWS_LAST_TOKEN,
+    .grant_table = "_grants",
+    .grant_live = "",
 };
 
 const struct row_view mc_seq_view = {
     .inspect_sql = inspect_seq_sql,
+    .grant_table = "",
+    .grant_live = " AND g.owner <> ''",
 };

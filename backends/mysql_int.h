@@ -14,6 +14,8 @@
  *                  is that recipe on the plain name (peers' GET_LOCK(name))
  *   mysql_seq.c    the store's tables and its sequence (token=sequence,
  *                  lock=named): setup, the durable mark, floor and top
+ *   mysql_elect.c  elections: the leaders' table, publish's statement,
+ *                  lock=row's leader read
  *   mysql_conn.c   sessions, the non-blocking driver steps, the bounds,
  *                  the control session and the idle pool
  *
@@ -178,6 +180,12 @@ struct mysql_mode {
     /* NULL: the one holder inspect tells (mc_one_holder). */
     int (*inspect_holders)(struct mysql_conn *mc, const char *name, size_t len,
                            dlock_holder *holders, size_t capacity, size_t *count);
+    /* Elections (mysql_elect.c): publish, leader; wake may be NULL (lock=row:
+     * a release rolls the value back by itself). */
+    int (*publish)(struct mysql_conn *mc, dlock_held *held, const void *value, size_t len);
+    int (*leader)(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info,
+                  char *value, size_t *value_len);
+    int (*wake)(struct mysql_conn *mc, const char *name, size_t len);
     unsigned caps_off; /* capabilities the mode lacks (lock=named: shared, semaphores) */
     const struct row_source *row; /* row locks: the token source (mysql_row.c) */
     const struct row_view *view;  /* row locks: inspect's part of it (mysql_inspect.c) */
@@ -254,12 +262,56 @@ struct row_view {
     int (*held)(struct mysql_conn *mc, struct session *ctl, const char *kx, int mariadb,
                 const struct bound *b, int *locked);
     unsigned known; /* what inspect knows beyond DLOCK_KNOWS_HELD */
+    /* leader(): the table holding the grant ("_grants": <table>_grants;
+     * "": the lock row), and what its row needs to be a live grant. */
+    const char *grant_table, *grant_live;
 };
 
 extern const struct row_view mc_table_view, mc_seq_view;
 int mc_row_inspect(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info);
 int mc_row_inspect_holders(struct mysql_conn *mc, const char *name, size_t len,
                            dlock_holder *holders, size_t capacity, size_t *count);
+
+/* ---- mysql_elect.c: elections ------------------------------------------ */
+
+/* Creates <table>_leaders (CREATE TABLE IF NOT EXISTS) on the control
+ * session: the first publish in a store made before elections. */
+int mc_elect_table(struct mysql_conn *mc);
+/* What publish writes: the value of the election whose key is k (lock=row:
+ * SHA-256 of the name; lock=named: of its user lock), with its grant's
+ * token, owner id ("" where the grant keeps it) and TTL; guard: SQL after
+ * "FROM DUAL" that fails the statement (or writes nothing) when the
+ * writing session no longer holds the lock. */
+struct elect_pub {
+    const unsigned char *k;
+    uint64_t token;
+    const char *owner;
+    uint32_t ttl_ms;
+    const void *value;
+    size_t len;
+    const char *guard;
+};
+/* Publishes p on the holder's session s, by b. *no_table: the table is
+ * missing (0 returned): mc_elect_table, then publish again (with *no_table
+ * still set: a missing table is then an error). */
+int mc_elect_publish(struct mysql_conn *mc, struct session *s, const struct elect_pub *p,
+                     const struct bound *b, int *no_table);
+/* mc_elect_publish, making the table first when it is missing: for a
+ * session that may wait for a connect of the control session. */
+int mc_elect_publish_on(struct mysql_conn *mc, struct session *s, const struct elect_pub *p,
+                        const struct bound *b);
+/* The lease of a leader's value row: its ttl_ms column, the server's text
+ * (NULL: no row). */
+void mc_elect_lease(const char *ttl_ms, dlock_info *info);
+/* sql's result on the control session at READ UNCOMMITTED (*ctlp: the
+ * session it ran on, for its last_errno; ER_NO_SUCH_TABLE: no leaders'
+ * table yet). */
+int mc_elect_read(struct mysql_conn *mc, const char *sql, struct bound *call,
+                  struct session **ctlp, MYSQL_RES **res);
+/* Column col of row as the leader's value (*value_len 0 when NULL). */
+void mc_elect_value(MYSQL_RES *res, MYSQL_ROW row, int col, char *value, size_t *value_len);
+int mc_elect_row_leader(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info,
+                        char *value, size_t *value_len);
 
 /* ---- mysql_seq.c: the tables, the sequence and its durable mark --------- */
 

@@ -91,6 +91,8 @@ struct named_held {
     dlock_held base;
     struct dlock_sql_held sh; /* its session, lease (s), client-side lease end */
     uint32_t ttl_ms;
+    char owner[33];           /* the grant's owner id (publish writes it) */
+    uint64_t raised;          /* the highest floor raised to: a list's term (publish) */
     char lname[];             /* the user lock, an SQL literal (named_literal) */
 };
 
@@ -573,6 +575,7 @@ static int named_acquire(struct mysql_conn *mc, const dlock_request *req, dlock_
 granted:
     h->base.token = token;
     h->ttl_ms = req->ttl_ms;
+    memcpy(h->owner, req->owner_hex, sizeof h->owner);
     h->sh.lease = lease;
     /* From the last reply on s, where the server's idle timer started: not
      * after a checkpoint on the control session. */
@@ -770,10 +773,12 @@ static int named_raise(struct mysql_conn *mc, dlock_held *held, uint64_t floor)
         h->sh.lease = mc_ceil_s(ttl);
         struct bound b = mc_stmt_bound(NULL, mc->timeout_ms);
         snprintf(sql, sizeof sql, "SELECT SETVAL(`%s_seq`, %" PRIu64 ")", mc->table, floor);
-        if ((err = mc_query_result(mc, &s->c, sql, &b, what, &res)) != 0)
+        if ((err = mc_query_result(mc, &s->c, sql, &b, what, &res)) != 0) {
             err = named_failed(s, err);
-        else
+        } else {
             mysql_free_result(res);
+            h->raised = floor > h->raised ? floor : h->raised;
+        }
     }
     pthread_mutex_unlock(&s->base.mu);
     if (err)
@@ -852,6 +857,157 @@ static int named_inspect(struct mysql_conn *mc, const char *name, size_t len, dl
     return 0;
 }
 
+/* ---- elections (mysql_elect.c) ------------------------------------------ */
+
+/* The user lock of a name (lname, LIT_MAX bytes) and its key in the
+ * leaders' table, in hex: SHA-256 of the literal (publish's key). */
+static int leader_key(struct mysql_conn *mc, const char *name, size_t len, char *lname,
+                      char kx[2 * DLOCK_SHA256_LEN + 1])
+{
+    unsigned char k[DLOCK_SHA256_LEN];
+    int err = named_literal(mc, name, len, lname);
+    if (err == 0) {
+        dlock_sha256(lname, strlen(lname), k);
+        dlock_hex(k, DLOCK_SHA256_LEN, kx);
+    }
+    return err;
+}
+
+/*
+ * publish: one statement on the lock's session that writes (commits) the
+ * value's row only while IS_USED_LOCK names that session, else fails as
+ * renew's does (NOT_OURS): the proof and the write cannot be told apart.
+ * The leaders' table, when missing, is made with s->base.mu unlocked (a
+ * connect), then the statement is tried once more.
+ */
+static int named_publish(struct mysql_conn *mc, dlock_held *held, const void *value, size_t len)
+{
+    struct named_held *h = (struct named_held *)held;
+    struct named_session *s = session_of(h);
+    unsigned char k[DLOCK_SHA256_LEN];
+    char guard[64 + LIT_MAX];
+    int err = 0, no_table = 0;
+    dlock_sha256(h->lname, strlen(h->lname), k);
+    snprintf(guard, sizeof guard, " WHERE IF(IS_USED_LOCK(%s) = CONNECTION_ID(), 1, " NOT_OURS ")",
+             h->lname);
+    for (int tries = 0; tries < 2 && !err; tries++) {
+        pthread_mutex_lock(&s->base.mu);
+        if (h->sh.gone || !s->c.db) {
+            err = dlock_seterr(cl(mc), DLOCK_ELOST, "mysql %s: publish: the lock was lost: %s",
+                               mc->where, named_lost_why(mc, h));
+        } else if (dlock_monotonic_ns() >= h->sh.lease_end_ns) {
+            named_undo(mc, s, h->lname);
+            h->sh.gone = 1;
+            err = mc_lease_over(mc, h->ttl_ms, "publish");
+        } else {
+            struct bound b = mc_stmt_bound(NULL, mc->timeout_ms);
+            uint64_t term = h->raised > h->base.token ? h->raised : h->base.token;
+            struct elect_pub p = {k, term, h->owner, h->ttl_ms, value, len, guard};
+            err = mc_elect_publish(mc, &s->c, &p, &b, &no_table);
+            if (err && !s->c.dead && s->c.last_errno == ER_SUBQUERY_NO_1_ROW) {
+                h->sh.gone = 1;
+                err = dlock_seterr(cl(mc), DLOCK_ELOST,
+                                   "mysql %s: publish: the session no longer holds the lock",
+                                   mc->where);
+            } else if (err && s->c.dead && !s->c.silent_ms) {
+                err = named_failed(s, dlock_seterr(cl(mc), DLOCK_ELOST,
+                                                   "mysql %s: publish: the server dropped the"
+                                                   " session holding the lock (%s): the lock is"
+                                                   " lost", mc->where, mysql_error(s->c.db)));
+            } else if (err) {
+                err = named_failed(s, err);
+            }
+        }
+        pthread_mutex_unlock(&s->base.mu);
+        if (err || !no_table)
+            return err;
+        err = mc_elect_table(mc);
+    }
+    return err;
+}
+
+/*
+ * leader: one statement on the control session: the holder's session
+ * (IS_USED_LOCK) and the value row, shown if that session published it:
+ * the row's token the term, its owner id, its TTL the lease (the most it
+ * can have left). A holder that published nothing (a plain acquire, a campaign
+ * between its grant and its publish) is held with no token, named by its
+ * session as inspect does. No waiters: an observer reads this ten times a
+ * second.
+ */
+static int named_leader(struct mysql_conn *mc, const char *name, size_t len, dlock_info *info,
+                        char *value, size_t *value_len)
+{
+    char lname[LIT_MAX], kx[2 * DLOCK_SHA256_LEN + 1], sql[384 + 2 * LIT_MAX];
+    struct session *ctl = NULL;
+    MYSQL_RES *res = NULL;
+    int err = leader_key(mc, name, len, lname, kx);
+    *value_len = 0;
+    if (err)
+        return err;
+    /* The value row first, if any; the UNION's row makes one always. */
+    snprintf(sql, sizeof sql,
+             "SELECT IS_USED_LOCK(%s), v.token, v.value, v.owner, v.ttl_ms, v.session_id FROM"
+             " `%s_leaders` v WHERE v.k = X'%s' UNION ALL SELECT IS_USED_LOCK(%s), NULL, NULL,"
+             " NULL, NULL, NULL", lname, mc->table, kx, lname);
+    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
+    if ((err = mc_elect_read(mc, sql, &call, &ctl, &res)) != 0) {
+        if (!ctl || ctl->dead || ctl->last_errno != ER_NO_SUCH_TABLE)
+            return err;
+        dlock_clearerr(cl(mc)); /* nothing was ever published in this store */
+        return named_inspect(mc, name, len, info);
+    }
+    MYSQL_ROW row = mysql_fetch_row(res);
+    info->held = row && row[0];
+    info->known |= DLOCK_KNOWS_HELD;
+    if (info->held) {
+        snprintf(info->owner, sizeof info->owner, "session %s", row[0]);
+        info->known |= DLOCK_KNOWS_OWNER;
+        if (row[1] && row[5] && strcmp(row[5], row[0]) == 0) {
+            info->token = strtoull(row[1], NULL, 10);
+            info->known |= DLOCK_KNOWS_TOKEN;
+            mc_elect_value(res, row, 2, value, value_len);
+            if (row[3] && strlen(row[3]) == 32)
+                snprintf(info->owner, sizeof info->owner, "%s", row[3]);
+            mc_elect_lease(row[4], info);
+        }
+    }
+    mysql_free_result(res);
+    return 0;
+}
+
+/*
+ * wake, after an election's release: the released grant's committed row
+ * goes, unless its session holds the user lock again (a newer grant's row
+ * is its own): else a session that took the name again would show the old
+ * value and term until it published. Observers poll: nothing to wake.
+ */
+static int named_wake(struct mysql_conn *mc, const char *name, size_t len)
+{
+    char lname[LIT_MAX], kx[2 * DLOCK_SHA256_LEN + 1], sql[256 + LIT_MAX];
+    struct session *ctl;
+    int err = leader_key(mc, name, len, lname, kx);
+    if (err)
+        return err;
+    snprintf(sql, sizeof sql,
+             "DELETE FROM `%s_leaders` WHERE k = X'%s' AND session_id <> COALESCE(IS_USED_LOCK(%s),"
+             " 0)", mc->table, kx, lname);
+    /* Within a lost lock's release, the core's bound (dlock_call_deadline()). */
+    struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 0};
+    if (dlock_call_deadline() < call.until)
+        call.until = dlock_call_deadline();
+    for (int tries = 0; tries < 2; tries++) {
+        if ((err = mc_ctl_session(mc, &call, &ctl)) == 0 &&
+            (err = mc_exec_sql(mc, ctl, sql, &call, "wake")) == 0)
+            return 0;
+        if (err && ctl && !ctl->dead && ctl->last_errno == ER_NO_SUCH_TABLE)
+            return 0;
+        if (!mc_ctl_dropped(mc))
+            return err;
+    }
+    return err;
+}
+
 /* The first session sets up the store (mysql_seq.c), then holds nothing
  * among the client's sessions until the first acquire. */
 static int named_open(struct mysql_conn *mc)
@@ -898,6 +1054,9 @@ const struct mysql_mode mc_named_mode = {
     .token_top = mc_seq_token_top,
     .raise_floor = mc_seq_raise_floor,
     .inspect = named_inspect,
+    .publish = named_publish,
+    .leader = named_leader,
+    .wake = named_wake,
     /* GET_LOCK has no shared mode, nor a count: the core refuses both
      * with DLOCK_ENOTSUP (docs/mysql.md, "Shared locks and semaphores"). */
     .caps_off = DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,

@@ -40,6 +40,7 @@ struct mysql_held {
     uint64_t expires_ns;    /* end of the lease as the client sees it */
     int shared;             /* a shared holder (LOCK IN SHARE MODE; a <table>_shared row) */
     uint32_t limit;         /* a permit of a semaphore of this limit (the same, with lim) */
+    uint64_t raised;        /* the highest floor raised to: a list's term (publish) */
 };
 
 /* What the two token sources do differently. */
@@ -66,7 +67,6 @@ static const struct row_source *src(const struct mysql_conn *mc)
 {
     return mc->mode->row;
 }
-
 
 /* "@T" stands for the lock table's name. */
 /* token=table's prepared statements. */
@@ -1141,6 +1141,22 @@ static int lock_alive(struct mysql_conn *mc, struct mysql_held *h, uint64_t unti
     return 0;
 }
 
+/* publish: the value's row in the lock's own transaction (mysql_elect.c),
+ * the statement proving the row lock as lock_alive's does. */
+static int row_publish(struct mysql_conn *mc, dlock_held *held, const void *value, size_t len)
+{
+    struct mysql_held *h = (struct mysql_held *)held;
+    if (!h->s)
+        return dlock_seterr(cl(mc), DLOCK_ELOST, "the lock was lost earlier");
+    if (dlock_monotonic_ns() >= h->expires_ns)
+        return lock_alive(mc, h, 0, "publish"); /* its lease-over error */
+    struct bound b = mc_stmt_bound(NULL, mc->timeout_ms);
+    uint64_t term = h->raised > h->base.token ? h->raised : h->base.token;
+    struct elect_pub p = {h->k, term, "", h->ttl_ms, value, len, ""};
+    int err = mc_elect_publish_on(mc, h->s, &p, &b);
+    return err ? hold_lost(mc, h, "publish", err) : 0;
+}
+
 /* A floor the token column can take: the next grant adds 1. */
 static int table_floor_check(struct mysql_conn *mc, uint64_t floor)
 {
@@ -1186,9 +1202,10 @@ static int row_raise_token(struct mysql_conn *mc, dlock_held *held, uint64_t flo
     if (!h->s)
         return dlock_seterr(cl(mc), DLOCK_ELOST, "the lock was lost earlier");
     struct bound call = {dlock_monotonic_ns() + mc->timeout_ms * MS, DLOCK_ECONNECT, 1};
-    if ((err = lock_alive(mc, h, call.until, what)) != 0)
-        return err;
-    return src(mc)->raise(mc, h, floor, &call);
+    if ((err = lock_alive(mc, h, call.until, what)) == 0 &&
+        (err = src(mc)->raise(mc, h, floor, &call)) == 0 && floor > h->raised)
+        h->raised = floor;
+    return err;
 }
 
 static int seq_raise(struct mysql_conn *mc, struct mysql_held *h, uint64_t floor,
@@ -1383,7 +1400,6 @@ static int prepare_tables(struct mysql_conn *mc)
     return mc_prepare(mc, mc->ctl, ST_CREATE_ROW, &b, &st);
 }
 
-
 /* token=table: the control session, as ever, which prepares its
  * statements (and creates the tables the first time). */
 static int table_open(struct mysql_conn *mc)
@@ -1457,6 +1473,8 @@ const struct mysql_mode mc_row_table_mode = {
     .raise_floor = table_raise_floor,
     .inspect = mc_row_inspect,
     .inspect_holders = mc_row_inspect_holders,
+    .publish = row_publish,
+    .leader = mc_elect_row_leader,
     .row = &table_source,
     .view = &mc_table_view,
 };
@@ -1473,6 +1491,8 @@ const struct mysql_mode mc_row_seq_mode = {
     .raise_floor = mc_seq_raise_floor,
     .inspect = mc_row_inspect,
     .inspect_holders = mc_row_inspect_holders,
+    .publish = row_publish,
+    .leader = mc_elect_row_leader,
     .row = &seq_source,
     .view = &mc_seq_view,
 };

@@ -10,7 +10,9 @@
  * uses one session, and a store of an older dlock keeps its tokens growing;
  * lock=named (user locks, MariaDB): a client holding 1000 locks on a few
  * sessions, two locks on one session, a KILL of a shared session losing
- * all its locks, a killed waiter, a session-mate's lease ending.
+ * all its locks, a killed waiter, a session-mate's lease ending; elections
+ * (issue 29): values with NUL bytes, a plain holder without one, a killed
+ * leader, a store from before elections, layout=plain's refusal.
  * Cases run with token=sequence, and the ones about sessions, kills,
  * tokens and inspect again with token=table (the default, MySQL's path);
  * those reading <table>_grants with token=table only. Each mode on a lock
@@ -2189,6 +2191,118 @@ static void test_named_options(void)
     dlock_client_close(c);
 }
 
+/* A campaigns for n; its session (found by session()) killed, B reads no
+ * leader and no value, and A's proclaim fails with DLOCK_ELOST. */
+static void leader_killed(dlock_client *a, dlock_client *b, const char *n,
+                          long long (*session)(const char *))
+{
+    dlock_lock *l = NULL;
+    dlock_leader_info li;
+    char sql[64];
+    is_int(dlock_campaign(a, n, "x", 1, NULL, &l), 0, "A campaigns again");
+    snprintf(sql, sizeof sql, "KILL %lld", session(n));
+    ok(mysql_query(raw, sql) == 0, "the leader's session is killed: %s", mysql_error(raw));
+    sleep_ms(50);
+    is_int(dlock_leader(b, n, &li), 0, "B reads");
+    ok(!li.held && li.value_len == 0, "no leader, the value gone with the lock");
+    is_int(dlock_proclaim(l, "y", 1), DLOCK_ELOST, "A's proclaim → DLOCK_ELOST");
+    diag("%s", dlock_errmsg(a));
+    dlock_release(l);
+}
+
+/*
+ * Elections on row locks (issue 29): the value (any bytes) is the holder's
+ * uncommitted row of <table>_leaders, read by leader() with its grant; a
+ * plain holder has none; the holder's session killed takes the value with
+ * the lock, and a proclaim then fails with DLOCK_ELOST; a store made
+ * before elections (no <table>_leaders) reads with no value, and its first
+ * campaign makes the table.
+ */
+static void test_elect(void)
+{
+    static const char v[] = "addr\0with\0nul";
+    char n[128], sql[256], key[80];
+    dlock_client *a = open_ok(uri), *b = open_ok(uri);
+    dlock_lock *l = NULL, *p = NULL;
+    dlock_leader_info li;
+    name_of(n, sizeof n, "elect");
+    key_sql(n, key);
+    snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS %s_leaders", lock_tbl);
+    ok(mysql_query(raw, sql) == 0, "a store from before elections: %s", mysql_error(raw));
+    is_int(dlock_leader(b, n, &li), 0, "leader() without <table>_leaders");
+    ok(!li.held && li.value_len == 0, "no leader, no value");
+    is_int(dlock_campaign(a, n, v, sizeof v, NULL, &l), 0, "A campaigns (the table is made)");
+    is_int(dlock_leader(b, n, &li), 0, "B reads the leader");
+    ok(li.held && l && li.term == dlock_lock_token(l), "held, term %llu = A's token",
+       (unsigned long long)li.term);
+    ok(li.value_len == sizeof v && memcmp(li.value, v, sizeof v) == 0,
+       "the value, NUL bytes and all (%zu bytes)", li.value_len);
+    ok(li.known & DLOCK_KNOWS_OWNER, "the owner known");
+    mysql_query(raw, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED");
+    snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM %s_leaders WHERE k = %s", lock_tbl, key);
+    is_int(raw_int(sql), 0, "never committed: a READ COMMITTED reader sees no row");
+    is_int(dlock_proclaim(l, "", 0), 0, "A proclaims an empty value");
+    is_int(dlock_leader(b, n, &li), 0, "B reads");
+    ok(li.held && li.value_len == 0, "held, empty value");
+    is_int(dlock_resign(l), 0, "A resigns");
+    is_int(try_lock(b, n, &p), 0, "B takes the name with a plain acquire");
+    is_int(dlock_leader(a, n, &li), 0, "A reads");
+    ok(li.held && p && li.term == dlock_lock_token(p) && li.value_len == 0,
+       "a plain holder: held, its token, no value (%zu)", li.value_len);
+    if (p)
+        dlock_release(p);
+    leader_killed(a, b, n, holder_session);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/*
+ * Elections with lock=named: the value row is committed, and shown only
+ * while IS_USED_LOCK names the session that wrote it: a plain holder on
+ * another session has none (nor a term), nor does the same session taking
+ * the name again after a resign; the holder's session killed ends the
+ * leader, and a proclaim then fails with DLOCK_ELOST. layout=plain refuses
+ * elections, naming the layout.
+ */
+static void test_named_elect(void)
+{
+    static const char v[] = "n\0v";
+    char n[128], plain[1200];
+    dlock_client *a = open_ok(uri_named), *b = open_ok(uri_named), *c = NULL;
+    dlock_lock *l = NULL, *p = NULL;
+    dlock_leader_info li;
+    name_of(n, sizeof n, "named-elect");
+    is_int(dlock_campaign(a, n, v, sizeof v, NULL, &l), 0, "A campaigns");
+    is_int(dlock_leader(b, n, &li), 0, "B reads the leader");
+    ok(li.held && l && li.term == dlock_lock_token(l) && (li.known & DLOCK_KNOWS_TOKEN),
+       "held, term %llu = A's token", (unsigned long long)li.term);
+    ok(li.value_len == sizeof v && memcmp(li.value, v, sizeof v) == 0, "the value, NUL included");
+    is_int(dlock_proclaim(l, "w", 1), 0, "A proclaims");
+    is_int(dlock_leader(b, n, &li), 0, "B reads");
+    ok(li.value_len == 1 && li.value[0] == 'w', "the new value");
+    is_int(dlock_resign(l), 0, "A resigns");
+    is_int(try_lock(a, n, &p), 0, "A takes the name again with a plain acquire");
+    is_int(dlock_leader(b, n, &li), 0, "B reads");
+    ok(li.held && li.value_len == 0 && !(li.known & DLOCK_KNOWS_TOKEN),
+       "held, no value, no term: not the resigned grant's (%zu bytes)", li.value_len);
+    if (p)
+        dlock_release(p);
+    is_int(try_lock(b, n, &p), 0, "B holds it plainly");
+    is_int(dlock_leader(a, n, &li), 0, "A reads");
+    ok(li.held && li.value_len == 0, "a plain holder: held, no value");
+    if (p)
+        dlock_release(p);
+    leader_killed(a, b, n, named_holder_session);
+    snprintf(plain, sizeof plain, "%s%slayout=plain", uri_env, strchr(uri_env, '?') ? "&" : "?");
+    c = open_ok(plain);
+    ok(!(dlock_client_caps(c) & DLOCK_CAP_ELECTION), "layout=plain declares no elections");
+    is_int(dlock_leader(c, n, &li), DLOCK_ENOTSUP, "its leader() → DLOCK_ENOTSUP");
+    ok(strstr(dlock_errmsg(c), "layout=plain") != NULL, "naming the layout: %s", dlock_errmsg(c));
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -2249,6 +2363,8 @@ int main(void)
         {"named_kill_waiter", test_named_kill_waiter, 0},
         {"named_failed_get", test_named_failed_get, 0},
         {"named_lease_down", test_named_lease_down, 0},
+        {"elect", test_elect, 2},
+        {"named_elect", test_named_elect, 0},
     };
     /* DLOCK_TEST_ONLY=case,case runs only those (for working on one). */
     const char *only = getenv("DLOCK_TEST_ONLY");
@@ -2273,10 +2389,11 @@ int main(void)
             cases[i].run();
         }
     }
-    char drop[160];
+    char drop[256];
     snprintf(drop, sizeof drop, "DROP TABLE IF EXISTS tm_tab%d, tm_tab%d_grants, tm_tab%d_shared,"
-             " tm_seq%d, tm_seq%d_shared", (int)getpid(), (int)getpid(), (int)getpid(),
-             (int)getpid(), (int)getpid());
+             " tm_tab%d_leaders, tm_seq%d, tm_seq%d_shared, tm_seq%d_leaders", (int)getpid(),
+             (int)getpid(), (int)getpid(), (int)getpid(), (int)getpid(), (int)getpid(),
+             (int)getpid());
     mysql_query(raw, drop);
     snprintf(drop, sizeof drop, "DROP SEQUENCE IF EXISTS tm_seq%d_seq", (int)getpid());
     mysql_query(raw, drop);

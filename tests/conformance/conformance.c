@@ -169,14 +169,15 @@ static const struct kind {
     /* wait_timeout, in whole seconds (docs/mysql.md, Lease / TTL). */
     {"mysql",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
-         DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+         DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION,
      NULL, 1000, 0, 0, 200},
     {"mysql-sequence",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
-         DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE,
+         DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION,
      NULL, 1000, 0, 0, 200},
     {"mysql-named",
-     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
+         DLOCK_CAP_ELECTION,
      "session", 1000, 0, 0, 200},
     /* lock=named on the plain name: MySQL's user lock names, 64 characters
      * (docs/mysql.md, "Peer layout: plain"). */
