@@ -17,6 +17,12 @@
  *   the name publishes nothing).
  * A watch that breaks is opened again, then the election read (nothing is
  * missed: the watch is always open before the read it guards).
+ *
+ * Terms never go back: a leader whose term has ended (no leader, or a
+ * higher term, was reported after it) never leads again. A read that shows
+ * such a term caught a store between a grant and its record of it (the
+ * file store: a new holder's lock before its token is written); it is not
+ * reported, and the election is read again STALE_RETRY_MS later.
  */
 #include <errno.h>
 #include <poll.h>
@@ -32,6 +38,7 @@
 #define PUBLISH_GRACE_MS 500u
 #define RETRY_MIN_MS 50u
 #define RETRY_MAX_MS 1000u
+#define STALE_RETRY_MS 5u
 
 struct dlock_observer {
     dlock_client *c; /* the observer's own */
@@ -47,6 +54,7 @@ struct dlock_observer {
     _Atomic uint64_t reads;
     dlock_leader_info last; /* the last state reported */
     int reported;
+    uint64_t ended;         /* the highest term known to have ended */
     uint64_t retry_ms;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -85,6 +93,9 @@ static int same(const dlock_leader_info *a, const dlock_leader_info *b)
 /* Queues st and calls the callback. */
 static void report(dlock_observer *o, const dlock_leader_info *st)
 {
+    if (o->reported && !o->last.err && o->last.held && (!st->held || st->term != o->last.term) &&
+        o->last.term > o->ended)
+        o->ended = o->last.term;
     o->last = *st;
     o->reported = 1;
     pthread_mutex_lock(&o->mu);
@@ -126,6 +137,8 @@ static uint64_t look(dlock_observer *o, uint64_t *pending_until)
         return now + o->retry_ms * 1000000ull;
     }
     o->retry_ms = 0;
+    if (st.held && st.term && st.term <= o->ended)
+        return now + STALE_RETRY_MS * 1000000ull; /* a grant not yet recorded */
     int fresh = st.held && st.value_len == 0 && (!o->reported || o->last.err ||
                                                  !o->last.held || o->last.term != st.term);
     if (fresh && !*pending_until)

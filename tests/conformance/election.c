@@ -289,9 +289,17 @@ static void race_run(struct race *r)
     for (int s = 1; s < r->nseen; s++)
         reported += r->seen[s].li.held && !r->seen[s].li.err;
     ok(first_free, "%s: the observer first reports that no one leads", backend);
-    ok(in_order && reported == CANDIDATES,
-       "the observer reports each of the %d leaders once, in term order (%d reports)", CANDIDATES,
-       reported);
+    if (!ok(in_order && reported == CANDIDATES,
+            "the observer reports each of the %d leaders once, in term order (%d reports)",
+            CANDIDATES, reported)) {
+        for (int k2 = 0; k2 < r->nterms; k2++)
+            diag("leader %d: term %llu, value %s", k2, (unsigned long long)r->term[k2],
+                 r->value[k2]);
+        for (int s2 = 0; s2 < r->nseen; s2++)
+            diag("report %d: held %d, term %llu, value '%s', err %d", s2, r->seen[s2].li.held,
+                 (unsigned long long)r->seen[s2].li.term, r->seen[s2].li.value,
+                 r->seen[s2].li.err);
+    }
     ok(values, "... each with the value it published");
     ok(r->nseen > 0 && !r->seen[r->nseen - 1].li.held, "... and no leader after the last resign");
     is_int(errors, 0, "... and no read error");

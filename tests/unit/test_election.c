@@ -119,8 +119,10 @@ static int f_release(dlock_conn *conn, dlock_held *held)
     struct fheld *h = (struct fheld *)held;
     pthread_mutex_lock(&s->mu);
     int ours = s->held && strcmp(s->owner, h->owner) == 0;
-    if (ours)
+    if (ours) {
         s->held = 0;
+        notify(s); /* a store's watch sees releases */
+    }
     s->releases++;
     pthread_mutex_unlock(&s->mu);
     free(h);
@@ -416,6 +418,31 @@ static void test_observer(void)
     ok(li.held && li.value_len == 0 && took >= 400,
        "... with no value, after the publish grace (%.0f ms)", took);
     dlock_release(plain);
+    is_int(dlock_observer_next(ob, &li, 2000), 0, "its release is reported");
+    /* A read that shows an ended term (a store between a grant and its
+     * record of it) is not a leader: terms never go back. */
+    pthread_mutex_lock(&stores[0].mu);
+    uint64_t ended = stores[0].token;
+    stores[0].held = 1;
+    stores[0].valued = 0;
+    notify(&stores[0]);
+    pthread_mutex_unlock(&stores[0].mu);
+    is_int(dlock_observer_next(ob, &li, 300), DLOCK_EBUSY,
+           "an ended term read again is not reported (term %llu)", (unsigned long long)ended);
+    pthread_mutex_lock(&stores[0].mu);
+    stores[0].token++;
+    memcpy(stores[0].value, "next", 4);
+    stores[0].value_len = 4;
+    stores[0].valued = 1;
+    notify(&stores[0]);
+    pthread_mutex_unlock(&stores[0].mu);
+    is_int(dlock_observer_next(ob, &li, 2000), 0, "the grant, once recorded, is");
+    ok(li.held && li.term == ended + 1 && strcmp(li.value, "next") == 0, "... with its term");
+    pthread_mutex_lock(&stores[0].mu);
+    stores[0].held = 0;
+    notify(&stores[0]);
+    pthread_mutex_unlock(&stores[0].mu);
+    dlock_observer_next(ob, &li, 2000);
     dlock_observer_close(ob);
     ok(lg.n >= 7, "the callback saw every report too (%d)", lg.n);
     dlock_client_close(c);
