@@ -22,7 +22,8 @@
  * higher term, was reported after it) never leads again. A read that shows
  * such a term caught a store between a grant and its record of it (the
  * file store: a new holder's lock before its token is written); it is not
- * reported, and the election is read again STALE_RETRY_MS later.
+ * reported, and the election is read again STALE_RETRY_MS later (for at
+ * most STALE_MAX_MS: then the store is taken at its word).
  */
 #include <errno.h>
 #include <poll.h>
@@ -39,6 +40,7 @@
 #define RETRY_MIN_MS 50u
 #define RETRY_MAX_MS 1000u
 #define STALE_RETRY_MS 5u
+#define STALE_MAX_MS 1000u /* then the store is taken at its word */
 
 struct dlock_observer {
     dlock_client *c; /* the observer's own */
@@ -55,6 +57,7 @@ struct dlock_observer {
     dlock_leader_info last; /* the last state reported */
     int reported;
     uint64_t ended;         /* the highest term known to have ended */
+    uint64_t stale_since;   /* reads of an ended term since (0: none) */
     uint64_t retry_ms;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -137,8 +140,13 @@ static uint64_t look(dlock_observer *o, uint64_t *pending_until)
         return now + o->retry_ms * 1000000ull;
     }
     o->retry_ms = 0;
-    if (st.held && st.term && st.term <= o->ended)
-        return now + STALE_RETRY_MS * 1000000ull; /* a grant not yet recorded */
+    if (st.held && st.term && st.term <= o->ended) {
+        if (!o->stale_since)
+            o->stale_since = now;
+        if (now - o->stale_since < STALE_MAX_MS * 1000000ull)
+            return now + STALE_RETRY_MS * 1000000ull; /* a grant not yet recorded */
+    }
+    o->stale_since = 0;
     int fresh = st.held && st.value_len == 0 && (!o->reported || o->last.err ||
                                                  !o->last.held || o->last.term != st.term);
     if (fresh && !*pending_until)

@@ -101,6 +101,7 @@ wait_for "$dir/b"
 term2=$(<"$dir/b")
 check $([ $a_rc -eq 0 ] && [ -n "$term2" ] && [ "$term2" -gt "$term1" ] && echo 0 || echo 1) \
     "the first command's end resigns: the waiting candidate leads, term $term2 > $term1"
+sleep 0.5 # long enough for an observer that polls (MariaDB: every 100 ms)
 touch "$dir/go2"
 wait $b_pid
 sleep 0.5
