@@ -109,6 +109,14 @@ expect_pass("a test found in another log of the same --expect",
 expect_fail("a test found only in a log outside the --expect",
             ["--expect", "good=" + expected, "good=" + good, "lane=" + lane],
             "t3 (faults+stores): defined in")
+expect_pass("a suite the run left out (!faults) is not expected",
+            ["--expect", "good=" + expected + ":unit,cli,faults,!stores", "good=" + good])
+expect_fail("a suite left out spares only its own tests",
+            ["--expect", "good=" + expected + ":unit,cli,faults,!cli", "good=" + good],
+            "t3 (faults+stores): defined in")
+expect_fail("a suite left out that the build does not have",
+            ["--expect", "good=" + expected + ":unit,!nosuch", "good=" + good],
+            "no test of suite nosuch")
 expect_fail("an expected suite the build does not have",
             ["--expect", "good=" + expected + ":unit,nosuch", "good=" + good],
             "no test of suite nosuch")
