@@ -2353,7 +2353,7 @@ static void test_election_cut(void)
 
 /* d + g. A holder frozen (SIGSTOP of its process group) past its lease is
  * told as soon as it runs again. */
-static void test_paused_holder(void)
+static void paused_case(int elect)
 {
     static const char *const what = "a holder stopped past its lease is told on resume";
     SKIP_FOR_LISTS(what);
@@ -2370,8 +2370,8 @@ static void test_paused_holder(void)
         uri_rewrite(uri, NULL, 0, NULL, "session_timeout=2000", zuri, sizeof zuri);
         curi = zuri;
     }
-    name_of(name, sizeof name, "paused");
-    pid_t pid = spawn_kept(curi, name, ttl, 0, &rfd);
+    name_of(name, sizeof name, elect ? "paused-leader" : "paused");
+    pid_t pid = spawn_kept(curi, name, ttl, elect, &rfd);
     if (kept_acquired(rfd, "", &token) != 0) {
         kill_group(pid);
         close(rfd);
@@ -2412,6 +2412,22 @@ static void test_paused_holder(void)
     dlock_client_close(other);
     kill_group(pid);
     close(rfd);
+}
+
+static void test_paused_holder(void)
+{
+    paused_case(0);
+}
+
+/* The same for an election's leader: stopped past its lease, it is
+ * replaced with a higher term and told on resume. */
+static void test_election_paused(void)
+{
+    if (caps & DLOCK_CAP_ELECTION)
+        paused_case(KEPT_ELECT);
+    else
+        skip("the store has no elections (the election case checks the refusal)",
+             "a leader stopped past its lease is replaced and told on resume");
 }
 
 /* g on the file backend: a lock file replaced under a kept lock. */
@@ -3313,6 +3329,7 @@ side_by_side:;
         {"election: idle observer", test_election_idle, 0, NULL, 0},
         {"election: leader killed", test_election_killed, 0, NULL, 0},
         {"election: leader cut off", test_election_cut, 0, NULL, 0},
+        {"election: leader paused", test_election_paused, 0, NULL, 0},
     };
     int ncases = (int)(sizeof cases / sizeof cases[0]);
     if (only) {
