@@ -1284,6 +1284,7 @@ static int redlock_holders(struct redis_conn *rc, const char *name, size_t len, 
     *count = found;
     dlock_clearerr(cl(rc));
 out:
+    free_replies(rc, replies);
     free(seen);
     free(all);
     return err;
