@@ -1,5 +1,6 @@
 /* `dlock bench URI...`: options, then every measurement on every store. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,11 @@ static const char usage_text[] =
     "  --scale LIST      only the held-locks measurement, for each count N in\n"
     "                    LIST (up to 8, comma-separated, each 1 to 10000000,\n"
     "                    e.g. 10,1000,100000); --iterations sets its samples\n"
+    "  --client-cpu LIST run the bench on these CPUs (as taskset -c: 0, 0,1,\n"
+    "                    0-1), before any client opens\n"
+    "  --store-cpu LIST  move every thread of the server processes listening\n"
+    "                    on each URI's loopback ports to these CPUs (refused\n"
+    "                    when a URI's server is not found on this machine)\n"
     "  --json            print one JSON object instead of the table\n"
     "  --chart FILE      also draw the run (latency percentiles, handoff\n"
     "                    against waiters, throughput) into FILE, SVG or\n"
@@ -197,6 +203,18 @@ static int parse_option(int argc, char **argv, int *i, bench_opts *o)
                                "counts, each 2 to 1000", "");
         return 0;
     }
+    if (option_is(arg, "--client-cpu") || option_is(arg, "--store-cpu")) {
+        int client = option_is(arg, "--client-cpu");
+        size_t len = strlen(client ? "--client-cpu" : "--store-cpu");
+
+        val = opt_value(arg, len, argc, argv, i);
+        if (!val || bench_cpulist_parse(val, client ? &o->client_cpus : &o->store_cpus))
+            return usage_error(client ? "--client-cpu" : "--store-cpu",
+                               " wants CPUs of this machine as a list such as "
+                               "0, 0,1 or 0-1");
+        *(client ? &o->pin_client : &o->pin_store) = 1;
+        return 0;
+    }
     if (option_is(arg, "--scale")) {
         val = opt_value(arg, strlen("--scale"), argc, argv, i);
         if (!val || parse_scale(val, o))
@@ -277,18 +295,52 @@ static int open_status(int rc)
                : BENCH_EXIT_ERROR;
 }
 
-/* Opens a client per URI up front, so that a typo fails before any run. */
-static int open_all(char **uris, size_t n, dlock_client **clients,
-                    bench_result *rs)
+/* --client-cpu (before any client starts a thread, so that every thread
+ * inherits it), --store-cpu, then what each URI's placement is. */
+static int place_all(char **uris, size_t n, const bench_opts *o,
+                     bench_result *rs)
 {
-    for (size_t i = 0; i < n; i++) {
-        int rc;
+    char msg[160];
 
+    if (o->pin_client && sched_setaffinity(0, sizeof o->client_cpus, &o->client_cpus) != 0) {
+        fprintf(stderr, "dlock bench: --client-cpu: %s\n", strerror(errno));
+        return BENCH_EXIT_ERROR;
+    }
+    for (size_t i = 0; i < n; i++) {
+        bench_place_find(uris[i], &rs[i].place);
+        if (!o->pin_store)
+            continue;
+        if (rs[i].place.where != BENCH_WHERE_LOOPBACK)
+            return usage_error("--store-cpu: no server process on this machine "
+                               "found for ", rs[i].uri_shown);
+        if (bench_place_pin(&rs[i].place, &o->store_cpus, msg, sizeof msg) != 0) {
+            fprintf(stderr, "dlock bench: --store-cpu: %s: %s\n", rs[i].uri_shown, msg);
+            return BENCH_EXIT_ERROR;
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        bench_place_read(&rs[i].place);
+    return 0;
+}
+
+/* Opens a client per URI up front, so that a typo fails before any run. */
+static int open_all(char **uris, size_t n, const bench_opts *o,
+                    dlock_client **clients, bench_result *rs)
+{
+    int prc;
+
+    for (size_t i = 0; i < n; i++) {
         rs[i].uri_shown = bench_uri_mask(uris[i]);
         if (!rs[i].uri_shown) {
             fprintf(stderr, "dlock bench: out of memory\n");
             return BENCH_EXIT_ERROR;
         }
+    }
+    if ((prc = place_all(uris, n, o, rs)) != 0)
+        return prc;
+    for (size_t i = 0; i < n; i++) {
+        int rc;
+
         rc = dlock_client_open(uris[i], &clients[i]);
         if (rc != 0) {
             fprintf(stderr, "dlock bench: %s: %s: %s\n", rs[i].uri_shown,
@@ -494,7 +546,7 @@ int dlock_bench_main(int argc, char **argv)
     if (!clients || !rs) {
         fprintf(stderr, "dlock bench: out of memory\n");
         rc = BENCH_EXIT_ERROR;
-    } else if ((rc = open_all(uris, n, clients, rs)) == 0) {
+    } else if ((rc = open_all(uris, n, &o, clients, rs)) == 0) {
         rc = run_all(uris, n, clients, &o, rs);
     }
     for (size_t i = 0; clients && rs && i < n; i++) {

@@ -3,10 +3,12 @@
 #define DLOCK_BENCH_INT_H
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "dlock.h"
 
@@ -45,7 +47,21 @@ typedef struct bench_opts {
     dlock_wait wait;  /* DLOCK_WAIT_DEADLINE (bounded) or DLOCK_WAIT_FOREVER */
     int json;
     const char *chart;  /* --chart FILE: render the JSON with plot.py */
+    int pin_client, pin_store;  /* --client-cpu, --store-cpu given */
+    cpu_set_t client_cpus, store_cpus;
 } bench_opts;
+
+/* Where the bench and a store's server ran; see bench_place.c. */
+#define BENCH_MAX_SERVERS 16
+enum { BENCH_WHERE_UNKNOWN, BENCH_WHERE_IN_PROCESS, BENCH_WHERE_LOOPBACK };
+typedef struct bench_placement {
+    int where;                        /* BENCH_WHERE_* */
+    pid_t servers[BENCH_MAX_SERVERS]; /* listening on the URI's ports */
+    size_t n_servers;
+    cpu_set_t client_cpus, server_cpus;  /* server_cpus: all their threads' */
+    const char *summary;  /* "same CPU", "different CPUs", "overlapping CPUs",
+                             "unpinned", "in process", "unknown" */
+} bench_placement;
 
 /* Ends the process with status 70 when a phase overruns its time budget:
  * the last resort against a wait that never returns. */
@@ -138,7 +154,19 @@ typedef struct bench_result {
     bench_scale_result scale[BENCH_MAX_SCALE_SETS];
     size_t n_scale;
     uint64_t violations;
+    bench_placement place;
 } bench_result;
+
+/* bench_place.c: find the loopback servers of uri; move them to set (-1
+ * with msg on an error); read both sides' CPUs and the summary; parse a
+ * CPU list ("0", "0,1", "0-1": 0, or -1) and print one with sep. */
+void bench_place_find(const char *uri, bench_placement *p);
+int bench_place_pin(const bench_placement *p, const cpu_set_t *set,
+                    char *msg, size_t len);
+void bench_place_read(bench_placement *p);
+int bench_cpulist_parse(const char *s, cpu_set_t *set);
+void bench_cpulist_format(const cpu_set_t *set, char *buf, size_t len,
+                          const char *sep);
 
 /* bench_util.c */
 uint64_t bench_now(void);

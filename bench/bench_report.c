@@ -197,6 +197,37 @@ static void print_scale(const bench_result *r)
     }
 }
 
+/* "placement: client CPUs 0; server pid 812 on CPUs 1: different CPUs" */
+static void print_placement(const bench_placement *p)
+{
+    char cpus[256];
+
+    bench_cpulist_format(&p->client_cpus, cpus, sizeof cpus, ",");
+    printf("  placement: client CPUs %s", cpus);
+    if (p->n_servers) {
+        printf("; server pid%s", p->n_servers > 1 ? "s" : "");
+        for (size_t i = 0; i < p->n_servers; i++)
+            printf("%s%ld", i ? "," : " ", (long)p->servers[i]);
+        bench_cpulist_format(&p->server_cpus, cpus, sizeof cpus, ",");
+        printf(" on CPUs %s", cpus);
+    }
+    printf(": %s\n", p->summary ? p->summary : "unknown");
+}
+
+static void json_placement(FILE *f, const bench_placement *p)
+{
+    char cpus[256];
+
+    bench_cpulist_format(&p->client_cpus, cpus, sizeof cpus, ",");
+    fprintf(f, "\"placement\":{\"client_cpus\":[%s],\"server_pids\":[", cpus);
+    for (size_t i = 0; i < p->n_servers; i++)
+        fprintf(f, "%s%ld", i ? "," : "", (long)p->servers[i]);
+    bench_cpulist_format(&p->server_cpus, cpus, sizeof cpus, ",");
+    fprintf(f, "],\"server_cpus\":[%s],\"summary\":", cpus);
+    dlock_json_string(f, p->summary ? p->summary : "unknown");
+    fprintf(f, "},");
+}
+
 void bench_print_table(const bench_opts *o, const bench_result *r)
 {
     char label[64], note[96];
@@ -204,6 +235,7 @@ void bench_print_table(const bench_opts *o, const bench_result *r)
     printf("\n%s  (backend %s; caps ", r->uri_shown, r->backend);
     print_caps(stdout, r->caps, ",", "");
     printf(")\n");
+    print_placement(&r->place);
     if (o->n_scale) {
         print_scale(r);
         return;
@@ -313,6 +345,7 @@ static void json_result(FILE *f, const bench_opts *o, const bench_result *r)
     fprintf(f, ",\"caps\":[");
     print_caps(f, r->caps, ",", "\"");
     fprintf(f, "],");
+    json_placement(f, &r->place);
     if (o->n_scale) {
         json_scale(f, r);
         fprintf(f, "}");

@@ -55,6 +55,10 @@ def run(binary, uri, cpu, extra):
     if out.returncode != 0:
         raise RuntimeError('%s: exit %d: %s' % (' '.join(cmd), out.returncode, out.stderr.strip()))
     r = json.loads(out.stdout)['results'][0]
+    if r.get('placement'):  # binaries that report it (issue 30 on)
+        print('%s: %s: placement %s' % (os.path.basename(os.path.dirname(os.path.dirname(binary)))
+                                        or binary, shown(uri), json.dumps(r['placement'])),
+              file=sys.stderr)
     # None where this binary or the store has no such measurement.
     return tuple((r.get(k) or {}).get('p50') for k in KEYS)
 
