@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,13 +45,15 @@ CAP_S = 60  # one measurement of one peer
 HANDOFF_CAP_S = 20  # a polling peer's handoffs stop here (at least 5 taken)
 
 # store -> (env variable, peers [(label, runtime, kind)], round trips
-# [(label, kind)], the round trip the handoff is compared with)
+# [(label, kind)], the round trip the handoff is compared with: a label, or
+# several, of which the fastest). kind "floor:..." is dlock-floor's (C).
 STORES = {
     "redis": ("DLOCK_REDIS_URI",
               [("redis-py Lock", "py", "redis-py"), ("tooz", "py", "tooz"),
-               ("node-redlock", "js", "redlock"), ("redis-semaphore", "js", "redis-semaphore"),
-               ("bare SET NX + PUBLISH", "js", "bare")],
-              [("PING", "redis-ping")], "bare SET NX + PUBLISH"),
+               ("node-redlock", "js", "redlock"), ("redis-semaphore", "js", "redis-semaphore")],
+              [("bare PUBLISH handoff", "floor:redis-handoff"),
+               ("bare SET NX + delete", "floor:redis-solo"), ("PING", "redis-ping")],
+              "bare PUBLISH handoff"),
     "redlock": ("DLOCK_REDLOCK_URI", [("node-redlock", "js", "redlock")], [], None),
     "postgres": ("DLOCK_POSTGRES_URI", [("tooz", "py", "tooz")], [("SELECT 1", "select1")],
                  "SELECT 1"),
@@ -59,10 +62,10 @@ STORES = {
     "zookeeper": ("DLOCK_ZK_URI", [("tooz", "py", "tooz"), ("kazoo Lock", "py", "kazoo")],
                   [("create+delete", "zk-create")], "create+delete"),
     "etcd": ("DLOCK_ETCD_URI", [("python-etcd3 lock", "py", "etcd3"), ("tooz", "py", "tooz")],
-             [("put", "etcd-put"), ("range", "etcd-range")], "put"),
+             [("put (JSON gateway, C)", "floor:etcd-put"), ("put (gRPC, python-etcd3)", "etcd-put"),
+              ("range (gRPC, python-etcd3)", "etcd-range")],
+             ("put (JSON gateway, C)", "put (gRPC, python-etcd3)")),
 }
-# Floors are not peers: a bare recipe is the store's floor, not a library.
-FLOORS = ("bare SET NX + PUBLISH",)
 
 
 class Failed(Exception):
@@ -117,6 +120,26 @@ def solo(runtime, kind, uri, n):
         return p50(w.read(CAP_S)["ns"])
     finally:
         w.close()
+
+
+def floor(kind, uri, n, dlock):
+    """dlock-floor (bench/peers/floor.c, built beside dlock) -> p50 in µs."""
+    exe = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(dlock))), "bench",
+                       "dlock-floor")
+    if not os.access(exe, os.X_OK):
+        raise Failed("no %s (built with the Redis backend)" % exe)
+    u = urllib.parse.urlsplit(uri)
+    hp = u.netloc.rsplit("@", 1)[-1].split(",")[0]
+    host, _, port = hp.rpartition(":")
+    if kind.startswith("redis-"):
+        args = [kind, host, port, str(n)]
+    else:
+        args = [kind, "http://" + hp, urllib.parse.unquote(u.username or ""),
+                urllib.parse.unquote(u.password or ""), str(n)]
+    out = subprocess.run([exe] + args, capture_output=True, text=True, timeout=CAP_S)
+    if out.returncode != 0:
+        raise Failed(out.stderr.strip()[-200:] or "exit %d" % out.returncode)
+    return float(out.stdout.split()[1])
 
 
 def handoff(runtime, kind, uri, n):
@@ -196,13 +219,17 @@ def run_store(store, uri, a):
             measure(label, lambda: handoff(runtime, kind, uri, a.handoffs), cells,
                     label + " handoff")
         for label, kind in rts:
-            measure(label, lambda: solo("py", kind, uri, a.samples), cells, label + " rt")
+            if kind.startswith("floor:"):
+                n = a.handoffs if kind.endswith("handoff") else a.samples
+                measure(label, lambda: floor(kind[6:], uri, n, a.dlock), cells, label + " rt")
+            else:
+                measure(label, lambda: solo("py", kind, uri, a.samples), cells, label + " rt")
     return cells, placement
 
 
 def best(cells, peers, what):
     got = [(fig(cells.get(label + " " + what)), label) for label, _, _ in peers
-           if label not in FLOORS]
+]
     got = [g for g in got if g[0] is not None]
     return min(got) if got else (None, None)
 
@@ -220,11 +247,12 @@ def row(store, uri, cells, placement):
     ds, dh = fig(cells.get("dlock solo")), fig(cells.get("dlock handoff"))
     bs, bs_l = best(cells, peers, "solo")
     bh, bh_l = best(cells, peers, "handoff")
+    # Several ways to the same round trip: the fastest is the floor.
     rt = None
-    if rt_for in FLOORS:
-        rt = fig(cells.get(rt_for + " handoff"))
-    elif rt_for:
-        rt = fig(cells.get(rt_for + " rt"))
+    for label in ((rt_for,) if isinstance(rt_for, str) else rt_for or ()):
+        v = fig(cells.get(label + " rt"))
+        if v is not None and (rt is None or v < rt):
+            rt, rt_for = v, label
     out = {"store": store, "uri": shown(uri), "placement": placement,
            "dlock_uncontended_us": ds, "dlock_handoff_us": dh,
            "best_peer_uncontended": bs_l, "best_peer_uncontended_us": bs,

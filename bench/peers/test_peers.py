@@ -42,7 +42,7 @@ def main():
         return tap.status()
     rows = {r["store"]: r for r in json.loads(p.stdout)["stores"]}
     check(sorted(rows) == ["postgres", "redis"], "one row per store", repr(sorted(rows)))
-    for store, rt in (("redis", "bare SET NX + PUBLISH"), ("postgres", "SELECT 1")):
+    for store, rt in (("redis", "bare PUBLISH handoff"), ("postgres", "SELECT 1")):
         r = rows.get(store, {})
 
         def pos(k):

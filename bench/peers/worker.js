@@ -1,7 +1,7 @@
 // One client of a Node.js peer lock library, driven by bench/peers/run.py,
 // on the JSON-line protocol of bench/peers/worker.py (solo, hold, wait,
 // release, quit; times are CLOCK_MONOTONIC ns from process.hrtime).
-//   node worker.js redlock|redis-semaphore|bare URI
+//   node worker.js redlock|redis-semaphore URI
 // redlock: node-redlock 4 over every host of the URI (a quorum), with its
 // default retries (retryDelay 200 ms); redis-semaphore: its Mutex on the
 // first host, with its defaults (retryInterval 10 ms). The packages come
@@ -23,38 +23,7 @@ const clients = hosts.map((hp) => {
 });
 let held = null;
 
-// The floor of a Redis lock with notification: SET NX PX; a Lua
-// compare-and-delete that PUBLISHes on the name's channel; a waiter
-// SUBSCRIBEs (once per name, confirmed before its first try) and tries again
-// on each message.
-const DEL = "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); " +
-  "redis.call('publish', KEYS[2], '1'); return 1 end return 0";
-let sub = null;
-const subscribed = new Set();
-let wake = null;
-
-async function bare(name, blocking) {
-  const key = 'bare:' + name;
-  const me = Math.random().toString(36).slice(2) + now();
-  const release = () => clients[0].eval(DEL, 2, key, 'bare-released:' + name, me);
-  if (blocking && !subscribed.has(name)) {
-    if (!sub) {
-      sub = clients[0].duplicate();
-      sub.on('message', () => { if (wake) wake(); });
-    }
-    await sub.subscribe('bare-released:' + name);
-    subscribed.add(name);
-  }
-  for (;;) {
-    const woken = new Promise((resolve) => { wake = resolve; });
-    if (await clients[0].set(key, me, 'PX', TTL_MS, 'NX')) return release;
-    if (!blocking) return null;
-    await Promise.race([woken, new Promise((resolve) => setTimeout(resolve, 1000))]);
-  }
-}
-
 async function take(name, blocking) {
-  if (kind === 'bare') return bare(name, blocking);
   if (kind === 'redlock') {
     const rl = blocking ? new Redlock(clients) : new Redlock(clients, { retryCount: 0 });
     try {
