@@ -482,6 +482,10 @@ static int pg_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         pc->base.caps = dlock_postgres_backend.caps & ~(unsigned)DLOCK_CAP_SEMAPHORE &
                         ~(unsigned)(pc->layout == PG_LAYOUT_TOOZ ? DLOCK_CAP_SHARED : 0) &
                         ~(unsigned)(DLOCK_CAP_ELECTION | DLOCK_CAP_WATCH);
+    /* token=sequence: one counter for every name. */
+    if (pc->use_sequence)
+        pc->base.caps = (pc->base.caps ? pc->base.caps : dlock_postgres_backend.caps) |
+                        DLOCK_CAP_TOKEN_SHARED;
     struct pg_session *s = NULL;
     int opened;
     if ((err = session_take(pc, &s, &opened, 0)) != 0 || (err = create_table(pc, s)) != 0)

@@ -21,7 +21,7 @@ static const struct {
     { DLOCK_CAP_DEADLINE, "deadline" }, { DLOCK_CAP_HOLDER_DEATH, "holder-death" },
     { DLOCK_CAP_RAISE, "raise" },       { DLOCK_CAP_CANCEL, "cancel" },
     { DLOCK_CAP_SEMAPHORE, "semaphore" }, { DLOCK_CAP_ELECTION, "election" },
-    { DLOCK_CAP_WATCH, "watch" },
+    { DLOCK_CAP_WATCH, "watch" },       { DLOCK_CAP_TOKEN_SHARED, "shared-tokens" },
 };
 #define N_CAPS (sizeof cap_names / sizeof cap_names[0])
 

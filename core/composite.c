@@ -700,6 +700,29 @@ int dlock_composite_open(dlock_client *c, char *const *uris, size_t n, dlock_con
         }
         cc->n = i + 1;
     }
+    /* A list raises every part to the list's token, and a store that
+     * cannot raise its tokens (ZooKeeper's, etcd's: transaction ids,
+     * revisions) only works as long as its tokens are the highest. A part
+     * whose tokens come from one counter for every name (a sequence) grows
+     * with every grant of its store and overtakes it: refused now rather
+     * than at the first grant where it did. */
+    for (size_t i = 0; i < n; i++) {
+        unsigned ci = dlock_client_caps(cc->part[i]);
+        if (!(ci & DLOCK_CAP_FENCING) || (ci & DLOCK_CAP_RAISE))
+            continue;
+        for (size_t j = 0; j < n; j++)
+            if (dlock_client_caps(cc->part[j]) & DLOCK_CAP_TOKEN_SHARED) {
+                dlock_seterr(c, DLOCK_EBADURI,
+                             "store %zu of %zu (%s) takes its tokens from one counter for every"
+                             " name, which outgrows the tokens of store %zu (%s), and those"
+                             " cannot be raised: list it with per-name tokens (token=table, on"
+                             " a table created with it; docs/migration.md)", j + 1, n,
+                             dlock_client_backend(cc->part[j]), i + 1,
+                             dlock_client_backend(cc->part[i]));
+                comp_close(&cc->base);
+                return DLOCK_EBADURI;
+            }
+    }
     cc->base.caps = comp_caps(cc);
     for (size_t i = 0; i < n; i++)
         cc->leased |= store_leased(&cc->base, i);

@@ -42,6 +42,11 @@ enum {
     DLOCK_CAP_ELECTION = 1u << 11, /* elections: publish() and leader() */
     DLOCK_CAP_WATCH = 1u << 12,   /* the store wakes an election's observers
                                      (watch_open()): no polling */
+    DLOCK_CAP_TOKEN_SHARED = 1u << 13, /* one token counter for every name of
+                                     the store (a sequence): a name's tokens
+                                     grow with every grant of every name, so a
+                                     list cannot keep them at or below those of
+                                     a store that cannot raise its own */
 };
 
 /* How far a backend whose tokens it cannot set, but whose counter moves

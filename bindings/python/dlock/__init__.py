@@ -17,7 +17,7 @@ from ._core import Cancel, Client, Leader, Leadership, Lock, Observer, monotonic
 from ._errors import DlockError
 from ._lib import (CAP_BLOCKING, CAP_CANCEL, CAP_DEADLINE, CAP_ELECTION, CAP_FENCING,
                    CAP_FIFO, CAP_HOLDER_DEATH, CAP_LEASE, CAP_RAISE, CAP_RENEW, CAP_SEMAPHORE,
-                   CAP_SHARED, CAP_WATCH)
+                   CAP_SHARED, CAP_TOKEN_SHARED, CAP_WATCH)
 from ._lib import version as library_version
 
 __version__ = "0.1.0"
@@ -42,4 +42,4 @@ __all__ = ["open", "Client", "Lock", "Leadership", "Leader", "Observer", "Cancel
            "DlockError", "monotonic", "error_class", "errors", "library_version",
            "CAP_BLOCKING", "CAP_CANCEL", "CAP_DEADLINE", "CAP_ELECTION", "CAP_FENCING",
            "CAP_FIFO", "CAP_HOLDER_DEATH", "CAP_LEASE", "CAP_RAISE", "CAP_RENEW",
-           "CAP_SEMAPHORE", "CAP_SHARED", "CAP_WATCH"] + sorted(_errors.by_name)
+           "CAP_SEMAPHORE", "CAP_SHARED", "CAP_TOKEN_SHARED", "CAP_WATCH"] + sorted(_errors.by_name)

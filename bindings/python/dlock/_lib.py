@@ -52,6 +52,7 @@ CAP_CANCEL = 1 << 9
 CAP_SEMAPHORE = 1 << 10
 CAP_ELECTION = 1 << 11
 CAP_WATCH = 1 << 12
+CAP_TOKEN_SHARED = 1 << 13
 
 c_client_p = ctypes.c_void_p
 c_lock_p = ctypes.c_void_p
