@@ -39,6 +39,8 @@ static int fake_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
                             dlock_uri_redacted(uri),
                             dlock_uri_password(uri) ? dlock_uri_password(uri) : "-");
     fc = calloc(1, sizeof *fc);
+    if (dlock_uri_param(uri, "caps"))
+        fc->base.caps = (unsigned)strtoul(dlock_uri_param(uri, "caps"), NULL, 10);
     fake.opened++;
     *connp = &fc->base;
     return 0;
@@ -123,7 +125,8 @@ static int fake_ping(dlock_conn *conn)
 }
 
 static const char *const fake_schemes[] = {"fake", "fake2", NULL};
-static const char *const fake_options[] = {"alpha", "beta", NULL};
+/* caps=N: the connection's capabilities (a list's parts of different kinds). */
+static const char *const fake_options[] = {"alpha", "beta", "caps", NULL};
 
 static dlock_backend fake_backend = {
     .version = DLOCK_BACKEND_VERSION,
@@ -674,6 +677,31 @@ static void test_lists(void)
        "names the store and the option: %s", dlock_errmsg(c));
     dlock_client_close(c);
     is_int(fake.close - closes, 1, "the store opened before it was closed");
+
+    /* A store that cannot raise its tokens, beside one whose tokens come
+     * from one counter for every name: refused at open, either order. */
+    char shared[256];
+    unsigned fenced = DLOCK_CAP_FENCING, raising = DLOCK_CAP_FENCING | DLOCK_CAP_RAISE;
+    closes = fake.close;
+    snprintf(shared, sizeof shared, "fake://a?caps=%u fake://b?caps=%u", fenced,
+             raising | DLOCK_CAP_TOKEN_SHARED);
+    is_int(dlock_client_open(shared, &c), DLOCK_EBADURI,
+           "a list: tokens that cannot be raised beside tokens shared by every name");
+    ok(strstr(dlock_errmsg(c), "store 2 of 2") && strstr(dlock_errmsg(c), "cannot be raised"),
+       "says which and why: %s", dlock_errmsg(c));
+    dlock_client_close(c);
+    is_int(fake.close - closes, 2, "both stores opened were closed");
+    snprintf(shared, sizeof shared, "fake://b?caps=%u fake://a?caps=%u",
+             raising | DLOCK_CAP_TOKEN_SHARED, fenced);
+    is_int(dlock_client_open(shared, &c), DLOCK_EBADURI, "the other order too");
+    dlock_client_close(c);
+    snprintf(shared, sizeof shared, "fake://a?caps=%u fake://b?caps=%u", fenced, raising);
+    is_int(dlock_client_open(shared, &c), 0, "per-name tokens beside it: opens");
+    dlock_client_close(c);
+    snprintf(shared, sizeof shared, "fake://a?caps=%u fake://b?caps=%u", raising,
+             raising | DLOCK_CAP_TOKEN_SHARED);
+    is_int(dlock_client_open(shared, &c), 0, "shared tokens beside raisable ones: opens");
+    dlock_client_close(c);
 
     is_int(dlock_client_open("  fake://a\n", &c), 0, "one URI with whitespace around it");
     is_str(dlock_client_backend(c), "fake", "is that URI, not a list");
