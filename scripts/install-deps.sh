@@ -17,10 +17,12 @@ $SUDO apt-get install -y -qq --no-install-recommends \
 # own when it has one, else Debian's.
 command -v npm >/dev/null 2>&1 && [ -f /usr/include/node/node_api.h ] ||
     $SUDO apt-get install -y -qq --no-install-recommends nodejs npm libnode-dev >/dev/null
-# The peers dlock is tested against (tests/interop): their real clients,
+# The peers dlock is tested against (tests/interop) and measured beside
+# (bench/peers; python3-etcd3 for the etcd recipe): their real clients,
 # Debian's, and npm's for Node.js (tests/interop/node, from its lock file).
 $SUDO apt-get install -y -qq --no-install-recommends \
-    python3-redis python3-kazoo python3-tooz python3-pymysql python3-psycopg2 etcd-client \
+    python3-redis python3-kazoo python3-tooz python3-pymysql python3-psycopg2 python3-etcd3 \
+    etcd-client \
     >/dev/null
 (cd "$(dirname "$0")/../tests/interop/node" && npm ci --no-audit --no-fund --loglevel=error)
 echo "install-deps: build dependencies present"
