@@ -168,6 +168,57 @@ static int parse_uri(dlock_client *c, const dlock_uri *uri, struct mysql_conn *m
     return 0;
 }
 
+static const char *mode_name(int mode)
+{
+    return mode == 2 ? "token=sequence" : "token=table";
+}
+
+/*
+ * The token mode this client runs (*use: 1 table, 2 sequence) and whether
+ * the store's table exists. The store's recorded mode wins over the URI's
+ * option: without the option, the client follows it; with the other
+ * option, it opens in that mode for dlock migrate only (token_top,
+ * raise_floor, which moves the record), and refuses locks (mode_err). A
+ * new store gets token=sequence where the server has sequences (MariaDB
+ * 10.3+), else token=table; a store from before the record gets the
+ * option, token=table without one, as before. DLOCK_TEST_MYSQL_IGNORE_MODE
+ * (tests' negative control) skips the record, as an older dlock would.
+ */
+static int pick_mode(struct mysql_conn *mc, int *use, int *exists)
+{
+    int want = mc->lock_named ? 2 : mc->token_opt, err;
+    if ((err = mc_store_mode(mc, exists)) != 0)
+        return err;
+    if (getenv("DLOCK_TEST_MYSQL_IGNORE_MODE"))
+        mc->store_mode = 0, *exists = 1;
+    if (mc->store_mode == 1 && mc->lock_named)
+        return dlock_seterr(cl(mc), DLOCK_ENOTSUP,
+                            "mysql %s: the store (table %s) records token=table, and %s takes its"
+                            " tokens from a sequence: use lock=row, or stop every client and run"
+                            " dlock migrate \"mysql://…?token=table\" \"mysql://…?token=sequence\""
+                            " first", mc->where, mc->table,
+                            mc->layout_plain ? "layout=plain" : "lock=named");
+    if (mc->store_mode) {
+        *use = want ? want : mc->store_mode;
+        mc->mode_differs = *use != mc->store_mode;
+    } else {
+        *use = want ? want : *exists || !mc->mariadb ? 1 : 2;
+    }
+    return 0;
+}
+
+/* A client whose option names the other mode than the store's. */
+static int mode_err(struct mysql_conn *mc)
+{
+    int mine = mc->store_mode == 2 ? 1 : 2;
+    return dlock_seterr(cl(mc), DLOCK_ESTORE,
+                        "mysql %s: the store (table %s) records %s, this URI asks for %s: drop"
+                        " the option to follow the store, or stop every client and move the"
+                        " store with dlock migrate \"mysql://…?%s\" \"mysql://…?%s\"",
+                        mc->where, mc->table, mode_name(mc->store_mode), mode_name(mine),
+                        mode_name(mc->store_mode), mode_name(mine));
+}
+
 static void library_init(void)
 {
     mysql_library_init(0, NULL, NULL);
@@ -188,12 +239,19 @@ static int be_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     }
     /* mysql_init() would do this lazily, but not thread-safely. */
     pthread_once(&once, library_init);
-    /* token=sequence is not the default: see docs/mysql.md. */
-    mc->mode = mc->lock_named       ? &mc_named_mode
-               : mc->token_opt == 2 ? &mc_row_seq_mode
-                                    : &mc_row_table_mode;
+    int use = 1, exists = 1;
+    if ((err = pick_mode(mc, &use, &exists)) != 0)
+        goto fail;
+    mc->mode = mc->lock_named ? &mc_named_mode : use == 2 ? &mc_row_seq_mode : &mc_row_table_mode;
     if ((err = mc->mode->open(mc)) != 0)
         goto fail;
+    /* A new store records the mode it was created with (a store from
+     * before the record keeps none until a migrate moves it). */
+    if (!exists && !getenv("DLOCK_TEST_MYSQL_IGNORE_MODE")) {
+        if ((err = mc_store_mode_record(mc, use, 0)) != 0)
+            goto fail;
+        mc->mode_differs = mc->store_mode != use; /* another client created it first */
+    }
     /* MySQL 8 schedules row-lock waiters by contention (CATS), not by
      * arrival: only MariaDB's queue is first-come first-served. */
     mc->base.caps = dlock_mysql_backend.caps & ~mc->mode->caps_off;
@@ -213,6 +271,8 @@ fail:
 static int be_acquire(dlock_conn *conn, const dlock_request *req, dlock_held **heldp)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
+    if (mc->mode_differs)
+        return mode_err(mc);
     return mc->mode->acquire(mc, req, heldp);
 }
 
@@ -255,12 +315,19 @@ static int be_token_top(dlock_conn *conn, uint64_t *top)
 static int be_raise_floor(dlock_conn *conn, uint64_t floor)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
-    return mc->mode->raise_floor(mc, floor);
+    int err = mc->mode->raise_floor(mc, floor);
+    /* dlock migrate: the store now runs this client's mode. */
+    if (err == 0 && !getenv("DLOCK_TEST_MYSQL_IGNORE_MODE") &&
+        (err = mc_store_mode_record(mc, mc->mode == &mc_row_table_mode ? 1 : 2, 1)) == 0)
+        mc->mode_differs = 0;
+    return err;
 }
 
 static int be_inspect(dlock_conn *conn, const char *name, size_t len, dlock_info *info)
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
+    if (mc->mode_differs)
+        return mode_err(mc);
     return mc->mode->inspect(mc, name, len, info);
 }
 
@@ -269,6 +336,8 @@ static int be_inspect_holders(dlock_conn *conn, const char *name, size_t len,
 {
     struct mysql_conn *mc = (struct mysql_conn *)conn;
     dlock_info info;
+    if (mc->mode_differs)
+        return mode_err(mc);
     if (mc->mode->inspect_holders)
         return mc->mode->inspect_holders(mc, name, len, holders, capacity, count);
     memset(&info, 0, sizeof info);

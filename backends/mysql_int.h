@@ -112,6 +112,10 @@ struct mysql_conn {
     int token_opt;   /* option token: 0 absent (table), 1 table, 2 sequence */
     int lock_named;  /* option lock=named (mysql.c picks the mode from these two) */
     int layout_plain; /* option layout=plain: lock=named on the plain name (GET_LOCK(name)) */
+    int store_mode;  /* the token mode the store records: 0 none (a store from before the
+                        record), 1 table, 2 sequence (mc_store_mode) */
+    int mode_differs; /* option token names the other mode than the store's: only
+                         token_top and raise_floor (dlock migrate) run */
     const struct mysql_mode *mode; /* picked at open: every method goes through it */
     const char *ctl_isolation; /* the control session's, when not READ COMMITTED */
     const char *row_isolation; /* lock sessions', when not READ COMMITTED */
@@ -341,5 +345,7 @@ int mc_seq_durable(struct mysql_conn *mc, struct session *s, uint64_t token,
 int mc_seq_floor_check(struct mysql_conn *mc, uint64_t floor);
 int mc_seq_token_top(struct mysql_conn *mc, uint64_t *top);
 int mc_seq_raise_floor(struct mysql_conn *mc, uint64_t floor);
+int mc_store_mode(struct mysql_conn *mc, int *exists);
+int mc_store_mode_record(struct mysql_conn *mc, int mode, int replace);
 
 #endif

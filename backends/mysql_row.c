@@ -844,6 +844,8 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
                     check = req->deadline_ns;
                 if (server_dropped_all(mc, check)) {
                     mc_pool_drain(mc);
+                    if (!down_since && src(mc)->ctl_optional) /* no control session to count it */
+                        dlock_count_reconnect(cl(mc));
                     if (!down_since)
                         down_since = dlock_monotonic_ns();
                     dlock_clearerr(cl(mc));
@@ -858,6 +860,8 @@ static int take_lock(struct mysql_conn *mc, struct mysql_held *h, const dlock_re
             if (!again)
                 return err;
             mc_pool_drain(mc);
+            if (src(mc)->ctl_optional)
+                dlock_count_reconnect(cl(mc));
             continue;
         }
         if (err == DLOCK_EBUSY && req->mode == DLOCK_MODE_EXCLUSIVE && s && !s->dead) {

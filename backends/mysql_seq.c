@@ -534,3 +534,72 @@ int mc_seq_open(struct mysql_conn *mc, enum session_role role, const char *what,
     }
     return 0;
 }
+
+/*
+ * The store's token mode: a row of <table> with the key MODE_K (no name's
+ * SHA-256 is 0...01), its name 'dlock: token=table' or 'dlock:
+ * token=sequence', written when the store is created and moved by a
+ * raise_floor (dlock migrate). Read at open on a session of its own, so
+ * that every client follows it and the two modes never meet on a store.
+ */
+#define MODE_K "X'0000000000000000000000000000000000000000000000000000000000000001'"
+static const char *const mode_names[3] = {"", "dlock: token=table", "dlock: token=sequence"};
+
+static int mode_session(struct mysql_conn *mc, struct session *s)
+{
+    int err = mc_session_connect(mc, ROLE_CTL, NULL, s);
+    if (err == 0)
+        mc->mariadb = strstr(mysql_get_server_info(s->db), "MariaDB") != NULL &&
+                      mysql_get_server_version(s->db) >= 100300;
+    return err;
+}
+
+/* mc->store_mode, and *exists: <table> is there (a new store if not). Also
+ * sets mc->mariadb: the server has sequences (MariaDB 10.3 or later). */
+int mc_store_mode(struct mysql_conn *mc, int *exists)
+{
+    char sql[256];
+    struct session s;
+    MYSQL_RES *res = NULL;
+    struct bound b = mc_stmt_bound(NULL, mc->timeout_ms);
+    int err;
+    *exists = 1;
+    mc->store_mode = 0;
+    if ((err = mode_session(mc, &s)) != 0)
+        return err;
+    snprintf(sql, sizeof sql, "SELECT name FROM `%s` WHERE k = " MODE_K, mc->table);
+    if ((err = mc_query_result(mc, &s, sql, &b, "reading the store's token mode", &res)) == 0) {
+        MYSQL_ROW row = mysql_fetch_row(res);
+        for (int m = 1; row && row[0] && m <= 2; m++)
+            if (strcmp(row[0], mode_names[m]) == 0)
+                mc->store_mode = m;
+        mysql_free_result(res);
+    } else if (!s.dead && s.last_errno == ER_NO_SUCH_TABLE) {
+        dlock_clearerr(cl(mc));
+        *exists = 0;
+        err = 0;
+    }
+    mc_session_disconnect(&s);
+    return err;
+}
+
+/* Records mode as the store's: only where none is recorded yet, unless
+ * replace (a raise_floor: dlock migrate moves the store). Then reads it
+ * back into mc->store_mode (two clients creating a store race). */
+int mc_store_mode_record(struct mysql_conn *mc, int mode, int replace)
+{
+    char sql[512];
+    struct session s;
+    int err, exists;
+    if ((err = mode_session(mc, &s)) != 0)
+        return err;
+    snprintf(sql, sizeof sql,
+             "INSERT INTO `%s` (k, name, created_at) VALUES (" MODE_K ", '%s', UTC_TIMESTAMP(6))"
+             " ON DUPLICATE KEY UPDATE name = %s, created_at = UTC_TIMESTAMP(6)",
+             mc->table, mode_names[mode], replace ? "VALUES(name)" : "name");
+    err = mc_exec_sql(mc, &s, sql, NULL, "recording the store's token mode");
+    mc_session_disconnect(&s);
+    if (err)
+        return err;
+    return mc_store_mode(mc, &exists);
+}

@@ -781,7 +781,7 @@ static void test_frozen_server(void)
     diag("server frozen for %.0f ms", ms_since(frozen));
 
     /* Resumed: the server sees the closed sessions, and frees R and N. */
-    dlock_client *d = open_ok(uri);
+    dlock_client *d = open_ok(u); /* H's store: its tokens */
     dlock_lock *dr = NULL, *dn = NULL;
     o = wait_opts(DLOCK_WAIT_DEADLINE, 5000, 0);
     t0 = dlock_monotonic_ns();
@@ -2303,6 +2303,128 @@ static void test_named_elect(void)
     dlock_client_close(c);
 }
 
+/*
+ * Issue 30: a store records the token mode it was created with, and every
+ * client follows it. A new store without the option is token=sequence; a
+ * client with token=table opens (for dlock migrate) but is refused locks,
+ * naming the store's mode and the migrate; a second client with the other
+ * option never gets a token below the first's (negative control:
+ * DLOCK_TEST_MYSQL_IGNORE_MODE, which ignores the record, must fail "tokens
+ * never go back"); lock=named on a token=table store fails at open; a
+ * store from before the record keeps token=table; raise_floor (dlock
+ * migrate) moves the record.
+ */
+static void mode_row(const char *tbl, char *out, size_t len)
+{
+    char q[256];
+    snprintf(q, sizeof q, "SELECT name FROM `%s` WHERE k = X'%064x'", tbl, 1);
+    out[0] = '\0';
+    if (mysql_query(raw, q) == 0) {
+        MYSQL_RES *res = mysql_store_result(raw);
+        MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
+        if (row && row[0])
+            snprintf(out, len, "%s", row[0]);
+        mysql_free_result(res);
+    }
+}
+
+static void test_store_mode(void)
+{
+    char tbl[40], ud[1024], ut[1024], un[1024], n[128], rec[64], q[512];
+    int pid = (int)getpid();
+    const char *sep = strchr(uri_env, '?') ? "&" : "?";
+    snprintf(tbl, sizeof tbl, "tm_mode%d", pid);
+    snprintf(ud, sizeof ud, "%s%stable=%s", uri_env, sep, tbl);
+    snprintf(ut, sizeof ut, "%s%stoken=table&table=%s", uri_env, sep, tbl);
+    snprintf(un, sizeof un, "%s%slock=named&table=%s", uri_env, sep, tbl);
+    name_of(n, sizeof n, "mode");
+    /* The control's hook is for B alone (an older dlock joining). */
+    int ignoring = getenv("DLOCK_TEST_MYSQL_IGNORE_MODE") != NULL;
+    unsetenv("DLOCK_TEST_MYSQL_IGNORE_MODE");
+    dlock_client *a = open_ok(ud);
+    dlock_lock *l = NULL;
+    mode_row(tbl, rec, sizeof rec);
+    is_str(rec, "dlock: token=sequence", "a new store without the option: token=sequence, recorded");
+    uint64_t top = 0;
+    for (int i = 0; i < 3; i++) { /* the name's token goes past 1 */
+        is_int(try_lock(a, n, &l), 0, "A takes the name (default URI)");
+        top = l ? dlock_lock_token(l) : top;
+        if (l)
+            dlock_release(l);
+        l = NULL;
+    }
+    if (ignoring)
+        setenv("DLOCK_TEST_MYSQL_IGNORE_MODE", "1", 1);
+    dlock_client *b = open_ok(ut);
+    unsetenv("DLOCK_TEST_MYSQL_IGNORE_MODE");
+    int rc = try_lock(b, n, &l);
+    uint64_t tb = l ? dlock_lock_token(l) : 0;
+    ok(rc != 0 || tb > top, "tokens never go back: B (token=table) after A (%s, %llu after %llu)",
+       dlock_err_name(rc), (unsigned long long)tb, (unsigned long long)top);
+    if (!ignoring) {
+        is_int(rc, DLOCK_ESTORE, "B's option differs from the store's mode: refused");
+        ok(strstr(dlock_errmsg(b), "records token=sequence") &&
+               strstr(dlock_errmsg(b), "dlock migrate"),
+           "naming the store's mode and the migrate: %s", dlock_errmsg(b));
+    }
+    if (l)
+        dlock_release(l);
+    l = NULL;
+    if (ignoring) {
+        dlock_client_close(a);
+        dlock_client_close(b);
+        goto drop;
+    }
+    /* dlock migrate's step: B raises the store's floor above A's top. */
+    uint64_t atop = 0;
+    is_int(dlock_client_token_top(a, &atop), 0, "A's top");
+    is_int(dlock_client_raise_floor(b, atop), 0, "B raises the floor (dlock migrate)");
+    mode_row(tbl, rec, sizeof rec);
+    is_str(rec, "dlock: token=table", "the record moved to token=table");
+    is_int(try_lock(b, n, &l), 0, "B now takes the name");
+    ok(l && dlock_lock_token(l) > top, "above A's tokens (%llu > %llu)",
+       (unsigned long long)(l ? dlock_lock_token(l) : 0), (unsigned long long)top);
+    if (l)
+        dlock_release(l);
+    l = NULL;
+    dlock_client_close(a);
+    dlock_client_close(b);
+    /* A default client now follows token=table; lock=named is refused. */
+    dlock_client *c = open_ok(ud);
+    is_int(try_lock(c, n, &l), 0, "a default client takes it on the token=table store");
+    snprintf(q, sizeof q, "SELECT COUNT(*) FROM `%s_grants` WHERE token = %llu", tbl,
+             (unsigned long long)(l ? dlock_lock_token(l) : 0));
+    ok(l && mysql_query(raw, q) == 0, "its grant is a token=table grant (%s)", q);
+    MYSQL_RES *res = mysql_store_result(raw);
+    MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
+    ok(row && row[0] && strcmp(row[0], "1") == 0, "recorded in %s_grants", tbl);
+    mysql_free_result(res);
+    if (l)
+        dlock_release(l);
+    l = NULL;
+    dlock_client_close(c);
+    dlock_client *d = NULL;
+    is_int(dlock_client_open(un, &d), DLOCK_ENOTSUP, "lock=named on a token=table store: refused at open");
+    ok(strstr(dlock_errmsg(d), "records token=table") != NULL, "saying why: %s", dlock_errmsg(d));
+    dlock_client_close(d);
+    /* A store from before the record: token=table, as it was. */
+    snprintf(q, sizeof q, "DELETE FROM `%s` WHERE k = X'%064x'", tbl, 1);
+    ok(mysql_query(raw, q) == 0, "the record removed (a store of an older dlock)");
+    c = open_ok(ud);
+    is_int(try_lock(c, n, &l), 0, "a default client takes the name");
+    ok(l && dlock_lock_token(l) > top, "as token=table, tokens still growing (%llu)",
+       (unsigned long long)(l ? dlock_lock_token(l) : 0));
+    if (l)
+        dlock_release(l);
+    dlock_client_close(c);
+drop:
+    snprintf(q, sizeof q, "DROP TABLE IF EXISTS %s, %s_grants, %s_shared, %s_leaders", tbl, tbl,
+             tbl, tbl);
+    mysql_query(raw, q);
+    snprintf(q, sizeof q, "DROP SEQUENCE IF EXISTS %s_seq", tbl);
+    mysql_query(raw, q);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -2365,6 +2487,7 @@ int main(void)
         {"named_lease_down", test_named_lease_down, 0},
         {"elect", test_elect, 2},
         {"named_elect", test_named_elect, 0},
+        {"store_mode", test_store_mode, 0},
     };
     /* DLOCK_TEST_ONLY=case,case runs only those (for working on one). */
     const char *only = getenv("DLOCK_TEST_ONLY");

@@ -485,7 +485,8 @@ static void test_open_and_options(void)
 {
     dlock_client *c = NULL;
     char bad[1024];
-    snprintf(bad, sizeof bad, "%s%cdlock_no_such_option=1", uri, strchr(uri, '?') ? '&' : '?');
+    const char *last = strrchr(uri, ' ') ? strrchr(uri, ' ') : uri; /* a list's last part */
+    snprintf(bad, sizeof bad, "%s%cdlock_no_such_option=1", uri, strchr(last, '?') ? '&' : '?');
     is_int(dlock_client_open(bad, &c), DLOCK_EBADURI, "unknown URI option rejected");
     ok(strstr(dlock_errmsg(c), "dlock_no_such_option") != NULL, "message names the option");
     dlock_client_close(c);
@@ -3094,7 +3095,7 @@ static void test_lists(void)
  * meson entry says it cannot: MySQL's row locks take a session each). */
 static int many = 10000;
 /* --params: "k=v&k2=v2" added to every URI (a store's other mode). */
-static const char *params;
+static const char *params, *first_params;
 /* --case NAME: only the side-by-side case of that name (a developer's run);
  * --case caps: only the check of the capabilities. */
 static const char *only;
@@ -3190,6 +3191,8 @@ int main(int argc, char **argv)
             auth_uri = need_env(argv[++i]);
         else if (strcmp(argv[i], "--params") == 0 && i + 1 < argc)
             params = argv[++i];
+        else if (strcmp(argv[i], "--first-params") == 0 && i + 1 < argc)
+            first_params = argv[++i];
         else if (strcmp(argv[i], "--case") == 0 && i + 1 < argc)
             only = argv[++i];
         else if (strcmp(argv[i], "--break") == 0 && i + 1 < argc) {
@@ -3221,10 +3224,14 @@ int main(int argc, char **argv)
             p += n + (p[n] != '\0');
         }
     }
-    for (int i = 0; params && i < nparts; i++) {
+    /* --first-params: the first store's only (a list's part). */
+    for (int i = 0; (params || first_params) && i < nparts; i++) {
         char with[DLOCK_URI_MAX];
-        if (uri_rewrite(parts[i], NULL, 0, NULL, params, with, sizeof with) != 0) {
-            fprintf(stderr, "conformance: cannot add '%s' to URI %d\n", params, i + 1);
+        const char *p = i == 0 && first_params ? first_params : params;
+        if (!p)
+            continue;
+        if (uri_rewrite(parts[i], NULL, 0, NULL, p, with, sizeof with) != 0) {
+            fprintf(stderr, "conformance: cannot add '%s' to URI %d\n", p, i + 1);
             return 64;
         }
         snprintf(parts[i], sizeof parts[i], "%s", with);
@@ -3236,7 +3243,8 @@ int main(int argc, char **argv)
     }
     uri = nparts > 0 ? list : NULL;
     if (!uri) {
-        fprintf(stderr, "usage: conformance [--auth-env VAR] [--many N] [--params P] [--case NAME]"
+        fprintf(stderr, "usage: conformance [--auth-env VAR] [--many N] [--params P]"
+                        " [--first-params P] [--case NAME]"
                         " [--drop-cap CAP] [--break WHAT] (URI | --env VAR)...\n");
         return 64;
     }

@@ -83,6 +83,9 @@ ns_uri() {
         ;;
     *)
         [[ $u == redis:* ]] && key=prefix ns="$ns:"
+        # ZooKeeper's and etcd's tokens cannot be raised: a MariaDB store
+        # listed or migrated with them runs token=table (docs/mysql.md).
+        [[ $u == mysql:* && ( "$old_arg $new_arg" == *ZK* || "$old_arg $new_arg" == *ETCD* ) ]] && ns="$ns&token=table"
         if [[ $u == *\?* ]]; then echo "$u&$key=$ns"; else echo "$u?$key=$ns"; fi
         ;;
     esac
