@@ -261,6 +261,10 @@ static int be_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
         mc->base.caps &= ~(unsigned)DLOCK_CAP_ELECTION;
     if (!mc->mariadb) /* permits need SET STATEMENT too */
         mc->base.caps &= ~(unsigned)(DLOCK_CAP_FIFO | DLOCK_CAP_SEMAPHORE);
+    /* token=sequence, lock=named: one counter for every name (a list with
+     * ZooKeeper or etcd refuses it: core/composite.c). */
+    if (mc->mode != &mc_row_table_mode)
+        mc->base.caps |= DLOCK_CAP_TOKEN_SHARED;
     *connp = &mc->base;
     return 0;
 fail:

@@ -166,23 +166,30 @@ static const struct kind {
     {"postgres-tooz",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
      NULL, 0, 0, 0, 200},
-    /* wait_timeout, in whole seconds (docs/mysql.md, Lease / TTL). */
+    /* wait_timeout, in whole seconds (docs/mysql.md, Lease / TTL). The
+     * default URI on a new store (the suite's): token=sequence, one counter
+     * for every name. */
     {"mysql",
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
+         DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION | DLOCK_CAP_TOKEN_SHARED,
+     NULL, 1000, 0, 0, 200},
+    {"mysql-table",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
          DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION,
      NULL, 1000, 0, 0, 200},
     {"mysql-sequence",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
-         DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION,
+         DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE | DLOCK_CAP_ELECTION | DLOCK_CAP_TOKEN_SHARED,
      NULL, 1000, 0, 0, 200},
     {"mysql-named",
      LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
-         DLOCK_CAP_ELECTION,
+         DLOCK_CAP_ELECTION | DLOCK_CAP_TOKEN_SHARED,
      "session", 1000, 0, 0, 200},
     /* lock=named on the plain name: MySQL's user lock names, 64 characters
      * (docs/mysql.md, "Peer layout: plain"). */
     {"mysql-plain",
-     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE,
+     LEASED | DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_HOLDER_DEATH | DLOCK_CAP_RAISE |
+         DLOCK_CAP_TOKEN_SHARED,
      "session", 1000, 0, 0, 200, 64},
     {"zookeeper",
      DLOCK_CAP_FENCING | DLOCK_CAP_FIFO | WAITS | DLOCK_CAP_SHARED | DLOCK_CAP_SEMAPHORE |
@@ -234,6 +241,7 @@ static const struct kind *kind_of(const char *one)
         k = layout && strcmp(layout, "plain") == 0 ? "mysql-plain"
             : lock && strcmp(lock, "named") == 0 ? "mysql-named"
             : token && strcmp(token, "sequence") == 0 ? "mysql-sequence"
+            : token && strcmp(token, "table") == 0    ? "mysql-table"
                                                        : "mysql";
     const struct kind *found = NULL;
     for (size_t i = 0; k && !found && i < sizeof kinds / sizeof kinds[0]; i++)
@@ -248,7 +256,7 @@ static const char *cap_names(unsigned int bits, char *buf, size_t len)
 {
     static const char *const names[] = {"LEASE",    "RENEW",    "FENCING",      "FIFO",  "BLOCKING",
                                         "SHARED",   "DEADLINE", "HOLDER_DEATH", "RAISE", "CANCEL",
-                                        "SEMAPHORE", "ELECTION", "WATCH"};
+                                        "SEMAPHORE", "ELECTION", "WATCH", "TOKEN_SHARED"};
     size_t o = 0;
     buf[0] = '\0';
     for (unsigned int b = 0; b < 32 && o < len; b++)
