@@ -385,7 +385,7 @@ static int keep_during_wait(struct etcd_conn *ec, struct wait *wt)
  * gone (or, with since, was written after since); WATCH_AHEAD: fewer
  * keys than the limit are before ours. */
 static int looked_again(struct etcd_conn *ec, struct etcd_held *held, const char *key,
-                        size_t klen, int *gone)
+                        size_t klen, int64_t create, int *gone)
 {
     if (held->how == WATCH_AHEAD) {
         int64_t n = 0;
@@ -402,15 +402,19 @@ static int looked_again(struct etcd_conn *ec, struct etcd_held *held, const char
         json_object *kvs = etcd_kvs_of(root);
         json_object *kv = kvs && json_object_array_length(kvs) ? json_object_array_get_idx(kvs, 0)
                                                                : NULL;
-        *gone = !kv || (held->how == WATCH_CHANGE && etcd_int(kv, "mod_revision") > held->since);
+        /* A key of that name created again (its client's next lock on the
+         * same pooled lease, or an etcd session's) is another key: the one
+         * watched is gone. */
+        *gone = !kv || (create && etcd_int(kv, "create_revision") != create) ||
+                (held->how == WATCH_CHANGE && etcd_int(kv, "mod_revision") > held->since);
         json_object_put(root);
     }
     return err;
 }
 
 /*
- * Watches key (klen bytes) for its deletion, keeping the waiter's leases
- * alive meanwhile. 0 when deleted, 1 when the watch ended without (read
+ * Watches key (klen bytes; the one of create revision create, 0: any)
+ * for its deletion, keeping the waiter's leases alive meanwhile. 0 when deleted, 1 when the watch ended without (read
  * again and watch again), DLOCK_ETIMEDOUT at the deadline, DLOCK_ECANCELED
  * (nothing recorded) when the wait's cancel fd fired, or an error.
  *
@@ -422,7 +426,8 @@ static int looked_again(struct etcd_conn *ec, struct etcd_held *held, const char
  * handoff's p99 at 100 ms). A watch from the current revision hears every
  * later event at once; the read covers the time before.
  */
-static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, size_t klen)
+static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, size_t klen,
+                        int64_t create)
 {
     struct etcd_held *held = wt->held;
     struct etcd_stream w = {0};
@@ -482,7 +487,7 @@ static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, 
         if (w.created && !checked && !w.done) {
             int gone = 0;
             checked = 1;
-            if ((err = looked_again(ec, held, key, klen, &gone)) != 0)
+            if ((err = looked_again(ec, held, key, klen, create, &gone)) != 0)
                 break;
             if (gone)
                 break; /* gone before the watch started: err 0 */
@@ -907,7 +912,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         }
         if (pred.key) {
             uint64_t started = dlock_monotonic_ns();
-            err = watch_delete(ec, &wt, pred.key, pred.klen);
+            err = watch_delete(ec, &wt, pred.key, pred.klen, pred.create);
             free(pred.key);
             pred.key = NULL;
             if (err == DLOCK_ECANCELED) {

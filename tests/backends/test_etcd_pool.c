@@ -14,12 +14,16 @@
  *   with the check switched off (dlock_etcd_pool_unchecked()): the lock
  *   then lands on a lease about to end, and the case must fail (a
  *   negative control, tests/backends/meson.build);
+ * - two clients taking one name in turn, waiting: a key created again
+ *   under the name just deleted (the same pooled lease) is not the one a
+ *   waiter watched (it would wait forever);
  * - a client that dies holding a lock on a pooled lease: its key goes with
  *   the lease, by the lock's TTL.
  *
  * Environment: DLOCK_ETCD_URI (scripts/stores/start.sh prints it).
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,6 +120,49 @@ static void test_too_old(int control)
     dlock_client_close(c);
 }
 
+/* Two clients take one name in turn as fast as they can, each waiting:
+ * a released lock's lease serves its client's next acquire, whose key has
+ * the same name as the one just deleted. A waiter that read the key before
+ * its own as "still there" when it was that new key (created after its
+ * own, and waiting for it) would wait for it forever: both time out. */
+struct turn {
+    dlock_client *c;
+    int fails;
+};
+
+static void *turns(void *arg)
+{
+    struct turn *t = arg;
+    for (int i = 0; i < 40; i++) {
+        dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 3000, 5000);
+        dlock_lock *l = NULL;
+        if (dlock_acquire(t->c, name, &o, &l) != 0) {
+            diag("acquire: %s", dlock_errmsg(t->c));
+            t->fails++;
+            continue;
+        }
+        if (dlock_release(l) != 0)
+            t->fails++;
+    }
+    return NULL;
+}
+
+static void test_turns(void)
+{
+    snprintf(name, sizeof name, "etcd-pool-%d-turns", (int)getpid());
+    struct turn t[2] = {{open_ok(uri), 0}, {open_ok(uri), 0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, turns, &t[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    is_int(t[0].fails + t[1].fails, 0, "two clients x 40 turns on one name: every acquire granted");
+    ok(dlock_etcd_pool_taken(t[0].c) > 0 && dlock_etcd_pool_taken(t[1].c) > 0,
+       "on pooled leases");
+    dlock_client_close(t[0].c);
+    dlock_client_close(t[1].c);
+}
+
 /* A client killed holding a lock on a pooled lease: the lock is free by
  * its TTL (2 s; etcd's lessor looks every 0.5 s; 0.5 s of slack). */
 static void test_crash(void)
@@ -167,6 +214,7 @@ int main(int argc, char **argv)
     }
     test_two_writes();
     test_too_old(0);
+    test_turns();
     test_crash();
     return done_testing();
 }
