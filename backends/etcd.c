@@ -752,7 +752,8 @@ static void give_up(struct etcd_conn *ec, struct etcd_held *held)
     if (held->waiting || held->queued) {
         /* Maybe on the waiters' lease, which goes on (even when the
          * create's reply was lost): delete the key itself, if it is still
-         * ours (its name holds this acquire's lease id: nobody else's). */
+         * ours (its name is this acquire's: a lease id of ours, or
+         * random: nobody else's). */
         json_object *req = json_object_new_object(), *cmps = json_object_new_array();
         json_object *ok = json_object_new_array(), *del = json_object_new_object(), *root;
         if (req && cmps && ok && del) {
@@ -841,12 +842,21 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     ec->app.cancel_fd = req->cancel_fd;
     int single = ec->layout == ETCD_LAYOUT_ETCD3;
     /* A pooled lease (layout=dlock), else one granted now. */
+    /* The key's name: the lease id; on a pooled lease, whose id named a
+     * key already, 16 random hex digits, so that no key's name comes back
+     * (a waiter of the previous release knows the key before its own by
+     * its name only). */
+    uint64_t id = 0;
     if ((err = single ? 0 : pool_take(ec, held, &wt.lease_from)) == 0) {
         held->kept = wt.lease_from;
         err = lease_grant(ec, &ec->app, held->ttl_s, call_until(ec), &held->lease);
     } else if (err == 1) {
         err = 0;
+        if (dlock_random_bytes(&id, sizeof id) != 0)
+            id = 0; /* the lease id again: waiters tell keys by create revision */
     }
+    if (!id)
+        id = (uint64_t)held->lease;
     if (err) {
         ec->app.cancel_fd = -1;
         ec->cap = 0;
@@ -862,8 +872,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     else if (held->kind == ETCD_PERMIT)
         snprintf(tag, sizeof tag, "s%u-", (unsigned)req->limit);
     if (!single)
-        held->klen = held->dir + (size_t)sprintf(held->key + held->dir, "%s%016" PRIx64, tag,
-                                                 (uint64_t)held->lease);
+        held->klen = held->dir + (size_t)sprintf(held->key + held->dir, "%s%016" PRIx64, tag, id);
     int try = req->wait == DLOCK_WAIT_TRY;
     held->queued = !try && !single;
     /* layout=etcd3: 1 is a key gone between compare and read: again. */
