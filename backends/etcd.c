@@ -890,6 +890,22 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
             goto fail;
         if ((err = create_key(ec, held, req, try, &pred, &rev)) != 1)
             break;
+        if (id != (uint64_t)held->lease) {
+            /* A lease of the transaction was gone (it created nothing):
+             * the waiters' or, revoked by someone else, the pooled one.
+             * The lock's lease is granted anew too, the key named by it. */
+            dlock_errsave save;
+            dlock_err_save(cl(ec), &save);
+            lease_revoke(ec, &ec->app, held->lease, call_until(ec));
+            dlock_err_restore(cl(ec), &save);
+            wt.lease_from = held->kept = dlock_monotonic_ns();
+            if ((err = lease_grant(ec, &ec->app, held->ttl_s, call_until(ec), &held->lease)) != 0)
+                goto fail;
+            id = (uint64_t)held->lease;
+            sprintf(held->key + held->dir, "%s%016" PRIx64, tag, id);
+            tries--;
+            continue;
+        }
         if (tries) {
             err = etcd_place_lost(ec);
             goto fail;
