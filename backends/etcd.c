@@ -214,6 +214,115 @@ static int lease_keepalive(struct etcd_conn *ec, struct etcd_http *h, int64_t id
     return 0;
 }
 
+/* ---- the lease pool --------------------------------------------------------
+ *
+ * A lock's lease is granted ahead of need: released, a lock's key is
+ * deleted (one transaction) and its lease, which then holds nothing, goes
+ * back to the client's pool; the next acquire of the same TTL in whole
+ * seconds takes it, so that an uncontended acquire is one transaction and
+ * acquire + release two raft writes. Still one lease per lock: a pooled
+ * lease is taken by one acquire at a time.
+ *
+ * A pooled lease counts from `kept`, when its grant or last keep-alive was
+ * sent: etcd ends it no sooner than kept + its TTL, and no later than its
+ * TTL after the acquire that takes it (the server counts from what it
+ * applied, before the acquire). A lock on it is given the client's lease
+ * end min(now + TTL, kept + the lease's TTL): never past the server's, and
+ * short of the full TTL by at most POOL_SHORT_DIV-th of it; a lease that
+ * would cut more is kept alive first (a round trip, not a raft write: the
+ * leader renews a lease without raft). One kept a whole TTL ago or more
+ * may be gone: dropped. The pool holds at most ETCD_POOL_MAX leases (one
+ * more released is revoked); close revokes them; a client that dies
+ * leaves them to expire, keyless, within their TTL of their last grant or
+ * keep-alive.
+ */
+#define POOL_SHORT_DIV 8
+
+uint64_t dlock_etcd_pool_taken(dlock_client *c)
+{
+    return __atomic_load_n(&((struct etcd_conn *)c->conn)->pool_taken, __ATOMIC_RELAXED);
+}
+
+void dlock_etcd_pool_unchecked(dlock_client *c)
+{
+    ((struct etcd_conn *)c->conn)->pool_unchecked = 1;
+}
+
+/* A pooled lease for held (its ttl_s): 1 with held->lease and held->kept
+ * set, and *from (the client's lease counts from it: *from + ttl_ms is the
+ * lock's lease end); 0 when the pool has none; else an error. */
+static int pool_take(struct etcd_conn *ec, struct etcd_held *held, uint64_t *from)
+{
+    uint64_t now = dlock_monotonic_ns(), ttl = (uint64_t)held->ttl_ms * MS;
+    while (ec->npool > 0) {
+        struct etcd_pooled p = {0};
+        int at = -1;
+        for (int i = ec->npool - 1; i >= 0 && at < 0; i--)
+            if (ec->pool[i].ttl_s == held->ttl_s)
+                at = i;
+        if (at < 0)
+            return 0;
+        p = ec->pool[at];
+        ec->pool[at] = ec->pool[--ec->npool];
+        uint64_t span = (uint64_t)p.ttl_s * 1000 * MS;
+        if (now - p.kept >= span && !ec->pool_unchecked)
+            continue; /* maybe gone already: it holds nothing */
+        if (p.kept + span + ttl / POOL_SHORT_DIV < now + ttl && !ec->pool_unchecked) {
+            int64_t got;
+            uint64_t sent = dlock_monotonic_ns();
+            int err = lease_keepalive(ec, &ec->app, p.lease, call_until(ec), &got);
+            if (err == DLOCK_ELOST) {
+                dlock_err_clear(cl(ec));
+                continue;
+            }
+            if (err)
+                return err;
+            p.kept = sent;
+        }
+        held->lease = p.lease;
+        held->kept = p.kept;
+        *from = p.kept + span - ttl < now ? p.kept + span - ttl : now;
+        __atomic_add_fetch(&ec->pool_taken, 1, __ATOMIC_RELAXED);
+        return 1;
+    }
+    return 0;
+}
+
+/* Gives held's lease, which holds no key of ours now, back to the pool;
+ * revoked when the pool is full. The caller's error stays. */
+static void pool_put(struct etcd_conn *ec, struct etcd_held *held, uint64_t until)
+{
+    uint64_t span = (uint64_t)held->ttl_s * 1000 * MS;
+    if (dlock_monotonic_ns() - held->kept + 100 * MS < span && ec->npool < ETCD_POOL_MAX) {
+        ec->pool[ec->npool++] = (struct etcd_pooled){held->lease, held->ttl_s, held->kept};
+    } else {
+        dlock_errsave save;
+        dlock_err_save(cl(ec), &save);
+        lease_revoke(ec, &ec->app, held->lease, until);
+        dlock_err_restore(cl(ec), &save);
+    }
+    held->lease = 0;
+}
+
+/* Close: the pool's leases revoked, all within POOL_CLOSE_MS (what is
+ * left expires on its own). */
+#define POOL_CLOSE_MS 500
+static void pool_drain(struct etcd_conn *ec)
+{
+    if (ec->npool == 0)
+        return;
+    uint64_t until = dlock_monotonic_ns() + POOL_CLOSE_MS * MS;
+    dlock_errsave save;
+    dlock_err_save(cl(ec), &save);
+    ec->app.cancel_fd = -1;
+    for (int i = 0; i < ec->npool && dlock_monotonic_ns() < until; i++)
+        if (dlock_monotonic_ns() - ec->pool[i].kept < (uint64_t)ec->pool[i].ttl_s * 1000 * MS &&
+            lease_revoke(ec, &ec->app, ec->pool[i].lease, until) == DLOCK_ECONNECT)
+            break;
+    ec->npool = 0;
+    dlock_err_restore(cl(ec), &save);
+}
+
 /* ---- the watch ---------------------------------------------------------- */
 
 static size_t on_watch(char *data, size_t size, size_t n, void *user)
@@ -267,6 +376,7 @@ static int keep_during_wait(struct etcd_conn *ec, struct wait *wt)
     if (err)
         return err;
     wt->lease_from = sent;
+    wt->held->kept = sent;
     wt->next_keep = sent + keep_every_ms(wt->held) * MS;
     return 0;
 }
@@ -275,7 +385,7 @@ static int keep_during_wait(struct etcd_conn *ec, struct wait *wt)
  * gone (or, with since, was written after since); WATCH_AHEAD: fewer
  * keys than the limit are before ours. */
 static int looked_again(struct etcd_conn *ec, struct etcd_held *held, const char *key,
-                        size_t klen, int *gone)
+                        size_t klen, int64_t create, int *gone)
 {
     if (held->how == WATCH_AHEAD) {
         int64_t n = 0;
@@ -292,15 +402,19 @@ static int looked_again(struct etcd_conn *ec, struct etcd_held *held, const char
         json_object *kvs = etcd_kvs_of(root);
         json_object *kv = kvs && json_object_array_length(kvs) ? json_object_array_get_idx(kvs, 0)
                                                                : NULL;
-        *gone = !kv || (held->how == WATCH_CHANGE && etcd_int(kv, "mod_revision") > held->since);
+        /* A key of that name created again (its client's next lock on the
+         * same pooled lease, or an etcd session's) is another key: the one
+         * watched is gone. */
+        *gone = !kv || (create && etcd_int(kv, "create_revision") != create) ||
+                (held->how == WATCH_CHANGE && etcd_int(kv, "mod_revision") > held->since);
         json_object_put(root);
     }
     return err;
 }
 
 /*
- * Watches key (klen bytes) for its deletion, keeping the waiter's leases
- * alive meanwhile. 0 when deleted, 1 when the watch ended without (read
+ * Watches key (klen bytes; the one of create revision create, 0: any)
+ * for its deletion, keeping the waiter's leases alive meanwhile. 0 when deleted, 1 when the watch ended without (read
  * again and watch again), DLOCK_ETIMEDOUT at the deadline, DLOCK_ECANCELED
  * (nothing recorded) when the wait's cancel fd fired, or an error.
  *
@@ -312,7 +426,8 @@ static int looked_again(struct etcd_conn *ec, struct etcd_held *held, const char
  * handoff's p99 at 100 ms). A watch from the current revision hears every
  * later event at once; the read covers the time before.
  */
-static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, size_t klen)
+static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, size_t klen,
+                        int64_t create)
 {
     struct etcd_held *held = wt->held;
     struct etcd_stream w = {0};
@@ -372,7 +487,7 @@ static int watch_delete(struct etcd_conn *ec, struct wait *wt, const char *key, 
         if (w.created && !checked && !w.done) {
             int gone = 0;
             checked = 1;
-            if ((err = looked_again(ec, held, key, klen, &gone)) != 0)
+            if ((err = looked_again(ec, held, key, klen, create, &gone)) != 0)
                 break;
             if (gone)
                 break; /* gone before the watch started: err 0 */
@@ -637,7 +752,8 @@ static void give_up(struct etcd_conn *ec, struct etcd_held *held)
     if (held->waiting || held->queued) {
         /* Maybe on the waiters' lease, which goes on (even when the
          * create's reply was lost): delete the key itself, if it is still
-         * ours (its name holds this acquire's lease id: nobody else's). */
+         * ours (its name is this acquire's: a lease id of ours, or
+         * random: nobody else's). */
         json_object *req = json_object_new_object(), *cmps = json_object_new_array();
         json_object *ok = json_object_new_array(), *del = json_object_new_object(), *root;
         if (req && cmps && ok && del) {
@@ -665,7 +781,8 @@ static void give_up(struct etcd_conn *ec, struct etcd_held *held)
             ec->wait_lease = 0;
         }
     }
-    lease_revoke(ec, &ec->app, held->lease, call_until(ec));
+    if (held->lease)
+        lease_revoke(ec, &ec->app, held->lease, call_until(ec));
     dlock_err_restore(cl(ec), &save);
 }
 
@@ -703,8 +820,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         return oom(ec);
     held->ttl_ms = req->ttl_ms;
     held->ttl_s = ttl_seconds(req->ttl_ms);
-    int single = ec->layout == ETCD_LAYOUT_ETCD3;
-    if (single)
+    if (ec->layout == ETCD_LAYOUT_ETCD3)
         held->key = etcd_single_key(ec, req->name, req->name_len, &held->klen);
     else
         held->key = etcd_name_dir(ec, req->name, req->name_len, &held->dir);
@@ -724,7 +840,24 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
      * silent network would otherwise run its whole `timeout`); the
      * cleanup below is not cut short by it. */
     ec->app.cancel_fd = req->cancel_fd;
-    if ((err = lease_grant(ec, &ec->app, held->ttl_s, call_until(ec), &held->lease)) != 0) {
+    int single = ec->layout == ETCD_LAYOUT_ETCD3;
+    /* A pooled lease (layout=dlock), else one granted now. */
+    /* The key's name: the lease id; on a pooled lease, whose id named a
+     * key already, 16 random hex digits, so that no key's name comes back
+     * (a waiter of the previous release knows the key before its own by
+     * its name only). */
+    uint64_t id = 0;
+    if ((err = single ? 0 : pool_take(ec, held, &wt.lease_from)) == 0) {
+        held->kept = wt.lease_from;
+        err = lease_grant(ec, &ec->app, held->ttl_s, call_until(ec), &held->lease);
+    } else if (err == 1) {
+        err = 0;
+        if (dlock_random_bytes(&id, sizeof id) != 0)
+            id = 0; /* the lease id again: waiters tell keys by create revision */
+    }
+    if (!id)
+        id = (uint64_t)held->lease;
+    if (err) {
         ec->app.cancel_fd = -1;
         ec->cap = 0;
         held_free(held);
@@ -739,8 +872,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
     else if (held->kind == ETCD_PERMIT)
         snprintf(tag, sizeof tag, "s%u-", (unsigned)req->limit);
     if (!single)
-        held->klen = held->dir + (size_t)sprintf(held->key + held->dir, "%s%016" PRIx64, tag,
-                                                 (uint64_t)held->lease);
+        held->klen = held->dir + (size_t)sprintf(held->key + held->dir, "%s%016" PRIx64, tag, id);
     int try = req->wait == DLOCK_WAIT_TRY;
     held->queued = !try && !single;
     /* layout=etcd3: 1 is a key gone between compare and read: again. */
@@ -758,6 +890,22 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
             goto fail;
         if ((err = create_key(ec, held, req, try, &pred, &rev)) != 1)
             break;
+        if (id != (uint64_t)held->lease) {
+            /* A lease of the transaction was gone (it created nothing):
+             * the waiters' or, revoked by someone else, the pooled one.
+             * The lock's lease is granted anew too, the key named by it. */
+            dlock_errsave save;
+            dlock_err_save(cl(ec), &save);
+            lease_revoke(ec, &ec->app, held->lease, call_until(ec));
+            dlock_err_restore(cl(ec), &save);
+            wt.lease_from = held->kept = dlock_monotonic_ns();
+            if ((err = lease_grant(ec, &ec->app, held->ttl_s, call_until(ec), &held->lease)) != 0)
+                goto fail;
+            id = (uint64_t)held->lease;
+            sprintf(held->key + held->dir, "%s%016" PRIx64, tag, id);
+            tries--;
+            continue;
+        }
         if (tries) {
             err = etcd_place_lost(ec);
             goto fail;
@@ -769,6 +917,9 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         if (single || held->kind != ETCD_WRITER ||
             (err = etcd_kind_check(ec, held, req, &pred)) == 0)
             err = dlock_seterr(cl(ec), DLOCK_EBUSY, "the lock is held by another owner");
+        /* It created nothing: the lease goes back to the pool. */
+        if (!single)
+            pool_put(ec, held, call_until(ec));
         goto fail;
     }
     /* The first keep-alives: the lock's lease a third of its TTL after
@@ -786,7 +937,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         }
         if (pred.key) {
             uint64_t started = dlock_monotonic_ns();
-            err = watch_delete(ec, &wt, pred.key, pred.klen);
+            err = watch_delete(ec, &wt, pred.key, pred.klen, pred.create);
             free(pred.key);
             pred.key = NULL;
             if (err == DLOCK_ECANCELED) {
@@ -820,7 +971,7 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
         }
         if (err == 2) {
             /* The lock's lease ran out during an outage: a new one. */
-            wt.lease_from = dlock_monotonic_ns();
+            wt.lease_from = held->kept = dlock_monotonic_ns();
             if ((err = lease_grant(ec, &ec->app, held->ttl_s, call_until(ec), &held->lease)) != 0 &&
                 !transient(ec, &wt, err))
                 goto fail;
@@ -877,11 +1028,49 @@ fail:
     return err;
 }
 
+/*
+ * Deletes our key if it still has our create revision (one transaction),
+ * the lease back to the pool. A leader's lease (its election value is on
+ * it) and python-etcd3's layout are revoked instead: every key on the
+ * lease goes in the same raft entry.
+ */
 static int etcd_release(dlock_conn *conn, dlock_held *h)
 {
     struct etcd_conn *ec = (struct etcd_conn *)conn;
     struct etcd_held *held = (struct etcd_held *)h;
-    int err = lease_revoke(ec, &ec->app, held->lease, core_bound(call_until(ec)));
+    uint64_t until = core_bound(call_until(ec));
+    if (held->published || ec->layout == ETCD_LAYOUT_ETCD3) {
+        int err = lease_revoke(ec, &ec->app, held->lease, until);
+        held_free(held);
+        return err;
+    }
+    json_object *req = json_object_new_object(), *cmps = json_object_new_array();
+    json_object *ok = json_object_new_array(), *del = json_object_new_object(), *root;
+    if (!req || !cmps || !ok || !del) {
+        json_object_put(req), json_object_put(cmps), json_object_put(ok), json_object_put(del);
+        held_free(held);
+        return oom(ec);
+    }
+    json_object_array_add(cmps, etcd_create_cmp(held->key, held->klen, "EQUAL",
+                                                (int64_t)held->base.token));
+    json_object_object_add(del, "key", etcd_new_bytes(held->key, held->klen));
+    json_object_array_add(ok, etcd_wrap("request_delete_range", del));
+    json_object_object_add(req, "compare", cmps);
+    json_object_object_add(req, "success", ok);
+    int err = etcd_call_ok(ec, &ec->app, "/v3/kv/txn", req, until, DLOCK_ECONNECT,
+                           "releasing the lock", &root);
+    if (err) { /* the key, if still there, goes with its lease */
+        held_free(held);
+        return err;
+    }
+    int deleted = json_object_get_boolean(etcd_get(root, "succeeded"));
+    json_object_put(root);
+    if (deleted)
+        pool_put(ec, held, until);
+    else /* gone with its lease (DLOCK_ELOST), or deleted by an earlier
+          * attempt whose reply was lost, or moved by a renewal whose reply
+          * was lost (as a revoke would tell): the lease goes */
+        err = lease_revoke(ec, &ec->app, held->lease, until);
     held_free(held);
     return err;
 }
@@ -996,6 +1185,7 @@ static int renew_on(struct etcd_conn *ec, struct etcd_http *h, struct etcd_held 
     }
     if (err == 0) {
         held->ttl_ms = ttl_ms;
+        held->kept = sent;
         held->end_ns = sent + (uint64_t)ttl_ms * MS;
         held->base.lease_end_ns = held->end_ns;
     }
@@ -1162,6 +1352,7 @@ static void etcd_close(dlock_conn *conn)
     struct etcd_conn *ec = (struct etcd_conn *)conn;
     if (!ec)
         return;
+    pool_drain(ec);
     etcd_http_free(&ec->app);
     etcd_http_free(&ec->keeper);
     if (ec->watch)

@@ -77,6 +77,9 @@ int etcd_publish(dlock_conn *conn, dlock_held *h, const void *value, size_t len)
     struct etcd_held *held = (struct etcd_held *)h;
     if (ec->layout != ETCD_LAYOUT_DLOCK)
         return refuse(ec);
+    /* The value key goes on the leader's lease: its release revokes that
+     * lease (taking the value too) rather than deleting the key alone. */
+    held->published = 1;
     char *data = malloc(TOKEN_HEX + 1 + len), *vkey = value_key_of(held);
     json_object *txn = json_object_new_object(), *cmps = json_object_new_array();
     json_object *ok = json_object_new_array(), *put = json_object_new_object(), *root;

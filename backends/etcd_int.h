@@ -32,6 +32,9 @@
 enum etcd_layout { ETCD_LAYOUT_DLOCK, ETCD_LAYOUT_ETCD3 };
 #define RANGE_DESCEND "DESCEND"
 
+/* Leases a client keeps ahead of need (at most). */
+#define ETCD_POOL_MAX 4
+
 struct etcd_conn {
     dlock_conn base;
     struct etcd_site site;
@@ -45,6 +48,16 @@ struct etcd_conn {
     int lost_place;          /* this wait's key is gone (set by place_lost) */
     uint64_t cap;            /* during a deadline wait: no call past this (0: none) */
     uint64_t watch_events;   /* watches ended by an event (atomic; tests read it) */
+    /* Leases granted ahead of need (etcd.c, "the lease pool"): each holds
+     * no key, counts from kept (when its grant or last keep-alive was
+     * sent); an acquire of the same TTL in whole seconds takes one. */
+    struct etcd_pooled {
+        int64_t lease, ttl_s;
+        uint64_t kept;
+    } pool[ETCD_POOL_MAX];
+    int npool;
+    uint64_t pool_taken;     /* acquires that took a pooled lease (atomic; tests read it) */
+    int pool_unchecked;      /* a negative control's: no freshness check */
     char *prefix;
     enum etcd_layout layout;
     char where[512];
@@ -61,6 +74,8 @@ struct etcd_held {
     int64_t ttl_s;   /* the lease's TTL as asked */
     uint32_t ttl_ms;
     uint64_t end_ns; /* the client's lease end */
+    uint64_t kept;   /* when the lease's grant or last keep-alive was sent */
+    int published;   /* an election value may be on the lease (etcd_elect.c) */
     int waiting;     /* the key is on the waiters' lease */
     int queued;      /* a wait: the key may be on the waiters' lease */
     enum etcd_kind kind; /* exclusive (today's layout), reader or permit */
@@ -94,6 +109,10 @@ static inline uint64_t call_until(struct etcd_conn *ec)
 /* Test-only (etcd.c): the watches a client's waits saw end by an event
  * (tests/backends/test_etcd_modes.c counts wake-ups with it). */
 uint64_t dlock_etcd_watch_events(dlock_client *c);
+/* Test-only (etcd.c): acquires that took a pooled lease; and a negative
+ * control's switch: pooled leases taken however old (no keep-alive). */
+uint64_t dlock_etcd_pool_taken(dlock_client *c);
+void dlock_etcd_pool_unchecked(dlock_client *c);
 
 /* etcd_ops.c */
 char *etcd_name_dir(struct etcd_conn *ec, const char *name, size_t len, size_t *dlen);
