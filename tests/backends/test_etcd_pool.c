@@ -2,10 +2,11 @@
  * etcd's lease pool (docs/etcd.md, "Leases"): leases granted ahead of need,
  * so that an uncontended acquire is one transaction.
  *
- * - two raft writes per acquire + release on a pooled lease (the store's
- *   revision before and after, from dlock_client_token_top(): other
- *   clients' writes only add to it, so the least of a few rounds counts);
- *   it was three (grant, create, revoke);
+ * - an acquire + release on a pooled lease moves the store's revision by
+ *   two (the create, the delete: from dlock_client_token_top(); other
+ *   clients' writes only add to it, so the least of a few rounds counts)
+ *   and takes a pooled lease, i.e. grants none: two raft writes, where it
+ *   was three (a lease grant is a raft write that moves no revision);
  * - a try that finds the lock held leaves nothing behind, and its lease
  *   serves the next acquire;
  * - a pooled lease too old for the lock's TTL is kept alive before it
@@ -71,9 +72,9 @@ static void test_two_writes(void)
         if (after - before < least)
             least = after - before;
     }
-    is_int((int)least, 2, "acquire + release on a pooled lease: two raft writes (the store's"
-           " revision, least of 10 rounds)");
-    ok(dlock_etcd_pool_taken(c) > taken, "the acquires took pooled leases");
+    is_int((int)least, 2, "acquire + release on a pooled lease: the store's revision moves by two"
+           " (the create, the delete; least of 10 rounds)");
+    ok(dlock_etcd_pool_taken(c) > taken, "the acquires took pooled leases: no lease grant");
 
     /* A try that finds the lock held writes nothing and keeps its lease. */
     dlock_client *other = open_ok(uri);
