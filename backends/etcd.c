@@ -742,6 +742,33 @@ static void held_free(struct etcd_held *held)
     }
 }
 
+/* Deletes held's key if it still has held's create revision (its token;
+ * none yet: the key's name is this acquire's alone), in one transaction.
+ * 0 with *deleted (whether it was there to delete), or the call's error. */
+static int delete_key(struct etcd_conn *ec, struct etcd_held *held, uint64_t until,
+                      const char *what, int *deleted)
+{
+    json_object *req = json_object_new_object(), *cmps = json_object_new_array();
+    json_object *ok = json_object_new_array(), *del = json_object_new_object(), *root;
+    if (!req || !cmps || !ok || !del) {
+        json_object_put(req), json_object_put(cmps), json_object_put(ok), json_object_put(del);
+        return oom(ec);
+    }
+    if (held->base.token)
+        json_object_array_add(cmps, etcd_create_cmp(held->key, held->klen, "EQUAL",
+                                                    (int64_t)held->base.token));
+    json_object_object_add(del, "key", etcd_new_bytes(held->key, held->klen));
+    json_object_array_add(ok, etcd_wrap("request_delete_range", del));
+    json_object_object_add(req, "compare", cmps);
+    json_object_object_add(req, "success", ok);
+    int err = etcd_call_ok(ec, &ec->app, "/v3/kv/txn", req, until, DLOCK_ECONNECT, what, &root);
+    if (err)
+        return err;
+    *deleted = json_object_get_boolean(etcd_get(root, "succeeded"));
+    json_object_put(root);
+    return 0;
+}
+
 /* Leaves the queue (or gives a lock back) after a failure, keeping the
  * failure's error. */
 static void give_up(struct etcd_conn *ec, struct etcd_held *held)
@@ -754,24 +781,8 @@ static void give_up(struct etcd_conn *ec, struct etcd_held *held)
          * create's reply was lost): delete the key itself, if it is still
          * ours (its name is this acquire's: a lease id of ours, or
          * random: nobody else's). */
-        json_object *req = json_object_new_object(), *cmps = json_object_new_array();
-        json_object *ok = json_object_new_array(), *del = json_object_new_object(), *root;
-        if (req && cmps && ok && del) {
-            if (held->base.token)
-                json_object_array_add(cmps, etcd_create_cmp(held->key, held->klen, "EQUAL",
-                                                            (int64_t)held->base.token));
-            json_object_object_add(del, "key", etcd_new_bytes(held->key, held->klen));
-            json_object_array_add(ok, etcd_wrap("request_delete_range", del));
-            json_object_object_add(req, "compare", cmps);
-            json_object_object_add(req, "success", ok);
-            if (etcd_call_ok(ec, &ec->app, "/v3/kv/txn", req, call_until(ec), DLOCK_ECONNECT,
-                             "leaving the queue", &root) == 0) {
-                json_object_put(root);
-                deleted = 1;
-            }
-        } else {
-            json_object_put(req), json_object_put(cmps), json_object_put(ok), json_object_put(del);
-        }
+        int gone = 0;
+        deleted = delete_key(ec, held, call_until(ec), "leaving the queue", &gone) == 0;
         if (!deleted && ec->wait_lease) {
             /* The key may still be there, on the waiters' lease: that
              * lease must not be kept alive by the next wait (which would
@@ -841,8 +852,8 @@ static int etcd_acquire(dlock_conn *conn, const dlock_request *req, dlock_held *
      * cleanup below is not cut short by it. */
     ec->app.cancel_fd = req->cancel_fd;
     int single = ec->layout == ETCD_LAYOUT_ETCD3;
-    /* A pooled lease (layout=dlock), else one granted now. */
-    /* The key's name: the lease id; on a pooled lease, whose id named a
+    /* A pooled lease (layout=dlock), else one granted now. The key's
+     * name: the lease id; on a pooled lease, whose id named a
      * key already, 16 random hex digits, so that no key's name comes back
      * (a waiter of the previous release knows the key before its own by
      * its name only). */
@@ -1044,27 +1055,11 @@ static int etcd_release(dlock_conn *conn, dlock_held *h)
         held_free(held);
         return err;
     }
-    json_object *req = json_object_new_object(), *cmps = json_object_new_array();
-    json_object *ok = json_object_new_array(), *del = json_object_new_object(), *root;
-    if (!req || !cmps || !ok || !del) {
-        json_object_put(req), json_object_put(cmps), json_object_put(ok), json_object_put(del);
-        held_free(held);
-        return oom(ec);
-    }
-    json_object_array_add(cmps, etcd_create_cmp(held->key, held->klen, "EQUAL",
-                                                (int64_t)held->base.token));
-    json_object_object_add(del, "key", etcd_new_bytes(held->key, held->klen));
-    json_object_array_add(ok, etcd_wrap("request_delete_range", del));
-    json_object_object_add(req, "compare", cmps);
-    json_object_object_add(req, "success", ok);
-    int err = etcd_call_ok(ec, &ec->app, "/v3/kv/txn", req, until, DLOCK_ECONNECT,
-                           "releasing the lock", &root);
+    int deleted = 0, err = delete_key(ec, held, until, "releasing the lock", &deleted);
     if (err) { /* the key, if still there, goes with its lease */
         held_free(held);
         return err;
     }
-    int deleted = json_object_get_boolean(etcd_get(root, "succeeded"));
-    json_object_put(root);
     if (deleted)
         pool_put(ec, held, until);
     else /* gone with its lease (DLOCK_ELOST), or deleted by an earlier
