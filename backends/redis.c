@@ -47,10 +47,13 @@
 #define PLAIN_CAPS (DLOCK_CAP_LEASE | DLOCK_CAP_RENEW | DLOCK_CAP_FENCING | DLOCK_CAP_BLOCKING | \
                     DLOCK_CAP_DEADLINE | DLOCK_CAP_CANCEL | DLOCK_CAP_RAISE)
 
-static const char *const redis_schemes[] = {"redis", "redis+cluster", "redis+sentinel", NULL};
+/* rediss: the same over TLS (backends/redis_io.c). */
+static const char *const redis_schemes[] = {"redis",  "redis+cluster",  "redis+sentinel",
+                                            "rediss", "rediss+cluster", "rediss+sentinel",
+                                            NULL};
 static const char *const redis_options[] = {
     "connect_timeout", "timeout", "prefix", "node_timeout", "allow_eviction", "wait_replicas",
-    "sentinel_user", "sentinel_password", "layout", NULL,
+    "sentinel_user", "sentinel_password", "layout", "cacert", "cert", "key", "tls_verify", NULL,
 };
 
 static void ms_to_tv(uint64_t ms, struct timeval *tv)
@@ -68,9 +71,9 @@ static void free_sockets(struct redis_conn *rc)
 {
     for (size_t i = 0; rc->nodes && i < rc->nnodes; i++) {
         if (rc->nodes[i].cmd)
-            redisFree(rc->nodes[i].cmd);
+            dlock_redis_io_free(rc->nodes[i].cmd);
         if (rc->nodes[i].sub)
-            redisFree(rc->nodes[i].sub);
+            dlock_redis_io_free(rc->nodes[i].sub);
     }
 }
 
@@ -120,6 +123,7 @@ static struct redis_conn *keeper_conn_new(struct redis_conn *rc)
     kc->wait_replicas = rc->wait_replicas;
     kc->plain = rc->plain;
     kc->sentinel = rc->sentinel;
+    kc->tls = rc->tls;
     kc->topo = rc->topo; /* a cluster's: set again by its own map below */
     set_mode(kc, rc->mode);
     kc->nnodes = kc->nseeds = n;
@@ -161,6 +165,7 @@ static void redis_close(dlock_conn *conn)
     }
     free_nodes(rc);
     dlock_redis_sentinel_free(rc->sentinel);
+    dlock_redis_tls_free(rc->tls);
     if (rc->password)
         explicit_bzero(rc->password, strlen(rc->password));
     free(rc->user);
@@ -235,10 +240,12 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     struct redis_conn *rc;
     const char *scheme = dlock_uri_scheme(uri);
     size_t n = dlock_uri_host_count(uri);
-    enum redis_mode mode = strcmp(scheme, "redis+cluster") == 0    ? REDIS_CLUSTER
-                           : strcmp(scheme, "redis+sentinel") == 0 ? REDIS_SENTINEL
-                           : n > 1                                 ? REDIS_REDLOCK
-                                                                   : REDIS_SINGLE;
+    int tls = strncmp(scheme, "rediss", 6) == 0;
+    const char *topo = scheme + 5 + tls; /* "", "+cluster" or "+sentinel" */
+    enum redis_mode mode = strcmp(topo, "+cluster") == 0    ? REDIS_CLUSTER
+                           : strcmp(topo, "+sentinel") == 0 ? REDIS_SENTINEL
+                           : n > 1                          ? REDIS_REDLOCK
+                                                            : REDIS_SINGLE;
     int err;
 
     if (n == 0)
@@ -262,7 +269,8 @@ static int redis_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     set_mode(rc, mode);
     rc->user = dup_or_null(dlock_uri_user(uri));
     rc->password = dup_or_null(dlock_uri_password(uri));
-    if ((err = parse_options(c, uri, rc)) != 0)
+    if ((err = parse_options(c, uri, rc)) != 0 ||
+        (err = dlock_redis_tls_open(c, uri, tls, &rc->tls)) != 0)
         goto fail;
     if (mode == REDIS_SENTINEL) {
         rc->nnodes = rc->nseeds = 1;

@@ -115,38 +115,12 @@ static void arm(struct redis_conn *rc, redisContext *ctx)
         *armed = want;
 }
 
-/*
- * Writes what hiredis buffered for ctx with send(MSG_NOSIGNAL), not
- * hiredis's write(2): a peer that closed gives EPIPE, never SIGPIPE, so
- * no signal mask changes around each command (four system calls each).
- * The socket's SO_SNDTIMEO bounds each send, as it bounds hiredis's.
- * Reading never raises SIGPIPE. Plain sockets only: hiredis's TLS (not
- * used by dlock) would need its own write path.
- */
-static int send_buffered(redisContext *ctx)
-{
-    size_t len = obuf_len(ctx->obuf), off = 0;
-    while (off < len) {
-        ssize_t n = send(ctx->fd, ctx->obuf + off, len - off, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            ctx->err = REDIS_ERR_IO;
-            snprintf(ctx->errstr, sizeof ctx->errstr, "%s", strerror(errno));
-            return REDIS_ERR;
-        }
-        off += (size_t)n;
-    }
-    obuf_clear(ctx->obuf);
-    return REDIS_OK;
-}
-
 redisReply *dlock_redis_call(struct redis_conn *rc, redisContext *ctx, size_t argc,
                              const char **argv, const size_t *argvlen)
 {
     void *reply = NULL;
     if (dlock_redis_send(rc, ctx, argc, argv, argvlen) != REDIS_OK ||
-        redisGetReply(ctx, &reply) != REDIS_OK)
+        dlock_redis_io_get_reply(ctx, &reply) != REDIS_OK)
         return NULL;
     return reply;
 }
@@ -157,7 +131,7 @@ int dlock_redis_send(struct redis_conn *rc, redisContext *ctx, size_t argc, cons
     if (redisAppendCommandArgv(ctx, (int)argc, argv, argvlen) != REDIS_OK)
         return REDIS_ERR;
     arm(rc, ctx);
-    return send_buffered(ctx);
+    return dlock_redis_io_write(ctx);
 }
 
 int dlock_redis_flush(struct redis_conn *rc, redisContext *ctx)
@@ -165,30 +139,13 @@ int dlock_redis_flush(struct redis_conn *rc, redisContext *ctx)
     if (obuf_len(ctx->obuf) == 0)
         return REDIS_OK;
     arm(rc, ctx);
-    return send_buffered(ctx);
+    return dlock_redis_io_write(ctx);
 }
 
 int dlock_redis_get_reply(struct redis_conn *rc, redisContext *ctx, void **reply)
 {
     arm(rc, ctx);
-    /* redisGetReply would write anything still buffered with write(2). */
-    if (obuf_len(ctx->obuf) > 0 && send_buffered(ctx) != REDIS_OK)
-        return REDIS_ERR;
-    return redisGetReply(ctx, reply);
-}
-
-/* Errors are ignored: keepalive only shortens how long a dead peer goes
- * unnoticed; calls are bounded by their timeouts without it. */
-static void keepalive(redisContext *ctx)
-{
-    int on = 1;
-    setsockopt(ctx->fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
-#if defined(TCP_KEEPIDLE) && defined(TCP_KEEPINTVL) && defined(TCP_KEEPCNT)
-    int idle = KEEPALIVE_IDLE_S, intvl = KEEPALIVE_INTVL_S, cnt = KEEPALIVE_CNT;
-    setsockopt(ctx->fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-    setsockopt(ctx->fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-    setsockopt(ctx->fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-#endif
+    return dlock_redis_io_get_reply(ctx, reply);
 }
 
 int dlock_redis_ctx_error(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp,
@@ -197,7 +154,13 @@ int dlock_redis_ctx_error(struct redis_conn *rc, struct redis_node *n, redisCont
     redisContext *ctx = *ctxp;
     int code = DLOCK_ECONNECT;
     const char *why = "not connected";
-    if (ctx && ctx->err == REDIS_ERR_PROTOCOL)
+    if (ctx && ctx->err == DLOCK_REDIS_ERR_TLS_AUTH)
+        code = DLOCK_EAUTH;
+    else if (ctx && ctx->err == REDIS_ERR_PROTOCOL && strstr(ctx->errstr, "\"\\x15\""))
+        /* A TLS alert record where a reply was due: a plain connection to a
+         * TLS port (reported as such below). */
+        code = DLOCK_ECONNECT;
+    else if (ctx && ctx->err == REDIS_ERR_PROTOCOL)
         code = DLOCK_EPROTO;
     else if (ctx && ctx->err == REDIS_ERR_OOM)
         code = DLOCK_ENOMEM;
@@ -206,11 +169,15 @@ int dlock_redis_ctx_error(struct redis_conn *rc, struct redis_node *n, redisCont
         /* hiredis reports its socket timeouts as EAGAIN. */
         if (ctx->err == REDIS_ERR_IO && (strstr(why, "temporarily unavailable") ||
                                          strstr(why, "would block")))
-            why = "no reply in time (timeout)";
+            why = strncmp(why, "TLS handshake", 13) == 0
+                      ? "TLS handshake: no reply in time (timeout; is the port a TLS port?)"
+                      : "no reply in time (timeout)";
+        else if (ctx->err == REDIS_ERR_PROTOCOL && code == DLOCK_ECONNECT)
+            why = "the server answered with a TLS alert: is it a TLS port? (use rediss://)";
     }
     dlock_seterr(cl(rc), code, "redis %s:%d: %s: %s", n->host, n->port, what, why);
     if (ctx)
-        redisFree(ctx);
+        dlock_redis_io_free(ctx);
     *ctxp = NULL;
     return code;
 }
@@ -272,7 +239,6 @@ static int check_eviction(struct redis_conn *rc, struct redis_node *n, const red
 int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisContext **ctxp,
                             uint64_t budget_ns, int cmd)
 {
-    struct timeval tv;
     const char *argv[6][3];
     size_t lens[6][3], argc[6], nc = 0;
     const char *what[6];
@@ -288,8 +254,8 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
         return err;
     }
     uint64_t now = dlock_monotonic_ns();
-    ns_to_tv(until > now + MS ? until - now : MS, &tv);
-    redisContext *ctx = redisConnectWithTimeout(n->host, n->port, tv);
+    redisContext *ctx = dlock_redis_io_connect(rc->tls, n->host, n->port,
+                                               until > now + MS ? until - now : MS);
     if (!ctx) {
         dlock_redis_unlimit(rc, saved);
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
@@ -300,7 +266,6 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
         err = dlock_redis_ctx_error(rc, n, ctxp, "cannot connect");
         goto out;
     }
-    keepalive(ctx);
     argc[nc] = 0, what[nc] = rc->password ? "AUTH" : "PING";
     if (rc->password) {
         argv[nc][argc[nc]] = "AUTH", lens[nc][argc[nc]++] = 4;
@@ -380,7 +345,7 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
 out:
     dlock_redis_unlimit(rc, saved);
     if (err && *ctxp) {
-        redisFree(*ctxp);
+        dlock_redis_io_free(*ctxp);
         *ctxp = NULL;
     }
     return err;
@@ -400,7 +365,7 @@ int dlock_redis_node_connect(struct redis_conn *rc, struct redis_node *n, uint64
 void dlock_redis_drop_sub(struct redis_node *n)
 {
     if (n->sub)
-        redisFree(n->sub);
+        dlock_redis_io_free(n->sub);
     n->sub = NULL;
     n->subscribed = 0;
 }
@@ -539,7 +504,7 @@ int dlock_redis_script_asking(struct redis_conn *rc, struct redis_node *n, int a
                            "redis %s:%d is a replica now (READONLY): the primary changed",
                            n->host, n->port);
         freeReplyObject(r);
-        redisFree(n->cmd);
+        dlock_redis_io_free(n->cmd);
         n->cmd = NULL;
         n->stale = 0;
         dlock_redis_drop_sub(n);

@@ -12,6 +12,7 @@
  *   redis_cluster.c, redis_sentinel.c: the topologies, which plug into the
  *     connection layer through struct redis_topology (set at open)
  *   redis_conn.c: connections, send/receive, bounds, subscriptions
+ *   redis_io.c: the transport (TCP, TLS for rediss://, bytes in and out)
  *   redis_keys.c (names, slots), redis_reply.c (replies): pure
  */
 #ifndef DLOCK_BACKENDS_REDIS_CONN_H
@@ -110,8 +111,13 @@ struct redis_recipe {
  * cancel_wait()). */
 #define DLOCK_REDIS_CLEANUP_NS 150000000ull
 
+struct redis_tls; /* rediss://: TLS settings (redis_io.c) */
+
 struct redis_conn {
     dlock_conn base;
+    /* rediss://: every connection speaks TLS with these settings (NULL:
+     * plain TCP); a keeper connection borrows its parent's. */
+    struct redis_tls *tls;
     char *user, *password; /* copies; the password is wiped on close */
     char *prefix;
     int db;
@@ -257,6 +263,33 @@ int dlock_redis_emode(struct redis_conn *rc, const struct redis_held *h, long lo
 size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *keys,
                                size_t nkeys, const char **extra, const size_t *extra_len,
                                size_t n, const char **argv, size_t *argvlen);
+
+/* ---- redis_io.c: the transport -------------------------------------------- */
+
+/* ctx->err of a TLS connection whose peer's certificate was not accepted,
+ * or which refused ours (beyond hiredis's REDIS_ERR_* codes): DLOCK_EAUTH. */
+#define DLOCK_REDIS_ERR_TLS_AUTH 64
+/* The TLS settings of a rediss:// URI (tls set: cacert, cert, key,
+ * tls_verify), *out; a redis:// URI (tls 0) with any of them is refused.
+ * 0, or DLOCK_EBADURI (a file that cannot be used, named) or ENOMEM. */
+int dlock_redis_tls_open(dlock_client *c, const dlock_uri *uri, int tls, struct redis_tls **out);
+void dlock_redis_tls_free(struct redis_tls *t);
+/* A connection to host:port, TCP connect and (tls not NULL) the TLS
+ * handshake within budget_ns, with keepalive on; NULL only when out of
+ * memory; ctx->err set when it failed (free it with dlock_redis_io_free). */
+redisContext *dlock_redis_io_connect(const struct redis_tls *tls, const char *host, int port,
+                                     uint64_t budget_ns);
+void dlock_redis_io_free(redisContext *ctx);
+/* Writes everything ctx->obuf holds (never raising SIGPIPE); each write
+ * bounded by the socket's timeout. REDIS_OK or REDIS_ERR (ctx->err). */
+int dlock_redis_io_write(redisContext *ctx);
+/* Reads what the connection has (waiting up to the socket's timeout when
+ * it has nothing) into ctx's reader; REDIS_OK also when a TLS record
+ * carried no data. Use it where hiredis would redisBufferRead(). */
+int dlock_redis_io_read(redisContext *ctx);
+/* redisGetReply over this transport: a reply the reader holds, else what
+ * is buffered written and replies read until one is whole. */
+int dlock_redis_io_get_reply(redisContext *ctx, void **reply);
 
 /* ---- redis_conn.c: the connection layer ---------------------------------- */
 

@@ -222,7 +222,7 @@ int dlock_redis_watch_read(dlock_watch *watch)
             continue;
         if (!nd->sub)
             return broken(w, nd, "not connected");
-        if (redisBufferRead(nd->sub) != REDIS_OK)
+        if (dlock_redis_io_read(nd->sub) != REDIS_OK)
             return broken(w, nd, nd->sub->errstr[0] ? nd->sub->errstr : "connection lost");
         int err = consume(w, nd);
         if (err)

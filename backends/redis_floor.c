@@ -206,7 +206,7 @@ int dlock_redis_node_top(struct redis_conn *rc, struct redis_node *n, uint64_t *
     uint64_t best = 0;
     int err;
     if (n->stale && n->cmd) { /* owes replies to abandoned calls: start afresh */
-        redisFree(n->cmd);
+        dlock_redis_io_free(n->cmd);
         n->cmd = NULL;
         n->stale = 0;
     }
@@ -342,7 +342,7 @@ static void floor_batch(struct redis_conn *rc, char *key, size_t plen, const cha
         if (!n || down[n - rc->nodes])
             continue;
         if (n->stale && n->cmd) { /* owes replies to abandoned calls: start afresh */
-            redisFree(n->cmd);
+            dlock_redis_io_free(n->cmd);
             n->cmd = NULL;
         }
         int kl = snprintf(key + plen, 16, "{%s}floor", dlock_redis_slot_tag(first + i));
@@ -350,7 +350,7 @@ static void floor_batch(struct redis_conn *rc, char *key, size_t plen, const cha
         if (dlock_redis_node_connect(rc, n, tv_ns(&rc->connect_tv)) != 0 ||
             redisAppendCommandArgv(n->cmd, (int)argc, argv, argvlen) != REDIS_OK) {
             if (n->cmd) { /* calls already buffered there: never sent */
-                redisFree(n->cmd);
+                dlock_redis_io_free(n->cmd);
                 n->cmd = NULL;
             }
             down[n - rc->nodes] = 1;

@@ -184,7 +184,7 @@ static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const struc
         if (pr > 0 && (pr & DLOCK_POLL_READY)) {
             /* Read first: a handoff that came with the cancel is taken (the
              * flag stays raised, so the next poll still sees it). */
-            if (redisBufferRead(n->sub) != REDIS_OK)
+            if (dlock_redis_io_read(n->sub) != REDIS_OK)
                 return sub_error(rc, n, "reading the wake-up channel");
             *read_ns = heard = dlock_monotonic_ns();
             ping_by = 0;

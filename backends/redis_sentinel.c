@@ -123,21 +123,21 @@ static int ask(struct redis_conn *rc, size_t i, uint64_t until, char *host, size
                int *port)
 {
     struct redis_sentinel *s = rc->sentinel;
-    struct timeval tv;
     uint64_t now = dlock_monotonic_ns(), left = until > now + MS ? until - now : MS;
     const char *argv[3];
     size_t lens[3], argc = 0;
     void *v = NULL;
     int err = 0;
 
-    tv.tv_sec = (time_t)(left / 1000000000u);
-    tv.tv_usec = (suseconds_t)(left % 1000000000u / 1000u);
-    redisContext *ctx = redisConnectWithTimeout(s->host[i], s->port[i], tv);
+    /* rediss+sentinel://: TLS to the sentinels as to the primary. */
+    redisContext *ctx = dlock_redis_io_connect(rc->tls, s->host[i], s->port[i], left);
     if (!ctx)
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
     if (ctx->err) {
-        err = dlock_seterr(cl(rc), DLOCK_ECONNECT, "redis sentinel %s:%d: cannot connect: %s",
-                           s->host[i], s->port[i], ctx->errstr);
+        err = dlock_seterr(cl(rc),
+                           ctx->err == DLOCK_REDIS_ERR_TLS_AUTH ? DLOCK_EAUTH : DLOCK_ECONNECT,
+                           "redis sentinel %s:%d: cannot connect: %s", s->host[i], s->port[i],
+                           ctx->errstr);
         goto out;
     }
     if (s->password) {
@@ -177,10 +177,11 @@ static int ask(struct redis_conn *rc, size_t i, uint64_t until, char *host, size
     }
     goto out;
 io:
-    err = dlock_seterr(cl(rc), DLOCK_ECONNECT, "redis sentinel %s:%d: %s", s->host[i],
+    err = dlock_seterr(cl(rc), ctx->err == DLOCK_REDIS_ERR_TLS_AUTH ? DLOCK_EAUTH : DLOCK_ECONNECT,
+                       "redis sentinel %s:%d: %s", s->host[i],
                        s->port[i], ctx->errstr[0] ? ctx->errstr : "connection lost");
 out:
-    redisFree(ctx);
+    dlock_redis_io_free(ctx);
     return err;
 }
 
@@ -221,7 +222,7 @@ static int resolve(struct redis_conn *rc, struct redis_node *n, uint64_t budget_
                     return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
                 /* The primary moved: whatever is open goes to the old one. */
                 if (n->cmd)
-                    redisFree(n->cmd);
+                    dlock_redis_io_free(n->cmd);
                 dlock_redis_drop_sub(n);
                 n->cmd = NULL;
                 n->stale = 0;

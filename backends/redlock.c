@@ -118,7 +118,7 @@ static int ttl_ok(struct redis_conn *rc, uint32_t ttl_ms)
 static void abandon(struct redis_node *n)
 {
     if (++n->stale > 8) {
-        redisFree(n->cmd);
+        dlock_redis_io_free(n->cmd);
         n->cmd = NULL;
         n->stale = 0;
     }
@@ -284,7 +284,7 @@ static void all_nodes_argv(struct redis_conn *rc, size_t argc, const char **argv
                 break;
             }
             for (size_t k = 0; k < np; k++)
-                if (pfd[k].revents && redisBufferRead(rc->nodes[idx[k]].cmd) != REDIS_OK) {
+                if (pfd[k].revents && dlock_redis_io_read(rc->nodes[idx[k]].cmd) != REDIS_OK) {
                     dlock_redis_ctx_error(rc, &rc->nodes[idx[k]], &rc->nodes[idx[k]].cmd,
                                           "reading");
                     round_fail(rc, st);
@@ -591,7 +591,7 @@ static int wait_release(struct redis_conn *rc, const char *chan, size_t len, uin
         if (pr & DLOCK_POLL_CANCEL)
             return DLOCK_ECANCELED;
         for (size_t k = 0; k < np; k++)
-            if (pfd[k].revents && redisBufferRead(rc->nodes[idx[k]].sub) != REDIS_OK) {
+            if (pfd[k].revents && dlock_redis_io_read(rc->nodes[idx[k]].sub) != REDIS_OK) {
                 dlock_redis_drop_sub(&rc->nodes[idx[k]]);
                 /* A reset connection (the node restarted): resubscribe and
                  * try at once rather than wait out the bound. */

@@ -20,8 +20,9 @@
 
 /* Schemes dlock knows, whose backend may be left out of a build. */
 static const char *const known_schemes[] = {
-    "redis", "redis+cluster", "redis+sentinel", "postgresql", "postgres", "mysql", "mariadb",
-    "zookeeper", "etcd", NULL,
+    "redis",      "redis+cluster", "redis+sentinel", "rediss", "rediss+cluster",
+    "rediss+sentinel", "postgresql", "postgres",    "mysql",  "mariadb",
+    "zookeeper",  "etcd",          NULL,
 };
 
 /* Backends may return a code without detail; never leave the text empty. */

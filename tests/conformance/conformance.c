@@ -221,6 +221,11 @@ static const struct kind *kind_of(const char *one)
         return NULL;
     const char *s = dlock_uri_scheme(u), *lock = dlock_uri_param(u, "lock"),
                *token = dlock_uri_param(u, "token"), *layout = dlock_uri_param(u, "layout");
+    char plain[32]; /* rediss...: what the same topology is over TCP */
+    if (strncmp(s, "rediss", 6) == 0 && strlen(s) < sizeof plain) {
+        snprintf(plain, sizeof plain, "redis%s", s + 6);
+        s = plain;
+    }
     if (strcmp(s, "zookeeper") == 0 && layout && strcmp(layout, "kazoo") == 0)
         k = "zookeeper-kazoo";
     else if (strcmp(s, "etcd") == 0 && layout && strcmp(layout, "etcd3") == 0)
