@@ -255,7 +255,8 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
     }
     uint64_t now = dlock_monotonic_ns();
     redisContext *ctx = dlock_redis_io_connect(rc->tls, n->host, n->port,
-                                               until > now + MS ? until - now : MS);
+                                               until > now + MS ? until - now : MS,
+                                               tv_ns(&rc->cmd_tv));
     if (!ctx) {
         dlock_redis_unlimit(rc, saved);
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");

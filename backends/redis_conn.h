@@ -275,10 +275,12 @@ size_t dlock_redis_script_argv(struct redis_conn *rc, const struct redis_keys *k
 int dlock_redis_tls_open(dlock_client *c, const dlock_uri *uri, int tls, struct redis_tls **out);
 void dlock_redis_tls_free(struct redis_tls *t);
 /* A connection to host:port, TCP connect and (tls not NULL) the TLS
- * handshake within budget_ns, with keepalive on; NULL only when out of
- * memory; ctx->err set when it failed (free it with dlock_redis_io_free). */
+ * handshake within budget_ns, each wait for the server in the handshake
+ * also within reply_ns (as a reply is), with keepalive on; NULL only when
+ * out of memory; ctx->err set when it failed (free it with
+ * dlock_redis_io_free). */
 redisContext *dlock_redis_io_connect(const struct redis_tls *tls, const char *host, int port,
-                                     uint64_t budget_ns);
+                                     uint64_t budget_ns, uint64_t reply_ns);
 void dlock_redis_io_free(redisContext *ctx);
 /* Writes everything ctx->obuf holds (never raising SIGPIPE); each write
  * bounded by the socket's timeout. REDIS_OK or REDIS_ERR (ctx->err). */

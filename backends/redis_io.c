@@ -353,7 +353,7 @@ static int handshake(redisContext *ctx, const struct redis_tls *t, const char *h
 }
 
 redisContext *dlock_redis_io_connect(const struct redis_tls *tls, const char *host, int port,
-                                     uint64_t budget_ns)
+                                     uint64_t budget_ns, uint64_t reply_ns)
 {
     struct timeval tv;
     uint64_t until = dlock_monotonic_ns() + budget_ns;
@@ -364,8 +364,11 @@ redisContext *dlock_redis_io_connect(const struct redis_tls *tls, const char *ho
         return ctx;
     keepalive(ctx);
     if (tls) {
-        /* The handshake gets what the connect left of the budget. */
+        /* The handshake waits for each message of the server as for a
+         * reply (reply_ns), within what the connect left of the budget. */
         uint64_t now = dlock_monotonic_ns(), left = until > now + MS ? until - now : MS;
+        if (left > reply_ns)
+            left = reply_ns;
         tv.tv_sec = (time_t)(left / 1000000000u);
         tv.tv_usec = (suseconds_t)(left % 1000000000u / 1000u);
         redisSetTimeout(ctx, tv);

@@ -130,7 +130,8 @@ static int ask(struct redis_conn *rc, size_t i, uint64_t until, char *host, size
     int err = 0;
 
     /* rediss+sentinel://: TLS to the sentinels as to the primary. */
-    redisContext *ctx = dlock_redis_io_connect(rc->tls, s->host[i], s->port[i], left);
+    redisContext *ctx = dlock_redis_io_connect(rc->tls, s->host[i], s->port[i], left,
+                                               dlock_redis_tv_ns(&rc->cmd_tv));
     if (!ctx)
         return dlock_seterr(cl(rc), DLOCK_ENOMEM, "out of memory");
     if (ctx->err) {

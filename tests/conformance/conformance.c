@@ -3112,6 +3112,11 @@ static const char *params, *first_params;
 /* --case NAME: only the side-by-side case of that name (a developer's run);
  * --case caps: only the check of the capabilities. */
 static const char *only;
+/* --small: a smaller set (opening and its refusals, tokens, exclusion,
+ * FIFO, a holder killed, a cancelled wait, a cut and a silent store), for
+ * a topology run again over another transport (rediss+cluster://,
+ * rediss+sentinel://), whose every case the full run has on TCP. */
+static int small;
 /* --drop-cap CAP (FIFO, HOLDER_DEATH...): the check of the capabilities
  * takes the client to declare CAP no more, and must fail (a negative
  * control of that check). */
@@ -3208,6 +3213,8 @@ int main(int argc, char **argv)
             first_params = argv[++i];
         else if (strcmp(argv[i], "--case") == 0 && i + 1 < argc)
             only = argv[++i];
+        else if (strcmp(argv[i], "--small") == 0)
+            small = 1;
         else if (strcmp(argv[i], "--break") == 0 && i + 1 < argc) {
             break_what = argv[++i];
             break_death = breaking("death");
@@ -3311,6 +3318,13 @@ int main(int argc, char **argv)
      * after another; those that mostly wait run side by side. */
     if (only)
         goto side_by_side;
+    if (small) {
+        test_open_and_options();
+        test_tokens();
+        test_mutual_exclusion(4, 40);
+        test_fifo();
+        goto side_by_side;
+    }
     test_open_and_options();
     test_try_deadline_forever();
     test_same_process();
@@ -3353,6 +3367,16 @@ side_by_side:;
         {"election: leader paused", test_election_paused, 0, NULL, 0},
     };
     int ncases = (int)(sizeof cases / sizeof cases[0]);
+    if (small) {
+        static const char *const keep[] = {"holder killed", "cancelled wait", "network cut",
+                                           "silent store: open", "silent store: calls", NULL};
+        int k = 0;
+        for (int i = 0; i < ncases; i++)
+            for (size_t j = 0; keep[j]; j++)
+                if (strcmp(cases[i].name, keep[j]) == 0)
+                    cases[k++] = cases[i];
+        ncases = k;
+    }
     if (only) {
         int k = 0;
         for (int i = 0; i < ncases; i++)
