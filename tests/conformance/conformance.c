@@ -2204,7 +2204,8 @@ static void test_kept_after_long_wait(void)
  * of the URI's hosts never sees. */
 static int discovered(void)
 {
-    return strncmp(uri, "redis+cluster:", 14) == 0 || strncmp(uri, "redis+sentinel:", 15) == 0;
+    return strncmp(uri, "redis+cluster:", 14) == 0 || strncmp(uri, "redis+sentinel:", 15) == 0 ||
+           strncmp(uri, "rediss+cluster:", 15) == 0 || strncmp(uri, "rediss+sentinel:", 16) == 0;
 }
 #define DISCOVERED_WHY                                                                    \
     "the client reaches the data nodes at the addresses the cluster or the sentinels "    \
@@ -3290,7 +3291,8 @@ int main(int argc, char **argv)
             nhosts = (int)dlock_uri_host_count(u);
         dlock_uri_free(u);
     }
-    if (strcmp(backend, "redis") == 0 && nhosts > 1 && strncmp(uri, "redis:", 6) == 0)
+    if (strcmp(backend, "redis") == 0 && nhosts > 1 &&
+        (strncmp(uri, "redis:", 6) == 0 || strncmp(uri, "rediss:", 7) == 0))
         snprintf(backend, sizeof backend, "redlock");
     if (nhosts > PROXY_MAX_UP) {
         printf("Bail out! the suite's proxy takes at most %d hosts\n", PROXY_MAX_UP);
