@@ -109,8 +109,8 @@ meson test -C "$BUILD" --no-rebuild --print-errorlogs --num-processes 2 \
 phase "$BUILD valgrind (unit)"
 if [ $asan_ok = 1 ]; then
     meson test -C "$ASAN_BUILD" --no-rebuild --print-errorlogs --num-processes 2 \
-        --suite unit --suite conformance --suite fuzz --no-suite layouts || status=1
-    phase "$ASAN_BUILD (unit, conformance but the peer layouts', fuzz replay)"
+        --suite unit --suite conformance --suite tls --suite fuzz --no-suite layouts || status=1
+    phase "$ASAN_BUILD (unit, conformance but the peer layouts', rediss:// refusals, fuzz replay)"
     bash scripts/store-lanes.sh "$ASAN_BUILD" asan "$FAULT_LANES" faults || status=1
     phase "$ASAN_BUILD faults ($FAULT_LANES lanes)"
 fi
@@ -142,7 +142,7 @@ while [ $i -lt "$FAULT_LANES" ]; do
 done
 python3 scripts/test-summary.py --since "$t_start" \
     --expect "$build_labels=$BUILD" --expect "valgrind=$BUILD:unit" \
-    --expect "$asan_labels=$ASAN_BUILD:unit,conformance,fuzz,faults,!layouts" \
+    --expect "$asan_labels=$ASAN_BUILD:unit,conformance,tls,fuzz,faults,!layouts" \
     --expect "fuzz=$FUZZ_BUILD:fuzz" \
     "$@" "fuzz=$FUZZ_BUILD/meson-logs/testlog.json" || status=1
 exit $status
