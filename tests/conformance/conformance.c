@@ -3114,7 +3114,7 @@ static const char *params, *first_params;
  * --case caps: only the check of the capabilities. */
 static const char *only;
 /* --small: a smaller set (opening and its refusals, tokens, exclusion,
- * FIFO, a holder killed, a cancelled wait, a cut and a silent store), for
+ * FIFO, a holder killed, a cut and a silent store), for
  * a topology run again over another transport (rediss+cluster://,
  * rediss+sentinel://), whose every case the full run has on TCP. */
 static int small;
@@ -3370,8 +3370,8 @@ side_by_side:;
     };
     int ncases = (int)(sizeof cases / sizeof cases[0]);
     if (small) {
-        static const char *const keep[] = {"holder killed", "cancelled wait", "network cut",
-                                           "silent store: open", "silent store: calls", NULL};
+        static const char *const keep[] = {"holder killed", "network cut", "silent store: open",
+                                           "silent store: calls", NULL};
         int k = 0;
         for (int i = 0; i < ncases; i++)
             for (size_t j = 0; keep[j]; j++)
