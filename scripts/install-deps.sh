@@ -7,7 +7,7 @@ SUDO=
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-    build-essential meson ninja-build pkg-config python3 libhiredis-dev \
+    build-essential meson ninja-build pkg-config python3 libhiredis-dev libssl-dev \
     libcurl4-openssl-dev libjson-c-dev \
     python3-matplotlib python3-prometheus-client \
     clang libclang-rt-14-dev valgrind \

@@ -27,7 +27,7 @@ postgresql-15 postgresql-client-15
 mariadb-server mariadb-client
 libzookeeper-java default-jre-headless
 etcd-server etcd-client curl openssl
-libhiredis-dev libpq-dev libmariadb-dev libzookeeper-mt-dev
+libhiredis-dev libssl-dev libpq-dev libmariadb-dev libzookeeper-mt-dev
 libcurl4-openssl-dev libjson-c-dev
 procps util-linux"
 
