@@ -312,7 +312,15 @@ int dlock_redis_connect_ctx(struct redis_conn *rc, struct redis_node *n, redisCo
     for (size_t i = 0; i < nc && !err; i++) {
         void *v = NULL;
         if (dlock_redis_get_reply(rc, ctx, &v) != REDIS_OK || !v) {
+            /* A TLS port resets a plain client that spoke first. */
+            int tls_port = i == 0 && !rc->tls &&
+                           (ctx->err == REDIS_ERR_EOF || strstr(ctx->errstr, "reset"));
             err = dlock_redis_ctx_error(rc, n, ctxp, what[i]);
+            if (tls_port) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s", dlock_errmsg(cl(rc)));
+                dlock_seterr(cl(rc), err, "%s (if the port speaks TLS, use rediss://)", msg);
+            }
             goto out;
         }
         redisReply *r = v;

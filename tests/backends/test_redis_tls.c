@@ -236,7 +236,8 @@ int main(void)
     /* The wrong protocol on a port. */
     snprintf(uri, sizeof uri, "redis://%s%s%s%s127.0.0.1:%d/0?connect_timeout=1000", user,
              password[0] ? ":" : "", password, user[0] || password[0] ? "@" : "", tls_port);
-    refused("a plain client against a TLS port", uri, DLOCK_ECONNECT, 1000, NULL);
+    refused("a plain client against a TLS port", uri, DLOCK_ECONNECT, 1000,
+            (const char *[]){"rediss://", NULL});
     if (dlock_uri_parse(plain_uri, &u, perr, sizeof perr) == 0) {
         snprintf(uri, sizeof uri, "rediss://127.0.0.1:%u/0?connect_timeout=500&%s",
                  dlock_uri_port(u, 0), ca);
