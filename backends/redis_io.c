@@ -304,8 +304,11 @@ static int tls_failed(redisContext *ctx, struct redis_link *l, int ret, const ch
         set_error(ctx, DLOCK_REDIS_ERR_TLS_AUTH, "%sserver certificate not accepted: %s",
                   what[0] ? "TLS handshake: " : "", X509_verify_cert_error_string(v));
     else if (refused_us(q))
-        set_error(ctx, DLOCK_REDIS_ERR_TLS_AUTH, "TLS: the server refused our certificate: %s%s",
-                  ssl_reason(q), SSL_get_certificate(l->ssl) ? "" : " (give one with cert=, key=)");
+        set_error(ctx, DLOCK_REDIS_ERR_TLS_AUTH, "TLS: %s: %s",
+                  SSL_get_certificate(l->ssl)
+                      ? "the server refused our client certificate"
+                      : "the server wants a client certificate (give one with cert=, key=)",
+                  ssl_reason(q));
     else if (ERR_GET_REASON(q) == SSL_R_WRONG_VERSION_NUMBER ||
              ERR_GET_REASON(q) == SSL_R_PACKET_LENGTH_TOO_LONG ||
              ERR_GET_REASON(q) == SSL_R_UNEXPECTED_EOF_WHILE_READING)
