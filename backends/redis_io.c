@@ -281,28 +281,32 @@ static int tls_failed(redisContext *ctx, struct redis_link *l, int ret, const ch
     int e = SSL_get_error(l->ssl, ret);
     unsigned long q = ERR_peek_error();
     long v = SSL_get_verify_result(l->ssl);
-    int lost = e == SSL_ERROR_ZERO_RETURN || (e == SSL_ERROR_SYSCALL && !q);
+    /* The peer closed: with a close_notify, without (OpenSSL 3 reports
+     * that as an error), or reset. */
+    int eof = e == SSL_ERROR_ZERO_RETURN || (e == SSL_ERROR_SYSCALL && !q && ret == 0) ||
+              ERR_GET_REASON(q) == SSL_R_UNEXPECTED_EOF_WHILE_READING;
+    int lost = eof || (e == SSL_ERROR_SYSCALL && !q);
+    int handshaking = what[0] != '\0';
     if (lost && l->no_cert_asked)
         set_error(ctx, DLOCK_REDIS_ERR_TLS_AUTH,
                   "TLS: the server asked for a client certificate and closed the connection: "
                   "give one with cert=, key=");
-    else if ((lost || (e == SSL_ERROR_SYSCALL && errno == ECONNRESET)) && l->fresh &&
-             SSL_get_certificate(l->ssl))
-        set_error(ctx, REDIS_ERR_IO,
+    else if (lost && l->fresh && !handshaking && SSL_get_certificate(l->ssl))
+        set_error(ctx, eof ? REDIS_ERR_EOF : REDIS_ERR_IO,
                   "TLS: the server closed the connection after the handshake (did it refuse "
                   "our client certificate?)");
     else if ((e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) && l->timed_out)
         /* The words the layer above knows as a socket timeout. */
         set_error(ctx, REDIS_ERR_IO, "%s%sResource temporarily unavailable", what,
-                  what[0] ? ": " : "");
-    else if (e == SSL_ERROR_ZERO_RETURN || (e == SSL_ERROR_SYSCALL && !q && ret == 0))
-        set_error(ctx, REDIS_ERR_EOF, "%s%sServer closed the connection", what,
-                  what[0] ? ": " : "");
-    else if (e == SSL_ERROR_SYSCALL && !q)
-        set_error(ctx, REDIS_ERR_IO, "%s%s%s", what, what[0] ? ": " : "", strerror(errno));
+                  handshaking ? ": " : "");
+    else if (eof)
+        set_error(ctx, REDIS_ERR_EOF, "%s%sServer closed the connection%s", what,
+                  handshaking ? ": " : "", handshaking ? " (is the port a TLS port?)" : "");
+    else if (lost)
+        set_error(ctx, REDIS_ERR_IO, "%s%s%s", what, handshaking ? ": " : "", strerror(errno));
     else if (ERR_GET_REASON(q) == SSL_R_CERTIFICATE_VERIFY_FAILED && v != X509_V_OK)
         set_error(ctx, DLOCK_REDIS_ERR_TLS_AUTH, "%sserver certificate not accepted: %s",
-                  what[0] ? "TLS handshake: " : "", X509_verify_cert_error_string(v));
+                  handshaking ? "TLS handshake: " : "", X509_verify_cert_error_string(v));
     else if (refused_us(q))
         set_error(ctx, DLOCK_REDIS_ERR_TLS_AUTH, "TLS: %s: %s",
                   SSL_get_certificate(l->ssl)
@@ -310,8 +314,7 @@ static int tls_failed(redisContext *ctx, struct redis_link *l, int ret, const ch
                       : "the server wants a client certificate (give one with cert=, key=)",
                   ssl_reason(q));
     else if (ERR_GET_REASON(q) == SSL_R_WRONG_VERSION_NUMBER ||
-             ERR_GET_REASON(q) == SSL_R_PACKET_LENGTH_TOO_LONG ||
-             ERR_GET_REASON(q) == SSL_R_UNEXPECTED_EOF_WHILE_READING)
+             ERR_GET_REASON(q) == SSL_R_PACKET_LENGTH_TOO_LONG)
         set_error(ctx, REDIS_ERR_IO, "TLS: %s (is the port a TLS port? rediss:// speaks TLS)",
                   ssl_reason(q));
     else
