@@ -20,6 +20,11 @@
 : "${DLOCK_REDIS_CLUSTER_PORTS:=6400 6401 6402 6403 6404 6405}"  # cluster bus: port+10000
 : "${DLOCK_REDIS_SENTINEL_DATA_PORTS:=6410 6411 6412}"
 : "${DLOCK_REDIS_SENTINEL_PORTS:=26410 26411 26412}"
+: "${DLOCK_REDIS_TLS_PORT:=6420}"                # the TLS set (redis-tls): one Redis,
+: "${DLOCK_REDLOCK_TLS_PORTS:=6421 6422 6423}"    # Redlock,
+: "${DLOCK_REDIS_CLUSTER_TLS_PORTS:=6430 6431 6432 6433 6434 6435}"  # a cluster,
+: "${DLOCK_REDIS_SENTINEL_TLS_DATA_PORTS:=6440 6441 6442}"           # and a
+: "${DLOCK_REDIS_SENTINEL_TLS_PORTS:=26440 26441 26442}"             # sentinel set
 : "${DLOCK_ETCD_PORT:=2379}"                      # peer port: port+1
 : "${DLOCK_ETCD_CLUSTER_PORTS:=2479 2481 2483}"  # member N's peer port: its port+1
 : "${DLOCK_STORES_TIMEOUT:=60}"      # seconds to wait for each server
@@ -31,7 +36,25 @@ STORE_PASSWORD=dlock-secret-pw
 STORE_USER=dlock          # postgres superuser / mariadb and etcd user / database name
 STORE_PG_PW_USER=dlock_pw # postgres role that must authenticate with a password
 
-ALL_STORES="redis redlock postgres mariadb zookeeper zk-ensemble redis-cluster redis-sentinel etcd etcd-cluster"
+ALL_STORES="redis redlock postgres mariadb zookeeper zk-ensemble redis-cluster redis-sentinel etcd etcd-cluster redis-tls"
+# redis-tls is a set of its own under $DIR/tls, started by a start.sh of its
+# own there: the same four Redis stores as above (its "all"), TLS-only, on
+# the DLOCK_*_TLS_PORT(S). A directory holding .tls is such a set: every
+# script run with --dir on it (kill.sh, redis-node.sh, stop.sh) speaks TLS
+# to its servers (tls_set, redis_cli below).
+TLS_STORES="redis redlock redis-cluster redis-sentinel"
+
+# The least rights dlock needs on one Redis (docs/security.md, "Least
+# privileges"), given to the TLS set's ACL user dlock-app; dlock-noscript
+# lacks SCRIPT LOAD (a refusal case). ~dlock_floor_* and &dlock_floor_*:
+# the conformance suite's floor case opens a namespace of its own.
+REDIS_ACL_RIGHTS="resetkeys ~dlock:* ~dlock_floor_* resetchannels &dlock:* &dlock_floor_* -@all
+ +ping +select +script|load +evalsha +eval +info +subscribe +unsubscribe +publish +pubsub|numsub
+ +get +mget +set +del +exists +pexpire +pttl +time +scan
+ +rpush +lpop +lpos +lrem +lrange +lindex +llen
+ +hset +hget +hdel +hexists +hgetall
+ +zadd +zcard +zrange +zrangebyscore +zrem +zremrangebyscore +zscore"
+REDIS_APP_USER=dlock-app
 
 # The name of the primary the sentinels monitor (in DLOCK_REDIS_SENTINEL_URI).
 SENTINEL_MASTER=dlock-primary
@@ -61,13 +84,27 @@ parse_args() { # allow_clean args...
     case $DIR in /*) ;; *) DIR=$PWD/$DIR ;; esac
 }
 
+# True when DIR is a TLS set (redis-tls's directory).
+tls_set() { [ -f "$DIR/.tls" ]; }
+
+# TLS_ARGS: what redis-cli needs to reach DIR's servers (in a TLS set: TLS
+# with the set's CA and client certificate; else nothing).
+tls_args() {
+    TLS_ARGS=()
+    if tls_set; then
+        TLS_ARGS=(--tls --cacert "$DIR/certs/ca.crt" --cert "$DIR/certs/client.crt"
+                  --key "$DIR/certs/client.key")
+    fi
+}
+
 # Expands store names (with "all" and aliases) to the canonical list.
 expand_names() {
     local n out=()
     [ $# -gt 0 ] || set -- all
     for n in "$@"; do
         case $n in
-            all) out+=($ALL_STORES) ;;
+            all) if tls_set; then out+=($TLS_STORES); else out+=($ALL_STORES); fi ;;
+            redis-tls|tls) out+=(redis-tls) ;;
             redis|redlock|postgres|mariadb|zookeeper|zk-ensemble|redis-cluster|redis-sentinel) out+=("$n") ;;
             etcd|etcd-cluster) out+=("$n") ;;
             rcluster) out+=(redis-cluster) ;;
@@ -90,7 +127,7 @@ expand_names() {
 instances_of() {
     local i
     case $1 in
-        redis) echo redis; echo redis-auth ;;
+        redis) echo redis; tls_set || echo redis-auth ;;
         redlock) i=1; for _ in $DLOCK_REDLOCK_PORTS; do echo "redlock-$i"; i=$((i + 1)); done ;;
         postgres) echo postgres ;;
         mariadb) echo mariadb ;;
@@ -285,9 +322,11 @@ check_reachable() { # user
 redis_ping() { # port [password]
     local out
     if [ -n "${2:-}" ]; then
-        out=$(REDISCLI_AUTH=$2 timeout 5 redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null) || return 1
+        tls_args
+        out=$(REDISCLI_AUTH=$2 timeout 5 redis-cli "${TLS_ARGS[@]}" -h 127.0.0.1 -p "$1" ping 2>/dev/null) || return 1
     else
-        out=$(timeout 5 redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null) || return 1
+        tls_args
+        out=$(timeout 5 redis-cli "${TLS_ARGS[@]}" -h 127.0.0.1 -p "$1" ping 2>/dev/null) || return 1
     fi
     [ "$out" = PONG ]
 }
@@ -296,7 +335,8 @@ redis_ping() { # port [password]
 # rather than -a, which warns on every call).
 rcli() { # port args...
     local port=$1; shift
-    REDISCLI_AUTH=$STORE_PASSWORD timeout 5 redis-cli -h 127.0.0.1 -p "$port" "$@" 2>/dev/null
+    tls_args
+    REDISCLI_AUTH=$STORE_PASSWORD timeout 5 redis-cli "${TLS_ARGS[@]}" -h 127.0.0.1 -p "$port" "$@" 2>/dev/null
 }
 
 # Prints the value of FIELD in "field:value" lines (INFO, CLUSTER INFO).
@@ -412,6 +452,7 @@ print_env() { # names...
     local n i p list inst ports dports
     for n in "$@"; do
         case $n in
+            redis-tls) print_tls_env ;;
             redis)
                 if p=$(inst_port redis) && inst_pid redis >/dev/null; then
                     echo "DLOCK_REDIS_URI=redis://127.0.0.1:$p/0"
@@ -485,6 +526,43 @@ print_env() { # names...
     done
     echo "DLOCK_STORES_DIR=$DIR"
 }
+
+# The TLS set's URIs (print_env redis-tls), from the port files under
+# $DIR/tls: quoted, for the '&' between their options.
+print_tls_env() (
+    DIR=$DIR/tls
+    tls_set || exit 0
+    c=$DIR/certs ca="cacert=$DIR/certs/ca.crt" list=
+    DLOCK_REDLOCK_PORTS=$(dir_ports redlock-)
+    DLOCK_REDIS_CLUSTER_PORTS=$(dir_ports rcluster-)
+    DLOCK_REDIS_SENTINEL_DATA_PORTS=$(dir_ports rsentinel-data-)
+    DLOCK_REDIS_SENTINEL_PORTS=$(dir_ports rsentinel-)
+    if p=$(inst_port redis) && inst_pid redis >/dev/null; then
+        echo "DLOCK_REDIS_TLS_URI='rediss://$REDIS_APP_USER:$STORE_PASSWORD@localhost:$p/0?$ca'"
+    fi
+    for i in $(instances_of redlock); do
+        p=$(inst_port "$i") && inst_pid "$i" >/dev/null || { list=; break; }
+        list=${list:+$list,}127.0.0.1:$p
+    done
+    [ -z "$list" ] ||
+        echo "DLOCK_REDLOCK_TLS_URI='rediss://$list/0?$ca&cert=$c/client.crt&key=$c/client.key'"
+    list= i=0
+    for inst in $(instances_of redis-cluster); do
+        p=$(inst_port "$inst") && inst_pid "$inst" >/dev/null || { list=; break; }
+        i=$((i + 1))
+        [ $i -gt 3 ] || list=${list:+$list,}127.0.0.1:$p
+    done
+    [ -z "$list" ] ||
+        echo "DLOCK_REDIS_CLUSTER_TLS_URI='rediss+cluster://:$STORE_PASSWORD@$list?$ca'"
+    list=
+    for inst in $(sentinel_mon_insts); do
+        p=$(inst_port "$inst") && inst_pid "$inst" >/dev/null || { list=; break; }
+        list=${list:+$list,}127.0.0.1:$p
+    done
+    [ -z "$list" ] ||
+        echo "DLOCK_REDIS_SENTINEL_TLS_URI='rediss+sentinel://:$STORE_PASSWORD@$list/$SENTINEL_MASTER/0?sentinel_password=$STORE_PASSWORD&$ca'"
+    echo "DLOCK_TLS_DIR=$c"
+)
 
 # print_env, followed by one "export NAME..." line so that
 # eval "$(scripts/stores/start.sh)" makes the variables visible to children.

@@ -35,7 +35,17 @@ launch_redis_inst() { # inst port [password [extra-config-line...]]
     # would load it at start: the test stores come back empty, always.
     rm -f "$d/data/dump.rdb"
     {
-        echo "port $port"
+        if tls_set; then
+            # TLS only; Redlock's instances also want a client certificate.
+            echo "port 0"
+            echo "tls-port $port"
+            tls_conf
+            case $inst in redlock-*) echo "tls-auth-clients yes" ;; esac
+            echo "tls-replication yes"
+            echo "tls-cluster yes"
+        else
+            echo "port $port"
+        fi
         echo "bind 127.0.0.1"
         echo "protected-mode no"
         echo "dir $d/data"
@@ -46,6 +56,12 @@ launch_redis_inst() { # inst port [password [extra-config-line...]]
         echo "maxmemory 64mb"
         echo "maxclients 1000"
         [ -z "$pw" ] || echo "requirepass $pw"
+        if tls_set && [ "$inst" = redis ]; then
+            # The least-rights user of docs/security.md, and one without
+            # SCRIPT LOAD.
+            echo "user $REDIS_APP_USER on >$STORE_PASSWORD" $REDIS_ACL_RIGHTS
+            echo "user dlock-noscript on >$STORE_PASSWORD" $REDIS_ACL_RIGHTS "-script|load"
+        fi
         [ $# -eq 0 ] || printf '%s\n' "$@"
     } >"$d/redis.conf"
     chmod 600 "$d/redis.conf"
@@ -53,13 +69,96 @@ launch_redis_inst() { # inst port [password [extra-config-line...]]
     launch "$inst" redis-server redis-server "$d/redis.conf"
 }
 
+# The TLS settings of a server in a TLS set (the set's certificates).
+tls_conf() {
+    echo "tls-cert-file $DIR/certs/server.crt"
+    echo "tls-key-file $DIR/certs/server.key"
+    echo "tls-ca-cert-file $DIR/certs/ca.crt"
+    echo "tls-auth-clients optional"
+}
+
 launch_redis() {
+    if tls_set; then # one instance, with a password and the ACL users
+        launch_redis_inst redis "$DLOCK_REDIS_PORT" "$STORE_PASSWORD"
+        return
+    fi
     launch_redis_inst redis "$DLOCK_REDIS_PORT"
     launch_redis_inst redis-auth "$DLOCK_REDIS_AUTH_PORT" "$STORE_PASSWORD"
 }
 ready_redis() {
+    if tls_set; then
+        wait_ready redis redis_ping "$(inst_port redis)" "$STORE_PASSWORD"
+        return
+    fi
     wait_ready redis redis_ping "$(inst_port redis)"
     wait_ready redis-auth redis_ping "$(inst_port redis-auth)" "$STORE_PASSWORD"
+}
+
+# ---- redis-tls: the TLS set ----------------------------------------------
+#
+# Under $DIR/tls: certificates (certs/, made once with openssl) and a store
+# set of its own (one Redis, Redlock, a cluster, a sentinel set, all
+# TLS-only), started by start.sh run there in the background while the
+# other stores boot.
+
+TLS_PID=
+
+# The test certificates under $1 (a directory): a CA, the servers'
+# (localhost, 127.0.0.1, ::1), a client's, and for the refusal cases an
+# unrelated CA, a certificate for another host and an expired one. Made
+# again when missing or near their end.
+make_certs() { # dir
+    local c=$1 f
+    if [ -s "$c/expired.crt" ] && openssl x509 -checkend 86400 -noout -in "$c/ca.crt" >/dev/null 2>&1 &&
+        openssl x509 -checkend 86400 -noout -in "$c/server.crt" >/dev/null 2>&1; then
+        return 0
+    fi
+    command -v openssl >/dev/null || die "openssl not found: run scripts/stores/install.sh"
+    rm -rf "$c"
+    mkdir -p "$c"
+    (
+        cd "$c" || exit 1
+        set -e
+        ca() { openssl req -x509 -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.crt" -days 30 \
+                   -subj "/CN=$2" 2>/dev/null; }
+        signed() { # name days subject san
+            openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "/CN=$3" 2>/dev/null
+            if [ -n "$4" ]; then echo "subjectAltName=$4" >"$1.ext"; else : >"$1.ext"; fi
+            openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$1.crt" \
+                -days "$2" -extfile "$1.ext" 2>/dev/null
+            rm -f "$1.csr" "$1.ext"
+        }
+        ca ca "dlock test CA"
+        ca other-ca "another CA"
+        signed server 30 localhost "DNS:localhost,IP:127.0.0.1,IP:::1"
+        signed client 30 "dlock test client" ""
+        signed wrong-host 30 wrong.example "DNS:wrong.example"
+        # Valid from now, ended a day ago: expired whatever the clock.
+        signed expired -1 localhost "DNS:localhost,IP:127.0.0.1,IP:::1"
+    ) || die "openssl could not make the test certificates in $c"
+    for f in "$c"/*.key; do chmod 600 "$f"; done
+}
+
+launch_redis-tls() {
+    mkdir -p "$DIR/tls"
+    make_certs "$DIR/tls/certs"
+    touch "$DIR/tls/.tls"
+    log "starting redis-tls (TLS-only Redis, Redlock, cluster and sentinel set) under $DIR/tls"
+    (
+        # Its start.sh reads the set's ports from the usual variables.
+        export DLOCK_REDIS_PORT=$DLOCK_REDIS_TLS_PORT DLOCK_REDLOCK_PORTS=$DLOCK_REDLOCK_TLS_PORTS \
+            DLOCK_REDIS_CLUSTER_PORTS=$DLOCK_REDIS_CLUSTER_TLS_PORTS \
+            DLOCK_REDIS_SENTINEL_DATA_PORTS=$DLOCK_REDIS_SENTINEL_TLS_DATA_PORTS \
+            DLOCK_REDIS_SENTINEL_PORTS=$DLOCK_REDIS_SENTINEL_TLS_PORTS
+        bash "$here/start.sh" --dir "$DIR/tls" all >/dev/null 9>&-
+    ) &
+    TLS_PID=$!
+}
+ready_redis-tls() {
+    if [ -n "$TLS_PID" ]; then
+        wait "$TLS_PID" || die "redis-tls: the TLS set did not start (see above)"
+        TLS_PID=
+    fi
 }
 
 launch_redlock() {
@@ -387,7 +486,8 @@ create_cluster() {
         fi
     done
     log "redis-cluster: creating the cluster (${#addrs[@]} nodes, a replica per primary)"
-    REDISCLI_AUTH=$STORE_PASSWORD timeout 120 redis-cli --cluster create "${addrs[@]}" \
+    tls_args
+    REDISCLI_AUTH=$STORE_PASSWORD timeout 120 redis-cli "${TLS_ARGS[@]}" --cluster create "${addrs[@]}" \
         --cluster-replicas 1 --cluster-yes >"$log" 2>&1 ||
         { tail -n 20 "$log" >&2; die "redis-cluster: redis-cli --cluster create failed"; }
 }
@@ -473,8 +573,14 @@ launch_rsentinel_inst() { # inst port primary-port
     echo "$port" >"$d/port"
     # Kept when it exists: the sentinel's state (epoch, primary, peers).
     if [ ! -s "$d/sentinel.conf" ]; then
-        cat >"$d/sentinel.conf" <<EOF
-port $port
+        # TLS set: TLS to clients, and to the data nodes and other sentinels.
+        if tls_set; then
+            { echo "port 0"; echo "tls-port $port"; tls_conf; echo "tls-replication yes"; } \
+                >"$d/sentinel.conf"
+        else
+            echo "port $port" >"$d/sentinel.conf"
+        fi
+        cat >>"$d/sentinel.conf" <<EOF
 bind 127.0.0.1
 protected-mode no
 daemonize no
@@ -843,7 +949,7 @@ main() {
     # the background meanwhile: creating them needs only their own servers.
     local form=() form_pid='' sel
     sel=" $(joined <<<"$names") "
-    for n in zookeeper zk-ensemble redis redlock redis-cluster redis-sentinel etcd etcd-cluster; do
+    for n in redis-tls zookeeper zk-ensemble redis redlock redis-cluster redis-sentinel etcd etcd-cluster; do
         case $sel in *" $n "*) "launch_$n" ;; esac
     done
     for n in redis-cluster redis-sentinel; do
@@ -879,6 +985,7 @@ if [ "${1:-}" = --node ]; then
                 [ "$(inst_port "$inst" 2>/dev/null)" = "$id" ] || continue
                 pw=
                 [ "$inst" != redis-auth ] || pw=$STORE_PASSWORD
+                ! tls_set || [ "$inst" != redis ] || pw=$STORE_PASSWORD
                 launch_redis_inst "$inst" "$id" "$pw"
                 wait_ready "$inst" redis_ping "$id" "$pw"
                 exit 0

@@ -4,7 +4,7 @@
 # DIR's pidfiles are signalled. Idempotent.
 #
 #   scripts/stores/stop.sh [--dir DIR] [--clean] [redis|redlock|postgres|mariadb|zookeeper|zk-ensemble|
-#                           redis-cluster|redis-sentinel|etcd|etcd-cluster|all ...]
+#                           redis-cluster|redis-sentinel|etcd|etcd-cluster|redis-tls|all ...]
 #
 # --clean also removes the data: all of DIR when stopping all stores, else
 # the named stores' instance directories (a new cluster is formed, and the
@@ -27,6 +27,14 @@ flock -w 600 9 || die "could not lock $DIR/.lock"
 # The instances are those DIR holds, whatever the DLOCK_*_PORTS say now.
 pids=()
 for n in $names; do
+    if [ "$n" = redis-tls ]; then
+        # The TLS set: its own directory, stopped by a stop.sh there.
+        if [ -f "$DIR/tls/.tls" ]; then
+            bash "$here/stop.sh" --dir "$DIR/tls" ${CLEAN:+--clean} all 9>&- &
+            pids+=($!)
+        fi
+        continue
+    fi
     if [ "$n" = etcd-cluster ]; then
         # One member after the other: a leader told to stop hands its
         # leadership over first, and when the member it chose is stopping

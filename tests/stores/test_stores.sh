@@ -123,6 +123,33 @@ if need DLOCK_REDIS_SENTINEL_URI "redis sentinel"; then
         expect_match '^connected_slaves:2' redis_cmd "$ph:$pp" "$pw" info replication
 fi
 
+# ---- redis-tls: the TLS-only set -----------------------------------------
+
+tls_cli() { # host:port command... (TLS with the set's CA, as the ACL user)
+    local hp=$1; shift
+    REDISCLI_AUTH=dlock-secret-pw timeout 10 redis-cli --tls --cacert "$DLOCK_TLS_DIR/ca.crt" \
+        --cert "$DLOCK_TLS_DIR/client.crt" --key "$DLOCK_TLS_DIR/client.key" \
+        --user dlock-app -h "${hp%:*}" -p "${hp##*:}" "$@"
+}
+if need DLOCK_REDIS_TLS_URI "redis over TLS" && need DLOCK_TLS_DIR "the TLS set's certificates"; then
+    hp=$(uri_hosts "${DLOCK_REDIS_TLS_URI%%\?*}")
+    check "redis TLS PING as the ACL user on $hp" expect_out PONG tls_cli "$hp" ping
+    check "the ACL user may not run FLUSHALL" expect_match NOPERM tls_cli "$hp" flushall
+    check "a plain client gets no PONG from the TLS port" \
+        bash -c '! timeout 5 redis-cli -h "${1%:*}" -p "${1##*:}" ping 2>/dev/null | grep -q PONG' _ "$hp"
+fi
+for v in DLOCK_REDLOCK_TLS_URI DLOCK_REDIS_CLUSTER_TLS_URI DLOCK_REDIS_SENTINEL_TLS_URI; do
+    if need "$v" "$v"; then
+        u=${!v}; u=${u%%\?*}; u=${u%/dlock-primary/0}
+        for hp in $(uri_hosts "$u"); do
+            check "$v: TLS PING on $hp" expect_match 'PONG|NOAUTH' \
+                env REDISCLI_AUTH= timeout 10 redis-cli --tls --cacert "$DLOCK_TLS_DIR/ca.crt" \
+                --cert "$DLOCK_TLS_DIR/client.crt" --key "$DLOCK_TLS_DIR/client.key" \
+                -h "${hp%:*}" -p "${hp##*:}" ping
+        done
+    fi
+done
+
 # ---- postgres ------------------------------------------------------------
 
 pg() { # uri sql   (ignores ~/.pgpass and PGPASSWORD; never prompts)
