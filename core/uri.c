@@ -427,13 +427,8 @@ static void wipe_free(char *s)
     }
 }
 
-/*
- * The first line of the file at path, its "\n" or "\r\n" cut, into *out
- * (malloc'd). key names the option in messages, which name the file too
- * but never what it holds.
- */
-static int read_secret_file(const char *key, const char *path, char **out, char *err,
-                            size_t errlen)
+int dlock_uri_read_secret(const char *key, const char *path, char **out, char *err,
+                          size_t errlen)
 {
     char *line = NULL;
     size_t cap = 0;
@@ -441,10 +436,12 @@ static int read_secret_file(const char *key, const char *path, char **out, char 
     FILE *f;
     int e;
     *out = NULL;
+    if (err && errlen)
+        err[0] = '\0';
     if (!*path)
-        return fail(err, errlen, "option %s: no file name given", key);
+        return fail(err, errlen, "%s: no file name given", key);
     if (!(f = fopen(path, "re")))
-        return e = errno, fail(err, errlen, "option %s: cannot open '%.200s': %s", key, path,
+        return e = errno, fail(err, errlen, "%s: cannot open '%.200s': %s", key, path,
                                strerror(e));
     errno = 0;
     n = getline(&line, &cap, f);
@@ -452,7 +449,7 @@ static int read_secret_file(const char *key, const char *path, char **out, char 
     if (n < 0 && ferror(f)) {
         fclose(f);
         free(line);
-        return fail(err, errlen, "option %s: cannot read '%.200s': %s", key, path, strerror(e));
+        return fail(err, errlen, "%s: cannot read '%.200s': %s", key, path, strerror(e));
     }
     fclose(f);
     if (n < 0 && e == ENOMEM)
@@ -467,7 +464,7 @@ static int read_secret_file(const char *key, const char *path, char **out, char 
         if (line)
             explicit_bzero(line, cap);
         free(line);
-        return fail(err, errlen, "option %s: the file '%.200s' %s", key, path,
+        return fail(err, errlen, "%s: the file '%.200s' %s", key, path,
                     n == 0 ? "is empty or has an empty first line (the password is that line)"
                            : "has a NUL byte in its first line");
     }
@@ -518,7 +515,9 @@ static int resolve_secret_files(dlock_uri *u, char *err, size_t errlen)
             return fail(err, errlen, "option %s: the URI has a password already: "
                         "give it in one place only", p->key);
         }
-        rc = read_secret_file(p->key, p->value, &secret, err, errlen);
+        char what[80];
+        snprintf(what, sizeof what, "option %.64s", p->key);
+        rc = dlock_uri_read_secret(what, p->value, &secret, err, errlen);
         if (rc) {
             free(target);
             return rc;
