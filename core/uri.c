@@ -7,11 +7,13 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "core/internal.h"
@@ -19,6 +21,8 @@
 
 #define URI_HOSTS_MAX 64
 #define URI_PARAMS_MAX 64
+/* The longest password a file may give (its first line). */
+#define DLOCK_SECRET_MAX 4096
 
 struct uri_host {
     char *name;
@@ -430,48 +434,49 @@ static void wipe_free(char *s)
 int dlock_uri_read_secret(const char *key, const char *path, char **out, char *err,
                           size_t errlen)
 {
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    FILE *f;
-    int e;
+    /* Read into a buffer of ours, wiped after, not through stdio's. */
+    char buf[DLOCK_SECRET_MAX + 2], *nl = NULL;
+    size_t n = 0, len;
+    int fd, e = 0;
     *out = NULL;
     if (err && errlen)
         err[0] = '\0';
     if (!*path)
         return fail(err, errlen, "%s: no file name given", key);
-    if (!(f = fopen(path, "re")))
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY)) < 0)
         return e = errno, fail(err, errlen, "%s: cannot open '%.200s': %s", key, path,
                                strerror(e));
-    errno = 0;
-    n = getline(&line, &cap, f);
-    e = errno;
-    if (n < 0 && ferror(f)) {
-        fclose(f);
-        free(line);
-        return fail(err, errlen, "%s: cannot read '%.200s': %s", key, path, strerror(e));
+    while (n < sizeof buf && !memchr(buf, '\n', n)) {
+        ssize_t r = read(fd, buf + n, sizeof buf - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            e = errno;
+        if (r <= 0)
+            break;
+        n += (size_t)r;
     }
-    fclose(f);
-    if (n < 0 && e == ENOMEM)
-        return DLOCK_ENOMEM;
-    if (n < 0)
-        n = 0;
-    if (n > 0 && line[n - 1] == '\n')
-        n--;
-    if (n > 0 && line[n - 1] == '\r')
-        n--;
-    if (n == 0 || memchr(line, '\0', (size_t)n)) {
-        if (line)
-            explicit_bzero(line, cap);
-        free(line);
-        return fail(err, errlen, "%s: the file '%.200s' %s", key, path,
-                    n == 0 ? "is empty or has an empty first line (the password is that line)"
-                           : "has a NUL byte in its first line");
+    close(fd);
+    nl = memchr(buf, '\n', n);
+    len = nl ? (size_t)(nl - buf) : n;
+    if (len > 0 && buf[len - 1] == '\r')
+        len--;
+    int rc = e ? fail(err, errlen, "%s: cannot read '%.200s': %s", key, path, strerror(e))
+             : len > DLOCK_SECRET_MAX
+                 ? fail(err, errlen, "%s: the first line of '%.200s' is longer than %d bytes",
+                        key, path, DLOCK_SECRET_MAX)
+             : len == 0 ? fail(err, errlen, "%s: the file '%.200s' is empty or has an empty "
+                               "first line (the password is that line)", key, path)
+             : memchr(buf, '\0', len)
+                 ? fail(err, errlen, "%s: the file '%.200s' has a NUL byte in its first line",
+                        key, path)
+             : (*out = malloc(len + 1)) == NULL ? DLOCK_ENOMEM : 0;
+    if (rc == 0) {
+        memcpy(*out, buf, len);
+        (*out)[len] = '\0';
     }
-    /* What follows the first line is not read again: wipe it all. */
-    explicit_bzero(line + n, cap - (size_t)n);
-    *out = line;
-    return 0;
+    explicit_bzero(buf, sizeof buf);
+    return rc;
 }
 
 /*

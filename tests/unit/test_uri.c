@@ -310,6 +310,24 @@ static void test_password_file(void)
     snprintf(uri, sizeof uri, "redis://h?password_file=%s", nul);
     parse_bad(uri, "NUL byte", "cd");
     parse_bad("redis://h?password_file=/tmp", "password_file: cannot read '/tmp'", NULL);
+    /* At most 4096 bytes: a password of that length is fine, one more is not
+     * (and /dev/zero is not read forever). */
+    static char big[4100];
+    memset(big, 'x', sizeof big);
+    big[4096] = '\n';
+    unlink(blank);
+    temp_file(blank, sizeof blank, big, 4097);
+    snprintf(uri, sizeof uri, "redis://h?password_file=%s", blank);
+    if ((u = parse_ok(uri))) {
+        is_int(strlen(dlock_uri_password(u)), 4096, "a 4096-byte password");
+        dlock_uri_free(u);
+    }
+    unlink(blank);
+    big[4096] = 'x';
+    temp_file(blank, sizeof blank, big, 4100);
+    snprintf(uri, sizeof uri, "redis://h?password_file=%s", blank);
+    parse_bad(uri, "longer than 4096 bytes", NULL);
+    parse_bad("redis://h?password_file=/dev/zero", "longer than 4096 bytes", NULL);
     /* Not a secret option: left alone. */
     if ((u = parse_ok("redis://h?log_file=/x"))) {
         is_str(dlock_uri_param(u, "log_file"), "/x", "other *_file options are not read");
