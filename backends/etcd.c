@@ -1358,6 +1358,8 @@ static void etcd_close(dlock_conn *conn)
         free(ec->site.urls[i]);
     free(ec->site.urls);
     free(ec->site.user);
+    if (ec->site.password) /* don't leave the secret lying in freed memory */
+        explicit_bzero(ec->site.password, strlen(ec->site.password));
     free(ec->site.password);
     free(ec->site.cacert);
     free(ec->site.cert);

@@ -140,7 +140,7 @@ static int file_open(dlock_client *c, const dlock_uri *uri, dlock_conn **connp)
     struct file_conn *fc;
     int fsync_tokens = 0, layout = 0, rc;
 
-    if (dlock_uri_user(uri))
+    if (dlock_uri_user(uri) || dlock_uri_password(uri)) /* password_file= gives no user */
         return dlock_seterr(c, DLOCK_EBADURI, "file:// URIs take no user or password");
     if (dlock_uri_host_count(uri) > 1 ||
         (dlock_uri_host_count(uri) == 1 &&

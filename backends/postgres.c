@@ -204,9 +204,13 @@
 static const char *const pg_schemes[] = {"postgresql", "postgres", NULL};
 /* layout=, in enum pg_layout's order. */
 static const char *const layouts[] = {"dlock", "tooz", "int", NULL};
+/* TLS options handed to libpq as they are: dlock opens none of the files. */
+static const char *const pg_ssl_options[] = {
+    "sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl", NULL,
+};
 static const char *const pg_options[] = {
-    "connect_timeout", "timeout", "sslmode", "application_name", "namespace", "table", "token",
-    "layout", NULL,
+    "connect_timeout", "timeout", "sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl",
+    "application_name", "namespace", "table", "token", "layout", NULL,
 };
 
 /* After a failure that may have left key locked on a live session: free
@@ -409,8 +413,9 @@ static int parse_params(dlock_client *c, const dlock_uri *uri, struct pg_conn *p
         pc->keys[k] = "user", pc->values[k++] = dlock_uri_user(uri);
     if (dlock_uri_password(uri))
         pc->keys[k] = "password", pc->values[k++] = dlock_uri_password(uri);
-    if ((v = dlock_uri_param(uri, "sslmode")) != NULL)
-        pc->keys[k] = "sslmode", pc->values[k++] = v;
+    for (const char *const *o = pg_ssl_options; *o; o++)
+        if ((v = dlock_uri_param(uri, *o)) != NULL)
+            pc->keys[k] = *o, pc->values[k++] = v;
     pc->keys[k] = "application_name";
     pc->values[k++] = (v = dlock_uri_param(uri, "application_name")) ? v : "dlock";
     /* Notice a dead server or a cut network on an idle holder's socket. */

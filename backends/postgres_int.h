@@ -50,8 +50,8 @@ struct pg_conn {
     dlock_conn base;
     /* libpq's connection keywords; values[0] and [1] (host, port) are
      * replaced by one host's for each connect. */
-    const char *keys[16];
-    const char *values[16];
+    const char *keys[24];
+    const char *values[24];
     char user_timeout_ms[24];
     uint64_t connect_ms;  /* per host */
     uint64_t timeout_ms;  /* bound on every statement that is not a lock wait */

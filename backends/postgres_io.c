@@ -41,7 +41,12 @@ static int conn_error(struct pg_conn *pc, PGconn *pg, const char *what)
     if (strstr(msg, "password authentication failed") || strstr(msg, "no password supplied") ||
         strstr(msg, "authentication failed") || PQconnectionNeedsPassword(pg))
         code = DLOCK_EAUTH;
-    else if (strstr(msg, "does not exist")) /* database or role */
+    else if (strstr(msg, "does not exist")) /* database or role; sslrootcert's file */
+        code = DLOCK_EAUTH;
+    /* TLS: the server's certificate refused (chain, host name, CRL) or ours
+     * unusable (sslcert, sslkey) as on every store; a server without TLS
+     * under sslmode=require ("does not support SSL") stays DLOCK_ECONNECT. */
+    else if (strstr(msg, "certificate") || strstr(msg, "private key"))
         code = DLOCK_EAUTH;
     return pg_error(pc, code, what, msg);
 }

@@ -51,6 +51,9 @@ static const char usage_text[] =
     "                    .png, with plot.py (python3-matplotlib)\n"
     "  -h, --help        show this help\n"
     "\n"
+    "A URI's password is best given as password_file=FILE (its first line),\n"
+    "out of the process list; reports mask every password.\n"
+    "\n"
     "exit status: 0 ok, 1 mutual-exclusion violation, 64 usage or bad URI,\n"
     "70 other error (with --scale: some N could not be held; the others are\n"
     "still measured and reported).\n";

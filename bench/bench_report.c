@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "bench_int.h"
+#include "core/uri.h"
 #include "tools/cli.h"
 #include "dlock_backend.h"
 
@@ -25,30 +26,11 @@ static const struct {
 };
 #define N_CAPS (sizeof cap_names / sizeof cap_names[0])
 
-/*
- * Copy of uri with the password of a user:password@ segment replaced by
- * "***", for display only. NULL when out of memory.
- */
+/* Copy of uri with its secrets masked (dlock_uri_hide()), for display
+ * only. NULL when out of memory. */
 char *bench_uri_mask(const char *uri)
 {
-    const char *auth = strstr(uri, "://"), *at = NULL, *colon;
-    size_t auth_len;
-    char *out;
-
-    if (auth) {
-        auth += 3;
-        auth_len = strcspn(auth, "/?#");
-        for (const char *p = auth; p < auth + auth_len; p++)
-            if (*p == '@')
-                at = p;
-    }
-    colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
-    if (!colon)
-        return strdup(uri);
-    out = malloc(strlen(uri) + 4);
-    if (out)
-        sprintf(out, "%.*s***%s", (int)(colon + 1 - uri), uri, at);
-    return out;
+    return dlock_uri_hide(uri, DLOCK_URI_MASK);
 }
 
 /* Like `nproc`: the CPUs this process may run on. */

@@ -196,6 +196,8 @@ void dlock_client_close(dlock_client *c)
     if (c->conn)
         c->backend->close(c->conn);
     dlock_uri_free(c->uri);
+    if (c->uri_text) /* it may hold the password */
+        explicit_bzero(c->uri_text, strlen(c->uri_text));
     free(c->uri_text);
     free(c);
 }

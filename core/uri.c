@@ -7,11 +7,13 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "core/internal.h"
@@ -19,6 +21,8 @@
 
 #define URI_HOSTS_MAX 64
 #define URI_PARAMS_MAX 64
+/* The longest password a file may give (its first line). */
+#define DLOCK_SECRET_MAX 4096
 
 struct uri_host {
     char *name;
@@ -264,54 +268,103 @@ static int secret_key(const char *k)
     return n >= sl && memcmp(k + n - sl, suffix, sl) == 0 && (n == sl || k[n - sl - 1] == '_');
 }
 
-/* The raw URI with the password bytes, and the value of every query
- * parameter whose name (decoded) names a secret, replaced by "***".
- * query: the '?' that starts the query in s, or NULL; the parameters are
- * already parsed, one per '&'-separated part, in order. */
-static int make_redacted(dlock_uri *u, const char *s, const char *pw, size_t pwlen,
-                         const char *query)
+/* Whether the raw query key [k, k+n) names a secret once decoded. */
+static int secret_raw_key(const char *k, size_t n)
 {
-    size_t len = strlen(s), o = 0, upto = query ? (size_t)(query - s) : len;
-    /* Never longer than the URI plus "***" for the password and for each
-     * parameter (each at least "&k", 2 bytes). */
-    char *r = u->redacted = malloc(len + 3 + 2 * len + 1);
-    if (!r)
-        return DLOCK_ENOMEM;
-    for (size_t i = 0; i < upto;) {
-        if (pw && s + i == pw) { /* once: an empty password is "***" too */
-            memcpy(r + o, "***", 3), o += 3;
-            i += pwlen;
-            pw = NULL;
+    int bad, yes;
+    char *d = decode(k, n, &bad);
+    if (!d)
+        return 0;
+    yes = secret_key(d);
+    free(d);
+    return yes;
+}
+
+/*
+ * One URI (s, len bytes) appended at r + *o with its secrets hidden as
+ * dlock_uri_hide() says: never longer than len + 3 + 2 * len (one "***" for
+ * the password, and one for each parameter, each at least "&k").
+ */
+static void hide_one(char *r, size_t *o, const char *s, size_t len, int mode)
+{
+    size_t i = strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.");
+    const char *auth = NULL, *at = NULL, *colon = NULL, *query = NULL;
+    size_t alen = 0, upto;
+    int need_q = 0, masked;
+    if (i > 0 && i + 3 <= len && memcmp(s + i, "://", 3) == 0) {
+        auth = s + i + 3;
+        while (auth + alen < s + len && !strchr("/?#", auth[alen]))
+            alen++;
+        for (const char *p = auth; p < auth + alen; p++)
+            if (*p == '@')
+                at = p;
+        if (at)
+            colon = memchr(auth, ':', (size_t)(at - auth));
+        query = memchr(auth + alen, '?', len - (size_t)(auth + alen - s));
+    }
+    upto = query ? (size_t)(query - s) : len;
+    for (i = 0; i < upto;) {
+        if (colon && s + i == colon) { /* once: an empty password is hidden too */
+            if (mode == DLOCK_URI_DROP) /* an empty user name goes too, with its '@' */
+                i = (size_t)(at - s) + (colon == auth);
+            else
+                memcpy(r + *o, ":***", 4), *o += 4, i = (size_t)(at - s);
+            colon = NULL;
             continue;
         }
-        r[o++] = s[i++];
+        r[(*o)++] = s[i++];
     }
-    for (size_t i = upto, k = 0; i < len; k++) {
-        /* One "?k=v" or "&k=v", parameter k. */
+    for (i = upto; i < len;) {
+        /* One "?k=v" or "&k=v". */
         size_t start = i + 1, end = start;
-        r[o++] = s[i];
+        const char *eq;
         while (end < len && s[end] != '&')
             end++;
-        const char *eq = memchr(s + start, '=', end - start);
-        if (eq && k < u->nparams && secret_key(u->params[k].key)) {
+        eq = memchr(s + start, '=', end - start);
+        masked = eq && secret_raw_key(s + start, (size_t)(eq - (s + start)));
+        if (masked && mode == DLOCK_URI_DROP) { /* the parameter goes, '?' to the next */
+            need_q |= s[i] == '?';
+            i = end;
+            continue;
+        }
+        r[(*o)++] = need_q ? '?' : s[i];
+        need_q = 0;
+        if (masked) {
             size_t kl = (size_t)(eq - (s + start)) + 1;
-            memcpy(r + o, s + start, kl), o += kl;
-            memcpy(r + o, "***", 3), o += 3;
+            memcpy(r + *o, s + start, kl), *o += kl;
+            memcpy(r + *o, "***", 3), *o += 3;
         } else {
-            memcpy(r + o, s + start, end - start), o += end - start;
+            memcpy(r + *o, s + start, end - start), *o += end - start;
         }
         i = end;
     }
+}
+
+char *dlock_uri_hide(const char *list, int mode)
+{
+    size_t len = strlen(list), o = 0;
+    char *r = malloc(len + 3 + 2 * len + 1);
+    if (!r)
+        return NULL;
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, " \t\r\n\v\f");
+        if (n) {
+            if (o)
+                r[o++] = ' ';
+            hide_one(r, &o, p, n, mode);
+            p += n;
+        } else {
+            p++;
+        }
+    }
     r[o] = '\0';
-    return 0;
+    return r;
 }
 
 static int parse(dlock_uri *u, const char *s, char *err, size_t errlen)
 {
     size_t len = strnlen(s, DLOCK_URI_MAX + 1), i;
     const char *auth, *auth_end, *at = NULL, *path, *query;
-    const char *pw = NULL;
-    size_t pwlen = 0;
     int rc;
 
     if (len == 0)
@@ -346,11 +399,6 @@ static int parse(dlock_uri *u, const char *s, char *err, size_t errlen)
         if (*p == '@')
             at = p;
     if (at) {
-        const char *colon = memchr(auth, ':', (size_t)(at - auth));
-        if (colon) {
-            pw = colon + 1;
-            pwlen = (size_t)(at - pw);
-        }
         rc = parse_userinfo(u, auth, (size_t)(at - auth), err, errlen);
         if (rc)
             return rc;
@@ -371,7 +419,130 @@ static int parse(dlock_uri *u, const char *s, char *err, size_t errlen)
         if (rc)
             return rc;
     }
-    return make_redacted(u, s, pw, pwlen, query);
+    return (u->redacted = dlock_uri_hide(s, DLOCK_URI_MASK)) ? 0 : DLOCK_ENOMEM;
+}
+
+/* Wipes a string that holds a secret, and frees it. NULL is fine. */
+static void wipe_free(char *s)
+{
+    if (s) {
+        explicit_bzero(s, strlen(s));
+        free(s);
+    }
+}
+
+int dlock_uri_read_secret(const char *key, const char *path, char **out, char *err,
+                          size_t errlen)
+{
+    /* Read into a buffer of ours, wiped after, not through stdio's. */
+    char buf[DLOCK_SECRET_MAX + 2], *nl = NULL;
+    size_t n = 0, len;
+    int fd, e = 0;
+    *out = NULL;
+    if (err && errlen)
+        err[0] = '\0';
+    if (!*path)
+        return fail(err, errlen, "%s: no file name given", key);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY)) < 0)
+        return e = errno, fail(err, errlen, "%s: cannot open '%.200s': %s", key, path,
+                               strerror(e));
+    while (n < sizeof buf && !memchr(buf, '\n', n)) {
+        ssize_t r = read(fd, buf + n, sizeof buf - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            e = errno;
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+    }
+    close(fd);
+    nl = memchr(buf, '\n', n);
+    len = nl ? (size_t)(nl - buf) : n;
+    if (len > 0 && buf[len - 1] == '\r')
+        len--;
+    int rc = e ? fail(err, errlen, "%s: cannot read '%.200s': %s", key, path, strerror(e))
+             : len > DLOCK_SECRET_MAX
+                 ? fail(err, errlen, "%s: the first line of '%.200s' is longer than %d bytes",
+                        key, path, DLOCK_SECRET_MAX)
+             : len == 0 ? fail(err, errlen, "%s: the file '%.200s' is empty or has an empty "
+                               "first line (the password is that line)", key, path)
+             : memchr(buf, '\0', len)
+                 ? fail(err, errlen, "%s: the file '%.200s' has a NUL byte in its first line",
+                        key, path)
+             : (*out = malloc(len + 1)) == NULL ? DLOCK_ENOMEM : 0;
+    if (rc == 0) {
+        memcpy(*out, buf, len);
+        (*out)[len] = '\0';
+    }
+    explicit_bzero(buf, sizeof buf);
+    return rc;
+}
+
+/*
+ * "password_file=FILE" gives the URI's password, "<x>_password_file=FILE"
+ * the option <x>_password (sentinel_password): read here, once for every
+ * backend, which then see the password as if the URI held it. The _file
+ * option itself is consumed (backends never see it); giving the secret in
+ * the URI as well is an error.
+ */
+static int resolve_secret_files(dlock_uri *u, char *err, size_t errlen)
+{
+    static const char suffix[] = "_file";
+    size_t sl = sizeof suffix - 1;
+    for (size_t i = 0; i < u->nparams; i++) {
+        struct uri_param *p = &u->params[i];
+        size_t kl = strlen(p->key);
+        char *secret, *target;
+        int rc;
+        if (kl <= sl || strcmp(p->key + kl - sl, suffix) != 0)
+            continue;
+        if (!(target = strndup(p->key, kl - sl)))
+            return DLOCK_ENOMEM;
+        if (!secret_key(target)) {
+            free(target);
+            continue;
+        }
+        int is_pw = strcmp(target, "password") == 0;
+        for (size_t j = 0; j < u->nparams; j++) {
+            if (j == i || (strcmp(u->params[j].key, p->key) != 0 &&
+                           strcmp(u->params[j].key, target) != 0))
+                continue;
+            rc = strcmp(u->params[j].key, p->key) == 0
+                     ? fail(err, errlen, "option %s is given twice", p->key)
+                     : fail(err, errlen, "options %s and %s are both given: give one",
+                            p->key, target);
+            free(target);
+            return rc;
+        }
+        if (is_pw && u->password) {
+            free(target);
+            return fail(err, errlen, "option %s: the URI has a password already: "
+                        "give it in one place only", p->key);
+        }
+        char what[80];
+        snprintf(what, sizeof what, "option %.64s", p->key);
+        rc = dlock_uri_read_secret(what, p->value, &secret, err, errlen);
+        if (rc) {
+            free(target);
+            return rc;
+        }
+        if (is_pw) {
+            free(target);
+            u->password = secret;
+            free(p->key);
+            free(p->value);
+            memmove(p, p + 1, (u->nparams - i - 1) * sizeof *p);
+            u->nparams--;
+            i--;
+        } else {
+            free(p->key);
+            free(p->value);
+            p->key = target;
+            p->value = secret;
+        }
+    }
+    return 0;
 }
 
 int dlock_uri_parse(const char *s, dlock_uri **urip, char *err, size_t errlen)
@@ -387,6 +558,8 @@ int dlock_uri_parse(const char *s, dlock_uri **urip, char *err, size_t errlen)
     if (!u)
         return DLOCK_ENOMEM;
     rc = parse(u, s, err, errlen);
+    if (rc == 0)
+        rc = resolve_secret_files(u, err, errlen);
     if (rc) {
         if (rc == DLOCK_ENOMEM && err && errlen)
             snprintf(err, errlen, "out of memory parsing the URI");
@@ -403,15 +576,17 @@ void dlock_uri_free(dlock_uri *u)
         return;
     for (size_t i = 0; i < u->nhosts; i++)
         free(u->hosts[i].name);
+    /* Don't leave a secret lying in freed memory. */
     for (size_t i = 0; i < u->nparams; i++) {
+        if (secret_key(u->params[i].key))
+            wipe_free(u->params[i].value);
+        else
+            free(u->params[i].value);
         free(u->params[i].key);
-        free(u->params[i].value);
     }
-    if (u->password) /* don't leave the secret lying in freed memory */
-        explicit_bzero(u->password, strlen(u->password));
     free(u->scheme);
     free(u->user);
-    free(u->password);
+    wipe_free(u->password);
     free(u->path);
     free(u->redacted);
     free(u);

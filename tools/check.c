@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "core/uri.h"
 #include "tools/cli.h"
 #include "dlock.h"
 
@@ -135,6 +136,9 @@ static void print_usage(FILE *f)
           "      --json            print a JSON array, one object per URI\n"
           "  -h, --help            show this help\n"
           "\n"
+          "A URI's password is best given as password_file=FILE (its first\n"
+          "line), out of the process list; no password is ever printed.\n"
+          "\n"
           "Exit status: 0 if every store kept mutual exclusion, or where a holder\n"
           "paused or cut past its lease overlapped the next one, every stale write\n"
           "was refused by the token; and no grant's token was out of order;\n"
@@ -144,74 +148,19 @@ static void print_usage(FILE *f)
           f);
 }
 
-/* At a query parameter "k=v" (k up to end): the length of "k=" when k
- * names a secret ("password", "*_password": sentinel_password), else 0. */
-static size_t secret_param(const char *k, const char *end)
-{
-    const char *eq = memchr(k, '=', (size_t)(end - k)), *amp = memchr(k, '&', (size_t)(end - k));
-    size_t n;
-    if (!eq || (amp && amp < eq))
-        return 0;
-    n = (size_t)(eq - k);
-    if (n < 8 || memcmp(eq - 8, "password", 8) != 0 || (n > 8 && eq[-9] != '_'))
-        return 0;
-    return n + 1;
-}
-
 /* Printable, password-free copy of a URI list ("scheme://user:***@host",
- * "?sentinel_password=***"). */
+ * "?sentinel_password=***"), cut at SHOWN_MAX with "...". */
 static char *shown_uri(const char *list)
 {
-    size_t len = strlen(list);
-    char *out = malloc(len * 2 + 8), *o = out;
+    char *masked = dlock_uri_hide(list, DLOCK_URI_MASK), *out = malloc(SHOWN_MAX + 4);
 
-    if (!out)
+    if (masked && out)
+        dlock_printable(out, masked);
+    free(masked);
+    if (!masked) {
+        free(out);
         return NULL;
-    for (const char *p = list; *p;) {
-        const char *sep = strstr(p, "://"), *end = p + strcspn(p, " \t\r\n\v\f");
-        const char *auth, *aend, *at = NULL, *colon = NULL;
-        if (end == p) {
-            *o++ = ' ';
-            p += strspn(p, " \t\r\n\v\f");
-            continue;
-        }
-        if (sep && sep < end) {
-            auth = sep + 3;
-            aend = auth + strcspn(auth, "/?#");
-            if (aend > end)
-                aend = end;
-            for (const char *q = auth; q < aend; q++)
-                if (*q == '@')
-                    at = q;
-            if (at)
-                colon = memchr(auth, ':', (size_t)(at - auth));
-        }
-        for (const char *q = p; q < end; q++) {
-            size_t kl;
-            if (colon && q == colon + 1) {
-                memcpy(o, "***", 3);
-                o += 3;
-                q = at - 1;
-                continue;
-            }
-            if ((*q == '?' || *q == '&') && (kl = secret_param(q + 1, end)) != 0) {
-                const char *amp = memchr(q + 1, '&', (size_t)(end - q - 1));
-                *o++ = *q;
-                memcpy(o, q + 1, kl);
-                memcpy(o + kl, "***", 3);
-                o += kl + 3;
-                q = (amp ? amp : end) - 1;
-                continue;
-            }
-            *o++ = (unsigned char)*q < 0x20 || *q == 0x7f ? '?' : *q;
-            if ((size_t)(o - out) >= SHOWN_MAX) {
-                strcpy(o, "...");
-                return out;
-            }
-        }
-        p = end;
     }
-    *o = '\0';
     return out;
 }
 

@@ -231,10 +231,12 @@ int dlock_inspect_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"json", no_argument, NULL, 'j'},
+        {"password-file", required_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    char dflt[DLOCK_URI_MAX + 16], *words[16], *wbuf = NULL;
+    char dflt[DLOCK_URI_MAX + 16], *words[16], *wbuf = NULL, *with_file = NULL;
+    const char *password_file = NULL;
     struct holders hs = {0};
     const char *uri;
     int c, json = 0, npos, first, status = EX_OK;
@@ -246,6 +248,11 @@ int dlock_inspect_main(int argc, char **argv)
         switch (c) {
         case 'j':
             json = 1;
+            break;
+        case 'P':
+            if (!*optarg)
+                return dlock_usage_error("--password-file needs a file name");
+            password_file = optarg;
             break;
         default:
             return dlock_other_option(c, argv);
@@ -267,6 +274,13 @@ int dlock_inspect_main(int argc, char **argv)
         if (!argv[a][0] || strlen(argv[a]) > DLOCK_NAME_MAX)
             return dlock_usage_error("lock NAME %d is empty or longer than %d bytes", a - first + 1,
                                DLOCK_NAME_MAX);
+    if (password_file) {
+        status = store_uri_add_password(uri, password_file, &with_file);
+        if (status != PROCEED)
+            return status;
+        uri = with_file;
+        status = EX_OK;
+    }
     /* A list of stores: each store alone, so that each says what it knows. */
     size_t nstores = 0;
     for (const char *p = uri; *p;) {
@@ -275,9 +289,13 @@ int dlock_inspect_main(int argc, char **argv)
             nstores++;
         p += strcspn(p, STORE_URI_SPACES);
     }
-    if (nstores > sizeof words / sizeof words[0])
+    if (nstores > sizeof words / sizeof words[0]) {
+        store_uri_wipe_free(with_file);
         return dlock_usage_error("more than %zu stores in the list", sizeof words / sizeof words[0]);
-    if (!(wbuf = strdup(uri))) {
+    }
+    wbuf = strdup(uri);
+    store_uri_wipe_free(with_file);
+    if (!wbuf) {
         dlock_say("out of memory");
         return EX_SOFTWARE;
     }

@@ -136,11 +136,12 @@ int dlock_leader_main(int argc, char **argv)
     static const struct option longopts[] = {
         {"json", no_argument, NULL, 'j'},
         {"watch", no_argument, NULL, 'W'},
+        {"password-file", required_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    char dflt[DLOCK_URI_MAX + 16];
-    const char *uri, *name;
+    char dflt[DLOCK_URI_MAX + 16], *with_file = NULL;
+    const char *uri, *name, *password_file = NULL;
     dlock_client *client = NULL;
     int c, json = 0, follow = 0, npos, status;
 
@@ -151,6 +152,11 @@ int dlock_leader_main(int argc, char **argv)
         switch (c) {
         case 'j':
             json = 1;
+            break;
+        case 'P':
+            if (!*optarg)
+                return dlock_usage_error("--password-file needs a file name");
+            password_file = optarg;
             break;
         case 'W':
             follow = 1;
@@ -176,8 +182,12 @@ int dlock_leader_main(int argc, char **argv)
     name = argv[argc - 1];
     if (!name[0] || strlen(name) > DLOCK_NAME_MAX)
         return dlock_usage_error("election NAME is empty or longer than %d bytes", DLOCK_NAME_MAX);
+    if (password_file && (status = store_uri_add_password(uri, password_file, &with_file)) !=
+                             PROCEED)
+        return status;
     setvbuf(stdout, NULL, _IOLBF, 0);
-    int err = dlock_client_open(uri, &client);
+    int err = dlock_client_open(with_file ? with_file : uri, &client);
+    store_uri_wipe_free(with_file);
     if (err) {
         dlock_say("cannot open lock store: %s", dlock_detail(client, err));
         dlock_client_close(client);

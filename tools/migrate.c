@@ -28,7 +28,7 @@ static char shown_name[SHOWN_MAX + 4];
 /* Whether a and b are the same store as written, passwords aside. */
 static int same_store(const char *a, const char *b)
 {
-    char *ca = store_uri_one_without_password(a), *cb = store_uri_one_without_password(b);
+    char *ca = dlock_uri_hide(a, DLOCK_URI_DROP), *cb = dlock_uri_hide(b, DLOCK_URI_DROP);
     int same = ca && cb ? strcmp(ca, cb) == 0 : strcmp(a, b) == 0;
 
     free(ca);

@@ -430,7 +430,7 @@ static int make_environment(struct job *job, const char *uri, const struct run_a
 {
     static const char *const replaced[] = {"DLOCK_TOKEN", "DLOCK_NAME", "DLOCK_URI",
                                            "DLOCK_PASSWORD", "DLOCK_VALUE"};
-    char *clean = store_uri_without_password(uri);
+    char *clean = dlock_uri_hide(uri, DLOCK_URI_DROP);
     size_t n = 0, k = 0, own = ra->elect ? 4 : 3;
 
     while (environ[n])

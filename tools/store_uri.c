@@ -87,53 +87,10 @@ static struct userinfo find_userinfo(const char *uri)
     return ui;
 }
 
-char *store_uri_one_without_password(const char *uri)
-{
-    struct userinfo ui = find_userinfo(uri);
-    const char *cut, *resume;
-    char *out;
-
-    if (!ui.colon)
-        return strdup(uri);
-    /* An empty user name goes too, with its '@'. */
-    cut = ui.colon == ui.auth ? ui.auth : ui.colon;
-    resume = ui.colon == ui.auth ? ui.at + 1 : ui.at;
-    out = malloc(strlen(uri) + 1);
-    if (!out)
-        return NULL;
-    memcpy(out, uri, (size_t)(cut - uri));
-    strcpy(out + (cut - uri), resume);
-    return out;
-}
-
-char *store_uri_without_password(const char *list)
-{
-    char *out = calloc(1, strlen(list) + 1);
-    size_t o = 0;
-
-    for (const char *p = list; out && *p;) {
-        size_t n = strcspn(p, STORE_URI_SPACES);
-        if (n) {
-            char *one = strndup(p, n), *clean = one ? store_uri_one_without_password(one) : NULL;
-            free(one);
-            if (!clean) {
-                free(out);
-                return NULL;
-            }
-            o += (size_t)sprintf(out + o, "%s%s", o ? " " : "", clean); /* never longer */
-            free(clean);
-            p += n;
-        } else {
-            p++;
-        }
-    }
-    return out;
-}
-
 const char *store_uri_shown_value(const char *arg)
 {
     static char shown[SHOWN_MAX + 4];
-    char *clean = strstr(arg, "://") ? store_uri_without_password(arg) : strdup(arg);
+    char *clean = strstr(arg, "://") ? dlock_uri_hide(arg, DLOCK_URI_DROP) : strdup(arg);
 
     dlock_printable(shown, clean ? clean : "?");
     free(clean);
@@ -200,55 +157,23 @@ void store_uri_wipe_free(char *s)
     }
 }
 
-/* The first line of the password file (without its line ending). */
+/* The first line of the password file (the library's reader). */
 static int read_password_file(const char *path, char **pwp)
 {
-    char shown[SHOWN_MAX + 4];
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    FILE *f;
-    int err;
+    char err[512], shown[SHOWN_MAX + 4];
+    int rc = dlock_uri_read_secret("--password-file", path, pwp, err, sizeof err);
 
-    dlock_printable(shown, path);
-    f = fopen(path, "re");
-    if (!f) {
-        dlock_say("cannot open the password file '%s': %s", shown, strerror(errno));
-        return EX_USAGE;
-    }
-    errno = 0;
-    n = getline(&line, &cap, f);
-    err = errno;
-    if (n < 0 && ferror(f)) {
-        fclose(f);
-        free(line);
-        dlock_say("cannot read the password file '%s': %s", shown, strerror(err));
-        return EX_USAGE;
-    }
-    fclose(f);
-    if (n < 0)
-        n = 0;
-    if (n > 0 && line[n - 1] == '\n')
-        n--;
-    if (n > 0 && line[n - 1] == '\r')
-        n--;
-    if (n == 0 || memchr(line, '\0', (size_t)n)) {
-        if (line)
-            explicit_bzero(line, cap);
-        free(line);
-        dlock_say("the password file '%s' %s", shown,
-            n == 0 ? "has an empty first line (the password is that line)"
-                   : "contains a NUL byte in its first line");
-        return EX_USAGE;
-    }
-    line[n] = '\0';
-    *pwp = line;
-    return PROCEED;
+    if (rc == 0)
+        return PROCEED;
+    dlock_printable(shown, rc == DLOCK_ENOMEM ? "out of memory" : err);
+    dlock_say("%s", shown);
+    return rc == DLOCK_ENOMEM ? EX_SOFTWARE : EX_USAGE;
 }
 
 int store_uri_add_password(const char *uri, const char *password_file, char **out)
 {
     const char *env = getenv("DLOCK_PASSWORD");
+
     char *pw = NULL;
     int status;
 

@@ -10,6 +10,8 @@
 
 #include <stddef.h>
 
+#include "core/uri.h" /* dlock_uri_hide() */
+
 /* What separates the stores of a list. */
 #define STORE_URI_SPACES " \t\r\n\v\f"
 
@@ -17,13 +19,8 @@
  * file:///tmp/dlock-$UID (in buf); NULL when the path does not fit. */
 const char *store_uri_default(char *buf, size_t len);
 
-/* A copy of one URI without its password (redis://:pw@h -> redis://h,
- * mysql://u:pw@h -> mysql://u@h); NULL when out of memory. */
-char *store_uri_one_without_password(const char *uri);
-
-/* The same for a list of URIs: each one without its password, separated
- * by one space; NULL when out of memory. */
-char *store_uri_without_password(const char *list);
+/* Passwords are removed from a URI, or masked, by dlock_uri_hide()
+ * (core/uri.h), the library's one copy of that. */
 
 /* An option's bad value as it may be shown: printable, and without a
  * password when it is a URI given in the wrong place. Static storage. */
@@ -31,9 +28,9 @@ const char *store_uri_shown_value(const char *arg);
 
 /*
  * The URI to open: uri with the password of the file password_file
- * (its first line) if not NULL or, failing that, of $DLOCK_PASSWORD, if
- * either is given (*out NULL: use uri as is). PROCEED or an exit status
- * (the problem said).
+ * (its first line, read as the library reads password_file=) if not NULL
+ * or, failing that, of $DLOCK_PASSWORD, if either is given (*out NULL: use
+ * uri as is). PROCEED or an exit status (the problem said).
  */
 int store_uri_add_password(const char *uri, const char *password_file, char **out);
 

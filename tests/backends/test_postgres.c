@@ -400,6 +400,95 @@ static int silent_listener(int *port)
     return fd;
 }
 
+/* A loopback server that says yes to every SSLRequest ('S') and then waits
+ * for the client to go: libpq reads its TLS files (sslrootcert, sslcert,
+ * sslkey, sslcrl) right after the 'S', before a byte of handshake. */
+struct yes_tls {
+    int fd, port;
+    pthread_t t;
+};
+
+static void *yes_tls_run(void *arg)
+{
+    struct yes_tls *y = arg;
+    int c;
+    while ((c = accept(y->fd, NULL, NULL)) >= 0) {
+        char buf[512];
+        struct timeval tv = {3, 0};
+        setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        if (read(c, buf, 8) == 8 && write(c, "S", 1) == 1)
+            while (read(c, buf, sizeof buf) > 0)
+                continue;
+        close(c);
+    }
+    return NULL;
+}
+
+/* Opens uri + params against the yes-TLS server; the code and message. */
+static int tls_open(const struct yes_tls *y, const char *params, char *msg, size_t len)
+{
+    char u[1024];
+    dlock_client *c = NULL;
+    snprintf(u, sizeof u, "postgresql://dlock@127.0.0.1:%d/dlock?connect_timeout=3000&%s",
+             y->port, params);
+    int rc = dlock_client_open(u, &c);
+    snprintf(msg, len, "%s", dlock_errmsg(c));
+    dlock_client_close(c);
+    return rc;
+}
+
+/* sslmode, sslrootcert, sslcert, sslkey reach libpq (dlock opens none of
+ * the files): each file's problem is libpq's message naming it,
+ * DLOCK_EAUTH as any certificate refused; sslmode=require against this
+ * server, which has no TLS, is DLOCK_ECONNECT. (sslcrl is passed the same
+ * way; libpq 15 goes on without a missing or empty CRL file, so only a TLS
+ * server could show it arriving.) */
+static void test_tls_options(void)
+{
+    char u[512], msg[DLOCK_ERRMSG_MAX], dir[] = "/tmp/dlock-pg-tls-XXXXXX", cmd[1024];
+    char crt[64], key[64], junk[64], p[512];
+    dlock_client *c = NULL;
+    snprintf(u, sizeof u, "%s%ssslmode=require", uri, strchr(uri, '?') ? "&" : "?");
+    is_int(dlock_client_open(u, &c), DLOCK_ECONNECT, "sslmode=require, server without TLS → "
+           "DLOCK_ECONNECT: %s", dlock_errmsg(c));
+    ok(strstr(dlock_errmsg(c), "SSL"), "libpq's reason: %s", dlock_errmsg(c));
+    dlock_client_close(c);
+
+    struct yes_tls y = {.fd = silent_listener(&y.port)};
+    if (!mkdtemp(dir) || pthread_create(&y.t, NULL, yes_tls_run, &y) != 0) {
+        ok(0, "cannot start the TLS-saying server");
+        return;
+    }
+    snprintf(crt, sizeof crt, "%s/c.pem", dir);
+    snprintf(key, sizeof key, "%s/k.pem", dir);
+    snprintf(junk, sizeof junk, "%s/junk.pem", dir);
+    FILE *f = fopen(junk, "w");
+    if (f)
+        fputs("not a certificate\n", f), fclose(f);
+    snprintf(cmd, sizeof cmd, "openssl req -x509 -newkey rsa:2048 -nodes -subj /CN=dlock-test "
+             "-days 1 -keyout %s -out %s >/dev/null 2>&1", key, crt);
+    int have_cert = system(cmd) == 0;
+
+    snprintf(p, sizeof p, "sslmode=verify-full&sslrootcert=%s/none.crt", dir);
+    is_int(tls_open(&y, p, msg, sizeof msg), DLOCK_EAUTH, "sslrootcert missing → DLOCK_EAUTH");
+    ok(strstr(msg, "none.crt") != NULL, "libpq names the file: %s", msg);
+    snprintf(p, sizeof p, "sslmode=require&sslcert=%s", junk);
+    is_int(tls_open(&y, p, msg, sizeof msg), DLOCK_EAUTH, "sslcert not a certificate → DLOCK_EAUTH");
+    ok(strstr(msg, "junk.pem") != NULL, "libpq names the file: %s", msg);
+    if (have_cert) {
+        snprintf(p, sizeof p, "sslmode=require&sslcert=%s&sslkey=%s/none.key", crt, dir);
+        is_int(tls_open(&y, p, msg, sizeof msg), DLOCK_EAUTH, "sslkey missing → DLOCK_EAUTH");
+        ok(strstr(msg, "none.key") != NULL, "libpq names the file: %s", msg);
+    } else {
+        skip("no openssl command to make a certificate", "sslkey missing → DLOCK_EAUTH");
+        skip("no openssl command to make a certificate", "libpq names the file");
+    }
+    shutdown(y.fd, SHUT_RDWR);
+    close(y.fd);
+    pthread_join(y.t, NULL);
+    unlink(crt), unlink(key), unlink(junk), rmdir(dir);
+}
+
 /* Every call through a network that goes silent (the proxy keeps the
  * connections open and forwards nothing) returns within its bound; A2
  * shares A's session and is lost with it (tests/backends/silent_pool.h). */
@@ -2175,6 +2264,7 @@ static const struct {
     {"pooled_session_expired", test_pooled_session_expired},
     {"sequence_tokens", test_sequence_tokens},
     {"options", test_options},
+    {"tls_options", test_tls_options},
     {"silent_network", test_silent_network},
     {"ttl_limit", test_ttl_limit},
     {"try_row_locked", test_try_row_locked},

@@ -126,6 +126,13 @@ static void test_auth(const char *auth_uri)
     is_int(dlock_client_open(bad, &c), DLOCK_EAUTH, "wrong password → EAUTH");
     ok(!strstr(dlock_errmsg(c), "not-the-password"), "no password in: %s", dlock_errmsg(c));
     dlock_client_close(c);
+    /* An ACL user (user:password): a wrong pair is WRONGPASS, DLOCK_EAUTH. */
+    c = NULL;
+    snprintf(bad, sizeof bad, "redis://dlock-no-such-user:not-the-password@%s", at + 1);
+    is_int(dlock_client_open(bad, &c), DLOCK_EAUTH, "ACL user, wrong password → EAUTH");
+    ok(strstr(dlock_errmsg(c), "WRONGPASS") && !strstr(dlock_errmsg(c), "not-the-password"),
+       "the server's WRONGPASS, no password: %s", dlock_errmsg(c));
+    dlock_client_close(c);
 }
 
 

@@ -1179,6 +1179,28 @@ static void test_digest_auth(void)
     is_int(dlock_client_open(anon, &c), DLOCK_EAUTH, "no credentials → DLOCK_EAUTH");
     dlock_client_close(c);
 
+    /* The digest password from password_file=: the same, never shown. */
+    char pwf[] = "/tmp/dlock-zk-pw-XXXXXX", params[128], viafile[512];
+    int fd = mkstemp(pwf);
+    for (int wrong = 0; wrong < 2; wrong++) {
+        const char *line = wrong ? "wrong-pw-x9\n" : "s3cret-pw\n";
+        ok(fd >= 0 && ftruncate(fd, 0) == 0 && pwrite(fd, line, strlen(line), 0) ==
+                                                  (ssize_t)strlen(line),
+           "password file written");
+        snprintf(params, sizeof params, "password_file=%s", pwf);
+        zk_uri(viafile, sizeof viafile, "alice", root, params);
+        c = NULL;
+        int rc = dlock_client_open(viafile, &c);
+        is_int(rc, wrong ? DLOCK_EAUTH : 0, "digest password from password_file= (%s) → %s",
+               wrong ? "wrong" : "right", wrong ? "DLOCK_EAUTH" : "opens");
+        ok(!strstr(dlock_errmsg(c), "wrong-pw-x9") && !strstr(dlock_errmsg(c), "s3cret-pw"),
+           "no password in the message: %s", dlock_errmsg(c));
+        dlock_client_close(c);
+    }
+    if (fd >= 0)
+        close(fd);
+    unlink(pwf);
+
     /* Clean up as alice: the lock's container, then the root. */
     zhandle_t *zh = raw_open(anon);
     char path[256];

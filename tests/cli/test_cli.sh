@@ -396,6 +396,25 @@ check $? "a password for the file store: exit 64 naming its source"
 dl run --password-file "$dir/pw" 'redis://127.0.0.1:1/0' name -- true
 [ $rc -eq 69 ] && [[ $err != *s3cret* ]]
 check $? "--password-file with a store that cannot be reached: exit 69, password not shown"
+dl run "$uri?password_file=$dir/pw" name -- true
+[ $rc -eq 64 ] && one_line && [[ $err == *"no user or password"* ]] && [[ $err != *s3cret* ]]
+check $? "password_file= on a file:// URI: exit 64, the password not shown"
+dl run "$uri?password_file=$dir/no%20such%20file" name -- true
+[ $rc -eq 64 ] && one_line && [[ $err == *password_file* ]] && [[ $err == *"no such file"* ]]
+check $? "password_file= naming a missing file: exit 64 naming the option and the file"
+dl run "redis://:uripw9@127.0.0.1:1/0?password_file=$dir/pw" name -- true
+[ $rc -eq 64 ] && one_line && [[ $err == *"password already"* ]] && [[ $err != *s3cret* ]] &&
+    [[ $err != *uripw9* ]]
+check $? "password_file= and a password in the URI: exit 64, neither shown"
+dl run "redis://127.0.0.1:1/0?password_file=$dir/pw" name -- true
+[ $rc -eq 69 ] && [[ $err != *s3cret* ]] && [[ $err == *127.0.0.1* ]]
+check $? "password_file= with a store that cannot be reached: exit 69, password not shown"
+dl inspect --password-file "$dir/no such file" 'redis://127.0.0.1:1/0' name
+[ $rc -eq 64 ] && one_line && [[ $err == *"no such file"* ]]
+check $? "inspect --password-file missing: exit 64 naming it"
+dl leader --password-file "$dir/pw-empty" 'redis://127.0.0.1:1/0' name
+[ $rc -eq 64 ] && one_line && [[ $err == *empty* ]]
+check $? "leader --password-file empty: exit 64"
 
 # --- default URI ---------------------------------------------------------------
 env_dir="$dir/from env"

@@ -131,5 +131,51 @@ if [ -n "${DLOCK_ZK_URI:-}" ]; then
         grep -q "cannot be set" "$tmp/err5" && echo 0 || echo 1) \
         "migrate redis -> zookeeper: refused, exit 69 (got $st: $(head -n1 "$tmp/err5"))"
 fi
+# 6. No password shows anywhere the CLI writes: the command's environment
+#    (password_file= in the URI: the child gets that URI and can reuse it),
+#    inspect and leader (password from the URI, from --password-file), the
+#    message of a wrong password or an unreachable store, bench --json; the
+#    sentinel_password of a Sentinel URI neither.
+pwuri="$bare?password_file=$tmp/pw"
+clean_env "$dlock" run "$pwuri" "$name-sec" -- sh -c 'env; "$0" run "$DLOCK_URI" "$1-inner" -- true && echo inner-ok' \
+    "$dlock" "$name-sec" >"$tmp/env6" 2>"$tmp/err6"
+st=$?
+ok $([ $st = 0 ] && has_no_password "$tmp/env6" && ! grep -qF -e "$pw" "$tmp/err6" &&
+    grep -qxF "DLOCK_URI=$pwuri" "$tmp/env6" && grep -qx inner-ok "$tmp/env6" && echo 0 || echo 1) \
+    "password_file= in the URI: the command's DLOCK_URI keeps it (no password) and opens the store (exit $st)"
+"$dlock" run "$auth" "$name-sec" -- sh -c '"$0" inspect "$1" "$2"; "$0" inspect --json --password-file "$3" "$4" "$2";
+    "$0" inspect --json "$5" "$2"; "$0" leader --password-file "$3" "$4" "$2"' \
+    "$dlock" "$auth" "$name-sec" "$tmp/pw" "$bare" "$pwuri" >"$tmp/out6" 2>&1
+st=$?
+ok $([ $st = 0 ] && ! grep -qF -e "$pw" -e "$pw_enc" "$tmp/out6" && grep -q '"held":true' "$tmp/out6" &&
+    echo 0 || echo 1) "inspect and leader (URI, --password-file, password_file=) show no password (exit $st)"
+clean_env "$dlock" inspect --password-file "$tmp/pw-wrong" "$bare" "$name-sec" >"$tmp/out6" 2>&1
+st=$?
+ok $([ $st = 69 ] && ! grep -q wrong-one "$tmp/out6" && echo 0 || echo 1) \
+    "inspect with a wrong password from --password-file: exit 69, not shown (exit $st: $(head -n1 "$tmp/out6"))"
+port=${bare##*:}; port=${port%%/*}
+clean_env "$dlock" run "${auth/":$port/"/:1/}" "$name-sec" -- true >"$tmp/out6" 2>&1
+st=$?
+clean_env "$dlock" run "${pwuri/":$port/"/:1/}" "$name-sec" -- true >>"$tmp/out6" 2>&1
+st2=$?
+ok $([ $st = 69 ] && [ $st2 = 69 ] && ! grep -qF -e "$pw" -e "$pw_enc" "$tmp/out6" && echo 0 || echo 1) \
+    "an unreachable store, password in the URI or in password_file=: exit 69, not shown ($st, $st2)"
+"$dlock" bench --json --scale 2 --iterations 5 "$auth" >"$tmp/out6" 2>&1
+st=$?
+"$dlock" bench --json --scale 2 --iterations 5 "${auth/"$pw_enc"/wrong-one}" >>"$tmp/out6" 2>&1
+ok $([ $st = 0 ] && ! grep -qF -e "$pw" -e "$pw_enc" -e wrong-one "$tmp/out6" && grep -qF ':***@' "$tmp/out6" &&
+    echo 0 || echo 1) "bench --json and its error show no password (exit $st)"
+if [ -n "${DLOCK_REDIS_SENTINEL_URI:-}" ]; then
+    sent=$DLOCK_REDIS_SENTINEL_URI spw=${DLOCK_REDIS_SENTINEL_URI##*sentinel_password=}
+    spw=${spw%%&*}
+    clean_env "$dlock" run "$sent" "$name-sent" -- env >"$tmp/env7" 2>"$tmp/err7"
+    st=$?
+    "$dlock" bench --json --scale 2 --iterations 5 "$sent" >>"$tmp/err7" 2>&1
+    ok $([ $st = 0 ] && ! grep -qF -e "$spw" -e "$pw" "$tmp/env7" "$tmp/err7" &&
+        grep -q '^DLOCK_URI=redis+sentinel://' "$tmp/env7" && ! grep -q '^DLOCK_URI=.*sentinel_password' "$tmp/env7" &&
+        echo 0 || echo 1) "Sentinel: no sentinel_password in the command's DLOCK_URI nor in bench --json (exit $st)"
+else
+    echo "ok $((n += 1)) # SKIP DLOCK_REDIS_SENTINEL_URI is not set"
+fi
 echo "1..$n"
 [ $failed = 0 ]

@@ -523,6 +523,130 @@ static void test_open_and_options(void)
     }
 }
 
+/* A temporary file holding line; its name into path (64 bytes). */
+static int secret_file(char *path, const char *line)
+{
+    snprintf(path, 64, "/tmp/dlock-conf-pw-XXXXXX");
+    int fd = mkstemp(path);
+    size_t n = strlen(line);
+    int bad = fd < 0 || write(fd, line, n) != (ssize_t)n || write(fd, "\n", 1) != 1;
+    if (fd >= 0)
+        close(fd);
+    return bad ? -1 : 0;
+}
+
+/* Whether text holds the password or the sentinel_password (spw). */
+static int shows(const char *text, const char *pw, const char *spw)
+{
+    return strstr(text, pw) || (spw && strstr(text, spw));
+}
+
+/*
+ * The credentials of the auth URI from files (password_file=, and
+ * sentinel_password_file= for a Sentinel's): they open the store as the URI
+ * does; a wrong one is DLOCK_EAUTH; and no secret, from the URI or from a
+ * file, shows in the message of a failed connect or of a wrong password,
+ * in what inspect says, or in the metrics text.
+ */
+static void test_credentials(void)
+{
+    static const char *const what = "credentials from password_file=, never shown";
+    if (!auth_uri) {
+        skip("this store takes no credentials (no --auth-env)", "%s", what);
+        return;
+    }
+    dlock_uri *u = NULL;
+    char err[256], pwf[64], spwf[64] = "", wrongf[64], viafile[2048], wrong[2048], closed[2048];
+    char name[128], *bare = NULL;
+    if (dlock_uri_parse(auth_uri, &u, err, sizeof err) != 0 || !dlock_uri_password(u)) {
+        skip("the auth URI has no password", "%s", what);
+        dlock_uri_free(u);
+        return;
+    }
+    const char *pw = dlock_uri_password(u), *spw = dlock_uri_param(u, "sentinel_password");
+    size_t nh = dlock_uri_host_count(u);
+    if (secret_file(pwf, pw) || (spw && secret_file(spwf, spw)) ||
+        secret_file(wrongf, "wrong-password-x9") || !(bare = dlock_uri_hide(auth_uri, DLOCK_URI_DROP))) {
+        ok(0, "cannot write the password files");
+        goto out;
+    }
+    const char *sep = strchr(bare, '?') ? "&" : "?";
+    snprintf(viafile, sizeof viafile, "%s%spassword_file=%s%s%s", bare, sep, pwf,
+             spw ? "&sentinel_password_file=" : "", spwf);
+    snprintf(wrong, sizeof wrong, "%s%spassword_file=%s%s%s", bare, sep, wrongf,
+             spw ? "&sentinel_password_file=" : "", spwf);
+
+    dlock_client *c = NULL;
+    dlock_lock *l = NULL;
+    int rc = dlock_client_open(viafile, &c);
+    is_int(rc, 0, "the password from password_file=%s opens%s%s",
+           spw ? " (and sentinel_password_file=)" : "", rc ? ": " : "", rc ? dlock_errmsg(c) : "");
+    name_of(name, sizeof name, "credentials");
+    if (c) {
+        /* Held if the user may (PostgreSQL's password user may not write
+         * the tables the trusted one made): inspect answers or fails. */
+        dlock_info i;
+        char text[16384];
+        dlock_metrics m;
+        int held = dlock_acquire(c, name, NULL, &l) == 0;
+        diag("held: %s", held ? "yes" : dlock_errmsg(c));
+        ok(dlock_inspect(c, name, &i) == 0 ? !shows(i.owner, pw, spw) && (!held || i.held)
+                                           : !shows(dlock_errmsg(c), pw, spw),
+           "inspect shows no password (its answer or its error)");
+        ok(dlock_client_metrics(c, &m) == 0 &&
+               dlock_metrics_format(&m, "store=\"x\"", text, sizeof text) > 0 &&
+               !shows(text, pw, spw),
+           "the metrics text shows no password");
+        if (held)
+            dlock_release(l);
+    } else {
+        ok(0, "inspect shows no password (no client)");
+        ok(0, "the metrics text shows no password (no client)");
+    }
+    dlock_client_close(c);
+
+    c = NULL;
+    rc = dlock_client_open(wrong, &c);
+    is_int(rc, DLOCK_EAUTH, "a wrong password from password_file= → DLOCK_EAUTH: %s",
+           dlock_errmsg(c));
+    ok(c && !shows(dlock_errmsg(c), "wrong-password-x9", spw) &&
+           (strcasestr(dlock_errmsg(c), "auth") || strcasestr(dlock_errmsg(c), "password")),
+       "its message says authentication failed, without the password");
+    dlock_client_close(c);
+
+    /* A store that cannot be reached, the password in the URI and in a file. */
+    int ports[PROXY_MAX_UP];
+    for (size_t k = 0; k < nh && k < PROXY_MAX_UP; k++)
+        ports[k] = closed_port();
+    for (int f = 0; f < 2; f++) {
+        char *cbare = NULL;
+        c = NULL;
+        if (nh == 0 || nh > PROXY_MAX_UP ||
+            uri_rewrite(auth_uri, ports, (int)nh, NULL, NULL, closed, sizeof closed) != 0 ||
+            (f && !(cbare = dlock_uri_hide(closed, DLOCK_URI_DROP)))) {
+            ok(0, "cannot point the auth URI at closed ports");
+            continue;
+        }
+        if (f)
+            snprintf(closed, sizeof closed, "%s%spassword_file=%s%s%s", cbare,
+                     strchr(cbare, '?') ? "&" : "?", pwf, spw ? "&sentinel_password_file=" : "",
+                     spwf);
+        free(cbare);
+        rc = dlock_client_open(closed, &c);
+        ok(rc != 0 && !shows(dlock_errmsg(c), pw, spw),
+           "a failed connect (password %s) shows no password: %s", f ? "from a file" : "in the URI",
+           c ? dlock_errmsg(c) : "");
+        dlock_client_close(c);
+    }
+out:
+    unlink(pwf);
+    unlink(wrongf);
+    if (spwf[0])
+        unlink(spwf);
+    free(bare);
+    dlock_uri_free(u);
+}
+
 /* A closed port: DLOCK_ECONNECT, naming the host, with the default
  * connect_timeout. */
 static void test_closed_port(void)
@@ -3345,6 +3469,7 @@ int main(int argc, char **argv)
 side_by_side:;
     struct pcase cases[] = {
         {"closed port", test_closed_port, 0, NULL, 0},
+        {"credentials", test_credentials, 0, NULL, 0},
         {"several names, a long wait", test_names_long_wait, 0, NULL, 0},
         {"holder killed", test_holder_killed, 0, NULL, 0},
         {"dead waiter", test_dead_waiter, 0, NULL, 0},

@@ -244,6 +244,131 @@ static void test_choice(void)
     rmdir(dir);
 }
 
+
+/* Writes content into a new temporary file whose name goes into path. */
+static void temp_file(char *path, size_t len, const char *content, size_t n)
+{
+    snprintf(path, len, "/tmp/dlock-test-uri-XXXXXX");
+    int fd = mkstemp(path);
+    if (fd < 0 || write(fd, content, n) != (ssize_t)n)
+        { diag("cannot write a temporary file"); exit(1); }
+    close(fd);
+}
+
+/* password_file= and <x>_password_file=: read once here for every backend. */
+static void test_password_file(void)
+{
+    char pw[64], crlf[64], empty[64], blank[64], nul[64], sent[64], uri[512];
+    dlock_uri *u;
+    temp_file(pw, sizeof pw, "fil3pass\nsecond line\n", 21);
+    temp_file(crlf, sizeof crlf, "crlfpass\r\n", 10);
+    temp_file(empty, sizeof empty, "", 0);
+    temp_file(blank, sizeof blank, "\nnext\n", 6);
+    temp_file(nul, sizeof nul, "ab\0cd\n", 6);
+    temp_file(sent, sizeof sent, "sentpass", 8);
+
+    snprintf(uri, sizeof uri, "redis://h:1/0?prefix=p&password_file=%s&timeout=5", pw);
+    if ((u = parse_ok(uri))) {
+        is_str(dlock_uri_password(u), "fil3pass", "password_file: its first line is the password");
+        ok(dlock_uri_user(u) == NULL, "password_file: no user");
+        is_int(dlock_uri_param_count(u), 2, "password_file is consumed, the other options stay");
+        ok(dlock_uri_param(u, "password_file") == NULL, "backends never see password_file");
+        is_str(dlock_uri_param_key(u, 1), "timeout", "options after it keep their order");
+        ok(strstr(dlock_uri_redacted(u), "fil3pass") == NULL &&
+           strstr(dlock_uri_redacted(u), "password_file=") != NULL,
+           "the redacted form names the file, not its content");
+        dlock_uri_free(u);
+    }
+    snprintf(uri, sizeof uri, "mysql://bob@h/db?password_file=%s", crlf);
+    if ((u = parse_ok(uri))) {
+        is_str(dlock_uri_password(u), "crlfpass", "password_file: \"\\r\\n\" is cut");
+        is_str(dlock_uri_user(u), "bob", "the user stays");
+        dlock_uri_free(u);
+    }
+    snprintf(uri, sizeof uri, "redis+sentinel://:pw9@s1/m/0?sentinel_password_file=%s", sent);
+    if ((u = parse_ok(uri))) {
+        is_str(dlock_uri_param(u, "sentinel_password"), "sentpass",
+               "sentinel_password_file gives sentinel_password");
+        ok(dlock_uri_param(u, "sentinel_password_file") == NULL, "and is consumed");
+        is_str(dlock_uri_password(u), "pw9", "the URI's own password stays");
+        dlock_uri_free(u);
+    }
+    snprintf(uri, sizeof uri, "redis://:uripw9@h?password_file=%s", pw);
+    parse_bad(uri, "password already", "uripw9");
+    snprintf(uri, sizeof uri, "redis://h?password_file=%s&password_file=%s", pw, pw);
+    parse_bad(uri, "twice", "fil3pass");
+    snprintf(uri, sizeof uri, "redis+sentinel://s/m?sentinel_password=sek9&sentinel_password_file=%s",
+             sent);
+    parse_bad(uri, "sentinel_password_file and sentinel_password", "sek9");
+    parse_bad("redis://h?password_file=/nonexistent/dlock-pw", "password_file: cannot open "
+              "'/nonexistent/dlock-pw'", NULL);
+    parse_bad("redis://h?password_file=", "password_file: no file name", NULL);
+    snprintf(uri, sizeof uri, "redis://h?password_file=%s", empty);
+    parse_bad(uri, "is empty", NULL);
+    snprintf(uri, sizeof uri, "redis://h?password_file=%s", blank);
+    parse_bad(uri, "empty first line", "next");
+    snprintf(uri, sizeof uri, "redis://h?password_file=%s", nul);
+    parse_bad(uri, "NUL byte", "cd");
+    parse_bad("redis://h?password_file=/tmp", "password_file: cannot read '/tmp'", NULL);
+    /* At most 4096 bytes: a password of that length is fine, one more is not
+     * (and /dev/zero is not read forever). */
+    static char big[4100];
+    memset(big, 'x', sizeof big);
+    big[4096] = '\n';
+    unlink(blank);
+    temp_file(blank, sizeof blank, big, 4097);
+    snprintf(uri, sizeof uri, "redis://h?password_file=%s", blank);
+    if ((u = parse_ok(uri))) {
+        is_int(strlen(dlock_uri_password(u)), 4096, "a 4096-byte password");
+        dlock_uri_free(u);
+    }
+    unlink(blank);
+    big[4096] = 'x';
+    temp_file(blank, sizeof blank, big, 4100);
+    snprintf(uri, sizeof uri, "redis://h?password_file=%s", blank);
+    parse_bad(uri, "longer than 4096 bytes", NULL);
+    parse_bad("redis://h?password_file=/dev/zero", "longer than 4096 bytes", NULL);
+    /* Not a secret option: left alone. */
+    if ((u = parse_ok("redis://h?log_file=/x"))) {
+        is_str(dlock_uri_param(u, "log_file"), "/x", "other *_file options are not read");
+        dlock_uri_free(u);
+    }
+    unlink(pw), unlink(crlf), unlink(empty), unlink(blank), unlink(nul), unlink(sent);
+}
+
+/* dlock_uri_hide(): the one function that hides a URI's secrets in text. */
+static void test_hide(void)
+{
+    static const struct {
+        const char *in, *mask, *drop;
+    } cases[] = {
+        {"redis://:pw@h/0", "redis://:***@h/0", "redis://h/0"},
+        {"mysql://u:p@ss@h/db", "mysql://u:***@h/db", "mysql://u@h/db"},
+        {"redis://u:@h", "redis://u:***@h", "redis://u@h"},
+        {"redis://u@h?password_file=/f", "redis://u@h?password_file=/f",
+         "redis://u@h?password_file=/f"},
+        {"redis+sentinel://:a1@s/m?sentinel_password=b2&x=1",
+         "redis+sentinel://:***@s/m?sentinel_password=***&x=1", "redis+sentinel://s/m?x=1"},
+        {"redis+sentinel://s/m?x=1&sentinel%5Fpassword=b2",
+         "redis+sentinel://s/m?x=1&sentinel%5Fpassword=***", "redis+sentinel://s/m?x=1"},
+        {"redis://h?password=", "redis://h?password=***", "redis://h"},
+        {"redis://h?nopassword=x", "redis://h?nopassword=x", "redis://h?nopassword=x"},
+        {"file:///tmp/a:b@c", "file:///tmp/a:b@c", "file:///tmp/a:b@c"},
+        {"not a uri", "not a uri", "not a uri"},
+        {"  redis://:x@a\tetcd://u:y@b:1 ", "redis://:***@a etcd://u:***@b:1",
+         "redis://a etcd://u@b:1"},
+        {"", "", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *m = dlock_uri_hide(cases[i].in, DLOCK_URI_MASK);
+        char *d = dlock_uri_hide(cases[i].in, DLOCK_URI_DROP);
+        is_str(m, cases[i].mask, "hide, masked: '%s'", cases[i].in);
+        is_str(d, cases[i].drop, "hide, dropped: '%s'", cases[i].in);
+        free(m);
+        free(d);
+    }
+}
+
 int main(void)
 {
     test_basic();
@@ -252,5 +377,7 @@ int main(void)
     test_limits();
     test_buffers();
     test_choice();
+    test_password_file();
+    test_hide();
     return done_testing();
 }
