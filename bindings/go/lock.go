@@ -114,8 +114,6 @@ func (s *lockState) gone() {
 	}
 }
 
-func cString(s string) *C.char { return C.CString(s) }
-
 // Acquire takes the lock called name (1 to 4096 bytes, no NUL). It waits
 // until the lock is granted, or ctx is done: ctx's deadline is the wait's
 // deadline (ErrTimedOut), and its cancellation ends the wait through
@@ -130,6 +128,35 @@ func (c *Client) Acquire(ctx context.Context, name string, opts ...Option) (*Loc
 	for _, f := range opts {
 		f(&o)
 	}
+	names := append([]string{name}, o.names...)
+	cnames := make([]*C.char, len(names))
+	for i, n := range names {
+		cnames[i] = C.CString(n)
+	}
+	defer func() {
+		for _, p := range cnames {
+			C.free(unsafe.Pointer(p))
+		}
+	}()
+	return c.take(ctx, &o, names, func(p *C.dlock_client, co *C.dlock_acquire_opts,
+		h **C.dlock_lock) C.int {
+		if len(cnames) == 1 {
+			return C.dlock_acquire(p, cnames[0], co, h)
+		}
+		arr := (**C.char)(C.malloc(C.size_t(len(cnames)) * C.size_t(unsafe.Sizeof(cnames[0]))))
+		defer C.free(unsafe.Pointer(arr))
+		copy(unsafe.Slice(arr, len(cnames)), cnames)
+		return C.dlock_acquire_names(p, arr, C.size_t(len(cnames)), co, h)
+	})
+}
+
+// acquireCall is one of libdlock's acquiring calls with its arguments but
+// the options and the result.
+type acquireCall func(p *C.dlock_client, co *C.dlock_acquire_opts, h **C.dlock_lock) C.int
+
+// take makes an acquiring call (an acquire, a campaign) with o and ctx as
+// libdlock's options, and gives its grant as a Lock.
+func (c *Client) take(ctx context.Context, o *options, names []string, call acquireCall) (*Lock, error) {
 	in := c.c
 	var co C.dlock_acquire_opts
 	if rc := C.dlock_acquire_opts_init_version(&co, acquireOptsVersion); rc != 0 {
@@ -172,23 +199,13 @@ func (c *Client) Acquire(ctx context.Context, name string, opts ...Option) (*Loc
 		s.handle = cgo.NewHandle(s)
 		C.dlock_go_set_lost(&co, C.uintptr_t(s.handle))
 	}
-	names := append([]string{name}, o.names...)
-	cnames := make([]*C.char, len(names))
-	for i, n := range names {
-		cnames[i] = cString(n)
-	}
-	defer func() {
-		for _, p := range cnames {
-			C.free(unsafe.Pointer(p))
-		}
-	}()
 
 	if !in.enter(ctx.Done()) {
 		s.gone()
 		return nil, ctxError(&Error{Code: ErrCanceled,
 			Detail: "the wait was cancelled (queued behind another call on this client)"}, ctx)
 	}
-	h, err := in.acquire(ctx, &co, cnames, !o.try)
+	h, err := in.acquire(ctx, &co, call, !o.try)
 	if err != nil {
 		in.leave()
 		s.gone()
@@ -228,7 +245,7 @@ func lockNames(h *C.dlock_lock) []string {
 
 // acquire makes the call, under sem, with a cancel flag that ctx and Close
 // fire when the wait may block.
-func (in *client) acquire(ctx context.Context, co *C.dlock_acquire_opts, cnames []*C.char,
+func (in *client) acquire(ctx context.Context, co *C.dlock_acquire_opts, call acquireCall,
 	blocking bool) (*C.dlock_lock, error) {
 	if in.p == nil {
 		return nil, errClosed
@@ -271,15 +288,7 @@ func (in *client) acquire(ctx context.Context, co *C.dlock_acquire_opts, cnames 
 		}()
 	}
 	var h *C.dlock_lock
-	var rc C.int
-	if len(cnames) == 1 {
-		rc = C.dlock_acquire(in.p, cnames[0], co, &h)
-	} else {
-		arr := (**C.char)(C.malloc(C.size_t(len(cnames)) * C.size_t(unsafe.Sizeof(cnames[0]))))
-		copy(unsafe.Slice(arr, len(cnames)), cnames)
-		rc = C.dlock_acquire_names(in.p, arr, C.size_t(len(cnames)), co, &h)
-		C.free(unsafe.Pointer(arr))
-	}
+	rc := call(in.p, co, &h)
 	if stop != nil {
 		close(stop)
 		watching.Wait()
@@ -359,7 +368,9 @@ var errReleased = &Error{Code: ErrInval, Detail: "the lock was released"}
 // Release releases the lock (one hold of a reentrant lock). ErrLost if it
 // was no longer ours: the store was left as it was. Releasing a released
 // lock does nothing.
-func (l *Lock) Release() error {
+func (l *Lock) Release() error { return l.release(false) }
+
+func (l *Lock) release(resign bool) error {
 	s := l.s
 	in := s.in
 	in.enter(nil)
@@ -370,12 +381,17 @@ func (l *Lock) Release() error {
 		s.mu.Unlock()
 		return nil
 	}
-	last := C.dlock_lock_holds(h) <= 1
+	last := resign || C.dlock_lock_holds(h) <= 1
 	if last {
 		s.h = nil
 	}
 	s.mu.Unlock()
-	rc := C.dlock_release(h)
+	var rc C.int
+	if resign {
+		rc = C.dlock_resign(h)
+	} else {
+		rc = C.dlock_release(h)
+	}
 	var err error
 	if rc != 0 {
 		err = in.fail(rc)
