@@ -42,7 +42,6 @@ package dlock
 #cgo LDFLAGS: -ldlock
 #include <stdlib.h>
 #include <dlock.h>
-#include <dlock_backend.h>
 */
 import "C"
 
@@ -53,16 +52,21 @@ import (
 	"unsafe"
 )
 
-// Capability bits of a client's backend (Client.Caps).
+// Capability bits of a client's backend (Client.Caps): DLOCK_CAP_* of
+// dlock_backend.h, whose numbers are ABI (this package uses dlock.h only).
 const (
-	CapLease     = uint(C.DLOCK_CAP_LEASE)
-	CapRenew     = uint(C.DLOCK_CAP_RENEW)
-	CapFencing   = uint(C.DLOCK_CAP_FENCING)
-	CapFIFO      = uint(C.DLOCK_CAP_FIFO)
-	CapShared    = uint(C.DLOCK_CAP_SHARED)
-	CapCancel    = uint(C.DLOCK_CAP_CANCEL)
-	CapSemaphore = uint(C.DLOCK_CAP_SEMAPHORE)
-	CapElection  = uint(C.DLOCK_CAP_ELECTION)
+	CapLease       uint = 1 << 0  // locks expire after their TTL unless renewed
+	CapRenew       uint = 1 << 1  // renew resets the lease
+	CapFencing     uint = 1 << 2  // tokens strictly increase per name
+	CapFIFO        uint = 1 << 3  // waiters are served first come, first served
+	CapBlocking    uint = 1 << 4  // the store wakes waiters: no polling
+	CapShared      uint = 1 << 5  // Shared()
+	CapDeadline    uint = 1 << 6  // waits honour a deadline
+	CapHolderDeath uint = 1 << 7  // a dead holder's lock is freed at once
+	CapRaise       uint = 1 << 8  // a holder can raise its name's later tokens
+	CapCancel      uint = 1 << 9  // waits end when the cancel flag is raised
+	CapSemaphore   uint = 1 << 10 // Limit()
+	CapElection    uint = 1 << 11 // Campaign, Leader, Observe
 )
 
 // Version is the version of the libdlock actually linked, e.g. "0.1.0".
@@ -183,14 +187,15 @@ func (in *client) fail(rc C.int) error {
 	return newError(rc, C.GoString(C.dlock_errmsg(in.p)))
 }
 
-var errClosed = &Error{Code: ErrInval, Detail: "the client is closed"}
+// errClosed and errReleased are made anew: an *Error is the caller's to keep.
+func errClosed() error { return &Error{Code: ErrInval, Detail: "the client is closed"} }
 
 // call runs f on the open client's handle, serialised.
 func (in *client) call(f func(p *C.dlock_client) C.int) error {
 	in.enter(nil)
 	defer in.leave()
 	if in.p == nil {
-		return errClosed
+		return errClosed()
 	}
 	return in.fail(f(in.p))
 }
@@ -287,7 +292,7 @@ func (c *Client) Metrics() (Metrics, error) {
 	// Readable from any thread, also during a call: only the handle's
 	// lifetime matters, and close() clears it under mu before freeing it.
 	if c.c.p == nil {
-		return m, errClosed
+		return m, errClosed()
 	}
 	if rc := C.dlock_client_metrics(c.c.p, &m.raw); rc != 0 {
 		return m, newError(rc, "")

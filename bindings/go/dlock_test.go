@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -442,4 +443,34 @@ func TestLostPaused(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Release()
+}
+
+// A client dropped with its locks is closed by its finalizer: the locks do
+// not outlive it.
+func TestFinalizerReleases(t *testing.T) {
+	uri := stores()[0].uri
+	name := lockName("gc")
+	func() {
+		c, err := Open(uri)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Acquire(context.Background(), name); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	b := openT(t, uri)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		runtime.GC()
+		l, err := b.Acquire(context.Background(), name, Try())
+		if err == nil {
+			l.Release()
+			return
+		}
+		if !errors.Is(err, ErrBusy) || time.Now().After(deadline) {
+			t.Fatalf("the dropped client's lock: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

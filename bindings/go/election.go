@@ -93,7 +93,7 @@ func (l *Lock) Proclaim(value []byte) error {
 	h := s.h
 	s.mu.RUnlock()
 	if h == nil {
-		return errReleased
+		return errReleased()
 	}
 	return in.fail(C.dlock_proclaim(h, cv, C.size_t(len(value))))
 }

@@ -248,7 +248,7 @@ func lockNames(h *C.dlock_lock) []string {
 func (in *client) acquire(ctx context.Context, co *C.dlock_acquire_opts, call acquireCall,
 	blocking bool) (*C.dlock_lock, error) {
 	if in.p == nil {
-		return nil, errClosed
+		return nil, errClosed()
 	}
 	var k *C.dlock_cancel
 	if blocking && in.caps&CapCancel != 0 {
@@ -265,7 +265,7 @@ func (in *client) acquire(ctx context.Context, co *C.dlock_acquire_opts, call ac
 		in.mu.Unlock()
 		if closing {
 			in.spare = k
-			return nil, errClosed
+			return nil, errClosed()
 		}
 		co.cancel = k
 	}
@@ -363,7 +363,7 @@ func (l *Lock) ExpiresAt() time.Time {
 	return time.Now().Add(time.Duration(int64(ns - now)))
 }
 
-var errReleased = &Error{Code: ErrInval, Detail: "the lock was released"}
+func errReleased() error { return &Error{Code: ErrInval, Detail: "the lock was released"} }
 
 // Release releases the lock (one hold of a reentrant lock). ErrLost if it
 // was no longer ours: the store was left as it was. Releasing a released
@@ -423,7 +423,7 @@ func (l *Lock) Renew(ttl time.Duration) error {
 	h := s.h
 	s.mu.RUnlock()
 	if h == nil {
-		return errReleased
+		return errReleased()
 	}
 	rc := C.dlock_renew(h, C.uint32_t(ms))
 	if rc == 0 {
