@@ -344,12 +344,12 @@ func TestClose(t *testing.T) {
 }
 
 // A kept lock whose store goes silent (a blackholed loopback proxy) is
-// reported lost before its lease ends.
+// reported lost before its lease ends (ZooKeeper: its session's).
 func TestLostSilentNetwork(t *testing.T) {
 	for _, st := range stores() {
 		st := st
-		if st.label != "redis" && st.label != "etcd" {
-			continue
+		if st.label == "file" || st.label == "redlock" {
+			continue // no network; five servers (redis covers its keeper)
 		}
 		t.Run(st.label, func(t *testing.T) {
 			if st.uri == "" {
@@ -371,20 +371,27 @@ func TestLostSilentNetwork(t *testing.T) {
 			select {
 			case <-l.Lost():
 				t.Fatalf("lost before the cut: %v", l.Err())
-			case <-time.After(300 * time.Millisecond):
+			case <-time.After(600 * time.Millisecond): // a first renewal or check
 			}
 			if l.Err() != nil {
 				t.Fatal("Err before Lost")
 			}
 			p.hole.Store(true)
-			t0 := time.Now()
+			// Nothing is confirmed from now on: the lease ends here.
+			leaseEnd := l.ExpiresAt()
 			select {
 			case <-l.Lost():
-			case <-time.After(4 * time.Second):
-				t.Fatal("Lost() not closed 4 s after the cut")
+			case <-time.After(10 * time.Second):
+				t.Fatal("Lost() not closed 10 s after the cut")
 			}
-			if d := time.Since(t0); d > 1500*time.Millisecond {
-				t.Fatalf("reported %v after the cut: past the lease", d)
+			// ZooKeeper's lease end is the session's, as libdlock last dated
+			// it: at its checks, every 500 ms (DLOCK_KEEP_CHECK_MAX_MS), so
+			// read at the cut it may be a check behind the one reported on.
+			if st.label == "zookeeper" && !leaseEnd.IsZero() {
+				leaseEnd = leaseEnd.Add(500 * time.Millisecond)
+			}
+			if now := time.Now(); !leaseEnd.IsZero() && now.After(leaseEnd) {
+				t.Fatalf("reported %v after the lease end", now.Sub(leaseEnd))
 			}
 			if err := l.Err(); !errors.Is(err, ErrExpired) && !errors.Is(err, ErrLost) {
 				t.Fatalf("Err: %v", err)
@@ -392,7 +399,7 @@ func TestLostSilentNetwork(t *testing.T) {
 			if !l.ExpiresAt().IsZero() && l.ExpiresAt().After(time.Now()) {
 				t.Fatalf("ExpiresAt %v after the loss", l.ExpiresAt())
 			}
-			t0 = time.Now()
+			t0 := time.Now()
 			l.Release()
 			if d := time.Since(t0); d > 2*time.Second {
 				t.Fatalf("Release of a lost lock took %v", d)
