@@ -481,3 +481,30 @@ func TestFinalizerReleases(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A goroutine queued behind another's wait on the same client is ended by
+// its own context.
+func TestQueuedOnClient(t *testing.T) {
+	uri := stores()[0].uri
+	a, b := openT(t, uri), openT(t, uri)
+	name := lockName("queued")
+	l := mustAcquire(t, a, name)
+	defer l.Release()
+	waiting := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		_, err := b.Acquire(ctx, name)
+		waiting <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	dctx, dcancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer dcancel()
+	if _, err := b.Acquire(dctx, lockName("other")); !errors.Is(err, ErrTimedOut) ||
+		!errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("queued past its deadline: %v", err)
+	}
+	cancel()
+	if err := <-waiting; !errors.Is(err, ErrCanceled) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("the wait: %v", err)
+	}
+}

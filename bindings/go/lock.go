@@ -202,8 +202,12 @@ func (c *Client) take(ctx context.Context, o *options, names []string, call acqu
 
 	if !in.enter(ctx.Done()) {
 		s.gone()
-		return nil, ctxError(&Error{Code: ErrCanceled,
-			Detail: "the wait was cancelled (queued behind another call on this client)"}, ctx)
+		e := &Error{Code: ErrCanceled, ctx: ctx.Err(),
+			Detail: "the wait was cancelled (queued behind another call on this client)"}
+		if e.ctx == context.DeadlineExceeded {
+			e.Code, e.Detail = ErrTimedOut, "the deadline passed (queued behind another call on this client)"
+		}
+		return nil, e
 	}
 	h, err := in.acquire(ctx, &co, call, !o.try)
 	if err != nil {
