@@ -12,6 +12,7 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     python3-matplotlib python3-prometheus-client \
     clang libclang-rt-14-dev valgrind \
     g++ make python3-pytest python3-venv python3-setuptools \
+    golang-go \
     >/dev/null
 # Node.js with npm and its headers, for the Node.js package: the machine's
 # own when it has one, else Debian's.

@@ -40,7 +40,8 @@ LABELS (comma-separated). The list comes from the build itself, as
 configured, so a test that exists in the build but was not run, or whose
 log was lost, fails by name; a test the build could not define at all
 must be defined anyway as a failing one (bindings/node/meson.build does
-this when `node` is missing, bindings/python/meson.build when pytest is).
+this when `node` is missing, bindings/python/meson.build when pytest is,
+bindings/go/run_tap.py when `go` is).
 What a run deliberately leaves out is said by SUITES: a run of only some
 suites of a build (the sanitizer build runs unit, conformance, fuzz and
 faults) expects only those; a suite run in other logs (the lanes of the

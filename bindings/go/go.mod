@@ -1,0 +1,3 @@
+module dlock.dev/dlock
+
+go 1.19
