@@ -22,6 +22,7 @@ type store struct{ label, env, uri string }
 var networked = []store{
 	{"redis", "DLOCK_REDIS_URI", ""},
 	{"redlock", "DLOCK_REDLOCK_URI", ""},
+	{"redis-tls", "DLOCK_REDIS_TLS_URI", ""}, // rediss://: TLS, the ACL user
 	{"postgres", "DLOCK_POSTGRES_URI", ""},
 	{"mysql", "DLOCK_MYSQL_URI", ""},
 	{"zookeeper", "DLOCK_ZK_URI", ""},
