@@ -44,17 +44,12 @@ ALL_STORES="redis redlock postgres mariadb zookeeper zk-ensemble redis-cluster r
 # to its servers (tls_set, redis_cli below).
 TLS_STORES="redis redlock redis-cluster redis-sentinel"
 
-# The least rights dlock needs on one Redis (docs/security.md, "Least
-# privileges"), given to the TLS set's ACL user dlock-app; dlock-noscript
-# lacks SCRIPT LOAD (a refusal case). ~dlock_floor_* and &dlock_floor_*:
-# the conformance suite's floor case opens a namespace of its own.
-REDIS_ACL_RIGHTS="resetkeys ~dlock:* ~dlock_floor_* resetchannels &dlock:* &dlock_floor_* -@all
- +ping +select +script|load +evalsha +eval +info +subscribe +unsubscribe +publish +pubsub|numsub
- +get +mget +set +del +exists +pexpire +pttl +time +scan
- +rpush +lpop +lpos +lrem +lrange +lindex +llen
- +hset +hget +hdel +hexists +hgetall
- +zadd +zcard +zrange +zrangebyscore +zrem +zremrangebyscore +zscore"
-REDIS_APP_USER=dlock-app
+# Redis ACL users of the TLS set's one Redis (password $STORE_PASSWORD),
+# with the rights of redis-acl.conf (docs/security.md, "Least
+# privileges"): dlock-app all of them, dlock-noscript all but loading the
+# script (a refusal case).
+STORE_REDIS_USER=dlock-app
+STORE_REDIS_NOSCRIPT_USER=dlock-noscript
 
 # The name of the primary the sentinels monitor (in DLOCK_REDIS_SENTINEL_URI).
 SENTINEL_MASTER=dlock-primary
@@ -527,6 +522,23 @@ print_env() { # names...
     echo "DLOCK_STORES_DIR=$DIR"
 }
 
+# The ACL rules of redis-acl.conf on one line: dlock-app's, or with
+# "noscript" dlock-noscript's (its "noscript:" lines too); both with the
+# "test:" lines (the test suites' prefixes).
+acl_rules() { # [noscript]
+    local want=${1:-}
+    sed 's/#.*//' "$(dirname "${BASH_SOURCE[0]}")/redis-acl.conf" |
+        awk -v ns="$want" '/^noscript:/ { if (ns == "") next; sub(/^noscript:/, "") }
+                          { sub(/^test:/, ""); printf "%s ", $0 }' |
+        tr -s ' \t' ' ' | sed 's/^ //; s/ $//'
+}
+
+# redis.conf lines that create the ACL users dlock-app and dlock-noscript.
+acl_user_lines() {
+    echo "user $STORE_REDIS_USER $(acl_rules) >$STORE_PASSWORD"
+    echo "user $STORE_REDIS_NOSCRIPT_USER $(acl_rules noscript) >$STORE_PASSWORD"
+}
+
 # The TLS set's URIs (print_env redis-tls), from the port files under
 # $DIR/tls: quoted, for the '&' between their options.
 print_tls_env() (
@@ -538,7 +550,7 @@ print_tls_env() (
     DLOCK_REDIS_SENTINEL_DATA_PORTS=$(dir_ports rsentinel-data-)
     DLOCK_REDIS_SENTINEL_PORTS=$(dir_ports rsentinel-)
     if p=$(inst_port redis) && inst_pid redis >/dev/null; then
-        echo "DLOCK_REDIS_TLS_URI='rediss://$REDIS_APP_USER:$STORE_PASSWORD@localhost:$p/0?$ca'"
+        echo "DLOCK_REDIS_TLS_URI='rediss://$STORE_REDIS_USER:$STORE_PASSWORD@localhost:$p/0?$ca'"
     fi
     for i in $(instances_of redlock); do
         p=$(inst_port "$i") && inst_pid "$i" >/dev/null || { list=; break; }

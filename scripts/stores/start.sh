@@ -57,10 +57,9 @@ launch_redis_inst() { # inst port [password [extra-config-line...]]
         echo "maxclients 1000"
         [ -z "$pw" ] || echo "requirepass $pw"
         if tls_set && [ "$inst" = redis ]; then
-            # The least-rights user of docs/security.md, and one without
-            # SCRIPT LOAD.
-            echo "user $REDIS_APP_USER on >$STORE_PASSWORD" $REDIS_ACL_RIGHTS
-            echo "user dlock-noscript on >$STORE_PASSWORD" $REDIS_ACL_RIGHTS "-script|load"
+            # The least-rights user of docs/security.md (redis-acl.conf),
+            # and one without SCRIPT LOAD.
+            acl_user_lines
         fi
         [ $# -eq 0 ] || printf '%s\n' "$@"
     } >"$d/redis.conf"
