@@ -10,38 +10,16 @@
  * through the hook table the topology set at open (struct redis_topology,
  * rc->topo).
  */
-#include <errno.h>
 #include <inttypes.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-
-#include <hiredis/sds.h>
-
-/* hiredis 1.0 renamed its sds functions hi_sds* (Debian's 0.14 has sds*). */
-#if defined(HIREDIS_MAJOR) && HIREDIS_MAJOR >= 1
-#define obuf_len hi_sdslen
-#define obuf_clear hi_sdsclear
-#else
-#define obuf_len sdslen
-#define obuf_clear sdsclear
-#endif
 
 #include "backends/redis_conn.h"
 #include "backends/redis_reply.h"
 #include "core/internal.h"
 
 #define MS 1000000ull
-/* TCP keepalive on every connection: a peer that went silent (host down,
- * network cut) is noticed by an idle connection, such as a waiter's
- * subscriber, within IDLE + CNT * INTVL = 8 s. hiredis's own
- * redisEnableKeepAlive() would take 15 + 3 * 5 = 30 s. */
-#define KEEPALIVE_IDLE_S 5
-#define KEEPALIVE_INTVL_S 1
-#define KEEPALIVE_CNT 3
 
 static dlock_client *cl(struct redis_conn *rc)
 {
@@ -136,7 +114,7 @@ int dlock_redis_send(struct redis_conn *rc, redisContext *ctx, size_t argc, cons
 
 int dlock_redis_flush(struct redis_conn *rc, redisContext *ctx)
 {
-    if (obuf_len(ctx->obuf) == 0)
+    if (dlock_redis_io_buffered(ctx) == 0)
         return REDIS_OK;
     arm(rc, ctx);
     return dlock_redis_io_write(ctx);

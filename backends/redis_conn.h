@@ -282,6 +282,8 @@ void dlock_redis_tls_free(struct redis_tls *t);
 redisContext *dlock_redis_io_connect(const struct redis_tls *tls, const char *host, int port,
                                      uint64_t budget_ns, uint64_t reply_ns);
 void dlock_redis_io_free(redisContext *ctx);
+/* The bytes formatted and not written yet. */
+size_t dlock_redis_io_buffered(const redisContext *ctx);
 /* Writes everything ctx->obuf holds (never raising SIGPIPE); each write
  * bounded by the socket's timeout. REDIS_OK or REDIS_ERR (ctx->err). */
 int dlock_redis_io_write(redisContext *ctx);

@@ -398,6 +398,11 @@ void dlock_redis_io_free(redisContext *ctx)
 
 /* ---- bytes --------------------------------------------------------------- */
 
+size_t dlock_redis_io_buffered(const redisContext *ctx)
+{
+    return obuf_len(ctx->obuf);
+}
+
 int dlock_redis_io_write(redisContext *ctx)
 {
     struct redis_link *l = link_of(ctx);
