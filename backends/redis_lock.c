@@ -125,7 +125,7 @@ static int sub_error(struct redis_conn *rc, struct redis_node *n, const char *wh
  * one that gets no answer within another `timeout` is dropped with
  * DLOCK_ECONNECT: a server that hangs (or a network that stops carrying
  * anything) ends the wait within 2 * timeout, not the lease. A dead peer
- * is also noticed by TCP keepalive (see keepalive() in redis_conn.c).
+ * is also noticed by TCP keepalive (see keepalive() in redis_io.c).
  */
 static int wait_handoff(struct redis_conn *rc, struct redis_node *n, const struct wait_chan *w,
                         const char *owner, uint64_t until_ns, int cancel_fd, uint64_t *token,
