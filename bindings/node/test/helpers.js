@@ -11,7 +11,6 @@ const required = process.env.DLOCK_STORES_REQUIRED === '1';
 // [label, environment variable] of every networked store the suite knows.
 const NETWORKED = [
   ['redis', 'DLOCK_REDIS_URI'],
-  ['redis-tls', 'DLOCK_REDIS_TLS_URI'], // rediss://: TLS, the ACL user
   ['postgres', 'DLOCK_POSTGRES_URI'],
   ['mysql', 'DLOCK_MYSQL_URI'],
   ['zookeeper', 'DLOCK_ZK_URI'],

@@ -15,7 +15,6 @@ import dlock
 
 STORE_ENV = {
     "redis": "DLOCK_REDIS_URI",
-    "redis-tls": "DLOCK_REDIS_TLS_URI",  # rediss://: TLS, the ACL user
     "postgres": "DLOCK_POSTGRES_URI",
     "mysql": "DLOCK_MYSQL_URI",
     "zookeeper": "DLOCK_ZK_URI",
