@@ -150,6 +150,14 @@ static const char *ssl_reason(unsigned long e)
     return r ? r : "unknown error";
 }
 
+/* An encrypted key file: no passphrase (OpenSSL's default would ask for
+ * one on the terminal, inside a library call); the key is refused. */
+static int no_passphrase(char *buf, int size, int rwflag, void *u)
+{
+    (void)buf, (void)size, (void)rwflag, (void)u;
+    return 0;
+}
+
 int dlock_redis_tls_open(dlock_client *c, const dlock_uri *uri, int tls,
                          struct redis_tls **out)
 {
@@ -189,6 +197,7 @@ int dlock_redis_tls_open(dlock_client *c, const dlock_uri *uri, int tls,
     SSL_CTX_set_verify(t->ctx, t->verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, NULL);
     if (!cert)
         SSL_CTX_set_client_cert_cb(t->ctx, client_cert_cb);
+    SSL_CTX_set_default_passwd_cb(t->ctx, no_passphrase);
     const char *what = NULL, *file = NULL;
     if (t->verify && cacert && SSL_CTX_load_verify_locations(t->ctx, cacert, NULL) != 1)
         what = "cacert", file = cacert;

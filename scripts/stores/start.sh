@@ -104,11 +104,12 @@ TLS_PID=
 
 # The test certificates under $1 (a directory): a CA, the servers'
 # (localhost, 127.0.0.1, ::1), a client's, and for the refusal cases an
-# unrelated CA, a certificate for another host and an expired one. Made
+# unrelated CA, a certificate for another host, an expired one and the
+# client's key encrypted. Made
 # again when missing or near their end.
 make_certs() { # dir
     local c=$1 f
-    if [ -s "$c/expired.crt" ] && openssl x509 -checkend 86400 -noout -in "$c/ca.crt" >/dev/null 2>&1 &&
+    if [ -s "$c/expired.crt" ] && [ -s "$c/client-encrypted.key" ] && openssl x509 -checkend 86400 -noout -in "$c/ca.crt" >/dev/null 2>&1 &&
         openssl x509 -checkend 86400 -noout -in "$c/server.crt" >/dev/null 2>&1; then
         return 0
     fi
@@ -134,6 +135,9 @@ make_certs() { # dir
         signed wrong-host 30 wrong.example "DNS:wrong.example"
         # Valid from now, ended a day ago: expired whatever the clock.
         signed expired -1 localhost "DNS:localhost,IP:127.0.0.1,IP:::1"
+        # The client's key under a passphrase (dlock asks for none: refused).
+        openssl rsa -in client.key -aes128 -passout pass:dlock-test -out client-encrypted.key \
+            2>/dev/null
     ) || die "openssl could not make the test certificates in $c"
     for f in "$c"/*.key; do chmod 600 "$f"; done
 }

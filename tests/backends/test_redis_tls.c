@@ -6,7 +6,8 @@
  * with the stores' certificates), a plain client against a TLS port and a
  * TLS client against a plain one, a wrong password, an ACL user missing a
  * right, a server that wants a client certificate and gets none, files
- * that cannot be used, options on a redis:// URI, a silent TLS peer. And
+ * that cannot be used (a key under a passphrase: none is asked for),
+ * options on a redis:// URI, a silent TLS peer. And
  * what must work: the stores' own URIs, tls_verify=none, a client
  * certificate.
  *
@@ -274,6 +275,11 @@ int main(void)
     tls_uri(uri, sizeof uri, "localhost", tls_port, opt, 0);
     refused("a key that is not the certificate's", uri, DLOCK_EBADURI, 100,
             (const char *[]){"key=", "mismatch", NULL});
+    snprintf(opt, sizeof opt, "%s&cert=%s/client.crt&key=%s/client-encrypted.key", ca, tls_dir,
+             tls_dir);
+    tls_uri(uri, sizeof uri, "localhost", tls_port, opt, 0);
+    refused("a key under a passphrase (none is asked for)", uri, DLOCK_EBADURI, 100,
+            (const char *[]){"client-encrypted.key", NULL});
     snprintf(opt, sizeof opt, "%s&key=%s/client.key", ca, tls_dir);
     tls_uri(uri, sizeof uri, "localhost", tls_port, opt, 0);
     refused("key= without cert=", uri, DLOCK_EBADURI, 100, (const char *[]){"cert=", NULL});
