@@ -85,17 +85,12 @@ func (c *Client) Campaign(ctx context.Context, name string, value []byte, opts .
 func (l *Lock) Proclaim(value []byte) error {
 	cv := cValue(value)
 	defer C.free(cv)
-	s := l.s
-	in := s.in
-	in.enter(nil)
-	defer in.leave()
-	s.mu.RLock()
-	h := s.h
-	s.mu.RUnlock()
-	if h == nil {
-		return errReleased()
+	h, err := l.held()
+	defer l.s.in.leave()
+	if err != nil {
+		return err
 	}
-	return in.fail(C.dlock_proclaim(h, cv, C.size_t(len(value))))
+	return l.s.in.fail(C.dlock_proclaim(h, cv, C.size_t(len(value))))
 }
 
 // Resign gives up leadership: the lock is released and observers are told,

@@ -369,6 +369,21 @@ func (l *Lock) ExpiresAt() time.Time {
 
 func errReleased() error { return &Error{Code: ErrInval, Detail: "the lock was released"} }
 
+// held enters the lock's client (the caller defers l.s.in.leave(), also
+// on an error) and returns the lock's handle, or errReleased once it was
+// released.
+func (l *Lock) held() (*C.dlock_lock, error) {
+	s := l.s
+	s.in.enter(nil)
+	s.mu.RLock()
+	h := s.h
+	s.mu.RUnlock()
+	if h == nil {
+		return nil, errReleased()
+	}
+	return h, nil
+}
+
 // Release releases the lock (one hold of a reentrant lock). ErrLost if it
 // was no longer ours: the store was left as it was. Releasing a released
 // lock does nothing.
@@ -419,21 +434,17 @@ func (l *Lock) Renew(ttl time.Duration) error {
 	if ms <= 0 || ms > math.MaxUint32 {
 		return &Error{Code: ErrInval, Detail: "the TTL must be 1 ms to 49 days"}
 	}
-	s := l.s
-	in := s.in
-	in.enter(nil)
+	s, in := l.s, l.s.in
+	h, err := l.held()
 	defer in.leave()
-	s.mu.RLock()
-	h := s.h
-	s.mu.RUnlock()
-	if h == nil {
-		return errReleased()
+	if err != nil {
+		return err
 	}
 	rc := C.dlock_renew(h, C.uint32_t(ms))
 	if rc == 0 {
 		return nil
 	}
-	err := in.fail(rc)
+	err = in.fail(rc)
 	if Errno(rc) == ErrLost || Errno(rc) == ErrExpired {
 		s.markLost(Errno(rc), err.(*Error).Detail)
 	}
