@@ -114,10 +114,13 @@ func pingPong(uri, name string, n int) []time.Duration {
 		c := clients[me]
 		var l *dlock.Lock
 		var err error
-		if me == 0 {
+		acquire := func() (*dlock.Lock, error) {
 			ctx, cancel := bounded()
-			l, err = c.Acquire(ctx, name)
-			cancel()
+			defer cancel()
+			return c.Acquire(ctx, name)
+		}
+		if me == 0 {
+			l, err = acquire()
 			if err != nil {
 				done <- err
 				return
@@ -137,9 +140,7 @@ func pingPong(uri, name string, n int) []time.Duration {
 			} else {
 				<-holds[me]
 				announced[other] <- struct{}{}
-				ctx, cancel := bounded()
-				l, err = c.Acquire(ctx, name)
-				cancel()
+				l, err = acquire()
 				if err != nil {
 					done <- err
 					return
