@@ -136,9 +136,11 @@ int dlock_redis_reply_error_kind(const redisReply *r)
         return DLOCK_REDIS_ERR_OTHER;
     if (starts(r->str, r->len, "NOSCRIPT"))
         return DLOCK_REDIS_ERR_NOSCRIPT;
-    /* NOPERM: an ACL user without a right dlock needs (docs/security.md). */
+    /* NOPERM: an ACL user without a right dlock needs (docs/security.md);
+     * a right the script's own calls need is refused in other words. */
     if (starts(r->str, r->len, "WRONGPASS") || starts(r->str, r->len, "NOAUTH") ||
         starts(r->str, r->len, "NOPERM") ||
+        has(r->str, r->len, "user executing the script can't run") ||
         has(r->str, r->len, "invalid password") ||
         has(r->str, r->len, "invalid username-password"))
         return DLOCK_REDIS_ERR_AUTH;

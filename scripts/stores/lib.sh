@@ -533,10 +533,13 @@ acl_rules() { # [noscript]
         tr -s ' \t' ' ' | sed 's/^ //; s/ $//'
 }
 
-# redis.conf lines that create the ACL users dlock-app and dlock-noscript.
+# redis.conf lines that create the ACL users dlock-app and dlock-noscript,
+# and dlock-noqueue (dlock-app without RPUSH: the script of a wait is
+# refused inside, a refusal the server words differently).
 acl_user_lines() {
     echo "user $STORE_REDIS_USER $(acl_rules) >$STORE_PASSWORD"
     echo "user $STORE_REDIS_NOSCRIPT_USER $(acl_rules noscript) >$STORE_PASSWORD"
+    echo "user dlock-noqueue $(acl_rules) -rpush >$STORE_PASSWORD"
 }
 
 # The TLS set's URIs (print_env redis-tls), from the port files under

@@ -259,6 +259,33 @@ int main(void)
              ca);
     refused("an ACL user without the right to load scripts", uri, DLOCK_EAUTH, 2000,
             (const char *[]){"NOPERM", NULL});
+    /* A right the script's own calls need (RPUSH: a waiter queues). */
+    {
+        char msg[1024];
+        dlock_client *h = NULL, *w = NULL;
+        dlock_lock *held = NULL, *got = NULL;
+        snprintf(uri, sizeof uri, "rediss://dlock-noqueue:%s@localhost:%d/0?%s", password,
+                 tls_port, ca);
+        int err = dlock_client_open(good_uri, &h);
+        if (err == 0) {
+            dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 3000, 0);
+            err = dlock_acquire(h, "tls-noqueue", &o, &held);
+        }
+        if (err == 0 && (err = dlock_client_open(uri, &w)) == 0) {
+            dlock_acquire_opts o = wait_opts(DLOCK_WAIT_DEADLINE, 1000, 0);
+            err = dlock_acquire(w, "tls-noqueue", &o, &got);
+        }
+        snprintf(msg, sizeof msg, "%s", err ? dlock_errmsg(w ? w : h) : "");
+        is_int(err, DLOCK_EAUTH, "an ACL user the script's RPUSH is refused to: %s",
+               err ? dlock_strerror(err) : "granted");
+        ok(strstr(msg, "can't run") != NULL, "and the message says why: %s", msg);
+        if (got)
+            dlock_release(got);
+        if (held)
+            dlock_release(held);
+        dlock_client_close(w);
+        dlock_client_close(h);
+    }
     /* redlock_uri without its client certificate. */
     snprintf(opt, sizeof opt, "%s", redlock_uri);
     char *q = strstr(opt, "&cert=");
