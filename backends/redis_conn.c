@@ -134,10 +134,6 @@ int dlock_redis_ctx_error(struct redis_conn *rc, struct redis_node *n, redisCont
     const char *why = "not connected";
     if (ctx && ctx->err == DLOCK_REDIS_ERR_TLS_AUTH)
         code = DLOCK_EAUTH;
-    else if (ctx && ctx->err == REDIS_ERR_PROTOCOL && strstr(ctx->errstr, "\"\\x15\""))
-        /* A TLS alert record where a reply was due: a plain connection to a
-         * TLS port (reported as such below). */
-        code = DLOCK_ECONNECT;
     else if (ctx && ctx->err == REDIS_ERR_PROTOCOL)
         code = DLOCK_EPROTO;
     else if (ctx && ctx->err == REDIS_ERR_OOM)
@@ -150,8 +146,6 @@ int dlock_redis_ctx_error(struct redis_conn *rc, struct redis_node *n, redisCont
             why = strncmp(why, "TLS handshake", 13) == 0
                       ? "TLS handshake: no reply in time (timeout; is the port a TLS port?)"
                       : "no reply in time (timeout)";
-        else if (ctx->err == REDIS_ERR_PROTOCOL && code == DLOCK_ECONNECT)
-            why = "the server answered with a TLS alert: is it a TLS port? (use rediss://)";
     }
     dlock_seterr(cl(rc), code, "redis %s:%d: %s: %s", n->host, n->port, what, why);
     if (ctx)

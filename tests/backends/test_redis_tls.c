@@ -41,7 +41,7 @@
 
 static const char *tls_dir, *good_uri, *redlock_uri, *plain_uri;
 static char user[128], password[128];
-static int tls_port, novverify;
+static int tls_port, noverify;
 
 /* ---- a TLS listener of the test's own ------------------------------------ */
 
@@ -177,7 +177,7 @@ static void tls_uri(char *out, size_t len, const char *host, int port, const cha
 {
     snprintf(out, len, "rediss://%s%s%s%s%s:%d/0?%s%s", user, password[0] ? ":" : "", password,
              user[0] || password[0] ? "@" : "", host, port, opts,
-             cert_case && novverify ? "&tls_verify=none" : "");
+             cert_case && noverify ? "&tls_verify=none" : "");
 }
 
 int main(void)
@@ -192,7 +192,7 @@ int main(void)
     plain_uri = need_env("DLOCK_REDIS_URI");
     tls_dir = need_env("DLOCK_TLS_DIR");
     const char *c = getenv("DLOCK_TEST_CONTROL_NOVERIFY");
-    novverify = c && strcmp(c, "1") == 0;
+    noverify = c && strcmp(c, "1") == 0;
     if (dlock_uri_parse(good_uri, &u, perr, sizeof perr) != 0) {
         printf("Bail out! DLOCK_REDIS_TLS_URI: %s\n", perr);
         return 1;
